@@ -1,0 +1,26 @@
+"""Model construction and parameter counting."""
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+
+from actlab.models.decoder import Decoder
+from actlab.models.layers import Spec, pad_vocab
+
+__all__ = ["Spec", "build", "count_params", "pad_vocab"]
+
+
+def build(model: ml_collections.ConfigDict, vocab_size: int) -> nn.Module:
+  """The Flax module for `config.model`; `vocab_size` is the tokenizer's (padded here)."""
+  spec = Spec.from_config(model, vocab_size)
+  kinds = {"decoder": Decoder}
+  return kinds[model.kind](spec)
+
+
+def count_params(params) -> dict[str, int]:
+  """Total parameters and the count without the token embedding (`wte`)."""
+  sizes = jax.tree.map(lambda p: int(np.prod(p.shape)), params)
+  total = sum(jax.tree.leaves(sizes))
+  embedding = sum(jax.tree.leaves(sizes.get("wte", {})))
+  return {"total": total, "non_embedding": total - embedding}

@@ -1,0 +1,30 @@
+"""Trains one run: `python -m actlab.main --config=configs/tinystories_gelu.py --workdir=runs/x`.
+
+Override any field with `--config.optim.lr=3e-3`; a config file takes a variant after a colon
+(`configs/tinystories_gelu.py:smoke`). Running the same command again resumes the run.
+"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from actlab import errors, train
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/x.py:smoke.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; reused to resume).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  with errors.reported():
+    summary = train.run(_CONFIG.value, _WORKDIR.value)
+  print(f"val loss: {summary['initial_val_loss']:.4f} at step 0 → "
+        f"{summary['final_val_loss']:.4f} at step {summary['steps']} "
+        f"(best {summary['best_val_loss']:.4f}); "
+        f"{summary['tokens_per_sec'] or 0:,.0f} tokens/s; {summary['wall_time_sec']:.0f} s; "
+        f"workdir {_WORKDIR.value}")
+
+
+if __name__ == "__main__":
+  flags.FLAGS.set_default("verbosity", logging.WARNING)  # Orbax logs every save at INFO.
+  app.run(main)

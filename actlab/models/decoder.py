@@ -1,0 +1,26 @@
+"""GPT-2 style causal language model: token + position embeddings, pre-LN blocks, tied LM head."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from actlab.models.layers import Block, Spec, layer_norm, normal
+
+
+class Decoder(nn.Module):
+  spec: Spec
+
+  @nn.compact
+  def __call__(self, tokens_BL, *, train: bool = False):
+    """Next-token logits (float32) for every position; position t sees tokens ≤ t only."""
+    s = self.spec
+    L = tokens_BL.shape[1]
+    wte = nn.Embed(s.vocab_size, s.d_model, embedding_init=normal(0.02),
+                   dtype=s.compute_dtype, name="wte")
+    wpe = nn.Embed(s.max_len, s.d_model, embedding_init=normal(0.02),
+                   dtype=s.compute_dtype, name="wpe")
+    x_BLD = wte(tokens_BL) + wpe(jnp.arange(L))[None]
+    x_BLD = nn.Dropout(s.dropout)(x_BLD, deterministic=not train)
+    for i in range(s.num_layers):
+      x_BLD = Block(s, causal=True, name=f"block_{i}")(x_BLD, train=train)
+    x_BLD = layer_norm(s, "ln_f")(x_BLD)
+    return wte.attend(x_BLD).astype(jnp.float32)

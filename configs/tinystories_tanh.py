@@ -1,0 +1,7 @@
+"""Decoder on TinyStories with the `tanh` FFN activation. Variants: `:smoke` (embedded corpus)."""
+
+from actlab import config
+
+
+def get_config(arg=None):
+  return config.decoder("tanh", arg)
