@@ -16,8 +16,16 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
   with errors.reported():
     summary = train.run(_CONFIG.value, _WORKDIR.value)
+  reasons = "; ".join(summary["status_reasons"])
+  print(f"status: {summary['status']}" + (f" ({reasons})" if reasons else ""))
+  if summary["status"] == "diverged" and summary["diverged_at"] is not None:
+    print(f"stopped at step {summary['diverged_at']}; the last checkpoint is the last good state; "
+          f"workdir {_WORKDIR.value}")
+    return
   print(f"val loss: {summary['initial_val_loss']:.4f} at step 0 → "
         f"{summary['final_val_loss']:.4f} at step {summary['steps']} "
         f"(best {summary['best_val_loss']:.4f}); "
@@ -26,5 +34,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.FLAGS.set_default("verbosity", logging.WARNING)  # Orbax logs every save at INFO.
   app.run(main)

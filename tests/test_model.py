@@ -1,0 +1,129 @@
+"""Decoder: shapes, causality, parameter counts, initialisation, jit equals no-jit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from actlab import activations, config as config_lib, models
+from actlab.models.layers import Spec
+from conftest import tiny
+
+
+def init(c, vocab=257, seed=0):
+  model = models.build(c.model, vocab)
+  tokens = jnp.zeros((2, c.data.seq_len), jnp.int32)
+  return model, jax.jit(model.init)(jax.random.PRNGKey(seed), tokens)["params"]
+
+
+def expected_params(L, D, F, V, T, gated=False):
+  """Closed form: embeddings + L·(attention + FFN + 2 LayerNorms) + final LayerNorm."""
+  attention = 4 * (D * D + D)
+  ffn = (3 if gated else 2) * D * F + (2 if gated else 1) * F + D
+  return V * D + T * D + L * (attention + ffn + 4 * D) + 2 * D
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu", "swiglu", "bilinear"])
+def test_shapes_and_param_formula(activation):
+  c = tiny(activation, **{"model.d_ff": 96})
+  model, params = init(c)
+  spec = model.spec
+  assert spec.vocab_size == 320  # 257 padded to a multiple of 64
+  logits = jax.jit(model.apply)({"params": params}, jnp.zeros((3, 32), jnp.int32))
+  assert logits.shape == (3, 32, 320) and logits.dtype == jnp.float32
+  gated = activations.get(activation).gated
+  F = spec.ffn_width
+  assert F == (64 if gated else 96)  # gated: round(2/3·96 / 64)·64
+  counts = models.count_params(params)
+  assert counts["total"] == expected_params(2, 32, F, 320, 32, gated)
+  assert counts["non_embedding"] == counts["total"] - 320 * 32
+
+
+def test_reference_configuration_counts():
+  """REFERENCE.md §2: 6 layers, 384, 6 heads, ctx 128, vocab 50,304 → ≈10.7M without wte."""
+  c = config_lib.decoder("gelu")
+  model = models.build(c.model, 50257)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
+                                             jnp.zeros((1, 128), jnp.int32)))["params"]
+  counts = models.count_params(shapes)
+  assert model.spec.vocab_size == 50304
+  assert counts["non_embedding"] == expected_params(6, 384, 1536, 0, 128) == 10_696_704
+  assert counts["total"] == 10_696_704 + 50304 * 384
+
+
+@pytest.mark.parametrize("d_ff, width", [(1536, 1024), (3072, 2048), (2048, 1344), (64, 64)])
+def test_gated_width_is_parameter_matched(d_ff, width):
+  spec = Spec("swiglu", 1, 384, 6, d_ff, 128, 64)
+  assert spec.ffn_width == width
+  assert Spec("swiglu", 1, 384, 6, d_ff, 128, 64, gated_match_params=False).ffn_width == d_ff
+  assert Spec("gelu", 1, 384, 6, d_ff, 128, 64).ffn_width == d_ff
+
+
+def test_gated_ffn_matches_plain_within_a_few_percent():
+  c = config_lib.decoder("gelu")
+  plain = models.build(c.model, 50257)
+  c.model.activation = "swiglu"
+  gated = models.build(c.model, 50257)
+  count = lambda m: models.count_params(jax.eval_shape(
+      lambda: m.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))["params"])
+  a, b = count(plain)["non_embedding"], count(gated)["non_embedding"]
+  assert abs(a - b) / a < 0.03
+
+
+def test_causality():
+  """Changing token t never changes the logits at positions before t."""
+  c = tiny("gelu")
+  model, params = init(c)
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 257, (1, 32))
+  apply = jax.jit(lambda t: model.apply({"params": params}, t))
+  base = apply(tokens)
+  for t in (0, 5, 17, 31):
+    changed = tokens.copy()
+    changed[0, t] = (changed[0, t] + 1) % 257
+    out = apply(changed)
+    np.testing.assert_array_equal(out[0, :t], base[0, :t])
+    assert not np.allclose(out[0, t], base[0, t])
+
+
+def test_jit_equals_no_jit():
+  c = tiny("swiglu")
+  model, params = init(c)
+  tokens = np.random.default_rng(1).integers(0, 257, (2, 32))
+  eager = model.apply({"params": params}, tokens)
+  jitted = jax.jit(lambda p, t: model.apply({"params": p}, t))(params, tokens)
+  np.testing.assert_allclose(eager, jitted, rtol=1e-5, atol=1e-5)
+
+
+def test_gpt2_initialisation():
+  c = config_lib.decoder("gelu")
+  c.model.update(num_layers=8, d_model=256, num_heads=4, d_ff=1024)
+  _, params = init(c)
+  block = params["block_0"]
+  np.testing.assert_allclose(np.std(params["wte"]["embedding"]), 0.02, rtol=0.05)
+  np.testing.assert_allclose(np.std(block["attn"]["query"]["kernel"]), 0.02, rtol=0.05)
+  residual = 0.02 / np.sqrt(2 * 8)
+  np.testing.assert_allclose(np.std(block["attn"]["out"]["kernel"]), residual, rtol=0.05)
+  np.testing.assert_allclose(np.std(block["ffn"]["down"]["kernel"]), residual, rtol=0.05)
+  assert np.all(block["ffn"]["up"]["bias"] == 0) and np.all(block["ln_ffn"]["scale"] == 1)
+
+
+def test_tied_head_uses_token_embedding():
+  c = tiny("gelu")
+  model, params = init(c)
+  assert set(params) == {"wte", "wpe", "ln_f", "block_0", "block_1"}  # no separate head
+  tokens = jnp.zeros((1, 4), jnp.int32)
+  grads = jax.jit(jax.grad(lambda p: model.apply({"params": p}, tokens)[0, -1, 7]))(params)
+  assert np.abs(grads["wte"]["embedding"][7]).sum() > 0  # the head row of token 7 is wte[7]
+
+
+def test_dropout_only_in_training():
+  c = tiny("gelu", **{"model.dropout": 0.5})
+  model, params = init(c)
+  tokens = jnp.zeros((1, 8), jnp.int32)
+  apply = jax.jit(model.apply, static_argnames="train")
+  a = apply({"params": params}, tokens)
+  b = apply({"params": params}, tokens)
+  np.testing.assert_array_equal(a, b)
+  t1 = apply({"params": params}, tokens, train=True, rngs={"dropout": jax.random.PRNGKey(1)})
+  assert not np.allclose(a, t1)
