@@ -4,6 +4,7 @@ Shape suffixes: B batch, L sequence, D d_model, H heads, K head dim, F FFN hidde
 """
 
 import dataclasses
+import functools
 import math
 
 import flax.linen as nn
@@ -71,30 +72,68 @@ def residual_std(spec: Spec) -> float:
   return 0.02 / math.sqrt(2 * spec.num_layers)
 
 
+def logit_max(q_BLHK, k_BLHK, mask, causal: bool) -> jax.Array:
+  """The largest pre-softmax attention logit q·k/√K over the positions attention may see."""
+  L, K = q_BLHK.shape[1], q_BLHK.shape[3]
+  logits_BHLL = jnp.einsum("bqhk,bshk->bhqs", q_BLHK, k_BLHK,
+                           preferred_element_type=jnp.float32) / math.sqrt(K)
+  visible = jnp.ones((1, 1, L, L), bool) if mask is None else mask
+  if causal:
+    visible = visible & jnp.tril(jnp.ones((L, L), bool))
+  return jnp.where(visible, logits_BHLL, -jnp.inf).max()
+
+
 class Attention(nn.Module):
-  """Multi-head self-attention through `jax.nn.dot_product_attention`."""
+  """Multi-head self-attention through `jax.nn.dot_product_attention`.
+
+  When the "stats" collection is mutable (evaluation with statistics) it also sows `logit_max`,
+  which the fused attention does not expose; training never computes it.
+  """
   spec: Spec
   causal: bool
 
   @nn.compact
-  def __call__(self, x_BLD, mask_BL=None, *, train: bool = False):
+  def __call__(self, x_BLD, mask_BL=None, *, train: bool = False, decode: bool = False):
     s = self.spec
     B, L, D = x_BLD.shape
     H, K = s.num_heads, D // s.num_heads
     q_BLHK, k_BLHK, v_BLHK = (
         dense(D, s, name=name)(x_BLD).reshape(B, L, H, K) for name in ("query", "key", "value"))
     mask = None if mask_BL is None else mask_BL[:, None, None, :]
+    causal = self.causal
+    if decode:
+      k_BLHK, v_BLHK, mask = self.extend_cache(k_BLHK, v_BLHK)
+      causal = False  # the cache mask already hides the future
     impl = None if s.attention_impl == "auto" else s.attention_impl
     out_BLHK = jax.nn.dot_product_attention(
-        q_BLHK, k_BLHK, v_BLHK, mask=mask, is_causal=self.causal, implementation=impl)
+        q_BLHK, k_BLHK, v_BLHK, mask=mask, is_causal=causal, implementation=impl)
+    if self.is_mutable_collection("stats"):
+      self.sow("stats", "logit_max", logit_max(q_BLHK, k_BLHK, mask, causal))
     out_BLD = dense(D, s, residual_std(s), name="out")(out_BLHK.reshape(B, L, D))
     return nn.Dropout(s.dropout)(out_BLD, deterministic=not train)
+
+  def extend_cache(self, k_BLHK, v_BLHK):
+    """Autoregressive decoding: appends this call's keys and values to a cache of `max_len`
+    positions (the "cache" collection) and returns the whole cache with the mask that lets query
+    l (at absolute position index + l) see cache positions ≤ index + l."""
+    B, L, H, K = k_BLHK.shape
+    T = self.spec.max_len
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, (B, T, H, K), k_BLHK.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, (B, T, H, K), v_BLHK.dtype)
+    index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+    i = index.value
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BLHK, (0, i, 0, 0))
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BLHK, (0, i, 0, 0))
+    index.value = i + L
+    visible_LT = jnp.arange(T)[None, :] <= (i + jnp.arange(L))[:, None]
+    return cached_k.value, cached_v.value, visible_LT[None, None]
 
 
 class FeedForward(nn.Module):
   """W₂·act(W₁x) or, for the GLU family, W₂·(act(W_gate x) ⊙ W₁x) (Shazeer 2020).
 
-  `z` is the pre-activation the statistics are taken on: W₁x, or the gate's W_gate x.
+  `z` is the pre-activation the statistics are taken on: W₁x, or the gate's W_gate x. Both `z`
+  and the hidden vector `h` are sown into the "stats" collection, a no-op unless it is mutable.
   """
   spec: Spec
 
@@ -110,6 +149,8 @@ class FeedForward(nn.Module):
     else:
       z_BLF = up_BLF
       h_BLF = act.fn(z_BLF)
+    self.sow("stats", "z", z_BLF)
+    self.sow("stats", "h", h_BLF)
     out_BLD = dense(x_BLD.shape[-1], s, residual_std(s), name="down")(h_BLF)
     return nn.Dropout(s.dropout)(out_BLD, deterministic=not train)
 
@@ -120,13 +161,13 @@ class Block(nn.Module):
   causal: bool
 
   @nn.compact
-  def __call__(self, x_BLD, mask_BL=None, *, train: bool = False):
+  def __call__(self, x_BLD, mask_BL=None, *, train: bool = False, decode: bool = False):
     s = self.spec
-    attn = Attention(s, self.causal, name="attn")
+    attn = functools.partial(Attention(s, self.causal, name="attn"), train=train, decode=decode)
     ffn = FeedForward(s, name="ffn")
     ln_attn, ln_ffn = layer_norm(s, "ln_attn"), layer_norm(s, "ln_ffn")
     if s.norm == "pre":
-      x_BLD = x_BLD + attn(ln_attn(x_BLD), mask_BL, train=train)
+      x_BLD = x_BLD + attn(ln_attn(x_BLD), mask_BL)
       return x_BLD + ffn(ln_ffn(x_BLD), train=train)
-    x_BLD = ln_attn(x_BLD + attn(x_BLD, mask_BL, train=train))
+    x_BLD = ln_attn(x_BLD + attn(x_BLD, mask_BL))
     return ln_ffn(x_BLD + ffn(x_BLD, train=train))

@@ -1,0 +1,105 @@
+"""Continues a prompt with a trained decoder.
+
+  python -m actlab.sample --workdir=runs/gelu --prompt="Once upon a time" --temperature=0.8
+
+Loads the run's config and latest checkpoint; decoding runs as one jitted `lax.scan` over a
+key/value cache (one compiled program, no per-token re-tracing).
+"""
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import app, flags, logging
+
+from actlab import data, errors, train
+from actlab.checkpoint import Checkpoints
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder.")
+_PROMPT = flags.DEFINE_string("prompt", "", "Text to continue (a story start if empty).")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", None, "Tokens to generate (default: fill the context).")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 means greedy.")
+_TOP_K = flags.DEFINE_integer("top_k", 40, "Sample among the k likeliest tokens; 0 means all.")
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+flags.mark_flag_as_required("workdir")
+
+
+def sample_token(logits_BV, key, temperature: float, top_k: int, vocab_size: int):
+  """One token per row; padded vocabulary entries are never drawn."""
+  logits_BV = jnp.where(jnp.arange(logits_BV.shape[-1]) < vocab_size, logits_BV, -jnp.inf)
+  if temperature == 0:
+    return jnp.argmax(logits_BV, axis=-1)
+  if top_k:
+    kth_B1 = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
+    logits_BV = jnp.where(logits_BV < kth_B1, -jnp.inf, logits_BV)
+  return jax.random.categorical(key, logits_BV / temperature)
+
+
+def make_generate(model, vocab_size: int, max_new: int, temperature: float, top_k: int):
+  """A jitted `(params, prompt_BP, key) -> tokens_BN`: prefill the cache, then scan."""
+
+  def apply(params, cache, tokens_BL):
+    logits_BLV, variables = model.apply({"params": params, "cache": cache}, tokens_BL,
+                                        decode=True, mutable=["cache"])
+    return logits_BLV[:, -1], variables["cache"]
+
+  @jax.jit
+  def generate(params, prompt_BP, key):
+    shapes = jax.eval_shape(lambda: model.init(key, prompt_BP, decode=True))["cache"]
+    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    logits_BV, cache = apply(params, cache, prompt_BP)
+
+    def step(carry, key_t):
+      logits_BV, cache = carry
+      token_B = sample_token(logits_BV, key_t, temperature, top_k, vocab_size)
+      return apply(params, cache, token_B[:, None]), token_B
+
+    _, tokens_NB = jax.lax.scan(step, (logits_BV, cache), jax.random.split(key, max_new))
+    return tokens_NB.T
+
+  return generate
+
+
+def load_run(workdir: pathlib.Path):
+  """The run's config, tokenizer, task and latest parameters."""
+  path = workdir / "config.json"
+  if not path.exists():
+    raise errors.UserError(f"{workdir} holds no run (no config.json); train one with actlab.main")
+  config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  tokenizer = data.load(config).tokenizer
+  task = train.Task.create(config, tokenizer.vocab_size)
+  checkpoints = Checkpoints((workdir / "checkpoints").absolute(), config.train.keep_checkpoints)
+  step = checkpoints.latest_step()
+  if step is None:
+    raise errors.UserError(f"{workdir}/checkpoints holds no checkpoint yet")
+  state = checkpoints.restore(step, jax.eval_shape(task.init, 0))
+  checkpoints.close()
+  return config, tokenizer, task, state.params, step
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  with errors.reported():
+    config, tokenizer, task, params, step = load_run(pathlib.Path(_WORKDIR.value))
+    if config.model.kind != "decoder":
+      raise errors.UserError(f"sampling needs a decoder run; {_WORKDIR.value} is {config.model.kind!r}")
+    prompt = [tokenizer.eot_id] + tokenizer.encode(_PROMPT.value)
+    room = config.model.max_len - len(prompt)
+    max_new = room if _MAX_TOKENS.value is None else _MAX_TOKENS.value
+    if not 0 < max_new <= room:
+      raise errors.UserError(
+          f"the prompt takes {len(prompt)} of the model's {config.model.max_len} positions; "
+          f"--max_tokens must be between 1 and {room}")
+    generate = make_generate(task.model, tokenizer.vocab_size, max_new, _TEMPERATURE.value,
+                             _TOP_K.value)
+    tokens = generate(params, jnp.asarray([prompt]), jax.random.PRNGKey(_SEED.value))[0].tolist()
+    if tokenizer.eot_id in tokens:
+      tokens = tokens[:tokens.index(tokenizer.eot_id)]
+    print(_PROMPT.value + tokenizer.decode(tokens))
+
+
+if __name__ == "__main__":
+  app.run(main)
