@@ -1,0 +1,256 @@
+"""Data: corpora, tokenizers, the token cache and step-indexed batch sampling.
+
+``load(config) -> Dataset`` is the whole interface the training loop uses:
+
+- ``config.data.source``: ``"synthetic"`` (the embedded generator, no downloads) or
+  ``"tinystories"`` (the TFDS builder in ``actlab.data.tinystories``).
+- ``config.data.tokenizer``: ``"byte"``, ``"bpe:<size>"`` or ``"gpt2"`` (``actlab.data.tokenizer``).
+- Each split is tokenized once into ``<data dir>/tokens/<corpus>/<split>.<tokenizer>.bin``
+  (``actlab.data.cache``); later runs memory-map it.
+- ``Dataset.train_batch(step)`` is a pure function of ``(seed, step)``; ``Dataset.val_batches()``
+  is a fixed set of evenly spaced windows, the same for every seed.
+
+Data dir: ``config.data.dir``, else ``$ACTLAB_DATA_DIR``, else ``~/.cache/actlab``. Inside it:
+``tfds/`` (prepared TFDS data), ``manual/tiny_stories/`` (offline TinyStories files),
+``gpt2/`` (optional: offline ``encoder.json`` + ``vocab.bpe``, used when neither
+``config.data.gpt2_dir`` nor ``$ACTLAB_GPT2_DIR`` is set), ``tokenizers/<corpus>/bpe-<size>.json``
+(trained BPEs), ``tokens/<corpus>/`` (token caches), ``locks/`` (one build at a time).
+
+Problems a user can fix (missing files, no network, corrupt downloads) raise ``DataError``
+with one message saying what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from actlab.errors import UserError
+
+
+class DataError(UserError):
+  """A data problem the user can fix; the message says how. main prints it and exits non-zero."""
+
+
+# Imported after DataError: the submodules import it from here.
+from actlab.data import cache  # noqa: E402
+from actlab.data import tokenizer as tokenizers  # noqa: E402
+from actlab.data.tokenizer import Tokenizer  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DataError", "Dataset", "Tokenizer", "load", "data_dir"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Dataset:
+  """Token streams plus the rules for cutting them into windows of ``seq_len + 1`` tokens."""
+
+  tokenizer: Tokenizer
+  train_tokens: np.ndarray = dataclasses.field(repr=False)  # 1-D, np.memmap from the cache
+  val_tokens: np.ndarray = dataclasses.field(repr=False)
+  seq_len: int
+  batch_size: int
+  seed: int
+  num_val_batches: int
+
+  def __post_init__(self):
+    window = self.seq_len + 1
+    for name, toks in (("training", self.train_tokens), ("validation", self.val_tokens)):
+      if toks.ndim != 1 or toks.shape[0] < window:
+        raise DataError(
+            f"the {name} split has {toks.shape[0]:,} tokens, fewer than one window of "
+            f"seq_len + 1 = {window}; use a shorter data.seq_len or a larger corpus.")
+    if self.seed < 0:
+      raise ValueError(f"seed must be non-negative, got {self.seed}")
+
+  @property
+  def window(self) -> int:
+    return self.seq_len + 1
+
+  def train_batch(self, step: int) -> np.ndarray:
+    """int32 [batch_size, seq_len + 1]: window starts drawn from default_rng([seed, step])."""
+    step = int(step)
+    if step < 0:
+      raise ValueError(f"step must be non-negative, got {step}")
+    rng = np.random.default_rng([self.seed, step])
+    high = self.train_tokens.shape[0] - self.window  # last valid start, inclusive
+    starts = rng.integers(0, high + 1, size=self.batch_size, dtype=np.int64)
+    return self._gather(self.train_tokens, starts)
+
+  def val_starts(self) -> np.ndarray:
+    """The fixed validation window starts: num_val_batches · batch_size, evenly spaced."""
+    n = self.num_val_batches * self.batch_size
+    last = self.val_tokens.shape[0] - self.window
+    return np.linspace(0, last, n).round().astype(np.int64)
+
+  def val_batches(self) -> list[np.ndarray]:
+    """num_val_batches arrays of int32 [batch_size, seq_len + 1]; identical at every call."""
+    starts = self.val_starts().reshape(self.num_val_batches, self.batch_size)
+    return [self._gather(self.val_tokens, s) for s in starts]
+
+  def _gather(self, tokens: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    idx = starts[:, None] + np.arange(self.window, dtype=np.int64)
+    return np.asarray(tokens[idx], dtype=np.int32)
+
+
+def data_dir(config_dir: str = "") -> Path:
+  """config.data.dir, else $ACTLAB_DATA_DIR, else ~/.cache/actlab."""
+  d = config_dir or os.environ.get("ACTLAB_DATA_DIR") or "~/.cache/actlab"
+  return Path(d).expanduser()
+
+
+def _gpt2_dir(config_dir: str, root: Path) -> str | None:
+  d = config_dir or os.environ.get("ACTLAB_GPT2_DIR", "")
+  if d:
+    return d
+  default = root / "gpt2"  # convenience: <data dir>/gpt2/{encoder.json,vocab.bpe}
+  if all((default / f).is_file() for f in tokenizers.GPT2_FILES):
+    return str(default)
+  return None
+
+
+def _tok_file_tag(tok: Tokenizer) -> str:
+  return tok.name.replace(":", "")  # "bpe:4096" -> "bpe4096"
+
+
+class _Corpus:
+  """A source's two splits: texts on demand, plus a fingerprint that keys the caches."""
+
+  key: str  # directory name under tokens/ and tokenizers/
+
+  def texts(self, split: str):  # -> Iterable[str]
+    raise NotImplementedError
+
+  def num_texts(self, split: str) -> int | None:
+    return None
+
+  def source_id(self, split: str) -> str:
+    raise NotImplementedError
+
+
+class _Synthetic(_Corpus):
+  key = "synthetic"
+
+  def __init__(self):
+    from actlab.data import synthetic
+    self._mod = synthetic
+    self._texts: dict[str, list[str]] = {}
+    self._ids: dict[str, str] = {}
+
+  def _get(self, split: str) -> list[str]:
+    if split not in self._texts:
+      self._texts[split] = list(self._mod.texts(split))
+    return self._texts[split]
+
+  def texts(self, split):
+    return self._get(split)
+
+  def num_texts(self, split):
+    return len(self._get(split))
+
+  def source_id(self, split):
+    if split not in self._ids:
+      h = hashlib.sha256()
+      for t in self._get(split):
+        h.update(t.encode("utf-8"))
+        h.update(b"\0")
+      self._ids[split] = f"synthetic/{split}:sha256={h.hexdigest()[:16]}"
+    return self._ids[split]
+
+
+def _corpus_key(config) -> str:
+  if config.data.source == "tinystories":
+    return f"tinystories-{config.data.get('tinystories_version', 'v2')}"
+  return config.data.source
+
+
+def _corpus(config, root: Path) -> _Corpus:
+  source = config.data.source
+  if source == "synthetic":
+    return _Synthetic()
+  if source == "tinystories":
+    from actlab.data import tinystories
+    manual = config.data.get("manual_dir", "") or str(root / "manual" / "tiny_stories")
+    return tinystories.Corpus(
+        version=config.data.get("tinystories_version", "v2"),
+        data_dir=root / "tfds", manual_dir=Path(manual).expanduser())
+  raise ValueError(f"data.source={source!r}: choose 'tinystories' or 'synthetic'")
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+  """An exclusive advisory lock (POSIX flock); a no-op where fcntl is unavailable."""
+  try:
+    import fcntl
+  except ImportError:  # pragma: no cover - Windows
+    yield
+    return
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path, "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load(config, *, progress: bool | None = None) -> Dataset:
+  """Build (first run) or open (later runs) the token caches and return the Dataset."""
+  root = data_dir(config.data.get("dir", ""))
+  if progress is None:
+    progress = bool(config.get("train", {}).get("progress", True))
+  opened: list[_Corpus] = []
+
+  def corpus() -> _Corpus:  # opened on first use
+    if not opened:
+      opened.append(_corpus(config, root))
+    return opened[0]
+
+  key = _corpus_key(config)
+  spec = config.data.tokenizer
+
+  def get_tokenizer() -> Tokenizer:
+    return tokenizers.get(
+        spec, directory=root / "tokenizers" / key, train_texts=lambda: corpus().texts("train"),
+        gpt2_dir=_gpt2_dir(config.data.get("gpt2_dir", ""), root))
+
+  # Tokenizers that need no corpus come first, so a missing GPT-2 file is reported before a
+  # multi-GB download.
+  tok = None if tokenizers.parse_spec(spec)[0] == "bpe" else get_tokenizer()
+  # One process at a time prepares a corpus, trains a BPE or builds a cache (parallel sweep
+  # cells share the data dir); the others wait, then open what the first one built. The corpus
+  # is opened even when the caches exist: its fingerprint validates them (for TinyStories, the
+  # prepared TFDS data under <data dir>/tfds must therefore stay).
+  with _file_lock(root / "locks" / f"{key}.lock"):
+    tok = tok or get_tokenizer()
+    arrays = {}
+    for split in ("train", "validation"):
+      path = root / "tokens" / key / f"{split}.{_tok_file_tag(tok)}.bin"
+      c = corpus()
+      arrays[split] = cache.build_or_open(
+          path, lambda s=split: c.texts(s), tok, c.source_id(split),
+          num_texts=c.num_texts(split), desc=f"tokenizing {key} {split} ({tok.name})",
+          progress=progress)
+  ds = Dataset(
+      tokenizer=tok,
+      train_tokens=arrays["train"],
+      val_tokens=arrays["validation"],
+      seq_len=int(config.data.seq_len),
+      batch_size=int(config.train.batch_size),
+      seed=int(config.train.seed),
+      num_val_batches=int(config.data.val_batches),
+  )
+  n_windows = ds.num_val_batches * ds.batch_size
+  if n_windows * ds.window > ds.val_tokens.shape[0]:
+    log.warning("validation split has %d tokens: its %d windows of %d tokens overlap",
+                ds.val_tokens.shape[0], n_windows, ds.window)
+  log.info("data: %s/%s, %s train / %s val tokens", key, tok.name,
+           f"{ds.train_tokens.shape[0]:,}", f"{ds.val_tokens.shape[0]:,}")
+  return ds

@@ -1,0 +1,338 @@
+"""Tokenizers behind one small interface.
+
+Specs accepted by :func:`get`:
+
+- ``"byte"``: UTF-8 bytes 0..255 plus an end-of-text id 256 (vocabulary 257).
+- ``"bpe:<size>"``: a byte-level BPE (Hugging Face ``tokenizers``) trained on the training
+  split's texts, with ``<|endoftext|>`` as its only special token. Saved as JSON and reloaded.
+- ``"gpt2"``: OpenAI's GPT-2 encoding through ``tiktoken`` (50,257 ids, ``<|endoftext|>`` =
+  50256). Built offline from ``encoder.json`` + ``vocab.bpe`` when a directory holding them is
+  given, else fetched by ``tiktoken`` (network, or its own cache).
+
+Story text is always encoded *ordinarily*: a literal ``<|endoftext|>`` inside a text is encoded
+as text, never as the special id. The token cache inserts ``eot_id`` between stories itself.
+
+``vocab_size`` is the unpadded size; the model pads it (GPT-2 50,257 -> 50,304).
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import itertools
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from actlab.data import DataError
+
+EOT_TEXT = "<|endoftext|>"
+
+# Threads used by encode_batch (tiktoken); HF tokenizers uses its own Rayon pool
+# (RAYON_NUM_THREADS / TOKENIZERS_PARALLELISM).
+DEFAULT_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+# BPE training reads at most this many characters of training text (the head of the split, which
+# TFDS stores shuffled). TinyStories V2 train is ~2.2 GB; a few hundred MB is plenty for the
+# frequency statistics of a vocabulary of a few thousand and keeps training to minutes.
+BPE_TRAIN_MAX_CHARS = 300_000_000
+
+GPT2_FILES = ("encoder.json", "vocab.bpe")
+# sha256 pinned by tiktoken for OpenAI's GPT-2 release files.
+GPT2_HASHES = {
+  "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+  "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+}
+# tiktoken's (faster, equivalent) form of the GPT-2 pre-tokenisation pattern.
+_GPT2_PAT_FALLBACK = (
+  r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+)
+
+
+class Tokenizer(abc.ABC):
+  """What the data pipeline and the model need from a tokenizer."""
+
+  name: str          # spec-like name, e.g. "byte", "bpe:8192", "gpt2"
+  vocab_size: int    # unpadded
+  eot_id: int
+
+  @property
+  def fingerprint(self) -> str:
+    """Changes whenever the id assignment changes (the token cache is keyed on it)."""
+    return self.name
+
+  @abc.abstractmethod
+  def encode(self, text: str) -> list[int]:
+    """Ordinary encoding: special-token text is encoded as plain text."""
+
+  @abc.abstractmethod
+  def decode(self, ids: Iterable[int]) -> str:
+    """Inverse of encode; ``eot_id`` decodes to ``<|endoftext|>``."""
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [self.encode(t) for t in texts]
+
+  def encode_docs(self, texts: Sequence[str], dtype=np.uint32) -> np.ndarray:
+    """Every text's ordinary encoding followed by ``eot_id``, as one flat array (cache chunks)."""
+    ids = self.encode_batch(texts)
+    lens = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lens.sum()))
+    return np.insert(flat, np.cumsum(lens), np.asarray(self.eot_id, dtype=dtype))
+
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+class ByteTokenizer(Tokenizer):
+  name = "byte"
+  vocab_size = 257
+  eot_id = 256
+
+  def encode(self, text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+  def encode_docs(self, texts: Sequence[str], dtype=np.uint16) -> np.ndarray:
+    bs = [t.encode("utf-8") for t in texts]
+    flat = np.frombuffer(b"".join(bs), dtype=np.uint8).astype(dtype)
+    lens = np.fromiter((len(b) for b in bs), dtype=np.int64, count=len(bs))
+    return np.insert(flat, np.cumsum(lens), np.asarray(self.eot_id, dtype=dtype))
+
+  def decode(self, ids: Iterable[int]) -> str:
+    parts: list[str] = []
+    buf = bytearray()
+    for i in ids:
+      i = int(i)
+      if i == self.eot_id:
+        parts.append(buf.decode("utf-8", errors="replace"))
+        parts.append(EOT_TEXT)
+        buf = bytearray()
+      elif 0 <= i < 256:
+        buf.append(i)
+      else:
+        raise ValueError(f"byte tokenizer: id {i} out of range [0, 256]")
+    parts.append(buf.decode("utf-8", errors="replace"))
+    return "".join(parts)
+
+
+class HFBPETokenizer(Tokenizer):
+  """Byte-level BPE from Hugging Face ``tokenizers``."""
+
+  def __init__(self, tok, name: str, path: Path | None = None):
+    self._tok = tok
+    # Encode a literal "<|endoftext|>" in story text as text, like tiktoken's encode_ordinary.
+    tok.encode_special_tokens = True
+    self.name = name
+    self.path = path
+    self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    eot = tok.token_to_id(EOT_TEXT)
+    if eot is None:
+      raise DataError(f"BPE tokenizer {path or name} has no {EOT_TEXT} token; delete it to retrain.")
+    self.eot_id = int(eot)
+    self._fp = hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest()[:16]
+
+  @property
+  def fingerprint(self) -> str:
+    return f"{self.name}-{self._fp}"
+
+  def encode(self, text: str) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
+    return [e.ids for e in encs]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+  @classmethod
+  def train(cls, texts: Iterable[str], vocab_size: int, name: str) -> "HFBPETokenizer":
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      special_tokens=[EOT_TEXT],
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+      show_progress=False,
+    )
+    tok.train_from_iterator(_cap_chars(texts, BPE_TRAIN_MAX_CHARS), trainer=trainer)
+    return cls(tok, name)
+
+  def save(self, path: Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(self._tok.to_str(), encoding="utf-8")
+    os.replace(tmp, path)
+    self.path = path
+
+  @classmethod
+  def load(cls, path: Path, name: str) -> "HFBPETokenizer":
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+      tok = HFTokenizer.from_file(str(path))
+    except Exception as e:  # corrupt / truncated JSON
+      raise DataError(f"cannot read BPE tokenizer {path} ({e}); delete it and rerun to retrain.") from e
+    return cls(tok, name, path)
+
+
+class TiktokenTokenizer(Tokenizer):
+  def __init__(self, enc, name: str, threads: int = DEFAULT_THREADS):
+    self._enc = enc
+    self.name = name
+    self.vocab_size = int(enc.n_vocab)
+    self.eot_id = int(enc.eot_token)
+    self.threads = threads
+
+  def encode(self, text: str) -> list[int]:
+    return self._enc.encode_ordinary(text)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return self._enc.encode_ordinary_batch(list(texts), num_threads=self.threads)
+
+  def encode_docs(self, texts: Sequence[str], dtype=np.uint32) -> np.ndarray:
+    if any(EOT_TEXT in t for t in texts):
+      return super().encode_docs(texts, dtype)
+    # Text segments between allowed special tokens are encoded independently, so this equals
+    # encoding one by one and appending eot_id, with a few large texts per thread.
+    ids = self._enc.encode_batch(_joined_parts(texts, self.threads * 4), num_threads=self.threads,
+                                 allowed_special={EOT_TEXT}, disallowed_special=())
+    return np.concatenate([np.asarray(x, dtype=dtype) for x in ids])
+
+  def decode(self, ids: Iterable[int]) -> str:
+    return self._enc.decode([int(i) for i in ids])
+
+
+def _joined_parts(texts: Sequence[str], n_parts: int) -> list[str]:
+  """texts in n_parts groups, each text followed by "<|endoftext|>"."""
+  k = max(1, -(-len(texts) // max(1, n_parts)))
+  return ["".join(t + EOT_TEXT for t in texts[i:i + k]) for i in range(0, len(texts), k)]
+
+
+def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:
+  n = 0
+  for t in texts:
+    yield t
+    n += len(t)
+    if n >= max_chars:
+      return
+
+
+def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
+  """The GPT-2 encoding from a directory holding encoder.json and vocab.bpe (no network)."""
+  import tiktoken
+  from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+  d = Path(directory).expanduser()
+  missing = [f for f in GPT2_FILES if not (d / f).is_file()]
+  if missing:
+    raise DataError(
+      f"GPT-2 tokenizer directory {d} lacks {' and '.join(missing)}. It must hold OpenAI's "
+      f"GPT-2 files encoder.json and vocab.bpe "
+      f"(https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/<file>)."
+    )
+  try:
+    ranks = data_gym_to_mergeable_bpe_ranks(
+      vocab_bpe_file=str(d / "vocab.bpe"),
+      encoder_json_file=str(d / "encoder.json"),
+      vocab_bpe_hash=GPT2_HASHES["vocab.bpe"],
+      encoder_json_hash=GPT2_HASHES["encoder.json"],
+    )
+  except Exception as e:
+    raise DataError(
+      f"GPT-2 files in {d} are not OpenAI's encoder.json / vocab.bpe ({short_cause(e)}). "
+      f"Replace them with the originals."
+    ) from e
+  try:
+    from tiktoken_ext.openai_public import r50k_pat_str as pat
+  except Exception:  # pragma: no cover - depends on the tiktoken version
+    pat = _GPT2_PAT_FALLBACK
+  enc = tiktoken.Encoding(
+    name="gpt2", pat_str=pat, mergeable_ranks=ranks, special_tokens={EOT_TEXT: 50256},
+    explicit_n_vocab=50257,
+  )
+  return TiktokenTokenizer(enc, "gpt2", threads)
+
+
+def short_cause(e: BaseException, limit: int = 150) -> str:
+  """'TypeName: first words of the message', for error messages."""
+  msg = " ".join(str(e).split())
+  return f"{type(e).__name__}: {msg[:limit]}{'...' if len(msg) > limit else ''}"
+
+
+def _gpt2_unavailable(cause: BaseException) -> DataError:
+  return DataError(
+      f"The GPT-2 tokenizer is not available: tiktoken could not fetch it ({short_cause(cause)}).\n"
+      "Fix: put OpenAI's GPT-2 files encoder.json and vocab.bpe "
+      "(https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/<file>) in a directory and "
+      "point config.data.gpt2_dir or the environment variable ACTLAB_GPT2_DIR at it (or put them in "
+      "<data dir>/gpt2); or use a ':smoke' config (synthetic data, byte tokenizer), which needs no "
+      "downloads.")
+
+
+def gpt2(gpt2_dir: str | os.PathLike | None = None, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
+  """GPT-2: offline from ``gpt2_dir`` when given, else ``tiktoken.get_encoding('gpt2')``."""
+  if gpt2_dir:
+    return gpt2_offline(gpt2_dir, threads)
+  import tiktoken
+
+  try:
+    enc = tiktoken.get_encoding("gpt2")
+  except Exception as e:  # no network, proxy, blocked host ...
+    raise _gpt2_unavailable(e) from e
+  return TiktokenTokenizer(enc, "gpt2", threads)
+
+
+_BPE_RE = re.compile(r"^bpe:(\d+)$")
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+  """``"byte"`` -> ("byte", None); ``"bpe:8192"`` -> ("bpe", 8192); ``"gpt2"`` -> ("gpt2", None)."""
+  if spec in ("byte", "gpt2"):
+    return spec, None
+  m = _BPE_RE.match(spec or "")
+  if m:
+    size = int(m.group(1))
+    if size < 257:
+      raise ValueError(f"tokenizer {spec!r}: BPE size must be at least 257 (256 bytes + <|endoftext|>)")
+    return "bpe", size
+  raise ValueError(f"unknown tokenizer {spec!r}; valid: 'byte', 'bpe:<size>' (e.g. 'bpe:4096'), 'gpt2'")
+
+
+def get(
+  spec: str,
+  *,
+  directory: str | os.PathLike,
+  train_texts: Callable[[], Iterable[str]] | None = None,
+  gpt2_dir: str | os.PathLike | None = None,
+  threads: int = DEFAULT_THREADS,
+) -> Tokenizer:
+  """Build or load the tokenizer named by ``spec``.
+
+  directory: where a trained BPE is stored (``<directory>/bpe-<size>.json``); the caller keys
+    it by corpus/version.
+  train_texts: a callable returning an iterable of training texts, needed only the first time
+    a ``bpe:<size>`` tokenizer is built (at most BPE_TRAIN_MAX_CHARS characters are read).
+  gpt2_dir: a directory with encoder.json + vocab.bpe for an offline GPT-2.
+  """
+  kind, size = parse_spec(spec)
+  if kind == "byte":
+    return ByteTokenizer()
+  if kind == "gpt2":
+    return gpt2(gpt2_dir, threads)
+  path = Path(directory) / f"bpe-{size}.json"
+  name = f"bpe:{size}"
+  if path.is_file():
+    return HFBPETokenizer.load(path, name)
+  if train_texts is None:
+    raise ValueError(f"{spec}: no saved tokenizer at {path} and no train_texts to train one")
+  tok = HFBPETokenizer.train(train_texts(), size, name)
+  tok.save(path)
+  return tok
