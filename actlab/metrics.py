@@ -1,0 +1,328 @@
+"""What actlab measures: activation statistics, sharpness, summaries and the stability verdict.
+
+Definitions (DESIGN.md "What we measure"; docs/instruments.md explains them for users):
+
+- Activation statistics are taken at evaluation time on the FFN hidden layer — `h` in `W₂·h` —
+  over every (token, unit) entry of the fixed validation windows, per layer and then over layers.
+  `z` is the FFN pre-activation (the gate's for gated FFNs). The layers sow `z`, `h` and the
+  attention `logit_max` into the "stats" collection; `batch_sums` reduces one batch to a few small
+  sums on device and `pool` combines the batches exactly on the host:
+
+  | key | per layer | over layers |
+  |---|---|---|
+  | `act_zero_frac` | fraction of entries with z ≤ 0 | mean |
+  | `dead_units` | fraction of units with z ≤ 0 on every validation token | mean |
+  | `act_mean`, `act_std` | mean and (population) standard deviation of h | mean |
+  | `attn_logit_max` | largest pre-softmax attention logit q·k/√K (visible positions) | max |
+
+  The per-layer values are logged as `<key>/layer_<i>`, layers numbered from the input.
+- `sharpness`: the largest-magnitude eigenvalue of the Hessian of the training loss on one fixed
+  training batch (no dropout), by `sharpness_iters` steps of power iteration on Hessian-vector
+  products (`jax.jvp` of `jax.grad`) from a fixed random start.
+- `verdict`: status ∈ {stable, unstable, diverged} from the logged loss curves (the rule is in
+  its docstring).
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import re
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+STATUSES = ("stable", "unstable", "diverged")
+TAIL_FRACTION = 0.1  # summary `grad_norm` / `final_train_loss`: mean over the last 10% of steps
+
+
+# --- Activation statistics ------------------------------------------------------------------
+
+
+class Recording:
+  """Stands in for a Flax module inside an objective: `apply` runs with the "stats" collection
+  mutable and keeps what the layers sowed in `.stats`, so any objective yields statistics
+  without knowing about them. Everything else is delegated to the module."""
+
+  def __init__(self, module):
+    self._module = module
+    self.stats: list[dict] = []
+
+  def apply(self, variables, *args, **kwargs):
+    out, state = self._module.apply(variables, *args, mutable=["stats"], **kwargs)
+    self.stats.append(flatten(state.get("stats", {})))
+    return out
+
+  def __getattr__(self, name):
+    return getattr(self._module, name)
+
+
+def flatten(tree: Mapping, prefix: tuple = ()) -> dict[tuple, Any]:
+  """{("block_0", "ffn", "z"): (array,), ...} from a nested (Frozen)dict."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      out.update(flatten(value, prefix + (key,)))
+    else:
+      out[prefix + (key,)] = value
+  return out
+
+
+def _natural(path: tuple) -> list:
+  """Sort key that puts block_2 before block_10."""
+  return [int(p) if p.isdigit() else p for part in path for p in re.split(r"(\d+)", str(part))]
+
+
+def _layers(sown: Mapping[tuple, Any], name: str, ndim: int) -> list[list[jax.Array]]:
+  """The arrays sown under `name`, one list per layer, layers in natural path order.
+
+  An array with one more axis than `ndim` came from layers stacked by `nn.scan`: it is split
+  along that leading axis into one layer each.
+  """
+  layers = []
+  for path in sorted((p for p in sown if p[-1] == name), key=_natural):
+    values = list(sown[path])
+    if values[0].ndim == ndim + 1:
+      layers += [[v[i] for v in values] for i in range(values[0].shape[0])]
+    else:
+      layers.append(values)
+  return layers
+
+
+def batch_sums(recorded: Sequence[Mapping[tuple, Any]]) -> dict:
+  """Per-layer sums of one batch (traced, on device): small enough to fetch every evaluation.
+
+  `recorded` is `Recording.stats`: one flattened stats collection per `apply` call.
+  """
+  sown = {}
+  for collection in recorded:
+    for path, values in collection.items():
+      sown[path] = sown.get(path, ()) + tuple(values)
+  ffn = []
+  for zs, hs in zip(_layers(sown, "z", 3), _layers(sown, "h", 3)):
+    z_NF = jnp.concatenate([z.reshape(-1, z.shape[-1]) for z in zs]).astype(jnp.float32)
+    h = jnp.concatenate([h.reshape(-1) for h in hs]).astype(jnp.float32)
+    mean = h.mean()
+    ffn.append({
+        "entries": jnp.asarray(z_NF.size, jnp.int32),
+        "nonpos": jnp.sum(z_NF <= 0, dtype=jnp.int32),
+        "fired_F": jnp.any(z_NF > 0, axis=0),
+        "h_mean": mean,
+        "h_m2": jnp.sum(jnp.square(h - mean)),            # centred: combined exactly by `pool`
+    })
+  attn = [jnp.max(jnp.stack(values)) for values in _layers(sown, "logit_max", 0)]
+  return {"ffn": ffn, "attn_logit_max": attn}
+
+
+def pool(batches: Sequence[Mapping]) -> dict[str, float]:
+  """Combines `batch_sums` of every validation batch (fetched to the host) into the metrics."""
+  out: dict[str, float] = {}
+  per_layer: dict[str, list[float]] = {k: [] for k in
+                                       ("act_zero_frac", "dead_units", "act_mean", "act_std")}
+  for i in range(len(batches[0]["ffn"])):
+    layer = [b["ffn"][i] for b in batches]
+    n = np.array([float(s["entries"]) for s in layer])
+    means = np.array([float(s["h_mean"]) for s in layer])
+    # Chan et al.: pooled mean, and the pooled sum of squared deviations from it.
+    mean = float(np.sum(n * means) / n.sum())
+    m2 = float(sum(float(s["h_m2"]) for s in layer) + np.sum(n * (means - mean) ** 2))
+    fired = np.logical_or.reduce([np.asarray(s["fired_F"]) for s in layer])
+    values = {
+        "act_zero_frac": sum(float(s["nonpos"]) for s in layer) / n.sum(),
+        "dead_units": 1.0 - float(fired.mean()),
+        "act_mean": mean,
+        "act_std": math.sqrt(max(m2, 0.0) / n.sum()),
+    }
+    for key, value in values.items():
+      out[f"{key}/layer_{i}"] = value
+      per_layer[key].append(value)
+  for key, values in per_layer.items():
+    if values:
+      out[key] = float(np.mean(values))
+  logit_max = [max(float(b["attn_logit_max"][i]) for b in batches)
+               for i in range(len(batches[0]["attn_logit_max"]))]
+  for i, value in enumerate(logit_max):
+    out[f"attn_logit_max/layer_{i}"] = value
+  if logit_max:
+    out["attn_logit_max"] = max(logit_max)
+  return out
+
+
+# --- Sharpness ------------------------------------------------------------------------------
+
+
+def _tree_dot(a, b) -> jax.Array:
+  return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def top_hessian_eigenvalue(loss_fn: Callable, params, key: jax.Array, num_iters: int) -> jax.Array:
+  """The largest-magnitude eigenvalue of ∇²loss_fn(params), by power iteration on HVPs.
+
+  Each iteration is one Hessian-vector product, forward-over-reverse: jvp(grad(loss_fn)). The
+  estimate is the Rayleigh quotient vᵀHv of the last unit vector v (signed).
+  """
+  grad_fn = jax.grad(loss_fn)
+  hvp = lambda v: jax.jvp(grad_fn, (params,), (v,))[1]
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(key, len(leaves))
+  v = treedef.unflatten([jax.random.normal(k, x.shape, jnp.float32) for k, x in zip(keys, leaves)])
+
+  def normalize(t):
+    norm = jnp.sqrt(_tree_dot(t, t))
+    return jax.tree.map(lambda x: x / jnp.maximum(norm, 1e-30), t)
+
+  def body(_, carry):
+    v, _ = carry
+    hv = hvp(v)
+    return normalize(hv), _tree_dot(v, hv)
+
+  _, eigenvalue = jax.lax.fori_loop(0, num_iters, body, (normalize(v), jnp.zeros((), jnp.float32)))
+  return eigenvalue
+
+
+# --- Summaries and the stability verdict ----------------------------------------------------
+
+
+def finite(x) -> bool:
+  """True for a finite number; False for None (how metrics.jsonl stores NaN/inf), NaN and inf."""
+  return x is not None and math.isfinite(x)
+
+
+def jsonable(row: Mapping[str, Any]) -> dict:
+  """A metrics row with non-finite numbers as None (null), so metrics.jsonl stays strict JSON."""
+  return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in row.items()}
+
+
+def first_nonfinite(rows: Sequence[Mapping], keys: Iterable[str] = ("train_loss", "param_norm")):
+  """Index of the first row with a non-finite value under one of `keys`, or None."""
+  keys = tuple(keys)
+  for i, row in enumerate(rows):
+    if any(k in row and not finite(float(row[k])) for k in keys):
+      return i
+  return None
+
+
+def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
+            spike_rel: float, final_gap_rel: float, uniform_frac: float) -> dict:
+  """The stability status of one run from its logged curves (metrics.jsonl rows, step order).
+
+  The rule, first match wins:
+
+  1. **diverged** if any logged `train_loss`, `val_loss` or `param_norm` is non-finite (NaN/inf,
+     stored as null) — the run stopped there — or if the final `val_loss` ≥ `uniform_frac ·
+     uniform_loss`, where `uniform_loss` = ln(number of outputs: vocabulary size, or classes) is
+     the loss of predicting uniformly: no better than chance.
+  2. **unstable** if, after warm-up (step > `warmup_steps`), some logged `train_loss` exceeds
+     `(1 + spike_rel)` × the lowest `train_loss` logged before it (a loss spike), or if the final
+     `val_loss` exceeds `(1 + final_gap_rel)` × the run's best `val_loss` (it ended well above its
+     best).
+  3. **stable** otherwise.
+
+  Returns {"status", "reasons" (human-readable list), "spike_steps", "diverged_at" (step or None)}.
+  """
+  reasons, spike_steps, diverged_at = [], [], None
+  for row in rows:
+    bad = [k for k in ("train_loss", "val_loss", "param_norm") if k in row and not finite(row[k])]
+    if bad:
+      diverged_at = row["step"]
+      reasons.append(f"non-finite {bad[0]} at step {row['step']}")
+      break
+  vals = [(r["step"], r["val_loss"]) for r in rows if finite(r.get("val_loss"))]
+  if diverged_at is None and vals and vals[-1][1] >= uniform_frac * uniform_loss:
+    reasons.append(f"final val loss {vals[-1][1]:.3f} ≥ {uniform_frac:g}·ln(outputs) = "
+                   f"{uniform_frac * uniform_loss:.3f}: no better than chance")
+  if reasons:
+    return {"status": "diverged", "reasons": reasons, "spike_steps": [], "diverged_at": diverged_at}
+
+  best = math.inf
+  for row in rows:
+    loss = row.get("train_loss")
+    if loss is None:
+      continue
+    if row["step"] > warmup_steps and loss > (1 + spike_rel) * best:
+      spike_steps.append(row["step"])
+    best = min(best, loss)
+  if spike_steps:
+    reasons.append(f"{len(spike_steps)} train-loss spike(s) > {1 + spike_rel:g}× the best earlier "
+                   f"loss after warm-up, first at step {spike_steps[0]}")
+  if vals:
+    final, best_val = vals[-1][1], min(v for _, v in vals)
+    if final > (1 + final_gap_rel) * best_val:
+      reasons.append(f"final val loss {final:.3f} > {1 + final_gap_rel:g}× the best {best_val:.3f}")
+  return {"status": "unstable" if reasons else "stable", "reasons": reasons,
+          "spike_steps": spike_steps, "diverged_at": None}
+
+
+def verdict_for(rows: Sequence[Mapping], config, vocab_size: int) -> dict:
+  """`verdict` with the thresholds of `config.metrics` and the run's warm-up and vocabulary (for
+  a classification run, `model.task="classify"`, chance is ln(number of classes) instead)."""
+  m = config.metrics
+  classes = config.model.num_classes if config.model.get("task") == "classify" else vocab_size
+  return verdict(rows, warmup_steps=config.optim.warmup_steps, uniform_loss=math.log(classes),
+                 spike_rel=m.spike_rel, final_gap_rel=m.final_gap_rel, uniform_frac=m.uniform_frac)
+
+
+SUMMARY_LAST_EVAL = ("act_zero_frac", "dead_units", "act_mean", "act_std", "attn_logit_max")
+
+
+def summarize(rows: Sequence[Mapping], steps: int) -> dict:
+  """Final numbers of a run from its metrics rows (None where never measured or non-finite).
+
+  `final_val_loss` is the last finite one (likewise `*_val_accuracy`, present only for
+  objectives that measure accuracy: MLM, classification); activation statistics come from the
+  last evaluation that has them; `grad_norm` and `final_train_loss` average the rows in the last
+  10% of the steps that were run (one batch is noisy); `sharpness_max` is the largest estimate
+  after step 0.
+  """
+  vals = [r["val_loss"] for r in rows if finite(r.get("val_loss"))]
+  last_step = rows[-1]["step"] if rows else 0
+  tail = [r for r in rows if r["step"] > last_step - TAIL_FRACTION * steps and "train_loss" in r]
+  stats_rows = [r for r in rows if "act_zero_frac" in r]
+  sharp = [r["sharpness"] for r in rows if finite(r.get("sharpness"))]
+
+  def mean(key):
+    xs = [r[key] for r in tail if finite(r.get(key))]
+    return float(np.mean(xs)) if xs and len(xs) == len(tail) else None
+
+  out = {
+      "initial_val_loss": vals[0] if vals else None,
+      "final_val_loss": vals[-1] if vals else None,
+      "best_val_loss": min(vals) if vals else None,
+      "final_train_loss": mean("train_loss"),
+      "grad_norm": mean("grad_norm"),
+      "sharpness": sharp[-1] if sharp else None,
+      "sharpness_max": max((r["sharpness"] for r in rows
+                            if r["step"] > 0 and finite(r.get("sharpness"))), default=None),
+  }
+  for key in SUMMARY_LAST_EVAL:
+    out[key] = stats_rows[-1].get(key) if stats_rows else None
+  accs = [r["val_accuracy"] for r in rows if finite(r.get("val_accuracy"))]
+  if accs:  # Objectives that count correct predictions: MLM and classification.
+    out.update(initial_val_accuracy=accs[0], final_val_accuracy=accs[-1],
+               best_val_accuracy=max(accs))
+  return out
+
+
+# --- TensorBoard ----------------------------------------------------------------------------
+
+
+class TensorBoard:
+  """Every metrics row as scalars in `<workdir>/tb` (tensorboardX: no TensorFlow needed).
+
+  `purge_step` (the resumed step) hides events a previous, interrupted run wrote after it.
+  """
+
+  def __init__(self, logdir: pathlib.Path, purge_step: int | None = None):
+    import tensorboardX  # Imported here: only runs that log need it.
+    self._writer = tensorboardX.SummaryWriter(str(logdir), purge_step=purge_step or None)
+
+  def write(self, row: Mapping[str, Any]) -> None:
+    for key, value in row.items():
+      if key != "step" and isinstance(value, (int, float)):
+        self._writer.add_scalar(key, value, row["step"])
+
+  def close(self) -> None:
+    self._writer.flush()
+    self._writer.close()

@@ -1,0 +1,243 @@
+"""Runs a grid of configs, one workdir per cell, sequentially in this process.
+
+    python -m actlab.sweep --config=configs/tinystories_gelu.py \\
+        --sweep=experiments/relu_vs_gelu_lr.py[:smoke] --workdir=runs/relu_vs_gelu
+
+A sweep file defines `get_sweep(arg=None)` returning a dict:
+
+    {"axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-4, 1e-3, 3e-3]},
+     "seeds": [0, 1, 2],                      # the `train.seed` axis, always last
+     "fixed": {"train.steps": 150, ...},      # optional: overrides applied to every cell
+     "description": "..."}                    # optional: the report's heading
+
+The grid is the product of the axes (in the order given) and the seeds. Each cell's workdir is
+named by its overrides, `activation=relu,lr=0.001,seed=0` (the last part of each key, or the whole
+key where that part is ambiguous). `sweep.json` at the top lists the grid for `actlab.report`.
+
+Rerunning the same command continues the sweep: cells with `summary.json` are skipped (diverged
+ones included: divergence is a result), interrupted ones resume from their last checkpoint.
+
+Cells that differ only in `optim.lr` and `train.seed` share one compiled step: both live in the
+train state, so `group` puts such cells together and `run_group` trains them one after another
+with one compile cache (`train.compiled`). A vectorised runner (vmap over a group) can replace
+`run_group` without touching the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import json
+import pathlib
+import time
+from typing import Any, Callable, Sequence
+
+import ml_collections
+
+from actlab import config as config_lib
+from actlab import metrics, train
+
+SEED_KEY = "train.seed"
+
+# The setup every `:smoke` sweep puts under "fixed": a 2-layer, d_model 64 decoder on the embedded
+# corpus (byte tokenizer), 150 steps of 16 windows of 64 tokens: about 10 s a cell on 2 CPU cores.
+SMOKE = {
+    "data.source": "synthetic", "data.tokenizer": "byte", "data.seq_len": 64,
+    "data.val_batches": 4,
+    "model.num_layers": 2, "model.d_model": 64, "model.num_heads": 4, "model.d_ff": 256,
+    "model.max_len": 64,
+    "optim.warmup_steps": 15,
+    "train.steps": 150, "train.batch_size": 16, "train.log_every": 5, "train.eval_every": 50,
+    "train.checkpoint_every": 50, "train.progress": False,
+    "metrics.sharpness_every": 50, "metrics.sharpness_iters": 10,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  axes: dict[str, list]             # "section.field" -> values, in grid order
+  seeds: list[int]
+  fixed: dict[str, Any]             # overrides applied to every cell before the axes
+  description: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  name: str                         # the workdir name, e.g. "activation=relu,lr=0.001,seed=0"
+  overrides: dict[str, Any]         # "section.field" -> value, axes then seed
+  config: ml_collections.ConfigDict
+
+
+def load(spec: str) -> Sweep:
+  """`path/to/sweep.py[:arg]` → the Sweep its `get_sweep(arg)` returns."""
+  path, _, arg = spec.partition(":")
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise config_lib.ConfigError(f"sweep file {path!r} not found")
+  module_spec = importlib.util.spec_from_file_location(f"actlab_sweep_{file.stem}", file)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not hasattr(module, "get_sweep"):
+    raise config_lib.ConfigError(f"sweep file {path!r} defines no get_sweep(arg=None)")
+  try:
+    return parse(module.get_sweep(arg or None))
+  except ValueError as e:  # e.g. an unknown variant; ConfigError is a ValueError too
+    raise config_lib.ConfigError(f"sweep {spec!r}: {e}") from None
+
+
+def parse(d: dict) -> Sweep:
+  """Checks a `get_sweep` result and turns it into a Sweep."""
+  unknown = set(d) - {"axes", "seeds", "fixed", "description"}
+  if unknown:
+    raise config_lib.ConfigError(f"sweep: unknown keys {sorted(unknown)}; "
+                                 "use axes, seeds, fixed, description")
+  axes = {k: list(v) for k, v in d.get("axes", {}).items()}
+  seeds = [int(s) for s in d.get("seeds", [0])]
+  for key, values in {**axes, SEED_KEY: seeds}.items():
+    if not values or len(set(map(repr, values))) != len(values):
+      raise config_lib.ConfigError(f"sweep axis {key!r} needs distinct values, got {values}")
+  if SEED_KEY in axes:
+    raise config_lib.ConfigError(f"sweep: give seeds as 'seeds', not as the axis {SEED_KEY!r}")
+  return Sweep(axes, seeds, dict(d.get("fixed", {})), d.get("description", ""))
+
+
+def override(config: ml_collections.ConfigDict, key: str, value) -> None:
+  """Sets `config.<key>` (dotted) in place; unknown fields and wrong types raise ConfigError."""
+  *sections, field = key.split(".")
+  node = config
+  for part in sections:
+    if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
+      raise config_lib.ConfigError(f"sweep override {key!r}: the config has no section {part!r}")
+    node = node[part]
+  if field not in node:
+    raise config_lib.ConfigError(f"sweep override {key!r}: no such field; "
+                                 f"{'.'.join(sections)} has {', '.join(sorted(node.keys()))}")
+  try:
+    node[field] = value
+  except TypeError as e:
+    raise config_lib.ConfigError(f"sweep override {key}={value!r}: {e}") from None
+
+
+def _say(message: str) -> None:
+  print(message, flush=True)
+
+
+def _short_names(keys: Sequence[str]) -> dict[str, str]:
+  last = [k.rsplit(".", 1)[-1] for k in keys]
+  return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
+
+
+def _fmt(value) -> str:
+  return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def cells(base: ml_collections.ConfigDict, sweep: Sweep) -> list[Cell]:
+  """The grid, in order; each cell's config is validated before anything runs."""
+  keys = [*sweep.axes, SEED_KEY]
+  short = _short_names(keys)
+  out = []
+  for values in itertools.product(*sweep.axes.values(), sweep.seeds):
+    config = base.copy_and_resolve_references()
+    overrides = dict(zip(keys, values))
+    for key, value in {**sweep.fixed, **overrides}.items():
+      override(config, key, value)
+    name = ",".join(f"{short[k]}={_fmt(v)}" for k, v in overrides.items())
+    try:
+      config_lib.validate(config)
+    except config_lib.ConfigError as e:
+      raise config_lib.ConfigError(f"sweep cell {name}: {e}") from None
+    out.append(Cell(name, overrides, config))
+  if len({c.name for c in out}) != len(out):
+    raise config_lib.ConfigError("sweep: two cells get the same workdir name; use values that "
+                                 "differ in their first 6 significant digits")
+  return out
+
+
+def group(cells_: Sequence[Cell]) -> list[list[Cell]]:
+  """Cells that can share compiled functions (configs equal but for LR and seed), grid order kept
+  within a group, groups in order of first appearance."""
+  groups: dict[str, list[Cell]] = {}
+  for cell in cells_:
+    groups.setdefault(train.compile_key(cell.config, 0), []).append(cell)
+  return list(groups.values())
+
+
+def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Sequence[Cell]) -> None:
+  """`sweep.json`: the grid as `actlab.report` reads it (also for cells not yet run)."""
+  workdir.mkdir(parents=True, exist_ok=True)
+  manifest = {"sweep": spec, "description": sweep.description, "axes": sweep.axes,
+              "seeds": sweep.seeds, "fixed": sweep.fixed,
+              "cells": [{"name": c.name, "overrides": c.overrides} for c in cells_]}
+  (workdir / "sweep.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
+              log: Callable[[str], None] = _say) -> list[dict]:
+  """Trains the cells of one group in turn; finished ones (summary.json present) are skipped.
+  With `sweep.vectorize` the unfinished ones train together as one vmapped program instead."""
+  from actlab import vectorized  # sweep.vectorize: see actlab/vectorized.py
+  fresh = vectorized.sweep_group(group_, workdir, cache, log)
+  summaries = []
+  for cell in group_:
+    cell_dir = workdir / cell.name
+    summary_path = cell_dir / "summary.json"
+    if cell.name in fresh:
+      summary = fresh[cell.name]
+    elif summary_path.exists():
+      summary = json.loads(summary_path.read_text())
+      log(f"{cell.name}: done before ({summary.get('status')}), skipped")
+    else:
+      t0 = time.perf_counter()
+      summary = train.run(cell.config, cell_dir, cache=cache)
+      val = summary.get("final_val_loss")
+      log(f"{cell.name}: {summary['status']}, val loss "
+          f"{'n/a' if val is None else f'{val:.4f}'} ({time.perf_counter() - t0:.0f} s)")
+    summaries.append(summary)
+  return summaries
+
+
+def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str], None] = _say,
+        cache: dict | None = None) -> dict[str, dict]:
+  """Runs (or continues) the sweep `spec` on top of `base` in `workdir`; {cell name: summary}.
+
+  `cache`: a dict kept by the caller to reuse compiled functions across calls (a notebook, a
+  test); by default each group compiles once and its functions are dropped after it.
+  """
+  workdir = pathlib.Path(workdir)
+  sweep = load(spec)
+  grid = cells(base, sweep)
+  write_manifest(workdir, spec, sweep, grid)
+  groups = group(grid)
+  log(f"sweep: {len(grid)} cells in {len(groups)} compile group(s) → {workdir}")
+  results = {}
+  for group_ in groups:
+    results.update(zip((c.name for c in group_),
+                       run_group(group_, workdir, {} if cache is None else cache, log)))
+  return results
+
+
+def main(argv):
+  del argv
+  from absl import flags, logging
+  from actlab import errors
+  FLAGS = flags.FLAGS
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
+  with errors.reported():
+    t0 = time.perf_counter()
+    results = run(FLAGS.config, FLAGS.sweep, FLAGS.workdir)
+    counts = {s: sum(r.get("status") == s for r in results.values()) for s in metrics.STATUSES}
+    print(f"sweep done in {time.perf_counter() - t0:.0f} s: "
+          + ", ".join(f"{n} {s}" for s, n in counts.items())
+          + f"; report: python -m actlab.report {FLAGS.workdir}")
+
+
+if __name__ == "__main__":
+  from absl import app, flags
+  from ml_collections import config_flags
+  config_flags.DEFINE_config_file("config", None, "Base config file, e.g. configs/x.py.")
+  flags.DEFINE_string("sweep", None, "Sweep file[:arg], e.g. experiments/x.py:smoke.")
+  flags.DEFINE_string("workdir", None, "Sweep directory: one subdirectory per cell.")
+  flags.mark_flags_as_required(["config", "sweep", "workdir"])
+  app.run(main)

@@ -1,0 +1,148 @@
+"""Report: tables as mean ± sd over seeds, status counts, missing cells, LR sensitivity, plots.
+
+The sweep directories here are written by the test (random curves), so no training is needed;
+every expected number is recomputed from what was written.
+"""
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from actlab import report
+from conftest import REPO
+
+ACTS, LRS, SEEDS = ["relu", "gelu"], [1e-4, 1e-3, 3e-3], [0, 1, 2]
+
+
+def _name(act, lr, seed):
+  return f"activation={act},lr={lr:g},seed={seed}"
+
+
+def _fake_sweep(root, rng, *, missing=(), incomplete=(), diverged=(), sharpness=False,
+                manifest=True):
+  """A sweep directory as actlab.sweep leaves it; returns {cell name: summary}."""
+  cells, summaries = [], {}
+  for act in ACTS:
+    for lr in LRS:
+      for seed in SEEDS:
+        name = _name(act, lr, seed)
+        overrides = {"model.activation": act, "optim.lr": lr, "train.seed": seed}
+        cells.append({"name": name, "overrides": overrides})
+        if name in missing:
+          continue
+        d = root / name
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps(
+            {"model": {"activation": act, "d_model": 64}, "optim": {"lr": lr},
+             "train": {"seed": seed, "steps": 100}}))
+        init = 5.5 + 0.01 * seed
+        final = float(rng.uniform(1.0, 3.0))
+        rows = [{"step": 0, "val_loss": init, "act_zero_frac": 0.5}]
+        for step in range(10, 101, 10):
+          row = {"step": step, "train_loss": float(init - (init - final) * step / 100),
+                 "grad_norm": float(rng.uniform(0.2, 2.0))}
+          if step % 50 == 0:
+            row.update(val_loss=row["train_loss"], act_zero_frac=float(rng.uniform(0.3, 0.9)))
+            if sharpness:
+              row["sharpness"] = float(rng.uniform(1, 50))
+          rows.append(row)
+        if name in diverged:
+          rows[-1] = {"step": 100, "train_loss": None, "param_norm": None}
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if name in incomplete:
+          continue
+        summary = {"status": "diverged" if name in diverged else "stable",
+                   "status_reasons": ["non-finite train_loss at step 100"] if name in diverged
+                   else [], "initial_val_loss": init, "final_val_loss": final,
+                   "act_zero_frac": float(rng.uniform(0.3, 0.9)),
+                   "dead_units": float(rng.uniform(0, 0.2)), "act_mean": float(rng.normal()),
+                   "grad_norm": float(rng.uniform(0.2, 2.0)), "params": 1000}
+        (d / "summary.json").write_text(json.dumps(summary))
+        summaries[name] = summary
+  if manifest:
+    (root / "sweep.json").write_text(json.dumps(
+        {"sweep": "experiments/x.py", "description": "Test sweep",
+         "axes": {"model.activation": ACTS, "optim.lr": LRS}, "seeds": SEEDS, "cells": cells}))
+  return summaries
+
+
+def _row(text, act, lr):
+  return next(l for l in text.splitlines() if l.startswith(f"| {lr:g} | {act} |")
+              or l.startswith(f"| {act} | {lr:g} |"))
+
+
+def _fmt(values, digits=3, scale=1.0):
+  a = np.asarray(values) * scale
+  return f"{a.mean():.{digits}f} ± {a.std(ddof=1):.{digits}f}"
+
+
+def test_table_means_status_counts_and_missing_cells(tmp_path):
+  rng = np.random.default_rng(0)
+  missing = {_name("relu", 1e-3, 2)}
+  incomplete = {_name("gelu", 1e-4, 0)}
+  diverged = {_name("relu", 3e-3, 1)}
+  s = _fake_sweep(tmp_path, rng, missing=missing, incomplete=incomplete, diverged=diverged)
+  text = report.write(tmp_path).read_text()
+
+  full = _row(text, "gelu", 1e-3)
+  vals = [s[_name("gelu", 1e-3, k)] for k in SEEDS]
+  assert _fmt([v["final_val_loss"] for v in vals]) in full
+  assert _fmt([v["act_zero_frac"] for v in vals], 1, 100) + "%" in full
+  assert _fmt([v["dead_units"] for v in vals], 1, 100) + "%" in full
+  assert _fmt([v["act_mean"] for v in vals]) in full
+  assert _fmt([v["grad_norm"] for v in vals]) in full
+  assert full.rstrip(" |").endswith("3 stable")
+
+  part = _row(text, "relu", 1e-3)
+  assert "(n=2)" in part and part.rstrip(" |").endswith("2 stable, 1 missing")
+  div = _row(text, "relu", 3e-3)
+  ok = [s[_name("relu", 3e-3, k)]["final_val_loss"] for k in (0, 2)]
+  assert _fmt(ok) + " (n=2)" in div  # the diverged seed has no final values
+  assert div.rstrip(" |").endswith("2 stable, 1 diverged")
+  assert _row(text, "gelu", 1e-4).rstrip(" |").endswith("2 stable, 1 incomplete")
+  assert re.search(r"\| activation=relu,lr=0\.001,seed=2 \| missing \|", text)
+  assert "16 of 18 runs finished" in text
+  assert "*sharpness: not measured in any run.*" in text
+  for png in ("val_loss_vs_lr", "train_loss", "grad_norm", "act_zero_frac"):
+    assert (tmp_path / "plots" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"(plots/{png}.png)" in text
+  assert not (tmp_path / "plots" / "sharpness.png").exists()
+
+
+def test_lr_sensitivity_follows_wortsman_definition(tmp_path):
+  rng = np.random.default_rng(1)
+  diverged = {_name("gelu", 3e-3, 0)}
+  s = _fake_sweep(tmp_path, rng, diverged=diverged, sharpness=True)
+  sens = report.lr_sensitivity(*report.load(tmp_path))
+  for act in ACTS:
+    per_seed = []
+    for seed in SEEDS:
+      runs = [s[_name(act, lr, seed)] for lr in LRS]
+      l0 = runs[0]["initial_val_loss"]
+      losses = [l0 if r["status"] == "diverged" else min(r["final_val_loss"], l0) for r in runs]
+      per_seed.append(np.mean(np.array(losses) - min(losses)))
+    np.testing.assert_allclose(sens[(act,)]["per_seed"], per_seed, rtol=1e-12)
+  text = report.write(tmp_path).read_text().split("## LR sensitivity")[1].split("## Plots")[0]
+  line = next(l for l in text.splitlines() if l.startswith("| gelu | "))
+  assert _fmt(sens[("gelu",)]["per_seed"]) in line
+  assert (tmp_path / "plots" / "sharpness.png").exists()
+
+
+def test_without_manifest_axes_are_inferred_and_cli_works(tmp_path):
+  rng = np.random.default_rng(2)
+  s = _fake_sweep(tmp_path, rng, manifest=False)
+  manifest, runs = report.load(tmp_path)
+  assert manifest["axes"] == {"model.activation": ["gelu", "relu"], "optim.lr": LRS}
+  assert manifest["seeds"] == SEEDS and len(runs) == 18
+  out = subprocess.run([sys.executable, "-m", "actlab.report", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  text = (tmp_path / "report.md").read_text()
+  vals = [s[_name("relu", 1e-4, k)]["final_val_loss"] for k in SEEDS]
+  assert _fmt(vals) in _row(text, "relu", 1e-4)
+  with pytest.raises(SystemExit, match="not a sweep"):
+    report.main(["report", str(tmp_path / "nothing")])
