@@ -4,17 +4,22 @@
 
 - ``config.data.source``: ``"synthetic"`` (the embedded generator, no downloads) or
   ``"tinystories"`` (the TFDS builder in ``actlab.data.tinystories``).
-- ``config.data.tokenizer``: ``"byte"``, ``"bpe:<size>"`` or ``"gpt2"`` (``actlab.data.tokenizer``).
+- ``config.data.tokenizer``: ``"byte"``, ``"bpe:<size>"``, ``"gpt2"`` or (the encoder's)
+  ``"wordpiece:<size>"`` (``actlab.data.tokenizer``).
 - Each split is tokenized once into ``<data dir>/tokens/<corpus>/<split>.<tokenizer>.bin``
   (``actlab.data.cache``); later runs memory-map it.
 - ``Dataset.train_batch(step)`` is a pure function of ``(seed, step)``; ``Dataset.val_batches()``
-  is a fixed set of evenly spaced windows, the same for every seed.
+  is a fixed set of evenly spaced windows, the same for every seed. The encoder's MLM cuts its
+  ``[CLS] … [SEP]`` sequences from these same windows (``actlab.objectives.masked_lm``).
+- An encoder fine-tuning run (``model.task="classify"``) gets a ``classify.ClassifyDataset`` of
+  labelled examples (``config.data.classify``) with the same interface instead.
 
 Data dir: ``config.data.dir``, else ``$ACTLAB_DATA_DIR``, else ``~/.cache/actlab``. Inside it:
 ``tfds/`` (prepared TFDS data), ``manual/tiny_stories/`` (offline TinyStories files),
 ``gpt2/`` (optional: offline ``encoder.json`` + ``vocab.bpe``, used when neither
 ``config.data.gpt2_dir`` nor ``$ACTLAB_GPT2_DIR`` is set), ``tokenizers/<corpus>/bpe-<size>.json``
-(trained BPEs), ``tokens/<corpus>/`` (token caches), ``locks/`` (one build at a time).
+(trained BPEs; ``wordpiece-<size>.json`` likewise), ``manual/glue_sst2/`` (optional: offline
+SST-2 ``train.tsv`` + ``dev.tsv``), ``tokens/<corpus>/`` (token caches), ``locks/`` (one build at a time).
 
 Problems a user can fix (missing files, no network, corrupt downloads) raise ``DataError``
 with one message saying what to do.
@@ -223,13 +228,16 @@ def load(config, *, progress: bool | None = None) -> Dataset:
 
   # Tokenizers that need no corpus come first, so a missing GPT-2 file is reported before a
   # multi-GB download.
-  tok = None if tokenizers.parse_spec(spec)[0] == "bpe" else get_tokenizer()
+  tok = None if tokenizers.parse_spec(spec)[0] in ("bpe", "wordpiece") else get_tokenizer()
   # One process at a time prepares a corpus, trains a BPE or builds a cache (parallel sweep
   # cells share the data dir); the others wait, then open what the first one built. The corpus
   # is opened even when the caches exist: its fingerprint validates them (for TinyStories, the
   # prepared TFDS data under <data dir>/tfds must therefore stay).
   with _file_lock(root / "locks" / f"{key}.lock"):
     tok = tok or get_tokenizer()
+    if config.get("model", {}).get("task") == "classify":  # The encoder's fine-tuning examples.
+      from actlab.data import classify
+      return classify.load(config, tok, tokenizers.special_ids(spec), root)
     arrays = {}
     for split in ("train", "validation"):
       path = root / "tokens" / key / f"{split}.{_tok_file_tag(tok)}.bin"

@@ -8,6 +8,11 @@ Specs accepted by :func:`get`:
 - ``"gpt2"``: OpenAI's GPT-2 encoding through ``tiktoken`` (50,257 ids, ``<|endoftext|>`` =
   50256). Built offline from ``encoder.json`` + ``vocab.bpe`` when a directory holding them is
   given, else fetched by ``tiktoken`` (network, or its own cache).
+- ``"wordpiece:<size>"``: BERT's WordPiece (uncased: lower-cased, accents stripped; Hugging Face
+  ``tokenizers``) trained on the training split's texts, for the encoder. Its special tokens are
+  ``[PAD] [UNK] [CLS] [SEP] [MASK]`` at ids 0-4 in every vocabulary (``special_ids``), and
+  ``[SEP]`` is its ``eot_id``: stories in the token cache are separated by ``[SEP]``, as BERT
+  separates segments. Saved as JSON and reloaded like the BPE.
 
 Story text is always encoded *ordinarily*: a literal ``<|endoftext|>`` inside a text is encoded
 as text, never as the special id. The token cache inserts ``eot_id`` between stories itself.
@@ -183,6 +188,49 @@ class HFBPETokenizer(Tokenizer):
     return cls(tok, name, path)
 
 
+WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0-4, in this order
+
+
+def special_ids(spec: str) -> dict[str, int]:
+  """The special-token ids of the tokenizer ``spec`` (``wordpiece:<size>`` only): a function of
+  the spec alone, so the objective knows them without loading the tokenizer."""
+  if parse_spec(spec)[0] != "wordpiece":
+    raise ValueError(f"tokenizer {spec!r} has no [CLS]/[SEP]/[MASK]/[PAD]; use 'wordpiece:<size>'")
+  return {t.strip("[]").lower(): i for i, t in enumerate(WORDPIECE_SPECIALS)}
+
+
+class HFWordPieceTokenizer(HFBPETokenizer):
+  """BERT-style uncased WordPiece from Hugging Face ``tokenizers``; see ``special_ids``."""
+
+  def __init__(self, tok, name: str, path: Path | None = None):
+    self._tok = tok
+    tok.encode_special_tokens = True  # "[SEP]" in a text is text, not the special id
+    self.name = name
+    self.path = path
+    self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    ids = [tok.token_to_id(t) for t in WORDPIECE_SPECIALS]
+    if ids != list(range(len(WORDPIECE_SPECIALS))):
+      raise DataError(f"WordPiece tokenizer {path or name} does not have {' '.join(WORDPIECE_SPECIALS)}"
+                      f" at ids 0-4 (it has {ids}); delete it to retrain.")
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
+    self.eot_id = self.sep_id
+    self._fp = hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest()[:16]
+
+  @classmethod
+  def train(cls, texts: Iterable[str], vocab_size: int, name: str) -> "HFWordPieceTokenizer":
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+      vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIALS), show_progress=False)
+    tok.train_from_iterator(_cap_chars(texts, BPE_TRAIN_MAX_CHARS), trainer=trainer)
+    return cls(tok, name)
+
+
 class TiktokenTokenizer(Tokenizer):
   def __init__(self, enc, name: str, threads: int = DEFAULT_THREADS):
     self._enc = enc
@@ -291,10 +339,12 @@ def gpt2(gpt2_dir: str | os.PathLike | None = None, threads: int = DEFAULT_THREA
 
 
 _BPE_RE = re.compile(r"^bpe:(\d+)$")
+_WORDPIECE_RE = re.compile(r"^wordpiece:(\d+)$")
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
-  """``"byte"`` -> ("byte", None); ``"bpe:8192"`` -> ("bpe", 8192); ``"gpt2"`` -> ("gpt2", None)."""
+  """``"byte"`` -> ("byte", None); ``"bpe:8192"`` -> ("bpe", 8192); ``"gpt2"`` -> ("gpt2", None);
+  ``"wordpiece:8192"`` -> ("wordpiece", 8192)."""
   if spec in ("byte", "gpt2"):
     return spec, None
   m = _BPE_RE.match(spec or "")
@@ -303,7 +353,14 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
     if size < 257:
       raise ValueError(f"tokenizer {spec!r}: BPE size must be at least 257 (256 bytes + <|endoftext|>)")
     return "bpe", size
-  raise ValueError(f"unknown tokenizer {spec!r}; valid: 'byte', 'bpe:<size>' (e.g. 'bpe:4096'), 'gpt2'")
+  m = _WORDPIECE_RE.match(spec or "")
+  if m:
+    size = int(m.group(1))
+    if size <= len(WORDPIECE_SPECIALS):
+      raise ValueError(f"tokenizer {spec!r}: WordPiece size must exceed the 5 special tokens")
+    return "wordpiece", size
+  raise ValueError(f"unknown tokenizer {spec!r}; valid: 'byte', 'bpe:<size>' (e.g. 'bpe:4096'), "
+                   "'gpt2', 'wordpiece:<size>'")
 
 
 def get(
@@ -316,7 +373,8 @@ def get(
 ) -> Tokenizer:
   """Build or load the tokenizer named by ``spec``.
 
-  directory: where a trained BPE is stored (``<directory>/bpe-<size>.json``); the caller keys
+  directory: where a trained BPE or WordPiece is stored (``<directory>/bpe-<size>.json``,
+    ``<directory>/wordpiece-<size>.json``); the caller keys
     it by corpus/version.
   train_texts: a callable returning an iterable of training texts, needed only the first time
     a ``bpe:<size>`` tokenizer is built (at most BPE_TRAIN_MAX_CHARS characters are read).
@@ -327,12 +385,13 @@ def get(
     return ByteTokenizer()
   if kind == "gpt2":
     return gpt2(gpt2_dir, threads)
-  path = Path(directory) / f"bpe-{size}.json"
-  name = f"bpe:{size}"
+  path = Path(directory) / f"{kind}-{size}.json"
+  name = f"{kind}:{size}"
+  cls = HFWordPieceTokenizer if kind == "wordpiece" else HFBPETokenizer
   if path.is_file():
-    return HFBPETokenizer.load(path, name)
+    return cls.load(path, name)
   if train_texts is None:
     raise ValueError(f"{spec}: no saved tokenizer at {path} and no train_texts to train one")
-  tok = HFBPETokenizer.train(train_texts(), size, name)
+  tok = cls.train(train_texts(), size, name)
   tok.save(path)
   return tok

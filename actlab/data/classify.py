@@ -1,0 +1,184 @@
+"""Sequence-classification data for the encoder (`model.task="classify"`), by `data.classify`:
+
+- ``"synthetic/hero_gender"`` (offline): the embedded corpus's stories (``actlab.data.synthetic``;
+  6,000 train / 600 validation), labelled by the gender of the story's hero. The rule, applied to
+  the text alone: the first word of the story that is one of the generator's names
+  (``synthetic.GIRL_NAMES`` ∪ ``synthetic.BOY_NAMES``) is the hero's — every story names its hero
+  before any friend — and the label is **1 if that name is a girl's, 0 if a boy's**. The classes
+  are balanced (the generator draws girl or boy with equal odds). It is an easy task (the hero's
+  pronouns run through the story), meant as an offline check that fine-tuning works, not a
+  benchmark; use SST-2 to compare pooler activations in earnest.
+- ``"glue/sst2"``: the Stanford Sentiment Treebank sentences of GLUE, label **1 = positive,
+  0 = negative**; 67,349 train sentences, and the 872 of GLUE's dev set as validation (the test
+  labels are not public). Read from ``<data dir>/manual/glue_sst2/{train,dev}.tsv`` when those
+  files (from GLUE's ``SST-2.zip``) are there, else through TFDS (``glue/sst2``, prepared once to
+  array_record under ``<data dir>/tfds``, which downloads ``SST-2.zip`` on first use).
+
+Every example becomes ``[CLS] text [SEP]``, the text cut to ``data.seq_len − 2`` tokens, then
+right-padded with ``[PAD]`` to ``data.seq_len`` (the model masks padding out of attention).
+Training batch ``k`` is ``batch_size`` examples drawn with replacement from
+``default_rng([seed, k])``, a pure function of the step like the LM windows. Evaluation covers
+the whole validation split in its order; the last batch is filled with label −1 rows, which the
+objective ignores.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import re
+import socket
+from pathlib import Path
+
+import numpy as np
+
+from actlab.data import DataError
+
+SOURCES = ("synthetic/hero_gender", "glue/sst2")
+NUM_CLASSES = {"synthetic/hero_gender": 2, "glue/sst2": 2}
+SST2_URL = "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ClassifyDataset:
+  """Labelled `[CLS] text [SEP] [PAD]…` rows, with the LM Dataset's sampling interface."""
+
+  tokenizer: object
+  train_tokens: np.ndarray = dataclasses.field(repr=False)  # int32 [N, seq_len]
+  train_labels: np.ndarray = dataclasses.field(repr=False)  # int32 [N]
+  val_tokens: np.ndarray = dataclasses.field(repr=False)
+  val_labels: np.ndarray = dataclasses.field(repr=False)
+  seq_len: int
+  batch_size: int
+  seed: int
+  pad_id: int
+  num_classes: int
+
+  def train_batch(self, step: int) -> dict[str, np.ndarray]:
+    """{"tokens": int32 [B, seq_len], "labels": int32 [B]}: rows from default_rng([seed, step])."""
+    step = int(step)
+    if step < 0:
+      raise ValueError(f"step must be non-negative, got {step}")
+    rows = np.random.default_rng([self.seed, step]).integers(
+        0, len(self.train_labels), self.batch_size)
+    return {"tokens": self.train_tokens[rows], "labels": self.train_labels[rows]}
+
+  def val_batches(self) -> list[dict[str, np.ndarray]]:
+    """The whole validation split in order; the last batch padded with label −1 rows."""
+    n, B = len(self.val_labels), self.batch_size
+    batches = []
+    for start in range(0, n, B):
+      tokens, labels = self.val_tokens[start:start + B], self.val_labels[start:start + B]
+      if len(labels) < B:
+        fill = B - len(labels)
+        tokens = np.concatenate([tokens, np.full((fill, self.seq_len), self.pad_id, np.int32)])
+        labels = np.concatenate([labels, np.full(fill, -1, np.int32)])
+      batches.append({"tokens": tokens, "labels": labels})
+    return batches
+
+
+def encode(tokenizer, texts: list[str], seq_len: int, cls_id: int, sep_id: int,
+           pad_id: int) -> np.ndarray:
+  """int32 [N, seq_len]: `[CLS] text [SEP]` (text cut to seq_len − 2 tokens), [PAD] after."""
+  out = np.full((len(texts), seq_len), pad_id, np.int32)
+  for i, ids in enumerate(tokenizer.encode_batch(texts)):
+    ids = [cls_id, *ids[:seq_len - 2], sep_id]
+    out[i, :len(ids)] = ids
+  return out
+
+
+# --- synthetic/hero_gender -------------------------------------------------------------------
+
+_WORD = re.compile(r"[A-Za-z]+")
+
+
+def hero_gender(text: str) -> int:
+  """1 if the first generator name in `text` is a girl's, 0 if a boy's; ValueError if none."""
+  from actlab.data import synthetic
+  girls, boys = set(synthetic.GIRL_NAMES), set(synthetic.BOY_NAMES)
+  for word in _WORD.findall(text):
+    if word in girls:
+      return 1
+    if word in boys:
+      return 0
+  raise ValueError(f"no hero name in {text[:60]!r}…")
+
+
+def _hero_gender(split: str) -> tuple[list[str], list[int]]:
+  from actlab.data import synthetic
+  texts = synthetic.texts(split)
+  return texts, [hero_gender(t) for t in texts]
+
+
+# --- glue/sst2 -------------------------------------------------------------------------------
+
+
+def _read_tsv(path: Path) -> tuple[list[str], list[int]]:
+  texts, labels = [], []
+  with open(path, newline="", encoding="utf-8") as f:
+    reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    if not reader.fieldnames or not {"sentence", "label"} <= set(reader.fieldnames):
+      raise DataError(f"{path} is not GLUE's SST-2 TSV (a header 'sentence<TAB>label' and one "
+                      "sentence per line); replace it with the file from SST-2.zip")
+    for row in reader:
+      texts.append(row["sentence"])
+      labels.append(int(row["label"]))
+  return texts, labels
+
+
+def _sst2_tfds(tfds_dir: Path) -> dict[str, tuple[list[str], list[int]]]:
+  import tensorflow_datasets as tfds
+  import tensorflow_datasets.text.glue  # noqa: F401  (registers glue/*)
+  builder = tfds.builder("glue/sst2", data_dir=str(tfds_dir), file_format="array_record")
+  if not builder.is_prepared():
+    try:  # Fail fast without a network instead of TFDS's minutes of retries.
+      socket.getaddrinfo("dl.fbaipublicfiles.com", 443)
+    except OSError as e:
+      raise DataError(
+          f"glue/sst2 is not prepared under {tfds_dir} and cannot be downloaded ({e}). Offline: "
+          f"put train.tsv and dev.tsv from {SST2_URL} in <data dir>/manual/glue_sst2/, or use "
+          "data.classify='synthetic/hero_gender' (the ':smoke_classify' variant).") from e
+    builder.download_and_prepare()
+  out = {}
+  for split, name in (("train", "train"), ("validation", "validation")):
+    source = builder.as_data_source(split=name)
+    records = source[:] if len(source) else []
+    out[split] = ([r["sentence"].decode() if isinstance(r["sentence"], bytes) else r["sentence"]
+                   for r in records], [int(r["label"]) for r in records])
+  return out
+
+
+def _sst2(root: Path) -> dict[str, tuple[list[str], list[int]]]:
+  manual = root / "manual" / "glue_sst2"
+  if (manual / "train.tsv").is_file() and (manual / "dev.tsv").is_file():
+    return {"train": _read_tsv(manual / "train.tsv"), "validation": _read_tsv(manual / "dev.tsv")}
+  return _sst2_tfds(root / "tfds")
+
+
+def examples(name: str, root: Path) -> dict[str, tuple[list[str], list[int]]]:
+  """{"train": (texts, labels), "validation": (texts, labels)} of the dataset `name`."""
+  if name == "synthetic/hero_gender":
+    return {split: _hero_gender(split) for split in ("train", "validation")}
+  if name == "glue/sst2":
+    return _sst2(root)
+  raise ValueError(f"data.classify={name!r}: choose one of {', '.join(SOURCES)}")
+
+
+def load(config, tokenizer, specials: dict, root: Path) -> ClassifyDataset:
+  """The classification dataset of `config.data.classify`, tokenized with the encoder's tokenizer."""
+  name, seq_len = config.data.classify, int(config.data.seq_len)
+  if config.model.num_classes != NUM_CLASSES[name]:
+    raise DataError(f"data.classify={name!r} has {NUM_CLASSES[name]} classes but "
+                    f"model.num_classes={config.model.num_classes}; set them to agree")
+  data = examples(name, root)
+  arrays = {}
+  for split, (texts, labels) in data.items():
+    if not texts:
+      raise DataError(f"{name}: the {split} split is empty")
+    arrays[split] = (encode(tokenizer, texts, seq_len, specials["cls"], specials["sep"],
+                            specials["pad"]), np.asarray(labels, np.int32))
+  return ClassifyDataset(
+      tokenizer=tokenizer, train_tokens=arrays["train"][0], train_labels=arrays["train"][1],
+      val_tokens=arrays["validation"][0], val_labels=arrays["validation"][1], seq_len=seq_len,
+      batch_size=int(config.train.batch_size), seed=int(config.train.seed),
+      pad_id=specials["pad"], num_classes=NUM_CLASSES[name])

@@ -1,0 +1,11 @@
+"""BERT-style encoder with the `swiglu` FFN activation (pooler: tanh, `model.pooler_activation`).
+
+Variants: `:smoke` (embedded corpus), `:base` (BERT-base); `:classify`, `:smoke_classify`,
+`:base_classify` fine-tune (set `--config.train.init_from=<MLM workdir>`).
+"""
+
+from actlab import config
+
+
+def get_config(arg=None):
+  return config.encoder("swiglu", arg)

@@ -1,0 +1,149 @@
+"""Masked-LM objective: BERT's masking (15% of maskable tokens; 80/10/10) on the device,
+reproducible from the key; loss and accuracy over the selected positions. (That the MLM loss
+falls on the embedded corpus through `train.run` is in tests/test_classify.py.)"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from actlab import objectives
+from actlab.models import encoder as enc
+from actlab.models.layers import Spec
+
+SPECIALS = objectives.Specials(pad=0, unk=1, cls=2, sep=3, mask=4)
+VOCAB = 1000
+
+
+def sequences(B=64, L=128, seed=0):
+  """[CLS] text [SEP] rows with internal [SEP]s, a few [UNK]s and right padding of varied length."""
+  rng = np.random.default_rng(seed)
+  t = rng.integers(5, VOCAB, (B, L))
+  t[rng.random((B, L)) < 0.03] = SPECIALS.sep
+  t[rng.random((B, L)) < 0.02] = SPECIALS.unk
+  t[:, 0] = SPECIALS.cls
+  lengths = rng.integers(L // 4, L + 1, B)
+  for b, n in enumerate(lengths):
+    t[b, n - 1] = SPECIALS.sep
+    t[b, n:] = SPECIALS.pad
+  return jnp.asarray(t, jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def draws():
+  tokens = sequences()
+  keys = jax.random.split(jax.random.PRNGKey(0), 40)
+  fn = jax.jit(jax.vmap(lambda k: objectives.mask_tokens(k, tokens, SPECIALS, VOCAB)))
+  return tokens, jax.device_get(fn(keys))
+
+
+def test_selection_counts_and_never_special(draws):
+  tokens, (inputs, positions, targets, weights) = draws
+  tokens = np.asarray(tokens)
+  assert positions.shape == (40, 64, objectives.max_predictions(128, 0.15)) == (40, 64, 20)
+  maskable = ~np.isin(tokens, [0, 2, 3, 4])
+  n = maskable.sum(1).astype(np.float32)
+  k = np.maximum(1, np.round(np.float32(0.15) * n))  # float32, as on the device
+  np.testing.assert_array_equal(weights.sum(-1), np.broadcast_to(k, (40, 64)))
+  for d in range(40):
+    for b in range(64):
+      sel = positions[d, b][weights[d, b]]
+      assert len(set(sel)) == len(sel)                      # distinct positions
+      assert maskable[b, sel].all()                         # never [CLS], [SEP], [PAD], [MASK]
+      np.testing.assert_array_equal(targets[d, b][weights[d, b]], tokens[b, sel])
+      unselected = np.setdiff1d(np.arange(128), sel)
+      np.testing.assert_array_equal(inputs[d, b, unselected], tokens[b, unselected])
+  # [UNK] stands for text: it can be selected.
+  selected_tokens = np.take_along_axis(np.broadcast_to(tokens, (40, 64, 128)), positions, -1)
+  assert (selected_tokens[weights] == SPECIALS.unk).any()
+
+
+def test_selection_is_uniform_over_maskable_positions(draws):
+  tokens, (_, positions, _, weights) = draws
+  maskable = ~np.isin(np.asarray(tokens), [0, 2, 3, 4])
+  hits = np.zeros((64, 128))
+  for d in range(40):
+    for b in range(64):
+      hits[b, positions[d, b][weights[d, b]]] += 1
+  rate = hits[maskable].sum() / (40 * maskable.sum())
+  assert abs(rate - 0.15) < 0.005
+  # Early and late maskable positions are equally likely (no bias towards the start).
+  early = hits[:, :32][maskable[:, :32]].mean() / 40
+  late = hits[:, 32:][maskable[:, 32:]].mean() / 40
+  assert abs(early - late) < 0.02
+
+
+def test_80_10_10(draws):
+  tokens, (inputs, positions, targets, weights) = draws
+  new = np.take_along_axis(inputs, positions, -1)[weights]
+  orig = targets[weights]
+  n = len(new)
+  assert n > 20_000
+  masked = (new == SPECIALS.mask).mean()
+  same = (new == orig).mean()
+  random = ((new != SPECIALS.mask) & (new != orig)).mean()
+  assert abs(masked - 0.8) < 0.01 and abs(random - 0.1) < 0.01 and abs(same - 0.1) < 0.01
+  replaced = new[(new != SPECIALS.mask) & (new != orig)]
+  assert replaced.min() >= 5 and replaced.max() < VOCAB      # random tokens are ordinary
+  assert len(np.unique(replaced)) > 0.9 * (VOCAB - 5) * (1 - np.exp(-len(replaced) / (VOCAB - 5)))
+
+
+def test_masking_is_a_function_of_the_key():
+  tokens = sequences(8, 64)
+  mask = jax.jit(lambda k: objectives.mask_tokens(k, tokens, SPECIALS, VOCAB))
+  a, b, c = mask(jax.random.PRNGKey(3)), mask(jax.random.PRNGKey(3)), mask(jax.random.PRNGKey(4))
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+  assert not np.array_equal(a[0], c[0])
+
+
+def test_proportions_follow_the_config():
+  tokens = sequences(64, 128)
+  keys = jax.random.split(jax.random.PRNGKey(1), 10)
+  fn = jax.jit(jax.vmap(lambda k: objectives.mask_tokens(k, tokens, SPECIALS, VOCAB, 0.3, 0.5,
+                                                         0.0)))
+  inputs, positions, targets, weights = jax.device_get(fn(keys))
+  n = (~np.isin(np.asarray(tokens), [0, 2, 3, 4])).sum(1).astype(np.float32)
+  k = np.maximum(1, np.round(np.float32(0.3) * n))  # float32, as on the device
+  np.testing.assert_array_equal(weights[0].sum(-1), k)
+  new = np.take_along_axis(inputs, positions, -1)[weights]
+  assert abs((new == SPECIALS.mask).mean() - 0.5) < 0.02
+  assert ((new == SPECIALS.mask) | (new == targets[weights])).all()  # random_frac = 0
+
+
+def test_encoder_sequences():
+  windows = jnp.arange(2 * 9).reshape(2, 9) + 10
+  seq = objectives.encoder_sequences(windows, SPECIALS)
+  assert seq.shape == (2, 8)
+  np.testing.assert_array_equal(seq[0], [2, 10, 11, 12, 13, 14, 15, 3])
+
+
+SPEC = Spec("gelu", num_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=32,
+            vocab_size=320, norm="post", norm_eps=1e-12)
+
+
+@pytest.mark.slow
+def test_masked_lm_loss_and_accuracy_over_selected_positions():
+  model = enc.Encoder(SPEC, head="mlm")
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  windows = jnp.asarray(np.random.default_rng(0).integers(5, 261, (4, 33)), jnp.int32)
+  loss = jax.jit(lambda p, k: objectives.masked_lm(model, p, windows, k, False,
+                                                   specials=SPECIALS, vocab_size=261))
+  out = loss(params, jax.random.PRNGKey(0))
+  assert int(out["count"]) == 4 * round(0.15 * 30)             # 30 maskable of [CLS] 30 [SEP]
+  assert 0 <= int(out["correct"]) <= int(out["count"])
+  np.testing.assert_allclose(out["loss_sum"] / out["count"], np.log(320), rtol=0.05)  # at init
+  again = loss(params, jax.random.PRNGKey(0))
+  assert float(again["loss_sum"]) == float(out["loss_sum"])   # fixed key: fixed mask
+  other = loss(params, jax.random.PRNGKey(1))
+  assert float(other["loss_sum"]) != float(out["loss_sum"])
+  # By hand: the full-sequence logits at the selected positions give the same loss.
+  @jax.jit
+  def by_hand(params):
+    tokens = objectives.encoder_sequences(windows, SPECIALS)
+    inputs, positions, targets, weights = objectives.mask_tokens(
+        jax.random.split(jax.random.PRNGKey(0))[0], tokens, SPECIALS, 261)
+    logits = model.apply({"params": params}, inputs)
+    picked = jnp.take_along_axis(logits, positions[..., None], 1)
+    ce = -jnp.take_along_axis(jax.nn.log_softmax(picked), targets[..., None], -1)[..., 0]
+    return (ce * weights).sum()
+  np.testing.assert_allclose(float(by_hand(params)), float(out["loss_sum"]), rtol=1e-4)
