@@ -2,11 +2,12 @@
 
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import pathlib
 import signal
 import time
-from typing import Any
+from typing import Any, Callable
 
 import flax
 import jax
@@ -17,7 +18,8 @@ import optax
 import tqdm
 
 from actlab import config as config_lib
-from actlab import data, models, objectives, optim
+from actlab import data, models, objectives, optim, parallel
+from actlab import metrics as metrics_lib
 from actlab.checkpoint import Checkpoints
 from actlab.errors import UserError
 
@@ -45,15 +47,20 @@ class Task:
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, vocab_size: int) -> "Task":
     return cls(models.build(config.model, vocab_size), optim.make(config.optim, config.train.steps),
-               objectives.get(config.model.kind), config)
+               objectives.get(config, vocab_size), config)
 
-  def init(self, seed) -> TrainState:
-    """The initial state; `seed` may be traced, so one compiled init serves every seed."""
+  def init(self, seed, peak_lr=None) -> TrainState:
+    """The initial state; `seed` and `peak_lr` (default `optim.lr`) may be traced, so one
+    compiled init serves every seed and learning rate: the peak LR lives in the optimizer state."""
     root = jax.random.PRNGKey(seed)
     init_key, run_key = jax.random.split(root)
     tokens = jnp.zeros((1, self.config.data.seq_len), jnp.int32)
     params = self.model.init(init_key, tokens)["params"]
-    return TrainState(jnp.zeros((), jnp.int32), params, self.tx.init(params), run_key)
+    opt_state = self.tx.init(params)
+    if peak_lr is not None:
+      opt_state = opt_state._replace(hyperparams={
+          **opt_state.hyperparams, "peak_lr": jnp.asarray(peak_lr, jnp.float32)})
+    return TrainState(jnp.zeros((), jnp.int32), params, opt_state, run_key)
 
   def train_step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
     """One optimizer step; pure, so it runs under `jax.jit` with the state donated."""
@@ -70,21 +77,97 @@ class Task:
         "train_loss": loss,
         "lr": optim.learning_rate(self.config.optim, self.config.train.steps,
                                   state.opt_state, state.step),
-        "grad_norm": optax.global_norm(grads),
-        "update_norm": optax.global_norm(updates),
-        "param_norm": optax.global_norm(params),
+        "grad_norm": optax.tree.norm(grads),
+        "update_norm": optax.tree.norm(updates),
+        "param_norm": optax.tree.norm(params),
     }
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-  def eval_step(self, params, batch) -> dict:
-    """Loss sums over one validation batch (deterministic: no dropout)."""
-    return self.objective(self.model, params, batch, jax.random.PRNGKey(0), train=False)
+  def eval_step(self, params, batch, stats: bool = False) -> dict:
+    """Loss sums over one validation batch (deterministic: no dropout). With `stats`, the model
+    runs with its "stats" collection mutable and `out["stats"]` holds the batch's activation
+    statistic sums (`metrics.batch_sums`)."""
+    model = metrics_lib.Recording(self.model) if stats else self.model
+    out = self.objective(model, params, batch, jax.random.PRNGKey(0), train=False)
+    if stats:
+      out["stats"] = metrics_lib.batch_sums(model.stats)
+    return out
+
+  def sharpness(self, params, batch) -> jax.Array:
+    """Top Hessian eigenvalue of the training loss on `batch`, without dropout (metrics.py)."""
+    def loss_fn(p):
+      out = self.objective(self.model, p, batch, jax.random.PRNGKey(0), train=False)
+      return out["loss_sum"] / out["count"]
+    return metrics_lib.top_hessian_eigenvalue(loss_fn, params, jax.random.PRNGKey(1),
+                                              self.config.metrics.sharpness_iters)
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+  """A Task's jitted functions. Runs whose configs differ only in `optim.lr` and `train.seed`
+  share one: both live in the train state, not in the compiled programs (see `compiled`)."""
+  task: Task
+  init: Callable        # (seed, peak_lr) -> TrainState
+  train_step: Callable  # (state, batch) -> (state, metrics); donates the state
+  eval_step: Callable   # (params, batch) -> loss sums (+ "stats" if metrics.act_stats)
+  sharpness: Callable   # (params, batch) -> top Hessian eigenvalue
+  plan: Any = None      # parallel.Plan: the mesh and where state and batches live
+
+  @classmethod
+  def create(cls, config: ml_collections.ConfigDict, vocab_size: int,
+             plan: "parallel.Plan | None" = None) -> "Compiled":
+    task = Task.create(config, vocab_size)
+    # Explicit shardings (parallel.py): the batch split across the devices; the state replicated
+    # (data parallel) or split (FSDP). On one device this is plain jit on that device.
+    plan = plan or parallel.plan(config)
+    state_sh = plan.state_shardings(jax.eval_shape(task.init, 0, 1.0))
+    batch_sh = plan.batch_sharding(1)  # A prefix: every array of the batch, split on axis 0.
+    return cls(task, jax.jit(task.init, out_shardings=state_sh),
+               jax.jit(task.train_step, donate_argnums=0, in_shardings=(state_sh, batch_sh),
+                       out_shardings=(state_sh, plan.replicated)),
+               jax.jit(functools.partial(task.eval_step, stats=config.metrics.act_stats),
+                       in_shardings=(state_sh.params, batch_sh)),
+               jax.jit(task.sharpness, in_shardings=(state_sh.params, batch_sh)), plan)
+
+
+def compile_key(config: ml_collections.ConfigDict, vocab_size: int) -> str:
+  """The config as the compiled functions see it: everything but the peak LR, the seed and where
+  the initial parameters come from (`train.init_from`)."""
+  c = config.to_dict()
+  c["optim"]["lr"] = c["train"]["seed"] = None
+  c["train"].pop("init_from", None)
+  return json.dumps({"config": c, "vocab_size": vocab_size}, sort_keys=True, default=str)
+
+
+def compiled(config: ml_collections.ConfigDict, vocab_size: int,
+             cache: dict | None = None) -> Compiled:
+  """`Compiled.create`, reused from `cache` (a plain dict the caller owns) when a run with the
+  same `compile_key` made one: a sweep passes one cache to all its runs."""
+  if cache is None:
+    return Compiled.create(config, vocab_size)
+  key = compile_key(config, vocab_size)
+  if key not in cache:
+    cache[key] = Compiled.create(config, vocab_size)
+  return cache[key]
+
+
+def evaluate_metrics(eval_step, params, batches) -> dict[str, float]:
+  """`val_loss`, pooled over all fixed validation windows, `val_accuracy` when the objective
+  counts `correct` predictions (MLM, classification), and the activation statistics
+  (`metrics.pool`) when `eval_step` returns them."""
+  outs = jax.device_get([eval_step(params, b) for b in batches])
+  count = sum(o["count"] for o in outs)
+  result = {"val_loss": float(sum(o["loss_sum"] for o in outs) / count)}
+  if "correct" in outs[0]:
+    result["val_accuracy"] = float(sum(o["correct"] for o in outs) / count)
+  if "stats" in outs[0]:
+    result.update(metrics_lib.pool([o["stats"] for o in outs]))
+  return result
 
 
 def evaluate(eval_step, params, batches) -> float:
   """Mean validation loss, pooled over all fixed validation windows."""
-  outs = jax.device_get([eval_step(params, b) for b in batches])
-  return float(sum(o["loss_sum"] for o in outs) / sum(o["count"] for o in outs))
+  return evaluate_metrics(eval_step, params, batches)["val_loss"]
 
 
 def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -99,12 +182,17 @@ def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
   return out
 
 
+RUNTIME_SECTIONS = ("parallel.",)  # config fields that may change when a run resumes
+
+
 def prepare_workdir(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
   """Writes config.json, or checks that a used workdir holds the same config."""
   path = workdir / "config.json"
   new = json.loads(config.to_json())
   if path.exists():
     diffs = diff_configs(json.loads(path.read_text()), new)
+    # Where a run executes is not what it is: resuming on other devices/hosts is allowed.
+    diffs = [d for d in diffs if not d.startswith(RUNTIME_SECTIONS)]
     if diffs:
       raise WorkdirError(
           f"{workdir} holds a run with a different config ({'; '.join(diffs)}); "
@@ -119,8 +207,10 @@ class MetricsLog:
 
   def __init__(self, path: pathlib.Path, resume_step: int):
     self.path = path
-    rows = [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
-    self.rows = [r for r in rows if r["step"] <= resume_step]
+    lines = path.read_text().splitlines() if path.exists() else []
+    if lines and not lines[-1].endswith("}"):
+      lines.pop()  # A row cut short by a killed process.
+    self.rows = [r for r in map(json.loads, lines) if r["step"] <= resume_step]
     path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
 
   def write(self, row: dict) -> None:
@@ -147,35 +237,113 @@ class StopRequest:
       signal.signal(s, handler)
 
 
+# Fields that must agree between a run and the run it is initialised from (`train.init_from`).
+INIT_FROM_FIELDS = {"model": ("kind", "activation", "num_layers", "d_model", "num_heads", "d_ff",
+                              "gated_match_params", "max_len", "vocab_size", "norm",
+                              "type_vocab_size"),
+                    "data": ("source", "tokenizer", "tinystories_version")}
+
+
+def pretrained_params(config: ml_collections.ConfigDict, params, vocab_size: int):
+  """`params` with every parameter that the latest checkpoint of the workdir `train.init_from`
+  has under the same path and shape (for an MLM → classification run: the embeddings and blocks;
+  the pooler and classifier keep their fresh initialisation, the MLM head is dropped)."""
+  source = pathlib.Path(config.train.init_from)
+  path = source / "config.json"
+  if not path.exists():
+    raise WorkdirError(f"train.init_from={str(source)!r} holds no run (no config.json); train "
+                       "the model to start from there first (e.g. the :smoke MLM config)")
+  old = json.loads(path.read_text())
+  diffs = [f"{section}.{k}: {old[section].get(k)!r} there, {config[section].get(k)!r} here"
+           for section, keys in INIT_FROM_FIELDS.items() for k in keys
+           if old[section].get(k) != config[section].get(k)]
+  if diffs:
+    raise WorkdirError(f"train.init_from={str(source)!r} is a different model or tokenizer: "
+                       + "; ".join(diffs))
+  old_config = ml_collections.ConfigDict(old)
+  checkpoints = Checkpoints((source / "checkpoints").absolute(), old_config.train.keep_checkpoints)
+  try:
+    step = checkpoints.latest_step()
+    if step is None:
+      raise WorkdirError(f"train.init_from={str(source)!r} has no checkpoint yet")
+    like = jax.eval_shape(Task.create(old_config, vocab_size).init, 0, old_config.optim.lr)
+    restored = checkpoints.restore(step, like).params
+  finally:
+    checkpoints.close()
+  flat_old = flax.traverse_util.flatten_dict(flax.core.unfreeze(restored))
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
+  copied = [k for k, v in flat.items() if k in flat_old and flat_old[k].shape == v.shape]
+  if not copied:
+    raise WorkdirError(f"train.init_from={str(source)!r}: no parameter matches this model's")
+  for k in copied:
+    flat[k] = jax.device_put(flat_old[k], flat[k].sharding)
+  fresh = sorted({k[0] for k in flat if k not in copied})
+  print(f"actlab: initialised {len(copied)} of {len(flat)} parameter arrays from {source} "
+        f"step {step}" + (f"; new: {', '.join(fresh)}" if fresh else ""), flush=True)
+  return flax.traverse_util.unflatten_dict(flat)
+
+
 class Interrupted(UserError):
-  """Raised after SIGINT/SIGTERM, once the checkpoint is written."""
-  exit_code = 130
+  """Raised after SIGINT/SIGTERM, once the checkpoint is written; exits with 128 + signal."""
+
+  def __init__(self, message: str, signum: int):
+    super().__init__(message)
+    self.exit_code = 128 + signum
 
 
-def run(config: ml_collections.ConfigDict, workdir) -> dict:
-  """Trains (or resumes) the run of `config` in `workdir`; returns the summary."""
+def run(config: ml_collections.ConfigDict, workdir, cache: dict | None = None) -> dict:
+  """Trains (or resumes) the run of `config` in `workdir`; returns the summary.
+
+  A non-finite training loss (or parameters, or validation loss) is a result, not a crash: the run
+  stops at the next log step, never checkpoints the bad state, and its summary says
+  `status: diverged` with `diverged_at`. Rerunning a diverged workdir returns that summary.
+  `cache` (a dict the caller owns, e.g. a sweep) reuses compiled functions across runs (`compiled`).
+  """
   config_lib.validate(config)
+  parallel.initialize(config)  # Several hosts: before anything touches a device.
   workdir = pathlib.Path(workdir)
+  checkpoint_dir = workdir / "checkpoints"  # Written by all hosts together (Orbax).
+  if jax.process_index():  # Several hosts: process 0 writes the run's files; the others keep
+    workdir = workdir / f"process_{jax.process_index()}"  # their (identical) logs beside them.
   dataset = data.load(config)
   prepare_workdir(workdir, config)
-  task = Task.create(config, dataset.tokenizer.vocab_size)
-  t = config.train
+  summary_path = workdir / "summary.json"
+  if summary_path.exists() and json.loads(summary_path.read_text()).get("status") == "diverged":
+    return json.loads(summary_path.read_text())
+  vocab_size = dataset.tokenizer.vocab_size
+  fns = compiled(config, vocab_size, cache)
+  t, m = config.train, config.metrics
 
-  state = jax.jit(task.init)(t.seed)
-  checkpoints = Checkpoints((workdir / "checkpoints").absolute(), t.keep_checkpoints)
+  # Committed to the plan's shardings like a restored checkpoint, so that fresh and resumed runs
+  # (and the cells of a sweep) hit the same compiled functions instead of compiling twice.
+  state = fns.init(t.seed, config.optim.lr)
+  checkpoints = Checkpoints(checkpoint_dir.absolute(), t.keep_checkpoints)
   start = checkpoints.latest_step() or 0
   if start:
     state = checkpoints.restore(start, state)
+  elif t.get("init_from"):  # Fine-tuning: the trunk from another run (e.g. MLM pretraining).
+    state = state.replace(params=pretrained_params(config, state.params, vocab_size))
   counts = models.count_params(state.params)
   log = MetricsLog(workdir / "metrics.jsonl", start)
+  tb = metrics_lib.TensorBoard(workdir / "tb", purge_step=start) if m.tensorboard else None
 
-  train_step = jax.jit(task.train_step, donate_argnums=0)
-  eval_step = jax.jit(task.eval_step)
-  val_batches = dataset.val_batches()
+  val_batches = [fns.plan.shard_batch(b) for b in dataset.val_batches()]  # Placed once.
+  # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.
+  sharpness_batch = (fns.plan.shard_batch(dataclasses.replace(dataset, seed=0).train_batch(0))
+                     if m.sharpness_every else None)
   tokens_per_step = t.batch_size * config.data.seq_len
 
+  def write(row):
+    row = metrics_lib.jsonable(row)
+    log.write(row)
+    if tb:
+      tb.write(row)
+
   if start == 0:
-    log.write({"step": 0, "val_loss": evaluate(eval_step, state.params, val_batches)})
+    row = {"step": 0, **evaluate_metrics(fns.eval_step, state.params, val_batches)}
+    if m.sharpness_every:
+      row["sharpness"] = float(fns.sharpness(state.params, sharpness_batch))
+    write(row)
   print(f"actlab: {config.model.kind} {config.model.activation}, "
         f"{counts['non_embedding'] / 1e6:.2f}M parameters without the token embedding "
         f"({counts['total'] / 1e6:.2f}M total); {'resuming at step %d' % start if start else 'fresh run'}",
@@ -183,10 +351,11 @@ def run(config: ml_collections.ConfigDict, workdir) -> dict:
 
   stop = StopRequest()
   prefetch = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-  fetch = lambda k: prefetch.submit(lambda: jax.device_put(dataset.train_batch(k)))
+  # The next batch is built and sent to the devices (this host's rows only) while a step runs.
+  fetch = lambda k: prefetch.submit(lambda: fns.plan.shard_batch(dataset.train_batch(k)))
   bar = tqdm.tqdm(total=t.steps, initial=start, unit="step", disable=not t.progress,
                   dynamic_ncols=True)
-  pending, rates, train_time = [], [], 0.0
+  pending, rates, train_time, diverged_at = [], [], 0.0, None
   t0 = wall0 = time.perf_counter()
   next_batch = fetch(start)
   try:
@@ -194,30 +363,45 @@ def run(config: ml_collections.ConfigDict, workdir) -> dict:
       batch = next_batch.result()
       if step + 1 < t.steps:
         next_batch = fetch(step + 1)
-      state, metrics = train_step(state, batch)
+      state, metrics = fns.train_step(state, batch)
+      if fns.plan.sync_each_step:  # simulated CPU devices: see parallel.Plan.sync_each_step
+        jax.block_until_ready(metrics)
       pending.append(metrics)
       done = step + 1
       is_last = done == t.steps
       evaluate_now = done % t.eval_every == 0 or is_last
-      if done % t.log_every == 0 or evaluate_now or stop.signum:
-        rows = jax.device_get(pending)  # The only host sync of the loop: once per log step.
+      sharpness_now = bool(m.sharpness_every) and done % m.sharpness_every == 0
+      save_now = done % t.checkpoint_every == 0 or is_last or stop.signum
+      log_now = done % t.log_every == 0 or evaluate_now or sharpness_now or stop.signum
+      if log_now or save_now:
+        rows = jax.device_get(pending)  # The loop's only host sync: log and save steps.
+        bad = metrics_lib.first_nonfinite(rows)
+        if bad is not None:  # Log the rows up to the first bad step, then stop.
+          diverged_at, rows, log_now = done - len(rows) + bad + 1, rows[:bad + 1], True
+      if log_now:
         elapsed = time.perf_counter() - t0
         train_time += elapsed
         rates.append(len(rows) * tokens_per_step / elapsed)
-        row = {"step": done, **{k: float(v) for k, v in rows[-1].items()},
+        row = {"step": diverged_at or done, **{k: float(v) for k, v in rows[-1].items()},
                "train_loss": float(np.mean([r["train_loss"] for r in rows])),
                "tokens_per_sec": rates[-1]}
-        if evaluate_now:
-          row["val_loss"] = evaluate(eval_step, state.params, val_batches)
-        log.write(row)
+        if evaluate_now and diverged_at is None:
+          row.update(evaluate_metrics(fns.eval_step, state.params, val_batches))
+          if not metrics_lib.finite(row["val_loss"]):
+            diverged_at = done
+        if sharpness_now and diverged_at is None:
+          row["sharpness"] = float(fns.sharpness(state.params, sharpness_batch))
+        write(row)
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{rates[-1]:,.0f}", refresh=False)
         bar.update(len(rows))
         pending = []
-      if done % t.checkpoint_every == 0 or is_last or stop.signum:
+      if diverged_at is not None:
+        break  # The last good checkpoint stays the latest one.
+      if save_now:
         checkpoints.save(done, state)
       if stop.signum:
         raise Interrupted(f"stopped by signal {stop.signum} at step {done}; checkpoint saved; "
-                          "rerun the same command to resume")
+                          "rerun the same command to resume", stop.signum)
       if not pending:  # Restart the clock after host work (logging, eval, checkpoint).
         t0 = time.perf_counter()
   finally:
@@ -225,20 +409,26 @@ def run(config: ml_collections.ConfigDict, workdir) -> dict:
     prefetch.shutdown(wait=True)
     checkpoints.close()
     stop.restore()
+    if tb:
+      tb.close()
 
-  val = log.val_losses()
   # Steady-state rate: the first interval includes compilation.
   steady = rates[1:] or rates
-  summary = {
+  verdict = metrics_lib.verdict_for(log.rows, config, vocab_size)
+  summary = metrics_lib.jsonable({
+      "status": verdict["status"],
+      "status_reasons": verdict["reasons"],
+      "diverged_at": diverged_at if diverged_at is not None else verdict["diverged_at"],
+      "spike_steps": verdict["spike_steps"],
       "steps": t.steps,
-      "final_val_loss": val[-1][1],
-      "best_val_loss": min(v for _, v in val),
-      "initial_val_loss": val[0][1],
+      "last_step": log.rows[-1]["step"],
+      **metrics_lib.summarize(log.rows, t.steps),
       "wall_time_sec": time.perf_counter() - wall0,
       "train_time_sec": train_time,
       "tokens_per_sec": float(np.median(steady)) if steady else None,
       "params": counts["total"],
       "params_non_embedding": counts["non_embedding"],
-  }
-  (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+      "vocab_size": vocab_size,
+  })
+  summary_path.write_text(json.dumps(summary, indent=2) + "\n")
   return summary

@@ -31,6 +31,9 @@ class Spec:
   gated_match_params: bool = True
   dtype: str = "float32"
   attention_impl: str = "xla"
+  loss_impl: str = "fused"      # decoder LM loss: "fused" (kernels.xent_sum) or "plain" (logits)
+  scan_layers: bool = False     # one nn.scan over the blocks (params under "blocks", layer axis 0)
+  remat: str = "none"           # recompute in the backward pass: "none", "full", "dots"
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "Spec":
@@ -83,6 +86,31 @@ def logit_max(q_BLHK, k_BLHK, mask, causal: bool) -> jax.Array:
   return jnp.where(visible, logits_BHLL, -jnp.inf).max()
 
 
+def attention_impl(requested: str, dtype, head_dim: int) -> str:
+  """The `jax.nn.dot_product_attention` implementation for `model.attention_impl`: "auto" takes
+  cuDNN flash attention on an NVIDIA GPU where it applies (bfloat16/float16, head dim a multiple
+  of 8 up to 128) and XLA's otherwise (float32, CPU, TPU)."""
+  if requested != "auto":
+    return requested
+  ok = (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+        and head_dim % 8 == 0 and head_dim <= 128)
+  return "cudnn" if ok else "xla"
+
+
+def attend(q_BLHK, k_BLHK, v_BLHK, mask, causal: bool, requested: str = "xla"):
+  """`jax.nn.dot_product_attention` with `attention_impl`; "auto" falls back to XLA when cuDNN
+  refuses the call (it checks shapes, masks and the GPU when the step is traced)."""
+  impl = attention_impl(requested, q_BLHK.dtype, q_BLHK.shape[-1])
+  call = lambda impl: jax.nn.dot_product_attention(
+      q_BLHK, k_BLHK, v_BLHK, mask=mask, is_causal=causal, implementation=impl)
+  if impl == "cudnn" and requested == "auto":
+    try:
+      return call("cudnn")
+    except Exception:  # noqa: BLE001 -- any refusal means: not this shape/GPU; use XLA.
+      return call("xla")
+  return call(impl)
+
+
 class Attention(nn.Module):
   """Multi-head self-attention through `jax.nn.dot_product_attention`.
 
@@ -104,9 +132,7 @@ class Attention(nn.Module):
     if decode:
       k_BLHK, v_BLHK, mask = self.extend_cache(k_BLHK, v_BLHK)
       causal = False  # the cache mask already hides the future
-    impl = None if s.attention_impl == "auto" else s.attention_impl
-    out_BLHK = jax.nn.dot_product_attention(
-        q_BLHK, k_BLHK, v_BLHK, mask=mask, is_causal=causal, implementation=impl)
+    out_BLHK = attend(q_BLHK, k_BLHK, v_BLHK, mask, causal, s.attention_impl)
     if self.is_mutable_collection("stats"):
       self.sow("stats", "logit_max", logit_max(q_BLHK, k_BLHK, mask, causal))
     out_BLD = dense(D, s, residual_std(s), name="out")(out_BLHK.reshape(B, L, D))
@@ -171,3 +197,48 @@ class Block(nn.Module):
       return x_BLD + ffn(ln_ffn(x_BLD), train=train)
     x_BLD = ln_attn(x_BLD + attn(x_BLD, mask_BL))
     return ln_ffn(x_BLD + ffn(x_BLD, train=train))
+
+
+class _BlockCall(Block):
+  """A Block called as `(x, mask)` with `train`/`decode` as attributes, the form `nn.scan` and
+  `nn.remat` need (their arguments are traced; these flags must stay Python values). As a
+  subclass it creates the same submodules, so parameter names do not change."""
+  train: bool = False
+  decode: bool = False
+  scanned: bool = False
+
+  def __call__(self, x_BLD, mask_BL=None):
+    y_BLD = Block.__call__(self, x_BLD, mask_BL, train=self.train, decode=self.decode)
+    return (y_BLD, None) if self.scanned else y_BLD
+
+
+REMAT_POLICIES = {
+    "full": None,  # keep only each block's input; recompute everything else
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
+}
+
+
+def stack_blocks(spec: Spec, causal: bool, x_BLD, mask_BL=None, *, train: bool = False,
+                 decode: bool = False):
+  """The `num_layers` blocks, created inside the calling module's compact method.
+
+  Default: a Python loop, parameters under `block_0` … `block_{n-1}`. `spec.scan_layers`: one
+  `nn.scan` over a single traced block, parameters (and sown statistics, and the decoding cache)
+  under `blocks` with a leading layer axis — compile time no longer grows with depth; the same
+  function, but a different random initialisation for a given seed (per-layer keys are split
+  differently). `spec.remat`: `nn.remat` around each block — "full" keeps only the block's
+  input for the backward pass, "dots" also its matmul outputs — memory for recomputation.
+  """
+  cls = _BlockCall
+  if spec.remat != "none":
+    cls = nn.remat(cls, policy=REMAT_POLICIES[spec.remat], prevent_cse=not spec.scan_layers)
+  if spec.scan_layers:
+    scanned = nn.scan(cls, variable_axes={"params": 0, "stats": 0, "cache": 0},
+                      split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast,),
+                      length=spec.num_layers)
+    x_BLD, _ = scanned(spec, causal, train=train, decode=decode, scanned=True,
+                       name="blocks")(x_BLD, mask_BL)
+    return x_BLD
+  for i in range(spec.num_layers):
+    x_BLD = cls(spec, causal, train=train, decode=decode, name=f"block_{i}")(x_BLD, mask_BL)
+  return x_BLD

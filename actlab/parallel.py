@@ -1,0 +1,182 @@
+"""Device mesh and shardings: data parallelism by default, FSDP as an option, several hosts.
+
+One 1-D mesh over every device of every process, axis `"data"`:
+
+- `parallel.mode="dp"` (default): the batch is split along its first axis across the devices;
+  parameters and optimizer state are replicated. XLA averages the gradients with an all-reduce.
+- `parallel.mode="fsdp"`: the batch is split the same way, and every parameter (and with it the
+  AdamW moments, which have the parameter's shape) is split along its largest axis that the
+  device count divides; arrays with no such axis, or smaller than `parallel.fsdp_min_size`
+  elements, stay replicated. XLA gathers each weight where it is used and reduce-scatters its
+  gradient (ZeRO-3 through GSPMD); per-device memory for the state falls with the device count.
+- `parallel.distributed=true`: `jax.distributed.initialize()` first (coordinator, process count
+  and id from the environment: Cloud TPU, SLURM, Open MPI, or JAX_COORDINATOR_ADDRESS /
+  JAX_NUM_PROCESSES / JAX_PROCESS_ID). Every process computes training batch k from
+  `(seed, k)` as always and feeds only its own rows of it (`shard_batch`), so a run's batches —
+  and its results — do not depend on how many hosts or devices it runs on.
+
+Everything goes through a `Plan`, also on one device (a mesh of one), so the single-device run
+is the same code. Both strategies compute the same step as one device up to the order of
+floating-point sums (tests/test_parallel.py: ≤ 1e-6 with 4 simulated CPU devices). Checkpoints
+are restored into the current plan's shardings (`Checkpoints.restore(step, like)` with a `like`
+built here), so a run saved on 8 devices resumes on 1, or the other way round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from actlab.errors import UserError
+
+AXIS = "data"
+MODES = ("dp", "fsdp")
+
+
+class ParallelError(UserError, ValueError):
+  """The parallel set-up cannot work (e.g. the batch does not split across the devices)."""
+
+
+def initialize(config) -> None:
+  """`jax.distributed.initialize()` when `parallel.distributed` is set (before any device use);
+  a second call in the same process is a no-op."""
+  par = config.get("parallel", None)
+  if not par or not par.get("distributed", False):
+    return
+  if jax.distributed.is_initialized():
+    return
+  jax.distributed.initialize()
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Where every array of a run lives. Build it with `plan(config)`."""
+  mesh: Mesh
+  mode: str = "dp"
+  fsdp_min_size: int = 1 << 14
+
+  @property
+  def num_devices(self) -> int:
+    return self.mesh.size
+
+  @property
+  def sync_each_step(self) -> bool:
+    """Wait for every step when several devices share one CPU (XLA's simulated devices:
+    --xla_force_host_platform_device_count). In jaxlib 0.10.2 their collectives can deadlock
+    when many steps are queued; real accelerators keep the asynchronous dispatch."""
+    return self.num_devices > 1 and self.mesh.devices.flat[0].platform == "cpu"
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, P())
+
+  def batch_sharding(self, ndim: int = 2) -> NamedSharding:
+    """The batch's first axis across the devices (every array of a batch pytree)."""
+    return NamedSharding(self.mesh, P(AXIS, *([None] * (ndim - 1))))
+
+  def leaf_sharding(self, shape) -> NamedSharding:
+    """A state array's sharding: replicated (dp), or split along its largest divisible axis."""
+    n = self.num_devices
+    if self.mode == "dp" or n == 1 or math.prod(shape) < self.fsdp_min_size:
+      return self.replicated
+    axes = sorted(range(len(shape)), key=lambda i: (-shape[i], i))
+    for i in axes:
+      if shape[i] % n == 0:
+        spec = [None] * len(shape)
+        spec[i] = AXIS
+        return NamedSharding(self.mesh, P(*spec))
+    return self.replicated
+
+  def state_shardings(self, abstract_state) -> Any:
+    """The shardings of a pytree of arrays (or ShapeDtypeStructs): `leaf_sharding` per leaf.
+    Parameters and their AdamW moments share shapes, hence shardings."""
+    return jax.tree.map(lambda x: self.leaf_sharding(np.shape(x)), abstract_state)
+
+  def batch_shardings(self, batch) -> Any:
+    return jax.tree.map(lambda x: self.batch_sharding(np.ndim(x)), batch)
+
+  def check_batch(self, batch_size: int, what: str = "train.batch_size") -> None:
+    if batch_size % self.num_devices:
+      raise ParallelError(
+          f"{what}={batch_size} does not split across {self.num_devices} devices; use a "
+          f"multiple of {self.num_devices}")
+
+  def shard_batch(self, batch) -> Any:
+    """A host batch (numpy, the full global batch on every process) → global jax.Arrays split
+    along the first axis; each process contributes only the rows of its own devices."""
+    def put(x):
+      x = np.asarray(x)
+      sharding = self.batch_sharding(x.ndim)
+      if jax.process_count() == 1:
+        return jax.device_put(x, sharding)
+      rows = _process_rows(self.mesh, x.shape[0])
+      return jax.make_array_from_process_local_data(sharding, x[rows], x.shape)
+    return jax.tree.map(put, batch)
+
+  def put_state(self, state) -> Any:
+    """Moves a state pytree (host or device arrays) to this plan's shardings."""
+    return jax.device_put(state, self.state_shardings(state))
+
+
+def _process_rows(mesh: Mesh, size: int) -> slice:
+  """The rows of a batch of `size` that this process's devices hold (contiguous in the mesh)."""
+  devices = list(mesh.devices.flat)
+  n, per = len(devices), size // len(devices)
+  mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+  if mine != list(range(mine[0], mine[-1] + 1)):
+    raise ParallelError("this process's devices are not contiguous in the mesh")
+  return slice(mine[0] * per, (mine[-1] + 1) * per)
+
+
+def plan(config=None, devices=None) -> Plan:
+  """The plan of `config.parallel` (defaults: data parallel over every device)."""
+  par = config.get("parallel", None) if config is not None else None
+  mode = par.get("mode", "dp") if par else "dp"
+  if mode not in MODES:
+    raise ParallelError(f"parallel.mode={mode!r}: choose one of {', '.join(map(repr, MODES))}")
+  if devices is None:
+    devices = jax.devices()
+    count = par.get("num_devices", 0) if par else 0
+    if count:
+      if count > len(devices):
+        raise ParallelError(f"parallel.num_devices={count}, but only {len(devices)} devices exist")
+      devices = devices[:count]
+  devices = list(devices)
+  p = Plan(Mesh(np.array(devices), (AXIS,)), mode,
+           par.get("fsdp_min_size", 1 << 14) if par else 1 << 14)
+  if config is not None:
+    p.check_batch(config.train.batch_size)
+  return p
+
+
+def describe(p: Plan) -> str:
+  kind = p.mesh.devices.flat[0].platform
+  hosts = jax.process_count()
+  return (f"{p.num_devices} {kind} device{'s' * (p.num_devices > 1)}"
+          + (f" on {hosts} hosts" if hosts > 1 else "") + f", {p.mode}")
+
+
+def state_bytes_per_device(state) -> int:
+  """Bytes of `state` held by the first local device (shows what FSDP saves)."""
+  device = jax.local_devices()[0]
+  total = 0
+  for leaf in jax.tree.leaves(state):
+    if isinstance(leaf, jax.Array):
+      for shard in leaf.addressable_shards:
+        if shard.device == device:
+          total += shard.data.size * shard.data.dtype.itemsize
+  return total
+
+
+def tree_max_abs_diff(a, b) -> float:
+  """max |a − b| over two pytrees of the same structure (for the equivalence tests)."""
+  a, b = jax.device_get(a), jax.device_get(b)  # host copies: any two layouts compare
+  diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64)
+                                                        - np.asarray(y, np.float64)))), a, b)
+  return float(max(jax.tree.leaves(diffs), default=0.0))

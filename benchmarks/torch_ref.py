@@ -1,0 +1,218 @@
+"""A straightforward PyTorch implementation of actlab's decoder, for speed comparisons only.
+
+nanoGPT's architecture (Karpathy, model.py) in eager mode and float32: token + position
+embeddings, pre-LN blocks (fused `c_attn` q/k/v projection, `F.scaled_dot_product_attention`
+with `is_causal=True`, MLP `c_fc` → activation → `c_proj`), a final LayerNorm and an LM head tied
+to the token embedding; `F.cross_entropy` over the materialised logits; `torch.optim.AdamW`
+(default implementation, decay on matrices and embeddings) after `clip_grad_norm_`. The same
+shapes, initialisation scales and hyperparameters as the actlab config it is built from, so both
+do the same FLOPs per step. It is *not* numerically identical to actlab (different RNGs).
+
+Never imported by actlab at run time: `actlab.bench --torch` runs it in a subprocess, and the
+`bench` extra (`pip install -e '.[bench]'`; on CPU take the CPU wheel:
+`pip install torch --index-url https://download.pytorch.org/whl/cpu`) provides torch.
+
+    python benchmarks/torch_ref.py --layers 2 --d_model 128 --heads 4 --d_ff 512 \\
+        --seq_len 128 --vocab 320 --batch 16 --steps 20
+
+`--worker` speaks a line protocol on stdin/stdout (used by `actlab.bench`): the first line is a
+JSON model description, then each line `run <n>` answers with one JSON line of n step times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _act(name: str):
+  """(activation, gated) for actlab's activation names that have a torch counterpart."""
+  table = {
+      "relu": (F.relu, False), "gelu": (F.gelu, False),
+      "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), False),
+      "silu": (F.silu, False), "tanh": (torch.tanh, False), "elu": (F.elu, False),
+      "sigmoid": (torch.sigmoid, False), "identity": (lambda x: x, False),
+      "relu2": (lambda x: F.relu(x).square(), False),
+      "swiglu": (F.silu, True), "geglu": (F.gelu, True), "reglu": (F.relu, True),
+      "glu": (torch.sigmoid, True), "bilinear": (lambda x: x, True),
+  }
+  if name not in table:
+    raise ValueError(f"torch_ref has no activation {name!r}; choose one of {sorted(table)}")
+  return table[name]
+
+
+class CausalSelfAttention(nn.Module):
+  def __init__(self, d_model, n_head, layers):
+    super().__init__()
+    self.n_head = n_head
+    self.c_attn = nn.Linear(d_model, 3 * d_model)
+    self.c_proj = nn.Linear(d_model, d_model)
+    self.c_proj.residual = True
+
+  def forward(self, x):
+    B, T, C = x.size()
+    q, k, v = self.c_attn(x).split(C, dim=2)
+    q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+    k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+    v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    y = y.transpose(1, 2).contiguous().view(B, T, C)
+    return self.c_proj(y)
+
+
+class MLP(nn.Module):
+  def __init__(self, d_model, d_ff, activation):
+    super().__init__()
+    self.act, self.gated = _act(activation)
+    self.c_fc = nn.Linear(d_model, d_ff)
+    self.c_gate = nn.Linear(d_model, d_ff) if self.gated else None
+    self.c_proj = nn.Linear(d_ff, d_model)
+    self.c_proj.residual = True
+
+  def forward(self, x):
+    h = self.act(self.c_gate(x)) * self.c_fc(x) if self.gated else self.act(self.c_fc(x))
+    return self.c_proj(h)
+
+
+class Block(nn.Module):
+  def __init__(self, d_model, n_head, d_ff, activation, layers):
+    super().__init__()
+    self.ln_1 = nn.LayerNorm(d_model, eps=1e-5)
+    self.attn = CausalSelfAttention(d_model, n_head, layers)
+    self.ln_2 = nn.LayerNorm(d_model, eps=1e-5)
+    self.mlp = MLP(d_model, d_ff, activation)
+
+  def forward(self, x):
+    x = x + self.attn(self.ln_1(x))
+    return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+  def __init__(self, vocab, max_len, layers, d_model, n_head, d_ff, activation):
+    super().__init__()
+    self.wte = nn.Embedding(vocab, d_model)
+    self.wpe = nn.Embedding(max_len, d_model)
+    self.h = nn.ModuleList([Block(d_model, n_head, d_ff, activation, layers)
+                            for _ in range(layers)])
+    self.ln_f = nn.LayerNorm(d_model, eps=1e-5)
+    self.lm_head = nn.Linear(d_model, vocab, bias=False)
+    self.lm_head.weight = self.wte.weight  # tied, as nanoGPT
+    for name, p in self.named_parameters():
+      if p.dim() >= 2:
+        std = 0.02 / math.sqrt(2 * layers) if name.endswith("c_proj.weight") else 0.02
+        nn.init.normal_(p, mean=0.0, std=std)
+      elif name.endswith("bias"):
+        nn.init.zeros_(p)
+
+  def forward(self, idx, targets):
+    T = idx.size(1)
+    pos = torch.arange(T, dtype=torch.long, device=idx.device)
+    x = self.wte(idx) + self.wpe(pos)
+    for block in self.h:
+      x = block(x)
+    logits = self.lm_head(self.ln_f(x))
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def ffn_width(activation, d_ff, gated_match_params=True):
+  if _act(activation)[1] and gated_match_params:
+    return max(64, round(2 * d_ff / 3 / 64) * 64)
+  return d_ff
+
+
+class Trainer:
+  """Model, AdamW and one pre-made batch: `step()` is one full training step."""
+
+  def __init__(self, spec: dict):
+    torch.manual_seed(spec.get("seed", 0))
+    if spec.get("threads"):
+      torch.set_num_threads(int(spec["threads"]))
+    width = ffn_width(spec["activation"], spec["d_ff"], spec.get("gated_match_params", True))
+    self.model = GPT(spec["vocab"], spec["max_len"], spec["layers"], spec["d_model"],
+                     spec["heads"], width, spec["activation"])
+    decay = [p for p in self.model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+    self.opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": spec.get("weight_decay", 0.1)},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=spec.get("lr", 1e-3), betas=(spec.get("b1", 0.9), spec.get("b2", 0.95)),
+        eps=spec.get("eps", 1e-8))
+    self.clip = spec.get("clip_norm", 1.0)
+    g = torch.Generator().manual_seed(0)
+    batch = torch.randint(0, spec["vocab"], (spec["batch"], spec["seq_len"] + 1), generator=g)
+    self.x, self.y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+    self.params = sum(p.numel() for p in self.model.parameters())
+
+  def step(self) -> float:
+    loss = self.model(self.x, self.y)
+    self.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if self.clip:
+      torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+    self.opt.step()
+    return loss.item()  # a host sync, like blocking on the JAX step
+
+  def timed(self, n: int) -> dict:
+    times, r0 = [], resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(n):
+      t0 = time.perf_counter()
+      self.step()
+      times.append(time.perf_counter() - t0)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {"times": times, "cpu": r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime}
+
+
+def worker() -> None:
+  """stdin: a JSON spec line, then `run <n>` lines; stdout: one JSON line per request."""
+  out = sys.stdout
+  sys.stdout = sys.stderr  # Nothing else may write to the protocol channel.
+  spec = json.loads(sys.stdin.readline())
+  t0 = time.perf_counter()
+  trainer = Trainer(spec)
+  trainer.step()  # The first step allocates; count it as set-up.
+  out.write(json.dumps({"ready": True, "setup_s": time.perf_counter() - t0,
+                        "params": trainer.params, "threads": torch.get_num_threads(),
+                        "torch": torch.__version__}) + "\n")
+  out.flush()
+  for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "run":
+      out.write(json.dumps(trainer.timed(int(arg))) + "\n")
+      out.flush()
+    elif cmd == "quit":
+      break
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--worker", action="store_true", help="line protocol for actlab.bench")
+  for name, default in (("layers", 2), ("d_model", 128), ("heads", 4), ("d_ff", 512),
+                        ("seq_len", 128), ("vocab", 320), ("batch", 16), ("steps", 20),
+                        ("warmup", 3), ("threads", 0)):
+    p.add_argument(f"--{name}", type=int, default=default)
+  p.add_argument("--activation", default="gelu")
+  a = p.parse_args()
+  if a.worker:
+    return worker()
+  trainer = Trainer({"vocab": a.vocab, "max_len": a.seq_len, "layers": a.layers,
+                     "d_model": a.d_model, "heads": a.heads, "d_ff": a.d_ff,
+                     "activation": a.activation, "seq_len": a.seq_len, "batch": a.batch,
+                     "threads": a.threads})
+  for _ in range(a.warmup):
+    trainer.step()
+  times = sorted(trainer.timed(a.steps)["times"])
+  med = times[len(times) // 2]
+  print(f"torch {torch.__version__} ({torch.get_num_threads()} threads): median step "
+        f"{med * 1e3:.1f} ms, {a.batch * a.seq_len / med:,.0f} tokens/s")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,181 @@
+"""Multi-device cases for tests/test_parallel.py, run in a subprocess with 4 simulated CPU devices
+(XLA_FLAGS=--xla_force_host_platform_device_count=4 must be set before JAX starts, so these cannot
+run inside the pytest process). `python tests/parallel_cases.py <case> <tmpdir>` prints one JSON
+line with the measured differences; the test asserts on them. Every step is waited for: in
+jaxlib 0.10.2 simulated-device collectives can deadlock when many steps are queued.
+"""
+
+import json
+import os
+import pathlib
+import sys
+
+assert "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""), \
+    "run through tests/test_parallel.py (it sets XLA_FLAGS)"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from actlab import parallel, train  # noqa: E402
+from actlab.checkpoint import Checkpoints  # noqa: E402
+from conftest import tiny  # noqa: E402
+
+VOCAB = 257
+
+
+def config(mode="dp", **kw):
+  c = tiny(**kw)
+  c.parallel.mode = mode
+  c.parallel.fsdp_min_size = 0  # split everything that divides: the strictest FSDP test
+  return c
+
+
+def batches(c, n, seed=0):
+  r = np.random.default_rng(seed)
+  return [r.integers(0, VOCAB, (c.train.batch_size, c.data.seq_len + 1)).astype(np.int32)
+          for _ in range(n)]
+
+
+def steps(fns, state, bs):
+  out = []
+  for b in bs:
+    state, m = fns.train_step(state, fns.plan.shard_batch(b))
+    out.append(jax.device_get(jax.block_until_ready(m)))
+  return state, out
+
+
+def run_on(c, devices, bs, state=None):
+  fns = train.Compiled.create(c, VOCAB, parallel.plan(c, devices))
+  if state is None:
+    state = fns.init(0, c.optim.lr)
+  else:
+    state = fns.plan.put_state(state)
+  return fns, *steps(fns, state, bs)
+
+
+def metric_diff(a, b):
+  return max(abs(float(x[k]) - float(y[k])) / max(1.0, abs(float(x[k])))
+             for x, y in zip(a, b) for k in x)
+
+
+def case_step(tmp):
+  """DP and FSDP over 4 devices = 1 device, for 3 steps (loss, norms, parameters, moments)."""
+  devs = jax.devices()
+  out = {"devices": len(devs)}
+  c1 = config("dp")
+  bs = batches(c1, 3)
+  fns1, ref_state, ref = run_on(c1, devs[:1], bs)
+  for mode in ("dp", "fsdp"):
+    c = config(mode)
+    fns, state, got = run_on(c, devs, bs)
+    emb = state.params["wte"]["embedding"]
+    mu = state.opt_state.inner_state[1][0].mu["wte"]["embedding"]
+    out[mode] = {
+        "metrics": metric_diff(ref, got),
+        "params": parallel.tree_max_abs_diff(ref_state.params, state.params),
+        "opt_state": parallel.tree_max_abs_diff(ref_state.opt_state, state.opt_state),
+        "embedding_spec": str(emb.sharding.spec), "moment_spec": str(mu.sharding.spec),
+        "embedding_devices": len(emb.sharding.device_set),
+        "state_bytes_per_device": parallel.state_bytes_per_device(state),
+        "batch_spec": str(fns.plan.shard_batch(bs[0]).sharding.spec),
+        "eval": abs(float(fns.eval_step(state.params, fns.plan.shard_batch(bs[0]))["loss_sum"])
+                    - float(fns1.eval_step(ref_state.params, bs[0])["loss_sum"])),
+    }
+  out["state_bytes_single"] = parallel.state_bytes_per_device(ref_state)
+  return out
+
+
+def case_checkpoint(tmp):
+  """Saved from FSDP on 4 devices; restored on 2 (dp) and 1 device; one more step on each
+  equals one more step on 4."""
+  devs = jax.devices()
+  c4 = config("fsdp")
+  bs = batches(c4, 3)
+  fns4, state4, _ = run_on(c4, devs, bs[:2])
+  ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
+  ck.save(2, state4)
+  ck.close()
+  saved = jax.device_get(state4)  # the next step donates state4
+  _, after4, m4 = run_on(c4, devs, bs[2:], state4)
+  out = {}
+  for name, c, d in (("dp2", config("dp"), devs[:2]), ("single", config("dp"), devs[:1])):
+    fns = train.Compiled.create(c, VOCAB, parallel.plan(c, d))
+    like = fns.init(1, c.optim.lr)  # a different seed: everything must come from the checkpoint
+    ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
+    restored = ck.restore(2, like)
+    ck.close()
+    restored_diff = parallel.tree_max_abs_diff(saved, restored)
+    devices = len(restored.params["wte"]["embedding"].sharding.device_set)
+    state, m = steps(fns, restored, bs[2:])  # donates `restored`
+    out[name] = {
+        "restored": restored_diff,
+        "devices": devices,
+        "next_step_metrics": metric_diff(m4, m),
+        "next_step_params": parallel.tree_max_abs_diff(after4.params, state.params),
+        "step": int(state.step),
+    }
+  return out
+
+
+def case_run(tmp):
+  """train.run end to end: 1 device vs 4 (dp, fsdp): the same metrics.jsonl; then a 4-device
+  FSDP run resumes on 1 device from its checkpoint."""
+  tmp = pathlib.Path(tmp)
+  kw = {"train.steps": 6, "train.log_every": 2, "train.eval_every": 3,
+        "train.checkpoint_every": 3, "metrics.tensorboard": False}
+  rows = {}
+  for name, mode, n in (("single", "dp", 1), ("dp", "dp", 4), ("fsdp", "fsdp", 4)):
+    c = config(mode, **kw)
+    c.parallel.num_devices = n
+    train.run(c, tmp / name)
+    rows[name] = [json.loads(l) for l in (tmp / name / "metrics.jsonl").read_text().splitlines()]
+  def diff(a, b):
+    return max(abs(x[k] - y[k]) / max(1.0, abs(x[k])) for x, y in zip(a, b) for k in x
+               if k != "tokens_per_sec" and isinstance(x[k], float))
+  out = {k: diff(rows["single"], rows[k]) for k in ("dp", "fsdp")}
+  out["steps"] = [r["step"] for r in rows["fsdp"]]
+  # Resume: 4-device FSDP to step 3 (interrupted: drop the later checkpoint), then 1 device.
+  c = config("fsdp", **kw)
+  train.run(c, tmp / "resume")
+  import shutil
+  shutil.rmtree(tmp / "resume" / "checkpoints" / "6")
+  (tmp / "resume" / "summary.json").unlink()
+  c1 = config("dp", **kw)
+  c1.parallel.num_devices = 1
+  train.run(c1, tmp / "resume")
+  resumed = [json.loads(l) for l in (tmp / "resume" / "metrics.jsonl").read_text().splitlines()]
+  out["resume"] = diff(rows["single"], resumed)
+  out["resume_steps"] = [r["step"] for r in resumed]
+  return out
+
+
+def case_vectorized(tmp):
+  """A vectorized group of 2 runs on 4 devices (dp, fsdp) = on 1 device."""
+  from actlab import vectorized
+  devs = jax.devices()
+  bs = batches(config(), 3)
+  out = {}
+  ref = None
+  for name, mode, d in (("single", "dp", devs[:1]), ("dp", "dp", devs), ("fsdp", "fsdp", devs)):
+    c = config(mode)
+    g = vectorized.Group.create(c, VOCAB, 2, parallel.plan(c, d))
+    state = g.init(np.array([0, 1]), np.array([3e-3, 1e-3], np.float32))
+    ms = []
+    for b in bs:
+      state, m = g.train_step(state, g.shard_batch(np.stack([b, b[::-1]])))
+      ms.append(jax.device_get(jax.block_until_ready(m)))
+    if ref is None:
+      ref = (state, ms)
+      continue
+    out[name] = {"params": parallel.tree_max_abs_diff(ref[0].params, state.params),
+                 "metrics": max(float(np.max(np.abs(x[k] - y[k]) / np.maximum(1.0, np.abs(x[k]))))
+                                for x, y in zip(ref[1], ms) for k in x),
+                 "runs_differ": float(np.max(np.abs(ms[-1]["train_loss"][0]
+                                                    - ms[-1]["train_loss"][1])))}
+  return out
+
+
+if __name__ == "__main__":
+  case, tmp = sys.argv[1], sys.argv[2]
+  print("RESULT " + json.dumps(globals()[f"case_{case}"](tmp)), flush=True)

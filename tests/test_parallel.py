@@ -1,0 +1,116 @@
+"""Data parallelism and FSDP on 4 simulated CPU devices equal one device (≤ 1e-6), and
+checkpoints move between device counts. The cases live in tests/parallel_cases.py and run in a
+subprocess: the device count must be fixed before JAX starts, and a hung collective must not
+hang the test run (each case has a timeout)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from actlab import config as config_lib, parallel
+from conftest import tiny
+
+HERE = pathlib.Path(__file__).parent
+TOL = 1e-6
+
+
+def run_case(case: str, tmp_path, timeout: int = 600) -> dict:
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+         "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, str(HERE / "parallel_cases.py"), case, str(tmp_path)],
+                        env=env, capture_output=True, text=True, timeout=timeout)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+  return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.slow
+def test_dp_and_fsdp_steps_equal_one_device(tmp_path):
+  r = run_case("step", tmp_path)
+  assert r["devices"] == 4
+  for mode in ("dp", "fsdp"):
+    assert r[mode]["metrics"] <= TOL, r
+    assert r[mode]["params"] <= TOL, r
+    assert r[mode]["opt_state"] <= TOL, r
+    assert r[mode]["eval"] <= TOL * 100, r  # a loss *sum* over 256 tokens (~1.4e3)
+    assert r[mode]["batch_spec"] == "P('data', None)"
+  # DP replicates the state; FSDP splits it (the embedding and its Adam moment alike) and
+  # holds about a quarter of it per device.
+  assert r["dp"]["embedding_spec"] == "P()"
+  assert r["dp"]["state_bytes_per_device"] == r["state_bytes_single"]
+  assert r["fsdp"]["embedding_spec"] == "P('data', None)"
+  assert r["fsdp"]["moment_spec"] == "P('data', None)"
+  assert r["fsdp"]["state_bytes_per_device"] < 0.3 * r["state_bytes_single"]
+
+
+@pytest.mark.slow
+def test_checkpoints_restore_across_device_counts(tmp_path):
+  r = run_case("checkpoint", tmp_path)
+  for name, devices in (("dp2", 2), ("single", 1)):
+    assert r[name]["restored"] == 0.0, r          # bit-exact, whatever the layout
+    assert r[name]["devices"] == devices
+    assert r[name]["step"] == 3
+    assert r[name]["next_step_metrics"] <= TOL, r
+    assert r[name]["next_step_params"] <= TOL, r
+
+
+@pytest.mark.slow
+def test_train_run_on_four_devices_and_resume_on_one(tmp_path):
+  r = run_case("run", tmp_path)
+  assert r["steps"] == [0, 2, 3, 4, 6]
+  assert r["dp"] <= TOL and r["fsdp"] <= TOL, r
+  assert r["resume_steps"] == r["steps"] and r["resume"] <= TOL, r
+
+
+@pytest.mark.slow
+def test_vectorized_group_on_four_devices(tmp_path):
+  r = run_case("vectorized", tmp_path)
+  for mode in ("dp", "fsdp"):
+    assert r[mode]["params"] <= TOL and r[mode]["metrics"] <= TOL, r
+    assert r[mode]["runs_differ"] > 1e-3, r
+
+
+def test_one_device_plan_replicates_everything():
+  p = parallel.plan(tiny(**{"parallel.mode": "fsdp", "parallel.fsdp_min_size": 0}))
+  assert p.num_devices == 1
+  assert p.leaf_sharding((64, 8)).spec == jax.sharding.PartitionSpec()
+
+
+def test_fsdp_picks_the_largest_divisible_axis():
+  class FakeMesh:  # leaf_sharding only needs the device count and the mesh for NamedSharding
+    size = 4
+  p = parallel.Plan.__new__(parallel.Plan)
+  object.__setattr__(p, "mesh", FakeMesh())
+  object.__setattr__(p, "mode", "fsdp")
+  object.__setattr__(p, "fsdp_min_size", 100)
+  import unittest.mock as mock
+  with mock.patch.object(parallel, "NamedSharding", lambda mesh, spec: spec):
+    assert p.leaf_sharding((50304, 384)) == jax.sharding.PartitionSpec("data", None)
+    assert p.leaf_sharding((384, 1536)) == jax.sharding.PartitionSpec(None, "data")
+    assert p.leaf_sharding((258, 384)) == jax.sharding.PartitionSpec(None, "data")  # 258 % 4
+    assert p.leaf_sharding((3, 7, 5)) == jax.sharding.PartitionSpec()  # nothing divides
+    assert p.leaf_sharding((8,)) == jax.sharding.PartitionSpec()  # below fsdp_min_size
+    object.__setattr__(p, "mode", "dp")
+    assert p.leaf_sharding((50304, 384)) == jax.sharding.PartitionSpec()
+
+
+def test_config_and_batch_validation():
+  c = tiny()
+  c.parallel.mode = "tp"
+  with pytest.raises(config_lib.ConfigError, match="parallel.mode"):
+    config_lib.validate(c)
+  c = tiny()
+  c.parallel.num_devices = 2
+  with pytest.raises(parallel.ParallelError, match="only 1 devices"):
+    parallel.plan(c)
+  p = parallel.plan(tiny())
+  p.check_batch(8)
+  fake = parallel.Plan.__new__(parallel.Plan)
+  object.__setattr__(fake, "mesh", type("M", (), {"size": 3})())
+  with pytest.raises(parallel.ParallelError, match="does not split across 3 devices"):
+    fake.check_batch(8)
