@@ -4,6 +4,7 @@ import os
 import pathlib
 import tempfile
 
+import ml_collections
 import pytest
 
 from tiny_config import get_config as tiny_config_file
@@ -27,3 +28,14 @@ def tiny(activation: str = "gelu", **overrides):
 @pytest.fixture
 def tiny_config():
   return tiny()
+
+
+def data_config(data_dir, batch_size: int = 8, **data_overrides):
+  """Only the fields `actlab.data.load` reads: a byte-level synthetic corpus by default."""
+  c = ml_collections.ConfigDict()
+  c.train = ml_collections.ConfigDict(dict(batch_size=batch_size, seed=1337, progress=False))
+  c.data = ml_collections.ConfigDict(dict(
+      source="synthetic", tokenizer="byte", dir=str(data_dir), seq_len=32, val_batches=3,
+      tinystories_version="v2", manual_dir="", gpt2_dir=""))
+  c.data.update(data_overrides)
+  return c

@@ -4,23 +4,16 @@ import json
 import os
 import time
 
-import ml_collections
 import numpy as np
 import pytest
 
 from actlab import data
 from actlab.data import cache, synthetic
 from actlab.data import tokenizer as tokenizers
+from conftest import data_config
 
 
-def make_config(data_dir, **data_overrides):
-  c = ml_collections.ConfigDict()
-  c.train = ml_collections.ConfigDict(dict(batch_size=8, seed=1337, progress=False))
-  c.data = ml_collections.ConfigDict(dict(
-      source="synthetic", tokenizer="byte", dir=str(data_dir), seq_len=32, val_batches=3,
-      tinystories_version="v2", manual_dir="", gpt2_dir=""))
-  c.data.update(data_overrides)
-  return c
+make_config = data_config
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,13 @@ import collections
 import os
 from pathlib import Path
 
-import ml_collections
 import numpy as np
 import pytest
 
 from actlab import data
 from actlab.data import cache
 from actlab.data import tinystories as ts
+from conftest import data_config
 
 SHARED = (Path(__file__).parents[1] / ".." / "shared" / "data").resolve()
 SHARED_TS = SHARED / "tinystories"
@@ -43,13 +43,8 @@ def write_tinystories(path: Path, stories, crlf=False):
 
 
 def make_config(data_dir, **data_overrides):
-  c = ml_collections.ConfigDict()
-  c.train = ml_collections.ConfigDict(dict(batch_size=4, seed=1337, progress=False))
-  c.data = ml_collections.ConfigDict(dict(
-      source="tinystories", tokenizer="byte", dir=str(data_dir), seq_len=16, val_batches=2,
-      tinystories_version="v2", manual_dir="", gpt2_dir=""))
-  c.data.update(data_overrides)
-  return c
+  return data_config(data_dir, batch_size=4, **{"source": "tinystories", "seq_len": 16,
+                                                "val_batches": 2, **data_overrides})
 
 
 @pytest.fixture

@@ -3,11 +3,11 @@
 import shutil
 from pathlib import Path
 
-import ml_collections
 import pytest
 
 from actlab import data
 from actlab.data import tokenizer as tokenizers
+from conftest import data_config
 
 SHARED = (Path(__file__).parents[1] / ".." / "shared" / "data").resolve()
 GPT2_DIR = SHARED / "gpt2"
@@ -20,14 +20,7 @@ LILY_IDS = [7454, 2402, 257, 640, 11, 612, 373, 257, 1310, 2576, 3706, 20037, 13
 HARD = "Tom said, â€œHi!â€\x9d\n\n  Über-cool 🐱 naïve\tcafé — 123,456.78 <|endoftext|> end\n"
 
 
-def make_config(data_dir, **data_overrides):
-  c = ml_collections.ConfigDict()
-  c.train = ml_collections.ConfigDict(dict(batch_size=8, seed=1337, progress=False))
-  c.data = ml_collections.ConfigDict(dict(
-      source="synthetic", tokenizer="byte", dir=str(data_dir), seq_len=32, val_batches=3,
-      tinystories_version="v2", manual_dir="", gpt2_dir=""))
-  c.data.update(data_overrides)
-  return c
+make_config = data_config
 
 
 def test_parse_spec():
