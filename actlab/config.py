@@ -60,7 +60,7 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   t.keep_checkpoints = 3        # how many checkpoints Orbax keeps
   t.progress = True             # tqdm progress bar on stderr
 
-  c.metrics = mt = ml_collections.ConfigDict()  # what is measured; see docs/instruments.md
+  c.metrics = mt = ml_collections.ConfigDict()  # what is measured; see the README
   mt.act_stats = True           # FFN activation statistics and attn_logit_max at every evaluation
   mt.sharpness_every = 500      # steps between sharpness estimates (also at step 0); 0 = off
   mt.sharpness_iters = 20       # power-iteration steps (Hessian-vector products) per estimate

@@ -1,6 +1,6 @@
 """What actlab measures: activation statistics, sharpness, summaries and the stability verdict.
 
-Definitions (DESIGN.md "What we measure"; docs/instruments.md explains them for users):
+Definitions (DESIGN.md "What we measure"; the README explains them for users):
 
 - Activation statistics are taken at evaluation time on the FFN hidden layer — `h` in `W₂·h` —
   over every (token, unit) entry of the fixed validation windows, per layer and then over layers.

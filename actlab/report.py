@@ -364,7 +364,7 @@ def write(root) -> pathlib.Path:
            "Mean ± sd over seeds. Dead % = `act_zero_frac` (FFN entries with z ≤ 0), dead units ="
            " units with z ≤ 0 on every validation token, act mean = mean FFN hidden activation, "
            "all on the validation windows at the last evaluation; grad norm = mean pre-clipping "
-           "gradient norm over the last 10% of steps; status by the rule in docs/instruments.md.",
+           "gradient norm over the last 10% of steps; status by the rule in the README (\"The stability verdict\").",
            "", results_table(manifest, runs), ""]
   sens = sensitivity_table(manifest, runs)
   if sens:
