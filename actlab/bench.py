@@ -23,7 +23,7 @@ downloaded or tokenized. It reports:
 
 `--torch` runs the PyTorch reference (`benchmarks/torch_ref.py`, nanoGPT's architecture in eager
 float32; needs the `bench` extra) *side by side*: both are compiled/warmed up, then timed in
-alternating rounds (`--rounds`, order ABBA…) so that background load hits both alike, and the
+alternating rounds (`--rounds`; default: step by step) so that background load hits both alike, and the
 report gives the speed-up. `--runs=N` benchmarks a vectorized sweep of N runs of the config
 (`actlab.vectorized`: one program, stacked states, per-run learning rates).
 
@@ -49,7 +49,7 @@ import numpy as np
 
 from actlab import config as config_lib
 from actlab import flops as flops_lib
-from actlab import models, train
+from actlab import models, parallel, train
 
 # Dense peak TFLOP/s per chip by (device kind substring, compute dtype). float32 on NVIDIA is the
 # TF32 tensor-core peak (XLA's default precision for float32 matmuls); TPUs run float32 matmuls
@@ -253,8 +253,25 @@ class TorchBench:
       self.proc.kill()
 
 
+def wait_quiet(max_wait_s: float, threshold: float = 0.2, window_s: float = 5.0) -> float | None:
+  """Waits (up to `max_wait_s`) until other processes keep fewer than `threshold` CPU cores busy
+  over a `window_s` window; returns the last load seen (None where it cannot be measured)."""
+  deadline = time.time() + max_wait_s
+  load = None
+  while True:
+    a = _busy_ticks()
+    if a is None:
+      return None
+    time.sleep(window_s)
+    load = (_busy_ticks() - a) / os.sysconf("SC_CLK_TCK") / window_s
+    if load < threshold or time.time() > deadline:
+      return load
+
+
 def side_by_side(benches, steps: int, rounds: int) -> list[dict]:
-  """Times `steps` steps of every bench in `rounds` alternating rounds (ABBA order)."""
+  """Times `steps` steps of every bench in `rounds` alternating rounds (ABBA order); with
+  rounds = steps they alternate step by step, so that load from other processes, which comes
+  and goes, hits all of them alike."""
   per_round = max(1, -(-steps // rounds))
   out = [{"times": [], "cpu": 0.0, "wall": 0.0, "busy": 0.0, "busy_known": True}
          for _ in benches]
@@ -359,14 +376,15 @@ def with_overrides(config: ml_collections.ConfigDict, overrides: str) -> ml_coll
 
 
 def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
-        rounds: int = 1, torch: bool = False, runs: int = 1,
-        peak: float | None = None, variants: list[str] = ()) -> list[dict]:
+        rounds: int = 0, torch: bool = False, runs: int = 1,
+        peak: float | None = None, variants: list[str] = (), quiet_s: float = 0) -> list[dict]:
   """Benchmarks `config`, each of `variants` (override strings, see `with_overrides`) and, with
   `torch`, the PyTorch reference, timed in alternating rounds; returns one row per bench."""
   configs = [config] + [with_overrides(config, v) for v in variants]
   labels = [""] + list(variants)
   for c in configs:
     config_lib.validate(c)
+  parallel.initialize(config)  # Before the first device use (parallel.cpu_devices, hosts).
   env = environment()
   benches = [JaxBench(c, runs) for c in configs] + ([TorchBench(config)] if torch else [])
   for b, label in zip(benches, labels):
@@ -376,7 +394,9 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
     for b in benches:
       setups.append(b.setup(warmup))
     several = len(benches) > 1
-    results = side_by_side(benches, steps, rounds if several else 1)
+    if quiet_s:
+      wait_quiet(quiet_s)
+    results = side_by_side(benches, steps, (rounds or steps) if several else 1)
     rows = []
     for i, (b, res, s) in enumerate(zip(benches, results, setups)):
       c = configs[min(i, len(configs) - 1)]
@@ -414,7 +434,9 @@ def _config_summary(c) -> str:
           f"{m.dtype} attn={m.attention_impl} loss={m.get('loss_impl', 'plain')}"
           + (f" scan" if m.get("scan_layers", False) else "")
           + (f" remat={m.remat}" if m.get("remat", "none") != "none" else "")
-          + (f" {c.parallel.mode}" if c.get("parallel") else ""))
+          + (f" {c.parallel.mode}" if c.get("parallel") else "")
+          + (f" cpu_devices={c.parallel.cpu_devices}"
+             if c.get("parallel") and c.parallel.get("cpu_devices", 0) else ""))
 
 
 def markdown_rows(rows: list[dict], label: str = "") -> str:
@@ -424,7 +446,8 @@ def markdown_rows(rows: list[dict], label: str = "") -> str:
     e = r["env"]
     versions = ", ".join(f"{k} {v}" for k, v in {**e["versions"], **r.get("versions", {})}.items())
     device = (f"{e['devices']}× {e['device_kind']}" if e["platform"] != "cpu"
-              else f"CPU: {e['host_cpu']}, {e['host_cores']} cores")
+              else f"CPU: {e['host_cpu']}, {e['host_cores']} cores"
+              + (f" as {e['devices']} XLA devices" if e["devices"] > 1 else ""))
     mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] else "—"
     speed = f" ({r['speedup_vs_torch']:.2f}× torch)" if "speedup_vs_torch" in r else ""
     out.append(
@@ -442,7 +465,7 @@ def main(argv):
   from absl import flags
   F = flags.FLAGS
   rows = run(_CONFIG.value, steps=F.steps, warmup=F.warmup, rounds=F.rounds, torch=F.torch,
-             runs=F.runs, peak=F.peak_tflops or None, variants=F.variant)
+             runs=F.runs, peak=F.peak_tflops or None, variants=F.variant, quiet_s=F.wait_quiet)
   e = rows[0]["env"]
   print(f"{e['devices']}× {e['device_kind']} ({e['platform']}); host {e['host_cpu']}, "
         f"{e['host_cores']} cores; {', '.join(f'{k} {v}' for k, v in e['versions'].items())}")
@@ -470,8 +493,10 @@ if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])
   flags.DEFINE_integer("steps", 20, "timed steps (after warm-up)")
   flags.DEFINE_integer("warmup", 3, "untimed steps after compilation")
-  flags.DEFINE_integer("rounds", 4, "with --torch or --variant: alternating rounds the timed "
-                       "steps are split into")
+  flags.DEFINE_integer("rounds", 0, "with --torch or --variant: alternating rounds the timed "
+                       "steps are split into; 0 = alternate every step")
+  flags.DEFINE_float("wait_quiet", 0, "wait up to this many seconds for other processes to "
+                     "leave the CPU (< 0.2 cores busy) before timing")
   flags.DEFINE_multi_string("variant", [], "also time the config with these overrides, side by "
                             "side, e.g. --variant=model.loss_impl=plain (repeatable; "
                             "comma-separated overrides)")

@@ -75,6 +75,8 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   par.distributed = False       # several hosts: jax.distributed.initialize() (env/cluster vars)
   par.fsdp_min_size = 16384     # fsdp: arrays with fewer elements stay replicated
   par.num_devices = 0           # use the first N devices; 0 = all (of all hosts)
+  par.cpu_devices = 0           # CPU only: split the host into N XLA devices (data parallel over
+                                # them; faster for small models, see parallel.py); 0 = one device
 
   c.sweep = sw = ml_collections.ConfigDict()  # how actlab.sweep runs the cells of a grid
   sw.vectorize = False          # cells that differ only in optim.lr / train.seed train as one
@@ -250,6 +252,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
            f"parallel.distributed={par.distributed!r} must be true or false")
     _check(par.fsdp_min_size >= 0, f"parallel.fsdp_min_size={par.fsdp_min_size} must be >= 0")
     _check(par.num_devices >= 0, f"parallel.num_devices={par.num_devices} must be >= 0 (0 = all)")
+    _check(par.get("cpu_devices", 0) >= 0,
+           f"parallel.cpu_devices={par.get('cpu_devices')} must be >= 0 (0 = one device)")
   sw = c.get("sweep", None)
   if sw is not None:
     _check(isinstance(sw.vectorize, bool), f"sweep.vectorize={sw.vectorize!r} must be true or false")

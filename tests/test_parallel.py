@@ -75,6 +75,27 @@ def test_vectorized_group_on_four_devices(tmp_path):
     assert r[mode]["runs_differ"] > 1e-3, r
 
 
+@pytest.mark.slow
+def test_cpu_devices_setting_splits_the_host(tmp_path):
+  """parallel.cpu_devices=4 makes 4 XLA CPU devices (before JAX starts) and the step runs
+  data parallel over them (bench end to end, in a fresh process)."""
+  out = tmp_path / "rows.jsonl"
+  proc = subprocess.run(
+      [sys.executable, "-m", "actlab.bench", f"--config={HERE / 'tiny_config.py'}",
+       "--config.parallel.cpu_devices=4", "--steps=2", "--warmup=1", f"--json_out={out}"],
+      capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (row,) = [json.loads(l) for l in out.read_text().splitlines()]
+  assert row["env"]["devices"] == 4 and "cpu_devices=4" in row["config"]
+
+
+def test_cpu_devices_after_jax_started_is_refused():
+  jax.devices()  # this process's backend exists now
+  c = tiny(**{"parallel.cpu_devices": 3})
+  with pytest.raises(parallel.ParallelError, match="already exist"):
+    parallel.initialize(c)
+
+
 def test_one_device_plan_replicates_everything():
   p = parallel.plan(tiny(**{"parallel.mode": "fsdp", "parallel.fsdp_min_size": 0}))
   assert p.num_devices == 1
