@@ -109,10 +109,10 @@ def test_layers_ordered_naturally_and_scan_stacks_split():
 
 def test_attention_logit_max_ignores_invisible_positions():
   rng = np.random.default_rng(1)
-  q = rng.normal(size=(2, 5, 2, 4)).astype(np.float32)
-  k = rng.normal(size=(2, 5, 2, 4)).astype(np.float32)
-  k[0, 4, 1] = 50 * q[0, 0, 1]  # a huge logit that only a future query... is not allowed to see
-  logits = np.einsum("bqhk,bshk->bhqs", q, k) / 2.0
+  q = rng.normal(size=(2, 2, 5, 4)).astype(np.float32)  # [B, H, L, K]
+  k = rng.normal(size=(2, 2, 5, 4)).astype(np.float32)
+  k[0, 1, 4] = 50 * q[0, 1, 0]  # a huge logit that only a future query... is not allowed to see
+  logits = np.einsum("bhqk,bhsk->bhqs", q, k) / 2.0
   causal = np.tril(np.ones((5, 5), bool))
   expected = np.where(causal, logits, -np.inf).max()
   assert float(layers.logit_max(q, k, None, causal=True)) == pytest.approx(expected, rel=1e-5)

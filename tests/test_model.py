@@ -1,5 +1,6 @@
 """Decoder: shapes, causality, parameter counts, initialisation, jit equals no-jit."""
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -127,3 +128,35 @@ def test_dropout_only_in_training():
   np.testing.assert_array_equal(a, b)
   t1 = apply({"params": params}, tokens, train=True, rngs={"dropout": jax.random.PRNGKey(1)})
   assert not np.allclose(a, t1)
+
+
+@pytest.mark.parametrize("causal,padded", [(True, False), (False, True), (True, True)])
+def test_attention_equals_jax_reference(causal, padded):
+  """The heads-major XLA attention is softmax(q·kᵀ/√K)·v: equal to jax.nn.dot_product_attention
+  (sequence-major) under causal and padding masks, and so are the projections around it."""
+  from actlab.models import layers
+  r = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(r.normal(size=(2, 3, 6, 8)), jnp.float32) for _ in range(3))
+  mask = None
+  if padded:
+    mask = jnp.asarray(np.arange(6)[None, :] < np.array([[6], [4]]))[:, None, None, :]
+  to_BLHK = lambda x: x.transpose(0, 2, 1, 3)
+  ref = to_BLHK(jax.nn.dot_product_attention(to_BLHK(q), to_BLHK(k), to_BLHK(v), mask=mask,
+                                             is_causal=causal, implementation="xla"))
+  np.testing.assert_allclose(layers.attend(q, k, v, mask, causal), ref, atol=1e-6)
+
+  spec = Spec.from_config(tiny().model, 64)
+  x = jnp.asarray(r.normal(size=(2, 5, spec.d_model)), jnp.float32)
+  split = layers.HeadsDense(spec, split=True)
+  params = split.init(jax.random.PRNGKey(1), x)
+  dense = {"params": params["params"]}  # the same parameters an nn.Dense(d_model) has
+  y = jax.nn.relu(x) @ params["params"]["kernel"] + params["params"]["bias"]
+  heads = split.apply(dense, jax.nn.relu(x))
+  B, H, L, K = heads.shape
+  np.testing.assert_allclose(heads.transpose(0, 2, 1, 3).reshape(B, L, H * K), y, atol=1e-5)
+  merge = layers.HeadsDense(spec, split=False)
+  np.testing.assert_allclose(merge.apply(dense, heads), y.reshape(B, L, -1) @ params["params"][
+      "kernel"] + params["params"]["bias"], atol=1e-5)
+  reference = flax.linen.Dense(spec.d_model, kernel_init=layers.normal(0.02))
+  assert all(jax.tree.leaves(jax.tree.map(jnp.array_equal, params,
+                                          reference.init(jax.random.PRNGKey(1), x))))

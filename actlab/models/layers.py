@@ -1,6 +1,7 @@
 """Transformer layers shared by the decoder and the encoder: attention, FFN, block.
 
-Shape suffixes: B batch, L sequence, D d_model, H heads, K head dim, F FFN hidden width.
+Shape suffixes: B batch, L sequence (T: the keys' positions), D d_model, H heads, K head dim,
+F FFN hidden width.
 """
 
 import dataclasses
@@ -75,21 +76,34 @@ def residual_std(spec: Spec) -> float:
   return 0.02 / math.sqrt(2 * spec.num_layers)
 
 
-def logit_max(q_BLHK, k_BLHK, mask, causal: bool) -> jax.Array:
-  """The largest pre-softmax attention logit q·k/√K over the positions attention may see."""
-  L, K = q_BLHK.shape[1], q_BLHK.shape[3]
-  logits_BHLL = jnp.einsum("bqhk,bshk->bhqs", q_BLHK, k_BLHK,
-                           preferred_element_type=jnp.float32) / math.sqrt(K)
-  visible = jnp.ones((1, 1, L, L), bool) if mask is None else mask
+def visible_positions(mask, causal: bool, L: int):
+  """The [B|1, 1, L, T] boolean mask of the keys each query may attend to, or None (all)."""
   if causal:
-    visible = visible & jnp.tril(jnp.ones((L, L), bool))
-  return jnp.where(visible, logits_BHLL, -jnp.inf).max()
+    tril_LL = jnp.tril(jnp.ones((L, L), bool))[None, None]
+    return tril_LL if mask is None else mask & tril_LL
+  return mask
+
+
+def attention_logits(q_BHLK, k_BHTK, visible) -> jax.Array:
+  """Pre-softmax logits q·k/√K in float32; invisible positions at float32's lowest value (not
+  −inf, so that a row with nothing visible stays finite)."""
+  logits_BHLT = jnp.einsum("bhlk,bhtk->bhlt", q_BHLK, k_BHTK,
+                           preferred_element_type=jnp.float32) / math.sqrt(q_BHLK.shape[-1])
+  if visible is None:
+    return logits_BHLT
+  return jnp.where(visible, logits_BHLT, jnp.finfo(jnp.float32).min)
+
+
+def logit_max(q_BHLK, k_BHTK, mask, causal: bool) -> jax.Array:
+  """The largest pre-softmax attention logit q·k/√K over the positions attention may see."""
+  visible = visible_positions(mask, causal, q_BHLK.shape[2])
+  return attention_logits(q_BHLK, k_BHTK, visible).max()
 
 
 def attention_impl(requested: str, dtype, head_dim: int) -> str:
-  """The `jax.nn.dot_product_attention` implementation for `model.attention_impl`: "auto" takes
-  cuDNN flash attention on an NVIDIA GPU where it applies (bfloat16/float16, head dim a multiple
-  of 8 up to 128) and XLA's otherwise (float32, CPU, TPU)."""
+  """The attention implementation for `model.attention_impl`: "auto" takes cuDNN flash attention
+  on an NVIDIA GPU where it applies (bfloat16/float16, head dim a multiple of 8 up to 128) and
+  XLA's otherwise (float32, CPU, TPU)."""
   if requested != "auto":
     return requested
   ok = (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
@@ -97,22 +111,57 @@ def attention_impl(requested: str, dtype, head_dim: int) -> str:
   return "cudnn" if ok else "xla"
 
 
-def attend(q_BLHK, k_BLHK, v_BLHK, mask, causal: bool, requested: str = "xla"):
-  """`jax.nn.dot_product_attention` with `attention_impl`; "auto" falls back to XLA when cuDNN
-  refuses the call (it checks shapes, masks and the GPU when the step is traced)."""
-  impl = attention_impl(requested, q_BLHK.dtype, q_BLHK.shape[-1])
-  call = lambda impl: jax.nn.dot_product_attention(
-      q_BLHK, k_BLHK, v_BLHK, mask=mask, is_causal=causal, implementation=impl)
-  if impl == "cudnn" and requested == "auto":
+def xla_attention(q_BHLK, k_BHTK, v_BHTK, mask, causal: bool):
+  """softmax(q·kᵀ/√K)·v with float32 softmax, heads-major: every matmul is a plain batched
+  matmul over (B, H), with no transposes around it (the layout XLA:CPU runs fastest)."""
+  visible = visible_positions(mask, causal, q_BHLK.shape[2])
+  probs_BHLT = jax.nn.softmax(attention_logits(q_BHLK, k_BHTK, visible), axis=-1)
+  return jnp.einsum("bhlt,bhtk->bhlk", probs_BHLT.astype(v_BHTK.dtype), v_BHTK)
+
+
+def attend(q_BHLK, k_BHTK, v_BHTK, mask, causal: bool, requested: str = "xla"):
+  """Attention with `model.attention_impl`: "xla" is `xla_attention`; "cudnn" is
+  `jax.nn.dot_product_attention`'s cuDNN flash attention (sequence-major inputs); "auto" falls
+  back to XLA when cuDNN refuses the call (it checks shapes, masks and the GPU at trace time)."""
+  impl = attention_impl(requested, q_BHLK.dtype, q_BHLK.shape[-1])
+  if impl == "xla":
+    return xla_attention(q_BHLK, k_BHTK, v_BHTK, mask, causal)
+  to_BLHK = lambda x: x.transpose(0, 2, 1, 3)
+  cudnn = lambda: to_BLHK(jax.nn.dot_product_attention(
+      to_BLHK(q_BHLK), to_BLHK(k_BHTK), to_BLHK(v_BHTK), mask=mask, is_causal=causal,
+      implementation="cudnn"))
+  if requested == "auto":
     try:
-      return call("cudnn")
+      return cudnn()
     except Exception:  # noqa: BLE001 -- any refusal means: not this shape/GPU; use XLA.
-      return call("xla")
-  return call(impl)
+      return xla_attention(q_BHLK, k_BHTK, v_BHTK, mask, causal)
+  return cudnn()
+
+
+class HeadsDense(nn.Module):
+  """`nn.Dense(d_model)` (the same kernel [D, D], bias [D] and initialisation) whose matmul
+  splits its output into heads (`split=True`: x_BLD → y_BHLK) or merges its input from them
+  (x_BHLK → y_BLD), so that attention needs no transposes."""
+  spec: Spec
+  split: bool
+  std: float = 0.02
+
+  @nn.compact
+  def __call__(self, x):
+    s = self.spec
+    D, H = s.d_model, s.num_heads
+    kernel = self.param("kernel", normal(self.std), (D, D), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros_init(), (D,), jnp.float32)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=s.compute_dtype)
+    if self.split:
+      return (jnp.einsum("bld,dhk->bhlk", x, kernel.reshape(D, H, D // H))
+              + bias.reshape(H, 1, D // H))
+    return jnp.einsum("bhlk,hkd->bld", x, kernel.reshape(H, D // H, D)) + bias
 
 
 class Attention(nn.Module):
-  """Multi-head self-attention through `jax.nn.dot_product_attention`.
+  """Multi-head self-attention. Parameters as in BERT/GPT-2: query, key, value and out Dense
+  layers of [D, D]; the activations in between are heads-major (B, H, L, K).
 
   When the "stats" collection is mutable (evaluation with statistics) it also sows `logit_max`,
   which the fused attention does not expose; training never computes it.
@@ -123,33 +172,31 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x_BLD, mask_BL=None, *, train: bool = False, decode: bool = False):
     s = self.spec
-    B, L, D = x_BLD.shape
-    H, K = s.num_heads, D // s.num_heads
-    q_BLHK, k_BLHK, v_BLHK = (
-        dense(D, s, name=name)(x_BLD).reshape(B, L, H, K) for name in ("query", "key", "value"))
+    q_BHLK, k_BHLK, v_BHLK = (HeadsDense(s, split=True, name=name)(x_BLD)
+                              for name in ("query", "key", "value"))
     mask = None if mask_BL is None else mask_BL[:, None, None, :]
     causal = self.causal
     if decode:
-      k_BLHK, v_BLHK, mask = self.extend_cache(k_BLHK, v_BLHK)
+      k_BHLK, v_BHLK, mask = self.extend_cache(k_BHLK, v_BHLK)
       causal = False  # the cache mask already hides the future
-    out_BLHK = attend(q_BLHK, k_BLHK, v_BLHK, mask, causal, s.attention_impl)
+    out_BHLK = attend(q_BHLK, k_BHLK, v_BHLK, mask, causal, s.attention_impl)
     if self.is_mutable_collection("stats"):
-      self.sow("stats", "logit_max", logit_max(q_BLHK, k_BLHK, mask, causal))
-    out_BLD = dense(D, s, residual_std(s), name="out")(out_BLHK.reshape(B, L, D))
+      self.sow("stats", "logit_max", logit_max(q_BHLK, k_BHLK, mask, causal))
+    out_BLD = HeadsDense(s, split=False, std=residual_std(s), name="out")(out_BHLK)
     return nn.Dropout(s.dropout)(out_BLD, deterministic=not train)
 
-  def extend_cache(self, k_BLHK, v_BLHK):
+  def extend_cache(self, k_BHLK, v_BHLK):
     """Autoregressive decoding: appends this call's keys and values to a cache of `max_len`
     positions (the "cache" collection) and returns the whole cache with the mask that lets query
     l (at absolute position index + l) see cache positions ≤ index + l."""
-    B, L, H, K = k_BLHK.shape
+    B, H, L, K = k_BHLK.shape
     T = self.spec.max_len
-    cached_k = self.variable("cache", "cached_key", jnp.zeros, (B, T, H, K), k_BLHK.dtype)
-    cached_v = self.variable("cache", "cached_value", jnp.zeros, (B, T, H, K), v_BLHK.dtype)
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, (B, H, T, K), k_BHLK.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, (B, H, T, K), v_BHLK.dtype)
     index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
     i = index.value
-    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BLHK, (0, i, 0, 0))
-    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BLHK, (0, i, 0, 0))
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BHLK, (0, 0, i, 0))
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BHLK, (0, 0, i, 0))
     index.value = i + L
     visible_LT = jnp.arange(T)[None, :] <= (i + jnp.arange(L))[:, None]
     return cached_k.value, cached_v.value, visible_LT[None, None]
