@@ -25,9 +25,10 @@ Gated (GLU) family, Shazeer 2020: `fn` is applied to the gate pre-activation and
 `glu` = sigmoid, `bilinear` = identity; these entries share the plain entries' `fn` and `grad`.
 
 Convention at kinks: ReLU'(0) = 0 and relu2'(0) = 0, which is what `jax.grad` gives for
-`jax.nn.relu` (not for `jnp.maximum(z, 0)`, whose gradient at a tie is ½); ELU (α = 1) is differentiable at 0 with ELU'(0) = 1 = `jax.grad(jax.nn.elu)(0)`.
-Every `grad` agrees with `jax.grad(fn)` everywhere, z = 0 included (checked by the tests). Grads use
-σ(−z) for 1 − σ(z) so that they stay accurate where σ ≈ 1.
+`jax.nn.relu` (not for `jnp.maximum(z, 0)`, whose gradient at a tie is ½); ELU (α = 1) is
+differentiable at 0 with ELU'(0) = 1 = `jax.grad(jax.nn.elu)(0)`. Every `grad` agrees with
+`jax.grad(fn)` everywhere, z = 0 included (checked by the tests). Grads use σ(−z) for 1 − σ(z)
+so that they stay accurate where σ ≈ 1.
 
 `python -m actlab.activations` prints `value_table()`: correct 4-place values of Φ, exact and tanh
 GELU, GELU' and ELU at the reference inputs (GELU' is negative for z < −0.7518).
@@ -51,58 +52,58 @@ _TANH_A = 0.044715
 
 @dataclasses.dataclass(frozen=True)
 class Activation:
-    name: str
-    fn: Callable[[jax.Array], jax.Array]  # elementwise nonlinearity
-    grad: Callable[[jax.Array], jax.Array]  # its analytic derivative d fn / dz, elementwise
-    gated: bool  # True for the GLU family
+  name: str
+  fn: Callable[[jax.Array], jax.Array]  # elementwise nonlinearity
+  grad: Callable[[jax.Array], jax.Array]  # its analytic derivative d fn / dz, elementwise
+  gated: bool  # True for the GLU family
 
 
 def normal_cdf(z):
-    """Φ(z), via erfc so that the lower tail keeps its relative precision."""
-    return 0.5 * lax.erfc(-z / _SQRT_2)
+  """Φ(z), via erfc so that the lower tail keeps its relative precision."""
+  return 0.5 * lax.erfc(-z / _SQRT_2)
 
 
 def normal_pdf(z):
-    """φ(z)."""
-    return jnp.exp(-0.5 * z * z) * _INV_SQRT_2PI
+  """φ(z)."""
+  return jnp.exp(-0.5 * z * z) * _INV_SQRT_2PI
 
 
 def gelu(z):
-    # z·Φ(z) with Φ via erfc: equal to jax.nn.gelu(z, approximate=False), more precise for z ≪ 0.
-    return z * normal_cdf(z)
+  # z·Φ(z) with Φ via erfc: equal to jax.nn.gelu(z, approximate=False), more precise for z ≪ 0.
+  return z * normal_cdf(z)
 
 
 def gelu_grad(z):
-    return normal_cdf(z) + z * normal_pdf(z)
+  return normal_cdf(z) + z * normal_pdf(z)
 
 
 def _tanh_u2(z):
-    """2u = 2·√(2/π)(z + 0.044715 z³), and its derivative d(2u)/dz."""
-    return 2.0 * _TANH_C * (z + _TANH_A * z**3), 2.0 * _TANH_C * (1.0 + 3.0 * _TANH_A * z * z)
+  """2u = 2·√(2/π)(z + 0.044715 z³), and its derivative d(2u)/dz."""
+  return 2.0 * _TANH_C * (z + _TANH_A * z**3), 2.0 * _TANH_C * (1.0 + 3.0 * _TANH_A * z * z)
 
 
 def gelu_tanh(z):
-    # ½(1 + tanh u) = σ(2u): the same function as jax.nn.gelu(z, approximate=True), but without
-    # the cancellation in 1 + tanh u that zeroes it (and its derivative) for z below about −4.
-    return z * jax.nn.sigmoid(_tanh_u2(z)[0])
+  # ½(1 + tanh u) = σ(2u): the same function as jax.nn.gelu(z, approximate=True), but without
+  # the cancellation in 1 + tanh u that zeroes it (and its derivative) for z below about −4.
+  return z * jax.nn.sigmoid(_tanh_u2(z)[0])
 
 
 def gelu_tanh_grad(z):
-    u2, du2 = _tanh_u2(z)
-    s = jax.nn.sigmoid(u2)
-    return s + z * s * jax.nn.sigmoid(-u2) * du2
+  u2, du2 = _tanh_u2(z)
+  s = jax.nn.sigmoid(u2)
+  return s + z * s * jax.nn.sigmoid(-u2) * du2
 
 
 def elu(z):
-    return jax.nn.elu(z, alpha=1.0)
+  return jax.nn.elu(z, alpha=1.0)
 
 
 def _sigmoid_grad(z):
-    return jax.nn.sigmoid(z) * jax.nn.sigmoid(-z)
+  return jax.nn.sigmoid(z) * jax.nn.sigmoid(-z)
 
 
 def _silu_grad(z):
-    return jax.nn.sigmoid(z) * (1.0 + z * jax.nn.sigmoid(-z))
+  return jax.nn.sigmoid(z) * (1.0 + z * jax.nn.sigmoid(-z))
 
 
 # name -> (fn, grad) for the plain (non-gated) activations.
@@ -129,29 +130,29 @@ NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 
 def get(name: str) -> Activation:
-    """The registered activation called `name`; ValueError (listing valid names) otherwise."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown activation {name!r}; valid names: {', '.join(sorted(_REGISTRY))}"
-        ) from None
+  """The registered activation called `name`; ValueError (listing valid names) otherwise."""
+  try:
+    return _REGISTRY[name]
+  except KeyError:
+    raise ValueError(
+        f"unknown activation {name!r}; valid names: {', '.join(sorted(_REGISTRY))}"
+    ) from None
 
 
 def value_table(zs=(-3, -1, 0, 0.5, 1, 3)) -> str:
-    """Markdown table of Φ, exact GELU, tanh GELU, GELU' and ELU at `zs` (4 decimals)."""
-    z = jnp.asarray(zs, jnp.float32)
-    cols = [normal_cdf(z), gelu(z), gelu_tanh(z), gelu_grad(z), elu(z)]
-    lines = [
-        "| z | Φ(z) | GELU exact | GELU tanh | GELU'(z) | ELU |",
-        "|---|---|---|---|---|---|",
-    ]
-    for i, zi in enumerate(zs):
-        # `+ 0.0` turns a rounded -0.0 into 0.0 so no cell reads "-0.0000".
-        cells = [f"{round(float(c[i]), 4) + 0.0:.4f}" for c in cols]
-        lines.append(f"| {zi:g} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+  """Markdown table of Φ, exact GELU, tanh GELU, GELU' and ELU at `zs` (4 decimals)."""
+  z = jnp.asarray(zs, jnp.float32)
+  cols = [normal_cdf(z), gelu(z), gelu_tanh(z), gelu_grad(z), elu(z)]
+  lines = [
+      "| z | Φ(z) | GELU exact | GELU tanh | GELU'(z) | ELU |",
+      "|---|---|---|---|---|---|",
+  ]
+  for i, zi in enumerate(zs):
+    # `+ 0.0` turns a rounded -0.0 into 0.0 so no cell reads "-0.0000".
+    cells = [f"{round(float(c[i]), 4) + 0.0:.4f}" for c in cols]
+    lines.append(f"| {zi:g} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(value_table())
+  print(value_table())

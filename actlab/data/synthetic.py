@@ -416,101 +416,101 @@ _FRIENDS = {
 
 
 def _cap(s: str) -> str:
-    return s[:1].upper() + s[1:]
+  return s[:1].upper() + s[1:]
 
 
 def _a(word: str) -> str:
-    return ("an " if word[0] in "aeiou" else "a ") + word
+  return ("an " if word[0] in "aeiou" else "a ") + word
 
 
 class _Picker:
-    """Turns a fixed block of uniforms into choices; raises if the grammar needs more."""
+  """Turns a fixed block of uniforms into choices; raises if the grammar needs more."""
 
-    def __init__(self, u: list[float]):
-        self._u = u
-        self._i = 0
+  def __init__(self, u: list[float]):
+    self._u = u
+    self._i = 0
 
-    def index(self, n: int) -> int:
-        u = self._u[self._i]
-        self._i += 1
-        return min(int(u * n), n - 1)
+  def index(self, n: int) -> int:
+    u = self._u[self._i]
+    self._i += 1
+    return min(int(u * n), n - 1)
 
-    def pick(self, seq: Sequence):
-        return seq[self.index(len(seq))]
+  def pick(self, seq: Sequence):
+    return seq[self.index(len(seq))]
 
-    def distinct(self, seq: Sequence, k: int) -> list:
-        pool = list(seq)
-        return [pool.pop(self.index(len(pool))) for _ in range(k)]
+  def distinct(self, seq: Sequence, k: int) -> list:
+    pool = list(seq)
+    return [pool.pop(self.index(len(pool))) for _ in range(k)]
 
 
 def _story(u: list[float]) -> str:
-    p = _Picker(u)
-    kid = p.pick(("girl", "boy"))
-    name = p.pick(GIRL_NAMES if kid == "girl" else BOY_NAMES)
-    fkid = p.pick(("girl", "boy"))
-    friend = p.pick(_FRIENDS[fkid, name])
-    pron = _PRONOUNS[kid]
-    place, prep = p.pick(_PLACES)
-    obj, use = p.pick(_OBJECTS)
-    obj_adj = p.pick(_OBJ_ADJS)
-    trait = p.pick(_TRAITS)
-    stages, helpers = p.pick(_PLOTS)
-    h_intro, h_ref, h_voc = p.pick(helpers)
-    h_intro = h_intro.format(his=pron["his"], friend=friend)
-    h_ref = h_ref.format(friend=friend)
-    h_voc = h_voc.format(friend=friend)
-    fear, fear_event, fear_fix = p.pick(_FEARS)
-    found1, found2, found3 = p.distinct(_FOUND, 3)
-    hide1, hide2 = p.distinct(_HIDE_NOUNS, 2)
-    slots = {
-        "name": name, "kid": kid, "fkid": fkid, "friend": friend, "trait": trait,
-        "a_trait": _a(trait), "age": p.pick(("four", "five", "six", "seven")),
-        "the_place": f"the {place}", "at_place": f"{prep} the {place}",
-        "to_place": f"to the {place}", "obj": obj, "use": use, "obj_adj": obj_adj,
-        "a_obj_adj": _a(obj_adj), "time": p.pick(_TIMES), "helper_intro": h_intro,
-        "Helper_intro": _cap(h_intro), "helper": h_ref, "Helper": _cap(h_ref),
-        "helper_voc": h_voc, "sight": p.pick(_SIGHTS), "hide1": hide1, "hide2": hide2,
-        "hide_spot": p.pick(_HIDE_SPOTS), "stuck_spot": p.pick(_STUCK_SPOTS), "fear": fear,
-        "found1": found1, "found2": found2, "found3": found3, "craft": p.pick(_CRAFTS),
-    }
-    for k, v in pron.items():
-        slots[k] = v
-        slots[_cap(k)] = _cap(v)
-    slots["fear_event"] = fear_event.format_map(slots)
-    slots["fear_fix"] = fear_fix.format_map(slots)
-    if p.index(2):
-        parts = [p.pick(_INTRO), p.pick(_OBJECT)]
-    else:
-        parts = [p.pick(_SETUP_SHORT)]
-    parts += [p.pick(stage) for stage in stages[:-2]]
-    parts.append(p.pick(stages[-2] + stages[-1]))  # one closing line: a feeling or a moral
-    return " ".join(x for x in parts if x).format_map(slots)
+  p = _Picker(u)
+  kid = p.pick(("girl", "boy"))
+  name = p.pick(GIRL_NAMES if kid == "girl" else BOY_NAMES)
+  fkid = p.pick(("girl", "boy"))
+  friend = p.pick(_FRIENDS[fkid, name])
+  pron = _PRONOUNS[kid]
+  place, prep = p.pick(_PLACES)
+  obj, use = p.pick(_OBJECTS)
+  obj_adj = p.pick(_OBJ_ADJS)
+  trait = p.pick(_TRAITS)
+  stages, helpers = p.pick(_PLOTS)
+  h_intro, h_ref, h_voc = p.pick(helpers)
+  h_intro = h_intro.format(his=pron["his"], friend=friend)
+  h_ref = h_ref.format(friend=friend)
+  h_voc = h_voc.format(friend=friend)
+  fear, fear_event, fear_fix = p.pick(_FEARS)
+  found1, found2, found3 = p.distinct(_FOUND, 3)
+  hide1, hide2 = p.distinct(_HIDE_NOUNS, 2)
+  slots = {
+      "name": name, "kid": kid, "fkid": fkid, "friend": friend, "trait": trait,
+      "a_trait": _a(trait), "age": p.pick(("four", "five", "six", "seven")),
+      "the_place": f"the {place}", "at_place": f"{prep} the {place}",
+      "to_place": f"to the {place}", "obj": obj, "use": use, "obj_adj": obj_adj,
+      "a_obj_adj": _a(obj_adj), "time": p.pick(_TIMES), "helper_intro": h_intro,
+      "Helper_intro": _cap(h_intro), "helper": h_ref, "Helper": _cap(h_ref),
+      "helper_voc": h_voc, "sight": p.pick(_SIGHTS), "hide1": hide1, "hide2": hide2,
+      "hide_spot": p.pick(_HIDE_SPOTS), "stuck_spot": p.pick(_STUCK_SPOTS), "fear": fear,
+      "found1": found1, "found2": found2, "found3": found3, "craft": p.pick(_CRAFTS),
+  }
+  for k, v in pron.items():
+    slots[k] = v
+    slots[_cap(k)] = _cap(v)
+  slots["fear_event"] = fear_event.format_map(slots)
+  slots["fear_fix"] = fear_fix.format_map(slots)
+  if p.index(2):
+    parts = [p.pick(_INTRO), p.pick(_OBJECT)]
+  else:
+    parts = [p.pick(_SETUP_SHORT)]
+  parts += [p.pick(stage) for stage in stages[:-2]]
+  parts.append(p.pick(stages[-2] + stages[-1]))  # one closing line: a feeling or a moral
+  return " ".join(x for x in parts if x).format_map(slots)
 
 
 def _generate(split: str, exclude: frozenset[str]) -> tuple[str, ...]:
-    rng = np.random.default_rng(_SEEDS[split])
-    want = _SIZES[split]
-    out: list[str] = []
-    seen = set(exclude)
-    while len(out) < want:
-        for u in rng.random((_CHUNK, _UNIFORMS_PER_STORY)).tolist():
-            s = _story(u)
-            if _MIN_CHARS <= len(s) <= _MAX_CHARS and s not in seen:
-                seen.add(s)
-                out.append(s)
-                if len(out) == want:
-                    break
-    return tuple(out)
+  rng = np.random.default_rng(_SEEDS[split])
+  want = _SIZES[split]
+  out: list[str] = []
+  seen = set(exclude)
+  while len(out) < want:
+    for u in rng.random((_CHUNK, _UNIFORMS_PER_STORY)).tolist():
+      s = _story(u)
+      if _MIN_CHARS <= len(s) <= _MAX_CHARS and s not in seen:
+        seen.add(s)
+        out.append(s)
+        if len(out) == want:
+          break
+  return tuple(out)
 
 
 @functools.lru_cache(maxsize=None)
 def _split(split: str) -> tuple[str, ...]:
-    exclude = frozenset(_split("train")) if split == "validation" else frozenset()
-    return _generate(split, exclude)
+  exclude = frozenset(_split("train")) if split == "validation" else frozenset()
+  return _generate(split, exclude)
 
 
 def texts(split: str) -> list[str]:
-    """The stories of `split` ("train" or "validation"), deterministic; a fresh list each call."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
-    return list(_split(split))
+  """The stories of `split` ("train" or "validation"), deterministic; a fresh list each call."""
+  if split not in SPLITS:
+    raise ValueError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
+  return list(_split(split))
