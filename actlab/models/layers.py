@@ -164,7 +164,7 @@ class Attention(nn.Module):
   layers of [D, D]; the activations in between are heads-major (B, H, L, K).
 
   When the "stats" collection is mutable (evaluation with statistics) it also sows `logit_max`,
-  which the fused attention does not expose; training never computes it.
+  which the attention does not return; training never computes it.
   """
   spec: Spec
   causal: bool
