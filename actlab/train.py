@@ -1,4 +1,7 @@
-"""Train state, the pure `train_step` / `eval_step`, and the loop (logging, eval, checkpoints)."""
+"""Train state, the pure `train_step` / `eval_step`, and the loop (logging, eval, checkpoints).
+
+`train_lanes` is the one training loop: `run` trains one run with it (`Compiled`), and
+`vectorized.train_group` R runs stacked into one vmapped program (`vectorized.Group`)."""
 
 import concurrent.futures
 import dataclasses
@@ -104,8 +107,9 @@ class Task:
 
 @dataclasses.dataclass(frozen=True)
 class Compiled:
-  """A Task's jitted functions. Runs whose configs differ only in `optim.lr` and `train.seed`
-  share one: both live in the train state, not in the compiled programs (see `compiled`)."""
+  """A Task's jitted functions, the program of a single run in `train_lanes`. Runs whose configs
+  differ only in `optim.lr` and `train.seed` share one: both live in the train state, not in the
+  compiled programs (see `compiled`)."""
   task: Task
   init: Callable        # (seed, peak_lr) -> TrainState
   train_step: Callable  # (state, batch) -> (state, metrics); donates the state
@@ -128,6 +132,16 @@ class Compiled:
                jax.jit(functools.partial(task.eval_step, stats=config.metrics.act_stats),
                        in_shardings=(state_sh.params, batch_sh)),
                jax.jit(task.sharpness, in_shardings=(state_sh.params, batch_sh)), plan)
+
+  def shard_batches(self, batches: list) -> Any:
+    """`train_lanes`' batch: the one run's host batch (a list of one) → devices."""
+    (batch,) = batches
+    return self.plan.shard_batch(batch)
+
+  @staticmethod
+  def unstack(tree: Any, r: int) -> Any:
+    """`train_lanes`' lane r of a state or a result: all of it (one run, r = 0)."""
+    return tree
 
 
 def compile_key(config: ml_collections.ConfigDict, vocab_size: int) -> str:
@@ -155,7 +169,11 @@ def evaluate_metrics(eval_step, params, batches) -> dict[str, float]:
   """`val_loss`, pooled over all fixed validation windows, `val_accuracy` when the objective
   counts `correct` predictions (MLM, classification), and the activation statistics
   (`metrics.pool`) when `eval_step` returns them."""
-  outs = jax.device_get([eval_step(params, b) for b in batches])
+  return pool_eval(jax.device_get([eval_step(params, b) for b in batches]))
+
+
+def pool_eval(outs: list[dict]) -> dict[str, float]:
+  """`evaluate_metrics` of the `eval_step` outputs of every validation batch, on the host."""
   count = sum(o["count"] for o in outs)
   result = {"val_loss": float(sum(o["loss_sum"] for o in outs) / count)}
   if "correct" in outs[0]:
@@ -291,6 +309,214 @@ class Interrupted(UserError):
     self.exit_code = 128 + signum
 
 
+def logdir(workdir: pathlib.Path) -> pathlib.Path:
+  """Where this process writes a run's files. Several hosts: process 0 writes them, the others
+  keep their (identical) logs beside them in process_<i>/ (`open_checkpoints` is shared)."""
+  i = jax.process_index()
+  return workdir / f"process_{i}" if i else workdir
+
+
+def open_checkpoints(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Checkpoints:
+  """The run's checkpoints, written by all hosts together (Orbax)."""
+  return Checkpoints((workdir / "checkpoints").absolute(), config.train.keep_checkpoints)
+
+
+@dataclasses.dataclass
+class Lane:
+  """One run in `train_lanes`: its files and what its summary reports."""
+  config: ml_collections.ConfigDict
+  logdir: pathlib.Path
+  dataset: Any            # the run's own training batches (its seed)
+  checkpoints: Checkpoints
+  log: MetricsLog
+  tb: metrics_lib.TensorBoard | None
+  rates: list = dataclasses.field(default_factory=list)  # tokens/s of each logged interval
+  train_time: float = 0.0
+  diverged_at: int | None = None
+  stopped: bool = False   # diverged and logged: no more rows, no more checkpoints
+
+  @classmethod
+  def open(cls, config: ml_collections.ConfigDict, workdir: pathlib.Path, dataset,
+           ckpts: Checkpoints, start: int) -> "Lane":
+    """The run of `config` in `workdir`, resuming at `start` (its log truncated to it)."""
+    path = logdir(workdir)
+    return cls(config, path, dataset, ckpts, MetricsLog(path / "metrics.jsonl", start),
+               metrics_lib.TensorBoard(path / "tb", purge_step=start)
+               if config.metrics.tensorboard else None)
+
+  def write(self, row: dict) -> None:
+    row = metrics_lib.jsonable(row)
+    self.log.write(row)
+    if self.tb:
+      self.tb.write(row)
+
+  def close(self) -> None:
+    self.checkpoints.close()
+    if self.tb:
+      self.tb.close()
+
+  def finish(self, counts: dict, vocab_size: int, wall_time: float, runs: int) -> dict:
+    """Writes summary.json (with `vectorized_runs` when `runs` > 1) and returns it."""
+    steady = self.rates[1:] or self.rates  # Steady state: the first interval includes compilation.
+    verdict = metrics_lib.verdict_for(self.log.rows, self.config, vocab_size)
+    steps = self.config.train.steps
+    summary = metrics_lib.jsonable({
+        "status": verdict["status"],
+        "status_reasons": verdict["reasons"],
+        "diverged_at": self.diverged_at if self.diverged_at is not None else verdict["diverged_at"],
+        "spike_steps": verdict["spike_steps"],
+        "steps": steps,
+        "last_step": self.log.rows[-1]["step"],
+        **metrics_lib.summarize(self.log.rows, steps),
+        "wall_time_sec": wall_time,
+        "train_time_sec": self.train_time,
+        "tokens_per_sec": float(np.median(steady)) if steady else None,
+        "params": counts["total"],
+        "params_non_embedding": counts["non_embedding"],
+        "vocab_size": vocab_size,
+        **({"vectorized_runs": runs} if runs > 1 else {}),
+    })
+    (self.logdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def train_lanes(program, lanes: list[Lane], state, start: int, vocab_size: int) -> list[dict]:
+  """The training loop: trains `lanes` from step `start` (all at the same step, with the same
+  schedule) and writes and returns their summaries, in order.
+
+  `program` is a `Compiled` (one lane) or a `vectorized.Group` (a lane per stacked run): its
+  `train_step`, `eval_step` and `sharpness` act on `state` (all lanes at once), `shard_batches`
+  puts one host batch per lane on the devices and `unstack(tree, r)` is lane r's part of a result.
+  A lane that diverges stops being logged and checkpointed (see `run`); the others go on.
+  """
+  config = lanes[0].config
+  t, m = config.train, config.metrics
+  plan = program.plan
+  counts = models.count_params(program.unstack(state.params, 0))
+  val_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches()]  # Placed once.
+  # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.
+  sharpness_batch = (plan.shard_batch(dataclasses.replace(lanes[0].dataset, seed=0).train_batch(0))
+                     if m.sharpness_every else None)
+  tokens_per_step = t.batch_size * config.data.seq_len
+
+  def evaluate(params) -> list[dict]:
+    """Every lane's `evaluate_metrics`, from one pass over the validation set."""
+    outs = jax.device_get([program.eval_step(params, b) for b in val_batches])
+    return [pool_eval([program.unstack(o, r) for o in outs]) for r in range(len(lanes))]
+
+  def sharpness(params):
+    return jax.device_get(program.sharpness(params, sharpness_batch))
+
+  if start == 0:
+    evals = evaluate(state.params)
+    sharp = sharpness(state.params) if m.sharpness_every else None
+    for r, lane in enumerate(lanes):
+      row = {"step": 0, **evals[r]}
+      if sharp is not None:
+        row["sharpness"] = float(program.unstack(sharp, r))
+      lane.write(row)
+  print(start_line(lanes, counts, start), flush=True)
+
+  stop = StopRequest()
+  prefetch = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+  # The next batch is built and sent to the devices (this host's rows only) while a step runs.
+  fetch = lambda k: prefetch.submit(
+      lambda: program.shard_batches([lane.dataset.train_batch(k) for lane in lanes]))
+  bar = tqdm.tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True,
+                  disable=not t.progress or len(lanes) > 1)  # A bar for a single run.
+  pending = []
+  t0 = wall0 = time.perf_counter()
+  next_batch = fetch(start)
+  try:
+    for step in range(start, t.steps):
+      batch = next_batch.result()
+      if step + 1 < t.steps:
+        next_batch = fetch(step + 1)
+      state, metrics = program.train_step(state, batch)
+      if plan.sync_each_step:  # simulated CPU devices: see parallel.Plan.sync_each_step
+        jax.block_until_ready(metrics)
+      pending.append(metrics)
+      done = step + 1
+      is_last = done == t.steps
+      evaluate_now = done % t.eval_every == 0 or is_last
+      sharpness_now = bool(m.sharpness_every) and done % m.sharpness_every == 0
+      save_now = done % t.checkpoint_every == 0 or is_last or stop.signum
+      log_now = done % t.log_every == 0 or evaluate_now or sharpness_now or stop.signum
+      if not (log_now or save_now):
+        continue
+      fetched = jax.device_get(pending)  # The loop's only host sync: log and save steps.
+      elapsed = time.perf_counter() - t0
+      logged = {}  # lane index -> its rows since its last log row, for the lanes that log now
+      for r, lane in enumerate(lanes):
+        if lane.stopped:
+          continue
+        rows = [program.unstack(x, r) for x in fetched]
+        bad = metrics_lib.first_nonfinite(rows)
+        if bad is not None:  # Log the rows up to the first bad step, then stop.
+          lane.diverged_at, logged[r] = done - len(rows) + bad + 1, rows[:bad + 1]
+        elif log_now:
+          logged[r] = rows
+      healthy = any(lanes[r].diverged_at is None for r in logged)
+      evals = evaluate(state.params) if evaluate_now and healthy else None
+      sharp = sharpness(state.params) if sharpness_now and healthy else None
+      for r, rows in logged.items():
+        lane = lanes[r]
+        lane.train_time += elapsed
+        # Each run's rate as it experiences it: its tokens over the loop's wall time.
+        lane.rates.append(len(rows) * tokens_per_step / elapsed)
+        row = {"step": lane.diverged_at or done, **{k: float(v) for k, v in rows[-1].items()},
+               "train_loss": float(np.mean([x["train_loss"] for x in rows])),
+               "tokens_per_sec": lane.rates[-1]}
+        if evaluate_now and lane.diverged_at is None:
+          row.update(evals[r])
+          if not metrics_lib.finite(row["val_loss"]):
+            lane.diverged_at = done
+        if sharpness_now and lane.diverged_at is None:
+          row["sharpness"] = float(program.unstack(sharp, r))
+        lane.write(row)
+        bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{lane.rates[-1]:,.0f}",
+                        refresh=False)
+        bar.update(len(rows))
+      if log_now:
+        pending = []
+      for r, lane in enumerate(lanes):
+        if lane.diverged_at is not None:
+          lane.stopped = True  # The last good checkpoint stays the latest one.
+        elif save_now:
+          lane.checkpoints.save(done, program.unstack(state, r))
+      if all(lane.stopped for lane in lanes):
+        break
+      if stop.signum:
+        raise Interrupted(f"stopped by signal {stop.signum} at step {done}; "
+                          f"{'checkpoint' if len(lanes) == 1 else 'checkpoints'} saved; "
+                          "rerun the same command to resume", stop.signum)
+      if not pending:  # Restart the clock after host work (logging, eval, checkpoint).
+        t0 = time.perf_counter()
+  finally:
+    bar.close()
+    prefetch.shutdown(wait=True)
+    stop.restore()
+    for lane in lanes:
+      lane.close()
+
+  wall_time = time.perf_counter() - wall0
+  return [lane.finish(counts, vocab_size, wall_time, len(lanes)) for lane in lanes]
+
+
+def start_line(lanes: list[Lane], counts: dict, start: int) -> str:
+  """What `train_lanes` prints first: the model, its size, the runs and where they start."""
+  c = lanes[0].config
+  model = f"{c.model.kind} {c.model.activation}"
+  size = (f"{counts['non_embedding'] / 1e6:.2f}M parameters without the token embedding "
+          f"({counts['total'] / 1e6:.2f}M total)")
+  resuming = f"resuming at step {start}" if start else None
+  if len(lanes) == 1:
+    return f"actlab: {model}, {size}; {resuming or 'fresh run'}"
+  return (f"actlab: {len(lanes)} vectorized runs of {model}, {size}; "
+          f"lr {', '.join(f'{l.config.optim.lr:g}' for l in lanes)}; "
+          f"seeds {', '.join(str(l.config.train.seed) for l in lanes)}; {resuming or 'fresh runs'}")
+
+
 def run(config: ml_collections.ConfigDict, workdir, cache: dict | None = None) -> dict:
   """Trains (or resumes) the run of `config` in `workdir`; returns the summary.
 
@@ -302,133 +528,22 @@ def run(config: ml_collections.ConfigDict, workdir, cache: dict | None = None) -
   config_lib.validate(config)
   parallel.initialize(config)  # Several hosts: before anything touches a device.
   workdir = pathlib.Path(workdir)
-  checkpoint_dir = workdir / "checkpoints"  # Written by all hosts together (Orbax).
-  if jax.process_index():  # Several hosts: process 0 writes the run's files; the others keep
-    workdir = workdir / f"process_{jax.process_index()}"  # their (identical) logs beside them.
   dataset = data.load(config)
-  prepare_workdir(workdir, config)
-  summary_path = workdir / "summary.json"
+  prepare_workdir(logdir(workdir), config)
+  summary_path = logdir(workdir) / "summary.json"
   if summary_path.exists() and json.loads(summary_path.read_text()).get("status") == "diverged":
     return json.loads(summary_path.read_text())
   vocab_size = dataset.tokenizer.vocab_size
   fns = compiled(config, vocab_size, cache)
-  t, m = config.train, config.metrics
 
   # Committed to the plan's shardings like a restored checkpoint, so that fresh and resumed runs
   # (and the cells of a sweep) hit the same compiled functions instead of compiling twice.
-  state = fns.init(t.seed, config.optim.lr)
-  checkpoints = Checkpoints(checkpoint_dir.absolute(), t.keep_checkpoints)
-  start = checkpoints.latest_step() or 0
+  state = fns.init(config.train.seed, config.optim.lr)
+  ckpts = open_checkpoints(config, workdir)
+  start = ckpts.latest_step() or 0
   if start:
-    state = checkpoints.restore(start, state)
-  elif t.get("init_from"):  # Fine-tuning: the trunk from another run (e.g. MLM pretraining).
+    state = ckpts.restore(start, state)
+  elif config.train.get("init_from"):  # Fine-tuning: the trunk from another run (e.g. MLM).
     state = state.replace(params=pretrained_params(config, state.params, vocab_size))
-  counts = models.count_params(state.params)
-  log = MetricsLog(workdir / "metrics.jsonl", start)
-  tb = metrics_lib.TensorBoard(workdir / "tb", purge_step=start) if m.tensorboard else None
-
-  val_batches = [fns.plan.shard_batch(b) for b in dataset.val_batches()]  # Placed once.
-  # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.
-  sharpness_batch = (fns.plan.shard_batch(dataclasses.replace(dataset, seed=0).train_batch(0))
-                     if m.sharpness_every else None)
-  tokens_per_step = t.batch_size * config.data.seq_len
-
-  def write(row):
-    row = metrics_lib.jsonable(row)
-    log.write(row)
-    if tb:
-      tb.write(row)
-
-  if start == 0:
-    row = {"step": 0, **evaluate_metrics(fns.eval_step, state.params, val_batches)}
-    if m.sharpness_every:
-      row["sharpness"] = float(fns.sharpness(state.params, sharpness_batch))
-    write(row)
-  print(f"actlab: {config.model.kind} {config.model.activation}, "
-        f"{counts['non_embedding'] / 1e6:.2f}M parameters without the token embedding "
-        f"({counts['total'] / 1e6:.2f}M total); {'resuming at step %d' % start if start else 'fresh run'}",
-        flush=True)
-
-  stop = StopRequest()
-  prefetch = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-  # The next batch is built and sent to the devices (this host's rows only) while a step runs.
-  fetch = lambda k: prefetch.submit(lambda: fns.plan.shard_batch(dataset.train_batch(k)))
-  bar = tqdm.tqdm(total=t.steps, initial=start, unit="step", disable=not t.progress,
-                  dynamic_ncols=True)
-  pending, rates, train_time, diverged_at = [], [], 0.0, None
-  t0 = wall0 = time.perf_counter()
-  next_batch = fetch(start)
-  try:
-    for step in range(start, t.steps):
-      batch = next_batch.result()
-      if step + 1 < t.steps:
-        next_batch = fetch(step + 1)
-      state, metrics = fns.train_step(state, batch)
-      if fns.plan.sync_each_step:  # simulated CPU devices: see parallel.Plan.sync_each_step
-        jax.block_until_ready(metrics)
-      pending.append(metrics)
-      done = step + 1
-      is_last = done == t.steps
-      evaluate_now = done % t.eval_every == 0 or is_last
-      sharpness_now = bool(m.sharpness_every) and done % m.sharpness_every == 0
-      save_now = done % t.checkpoint_every == 0 or is_last or stop.signum
-      log_now = done % t.log_every == 0 or evaluate_now or sharpness_now or stop.signum
-      if log_now or save_now:
-        rows = jax.device_get(pending)  # The loop's only host sync: log and save steps.
-        bad = metrics_lib.first_nonfinite(rows)
-        if bad is not None:  # Log the rows up to the first bad step, then stop.
-          diverged_at, rows, log_now = done - len(rows) + bad + 1, rows[:bad + 1], True
-      if log_now:
-        elapsed = time.perf_counter() - t0
-        train_time += elapsed
-        rates.append(len(rows) * tokens_per_step / elapsed)
-        row = {"step": diverged_at or done, **{k: float(v) for k, v in rows[-1].items()},
-               "train_loss": float(np.mean([r["train_loss"] for r in rows])),
-               "tokens_per_sec": rates[-1]}
-        if evaluate_now and diverged_at is None:
-          row.update(evaluate_metrics(fns.eval_step, state.params, val_batches))
-          if not metrics_lib.finite(row["val_loss"]):
-            diverged_at = done
-        if sharpness_now and diverged_at is None:
-          row["sharpness"] = float(fns.sharpness(state.params, sharpness_batch))
-        write(row)
-        bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{rates[-1]:,.0f}", refresh=False)
-        bar.update(len(rows))
-        pending = []
-      if diverged_at is not None:
-        break  # The last good checkpoint stays the latest one.
-      if save_now:
-        checkpoints.save(done, state)
-      if stop.signum:
-        raise Interrupted(f"stopped by signal {stop.signum} at step {done}; checkpoint saved; "
-                          "rerun the same command to resume", stop.signum)
-      if not pending:  # Restart the clock after host work (logging, eval, checkpoint).
-        t0 = time.perf_counter()
-  finally:
-    bar.close()
-    prefetch.shutdown(wait=True)
-    checkpoints.close()
-    stop.restore()
-    if tb:
-      tb.close()
-
-  # Steady-state rate: the first interval includes compilation.
-  steady = rates[1:] or rates
-  verdict = metrics_lib.verdict_for(log.rows, config, vocab_size)
-  summary = metrics_lib.jsonable({
-      "status": verdict["status"],
-      "status_reasons": verdict["reasons"],
-      "diverged_at": diverged_at if diverged_at is not None else verdict["diverged_at"],
-      "spike_steps": verdict["spike_steps"],
-      "steps": t.steps,
-      "last_step": log.rows[-1]["step"],
-      **metrics_lib.summarize(log.rows, t.steps),
-      "wall_time_sec": time.perf_counter() - wall0,
-      "train_time_sec": train_time,
-      "tokens_per_sec": float(np.median(steady)) if steady else None,
-      "params": counts["total"],
-      "params_non_embedding": counts["non_embedding"],
-      "vocab_size": vocab_size,
-  })
-  summary_path.write_text(json.dumps(summary, indent=2) + "\n")
-  return summary
+  lane = Lane.open(config, workdir, dataset, ckpts, start)
+  return train_lanes(fns, [lane], state, start, vocab_size)[0]

@@ -4,10 +4,11 @@ Both live in the train state, not in the compiled step (`optim.py` keeps the pea
 optimizer state; the seed only makes the initial parameters, the run key and the batches), so R
 such runs are R states stacked on a leading axis and one `jax.vmap` of `Task.train_step` over
 them: one compilation, one dispatch per step, and R times the work per kernel — small models
-fill a big accelerator. Every run keeps its own workdir, metrics.jsonl, TensorBoard log,
-checkpoints and summary.json, written exactly as `train.run` writes them, so reports, resuming
-(also sequentially: the checkpoints are per run) and the sweep machinery cannot tell the
-difference; tests/test_vectorized.py checks that the numbers equal sequential runs (≤ 1e-6).
+fill a big accelerator. `train.train_lanes`, the loop of `train.run`, trains the group with a
+lane per run: every run keeps its own workdir, metrics.jsonl, TensorBoard log, checkpoints and
+summary.json, written as `train.run` writes them, so reports, resuming (also sequentially: the
+checkpoints are per run) and the sweep machinery cannot tell the difference;
+tests/test_vectorized.py checks that the numbers equal sequential runs (≤ 1e-6).
 
     summaries = vectorized.train_group(configs, workdirs)   # what actlab.sweep calls
 
@@ -22,7 +23,6 @@ Runs must start from the same step: all fresh, or all resuming from checkpoints 
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -37,9 +37,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from actlab import config as config_lib
-from actlab import data, models, parallel, train
-from actlab import metrics as metrics_lib
-from actlab.checkpoint import Checkpoints
+from actlab import data, parallel, train
 from actlab.errors import UserError
 
 
@@ -104,6 +102,15 @@ class Group:
       return jax.make_array_from_process_local_data(sharding, x[:, rows], x.shape)
     return jax.tree.map(put, batches)
 
+  def shard_batches(self, batches: list) -> Any:
+    """`train.train_lanes`' batch: one host batch per run → `shard_batch` of their stack."""
+    return self.shard_batch(np.stack(batches))
+
+  @staticmethod
+  def unstack(tree: Any, r: int) -> Any:
+    """`train.train_lanes`' lane r of a stacked state or result: run r's."""
+    return unstack(tree, r)
+
 
 def stack(trees: Sequence[Any]) -> Any:
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
@@ -111,34 +118,6 @@ def stack(trees: Sequence[Any]) -> Any:
 
 def unstack(tree: Any, r: int) -> Any:
   return jax.tree.map(lambda x: x[r], tree)
-
-
-@dataclasses.dataclass
-class _Run:
-  """One run's bookkeeping inside the group (what `train.run` keeps in local variables)."""
-  config: ml_collections.ConfigDict
-  workdir: pathlib.Path
-  dataset: Any
-  checkpoints: Checkpoints
-  log: train.MetricsLog
-  tb: Any
-  counts: dict
-  rates: list = dataclasses.field(default_factory=list)
-  train_time: float = 0.0
-  diverged_at: int | None = None
-  stopped: bool = False   # diverged and logged: no more rows, no more checkpoints
-
-  def write(self, row: dict) -> None:
-    row = metrics_lib.jsonable(row)
-    self.log.write(row)
-    if self.tb:
-      self.tb.write(row)
-
-
-def _logdir(workdir: pathlib.Path) -> pathlib.Path:
-  """As train.run: process 0 writes a run's files, process i > 0 its copies in process_<i>/."""
-  i = jax.process_index()
-  return workdir / f"process_{i}" if i else workdir
 
 
 def _sequential(configs, workdirs, cache) -> list[dict]:
@@ -162,21 +141,28 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   dataset = data.load(configs[0])
   vocab_size = dataset.tokenizer.vocab_size
   for c, w in zip(configs, workdirs):
-    train.prepare_workdir(_logdir(w), c)
-  starts = []
-  for w, c in zip(workdirs, configs):
-    summary_path = _logdir(w) / "summary.json"
-    if summary_path.exists():
-      starts.append(None)  # finished (or diverged) before
-      continue
-    ck = Checkpoints((w / "checkpoints").absolute(), c.train.keep_checkpoints)
-    starts.append(ck.latest_step() or 0)
-    ck.close()
-  if None in starts or len(set(starts)) > 1 or any(c.train.get("init_from") for c in configs):
+    train.prepare_workdir(train.logdir(w), c)
+  checkpoints = [train.open_checkpoints(c, w) for c, w in zip(configs, workdirs)]
+  starts = {ck.latest_step() or 0 for ck in checkpoints}
+  if (len(starts) > 1 or any((train.logdir(w) / "summary.json").exists() for w in workdirs)
+      or any(c.train.get("init_from") for c in configs)):
+    for ck in checkpoints:
+      ck.close()
     log("vectorized: runs are at different steps (or fine-tune from a checkpoint); "
         "training them one after another")
     return _sequential(configs, workdirs, cache)
-  return _train(configs, workdirs, dataset, vocab_size, starts[0], cache)
+  (start,) = starts
+  c0 = configs[0]
+  group = _group(c0, vocab_size, len(configs), cache)
+  state = group.init(np.array([c.train.seed for c in configs]),
+                     np.array([c.optim.lr for c in configs], np.float32))
+  if start:  # Every run from its own checkpoint, restored like train.run restores one run.
+    like = train.compiled(c0, vocab_size, cache).init(0, c0.optim.lr)
+    state = jax.device_put(stack([ck.restore(start, like) for ck in checkpoints]),
+                           jax.tree.map(lambda x: x.sharding, state))
+  lanes = [train.Lane.open(c, w, dataclasses.replace(dataset, seed=int(c.train.seed)), ck, start)
+           for c, w, ck in zip(configs, workdirs, checkpoints)]
+  return train.train_lanes(group, lanes, state, start, vocab_size)
 
 
 def _group(config, vocab_size, runs, cache) -> Group:
@@ -186,164 +172,6 @@ def _group(config, vocab_size, runs, cache) -> Group:
   if key not in cache:
     cache[key] = Group.create(config, vocab_size, runs)
   return cache[key]
-
-
-def _train(configs, workdirs, dataset, vocab_size, start, cache) -> list[dict]:
-  R = len(configs)
-  c0 = configs[0]
-  t, m = c0.train, c0.metrics
-  group = _group(c0, vocab_size, R, cache)
-  plan = group.plan
-  seeds = np.array([c.train.seed for c in configs])
-  lrs = np.array([c.optim.lr for c in configs], np.float32)
-  state = group.init(seeds, lrs)
-  if start:  # Every run from its own checkpoint, restored like train.run restores one run.
-    like = train.compiled(c0, vocab_size, cache).init(0, c0.optim.lr)
-    restored = []
-    for c, w in zip(configs, workdirs):
-      ck = Checkpoints((w / "checkpoints").absolute(), c.train.keep_checkpoints)
-      try:
-        restored.append(ck.restore(start, like))
-      finally:
-        ck.close()
-    state = jax.device_put(stack(restored), jax.tree.map(lambda x: x.sharding, state))
-  runs = []
-  for r, (c, w) in enumerate(zip(configs, workdirs)):
-    logdir = _logdir(w)
-    runs.append(_Run(
-        c, logdir, dataclasses.replace(dataset, seed=int(c.train.seed)),
-        Checkpoints((w / "checkpoints").absolute(), c.train.keep_checkpoints),
-        train.MetricsLog(logdir / "metrics.jsonl", start),
-        metrics_lib.TensorBoard(logdir / "tb", purge_step=start) if c.metrics.tensorboard
-        else None,
-        models.count_params(unstack(state.params, r))))
-
-  val_batches = [plan.shard_batch(b) for b in dataset.val_batches()]
-  sharpness_batch = (plan.shard_batch(dataclasses.replace(dataset, seed=0).train_batch(0))
-                     if m.sharpness_every else None)
-  tokens_per_step = t.batch_size * c0.data.seq_len
-
-  def evaluate(params) -> list[dict]:
-    """Every run's `train.evaluate_metrics`, from one vmapped pass over the validation set."""
-    outs = jax.device_get([group.eval_step(params, b) for b in val_batches])
-    return [train.evaluate_metrics(lambda _, o: o, None, [unstack(o, r) for o in outs])
-            for r in range(R)]
-
-  def sharpness(params) -> np.ndarray:
-    return np.asarray(jax.device_get(group.sharpness(params, sharpness_batch)))
-
-  if start == 0:
-    evals = evaluate(state.params)
-    sharp = sharpness(state.params) if m.sharpness_every else None
-    for r, run in enumerate(runs):
-      row = {"step": 0, **evals[r]}
-      if sharp is not None:
-        row["sharpness"] = float(sharp[r])
-      run.write(row)
-  print(f"actlab: {R} vectorized runs of {c0.model.kind} {c0.model.activation}, "
-        f"{runs[0].counts['non_embedding'] / 1e6:.2f}M parameters without the token embedding "
-        f"({runs[0].counts['total'] / 1e6:.2f}M total); lr {', '.join(f'{x:g}' for x in lrs)}; "
-        f"seeds {', '.join(map(str, seeds))}; "
-        f"{'resuming at step %d' % start if start else 'fresh runs'}", flush=True)
-
-  stop = train.StopRequest()
-  prefetch = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-  fetch = lambda k: prefetch.submit(
-      lambda: group.shard_batch(np.stack([run.dataset.train_batch(k) for run in runs])))
-  pending = []
-  t0 = wall0 = time.perf_counter()
-  next_batch = fetch(start)
-  try:
-    for step in range(start, t.steps):
-      batch = next_batch.result()
-      if step + 1 < t.steps:
-        next_batch = fetch(step + 1)
-      state, metrics = group.train_step(state, batch)
-      if plan.sync_each_step:
-        jax.block_until_ready(metrics)
-      pending.append(metrics)
-      done = step + 1
-      is_last = done == t.steps
-      evaluate_now = done % t.eval_every == 0 or is_last
-      sharpness_now = bool(m.sharpness_every) and done % m.sharpness_every == 0
-      save_now = done % t.checkpoint_every == 0 or is_last or stop.signum
-      log_now = done % t.log_every == 0 or evaluate_now or sharpness_now or stop.signum
-      if not (log_now or save_now):
-        continue
-      stacked = jax.device_get(pending)  # The loop's only host sync: log and save steps.
-      elapsed = time.perf_counter() - t0
-      active = [r for r, run in enumerate(runs) if not run.stopped]
-      rows, logs = {}, {}
-      for r in active:
-        rows[r] = [unstack(s, r) for s in stacked]
-        bad = metrics_lib.first_nonfinite(rows[r])
-        logs[r] = log_now
-        if bad is not None:  # As train.run: log the rows up to the first bad step, then stop.
-          runs[r].diverged_at = done - len(rows[r]) + bad + 1
-          rows[r], logs[r] = rows[r][:bad + 1], True
-      any_eval = evaluate_now and any(logs[r] and runs[r].diverged_at is None for r in active)
-      evals = evaluate(state.params) if any_eval else None
-      any_sharp = sharpness_now and any(logs[r] and runs[r].diverged_at is None for r in active)
-      sharp = sharpness(state.params) if any_sharp else None
-      for r in active:
-        run = runs[r]
-        if logs[r]:
-          run.train_time += elapsed
-          # Each run's rate as it experiences it: its tokens over the group's wall time.
-          run.rates.append(len(rows[r]) * tokens_per_step / elapsed)
-          row = {"step": run.diverged_at or done, **{k: float(v) for k, v in rows[r][-1].items()},
-                 "train_loss": float(np.mean([x["train_loss"] for x in rows[r]])),
-                 "tokens_per_sec": run.rates[-1]}
-          if evaluate_now and run.diverged_at is None:
-            row.update(evals[r])
-            if not metrics_lib.finite(row["val_loss"]):
-              run.diverged_at = done
-          if sharpness_now and run.diverged_at is None:
-            row["sharpness"] = float(sharp[r])
-          run.write(row)
-        if run.diverged_at is not None:
-          run.stopped = True  # The last good checkpoint stays the latest one.
-        elif save_now:
-          run.checkpoints.save(done, unstack(state, r))
-      pending = []
-      if all(run.stopped for run in runs):
-        break
-      if stop.signum:
-        raise train.Interrupted(f"stopped by signal {stop.signum} at step {done}; checkpoints "
-                                "saved; rerun the same command to resume", stop.signum)
-      t0 = time.perf_counter()  # Restart the clock after host work (logging, eval, checkpoint).
-  finally:
-    prefetch.shutdown(wait=True)
-    for run in runs:
-      run.checkpoints.close()
-      if run.tb:
-        run.tb.close()
-    stop.restore()
-
-  wall = time.perf_counter() - wall0
-  summaries = []
-  for run in runs:
-    steady = run.rates[1:] or run.rates
-    verdict = metrics_lib.verdict_for(run.log.rows, run.config, vocab_size)
-    summary = metrics_lib.jsonable({
-        "status": verdict["status"],
-        "status_reasons": verdict["reasons"],
-        "diverged_at": run.diverged_at if run.diverged_at is not None else verdict["diverged_at"],
-        "spike_steps": verdict["spike_steps"],
-        "steps": run.config.train.steps,
-        "last_step": run.log.rows[-1]["step"],
-        **metrics_lib.summarize(run.log.rows, run.config.train.steps),
-        "wall_time_sec": wall,
-        "train_time_sec": run.train_time,
-        "tokens_per_sec": float(np.median(steady)) if steady else None,
-        "params": run.counts["total"],
-        "params_non_embedding": run.counts["non_embedding"],
-        "vocab_size": vocab_size,
-        "vectorized_runs": R,
-    })
-    (run.workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    summaries.append(summary)
-  return summaries
 
 
 def sweep_group(cells: Sequence[Any], workdir, cache: dict | None = None,
