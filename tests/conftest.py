@@ -1,16 +1,21 @@
-"""Shared fixtures: a tiny decoder config on the embedded corpus and a session data cache."""
+"""Shared fixtures: a tiny decoder config on the embedded corpus; session data and XLA caches."""
 
 import os
 import pathlib
 import tempfile
 
-import ml_collections
-import pytest
-
-from tiny_config import get_config as tiny_config_file
-
 # One token cache for the whole session (and for subprocesses the tests start).
 os.environ.setdefault("ACTLAB_DATA_DIR", tempfile.mkdtemp(prefix="actlab-test-data-"))
+# One persistent XLA compilation cache likewise: tests build the same tiny programs many times
+# (every `train.Compiled` is a new jit), and subprocesses (resume after SIGKILL, simulated
+# devices) compile what an earlier process already did. Set before anything imports JAX.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="actlab-test-xla-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+import ml_collections  # noqa: E402 -- after the environment above
+import pytest  # noqa: E402
+
+from tiny_config import get_config as tiny_config_file  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

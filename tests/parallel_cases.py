@@ -1,7 +1,8 @@
 """Multi-device cases for tests/test_parallel.py, run in a subprocess with 4 simulated CPU devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=4 must be set before JAX starts, so these cannot
-run inside the pytest process). `python tests/parallel_cases.py <case> <tmpdir>` prints one JSON
-line with the measured differences; the test asserts on them. Every step is waited for: in
+run inside the pytest process). `python tests/parallel_cases.py <tmpdir> <case> ...` prints one
+JSON line per case with the measured differences; the tests assert on them. One process runs them
+all, so JAX starts and the shared programs compile once. Every step is waited for: in
 jaxlib 0.10.2 simulated-device collectives can deadlock when many steps are queued.
 """
 
@@ -177,5 +178,7 @@ def case_vectorized(tmp):
 
 
 if __name__ == "__main__":
-  case, tmp = sys.argv[1], sys.argv[2]
-  print("RESULT " + json.dumps(globals()[f"case_{case}"](tmp)), flush=True)
+  tmp = pathlib.Path(sys.argv[1])
+  for case in sys.argv[2:]:
+    (tmp / case).mkdir()
+    print(f"RESULT {case} " + json.dumps(globals()[f"case_{case}"](str(tmp / case))), flush=True)

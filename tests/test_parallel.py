@@ -19,19 +19,30 @@ HERE = pathlib.Path(__file__).parent
 TOL = 1e-6
 
 
-def run_case(case: str, tmp_path, timeout: int = 600) -> dict:
+CASES = ("step", "checkpoint", "run", "vectorized")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+  """Every case of tests/parallel_cases.py, run once in one subprocess with 4 CPU devices."""
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
          "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, str(HERE / "parallel_cases.py"), case, str(tmp_path)],
-                        env=env, capture_output=True, text=True, timeout=timeout)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-  assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-  return json.loads(lines[-1][len("RESULT "):])
+  tmp = tmp_path_factory.mktemp("parallel")
+  proc = subprocess.run([sys.executable, str(HERE / "parallel_cases.py"), str(tmp), *CASES],
+                        env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = {}
+  for line in proc.stdout.splitlines():
+    if line.startswith("RESULT "):
+      case, _, result = line[len("RESULT "):].partition(" ")
+      out[case] = json.loads(result)
+  assert set(out) == set(CASES), proc.stdout[-3000:]
+  return out
 
 
 @pytest.mark.slow
-def test_dp_and_fsdp_steps_equal_one_device(tmp_path):
-  r = run_case("step", tmp_path)
+def test_dp_and_fsdp_steps_equal_one_device(results):
+  r = results["step"]
   assert r["devices"] == 4
   for mode in ("dp", "fsdp"):
     assert r[mode]["metrics"] <= TOL, r
@@ -49,8 +60,8 @@ def test_dp_and_fsdp_steps_equal_one_device(tmp_path):
 
 
 @pytest.mark.slow
-def test_checkpoints_restore_across_device_counts(tmp_path):
-  r = run_case("checkpoint", tmp_path)
+def test_checkpoints_restore_across_device_counts(results):
+  r = results["checkpoint"]
   for name, devices in (("dp2", 2), ("single", 1)):
     assert r[name]["restored"] == 0.0, r          # bit-exact, whatever the layout
     assert r[name]["devices"] == devices
@@ -60,16 +71,16 @@ def test_checkpoints_restore_across_device_counts(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_run_on_four_devices_and_resume_on_one(tmp_path):
-  r = run_case("run", tmp_path)
+def test_train_run_on_four_devices_and_resume_on_one(results):
+  r = results["run"]
   assert r["steps"] == [0, 2, 3, 4, 6]
   assert r["dp"] <= TOL and r["fsdp"] <= TOL, r
   assert r["resume_steps"] == r["steps"] and r["resume"] <= TOL, r
 
 
 @pytest.mark.slow
-def test_vectorized_group_on_four_devices(tmp_path):
-  r = run_case("vectorized", tmp_path)
+def test_vectorized_group_on_four_devices(results):
+  r = results["vectorized"]
   for mode in ("dp", "fsdp"):
     assert r[mode]["params"] <= TOL and r[mode]["metrics"] <= TOL, r
     assert r[mode]["runs_differ"] > 1e-3, r
