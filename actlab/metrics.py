@@ -30,6 +30,7 @@ import pathlib
 import re
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,22 +53,12 @@ class Recording:
 
   def apply(self, variables, *args, **kwargs):
     out, state = self._module.apply(variables, *args, mutable=["stats"], **kwargs)
-    self.stats.append(flatten(state.get("stats", {})))
+    # {("block_0", "ffn", "z"): (array,), ...}
+    self.stats.append(flax.traverse_util.flatten_dict(state.get("stats", {})))
     return out
 
   def __getattr__(self, name):
     return getattr(self._module, name)
-
-
-def flatten(tree: Mapping, prefix: tuple = ()) -> dict[tuple, Any]:
-  """{("block_0", "ffn", "z"): (array,), ...} from a nested (Frozen)dict."""
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, Mapping):
-      out.update(flatten(value, prefix + (key,)))
-    else:
-      out[prefix + (key,)] = value
-  return out
 
 
 def _natural(path: tuple) -> list:

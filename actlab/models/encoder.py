@@ -59,6 +59,7 @@ from __future__ import annotations
 from typing import Mapping
 
 import flax.linen as nn
+from flax.traverse_util import flatten_dict, unflatten_dict
 import jax.numpy as jnp
 import numpy as np
 
@@ -155,16 +156,6 @@ def param_count(spec: Spec, head: str = "mlm", type_vocab_size: int = 2,
   return total
 
 
-def _flatten(tree: Mapping, prefix: tuple = ()) -> dict[tuple[str, ...], object]:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, Mapping):
-      out.update(_flatten(value, prefix + (key,)))
-    else:
-      out[prefix + (key,)] = value
-  return out
-
-
 _LEAF = {"kernel": "weight", "bias": "bias", "scale": "weight", "embedding": "weight"}
 _TOP = {
     "wte": "embeddings.word_embeddings", "wpe": "embeddings.position_embeddings",
@@ -200,13 +191,13 @@ def hf_name(path: tuple[str, ...]) -> str:
 
 def hf_names(params: Mapping) -> dict[str, str]:
   """{"block_0/attn/query/kernel": "encoder.layer.0.attention.self.query.weight", ...}."""
-  return {"/".join(p): hf_name(p) for p in _flatten(params)}
+  return {"/".join(p): hf_name(p) for p in flatten_dict(params)}
 
 
 def to_hf(params: Mapping) -> dict[str, np.ndarray]:
   """A BERT state dict (numpy, PyTorch layout: kernels transposed) from encoder parameters."""
   out = {}
-  for path, value in _flatten(params).items():
+  for path, value in flatten_dict(params).items():
     value = np.asarray(value)
     out[hf_name(path)] = value.T if path[-1] == "kernel" else value
   return out
@@ -239,13 +230,7 @@ def from_hf(state: Mapping[str, np.ndarray], like: Mapping) -> dict:
       value = np.pad(value, pad)  # vocabulary padding
     return value
 
-  flat = {p: convert(p, t) for p, t in _flatten(like).items()}
+  flat = {p: convert(p, t) for p, t in flatten_dict(like).items()}
   if missing:
     raise KeyError(f"the state dict lacks {len(missing)} encoder parameters: {missing[:5]}")
-  out: dict = {}
-  for path, value in flat.items():
-    node = out
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    node[path[-1]] = value
-  return out
+  return unflatten_dict(flat)
