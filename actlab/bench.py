@@ -23,8 +23,8 @@ downloaded or tokenized. It reports:
 
 `--torch` runs the PyTorch reference (`benchmarks/torch_ref.py`, nanoGPT's architecture in eager
 float32; needs the `bench` extra) *side by side*: both are compiled/warmed up, then timed in
-alternating rounds (`--rounds`; default: step by step) so that background load hits both alike, and the
-report gives the speed-up. `--runs=N` benchmarks a vectorized sweep of N runs of the config
+alternating rounds (`--rounds`; default: step by step) so that background load hits both alike,
+and the report gives the speed-up. `--runs=N` benchmarks a vectorized sweep of N runs of the config
 (`actlab.vectorized`: one program, stacked states, per-run learning rates).
 
 Results print as a table; `--json_out` appends one JSON object per measurement (with device,
@@ -257,13 +257,12 @@ def wait_quiet(max_wait_s: float, threshold: float = 0.2, window_s: float = 5.0)
   """Waits (up to `max_wait_s`) until other processes keep fewer than `threshold` CPU cores busy
   over a `window_s` window; returns the last load seen (None where it cannot be measured)."""
   deadline = time.time() + max_wait_s
-  load = None
   while True:
-    a = _busy_ticks()
-    if a is None:
+    with Window() as w:  # This process sleeps: the machine's busy time is everyone else's.
+      time.sleep(window_s)
+    if w.busy is None:
       return None
-    time.sleep(window_s)
-    load = (_busy_ticks() - a) / os.sysconf("SC_CLK_TCK") / window_s
+    load = w.busy / window_s
     if load < threshold or time.time() > deadline:
       return load
 

@@ -56,12 +56,12 @@ def initialize(config) -> None:
     return
   cpu_devices = par.get("cpu_devices", 0)
   if cpu_devices and jax.config.jax_num_cpu_devices != cpu_devices:
-    from jax._src import xla_bridge
-    if xla_bridge.backends_are_initialized():
+    try:
+      jax.config.update("jax_num_cpu_devices", cpu_devices)
+    except RuntimeError:  # JAX refuses once its backends exist.
       raise ParallelError(f"parallel.cpu_devices={cpu_devices}: JAX's devices already exist in "
                           "this process; set it before anything uses JAX (e.g. on the command "
-                          "line of actlab.main / actlab.bench)")
-    jax.config.update("jax_num_cpu_devices", cpu_devices)
+                          "line of actlab.main / actlab.bench)") from None
   if par.get("distributed", False) and not jax.distributed.is_initialized():
     jax.distributed.initialize()
 
