@@ -526,13 +526,15 @@ def run(config: ml_collections.ConfigDict, workdir, cache: dict | None = None) -
   `cache` (a dict the caller owns, e.g. a sweep) reuses compiled functions across runs (`compiled`).
   """
   config_lib.validate(config)
-  parallel.initialize(config)  # Several hosts: before anything touches a device.
+  parallel.initialize(config)  # CPU devices, several hosts: before anything touches a device.
   workdir = pathlib.Path(workdir)
   dataset = data.load(config)
   prepare_workdir(logdir(workdir), config)
   summary_path = logdir(workdir) / "summary.json"
-  if summary_path.exists() and json.loads(summary_path.read_text()).get("status") == "diverged":
-    return json.loads(summary_path.read_text())
+  if summary_path.exists():
+    summary = json.loads(summary_path.read_text())
+    if summary.get("status") == "diverged":
+      return summary
   vocab_size = dataset.tokenizer.vocab_size
   fns = compiled(config, vocab_size, cache)
 
