@@ -1,6 +1,7 @@
 """actlab.data: load(), the token cache and step-indexed batch sampling (synthetic source)."""
 
 import json
+import logging
 import os
 import time
 
@@ -148,6 +149,45 @@ def test_cache_partial_or_stale_is_rebuilt(tmp_path):
   assert reopen()[1] == 1
   assert reopen("src-B")[1] == 1                  # the source changed
   assert reopen("src-B")[1] == 0
+
+
+def test_cache_overwritten_in_place_is_rebuilt(tmp_path, caplog):
+  """Same size and mtime, other bytes: the checksum catches it, the tokens are rebuilt."""
+  tok = tokenizers.ByteTokenizer()
+  path = tmp_path / "train.byte.bin"
+  cache.build_or_open(path, lambda: TEXTS, tok, "src", progress=False)
+  fresh = cache.encode_to_array(tok, TEXTS, np.dtype(np.uint16))
+  stat = path.stat()
+  with open(path, "r+b") as f:
+    f.write(np.arange(5, dtype=np.uint16).tobytes())
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  assert path.stat().st_size == stat.st_size
+  before = cache.build_count
+  with caplog.at_level(logging.WARNING, logger="actlab.data.cache"):
+    arr = cache.build_or_open(path, lambda: TEXTS, tok, "src", progress=False)
+  assert cache.build_count == before + 1
+  np.testing.assert_array_equal(arr, fresh)
+  assert caplog.messages == [
+      f"token cache {path}: checksum mismatch (file changed since it was built); rebuilding"]
+  caplog.clear()
+  cache.build_or_open(path, lambda: TEXTS, tok, "src", progress=False)
+  assert cache.build_count == before + 1 and caplog.messages == []
+
+
+def test_cache_without_checksum_is_rebuilt_once(tmp_path, caplog):
+  tok = tokenizers.ByteTokenizer()
+  path = tmp_path / "train.byte.bin"
+  cache.build_or_open(path, lambda: TEXTS, tok, "src", progress=False)
+  side = cache.sidecar_path(path)
+  meta = json.loads(side.read_text())
+  meta.pop("sha256", None)
+  side.write_text(json.dumps({**meta, "format": 1}))  # written by an older actlab
+  before = cache.build_count
+  with caplog.at_level(logging.WARNING, logger="actlab.data.cache"):
+    cache.build_or_open(path, lambda: TEXTS, tok, "src", progress=False)
+    cache.build_or_open(path, lambda: TEXTS, tok, "src", progress=False)
+  assert cache.build_count == before + 1
+  assert len(caplog.messages) == 1 and "format is 1" in caplog.messages[0], caplog.messages
 
 
 def test_interrupted_build_leaves_no_cache(tmp_path):

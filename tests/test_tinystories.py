@@ -1,6 +1,7 @@
 """actlab.data.tinystories: the TFDS builder (array_record, no TF), its parser and its errors."""
 
 import collections
+import logging
 import os
 from pathlib import Path
 
@@ -140,6 +141,57 @@ def test_builder_prepares_from_manual_dir_offline(tmp_path, offline):
   np.testing.assert_array_equal(ds2.train_batch(3), b)
   for x, y in zip(ds.val_batches(), ds2.val_batches()):
     np.testing.assert_array_equal(x, y)
+
+
+def test_replaced_manual_file_is_prepared_again(tmp_path, offline, caplog):
+  """A truncated copy, then the full file, then an edit of the same size: each load sees it."""
+  manual = tmp_path / "manual" / "tiny_stories"
+  manual.mkdir(parents=True)
+  train = manual / "TinyStoriesV2-GPT4-train.txt"
+  write_tinystories(train, STORIES_TRAIN)
+  full = train.read_bytes()
+  train.write_bytes(full[:len(full) // 2])
+  write_tinystories(manual / "TinyStoriesV2-GPT4-valid.txt", STORIES_VALID)
+
+  def load_and_check():
+    """Loads; asserts the tokens are the current file's stories; returns the preparing lines."""
+    expected = list(ts.parse_stories(train))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="actlab.data.tinystories"):
+      ds = data.load(make_config(tmp_path))
+    text = ds.tokenizer.decode(ds.train_tokens)
+    assert collections.Counter(text.split("<|endoftext|>")[:-1]) == collections.Counter(expected)
+    assert ts.Corpus("v2", tmp_path / "tfds", manual).num_texts("train") == len(expected)
+    return len(expected), [m for m in caplog.messages if "preparing again" in m]
+
+  n_truncated, lines = load_and_check()
+  assert n_truncated < len(STORIES_TRAIN) and lines == []
+  builds = cache.build_count
+  train.write_bytes(full)
+  n, lines = load_and_check()
+  assert n == len(STORIES_TRAIN) and cache.build_count == builds + 1  # train only
+  assert lines == [f"TinyStories v2: manual file {train.name} changed (size {len(full) // 2:,} "
+                   f"→ {len(full):,}); preparing again"]
+  assert load_and_check() == (n, []) and cache.build_count == builds + 1
+  # Same size, new mtime (e.g. an edit; the clock may not tick between two quick writes).
+  mtime = train.stat().st_mtime_ns
+  train.write_bytes(full.replace(b"Lily", b"Lucy"))
+  os.utime(train, ns=(mtime + 10**9, mtime + 10**9))
+  n, lines = load_and_check()
+  assert n == len(STORIES_TRAIN) and cache.build_count == builds + 2
+  assert len(lines) == 1 and lines[0].startswith(
+      f"TinyStories v2: manual file {train.name} changed (modified "), lines
+  # Prepared before actlab kept a record: prepared again once; the same files, the same caches.
+  (tmp_path / "tfds" / "tiny_stories" / "v2" / "1.0.0" / ts.SOURCES_FILE).unlink()
+  n, lines = load_and_check()
+  assert len(lines) == 1 and "no record of the manual files" in lines[0], lines
+  assert load_and_check() == (n, []) and cache.build_count == builds + 2
+  # Manual files removed after preparing (e.g. to save space): the prepared data stays.
+  train.unlink()
+  (manual / "TinyStoriesV2-GPT4-valid.txt").unlink()
+  corpus = ts.Corpus("v2", tmp_path / "tfds", manual)
+  assert corpus.num_texts("train") == len(STORIES_TRAIN) and offline == []
+  assert any("Lucy" in t for t in corpus.texts("train"))
 
 
 def test_missing_files_offline_is_one_data_error(tmp_path, offline):

@@ -7,7 +7,7 @@
 - ``config.data.tokenizer``: ``"byte"``, ``"bpe:<size>"``, ``"gpt2"`` or (the encoder's)
   ``"wordpiece:<size>"`` (``actlab.data.tokenizer``).
 - Each split is tokenized once into ``<data dir>/tokens/<corpus>/<split>.<tokenizer>.bin``
-  (``actlab.data.cache``); later runs memory-map it.
+  (``actlab.data.cache``); later runs verify its checksum and memory-map it.
 - ``Dataset.train_batch(step)`` is a pure function of ``(seed, step)``; ``Dataset.val_batches()``
   is a fixed set of evenly spaced windows, the same for every seed. The encoder's MLM cuts its
   ``[CLS] … [SEP]`` sequences from these same windows (``actlab.objectives.masked_lm``).
@@ -15,8 +15,9 @@
   labelled examples (``config.data.classify``) with the same interface instead.
 
 Data dir: ``config.data.dir``, else ``$ACTLAB_DATA_DIR``, else ``~/.cache/actlab``. Inside it:
-``tfds/`` (prepared TFDS data), ``manual/tiny_stories/`` (offline TinyStories files),
-``gpt2/`` (optional: offline ``encoder.json`` + ``vocab.bpe``, used when neither
+``tfds/`` (prepared TFDS data; prepared again when a manual file changes),
+``manual/tiny_stories/`` (offline TinyStories files), ``gpt2/`` (optional: offline
+``encoder.json`` + ``vocab.bpe``, used when neither
 ``config.data.gpt2_dir`` nor ``$ACTLAB_GPT2_DIR`` is set), ``tokenizers/<corpus>/bpe-<size>.json``
 (trained BPEs; ``wordpiece-<size>.json`` likewise), ``manual/glue_sst2/`` (optional: offline
 SST-2 ``train.tsv`` + ``dev.tsv``), ``tokens/<corpus>/`` (token caches), ``locks/`` (one build at a time).

@@ -7,14 +7,17 @@ Layout, under the data dir (see ``actlab.data.load``)::
 
 The ``.bin`` holds every story's tokens followed by ``eot_id``. It is written under a temporary
 name and renamed when complete; the sidecar (format, dtype, token count, tokenizer name and
-fingerprint, vocab size, source fingerprint, story count) is written after it. On open, a cache
-whose sidecar is missing or unreadable, whose size disagrees with the sidecar, or whose
-tokenizer / source fingerprint differs from the current one is rebuilt (with a log line), never
-silently used.
+fingerprint, vocab size, source fingerprint, story count, SHA-256 of the ``.bin``) is written
+after it. On open, a cache whose sidecar is missing or unreadable, whose size or checksum
+disagrees with the sidecar, or whose tokenizer / source fingerprint differs from the current one
+is rebuilt (with a log line), never silently used. The checksum is verified at every open: on 2
+CPU cores, about 1 s per GiB of tokens from the page cache and 2 s from disk (real TinyStories
+with GPT-2 tokens is ~1 GB); the read also warms the page cache for the memory map.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -30,8 +33,9 @@ from actlab.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2        # 2: the sidecar holds the .bin's sha256
 CHUNK_CHARS = 8_000_000   # characters handed to one encode_batch call
+HASH_BLOCK = 1 << 24      # bytes read per update when checksumming a .bin
 
 # Incremented on every (re)build; tests use it to prove a second open did not re-tokenize.
 build_count = 0
@@ -43,6 +47,14 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def sidecar_path(path: Path) -> Path:
   return Path(path).with_suffix(".json")
+
+
+def sha256_file(path: Path) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while block := f.read(HASH_BLOCK):
+      h.update(block)
+  return h.hexdigest()
 
 
 def _expected_meta(tokenizer: Tokenizer, source_id: str) -> dict:
@@ -80,6 +92,8 @@ def check(path: Path, tokenizer: Tokenizer, source_id: str) -> tuple[dict | None
   size = path.stat().st_size
   if size != n * np.dtype(meta["dtype"]).itemsize:
     return None, f"size mismatch: {size} bytes on disk, sidecar says {n} tokens"
+  if sha256_file(path) != meta.get("sha256"):
+    return None, "checksum mismatch (file changed since it was built)"
   return meta, ""
 
 
@@ -126,13 +140,16 @@ def build(
   tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
   tmp = path.with_name(f".{path.name}.tmp-{tag}")
   n_tokens = n_texts = 0
+  digest = hashlib.sha256()
   bar = tqdm(total=num_texts, unit=" stories", desc=desc or f"tokenizing {path.name}",
              disable=not progress, file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
   try:
     with open(tmp, "wb") as f:
       for chunk in _chunks(texts, CHUNK_CHARS):
         arr = encode_to_array(tokenizer, chunk, dtype)
-        arr.tofile(f)
+        block = arr.tobytes()
+        f.write(block)
+        digest.update(block)
         n_tokens += arr.size
         n_texts += len(chunk)
         bar.update(len(chunk))
@@ -144,7 +161,8 @@ def build(
   finally:
     bar.close()
     tmp.unlink(missing_ok=True)
-  meta = dict(_expected_meta(tokenizer, source_id), num_tokens=int(n_tokens), num_texts=int(n_texts))
+  meta = dict(_expected_meta(tokenizer, source_id), num_tokens=int(n_tokens),
+              num_texts=int(n_texts), sha256=digest.hexdigest())
   tmp_side = side.with_name(f".{side.name}.tmp-{tag}")
   tmp_side.write_text(json.dumps(meta, indent=1) + "\n")
   os.replace(tmp_side, side)
