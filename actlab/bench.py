@@ -485,10 +485,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from absl import app, flags
-  from ml_collections import config_flags
+  from absl import flags
+  from actlab import errors
   flags.FLAGS.set_default("verbosity", -1)  # absl WARNING: no backend-probing INFO lines.
-  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/x.py:smoke.")
+  _CONFIG = errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
   flags.mark_flags_as_required(["config"])
   flags.DEFINE_integer("steps", 20, "timed steps (after warm-up)")
   flags.DEFINE_integer("warmup", 3, "untimed steps after compilation")
@@ -505,4 +505,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("json_out", "", "append the results as JSON lines to this file")
   flags.DEFINE_bool("markdown", False, "print BENCHMARKS.md rows")
   flags.DEFINE_string("label", "", "free text describing the variant (goes into the rows)")
-  app.run(main)
+  errors.run(main)

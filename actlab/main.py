@@ -4,12 +4,11 @@ Override any field with `--config.optim.lr=3e-3`; a config file takes a variant 
 (`configs/tinystories_gelu.py:smoke`). Running the same command again resumes the run.
 """
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags, logging
 
 from actlab import errors, train
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/x.py:smoke.")
+_CONFIG = errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; reused to resume).")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -18,8 +17,7 @@ def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
-  with errors.reported():
-    summary = train.run(_CONFIG.value, _WORKDIR.value)
+  summary = train.run(_CONFIG.value, _WORKDIR.value)
   reasons = "; ".join(summary["status_reasons"])
   print(f"status: {summary['status']}" + (f" ({reasons})" if reasons else ""))
   if summary["status"] == "diverged" and summary["diverged_at"] is not None:
@@ -34,4 +32,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  errors.run(main)

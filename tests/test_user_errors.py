@@ -1,0 +1,115 @@
+"""User mistakes on the command line: one `error:` line on stderr, exit code 2, no traceback."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from actlab import errors, sweep, train
+from conftest import REPO, tiny
+
+GELU = "configs/tinystories_gelu.py"
+
+
+def run_cli(module, *args):
+  """`python -m actlab.<module> args` from the repository root; its one stderr line."""
+  result = subprocess.run([sys.executable, "-m", f"actlab.{module}", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=180)
+  assert "Traceback" not in result.stdout + result.stderr, result.stderr
+  assert result.returncode == errors.UserError.exit_code, result.stderr
+  lines = result.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+  return lines[0]
+
+
+def train_cli(tmp_path, *args):
+  line = run_cli("main", *args, f"--workdir={tmp_path / 'run'}")
+  assert not (tmp_path / "run").exists()  # refused before anything is written
+  return line
+
+
+def test_unknown_config_field_suggests_the_closest(tmp_path):
+  assert train_cli(tmp_path, f"--config={GELU}:smoke", "--config.optim.learning_rate=1e-3") == (
+      "error: --config.optim.learning_rate: optim has no field 'learning_rate'; "
+      "did you mean 'optim.lr'?")
+
+
+def test_unknown_config_section_suggests_the_closest_field(tmp_path):
+  assert train_cli(tmp_path, f"--config={GELU}", "--config.optimizer.lr=1e-3") == (
+      "error: --config.optimizer.lr: the config has no section 'optimizer'; "
+      "did you mean 'optim.lr'?")
+
+
+def test_missing_config_file_suggests_a_sibling(tmp_path):
+  assert train_cli(tmp_path, "--config=configs/tinystories_gleu.py") == (
+      "error: config file 'configs/tinystories_gleu.py' not found; "
+      "did you mean 'configs/tinystories_gelu.py'?")
+
+
+def test_config_file_with_a_syntax_error_names_file_and_line(tmp_path):
+  bad = tmp_path / "bad_config.py"
+  bad.write_text("def get_config(arg=None):\n  return dict(a=1,,)\n")
+  assert train_cli(tmp_path, f"--config={bad}").startswith(
+      f"error: config file {bad}:2: SyntaxError: ")
+
+
+def test_unknown_config_variant_lists_the_variants(tmp_path):
+  line = train_cli(tmp_path, f"--config={GELU}:smol")
+  assert "unknown config variant 'smol'; choose one of: 'smoke'" in line
+
+
+def test_wrong_override_type(tmp_path):
+  line = train_cli(tmp_path, f"--config={GELU}", "--config.train.steps=abc")
+  assert "--config.train.steps=abc" in line and "'abc'" in line
+
+
+def test_unknown_flag_suggests_the_closest(tmp_path):
+  line = run_cli("main", f"--config={GELU}", f"--workdirr={tmp_path}")
+  assert line == ("error: Unknown command line flag 'workdirr'. Did you mean: workdir ? "
+                  "(see --helpshort)")
+
+
+@pytest.fixture(scope="module")
+def decoder_run(tmp_path_factory):
+  """A trained tiny decoder (10 steps, context 32, byte vocabulary of 257)."""
+  workdir = tmp_path_factory.mktemp("decoder")
+  c = tiny()
+  c.train.update(steps=10, checkpoint_every=10)
+  train.run(c, workdir)
+  return workdir
+
+
+def test_sample_refuses_top_k_above_the_vocabulary(decoder_run):
+  assert run_cli("sample", f"--workdir={decoder_run}", "--top_k=1000") == (
+      "error: --top_k=1000 must be between 0 and the vocabulary size 257")
+
+
+def test_sample_refuses_a_negative_temperature(tmp_path):
+  line = run_cli("sample", f"--workdir={tmp_path}", "--temperature=-1")
+  assert "--temperature=-1" in line and "non-negative" in line
+
+
+def test_sample_refuses_a_prompt_longer_than_the_context(decoder_run):
+  assert run_cli("sample", f"--workdir={decoder_run}", "--prompt=" + "x" * 40) == (
+      "error: the prompt takes 41 tokens and the model's context is 32; shorten the prompt")
+
+
+@pytest.mark.parametrize("source, line, kind", [
+    ("def get_sweep(arg=None):\n  return {'seeds': [0]}}\n", 2, "SyntaxError"),
+    ("import math\nSEEDS = [math.nope]\n", 2, "AttributeError"),
+], ids=["syntax_error", "raises_on_import"])
+def test_broken_sweep_file_names_file_and_line(tmp_path, source, line, kind):
+  bad = tmp_path / "bad_sweep.py"
+  bad.write_text(source)
+  assert run_cli("sweep", "--config=tests/tiny_config.py", f"--sweep={bad}",
+                 f"--workdir={tmp_path / 'sweep'}").startswith(
+      f"error: sweep file {bad}:{line}: {kind}: ")
+  assert not (tmp_path / "sweep").exists()
+
+
+def test_sweep_file_raising_in_get_sweep_names_file_and_line(tmp_path):
+  bad = tmp_path / "bad_sweep.py"
+  bad.write_text("def get_sweep(arg=None):\n  return {'axes': AXES}\n")
+  with pytest.raises(errors.UserError, match=rf"^sweep file {re.escape(str(bad))}:2: NameError: name 'AXES'"):
+    sweep.load(str(bad))
