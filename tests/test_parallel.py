@@ -48,7 +48,8 @@ def test_dp_and_fsdp_steps_equal_one_device(results):
     assert r[mode]["metrics"] <= TOL, r
     assert r[mode]["params"] <= TOL, r
     assert r[mode]["opt_state"] <= TOL, r
-    assert r[mode]["eval"] <= TOL * 100, r  # a loss *sum* over 256 tokens (~1.4e3)
+    assert r[mode]["eval"] <= TOL, r  # relative: a loss *sum* over 256 tokens (~1.4e3), where
+    # one float32 rounding step (1.2e-4) is already above an absolute 1e-4
     assert r[mode]["batch_spec"] == "P('data', None)"
   # DP replicates the state; FSDP splits it (the embedding and its Adam moment alike) and
   # holds about a quarter of it per device.
