@@ -1,45 +1,170 @@
-"""Orbax `CheckpointManager` wrapper: save every N steps, keep the last K, restore the latest.
+"""Orbax checkpoints that know whether they are intact.
 
-Orbax writes each checkpoint to a temporary directory and renames it when complete, and prunes
-old ones only after a new one is finalised, so a crash mid-save never costs a good checkpoint.
+Each checkpoint `<dir>/<step>/` holds two items: `state`, the train state in Orbax's standard
+format, and `meta`, a JSON object with a checksum of every array of the state (`checksums`) and
+whatever the caller keeps with it (the training loop: its metrics rows, see train.py). Orbax
+writes a checkpoint to a temporary directory and renames it when complete, and prunes old ones
+only after a new one is final, so a crash mid-save never costs a good checkpoint.
+
+`restore_latest` verifies the checksums. A checkpoint that cannot be read or does not match is
+named in one line, moved aside to `<dir>.corrupt/<step>` (never deleted) and the next older one is
+used; when none can be restored nothing is moved and `CheckpointError` says so.
 """
 
+from __future__ import annotations
+
+import logging
+import pathlib
+import sys
+from typing import Any
+
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from actlab.errors import UserError
 
 
 class CheckpointError(UserError):
-  """A checkpoint exists but cannot be restored; the message says what to do."""
+  """No checkpoint can be restored; the message says what to do."""
+
+
+@jax.jit
+def _sums(tree) -> list[jax.Array]:
+  """Two uint32 sums per array of `tree`: of its 32-bit words, and of each word times its
+  position. Integer sums wrap exactly, so the result does not depend on how the array is split
+  across devices, and any changed word (or two swapped ones) changes it."""
+  out = []
+  for x in jax.tree.leaves(tree):
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    if x.dtype.itemsize == 4:
+      words = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    elif x.dtype.itemsize == 2:
+      words = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+    else:
+      words = x.astype(jnp.uint32)
+    words = words.reshape(-1)
+    position = jnp.arange(1, words.size + 1, dtype=jnp.uint32)
+    out.append(jnp.stack([words.sum(dtype=jnp.uint32), (words * position).sum(dtype=jnp.uint32)]))
+  return out
+
+
+def checksums(tree) -> dict[str, str]:
+  """{path of each array: its checksum as 16 hex digits} (`_sums`)."""
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  return {p: f"{int(a):08x}{int(b):08x}" for p, (a, b) in zip(paths, jax.device_get(_sums(tree)))}
+
+
+class _OrbaxLogsDropped(logging.Filter):
+  """Orbax logs every failed read or write of a checkpoint with tracebacks, from its threads
+  (thousands of lines for one damaged file, or a full disk), asyncio adds its own, and a read-only
+  manager warns that it is read-only. What matters reaches the caller as an exception, which
+  actlab says in one line (`CheckpointError`; a full disk in workdir.py): the logs are dropped.
+  Orbax's INFO logs stay available with --verbosity=0."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.levelno >= logging.WARNING
+                and ("/orbax/" in record.pathname or record.name == "asyncio"))
+
+
+for _name in ("absl", "asyncio"):
+  logging.getLogger(_name).addFilter(_OrbaxLogsDropped())
+
+
+def _closed_loop_errors_dropped(hook):
+  """After a failed read, tensorstore's callbacks still post to Orbax's closed event loop and
+  report a traceback each as unraisable (from C++ threads); they carry no news."""
+  def unraisablehook(unraisable):
+    value = unraisable.exc_value
+    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+      hook(unraisable)
+  return unraisablehook
+
+
+sys.unraisablehook = _closed_loop_errors_dropped(sys.unraisablehook)
+
+
+def _reason(e: BaseException) -> str:
+  text = str(e).strip()
+  return (text.splitlines()[0] if text else type(e).__name__)[:200]
 
 
 class Checkpoints:
-  def __init__(self, directory, keep: int):
-    self.directory = directory
-    self._manager = ocp.CheckpointManager(
-        directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+  """A run's checkpoint directory. `read_only` (sampling, fine-tuning from another run): nothing
+  is created, moved or written."""
+
+  def __init__(self, directory, keep: int, read_only: bool = False):
+    self.directory = pathlib.Path(directory).absolute()
+    self.read_only = read_only
+    options = (ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
+                                            save_interval_steps=0) if read_only else
+               ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+    self._manager = ocp.CheckpointManager(self.directory, item_names=("state", "meta"),
+                                          options=options)
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def save(self, step: int, state) -> None:
-    """Starts an asynchronous save (device → host copy happens before this returns)."""
-    self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+  def save(self, step: int, state, meta: dict) -> None:
+    """Starts an asynchronous save of `state` with `meta` and the state's checksums (the device →
+    host copy happens before this returns)."""
+    meta = {**meta, "checksums": checksums(state)}
+    self._manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
 
-  def restore(self, step: int, like):
-    """Restores checkpoint `step` into the structure, shapes and shardings of `like`."""
+  def restore(self, step: int, like) -> tuple[Any, dict]:
+    """Checkpoint `step` in the structure, shapes and shardings of `like`, and its meta; raises
+    CheckpointError when it cannot be read or its checksums do not match."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     try:
-      return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+      restored = self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     except Exception as e:  # Orbax raises many types for truncated or mismatched data.
-      older = [s for s in self._manager.all_steps() if s < step]
-      hint = (f"move it aside to resume from step {max(older)}" if older
-              else "use a fresh --workdir to start over")
-      reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      if (self.directory / str(step) / "default").is_dir():
+        raise CheckpointError(f"checkpoint {self.directory}/{step} was written by an older actlab "
+                              "without checksums; resume it with that version, or start a fresh "
+                              "--workdir") from None
+      raise CheckpointError(f"checkpoint {self.directory}/{step} could not be read "
+                            f"({_reason(e)})") from None
+    expected = restored.meta.get("checksums") if isinstance(restored.meta, dict) else None
+    actual = checksums(restored.state)
+    if expected != actual:
+      bad = [p for p in actual if (expected or {}).get(p) != actual[p]]
+      raise CheckpointError(f"checkpoint {self.directory}/{step} does not match its checksums "
+                            f"({len(bad)} of {len(actual)} arrays differ, first {bad[0]})")
+    return restored.state, restored.meta
+
+  def restore_latest(self, like) -> tuple[int, Any, dict] | None:
+    """(step, state, meta) of the newest checkpoint that restores intact, or None if there is
+    none. Newer ones that fail are named on stderr and, unless `read_only`, moved aside."""
+    failed = []
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        state, meta = self.restore(step, like)
+      except CheckpointError as e:
+        failed.append((step, str(e)))
+        continue
+      for bad, why in failed:
+        where = "" if self.read_only else f"; moved aside to {self._move_aside(bad)}"
+        print(f"actlab: {why}{where}; using step {step}", file=sys.stderr)
+      return step, state, meta
+    if failed:
       raise CheckpointError(
-          f"checkpoint {self.directory}/{step} could not be restored ({reason[:300]}); "
-          f"{hint}. Nothing was deleted.") from e
+          "no checkpoint can be restored: " + "; ".join(why for _, why in failed)
+          + ". Nothing was moved or deleted; start a fresh --workdir (or restore the files)")
+    return None
+
+  def _move_aside(self, step: int) -> pathlib.Path:
+    """Moves checkpoint `step` to `<dir>.corrupt/<step>[-n]`; returns where."""
+    root = self.directory.with_name(self.directory.name + ".corrupt")
+    root.mkdir(exist_ok=True)
+    dest, n = root / str(step), 1
+    while dest.exists():
+      dest, n = root / f"{step}-{n}", n + 1
+    (self.directory / str(step)).rename(dest)
+    self._manager.reload()
+    return dest
 
   def close(self) -> None:
     self._manager.wait_until_finished()

@@ -35,6 +35,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from actlab import workdir
+from actlab.errors import UserError, reported
 from actlab.metrics import STATUSES, finite
 
 LR_KEY, SEED_KEY = "optim.lr", "train.seed"
@@ -48,6 +50,7 @@ class Run:
   state: str                         # "done", "incomplete" (metrics but no summary), "missing"
   summary: dict = dataclasses.field(default_factory=dict)
   rows: list = dataclasses.field(default_factory=list)
+  unreadable: list = dataclasses.field(default_factory=list)  # what could not be read, said
 
   @property
   def status(self) -> str:
@@ -72,22 +75,16 @@ def _flat(d: dict, prefix: str = "") -> dict:
   return out
 
 
-def _read_rows(path: pathlib.Path) -> list[dict]:
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
-      if path.exists() else []
-
-
 def load(root) -> tuple[dict, list[Run]]:
   """The sweep manifest (or one inferred from the cell configs) and every cell's Run."""
   root = pathlib.Path(root)
-  manifest_path = root / "sweep.json"
-  if manifest_path.exists():
-    manifest = json.loads(manifest_path.read_text())
-  else:
-    configs = {p.parent.name: _flat(json.loads(p.read_text()))
-               for p in sorted(root.glob("*/config.json"))}
+  manifest = workdir.read_json(root / "sweep.json")
+  if manifest is None:
+    configs = {p.parent.name: _flat(c) for p in sorted(root.glob("*/config.json"))
+               if (c := workdir.read_json(p)) is not None}
     if not configs:
-      raise SystemExit(f"error: {root} has no sweep.json and no */config.json: not a sweep")
+      what = "does not exist" if not root.exists() else "has no sweep.json and no */config.json"
+      raise UserError(f"{root} {what}: not a sweep directory (the --workdir of actlab.sweep)")
     keys = sorted({k for c in configs.values() for k in c})
     axes = [k for k in keys if k != SEED_KEY
             and len({json.dumps(c.get(k)) for c in configs.values()}) > 1]
@@ -99,13 +96,13 @@ def load(root) -> tuple[dict, list[Run]]:
   runs = []
   for cell in manifest["cells"]:
     d = root / cell["name"]
-    rows = _read_rows(d / "metrics.jsonl")
-    if (d / "summary.json").exists():
-      runs.append(Run(cell["name"], cell["overrides"], "done",
-                      json.loads((d / "summary.json").read_text()), rows))
-    else:
-      state = "incomplete" if rows else "missing"
-      runs.append(Run(cell["name"], cell["overrides"], state, {}, rows))
+    rows, torn = workdir.read_rows(d / "metrics.jsonl")
+    unreadable = [f"{torn} unreadable line(s) in metrics.jsonl"] if torn else []
+    summary = workdir.read_summary(d, warn=False)
+    if summary is None and (d / "summary.json").exists():
+      unreadable.append("summary.json unreadable")
+    state = "done" if summary is not None else "incomplete" if rows else "missing"
+    runs.append(Run(cell["name"], cell["overrides"], state, summary or {}, rows, unreadable))
   return manifest, runs
 
 
@@ -242,16 +239,17 @@ def sensitivity_table(manifest, runs) -> str:
 
 
 def runs_table(runs) -> str:
+  """One row per run; incomplete ones (in progress, interrupted) say how far they got, and
+  anything unreadable is said, never silently dropped."""
   lines = ["| run | status | val loss | why |", "|---|---|---|---|"]
   for r in runs:
     if r.state != "done":
-      step = r.rows[-1]["step"] if r.rows else 0
-      why = f"reached step {step}" if r.rows else "not started"
-      lines.append(f"| {r.name} | {r.state} | — | {why} |")
+      why = [f"reached step {r.rows[-1]['step']}" if r.rows else "not started", *r.unreadable]
+      lines.append(f"| {r.name} | {r.state} | — | {'; '.join(why)} |")
       continue
     val = r.value("final_val_loss")
-    reasons = "; ".join(r.summary.get("status_reasons", [])) or "—"
-    lines.append(f"| {r.name} | {r.status} | {'—' if val is None else f'{val:.3f}'} | {reasons} |")
+    why = "; ".join(r.summary.get("status_reasons", []) + r.unreadable) or "—"
+    lines.append(f"| {r.name} | {r.status} | {'—' if val is None else f'{val:.3f}'} | {why} |")
   return "\n".join(lines)
 
 
@@ -382,7 +380,7 @@ def write(root) -> pathlib.Path:
       lines.append(f"*{key}: not measured in any run.*")
   lines += ["", "## Runs", "", runs_table(runs), ""]
   path = root / "report.md"
-  path.write_text("\n".join(lines))
+  workdir.write_text(path, "\n".join(lines))
   return path
 
 
@@ -390,7 +388,8 @@ def main(argv: Sequence[str]) -> int:
   if len(argv) != 2 or argv[1].startswith("-"):
     print("usage: python -m actlab.report <sweep workdir>", file=sys.stderr)
     return 2
-  path = write(argv[1])
+  with reported():
+    path = write(argv[1])
   print(f"wrote {path} and {path.parent / 'plots'}/")
   return 0
 

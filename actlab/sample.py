@@ -12,7 +12,7 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import ml_collections
-from absl import app, flags, logging
+from absl import flags, logging
 
 from actlab import data, errors, train
 from actlab.checkpoint import Checkpoints
@@ -20,8 +20,10 @@ from actlab.checkpoint import Checkpoints
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder.")
 _PROMPT = flags.DEFINE_string("prompt", "", "Text to continue (a story start if empty).")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", None, "Tokens to generate (default: fill the context).")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 means greedy.")
-_TOP_K = flags.DEFINE_integer("top_k", 40, "Sample among the k likeliest tokens; 0 means all.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 means greedy.",
+                                  lower_bound=0.0)
+_TOP_K = flags.DEFINE_integer("top_k", 40, "Sample among the k likeliest tokens; 0 means all.",
+                              lower_bound=0)
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 flags.mark_flag_as_required("workdir")
 
@@ -70,36 +72,43 @@ def load_run(workdir: pathlib.Path):
   config = ml_collections.ConfigDict(json.loads(path.read_text()))
   tokenizer = data.load(config).tokenizer
   task = train.Task.create(config, tokenizer.vocab_size)
-  checkpoints = Checkpoints((workdir / "checkpoints").absolute(), config.train.keep_checkpoints)
-  step = checkpoints.latest_step()
-  if step is None:
+  checkpoints = Checkpoints(workdir / "checkpoints", 1, read_only=True)  # Creates nothing.
+  try:
+    restored = checkpoints.restore_latest(jax.eval_shape(task.init, 0))
+  finally:
+    checkpoints.close()
+  if restored is None:
     raise errors.UserError(f"{workdir}/checkpoints holds no checkpoint yet")
-  state = checkpoints.restore(step, jax.eval_shape(task.init, 0))
-  checkpoints.close()
+  step, state, _ = restored
   return config, tokenizer, task, state.params, step
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  with errors.reported():
-    config, tokenizer, task, params, step = load_run(pathlib.Path(_WORKDIR.value))
-    if config.model.kind != "decoder":
-      raise errors.UserError(f"sampling needs a decoder run; {_WORKDIR.value} is {config.model.kind!r}")
-    prompt = [tokenizer.eot_id] + tokenizer.encode(_PROMPT.value)
-    room = config.model.max_len - len(prompt)
-    max_new = room if _MAX_TOKENS.value is None else _MAX_TOKENS.value
-    if not 0 < max_new <= room:
-      raise errors.UserError(
-          f"the prompt takes {len(prompt)} of the model's {config.model.max_len} positions; "
-          f"--max_tokens must be between 1 and {room}")
-    generate = make_generate(task.model, tokenizer.vocab_size, max_new, _TEMPERATURE.value,
-                             _TOP_K.value)
-    tokens = generate(params, jnp.asarray([prompt]), jax.random.PRNGKey(_SEED.value))[0].tolist()
-    if tokenizer.eot_id in tokens:
-      tokens = tokens[:tokens.index(tokenizer.eot_id)]
-    print(_PROMPT.value + tokenizer.decode(tokens))
+  config, tokenizer, task, params, step = load_run(pathlib.Path(_WORKDIR.value))
+  if config.model.kind != "decoder":
+    raise errors.UserError(f"sampling needs a decoder run; {_WORKDIR.value} is {config.model.kind!r}")
+  if _TOP_K.value > tokenizer.vocab_size:
+    raise errors.UserError(f"--top_k={_TOP_K.value} must be between 0 and the vocabulary size "
+                           f"{tokenizer.vocab_size}")
+  prompt = [tokenizer.eot_id] + tokenizer.encode(_PROMPT.value)
+  room = config.model.max_len - len(prompt)
+  if room < 1:
+    raise errors.UserError(f"the prompt takes {len(prompt)} tokens and the model's context is "
+                           f"{config.model.max_len}; shorten the prompt")
+  max_new = room if _MAX_TOKENS.value is None else _MAX_TOKENS.value
+  if not 0 < max_new <= room:
+    raise errors.UserError(
+        f"the prompt takes {len(prompt)} of the model's {config.model.max_len} positions; "
+        f"--max_tokens must be between 1 and {room}")
+  generate = make_generate(task.model, tokenizer.vocab_size, max_new, _TEMPERATURE.value,
+                           _TOP_K.value)
+  tokens = generate(params, jnp.asarray([prompt]), jax.random.PRNGKey(_SEED.value))[0].tolist()
+  if tokenizer.eot_id in tokens:
+    tokens = tokens[:tokens.index(tokenizer.eot_id)]
+  print(_PROMPT.value + tokenizer.decode(tokens))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  errors.run(main)

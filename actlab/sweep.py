@@ -26,7 +26,6 @@ with one compile cache (`train.compiled`). A vectorised runner (vmap over a grou
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import json
 import pathlib
@@ -36,7 +35,8 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from actlab import config as config_lib
-from actlab import metrics, train
+from actlab import errors, metrics, train
+from actlab import workdir as workdir_lib
 
 SEED_KEY = "train.seed"
 
@@ -72,16 +72,8 @@ class Cell:
 def load(spec: str) -> Sweep:
   """`path/to/sweep.py[:arg]` → the Sweep its `get_sweep(arg)` returns."""
   path, _, arg = spec.partition(":")
-  file = pathlib.Path(path)
-  if not file.is_file():
-    raise config_lib.ConfigError(f"sweep file {path!r} not found")
-  module_spec = importlib.util.spec_from_file_location(f"actlab_sweep_{file.stem}", file)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  if not hasattr(module, "get_sweep"):
-    raise config_lib.ConfigError(f"sweep file {path!r} defines no get_sweep(arg=None)")
   try:
-    return parse(module.get_sweep(arg or None))
+    return parse(errors.call_file(path, "get_sweep", arg or None, kind="sweep"))
   except ValueError as e:  # e.g. an unknown variant; ConfigError is a ValueError too
     raise config_lib.ConfigError(f"sweep {spec!r}: {e}") from None
 
@@ -169,27 +161,33 @@ def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Seque
   manifest = {"sweep": spec, "description": sweep.description, "axes": sweep.axes,
               "seeds": sweep.seeds, "fixed": sweep.fixed,
               "cells": [{"name": c.name, "overrides": c.overrides} for c in cells_]}
-  (workdir / "sweep.json").write_text(json.dumps(manifest, indent=2) + "\n")
+  workdir_lib.write_json(workdir / "sweep.json", manifest)
 
 
 def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
-              log: Callable[[str], None] = _say) -> list[dict]:
-  """Trains the cells of one group in turn; finished ones (summary.json present) are skipped.
-  With `sweep.vectorize` the unfinished ones train together as one vmapped program instead."""
+              log: Callable[[str], None] = _say) -> list[dict | None]:
+  """Trains the cells of one group in turn; finished ones (a readable summary.json) are skipped,
+  and so are cells another process is training (None in their place): two sweeps on one
+  directory share the cells. With `sweep.vectorize` the unfinished ones train together as one
+  vmapped program instead."""
   from actlab import vectorized  # sweep.vectorize: see actlab/vectorized.py
   fresh = vectorized.sweep_group(group_, workdir, cache, log)
   summaries = []
   for cell in group_:
     cell_dir = workdir / cell.name
-    summary_path = cell_dir / "summary.json"
-    if cell.name in fresh:
-      summary = fresh[cell.name]
-    elif summary_path.exists():
-      summary = json.loads(summary_path.read_text())
+    summary = fresh.get(cell.name)
+    if summary is not None:
+      pass  # Trained just now, vectorized.
+    elif (summary := workdir_lib.read_summary(train.logdir(cell_dir))) is not None:
       log(f"{cell.name}: done before ({summary.get('status')}), skipped")
     else:
       t0 = time.perf_counter()
-      summary = train.run(cell.config, cell_dir, cache=cache)
+      try:
+        summary = train.run(cell.config, cell_dir, cache=cache)
+      except workdir_lib.Lock.Busy as e:
+        log(f"{cell.name}: skipped: {e}")
+        summaries.append(None)
+        continue
       val = summary.get("final_val_loss")
       log(f"{cell.name}: {summary['status']}, val loss "
           f"{'n/a' if val is None else f'{val:.4f}'} ({time.perf_counter() - t0:.0f} s)")
@@ -199,7 +197,8 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
 
 def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str], None] = _say,
         cache: dict | None = None) -> dict[str, dict]:
-  """Runs (or continues) the sweep `spec` on top of `base` in `workdir`; {cell name: summary}.
+  """Runs (or continues) the sweep `spec` on top of `base` in `workdir`; {cell name: summary}
+  of the cells that have ended (cells another process is training are left out).
 
   `cache`: a dict kept by the caller to reuse compiled functions across calls (a notebook, a
   test); by default each group compiles once and its functions are dropped after it.
@@ -212,32 +211,34 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
   log(f"sweep: {len(grid)} cells in {len(groups)} compile group(s) → {workdir}")
   results = {}
   for group_ in groups:
-    results.update(zip((c.name for c in group_),
-                       run_group(group_, workdir, {} if cache is None else cache, log)))
+    for cell, summary in zip(group_, run_group(group_, workdir, {} if cache is None else cache,
+                                               log)):
+      if summary is not None:
+        results[cell.name] = summary
+  if len(results) < len(grid):
+    log(f"sweep: {len(grid) - len(results)} cell(s) are being trained by another process; rerun "
+        "this command once it is done to see every cell finished")
   return results
 
 
 def main(argv):
   del argv
   from absl import flags, logging
-  from actlab import errors
   FLAGS = flags.FLAGS
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
-  with errors.reported():
-    t0 = time.perf_counter()
-    results = run(FLAGS.config, FLAGS.sweep, FLAGS.workdir)
-    counts = {s: sum(r.get("status") == s for r in results.values()) for s in metrics.STATUSES}
-    print(f"sweep done in {time.perf_counter() - t0:.0f} s: "
-          + ", ".join(f"{n} {s}" for s, n in counts.items())
-          + f"; report: python -m actlab.report {FLAGS.workdir}")
+  t0 = time.perf_counter()
+  results = run(FLAGS.config, FLAGS.sweep, FLAGS.workdir)
+  counts = {s: sum(r.get("status") == s for r in results.values()) for s in metrics.STATUSES}
+  print(f"sweep done in {time.perf_counter() - t0:.0f} s: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+        + f"; report: python -m actlab.report {FLAGS.workdir}")
 
 
 if __name__ == "__main__":
-  from absl import app, flags
-  from ml_collections import config_flags
-  config_flags.DEFINE_config_file("config", None, "Base config file, e.g. configs/x.py.")
+  from absl import flags
+  errors.define_config_file("config", "Base config file, e.g. configs/x.py.")
   flags.DEFINE_string("sweep", None, "Sweep file[:arg], e.g. experiments/x.py:smoke.")
   flags.DEFINE_string("workdir", None, "Sweep directory: one subdirectory per cell.")
   flags.mark_flags_as_required(["config", "sweep", "workdir"])
-  app.run(main)
+  errors.run(main)

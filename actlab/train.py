@@ -4,6 +4,7 @@
 `vectorized.train_group` R runs stacked into one vmapped program (`vectorized.Group`)."""
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import json
@@ -23,12 +24,10 @@ import tqdm
 from actlab import config as config_lib
 from actlab import data, models, objectives, optim, parallel
 from actlab import metrics as metrics_lib
+from actlab import workdir as workdir_lib
 from actlab.checkpoint import Checkpoints
 from actlab.errors import UserError
-
-
-class WorkdirError(UserError):
-  """The workdir holds a different run; the message lists what differs."""
+from actlab.workdir import WorkdirError, logdir
 
 
 @flax.struct.dataclass
@@ -188,58 +187,6 @@ def evaluate(eval_step, params, batches) -> float:
   return evaluate_metrics(eval_step, params, batches)["val_loss"]
 
 
-def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
-  """Human-readable differences between two nested config dicts."""
-  out = []
-  for key in sorted(set(old) | set(new)):
-    a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
-    if isinstance(a, dict) and isinstance(b, dict):
-      out += diff_configs(a, b, f"{prefix}{key}.")
-    elif a != b:
-      out.append(f"{prefix}{key}: {a!r} → {b!r}")
-  return out
-
-
-RUNTIME_SECTIONS = ("parallel.",)  # config fields that may change when a run resumes
-
-
-def prepare_workdir(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
-  """Writes config.json, or checks that a used workdir holds the same config."""
-  path = workdir / "config.json"
-  new = json.loads(config.to_json())
-  if path.exists():
-    diffs = diff_configs(json.loads(path.read_text()), new)
-    # Where a run executes is not what it is: resuming on other devices/hosts is allowed.
-    diffs = [d for d in diffs if not d.startswith(RUNTIME_SECTIONS)]
-    if diffs:
-      raise WorkdirError(
-          f"{workdir} holds a run with a different config ({'; '.join(diffs)}); "
-          "rerun with the same config to resume, or choose another --workdir")
-  else:
-    workdir.mkdir(parents=True, exist_ok=True)
-    path.write_text(config.to_json(indent=2) + "\n")
-
-
-class MetricsLog:
-  """metrics.jsonl: one JSON object per log step, truncated to the resumed step."""
-
-  def __init__(self, path: pathlib.Path, resume_step: int):
-    self.path = path
-    lines = path.read_text().splitlines() if path.exists() else []
-    if lines and not lines[-1].endswith("}"):
-      lines.pop()  # A row cut short by a killed process.
-    self.rows = [r for r in map(json.loads, lines) if r["step"] <= resume_step]
-    path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
-
-  def write(self, row: dict) -> None:
-    self.rows.append(row)
-    with self.path.open("a") as f:
-      f.write(json.dumps(row) + "\n")
-
-  def val_losses(self) -> list[tuple[int, float]]:
-    return [(r["step"], r["val_loss"]) for r in self.rows if "val_loss" in r]
-
-
 class StopRequest:
   """SIGINT/SIGTERM set a flag the loop checks between steps (it then checkpoints and exits)."""
 
@@ -262,16 +209,14 @@ INIT_FROM_FIELDS = {"model": ("kind", "activation", "num_layers", "d_model", "nu
                     "data": ("source", "tokenizer", "tinystories_version")}
 
 
-def pretrained_params(config: ml_collections.ConfigDict, params, vocab_size: int):
-  """`params` with every parameter that the latest checkpoint of the workdir `train.init_from`
-  has under the same path and shape (for an MLM → classification run: the embeddings and blocks;
-  the pooler and classifier keep their fresh initialisation, the MLM head is dropped)."""
+def init_from_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The config of the run `train.init_from` names; raises unless it is the same model and
+  tokenizer and has a checkpoint (checked before the workdir is touched)."""
   source = pathlib.Path(config.train.init_from)
-  path = source / "config.json"
-  if not path.exists():
-    raise WorkdirError(f"train.init_from={str(source)!r} holds no run (no config.json); train "
-                       "the model to start from there first (e.g. the :smoke MLM config)")
-  old = json.loads(path.read_text())
+  old = workdir_lib.read_json(source / "config.json")
+  if old is None:
+    raise WorkdirError(f"train.init_from={str(source)!r} holds no run (no readable config.json); "
+                       "train the model to start from there first (e.g. the :smoke MLM config)")
   diffs = [f"{section}.{k}: {old[section].get(k)!r} there, {config[section].get(k)!r} here"
            for section, keys in INIT_FROM_FIELDS.items() for k in keys
            if old[section].get(k) != config[section].get(k)]
@@ -279,16 +224,25 @@ def pretrained_params(config: ml_collections.ConfigDict, params, vocab_size: int
     raise WorkdirError(f"train.init_from={str(source)!r} is a different model or tokenizer: "
                        + "; ".join(diffs))
   old_config = ml_collections.ConfigDict(old)
-  checkpoints = Checkpoints((source / "checkpoints").absolute(), old_config.train.keep_checkpoints)
+  if Checkpoints(source / "checkpoints", 1, read_only=True).latest_step() is None:
+    raise WorkdirError(f"train.init_from={str(source)!r} has no checkpoint yet")
+  return old_config
+
+
+def pretrained_params(config: ml_collections.ConfigDict, params, vocab_size: int):
+  """`params` with every parameter that the latest intact checkpoint of the workdir
+  `train.init_from` has under the same path and shape (for an MLM → classification run: the
+  embeddings and blocks; the pooler and classifier keep their fresh initialisation, the MLM head
+  is dropped)."""
+  source = pathlib.Path(config.train.init_from)
+  old_config = init_from_config(config)
+  checkpoints = Checkpoints(source / "checkpoints", 1, read_only=True)
   try:
-    step = checkpoints.latest_step()
-    if step is None:
-      raise WorkdirError(f"train.init_from={str(source)!r} has no checkpoint yet")
     like = jax.eval_shape(Task.create(old_config, vocab_size).init, 0, old_config.optim.lr)
-    restored = checkpoints.restore(step, like).params
+    step, restored, _ = checkpoints.restore_latest(like)
   finally:
     checkpoints.close()
-  flat_old = flax.traverse_util.flatten_dict(flax.core.unfreeze(restored))
+  flat_old = flax.traverse_util.flatten_dict(flax.core.unfreeze(restored.params))
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
   copied = [k for k, v in flat.items() if k in flat_old and flat_old[k].shape == v.shape]
   if not copied:
@@ -309,40 +263,53 @@ class Interrupted(UserError):
     self.exit_code = 128 + signum
 
 
-def logdir(workdir: pathlib.Path) -> pathlib.Path:
-  """Where this process writes a run's files. Several hosts: process 0 writes them, the others
-  keep their (identical) logs beside them in process_<i>/ (`open_checkpoints` is shared)."""
-  i = jax.process_index()
-  return workdir / f"process_{i}" if i else workdir
-
-
 def open_checkpoints(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Checkpoints:
   """The run's checkpoints, written by all hosts together (Orbax)."""
-  return Checkpoints((workdir / "checkpoints").absolute(), config.train.keep_checkpoints)
+  return Checkpoints(workdir / "checkpoints", config.train.keep_checkpoints)
+
+
+def _host_rows(rows: list[dict]) -> list[dict]:
+  """Per-step metrics as a checkpoint's JSON keeps them (float32 values are exact as floats)."""
+  return [{k: float(v) for k, v in row.items()} for row in rows]
+
+
+def _device_rows(rows: list[dict]) -> list[dict]:
+  """`_host_rows` back as the float32 scalars the train step returns, so the means that include
+  them are computed exactly as without the interruption."""
+  return [{k: np.float32(v) for k, v in row.items()} for row in rows]
 
 
 @dataclasses.dataclass
 class Lane:
-  """One run in `train_lanes`: its files and what its summary reports."""
+  """One run in `train_lanes`: its files and what its summary reports. Everything here but the
+  files is kept in each checkpoint (`meta`), so a resumed lane continues where it stopped."""
   config: ml_collections.ConfigDict
   logdir: pathlib.Path
   dataset: Any            # the run's own training batches (its seed)
   checkpoints: Checkpoints
-  log: MetricsLog
+  log: workdir_lib.MetricsLog
   tb: metrics_lib.TensorBoard | None
-  rates: list = dataclasses.field(default_factory=list)  # tokens/s of each logged interval
+  segments: list          # provenance.json: one entry per start of the run
+  carried: list = dataclasses.field(default_factory=list)  # step metrics since the last row
+  rates: list = dataclasses.field(default_factory=list)    # tokens/s of each logged interval
   train_time: float = 0.0
   diverged_at: int | None = None
   stopped: bool = False   # diverged and logged: no more rows, no more checkpoints
 
   @classmethod
   def open(cls, config: ml_collections.ConfigDict, workdir: pathlib.Path, dataset,
-           ckpts: Checkpoints, start: int) -> "Lane":
-    """The run of `config` in `workdir`, resuming at `start` (its log truncated to it)."""
+           ckpts: Checkpoints, start: int, meta: dict | None) -> "Lane":
+    """The run of `config` in `workdir`, resuming at `start` with the restored checkpoint's
+    `meta` (None for a fresh run)."""
+    meta = meta or {}
     path = logdir(workdir)
-    return cls(config, path, dataset, ckpts, MetricsLog(path / "metrics.jsonl", start),
+    segments = workdir_lib.append_segment(path, workdir_lib.segment(config, start))
+    return cls(config, path, dataset, ckpts,
+               workdir_lib.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
                metrics_lib.TensorBoard(path / "tb", purge_step=start)
-               if config.metrics.tensorboard else None)
+               if config.metrics.tensorboard else None,
+               segments, _device_rows(meta.get("pending", [])), list(meta.get("rates", [])),
+               meta.get("train_time", 0.0))
 
   def write(self, row: dict) -> None:
     row = metrics_lib.jsonable(row)
@@ -350,10 +317,17 @@ class Lane:
     if self.tb:
       self.tb.write(row)
 
+  def save(self, step: int, state, pending: list[dict]) -> None:
+    """Checkpoints `state` with the lane: its rows, the step metrics not yet in a row, rates."""
+    self.checkpoints.save(step, state, {"rows": self.log.rows, "pending": _host_rows(pending),
+                                        "rates": self.rates, "train_time": self.train_time})
+
   def close(self) -> None:
-    self.checkpoints.close()
-    if self.tb:
-      self.tb.close()
+    try:
+      self.checkpoints.close()  # Waits for the checkpoint being written (and raises its error).
+    finally:
+      if self.tb:
+        self.tb.close()
 
   def finish(self, counts: dict, vocab_size: int, wall_time: float, runs: int) -> dict:
     """Writes summary.json (with `vectorized_runs` when `runs` > 1) and returns it."""
@@ -376,7 +350,8 @@ class Lane:
         "vocab_size": vocab_size,
         **({"vectorized_runs": runs} if runs > 1 else {}),
     })
-    (self.logdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary["provenance"] = self.segments
+    workdir_lib.write_json(self.logdir / "summary.json", summary)
     return summary
 
 
@@ -388,6 +363,7 @@ def train_lanes(program, lanes: list[Lane], state, start: int, vocab_size: int) 
   `train_step`, `eval_step` and `sharpness` act on `state` (all lanes at once), `shard_batches`
   puts one host batch per lane on the devices and `unstack(tree, r)` is lane r's part of a result.
   A lane that diverges stops being logged and checkpointed (see `run`); the others go on.
+  SIGINT/SIGTERM: the step under way finishes, is checkpointed, and `Interrupted` says which.
   """
   config = lanes[0].config
   t, m = config.train, config.metrics
@@ -425,6 +401,7 @@ def train_lanes(program, lanes: list[Lane], state, start: int, vocab_size: int) 
   bar = tqdm.tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True,
                   disable=not t.progress or len(lanes) > 1)  # A bar for a single run.
   pending = []
+  stopped_at = None  # the step a signal stopped the loop at
   t0 = wall0 = time.perf_counter()
   next_batch = fetch(start)
   try:
@@ -441,16 +418,16 @@ def train_lanes(program, lanes: list[Lane], state, start: int, vocab_size: int) 
       evaluate_now = done % t.eval_every == 0 or is_last
       sharpness_now = bool(m.sharpness_every) and done % m.sharpness_every == 0
       save_now = done % t.checkpoint_every == 0 or is_last or stop.signum
-      log_now = done % t.log_every == 0 or evaluate_now or sharpness_now or stop.signum
+      log_now = done % t.log_every == 0 or evaluate_now or sharpness_now
       if not (log_now or save_now):
         continue
       fetched = jax.device_get(pending)  # The loop's only host sync: log and save steps.
       elapsed = time.perf_counter() - t0
-      logged = {}  # lane index -> its rows since its last log row, for the lanes that log now
+      since_row, logged = {}, {}  # lane -> its step metrics since its last row; those to log now
       for r, lane in enumerate(lanes):
         if lane.stopped:
           continue
-        rows = [program.unstack(x, r) for x in fetched]
+        rows = since_row[r] = lane.carried + [program.unstack(x, r) for x in fetched]
         bad = metrics_lib.first_nonfinite(rows)
         if bad is not None:  # Log the rows up to the first bad step, then stop.
           lane.diverged_at, logged[r] = done - len(rows) + bad + 1, rows[:bad + 1]
@@ -463,7 +440,7 @@ def train_lanes(program, lanes: list[Lane], state, start: int, vocab_size: int) 
         lane = lanes[r]
         lane.train_time += elapsed
         # Each run's rate as it experiences it: its tokens over the loop's wall time.
-        lane.rates.append(len(rows) * tokens_per_step / elapsed)
+        lane.rates.append(len(fetched) * tokens_per_step / elapsed)
         row = {"step": lane.diverged_at or done, **{k: float(v) for k, v in rows[-1].items()},
                "train_loss": float(np.mean([x["train_loss"] for x in rows])),
                "tokens_per_sec": lane.rates[-1]}
@@ -474,31 +451,38 @@ def train_lanes(program, lanes: list[Lane], state, start: int, vocab_size: int) 
         if sharpness_now and lane.diverged_at is None:
           row["sharpness"] = float(program.unstack(sharp, r))
         lane.write(row)
+        lane.carried = []
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{lane.rates[-1]:,.0f}",
                         refresh=False)
-        bar.update(len(rows))
+        bar.update(len(fetched))
       if log_now:
         pending = []
       for r, lane in enumerate(lanes):
         if lane.diverged_at is not None:
           lane.stopped = True  # The last good checkpoint stays the latest one.
         elif save_now:
-          lane.checkpoints.save(done, program.unstack(state, r))
+          lane.save(done, program.unstack(state, r), [] if log_now else since_row[r])
       if all(lane.stopped for lane in lanes):
         break
       if stop.signum:
-        raise Interrupted(f"stopped by signal {stop.signum} at step {done}; "
-                          f"{'checkpoint' if len(lanes) == 1 else 'checkpoints'} saved; "
-                          "rerun the same command to resume", stop.signum)
+        stopped_at = done
+        break
       if not pending:  # Restart the clock after host work (logging, eval, checkpoint).
         t0 = time.perf_counter()
   finally:
     bar.close()
     prefetch.shutdown(wait=True)
     stop.restore()
-    for lane in lanes:
-      lane.close()
+    with contextlib.ExitStack() as closing:  # Every lane, whatever one of them raises.
+      for lane in lanes:
+        closing.callback(lane.close)
 
+  if stopped_at is not None:
+    saved = {lane.checkpoints.latest_step() for lane in lanes if not lane.stopped}
+    what = (f"checkpoint of step {stopped_at} saved" if saved == {stopped_at}
+            else f"latest checkpoints: {sorted(saved)}")
+    raise Interrupted(f"stopped by signal {stop.signum} after step {stopped_at}; {what}; "
+                      "rerun the same command to resume", stop.signum)
   wall_time = time.perf_counter() - wall0
   return [lane.finish(counts, vocab_size, wall_time, len(lanes)) for lane in lanes]
 
@@ -517,35 +501,55 @@ def start_line(lanes: list[Lane], counts: dict, start: int) -> str:
           f"seeds {', '.join(str(l.config.train.seed) for l in lanes)}; {resuming or 'fresh runs'}")
 
 
+def finished(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict | None:
+  """The summary of the run of `config` in `workdir` if it has ended (trained to the end or
+  diverged), else None; raises if the workdir holds another run."""
+  path = logdir(workdir)
+  workdir_lib.check_config(path, config)
+  return workdir_lib.read_summary(path)
+
+
 def run(config: ml_collections.ConfigDict, workdir, cache: dict | None = None) -> dict:
   """Trains (or resumes) the run of `config` in `workdir`; returns the summary.
 
-  A non-finite training loss (or parameters, or validation loss) is a result, not a crash: the run
-  stops at the next log step, never checkpoints the bad state, and its summary says
-  `status: diverged` with `diverged_at`. Rerunning a diverged workdir returns that summary.
+  Everything that can refuse the run (config, devices, data, `train.init_from`, the workdir's
+  config and owner) is checked before anything is written. A finished run returns its summary
+  without touching its files. A non-finite training loss (or parameters, or validation loss) is a
+  result, not a crash: the run stops at the next log step, never checkpoints the bad state, and
+  its summary says `status: diverged` with `diverged_at`.
   `cache` (a dict the caller owns, e.g. a sweep) reuses compiled functions across runs (`compiled`).
   """
   config_lib.validate(config)
-  parallel.initialize(config)  # CPU devices, several hosts: before anything touches a device.
   workdir = pathlib.Path(workdir)
+  workdir_lib.check_usable(workdir)
+  summary = finished(config, workdir)
+  if summary is not None:
+    return summary
+  parallel.initialize(config)  # CPU devices, several hosts: before anything touches a device.
   dataset = data.load(config)
-  prepare_workdir(logdir(workdir), config)
-  summary_path = logdir(workdir) / "summary.json"
-  if summary_path.exists():
-    summary = json.loads(summary_path.read_text())
-    if summary.get("status") == "diverged":
-      return summary
   vocab_size = dataset.tokenizer.vocab_size
-  fns = compiled(config, vocab_size, cache)
-
-  # Committed to the plan's shardings like a restored checkpoint, so that fresh and resumed runs
-  # (and the cells of a sweep) hit the same compiled functions instead of compiling twice.
-  state = fns.init(config.train.seed, config.optim.lr)
-  ckpts = open_checkpoints(config, workdir)
-  start = ckpts.latest_step() or 0
-  if start:
-    state = ckpts.restore(start, state)
-  elif config.train.get("init_from"):  # Fine-tuning: the trunk from another run (e.g. MLM).
-    state = state.replace(params=pretrained_params(config, state.params, vocab_size))
-  lane = Lane.open(config, workdir, dataset, ckpts, start)
-  return train_lanes(fns, [lane], state, start, vocab_size)[0]
+  fns = compiled(config, vocab_size, cache)  # Checks the devices (parallel.plan).
+  fine_tune = bool(config.train.get("init_from"))
+  if fine_tune:
+    init_from_config(config)
+  with workdir_lib.Lock(logdir(workdir)), workdir_lib.full_disk_reported(workdir):
+    summary = finished(config, workdir)  # Another process may have finished it meanwhile.
+    if summary is not None:
+      return summary
+    workdir_lib.write_config(logdir(workdir), config)
+    # Committed to the plan's shardings like a restored checkpoint, so that fresh and resumed
+    # runs (and the cells of a sweep) hit the same compiled functions instead of compiling twice.
+    state = fns.init(config.train.seed, config.optim.lr)
+    ckpts = open_checkpoints(config, workdir)
+    start, meta = 0, None
+    try:
+      restored = ckpts.restore_latest(state)
+    except BaseException:
+      ckpts.close()
+      raise
+    if restored:
+      start, state, meta = restored
+    elif fine_tune:  # The trunk from another run (e.g. MLM).
+      state = state.replace(params=pretrained_params(config, state.params, vocab_size))
+    lane = Lane.open(config, workdir, dataset, ckpts, start, meta)
+    return train_lanes(fns, [lane], state, start, vocab_size)[0]

@@ -23,6 +23,7 @@ Runs must start from the same step: all fresh, or all resuming from checkpoints 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -38,6 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from actlab import config as config_lib
 from actlab import data, parallel, train
+from actlab import workdir as workdir_lib
 from actlab.errors import UserError
 
 
@@ -51,7 +53,7 @@ def check_group(configs: Sequence[ml_collections.ConfigDict], vocab_size: int = 
   if len(keys) > 1:
     base = json.loads(train.compile_key(configs[0], vocab_size))["config"]
     for c in configs[1:]:
-      diffs = train.diff_configs(base, json.loads(train.compile_key(c, vocab_size))["config"])
+      diffs = workdir_lib.diff_configs(base, json.loads(train.compile_key(c, vocab_size))["config"])
       if diffs:
         raise VectorizeError("vectorized runs may differ only in optim.lr and train.seed; these "
                              "also differ: " + "; ".join(diffs))
@@ -129,40 +131,52 @@ def train_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
   """Trains (or resumes) the runs `configs[i]` in `workdirs[i]` as one vectorized program and
   returns their summaries, in order. The configs may differ only in `optim.lr` and
   `train.seed`. Falls back to sequential `train.run` for one run or for runs at different steps.
+  Checks and locks every workdir first, as `train.run` does for one.
   """
   configs = list(configs)
   workdirs = [pathlib.Path(w) for w in workdirs]
-  for c in configs:
+  for c, w in zip(configs, workdirs):
     config_lib.validate(c)
+    workdir_lib.check_usable(w)
   check_group(configs)
   parallel.initialize(configs[0])
-  if len(configs) == 1:
+  if len(configs) == 1 or any(train.finished(c, w) for c, w in zip(configs, workdirs)):
     return _sequential(configs, workdirs, cache)
   dataset = data.load(configs[0])
   vocab_size = dataset.tokenizer.vocab_size
-  for c, w in zip(configs, workdirs):
-    train.prepare_workdir(train.logdir(w), c)
-  checkpoints = [train.open_checkpoints(c, w) for c, w in zip(configs, workdirs)]
-  starts = {ck.latest_step() or 0 for ck in checkpoints}
-  if (len(starts) > 1 or any((train.logdir(w) / "summary.json").exists() for w in workdirs)
-      or any(c.train.get("init_from") for c in configs)):
-    for ck in checkpoints:
-      ck.close()
-    log("vectorized: runs are at different steps (or fine-tune from a checkpoint); "
-        "training them one after another")
-    return _sequential(configs, workdirs, cache)
-  (start,) = starts
   c0 = configs[0]
   group = _group(c0, vocab_size, len(configs), cache)
-  state = group.init(np.array([c.train.seed for c in configs]),
-                     np.array([c.optim.lr for c in configs], np.float32))
-  if start:  # Every run from its own checkpoint, restored like train.run restores one run.
+  with contextlib.ExitStack() as held:
+    for w in workdirs:
+      held.enter_context(workdir_lib.Lock(train.logdir(w)))
+    held.enter_context(workdir_lib.full_disk_reported(workdirs[0].parent))
+    state = group.init(np.array([c.train.seed for c in configs]),
+                       np.array([c.optim.lr for c in configs], np.float32))
     like = train.compiled(c0, vocab_size, cache).init(0, c0.optim.lr)
-    state = jax.device_put(stack([ck.restore(start, like) for ck in checkpoints]),
-                           jax.tree.map(lambda x: x.sharding, state))
-  lanes = [train.Lane.open(c, w, dataclasses.replace(dataset, seed=int(c.train.seed)), ck, start)
-           for c, w, ck in zip(configs, workdirs, checkpoints)]
-  return train.train_lanes(group, lanes, state, start, vocab_size)
+    for c, w in zip(configs, workdirs):
+      workdir_lib.write_config(train.logdir(w), c)
+    checkpoints = [train.open_checkpoints(c, w) for c, w in zip(configs, workdirs)]
+    try:
+      restored = [ck.restore_latest(like) for ck in checkpoints]
+    except BaseException:
+      for ck in checkpoints:
+        ck.close()
+      raise
+    starts = {r[0] if r else 0 for r in restored}
+    if len(starts) > 1 or any(c.train.get("init_from") for c in configs):
+      for ck in checkpoints:
+        ck.close()
+      log("vectorized: runs are at different steps (or fine-tune from a checkpoint); "
+          "training them one after another")
+      return _sequential(configs, workdirs, cache)
+    (start,) = starts
+    if start:  # Every run from its own checkpoint, restored like train.run restores one run.
+      state = jax.device_put(stack([r[1] for r in restored]),
+                             jax.tree.map(lambda x: x.sharding, state))
+    lanes = [train.Lane.open(c, w, dataclasses.replace(dataset, seed=int(c.train.seed)), ck,
+                             start, r[2] if r else None)
+             for c, w, ck, r in zip(configs, workdirs, checkpoints, restored)]
+    return train.train_lanes(group, lanes, state, start, vocab_size)
 
 
 def _group(config, vocab_size, runs, cache) -> Group:
@@ -181,19 +195,30 @@ def sweep_group(cells: Sequence[Any], workdir, cache: dict | None = None,
   `sweep.max_runs` runs, when their config says `sweep.vectorize`. Returns {name: summary} of
   the cells it trained; the sweep runs everything else as before."""
   workdir = pathlib.Path(workdir)
-  todo = [c for c in cells if not (workdir / c.name / "summary.json").exists()]
-  if len(todo) < 2 or not todo[0].config.get("sweep", {}).get("vectorize", False):
+  if not cells or not cells[0].config.get("sweep", {}).get("vectorize", False):
     return {}
-  size = todo[0].config.sweep.get("max_runs", 0) or len(todo)
-  out = {}
-  for i in range(0, len(todo), size):
-    chunk = todo[i:i + size]
-    t0 = time.perf_counter()
-    summaries = train_group([c.config for c in chunk], [workdir / c.name for c in chunk],
-                            cache=cache, log=log)
-    for cell, summary in zip(chunk, summaries):
-      val = summary.get("final_val_loss")
-      log(f"{cell.name}: {summary['status']}, val loss {'n/a' if val is None else f'{val:.4f}'} "
-          f"(vectorized ×{len(chunk)}, {time.perf_counter() - t0:.0f} s for all)")
-      out[cell.name] = summary
-  return out
+  with contextlib.ExitStack() as held:
+    todo = []
+    for c in cells:  # Unfinished cells that no other process is training, locked for this one.
+      if workdir_lib.read_summary(train.logdir(workdir / c.name), warn=False) is None:
+        try:
+          held.enter_context(workdir_lib.Lock(train.logdir(workdir / c.name)))
+          todo.append(c)
+        except workdir_lib.Lock.Busy:
+          pass  # The sweep's own loop says so.
+    if len(todo) < 2:
+      return {}
+    size = todo[0].config.sweep.get("max_runs", 0) or len(todo)
+    out = {}
+    for i in range(0, len(todo), size):
+      chunk = todo[i:i + size]
+      t0 = time.perf_counter()
+      summaries = train_group([c.config for c in chunk], [workdir / c.name for c in chunk],
+                              cache=cache, log=log)
+      for cell, summary in zip(chunk, summaries):
+        val = summary.get("final_val_loss")
+        log(f"{cell.name}: {summary['status']}, val loss "
+            f"{'n/a' if val is None else f'{val:.4f}'} "
+            f"(vectorized ×{len(chunk)}, {time.perf_counter() - t0:.0f} s for all)")
+        out[cell.name] = summary
+    return out

@@ -169,7 +169,7 @@ def test_classification_trains_above_chance_and_fine_tunes_from_mlm(pretrained, 
   params = train.pretrained_params(c, fresh, vocab)
   mlm = train.Checkpoints(mlm_dir / "checkpoints", 3)
   like = jax.eval_shape(train.Task.create(tiny_encoder(), vocab).init, 0, 1e-3)
-  restored = mlm.restore(60, like).params
+  restored = mlm.restore(60, like)[0].params
   mlm.close()
   for name in ("wte", "wpe", "wtt", "ln_emb", "block_0", "block_1"):
     jax.tree.map(np.testing.assert_array_equal, params[name], restored[name])

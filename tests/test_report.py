@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from actlab import report
+from actlab.errors import UserError
 from conftest import REPO
 
 ACTS, LRS, SEEDS = ["relu", "gelu"], [1e-4, 1e-3, 3e-3], [0, 1, 2]
@@ -144,5 +145,27 @@ def test_without_manifest_axes_are_inferred_and_cli_works(tmp_path):
   text = (tmp_path / "report.md").read_text()
   vals = [s[_name("relu", 1e-4, k)]["final_val_loss"] for k in SEEDS]
   assert _fmt(vals) in _row(text, "relu", 1e-4)
-  with pytest.raises(SystemExit, match="not a sweep"):
-    report.main(["report", str(tmp_path / "nothing")])
+  with pytest.raises(UserError, match="nothing does not exist: not a sweep directory"):
+    report.load(tmp_path / "nothing")
+  out = subprocess.run([sys.executable, "-m", "actlab.report", str(tmp_path / "plots")],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2 and out.stderr == (
+      f"error: {tmp_path / 'plots'} has no sweep.json and no */config.json: not a sweep "
+      "directory (the --workdir of actlab.sweep)\n")
+
+
+def test_torn_and_unfinished_runs_are_marked_not_crashed(tmp_path):
+  rng = np.random.default_rng(3)
+  torn, empty = _name("relu", 1e-3, 0), _name("gelu", 3e-3, 1)
+  _fake_sweep(tmp_path, rng)
+  log = tmp_path / torn / "metrics.jsonl"
+  log.write_text(log.read_text()[:-30] + '\n{"step": 100, "train_lo{"step"\n')
+  (tmp_path / empty / "summary.json").write_text("")  # a crash mid-write
+  (tmp_path / "sweep.json").write_text((tmp_path / "sweep.json").read_text())
+  text = report.write(tmp_path).read_text()
+  runs = text.split("## Runs")[1]
+  assert re.search(rf"\| {re.escape(torn)} \| stable \| [\d.]+ \| 2 unreadable line\(s\) in "
+                   r"metrics.jsonl \|", runs), runs
+  assert re.search(rf"\| {re.escape(empty)} \| incomplete \| — \| reached step 100; "
+                   r"summary.json unreadable \|", runs), runs
+  assert "17 of 18 runs finished" in text

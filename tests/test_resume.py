@@ -1,8 +1,13 @@
-"""Checkpoints: exact resume after SIGKILL, SIGTERM saves, bad checkpoints reported, CLI errors."""
+"""Nothing lost, nothing silently wrong: exact resume after SIGKILL and SIGTERM (log included),
+torn logs rebuilt, corrupt checkpoints detected, finished runs untouched, the workdir lock, a
+full disk, and refused runs that leave nothing behind."""
 
-import os
+import contextlib
+import hashlib
+import json
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,17 +17,26 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import train
+from actlab import sample, sweep, train
 from actlab.checkpoint import CheckpointError, Checkpoints
+from actlab.errors import UserError
 from conftest import REPO, tiny
+from test_workdir import hold_lock
 
 CONFIG_FILE = str(REPO / "tests" / "tiny_config.py")
 STEPS = 300
+WALL_CLOCK = {"tokens_per_sec", "wall_time_sec", "train_time_sec", "provenance"}
 
 
 def cli(workdir, *flags):
+  """The CLI run of `long_config`."""
   return [sys.executable, "-m", "actlab.main", f"--config={CONFIG_FILE}", f"--workdir={workdir}",
-          f"--config.train.steps={STEPS}", "--config.train.checkpoint_every=20", *flags]
+          f"--config.train.steps={STEPS}", "--config.train.checkpoint_every=20",
+          "--config.train.log_every=7", *flags]
+
+
+def long_config():
+  return tiny(**{"train.steps": STEPS, "train.checkpoint_every": 20, "train.log_every": 7})
 
 
 def start(workdir, *flags):
@@ -40,26 +54,55 @@ def wait_for_checkpoint(proc, workdir, step, timeout=240):
     time.sleep(0.05)
 
 
-def final_params(workdir):
-  c = tiny()
-  task = train.Task.create(c, 257)
-  like = jax.eval_shape(task.init, 0)
-  ckpt = Checkpoints(pathlib.Path(workdir, "checkpoints").absolute(), 3)
-  state = ckpt.restore(STEPS, like)
+def rows(workdir, wall_clock: bool = False) -> list[dict]:
+  """metrics.jsonl, without the wall-clock fields unless asked."""
+  out = [json.loads(l) for l in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+  return out if wall_clock else [{k: v for k, v in r.items() if k not in WALL_CLOCK} for r in out]
+
+
+def summary(workdir) -> dict:
+  s = json.loads((pathlib.Path(workdir) / "summary.json").read_text())
+  return {k: v for k, v in s.items() if k not in WALL_CLOCK}
+
+
+def final_params(workdir, step=STEPS):
+  task = train.Task.create(tiny(), 257)
+  ckpt = Checkpoints(pathlib.Path(workdir, "checkpoints"), 3, read_only=True)
+  state, _ = ckpt.restore(step, jax.eval_shape(task.init, 0))
   ckpt.close()
   return state
 
 
-@pytest.mark.slow
-def test_sigkill_then_resume_is_bitwise_exact(tmp_path):
-  reference = tmp_path / "reference"
-  c = tiny()
-  c.train.update(steps=STEPS, checkpoint_every=20)
-  train.run(c, reference)
+def checkpoint_steps(workdir) -> list[int]:
+  return sorted(int(p.name) for p in (pathlib.Path(workdir) / "checkpoints").iterdir()
+                if p.name.isdigit())
 
+
+def files(workdir) -> dict:
+  """Every file under `workdir` with its size, mtime and content hash."""
+  return {str(p.relative_to(workdir)): (p.stat().st_size, p.stat().st_mtime_ns,
+                                        hashlib.sha256(p.read_bytes()).hexdigest())
+          for p in sorted(pathlib.Path(workdir).rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """The uninterrupted run that the interrupted ones must equal."""
+  workdir = tmp_path_factory.mktemp("reference")
+  train.run(long_config(), workdir)
+  return workdir
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_is_exact_and_a_second_process_is_locked_out(reference, tmp_path):
   resumed = tmp_path / "resumed"
   proc = start(resumed)
   wait_for_checkpoint(proc, resumed, 40)
+  second = subprocess.run(cli(resumed), cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert second.returncode == 2
+  assert re.fullmatch(rf"error: {resumed} is in use by pid {proc.pid} on \S+ \(since \S+\); wait "
+                      r"for that run to end \(or stop it\), or choose another --workdir\n",
+                      second.stderr), second.stderr
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   assert not (resumed / "summary.json").exists()
@@ -70,44 +113,203 @@ def test_sigkill_then_resume_is_bitwise_exact(tmp_path):
   a, b = final_params(reference), final_params(resumed)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
-  steps = lambda d: [int(l.split('"step": ')[1].split(",")[0].rstrip("}"))
-                     for l in (d / "metrics.jsonl").read_text().splitlines()]
-  assert steps(resumed) == steps(reference)  # the log holds each step once
+  assert rows(resumed) == rows(reference)  # the log too, row for row
+  assert summary(resumed) == summary(reference)
+  segments = json.loads((resumed / "summary.json").read_text())["provenance"]
+  assert [s["start_step"] for s in segments][0] == 0 and len(segments) == 2
 
 
 @pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_and_exits_nonzero(tmp_path):
+def test_sigterm_saves_the_step_it_stopped_at_and_resumes_exactly(reference, tmp_path):
   proc = start(tmp_path)
   wait_for_checkpoint(proc, tmp_path, 20)
+  time.sleep(0.3)  # Most likely between log steps (every 7): the partial window must survive.
   proc.send_signal(signal.SIGTERM)
   out, _ = proc.communicate(timeout=120)
   assert proc.returncode == 128 + signal.SIGTERM, out
-  stopped_at = int(re.search(r"at step (\d+); checkpoint saved", out).group(1))
-  saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
-  assert stopped_at > 20 and saved[-1] == stopped_at  # saved where it stopped
+  stopped_at = int(re.search(r"after step (\d+); checkpoint of step \1 saved", out).group(1))
+  assert stopped_at > 20 and checkpoint_steps(tmp_path)[-1] == stopped_at
   assert not (tmp_path / "summary.json").exists()
+  assert all(r["step"] <= stopped_at for r in rows(tmp_path))
+
+  result = subprocess.run(cli(tmp_path), cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert f"resuming at step {stopped_at}" in result.stdout
+  assert rows(tmp_path) == rows(reference)
+  assert summary(tmp_path) == summary(reference)
 
 
-def test_corrupt_checkpoint_is_reported_and_nothing_deleted(tmp_path):
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+  """A finished 50-step run (checkpoints at 25 and 50); tests work on copies of it."""
+  workdir = tmp_path_factory.mktemp("short")
+  train.run(tiny(), workdir)
+  return workdir
+
+
+def crashed_copy(short_run, dest) -> pathlib.Path:
+  """`short_run` as a crash after its step-50 checkpoint would leave it: no summary."""
+  shutil.copytree(short_run, dest)
+  (dest / "summary.json").unlink()
+  return dest
+
+
+def test_torn_log_is_rebuilt_from_the_checkpoint(short_run, tmp_path, capsys):
+  work = crashed_copy(short_run, tmp_path / "w")
+  shutil.rmtree(work / "checkpoints" / "50")  # Killed after logging step 50, before its save.
+  lines = (work / "metrics.jsonl").read_text().splitlines()
+  lines[1] = lines[1][:20] + lines[2]  # A row torn in the middle of the file,
+  lines[-1] = lines[-1][:len(lines[-1]) // 2]  # and the last one cut mid-write.
+  (work / "metrics.jsonl").write_text("\n".join(lines))
+  train.run(tiny(), work)
+  err = capsys.readouterr().err
+  assert "rebuilt from the checkpoint of step 25: 2 row(s) after step 25 dropped, " \
+         "2 unreadable line(s) dropped, 1 row(s) restored" in err
+  assert rows(work) == rows(short_run)
+  assert rows(work, True)[:3] == rows(short_run, True)[:3]  # rows up to 25: as first written
+  assert summary(work) == summary(short_run)
+
+
+def test_corrupt_latest_checkpoint_is_moved_aside_and_the_previous_one_used(short_run, tmp_path,
+                                                                            capsys):
+  work = crashed_copy(short_run, tmp_path / "w")
+  data = max((work / "checkpoints" / "50" / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
+  raw = bytearray(data.read_bytes())
+  raw[len(raw) // 2:len(raw) // 2 + 64] = bytes(64)  # Bytes overwritten in place, same size.
+  data.write_bytes(bytes(raw))
+  before = sorted(p.relative_to(work / "checkpoints" / "50")
+                  for p in (work / "checkpoints" / "50").rglob("*"))
+  train.run(tiny(), work)
+  err = capsys.readouterr().err
+  assert re.search(r"checkpoint .*/checkpoints/50 (does not match its checksums|could not be "
+                   r"read).*; moved aside to .*/checkpoints.corrupt/50; using step 25", err), err
+  moved = work / "checkpoints.corrupt" / "50"
+  assert sorted(p.relative_to(moved) for p in moved.rglob("*")) == before  # nothing deleted
+  assert summary(work) == summary(short_run)  # retrained 26-50 from the good checkpoint
+
+
+def test_no_restorable_checkpoint_is_one_line_and_nothing_is_moved(short_run, tmp_path):
+  work = crashed_copy(short_run, tmp_path / "w")
+  for step in (25, 50):
+    for f in (work / "checkpoints" / str(step) / "state").rglob("d/*"):
+      f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])  # truncated array data
+  before = files(work)
+  result = subprocess.run(cli(work, "--config.train.steps=50", "--config.train.log_every=10",
+                              "--config.train.checkpoint_every=25"),
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2, result.stderr
+  assert len(result.stderr.splitlines()) == 1, result.stderr
+  assert result.stderr.startswith("error: no checkpoint can be restored: checkpoint ")
+  assert "Nothing was moved or deleted" in result.stderr
+  after = files(work)
+  assert {k: v for k, v in after.items() if k != ".lock"} == \
+      {k: v for k, v in before.items() if k != ".lock"}
+
+
+def test_finished_run_is_reported_and_its_files_untouched(short_run, tmp_path):
+  work = tmp_path / "w"
+  shutil.copytree(short_run, work)
+  before = files(work)
+  result = subprocess.run(cli(work, "--config.train.steps=50", "--config.train.log_every=10",
+                              "--config.train.checkpoint_every=25"),
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr
+  saved = json.loads((work / "summary.json").read_text())
+  assert f"{saved['final_val_loss']:.4f} at step 50" in result.stdout
+  assert f"{saved['tokens_per_sec']:,.0f} tokens/s" in result.stdout
+  assert files(work) == before
+
+
+def test_unreadable_summary_means_the_run_is_finished_again(short_run, tmp_path, capsys):
+  work = tmp_path / "w"
+  shutil.copytree(short_run, work)
+  (work / "summary.json").write_text("")  # What a crash mid-write used to leave.
+  assert train.run(tiny(), work)["final_val_loss"] == summary(short_run)["final_val_loss"]
+  assert "summary.json is unreadable; treating the run as not finished" in capsys.readouterr().err
+  assert summary(work) == summary(short_run)
+  assert rows(work, True) == rows(short_run, True)
+
+
+def test_runtime_fields_do_not_block_a_resume_and_segments_are_recorded(short_run, tmp_path):
+  work = crashed_copy(short_run, tmp_path / "w")
+  shutil.rmtree(work / "checkpoints" / "50")
+  c = tiny(**{"train.progress": True, "metrics.tensorboard": False, "train.keep_checkpoints": 5})
+  result = train.run(c, work)
+  assert [s["start_step"] for s in result["provenance"]] == [0, 25]
+  assert result["provenance"][1]["runtime"]["metrics.tensorboard"] is False
+  assert json.loads((work / "config.json").read_text())["metrics"]["tensorboard"] is True
+  assert summary(work) == summary(short_run)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"parallel.num_devices": 64}, "parallel.num_devices=64, but only"),
+    ({"train.init_from": "/nonexistent/run"}, "holds no run"),
+])
+def test_refused_run_leaves_nothing_behind(tmp_path, override, message):
   c = tiny()
-  c.train.update(steps=20, checkpoint_every=10)
-  train.run(c, tmp_path)
-  latest = tmp_path / "checkpoints" / "20"
-  for f in latest.rglob("*"):
-    if f.is_file() and f.stat().st_size > 0 and "metadata" not in f.name:
-      f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # truncate the array data
-  before = sorted(str(p) for p in (tmp_path / "checkpoints").rglob("*"))
-  c.train.steps = 20
-  with pytest.raises(CheckpointError, match=r"checkpoints/20 could not be restored.*step 10"):
-    train.run(c, tmp_path)
-  assert sorted(str(p) for p in (tmp_path / "checkpoints").rglob("*")) == before
+  if "train.init_from" in override:
+    c.train.init_from = ""
+  c.update_from_flattened_dict(override)
+  with pytest.raises(UserError, match=message):
+    train.run(c, tmp_path / "w")
+  assert not (tmp_path / "w").exists()
 
 
-def test_cli_reports_bad_config_in_one_line(tmp_path):
-  result = subprocess.run(
-      [sys.executable, "-m", "actlab.main", f"--config={CONFIG_FILE}", f"--workdir={tmp_path}",
-       "--config.model.num_heads=3"], cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert result.returncode == 2
-  assert result.stderr.strip() == (
-      "error: model.d_model=32 is not divisible by model.num_heads=3")
-  assert not any(tmp_path.iterdir())  # nothing written
+def test_sampling_reads_a_workdir_without_writing_to_it(short_run, tmp_path):
+  work = tmp_path / "w"
+  work.mkdir()
+  shutil.copy(short_run / "config.json", work)
+  with pytest.raises(UserError, match="holds no checkpoint yet"):
+    sample.load_run(work)
+  assert [p.name for p in work.iterdir()] == ["config.json"]
+
+
+def test_two_sweeps_share_the_cells(tmp_path):
+  spec = tmp_path / "grid.py"
+  spec.write_text("def get_sweep(arg=None):\n"
+                  "  return {'axes': {'optim.lr': [1e-3, 3e-3]}, 'seeds': [0],\n"
+                  "          'fixed': {'train.steps': 10, 'train.checkpoint_every': 10}}\n")
+  root = tmp_path / "sweep"
+  holder = hold_lock(root / "lr=0.003,seed=0" / ".lock")  # Another sweep trains this cell.
+  said = []
+  try:
+    results = sweep.run(tiny(), str(spec), root, log=said.append)
+  finally:
+    holder.kill()
+    holder.wait()
+  assert list(results) == ["lr=0.001,seed=0"]
+  assert any(s.startswith("lr=0.003,seed=0: skipped: ") and "in use by pid 4242" in s
+             for s in said), said
+  assert not (root / "lr=0.003,seed=0" / "metrics.jsonl").exists()
+  assert list(sweep.run(tiny(), str(spec), root, log=said.append)) == [
+      "lr=0.001,seed=0", "lr=0.003,seed=0"]
+
+
+@contextlib.contextmanager
+def small_disk(path: pathlib.Path, size: str):
+  path.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                    capture_output=True).returncode:
+    pytest.skip("cannot mount a small tmpfs here (needs root)")
+  try:
+    yield path
+  finally:
+    subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def test_full_disk_is_one_line_and_the_checkpoints_stay_intact(tmp_path):
+  with small_disk(tmp_path / "disk", "1200k") as disk:
+    result = subprocess.run(cli(disk / "run", "--config.train.checkpoint_every=5",
+                                "--config.train.steps=100"),
+                            cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert re.match(r"error: no space left on device writing \S+; free some space and rerun the "
+                    "same command", result.stderr), result.stderr
+    steps = checkpoint_steps(disk / "run")
+    assert steps
+    c = tiny(**{"train.steps": 100, "train.checkpoint_every": 5, "train.log_every": 7})
+    like = train.Task.create(c, 257).init(0)
+    ck = Checkpoints(disk / "run" / "checkpoints", 3, read_only=True)
+    assert ck.restore_latest(like)[0] == steps[-1]  # intact: checksums match
+    ck.close()

@@ -2,6 +2,7 @@
 
 import json
 
+import flax
 import jax
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ from actlab.checkpoint import Checkpoints
 from conftest import tiny
 
 TOL = 1e-6
-TIMING = {"tokens_per_sec", "wall_time_sec", "train_time_sec"}
+# The wall clock, and where and when a run ran: differ between any two runs.
+RUN_SPECIFIC = {"tokens_per_sec", "wall_time_sec", "train_time_sec", "provenance"}
 
 
 def cell_config(lr, seed, **overrides):
@@ -32,7 +34,7 @@ def assert_close_rows(a, b):
   for ra, rb in zip(a, b):
     assert set(ra) == set(rb), (set(ra) ^ set(rb))
     for k in ra:
-      if k in TIMING:
+      if k in RUN_SPECIFIC:
         continue
       if isinstance(ra[k], float):
         assert abs(ra[k] - rb[k]) <= TOL * max(1.0, abs(ra[k])), (ra["step"], k, ra[k], rb[k])
@@ -40,11 +42,19 @@ def assert_close_rows(a, b):
         assert ra[k] == rb[k], (ra["step"], k)
 
 
+def without_key_bias(params):
+  """The attention key bias has an exactly zero gradient (softmax ignores a shift shared by all
+  keys), so its gradient is rounding noise, which Adam scales up to LR-sized steps: vmapped and
+  sequential runs may differ there by more than TOL. Everything else is compared."""
+  flat = flax.traverse_util.flatten_dict(params)
+  return {k: v for k, v in flat.items() if k[-2:] != ("key", "bias")}
+
+
 def final_params(workdir, config):
   like = train.Compiled.create(config, 257).init(0, config.optim.lr)
   ck = Checkpoints((workdir / "checkpoints").absolute(), 3)
   try:
-    return ck.restore(ck.latest_step(), like).params
+    return ck.restore(ck.latest_step(), like)[0].params
   finally:
     ck.close()
 
@@ -60,7 +70,7 @@ def test_vectorized_runs_equal_sequential_runs(tmp_path):
     assert_close_rows(rows(tmp_path / f"seq{i}"), rows(tmp_path / f"vec{i}"))
     assert set(v) - set(s) == {"vectorized_runs"} and v["vectorized_runs"] == 3
     for k in s:
-      if k in TIMING:
+      if k in RUN_SPECIFIC:
         continue
       if isinstance(s[k], float):
         assert abs(s[k] - v[k]) <= TOL * max(1.0, abs(s[k])), (k, s[k], v[k])
@@ -68,7 +78,7 @@ def test_vectorized_runs_equal_sequential_runs(tmp_path):
         assert s[k] == v[k], k
     p_seq = final_params(tmp_path / f"seq{i}", configs[i])
     p_vec = final_params(tmp_path / f"vec{i}", configs[i])
-    assert parallel.tree_max_abs_diff(p_seq, p_vec) <= TOL
+    assert parallel.tree_max_abs_diff(without_key_bias(p_seq), without_key_bias(p_vec)) <= TOL
   # The runs really differ from each other (the comparison above is not vacuous).
   assert abs(seq[0]["final_val_loss"] - seq[1]["final_val_loss"]) > 1e-3
   assert abs(seq[0]["final_val_loss"] - seq[2]["final_val_loss"]) > 1e-3

@@ -1,0 +1,341 @@
+"""The run directory: one owner at a time, what identifies the run, atomic files, the metrics log.
+
+    <workdir>/
+      .lock            held (flock) by the process training here; pid, host and start inside
+      config.json      the run's config, written once; a rerun must match it (`check_config`)
+      provenance.json  one segment per start of the process: versions, commit, devices, command
+      metrics.jsonl    one row per log step; rebuilt from the checkpoint's copy on resume
+      summary.json     written when the run ends: a readable one means "done"
+      checkpoints/     Orbax; each step also holds its metrics rows and checksums (checkpoint.py)
+
+Small files are written whole or not at all (`write_json`: temp file, fsync, rename), so a crash
+or a full disk never leaves a half-written config or summary behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import functools
+import importlib.metadata
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+from typing import Any, Iterator
+
+import jax
+import ml_collections
+
+from actlab.errors import UserError
+
+
+class WorkdirError(UserError):
+  """The workdir cannot hold this run (another run, another owner, not a directory)."""
+
+
+# Fields that say how or where a run executes, not what it computes: they may change when a run
+# resumes (each segment's values are in provenance.json).
+RUNTIME_FIELDS = ("parallel.", "sweep.", "train.progress", "train.keep_checkpoints",
+                  "metrics.tensorboard", "data.dir", "data.manual_dir", "data.gpt2_dir")
+
+
+def logdir(workdir: pathlib.Path) -> pathlib.Path:
+  """Where this process writes a run's files. Several hosts: process 0 writes them, the others
+  keep their (identical) logs beside them in process_<i>/ (the checkpoints are shared)."""
+  i = jax.process_index()
+  return workdir / f"process_{i}" if i else workdir
+
+
+def check_usable(workdir: pathlib.Path) -> None:
+  """Refuses a workdir that is a file or lies under one, before anything is written."""
+  for path in (workdir, *workdir.parents):
+    if path.exists():
+      if not path.is_dir():
+        where = "is" if path == workdir else f"lies under {path}, which is"
+        raise WorkdirError(f"--workdir {workdir} {where} a file, not a directory; "
+                           "choose another --workdir")
+      return
+
+
+# --- Atomic small files ---------------------------------------------------------------------
+
+
+def write_text(path: pathlib.Path, text: str) -> None:
+  """Writes `path` whole or not at all: a temp file beside it, fsync, rename."""
+  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+  try:
+    with open(tmp, "w") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    tmp.unlink(missing_ok=True)
+  dir_fd = os.open(path.parent, os.O_RDONLY)
+  try:
+    os.fsync(dir_fd)  # The rename itself survives a power cut.
+  finally:
+    os.close(dir_fd)
+
+
+def write_json(path: pathlib.Path, obj: Any) -> None:
+  write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def read_json(path: pathlib.Path) -> dict | None:
+  """The JSON object in `path`, or None when it is missing, empty, torn or not an object."""
+  try:
+    obj = json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+  return obj if isinstance(obj, dict) else None
+
+
+def read_summary(logdir_: pathlib.Path, warn: bool = True) -> dict | None:
+  """The run's summary.json if it is readable, else None: the run is not finished. An unreadable
+  one (a crash while it was written by an older actlab, a disk error) is said in one line."""
+  path = logdir_ / "summary.json"
+  summary = read_json(path)
+  if summary is None and path.exists() and warn:
+    print(f"actlab: {path} is unreadable; treating the run as not finished", file=sys.stderr)
+  return summary
+
+
+# --- The lock -------------------------------------------------------------------------------
+
+
+_held: dict[pathlib.Path, list] = {}  # lock path -> [open file, depth]: this process's locks
+
+
+def _holder(path: pathlib.Path) -> str:
+  info = read_json(path) or {}
+  if not info:
+    return "another process"
+  return f"pid {info.get('pid')} on {info.get('host')} (since {info.get('since')})"
+
+
+class Lock:
+  """An exclusive lock on a workdir for as long as the `with` block runs.
+
+  `fcntl.flock` on `<workdir>/.lock`: the kernel releases it when the process dies, so a killed
+  run leaves no stale lock. Re-entrant within a process (a sweep holds a cell's lock while the
+  run inside takes it again). A second process gets `Busy` naming the holder.
+  """
+
+  class Busy(WorkdirError):
+    """Another process holds the workdir."""
+
+  def __init__(self, workdir: pathlib.Path):
+    self.path = (pathlib.Path(workdir) / ".lock").absolute()
+
+  def __enter__(self) -> "Lock":
+    if self.path in _held:
+      _held[self.path][1] += 1
+      return self
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(self.path, "a+")
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.close()
+      raise Lock.Busy(f"{self.path.parent} is in use by {_holder(self.path)}; wait for that run "
+                      "to end (or stop it), or choose another --workdir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}))
+    f.flush()
+    _held[self.path] = [f, 1]
+    return self
+
+  def __exit__(self, *exc) -> None:
+    entry = _held[self.path]
+    entry[1] -= 1
+    if not entry[1]:
+      del _held[self.path]
+      entry[0].close()  # Closing the file releases the lock.
+
+
+# --- Identity -------------------------------------------------------------------------------
+
+
+def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
+  """Human-readable differences between two nested config dicts."""
+  out = []
+  for key in sorted(set(old) | set(new)):
+    a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += diff_configs(a, b, f"{prefix}{key}.")
+    elif a != b:
+      out.append(f"{prefix}{key}: {a!r} → {b!r}")
+  return out
+
+
+def identity_diffs(old: dict, new: dict) -> list[str]:
+  """The differences that make `new` another run than `old` (RUNTIME_FIELDS do not)."""
+  return [d for d in diff_configs(old, new) if not d.startswith(RUNTIME_FIELDS)]
+
+
+def check_config(logdir_: pathlib.Path, config: ml_collections.ConfigDict) -> None:
+  """Raises unless the workdir is unused or holds a run of the same config (RUNTIME_FIELDS
+  aside); writes nothing."""
+  path = logdir_ / "config.json"
+  if not path.exists():
+    return
+  old = read_json(path)
+  if old is None:
+    raise WorkdirError(f"{path} is unreadable; move it aside only if you know which config this "
+                       "run used, or choose another --workdir")
+  diffs = identity_diffs(old, json.loads(config.to_json()))
+  if diffs:
+    raise WorkdirError(
+        f"{logdir_} holds a run with a different config ({'; '.join(diffs)}); "
+        "rerun with the same config to resume, or choose another --workdir")
+
+
+def write_config(logdir_: pathlib.Path, config: ml_collections.ConfigDict) -> None:
+  """config.json, once: a resumed run keeps the one it started with."""
+  path = logdir_ / "config.json"
+  if not path.exists():
+    write_text(path, config.to_json(indent=2) + "\n")
+
+
+# --- Provenance -----------------------------------------------------------------------------
+
+
+PACKAGES = ("actlab", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
+
+
+def _now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _git(*args: str) -> str | None:
+  try:
+    out = subprocess.run(["git", *args], cwd=pathlib.Path(__file__).parent, capture_output=True,
+                         text=True, timeout=10)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.cache
+def _code() -> dict:
+  """actlab's version, and its git commit and dirty flag when it runs from a checkout."""
+  versions = {}
+  for name in PACKAGES:
+    try:
+      versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      versions[name] = None
+  commit = _git("rev-parse", "HEAD")
+  status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+  return {"versions": versions, "git_commit": commit,
+          "git_dirty": None if status is None else bool(status)}
+
+
+def segment(config: ml_collections.ConfigDict, start_step: int) -> dict:
+  """Where, with what and how this process (re)started the run at `start_step`."""
+  devices = jax.devices()
+  return {
+      "start_step": start_step, "started": _now(), **_code(),
+      "device_kind": devices[0].device_kind, "device_count": len(devices),
+      "process_count": jax.process_count(), "host": socket.gethostname(),
+      "command": [sys.executable, *sys.argv],
+      "runtime": {k: v for k, v in _flat(json.loads(config.to_json())).items()
+                  if k.startswith(RUNTIME_FIELDS)},
+  }
+
+
+def append_segment(logdir_: pathlib.Path, seg: dict) -> list[dict]:
+  """Appends `seg` to provenance.json; returns every segment so far."""
+  path = logdir_ / "provenance.json"
+  segments = (read_json(path) or {}).get("segments", [])
+  segments.append(seg)
+  write_json(path, {"segments": segments})
+  return segments
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+  return out
+
+
+# --- metrics.jsonl --------------------------------------------------------------------------
+
+
+def read_rows(path: pathlib.Path) -> tuple[list[dict], int]:
+  """The readable rows of a metrics.jsonl and how many lines were torn or mangled (skipped)."""
+  try:
+    lines = path.read_text().splitlines()
+  except OSError:
+    return [], 0
+  rows, bad = [], 0
+  for line in lines:
+    try:
+      row = json.loads(line)
+    except ValueError:
+      bad += 1
+      continue
+    if isinstance(row, dict) and isinstance(row.get("step"), int):
+      rows.append(row)
+    elif line.strip():
+      bad += 1
+  return rows, bad
+
+
+class MetricsLog:
+  """metrics.jsonl: one JSON object per log step. It starts as `rows`, the rows up to `step` that
+  the restored checkpoint carries (none for a fresh run): rows the file holds past them (a run
+  killed after its last checkpoint) and torn or mangled lines are replaced, with a line saying so,
+  so that a resumed log equals an uninterrupted one."""
+
+  def __init__(self, path: pathlib.Path, rows: list[dict], step: int):
+    self.path = path
+    self.rows = list(rows)
+    on_disk, bad = read_rows(path)
+    if on_disk != self.rows:
+      later = sum(r["step"] > step for r in on_disk)
+      missing = sum(r not in on_disk for r in self.rows)
+      news = [f"{n} {what}" for n, what in ((later, f"row(s) after step {step} dropped"),
+                                            (bad, "unreadable line(s) dropped"),
+                                            (missing, "row(s) restored")) if n]
+      if news:
+        print(f"actlab: {path} rebuilt from the checkpoint of step {step}: {', '.join(news)}",
+              file=sys.stderr)
+      write_text(path, "".join(json.dumps(r) + "\n" for r in self.rows))
+
+  def write(self, row: dict) -> None:
+    self.rows.append(row)
+    with self.path.open("a") as f:
+      f.write(json.dumps(row) + "\n")
+
+
+def disk_full(e: BaseException) -> OSError | None:
+  """The ENOSPC error in `e`'s chain of causes, if any."""
+  while e is not None:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+      return e
+    e = e.__cause__ or e.__context__
+  return None
+
+
+@contextlib.contextmanager
+def full_disk_reported(workdir: pathlib.Path) -> Iterator[None]:
+  """Turns a full disk (wherever it surfaces: a log row, a checkpoint thread) into one line."""
+  try:
+    yield
+  except Exception as e:
+    full = disk_full(e)
+    if full is None:
+      raise
+    raise WorkdirError(
+        f"no space left on device writing {full.filename or workdir}; free some space and rerun "
+        "the same command: it resumes from the last complete checkpoint (checkpoints are "
+        "written whole or not at all)") from None

@@ -1,0 +1,142 @@
+"""The run directory: the lock, atomic files, the tolerant metrics reader, identity, provenance."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from actlab import workdir
+from conftest import tiny
+
+HOLD = ("import fcntl, sys, time\n"
+        "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "f.write('{\"pid\": 4242, \"host\": \"node7\", \"since\": \"then\"}'); f.flush()\n"
+        "print('held', flush=True); time.sleep(120)\n")
+
+
+def hold_lock(path):
+  """A process that holds the flock on `path` (as a running actlab would) until killed."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE,
+                          text=True)
+  assert proc.stdout.readline().strip() == "held"
+  return proc
+
+
+def test_lock_refuses_a_second_process_naming_the_holder(tmp_path):
+  holder = hold_lock(tmp_path / ".lock")
+  try:
+    with pytest.raises(workdir.Lock.Busy, match=r"in use by pid 4242 on node7 \(since then\)"):
+      with workdir.Lock(tmp_path):
+        pass
+  finally:
+    holder.kill()
+    holder.wait()
+  with workdir.Lock(tmp_path):  # The kernel released it with the process: no stale lock.
+    info = json.loads((tmp_path / ".lock").read_text())
+    assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
+
+
+def test_lock_is_reentrant_within_a_process(tmp_path):
+  with workdir.Lock(tmp_path):
+    with workdir.Lock(tmp_path):
+      pass
+    assert workdir.Lock(tmp_path).path in workdir._held  # still held by the outer block
+  assert not workdir._held
+
+
+def test_write_json_leaves_the_old_file_when_interrupted(tmp_path, monkeypatch):
+  path = tmp_path / "summary.json"
+  workdir.write_json(path, {"status": "stable"})
+
+  def crash(src, dst):
+    raise OSError(28, "No space left on device", str(dst))
+
+  monkeypatch.setattr(os, "replace", crash)
+  with pytest.raises(OSError):
+    workdir.write_json(path, {"status": "diverged"})
+  assert json.loads(path.read_text()) == {"status": "stable"}
+  assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temp file left
+
+
+@pytest.mark.parametrize("content", ["", "{", "[1, 2]", "\x00\x00"])
+def test_unreadable_summary_means_not_finished(tmp_path, content, capsys):
+  (tmp_path / "summary.json").write_text(content)
+  assert workdir.read_summary(tmp_path) is None
+  assert "unreadable; treating the run as not finished" in capsys.readouterr().err
+
+
+def test_read_rows_skips_torn_and_mangled_lines(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text('{"step": 0, "val_loss": 5.0}\n{"step": 10, "train_lo{"step": 20}\n'
+                  '["not a row"]\n{"step": 30, "train_loss": 2.0}\n{"step": 40, "train_')
+  rows, bad = workdir.read_rows(path)
+  assert [r["step"] for r in rows] == [0, 30] and bad == 3
+
+
+def test_metrics_log_is_rebuilt_from_the_checkpoint_rows(tmp_path, capsys):
+  path = tmp_path / "metrics.jsonl"
+  rows = [{"step": 0, "val_loss": 5.0}, {"step": 10, "train_loss": 3.0}]
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows)
+                  + '{"step": 20, "train_loss": 2.5}\n{"step": 30, "tr')
+  log = workdir.MetricsLog(path, rows, step=10)
+  assert "1 row(s) after step 10 dropped, 1 unreadable line(s) dropped" in capsys.readouterr().err
+  log.write({"step": 20, "train_loss": 2.4})
+  assert workdir.read_rows(path) == (rows + [{"step": 20, "train_loss": 2.4}], 0)
+  path.write_text(json.dumps(rows[0]) + "\n")  # A row lost: restored from the checkpoint's copy.
+  workdir.MetricsLog(path, rows, step=10)
+  assert "1 row(s) restored" in capsys.readouterr().err
+  assert workdir.read_rows(path) == (rows, 0)
+
+
+def test_workdir_that_is_a_file_is_refused(tmp_path):
+  (tmp_path / "f").write_text("x")
+  with pytest.raises(workdir.WorkdirError, match="is a file, not a directory"):
+    workdir.check_usable(tmp_path / "f")
+  with pytest.raises(workdir.WorkdirError, match=r"lies under .*/f, which is a file"):
+    workdir.check_usable(tmp_path / "f" / "run")
+  workdir.check_usable(tmp_path / "new" / "run")  # not there yet: fine
+
+
+def test_only_what_changes_the_math_identifies_a_run(tmp_path):
+  c = tiny()
+  workdir.write_config(tmp_path, c)
+  for key, value in [("train.progress", True), ("metrics.tensorboard", False),
+                     ("train.keep_checkpoints", 9), ("parallel.cpu_devices", 2),
+                     ("data.dir", "/elsewhere"), ("sweep.vectorize", True)]:
+    other = tiny(**{key: value})
+    workdir.check_config(tmp_path, other)
+  with pytest.raises(workdir.WorkdirError, match=r"optim.lr: 0.003 → 0.001"):
+    workdir.check_config(tmp_path, tiny(**{"optim.lr": 1e-3}))
+
+
+def test_provenance_segment(tmp_path):
+  seg = workdir.segment(tiny(**{"train.progress": False}), start_step=40)
+  assert seg["start_step"] == 40 and seg["device_count"] >= 1 and seg["device_kind"]
+  assert set(workdir.PACKAGES) <= set(seg["versions"]) and seg["versions"]["jax"]
+  assert seg["git_commit"] is None or len(seg["git_commit"]) == 40
+  assert seg["command"][0] == sys.executable and seg["runtime"]["train.progress"] is False
+  assert [s["start_step"] for s in workdir.append_segment(tmp_path, seg)] == [40]
+  assert [s["start_step"] for s in workdir.append_segment(tmp_path, {**seg, "start_step": 90})] \
+      == [40, 90]
+
+
+def test_disk_full_is_found_in_the_cause_chain(tmp_path):
+  try:
+    try:
+      raise OSError(28, "No space left on device", "/runs/x/metrics.jsonl")
+    except OSError as e:
+      raise RuntimeError("async save failed") from e
+  except RuntimeError as e:
+    err = e
+  with pytest.raises(workdir.WorkdirError, match=r"no space left on device writing "
+                     r"/runs/x/metrics.jsonl; free some space and rerun the same command"):
+    with workdir.full_disk_reported(tmp_path):
+      raise err
+  with pytest.raises(RuntimeError):
+    with workdir.full_disk_reported(tmp_path):
+      raise RuntimeError("not a disk problem")
