@@ -1,21 +1,26 @@
-"""The default config (every field, documented) and `validate(config)`.
+"""The default config (every field, documented), the table of sizes, the builders of the shipped
+config files, one override parser, and `validate(config)`.
 
-Config files in `configs/` start from `base()` and change only what their experiment varies;
-`validate` runs before anything compiles and raises `ConfigError` with one readable line.
+Config files in `configs/` start from `decoder` or `encoder` (`base()` at a size of `SIZES`) and
+change only what their experiment varies; `validate` runs before anything compiles and raises
+`ConfigError` with one readable line.
 """
+
+import ast
+from typing import Any, Mapping
 
 import ml_collections
 
-from actlab import activations
-from actlab.errors import UserError
+from actlab import activations, errors
+from actlab.data import tokenizer as tokenizers
 
 
-class ConfigError(UserError, ValueError):
+class ConfigError(errors.UserError, ValueError):
   """An inconsistent or invalid config; the message says what to fix."""
 
 
 def base(activation: str = "gelu") -> ml_collections.ConfigDict:
-  """The reference study's setup (REFERENCE.md §2): GPT decoder on TinyStories, GPT-2 BPE."""
+  """The reference study's setup (docs/reference.md §2): GPT decoder on TinyStories, GPT-2 BPE."""
   c = ml_collections.ConfigDict()
 
   c.model = m = ml_collections.ConfigDict()
@@ -60,7 +65,7 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   t.keep_checkpoints = 3        # how many checkpoints Orbax keeps
   t.progress = True             # tqdm progress bar on stderr
 
-  c.metrics = mt = ml_collections.ConfigDict()  # what is measured; see the README
+  c.metrics = mt = ml_collections.ConfigDict()  # what is measured; see docs/metrics.md
   mt.act_stats = True           # FFN activation statistics and attn_logit_max at every evaluation
   mt.sharpness_every = 500      # steps between sharpness estimates (also at step 0); 0 = off
   mt.sharpness_iters = 20       # power-iteration steps (Hessian-vector products) per estimate
@@ -80,12 +85,12 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
 
   c.sweep = sw = ml_collections.ConfigDict()  # how actlab.sweep runs the cells of a grid
   sw.vectorize = False          # cells that differ only in optim.lr / train.seed train as one
-                                # vmapped program (actlab/vectorized.py); per-cell outputs unchanged
+                                # vmapped program (train.run_group); per-cell outputs unchanged
   sw.max_runs = 0               # at most this many cells per vectorized program; 0 = no limit
 
   c.data = d = ml_collections.ConfigDict()
   d.source = "tinystories"      # "tinystories" (TFDS) or "synthetic" (the embedded corpus)
-  d.tokenizer = "gpt2"          # "gpt2", "byte" or "bpe:<vocab size>"
+  d.tokenizer = "gpt2"          # "gpt2", "byte", "bpe:<vocab size>" or "wordpiece:<vocab size>"
   d.seq_len = 128               # training window length; must be <= model.max_len
   d.val_batches = 8             # fixed validation windows = val_batches · batch_size
   d.dir = ""                    # cache root; "" means $ACTLAB_DATA_DIR or ~/.cache/actlab
@@ -95,42 +100,128 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   return c
 
 
-def smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A tiny model on the embedded synthetic corpus: minutes on 2 CPU cores, no downloads."""
-  c.model.update(num_layers=2, d_model=128, num_heads=4, d_ff=512, max_len=128)
-  c.optim.update(lr=3e-3, warmup_steps=30)
-  c.train.update(steps=300, batch_size=16, log_every=10, eval_every=100,
-                 checkpoint_every=100)
-  c.data.update(source="synthetic", tokenizer="byte", seq_len=128, val_batches=4)
-  c.metrics.sharpness_every = 0
-  return c
+# --- Sizes --------------------------------------------------------------------------------------
+# Each size is dotted overrides of `base()`: the model's shape and context and, where the size
+# implies them, its vocabulary, data and schedule (the tiny ones train on the embedded corpus, no
+# downloads). The `bert_<size>` rows are the encoder's (`encoder`), the others the decoder's
+# (`decoder`); experiments, tests and benchmarks take their sizes from here too. Parameter counts
+# are `models.count_params` with the GELU FFN: "without wte" leaves out the token embedding.
+
+_SMOKE = {  # the decoder: 454,144 parameters (413,184 without wte)
+    "data.source": "synthetic", "data.tokenizer": "byte", "data.seq_len": 128,
+    "data.val_batches": 4,
+    "model.num_layers": 2, "model.d_model": 128, "model.num_heads": 4, "model.d_ff": 512,
+    "model.max_len": 128,
+    "optim.lr": 3e-3, "optim.warmup_steps": 30,
+    "train.steps": 300, "train.batch_size": 16, "train.log_every": 10, "train.eval_every": 100,
+    "train.checkpoint_every": 100,
+    "metrics.sharpness_every": 0,
+}
+
+_MINI = {  # the sweeps' `:smoke` model (experiments/*.py): decoder and encoder
+    "data.source": "synthetic", "data.seq_len": 64, "data.val_batches": 4,
+    "model.num_layers": 2, "model.d_model": 64, "model.num_heads": 4, "model.d_ff": 256,
+    "model.max_len": 64,
+    "train.eval_every": 50, "train.progress": False,
+}
+
+SIZES = {
+    # The config files' `:smoke`: a few minutes on 2 CPU cores.
+    "smoke": _SMOKE,
+    # The tests' model (tests/tiny_config.py): 2 layers, d_model 32; seconds.
+    "tiny": {**_SMOKE, "data.seq_len": 32, "data.val_batches": 2,
+             "model.d_model": 32, "model.num_heads": 2, "model.d_ff": 64, "model.max_len": 32,
+             "optim.warmup_steps": 5,
+             "train.steps": 50, "train.batch_size": 8, "train.eval_every": 25,
+             "train.checkpoint_every": 25, "train.progress": False},
+    # The sweeps' `:smoke` (also `actlab.sweep.SMOKE`): about 10 s a cell on 2 CPU cores. No peak
+    # LR: each sweep sets or varies its own.
+    "mini": {**_MINI, "data.tokenizer": "byte", "optim.warmup_steps": 15,
+             "train.steps": 150, "train.batch_size": 16, "train.log_every": 5,
+             "train.checkpoint_every": 50,
+             "metrics.sharpness_every": 50, "metrics.sharpness_iters": 10},
+    # For a CPU study on TinyStories: 4,240,896 parameters (3,192,320 without wte).
+    "cpu": {"data.tokenizer": "bpe:4096", "data.seq_len": 128,
+            "model.num_layers": 4, "model.d_model": 256, "model.num_heads": 4, "model.d_ff": 1024,
+            "model.max_len": 128},
+    # The reference study (docs/reference.md §2), `base()` itself: 30,013,440 parameters
+    # (10,696,704 without wte).
+    "reference": {"data.tokenizer": "gpt2", "data.seq_len": 128,
+                  "model.num_layers": 6, "model.d_model": 384, "model.num_heads": 6,
+                  "model.d_ff": 1536, "model.max_len": 128},
+    # GPT-2 small (Radford et al. 2019) at GPT-3's peak LR for its size: 124,475,904 parameters
+    # (85,842,432 without wte).
+    "gpt2_small": {"data.tokenizer": "gpt2", "data.seq_len": 1024,
+                   "model.num_layers": 12, "model.d_model": 768, "model.num_heads": 12,
+                   "model.d_ff": 3072, "model.max_len": 1024,
+                   "optim.lr": 6e-4},
+    # The encoder's sizes use WordPiece vocabularies ([PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4).
+    # Its "mini" (experiments/bert_ffn_activation.py:smoke): about 30 s a cell on 2 CPU cores.
+    "bert_mini": {**_MINI, "data.tokenizer": "wordpiece:2048", "optim.warmup_steps": 20,
+                  "train.steps": 200, "train.batch_size": 32, "train.log_every": 10,
+                  "train.checkpoint_every": 200,
+                  "metrics.sharpness_every": 0},
+    # configs/bert_<activation>.py:smoke, sharing its WordPiece with "bert_mini".
+    "bert_smoke": {**_SMOKE, "data.tokenizer": "wordpiece:2048",
+                   "data.classify": "synthetic/hero_gender", "optim.lr": 2e-3},
+    # A small BERT for TinyStories (configs/bert_<activation>.py).
+    "bert_small": {"data.tokenizer": "wordpiece:8192", "data.seq_len": 128,
+                   "model.num_layers": 4, "model.d_model": 256, "model.num_heads": 4,
+                   "model.d_ff": 1024, "model.max_len": 128},
+    # BERT-base (Devlin et al. 2019): vocabulary 30,522 (padded to 30,528), dropout 0.1;
+    # pretraining at sequence length 128, batch 256, peak LR 1e-4 with 10k warm-up steps over 1M.
+    "bert_base": {"data.tokenizer": "wordpiece:30522", "data.seq_len": 128,
+                  "model.num_layers": 12, "model.d_model": 768, "model.num_heads": 12,
+                  "model.d_ff": 3072, "model.max_len": 512, "model.dropout": 0.1,
+                  "optim.lr": 1e-4, "optim.warmup_steps": 10_000, "optim.min_lr_ratio": 0.0,
+                  "train.steps": 1_000_000, "train.batch_size": 256, "train.log_every": 100,
+                  "train.eval_every": 10_000, "train.checkpoint_every": 10_000,
+                  "metrics.sharpness_every": 10_000},
+}
+ENCODER_PREFIX = "bert_"
+DECODER_SIZES = [s for s in SIZES if not s.startswith(ENCODER_PREFIX)]
+ENCODER_SIZES = [s[len(ENCODER_PREFIX):] for s in SIZES if s.startswith(ENCODER_PREFIX)]
+
+# Fine-tuning per encoder size: steps, peak LR, batch size (SST-2 has 67k examples: 2,000 steps of
+# 32 are about one epoch; BERT fine-tunes for 2-4 epochs at 2e-5 to 5e-5).
+CLASSIFY_SETTINGS = {"small": (2_000, 1e-4, 32), "smoke": (150, 1e-3, 16),
+                     "base": (6_000, 3e-5, 32)}
 
 
-VARIANTS = {"": lambda c: c, "smoke": smoke}
+def _choices(names) -> str:
+  return ", ".join(repr(n) for n in names)
 
 
-def decoder(activation: str, variant: str | None = None) -> ml_collections.ConfigDict:
-  """`get_config` of `configs/tinystories_<activation>.py`: the base plus a named variant."""
-  variant = variant or ""
-  if variant not in VARIANTS:
-    raise ConfigError(f"unknown config variant {variant!r}; choose one of: "
-                      + ", ".join(repr(v) for v in VARIANTS if v))
-  return VARIANTS[variant](base(activation))
+def decoder(activation: str = "gelu", size: str | None = None) -> ml_collections.ConfigDict:
+  """`configs/tinystories_<activation>.py:<size>` and `configs/decoder.py`: `base` at a decoder
+  size of `SIZES` ("reference", the default, is `base` itself)."""
+  size = size or "reference"
+  if size not in DECODER_SIZES:
+    raise ConfigError(f"unknown config variant {size!r}; choose one of: {_choices(DECODER_SIZES)}")
+  return override(base(activation), SIZES[size])
 
 
-# --- The BERT-style encoder (configs/bert_<activation>.py) -----------------------------------
-
-
-def encoder_base(activation: str = "gelu") -> ml_collections.ConfigDict:
-  """A small BERT for TinyStories: 4 post-LN layers, d_model 256, MLM on a WordPiece vocabulary.
-
-  Everything not set here is the decoder's `base` (same data path, loop, metrics). The optimizer
-  follows BERT (β₂ 0.999, ε 1e-6, weight decay 0.01); the FFN activation is the variable.
+def encoder(activation: str = "gelu", size: str | None = None,
+            task: str = "mlm") -> ml_collections.ConfigDict:
+  """`configs/bert_<activation>.py:<variant>` and `configs/encoder.py`: a BERT-style encoder
+  (post-LN, BERT's optimizer) at an encoder size of `SIZES` ("small", the default: 4 layers,
+  d_model 256, TinyStories), pretrained with masked LM (`task` "mlm") or fine-tuned to classify
+  (`task` "classify": 10% warm-up, decay to 0, no sharpness; set `train.init_from` to the MLM
+  run's workdir, else the encoder starts from random weights). The config files' variants name
+  the size and the task together: "smoke", "base", "classify", "smoke_classify", ...
   """
+  if size and (size == "classify" or size.endswith("_classify")):
+    size, task = size.removesuffix("classify").removesuffix("_"), "classify"
+  size = size or "small"
+  check(task in ("mlm", "classify"), f"encoder task {task!r}: choose 'mlm' or 'classify'")
+  variant = size if task == "mlm" else f"{size}_classify"
+  variants = ENCODER_SIZES + ["classify"] + [f"{s}_classify" for s in CLASSIFY_SETTINGS]
+  if variant not in variants:
+    raise ConfigError(f"unknown encoder config variant {variant!r}; choose one of: "
+                      + _choices(variants))
   c = base(activation)
   m = c.model
-  m.update(kind="encoder", num_layers=4, d_model=256, num_heads=4, d_ff=1024, max_len=128,
-           norm="post", norm_eps=1e-12)
+  m.update(kind="encoder", norm="post", norm_eps=1e-12)
   m.task = "mlm"                # "mlm" (masked-LM pretraining) or "classify" (fine-tune on data.classify)
   m.pooler_activation = "tanh"  # pooler over [CLS] → the classifier (BERT: tanh); any plain activation
   m.type_vocab_size = 2         # segment (token-type) embeddings, as in BERT; all inputs use segment 0
@@ -139,192 +230,160 @@ def encoder_base(activation: str = "gelu") -> ml_collections.ConfigDict:
   c.train.init_from = ""        # workdir whose latest checkpoint initialises every parameter with the
                                 # same name and shape (classify: the MLM run's trunk); "" = random init
   d = c.data
-  d.tokenizer = "wordpiece:8192"  # the encoder needs [PAD] [UNK] [CLS] [SEP] [MASK] (ids 0-4)
   d.mlm_prob = 0.15             # fraction of maskable tokens selected per sequence (exactly, rounded)
   d.mlm_mask_frac = 0.8         # selected tokens replaced by [MASK]
   d.mlm_random_frac = 0.1       # selected tokens replaced by a random ordinary token (rest unchanged)
   d.classify = "glue/sst2"      # task "classify": "glue/sst2" (TFDS) or "synthetic/hero_gender"
+  override(c, SIZES[ENCODER_PREFIX + size])
+  if task == "classify":
+    steps, lr, batch_size = CLASSIFY_SETTINGS[size]
+    override(c, {"model.task": "classify", "optim.lr": lr, "optim.warmup_steps": steps // 10,
+                 "optim.min_lr_ratio": 0.0, "train.steps": steps, "train.batch_size": batch_size,
+                 "train.eval_every": max(50, steps // 10),
+                 "train.checkpoint_every": max(50, steps // 4), "metrics.sharpness_every": 0})
   return c
 
 
-def encoder_smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A tiny encoder on the embedded synthetic corpus: a couple of minutes on 2 CPU cores."""
-  c.model.update(num_layers=2, d_model=128, num_heads=4, d_ff=512, max_len=128)
-  c.optim.update(lr=2e-3, warmup_steps=30)
-  c.train.update(steps=300, batch_size=16, log_every=10, eval_every=100, checkpoint_every=100)
-  c.data.update(source="synthetic", tokenizer="wordpiece:2048", seq_len=128, val_batches=4,
-                classify="synthetic/hero_gender")
-  c.metrics.sharpness_every = 0
-  return c
+# --- Arguments and overrides --------------------------------------------------------------------
+
+_BOOLS = {"true": True, "false": False}
 
 
-def encoder_bert_base(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """BERT-base (Devlin et al. 2019): 12 layers, 768, 12 heads, d_ff 3072, 512 positions,
-  vocabulary 30,522 (padded to 30,528), dropout 0.1; pretraining at sequence length 128, batch
-  256, peak LR 1e-4 with 10k warm-up steps over 1M steps."""
-  c.model.update(num_layers=12, d_model=768, num_heads=12, d_ff=3072, max_len=512, dropout=0.1)
-  c.optim.update(lr=1e-4, warmup_steps=10_000, min_lr_ratio=0.0)
-  c.train.update(steps=1_000_000, batch_size=256, log_every=100, eval_every=10_000,
-                 checkpoint_every=10_000)
-  c.data.tokenizer = "wordpiece:30522"
-  c.metrics.sharpness_every = 10_000
-  return c
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """The argument of `get_config(arg)` as big_vision's `parse_arg` reads it: "key=value,..." sets
+  keys of `defaults`, each value converted to its default's type (bools: true or false); a first
+  item without "=" is the first key's value (`decoder.py:smoke,act=swiglu`). Unknown keys and
+  unconvertible values raise ConfigError."""
+  values = dict(defaults)
+  for i, item in enumerate(filter(None, (x.strip() for x in (arg or "").split(",")))):
+    key, eq, text = item.partition("=")
+    if not eq and i == 0:
+      key, text = next(iter(defaults)), item
+    if key not in defaults:
+      raise ConfigError(f"unknown config argument {item!r}; use {', '.join(defaults)} "
+                        "(key=value, comma-separated)")
+    kind = type(defaults[key])
+    try:
+      values[key] = _BOOLS[text.lower()] if kind is bool else kind(text)
+    except (KeyError, ValueError):
+      raise ConfigError(f"config argument {item!r}: expected {kind.__name__}") from None
+  return ml_collections.ConfigDict(values)
 
 
-# Fine-tuning per size: steps, peak LR, batch size (SST-2 has 67k examples: 2,000 steps of 32 are
-# about one epoch; BERT fine-tunes for 2-4 epochs at 2e-5 to 5e-5).
-CLASSIFY_SETTINGS = {"": (2_000, 1e-4, 32), "smoke": (150, 1e-3, 16), "base": (6_000, 3e-5, 32)}
+def parse_overrides(text: str) -> dict[str, Any]:
+  """"model.loss_impl=plain,train.steps=3" → {"model.loss_impl": "plain", "train.steps": 3}:
+  values as Python literals, true/false as bools, anything else as a string."""
+  overrides = {}
+  for item in filter(None, (x.strip() for x in text.split(","))):
+    key, eq, value = (x.strip() for x in item.partition("="))
+    if not eq:
+      raise ConfigError(f"override {item!r}: write section.field=value")
+    if value.lower() in _BOOLS:
+      overrides[key] = _BOOLS[value.lower()]
+      continue
+    try:
+      overrides[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      overrides[key] = value
+  return overrides
 
 
-def encoder_classify(c: ml_collections.ConfigDict, size: str) -> ml_collections.ConfigDict:
-  """Fine-tuning (`<size>_classify`): task "classify", 10% warm-up, decay to 0, no sharpness.
-  Set `train.init_from` to the MLM run's workdir (else the encoder starts from random weights)."""
-  steps, lr, batch_size = CLASSIFY_SETTINGS[size]
-  c.model.task = "classify"
-  c.optim.update(lr=lr, warmup_steps=steps // 10, min_lr_ratio=0.0)
-  c.train.update(steps=steps, batch_size=batch_size, eval_every=max(50, steps // 10),
-                 checkpoint_every=max(50, steps // 4))
-  c.metrics.sharpness_every = 0
-  return c
+def override(config: ml_collections.ConfigDict,
+             overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """Sets each dotted `section.field` of `overrides` in `config` (in place) and returns it. A key
+  that names no field, or a value of another type than the field's, raises ConfigError."""
+  for key, value in overrides.items():
+    *sections, field = key.split(".")
+    node = config
+    for part in sections:
+      node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+    if (not isinstance(node, ml_collections.ConfigDict) or field not in node
+        or isinstance(node[field], ml_collections.ConfigDict)):
+      problem = errors.unknown_field(config, key)
+      raise ConfigError(f"{key}: no such field" + (f" ({problem})" if problem else ""))
+    try:
+      node[field] = value
+    except TypeError:
+      raise ConfigError(f"{key}={value!r}: expected {type(node[field]).__name__}, got "
+                        f"{type(value).__name__}") from None
+  return config
 
 
-ENCODER_VARIANTS = {"": lambda c: c, "smoke": encoder_smoke, "base": encoder_bert_base}
-
-
-def encoder(activation: str, variant: str | None = None) -> ml_collections.ConfigDict:
-  """`get_config` of `configs/bert_<activation>.py`: `encoder_base` plus a variant: "" (small,
-  TinyStories), "smoke" (tiny, embedded corpus), "base" (BERT-base), each with an optional
-  "_classify" suffix (fine-tuning: "classify", "smoke_classify", "base_classify")."""
-  variant = variant or ""
-  size, classify = variant, variant == "classify" or variant.endswith("_classify")
-  if classify:
-    size = "" if variant == "classify" else variant[:-len("_classify")]
-  if size not in ENCODER_VARIANTS:
-    names = [v for v in ENCODER_VARIANTS if v] + ["classify"] + [
-        f"{v}_classify" for v in ENCODER_VARIANTS if v]
-    raise ConfigError(f"unknown encoder config variant {variant!r}; choose one of: "
-                      + ", ".join(repr(v) for v in names))
-  c = ENCODER_VARIANTS[size](encoder_base(activation))
-  return encoder_classify(c, size) if classify else c
-
-
-def _check(ok: bool, message: str) -> None:
+def check(ok: bool, message: str) -> None:
+  """Raises ConfigError(message) unless `ok`."""
   if not ok:
     raise ConfigError(message)
 
 
+def tokenizer_kind(spec: str) -> str:
+  """"bpe" for "bpe:4096" (`tokenizer.parse_spec`); its ValueError becomes a ConfigError."""
+  try:
+    return tokenizers.parse_spec(spec)[0]
+  except ValueError as e:
+    raise ConfigError(f"data.tokenizer: {e}") from None
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raises ConfigError (one readable line) for the first inconsistency found."""
+  from actlab import tasks  # Imported here: the tasks check their own fields with `check`.
   m, o, t, d = c.model, c.optim, c.train, c.data
-  _validate_encoder(c)
-  _check(m.kind in ("decoder", "encoder"),
-         f"model.kind={m.kind!r}: choose 'decoder' or 'encoder'")
+  tasks.validate(c)
   try:
     activations.get(m.activation)
   except ValueError as e:
     raise ConfigError(f"model.activation: {e}") from None
   for name in ("num_layers", "d_model", "num_heads", "d_ff", "max_len"):
-    _check(m[name] > 0, f"model.{name}={m[name]} must be positive")
-  _check(m.d_model % m.num_heads == 0,
+    check(m[name] > 0, f"model.{name}={m[name]} must be positive")
+  check(m.d_model % m.num_heads == 0,
          f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}")
-  _check(m.vocab_size >= 0, f"model.vocab_size={m.vocab_size} must be >= 0 (0 = tokenizer's)")
-  _check(0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be in [0, 1)")
-  _check(m.norm in ("pre", "post"), f"model.norm={m.norm!r}: choose 'pre' or 'post'")
-  _check(m.dtype in ("float32", "bfloat16"),
+  check(m.vocab_size >= 0, f"model.vocab_size={m.vocab_size} must be >= 0 (0 = tokenizer's)")
+  check(0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be in [0, 1)")
+  check(m.norm in ("pre", "post"), f"model.norm={m.norm!r}: choose 'pre' or 'post'")
+  check(m.dtype in ("float32", "bfloat16"),
          f"model.dtype={m.dtype!r}: choose 'float32' or 'bfloat16'")
-  _check(m.attention_impl in ("xla", "cudnn", "auto"),
+  check(m.attention_impl in ("xla", "cudnn", "auto"),
          f"model.attention_impl={m.attention_impl!r}: choose 'xla', 'cudnn' or 'auto'")
-  _check(m.get("loss_impl", "fused") in ("fused", "plain"),
+  check(m.get("loss_impl", "fused") in ("fused", "plain"),
          f"model.loss_impl={m.get('loss_impl')!r}: choose 'fused' or 'plain'")
-  _check(isinstance(m.get("scan_layers", False), bool),
+  check(isinstance(m.get("scan_layers", False), bool),
          f"model.scan_layers={m.get('scan_layers')!r} must be true or false")
-  _check(m.get("remat", "none") in ("none", "full", "dots"),
+  check(m.get("remat", "none") in ("none", "full", "dots"),
          f"model.remat={m.get('remat')!r}: choose 'none', 'full' or 'dots'")
-  # The encoder still builds its blocks in its own loop (not layers.stack_blocks): refuse
-  # rather than silently ignore these two there.
-  if m.kind != "decoder":
-    _check(not m.get("scan_layers", False) and m.get("remat", "none") == "none",
-           "model.scan_layers / model.remat are implemented for the decoder only so far")
   par = c.get("parallel", None)
   if par is not None:
-    _check(par.mode in ("dp", "fsdp"), f"parallel.mode={par.mode!r}: choose 'dp' or 'fsdp'")
-    _check(isinstance(par.distributed, bool),
+    check(par.mode in ("dp", "fsdp"), f"parallel.mode={par.mode!r}: choose 'dp' or 'fsdp'")
+    check(isinstance(par.distributed, bool),
            f"parallel.distributed={par.distributed!r} must be true or false")
-    _check(par.fsdp_min_size >= 0, f"parallel.fsdp_min_size={par.fsdp_min_size} must be >= 0")
-    _check(par.num_devices >= 0, f"parallel.num_devices={par.num_devices} must be >= 0 (0 = all)")
-    _check(par.get("cpu_devices", 0) >= 0,
+    check(par.fsdp_min_size >= 0, f"parallel.fsdp_min_size={par.fsdp_min_size} must be >= 0")
+    check(par.num_devices >= 0, f"parallel.num_devices={par.num_devices} must be >= 0 (0 = all)")
+    check(par.get("cpu_devices", 0) >= 0,
            f"parallel.cpu_devices={par.get('cpu_devices')} must be >= 0 (0 = one device)")
   sw = c.get("sweep", None)
   if sw is not None:
-    _check(isinstance(sw.vectorize, bool), f"sweep.vectorize={sw.vectorize!r} must be true or false")
-    _check(sw.max_runs >= 0, f"sweep.max_runs={sw.max_runs} must be >= 0 (0 = no limit)")
+    check(isinstance(sw.vectorize, bool), f"sweep.vectorize={sw.vectorize!r} must be true or false")
+    check(sw.max_runs >= 0, f"sweep.max_runs={sw.max_runs} must be >= 0 (0 = no limit)")
   for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every",
                "keep_checkpoints"):
-    _check(t[name] > 0, f"train.{name}={t[name]} must be positive")
-  _check(o.lr > 0, f"optim.lr={o.lr} must be positive")
-  _check(0.0 <= o.min_lr_ratio <= 1.0, f"optim.min_lr_ratio={o.min_lr_ratio} must be in [0, 1]")
-  _check(0 <= o.warmup_steps < t.steps,
+    check(t[name] > 0, f"train.{name}={t[name]} must be positive")
+  check(o.lr > 0, f"optim.lr={o.lr} must be positive")
+  check(0.0 <= o.min_lr_ratio <= 1.0, f"optim.min_lr_ratio={o.min_lr_ratio} must be in [0, 1]")
+  check(0 <= o.warmup_steps < t.steps,
          f"optim.warmup_steps={o.warmup_steps} must be >= 0 and < train.steps={t.steps}")
-  _check(0.0 <= o.b1 < 1.0 and 0.0 <= o.b2 < 1.0, f"optim.b1={o.b1}, b2={o.b2} must be in [0, 1)")
-  _check(o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay} must be >= 0")
-  _check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm} must be >= 0 (0 disables)")
-  _check(d.source in ("tinystories", "synthetic"),
+  check(0.0 <= o.b1 < 1.0 and 0.0 <= o.b2 < 1.0, f"optim.b1={o.b1}, b2={o.b2} must be in [0, 1)")
+  check(o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay} must be >= 0")
+  check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm} must be >= 0 (0 disables)")
+  check(d.source in ("tinystories", "synthetic"),
          f"data.source={d.source!r}: choose 'tinystories' or 'synthetic'")
-  tok = d.tokenizer
-  _check(tok in ("gpt2", "byte") or (tok.startswith("bpe:") and tok[4:].isdigit()
-                                     and int(tok[4:]) > 256)
-         or (tok.startswith("wordpiece:") and tok[10:].isdigit() and int(tok[10:]) > 5),
-         f"data.tokenizer={tok!r}: choose 'gpt2', 'byte', 'bpe:<vocab size > 256>' or "
-         "'wordpiece:<vocab size>'")
-  _check(d.seq_len > 0, f"data.seq_len={d.seq_len} must be positive")
-  _check(d.seq_len <= m.max_len,
+  tokenizer_kind(d.tokenizer)
+  check(d.seq_len > 0, f"data.seq_len={d.seq_len} must be positive")
+  check(d.seq_len <= m.max_len,
          f"data.seq_len={d.seq_len} is longer than model.max_len={m.max_len}")
-  _check(d.val_batches > 0, f"data.val_batches={d.val_batches} must be positive")
+  check(d.val_batches > 0, f"data.val_batches={d.val_batches} must be positive")
   mt = c.metrics
-  _check(mt.sharpness_every >= 0,
+  check(mt.sharpness_every >= 0,
          f"metrics.sharpness_every={mt.sharpness_every} must be >= 0 (0 = off)")
-  _check(mt.sharpness_iters > 0, f"metrics.sharpness_iters={mt.sharpness_iters} must be positive")
+  check(mt.sharpness_iters > 0, f"metrics.sharpness_iters={mt.sharpness_iters} must be positive")
   for name in ("spike_rel", "final_gap_rel", "uniform_frac"):
-    _check(mt[name] > 0, f"metrics.{name}={mt[name]} must be positive")
-  _check(d.tinystories_version in ("v1", "v2"),
+    check(mt[name] > 0, f"metrics.{name}={mt[name]} must be positive")
+  check(d.tinystories_version in ("v1", "v2"),
          f"data.tinystories_version={d.tinystories_version!r}: choose 'v1' or 'v2'")
-
-
-ENCODER_FIELDS = ("model.task", "model.pooler_activation", "model.type_vocab_size",
-                  "model.num_classes", "train.init_from", "data.mlm_prob", "data.mlm_mask_frac",
-                  "data.mlm_random_frac", "data.classify")
-CLASSIFY_DATA = ("glue/sst2", "synthetic/hero_gender")
-
-
-def _validate_encoder(c: ml_collections.ConfigDict) -> None:
-  """The encoder's fields (`encoder_base`); a decoder config has none of them."""
-  m, d = c.model, c.data
-  if m.kind != "encoder":
-    _check(m.get("task", "lm") == "lm",
-           f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
-    return
-  missing = [f for f in ENCODER_FIELDS if f.split(".")[1] not in c[f.split(".")[0]]]
-  _check(not missing, f"model.kind='encoder' needs the encoder's fields ({', '.join(missing)} "
-         "missing): start from configs/bert_<activation>.py (config.encoder)")
-  _check(m.task in ("mlm", "classify"), f"model.task={m.task!r}: choose 'mlm' or 'classify'")
-  try:
-    pooler = activations.get(m.pooler_activation)
-  except ValueError as e:
-    raise ConfigError(f"model.pooler_activation: {e}") from None
-  _check(not pooler.gated, f"model.pooler_activation={m.pooler_activation!r} is gated; the pooler "
-         "takes a plain activation (tanh, gelu, identity, ...)")
-  _check(m.type_vocab_size > 0, f"model.type_vocab_size={m.type_vocab_size} must be positive")
-  _check(m.num_classes >= 2, f"model.num_classes={m.num_classes} must be at least 2")
-  _check(d.tokenizer.startswith("wordpiece:"),
-         f"data.tokenizer={d.tokenizer!r}: the encoder needs [CLS], [SEP], [MASK] and [PAD]; "
-         "use 'wordpiece:<vocab size>'")
-  _check(d.seq_len >= 3, f"data.seq_len={d.seq_len}: an encoder sequence needs [CLS], a token "
-         "and [SEP]")
-  _check(0.0 < d.mlm_prob < 1.0, f"data.mlm_prob={d.mlm_prob} must be in (0, 1)")
-  _check(d.mlm_mask_frac >= 0 and d.mlm_random_frac >= 0
-         and d.mlm_mask_frac + d.mlm_random_frac <= 1.0,
-         f"data.mlm_mask_frac={d.mlm_mask_frac} and data.mlm_random_frac={d.mlm_random_frac} must "
-         "be >= 0 with a sum <= 1")
-  _check(d.classify in CLASSIFY_DATA,
-         f"data.classify={d.classify!r}: choose one of {', '.join(map(repr, CLASSIFY_DATA))}")
-  _check(isinstance(c.train.init_from, str), "train.init_from must be a workdir path or ''")

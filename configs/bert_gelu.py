@@ -1,7 +1,8 @@
 """BERT-style encoder with the `gelu` FFN activation (pooler: tanh, `model.pooler_activation`).
 
-Variants: `:smoke` (embedded corpus), `:base` (BERT-base); `:classify`, `:smoke_classify`,
-`:base_classify` fine-tune (set `--config.train.init_from=<MLM workdir>`).
+Variants: `:smoke` (embedded corpus), `:base` (BERT-base) or another encoder size of
+`actlab.config.SIZES`; `:classify`, `:smoke_classify`, `:base_classify` fine-tune (set
+`--config.train.init_from=<MLM workdir>`).
 """
 
 from actlab import config

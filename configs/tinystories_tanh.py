@@ -1,4 +1,7 @@
-"""Decoder on TinyStories with the `tanh` FFN activation. Variants: `:smoke` (embedded corpus)."""
+"""Decoder on TinyStories with the `tanh` FFN activation.
+
+Variants: `:smoke` (embedded corpus) or another decoder size of `actlab.config.SIZES` (`:cpu`, ...).
+"""
 
 from actlab import config
 

@@ -1,4 +1,4 @@
-"""The encoder's FFN activation (REFERENCE.md §3): exact GELU (BERT's), tanh, ReLU and SwiGLU,
+"""The encoder's FFN activation (docs/reference.md §3): exact GELU (BERT's), tanh, ReLU and SwiGLU,
 each across peak learning rates, MLM pretraining. Run it on an encoder config:
 
     python -m actlab.sweep --config=configs/bert_gelu.py --sweep=experiments/bert_ffn_activation.py \\
@@ -8,25 +8,16 @@ Full grid: gelu, tanh, relu, swiglu × peak LR {3e-4, 1e-3, 3e-3} × seeds {0, 1
 TinyStories encoder (4 post-LN layers, d_model 256, WordPiece 8,192, 5,000 steps). The pooler
 is not trained by MLM, so it is not varied here (see experiments/bert_pooler.py).
 
-`:smoke`: the same grid shape on `SMOKE` below (a 2-layer, d_model 64 encoder on the embedded
-corpus, 200 steps of 32 sequences of 64 tokens; about 30 s a cell on 2 CPU cores): 4 activations
-× LR {3e-3, 1e-2} × seed 0. MLM learns from the ~15% masked positions only, so a model this small
-spends most of such a short run near the unigram loss (≈ 5.4 nats, 6% accuracy); the smoke
-checks the machinery, not the answer. The report's `val loss` is the MLM loss on the fixed
-validation windows and mask, `val acc` the MLM accuracy over the masked positions.
+`:smoke`: the same grid shape on `config.SIZES["bert_mini"]` (a 2-layer, d_model 64 encoder on
+the embedded corpus, 200 steps of 32 sequences of 64 tokens; about 30 s a cell on 2 CPU cores):
+4 activations × LR {3e-3, 1e-2} × seed 0. MLM learns from the ~15% masked positions only, so a
+model this small spends most of such a short run near the unigram loss (≈ 5.4 nats, 6%
+accuracy); the smoke checks the machinery, not the answer. The report's `val loss` is the MLM
+loss on the fixed validation windows and mask, `val acc` the MLM accuracy over the masked
+positions.
 """
 
-# A tiny encoder on the embedded corpus (shares its WordPiece with the `:smoke` configs).
-SMOKE = {
-    "data.source": "synthetic", "data.tokenizer": "wordpiece:2048", "data.seq_len": 64,
-    "data.val_batches": 4,
-    "model.num_layers": 2, "model.d_model": 64, "model.num_heads": 4, "model.d_ff": 256,
-    "model.max_len": 64,
-    "optim.warmup_steps": 20,
-    "train.steps": 200, "train.batch_size": 32, "train.log_every": 10, "train.eval_every": 50,
-    "train.checkpoint_every": 200, "train.progress": False,
-    "metrics.sharpness_every": 0,
-}
+from actlab import config
 
 ACTIVATIONS = ["gelu", "tanh", "relu", "swiglu"]
 
@@ -36,7 +27,8 @@ def get_sweep(arg=None):
     return {"description": "Encoder FFN activation across learning rates, MLM (smoke: tiny "
                            "encoder, 200 steps)",
             "axes": {"model.activation": ACTIVATIONS, "optim.lr": [3e-3, 1e-2]},
-            "seeds": [0], "fixed": {**SMOKE, "model.kind": "encoder", "model.task": "mlm"}}
+            "seeds": [0], "fixed": {**config.SIZES["bert_mini"], "model.kind": "encoder",
+                                     "model.task": "mlm"}}
   if arg:
     raise ValueError(f"bert_ffn_activation: unknown variant {arg!r}; use ':smoke' or nothing")
   return {"description": "Encoder FFN activation across learning rates, MLM pretraining",

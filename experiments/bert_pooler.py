@@ -1,6 +1,7 @@
-"""The pooler's activation (REFERENCE.md §3): BERT's tanh against exact GELU and none (identity),
-fine-tuning a pretrained encoder on a sequence-classification task. The FFN activation stays that
-of the MLM checkpoint; only the pooler (dense over [CLS] → activation → classifier) changes.
+"""The pooler's activation (docs/reference.md §3): BERT's tanh against exact GELU and none
+(identity), fine-tuning a pretrained encoder on a sequence-classification task. The FFN activation
+stays that of the MLM checkpoint; only the pooler (dense over [CLS] → activation → classifier)
+changes.
 
 First pretrain (MLM), then fine-tune every cell from that checkpoint (`train.init_from`):
 
@@ -28,7 +29,9 @@ Without `train.init_from` the cells train from random weights (a no-pretraining 
 
 POOLERS = ["tanh", "gelu", "identity"]
 
-SMOKE = {
+# `:smoke`'s fine-tuning, shorter than `:smoke_classify`'s; the model is the checkpoint's (the
+# `:smoke` size), so this sets no size, only the schedule and a shorter sequence.
+SMOKE_FINETUNE = {
     "data.seq_len": 64, "optim.warmup_steps": 6,
     "train.steps": 60, "train.batch_size": 16, "train.log_every": 5, "train.eval_every": 20,
     "train.checkpoint_every": 60, "train.progress": False,
@@ -41,7 +44,7 @@ def get_sweep(arg=None):
   if arg == "smoke":
     return {"description": "Pooler activation, fine-tuning (smoke: hero-gender labels of the "
                            "embedded corpus, 60 steps)", "axes": axes, "seeds": [0, 1, 2],
-            "fixed": {**fixed, **SMOKE, "data.classify": "synthetic/hero_gender"}}
+            "fixed": {**fixed, **SMOKE_FINETUNE, "data.classify": "synthetic/hero_gender"}}
   if arg:
     raise ValueError(f"bert_pooler: unknown variant {arg!r}; use ':smoke' or nothing")
   return {"description": "Pooler activation, fine-tuning on SST-2", "axes": axes,

@@ -7,7 +7,7 @@ import tempfile
 # One token cache for the whole session (and for subprocesses the tests start).
 os.environ.setdefault("ACTLAB_DATA_DIR", tempfile.mkdtemp(prefix="actlab-test-data-"))
 # One persistent XLA compilation cache likewise: tests build the same tiny programs many times
-# (every `train.Compiled` is a new jit), and subprocesses (resume after SIGKILL, simulated
+# (every `steps.Program` is a new jit), and subprocesses (resume after SIGKILL, simulated
 # devices) compile what an earlier process already did. Set before anything imports JAX.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="actlab-test-xla-"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
@@ -15,6 +15,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 import ml_collections  # noqa: E402 -- after the environment above
 import pytest  # noqa: E402
 
+from actlab import config as config_lib  # noqa: E402
 from tiny_config import get_config as tiny_config_file  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -22,12 +23,8 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def tiny(activation: str = "gelu", **overrides):
-  """tests/tiny_config.py with `section.field` overrides."""
-  c = tiny_config_file(activation)
-  for key, value in overrides.items():
-    section, field = key.split(".")
-    c[section][field] = value
-  return c
+  """tests/tiny_config.py with `section.field` overrides (`config.override`)."""
+  return config_lib.override(tiny_config_file(activation), overrides)
 
 
 @pytest.fixture

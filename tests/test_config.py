@@ -1,13 +1,42 @@
-"""Configs: every shipped file loads and validates; bad values give one readable line."""
+"""Configs: every shipped file loads and validates, and resolves to its snapshot; sizes, arguments,
+overrides; bad values give one readable line.
 
+`config_snapshots.json` holds every shipped config file × variant and every sweep × variant's
+cells as resolved before the sizes table existed (configs and cells as differences from
+configs/tinystories_gelu.py and from their base config). Run directories compare their
+config.json to these, so a change is a deliberate one: then `python tests/test_config.py`
+rewrites the snapshot.
+"""
+
+import functools
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import ml_collections
 import pytest
 from absl import flags
 from ml_collections import config_flags
 
 from actlab import config as config_lib
+from actlab import errors, models, sweep, tasks
+from actlab.data import tokenizer as tokenizers
 from conftest import REPO, tiny
 
 CONFIG_FILES = sorted((REPO / "configs").glob("*.py"))
+BY_ARGUMENT = ("decoder.py", "encoder.py")  # compared with the files they generalise, not snapshot
+SNAPSHOT = pathlib.Path(__file__).with_name("config_snapshots.json")
+REFERENCE = "configs/tinystories_gelu.py"
+DECODER_VARIANTS = ["", "smoke"]
+ENCODER_VARIANTS = ["", "smoke", "base", "classify", "smoke_classify", "base_classify"]
+OTHER_CONFIGS = {"benchmarks/gpt2_small.py": ["", "fp32", "smoke"],
+                 "tests/tiny_config.py": ["", "swiglu"]}
+SWEEP_FILES = [*sorted((REPO / "experiments").glob("*.py")), REPO / "benchmarks/six_run_study.py"]
+# The config each sweep runs on, without and with `:smoke` (default: the reference).
+SWEEP_BASES = {"bert_ffn_activation": ["configs/bert_gelu.py", "configs/bert_gelu.py"],
+               "bert_pooler": ["configs/bert_gelu.py:classify",
+                               "configs/bert_gelu.py:smoke_classify"]}
 
 
 def load(*argv):
@@ -18,11 +47,149 @@ def load(*argv):
   return fv.config
 
 
+def load_spec(spec: str) -> ml_collections.ConfigDict:
+  """`load` of a repository-relative `path[:variant]`."""
+  return load(f"--config={REPO}/{spec}")
+
+
+def flat(config: ml_collections.ConfigDict) -> dict:
+  """{"section.field": (type name, value)}: 1 and 1.0 differ in a config."""
+  return {f"{section}.{field}": (type(value).__name__, value)
+          for section, fields in config.to_dict().items() for field, value in fields.items()}
+
+
+def changes(new: dict, old: dict) -> dict:
+  return {k: v[1] for k, v in new.items() if old.get(k) != v}
+
+
+def expect(reference: dict, changed: dict) -> dict:
+  """The flat config that is `reference` with the snapshot's `changed` values."""
+  return {**reference, **{k: (type(v).__name__, v) for k, v in changed.items()}}
+
+
+def config_specs() -> list[str]:
+  files = [f"configs/{p.name}" for p in CONFIG_FILES if p.name not in BY_ARGUMENT]
+  specs = {f: ENCODER_VARIANTS if "/bert_" in f else DECODER_VARIANTS for f in files}
+  return [f + (f":{v}" if v else "") for f, variants in {**specs, **OTHER_CONFIGS}.items()
+          for v in variants]
+
+
+def sweep_specs() -> dict[str, str]:
+  """{sweep spec: the spec of the config it runs on}."""
+  return {f"{p.relative_to(REPO)}{':' + v if v else ''}":
+          SWEEP_BASES.get(p.stem, [REFERENCE, REFERENCE])[i]
+          for p in SWEEP_FILES for i, v in enumerate(["", "smoke"])}
+
+
+def take_snapshot() -> dict:
+  reference = flat(load_spec(REFERENCE))
+  configs = {spec: flat(load_spec(spec)) for spec in config_specs()}
+  sweeps = {}
+  for spec, base in sweep_specs().items():
+    cells = sweep.cells(load_spec(base), sweep.load(f"{REPO}/{spec}"))
+    sweeps[spec] = {"base": base, "cells": {c.name: changes(flat(c.config), configs[base])
+                                            for c in cells}}
+  return {"reference": {k: v for k, (_, v) in reference.items()},
+          "configs": {spec: changes(c, reference) for spec, c in configs.items()},
+          "sweeps": sweeps}
+
+
+def line(key: str, value, indent: int) -> str:
+  return f"{' ' * indent}{json.dumps(key)}: {json.dumps(value)}"
+
+
+def write_snapshot(snapshot: dict) -> None:
+  """One line per config and per sweep cell, so that a change shows as the lines it changes."""
+  sweeps = [f'  {json.dumps(spec)}: {{"base": {json.dumps(s["base"])}, "cells": {{\n'
+            + ",\n".join(line(name, c, 4) for name, c in s["cells"].items()) + "}}"
+            for spec, s in snapshot["sweeps"].items()]
+  SNAPSHOT.write_text(
+      "{" + line("reference", snapshot["reference"], 0) + ',\n"configs": {\n'
+      + ",\n".join(line(spec, c, 2) for spec, c in snapshot["configs"].items())
+      + '},\n"sweeps": {\n' + ",\n".join(sweeps) + "}}\n")
+
+
+@functools.cache
+def snapshots() -> dict:
+  return json.loads(SNAPSHOT.read_text())
+
+
+def snapshot_config(spec: str) -> dict:
+  """The flat config the snapshot holds for `spec`."""
+  reference = {k: (type(v).__name__, v) for k, v in snapshots()["reference"].items()}
+  return expect(reference, snapshots()["configs"][spec])
+
+
+def test_snapshot_covers_every_shipped_file():
+  assert sorted(snapshots()["configs"]) == sorted(config_specs())
+  assert sorted(snapshots()["sweeps"]) == sorted(sweep_specs())
+
+
+@pytest.mark.parametrize("spec", config_specs())
+def test_config_is_its_snapshot(spec):
+  assert flat(load_spec(spec)) == snapshot_config(spec)
+
+
+@pytest.mark.parametrize("spec", sweep_specs())
+def test_sweep_cells_are_their_snapshot(spec):
+  snap = snapshots()["sweeps"][spec]
+  base = load_spec(snap["base"])
+  base_flat = snapshot_config(snap["base"])
+  assert flat(base) == base_flat
+  cells = sweep.cells(base, sweep.load(f"{REPO}/{spec}"))
+  assert [c.name for c in cells] == list(snap["cells"])
+  for cell in cells:
+    assert flat(cell.config) == expect(base_flat, snap["cells"][cell.name]), cell.name
+
+
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.name)
 @pytest.mark.parametrize("variant", [None, "smoke"])
 def test_every_config_file_validates(path, variant):
   c = load(f"--config={path}:{variant}" if variant else f"--config={path}")
   config_lib.validate(c)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+@pytest.mark.parametrize("size", config_lib.DECODER_SIZES)
+def test_decoder_by_argument_is_the_activation_file(activation, size):
+  c = load_spec(f"configs/decoder.py:{size},act={activation}")
+  assert c.to_dict() == load_spec(f"configs/tinystories_{activation}.py:{size}").to_dict()
+  config_lib.validate(c)
+
+
+@pytest.mark.parametrize("variant, size, task", [
+    ("", "small", "mlm"), ("smoke", "smoke", "mlm"), ("base", "base", "mlm"),
+    ("mini", "mini", "mlm"), ("classify", "small", "classify"),
+    ("smoke_classify", "smoke", "classify"),
+    ("base_classify", "base", "classify")])
+def test_encoder_by_argument_is_the_activation_file(variant, size, task):
+  c = load_spec(f"configs/encoder.py:act=relu,size={size},task={task}")
+  assert c.to_dict() == load_spec(f"configs/bert_relu.py:{variant}").to_dict()
+  config_lib.validate(c)
+
+
+def test_every_size_builds_a_valid_config():
+  for size in config_lib.DECODER_SIZES:
+    config_lib.validate(config_lib.decoder("gelu", size))
+  for size in config_lib.ENCODER_SIZES:
+    config_lib.validate(config_lib.encoder("gelu", size))
+  for size in config_lib.CLASSIFY_SETTINGS:
+    config_lib.validate(config_lib.encoder("gelu", size, "classify"))
+
+
+def test_reference_size_is_the_base():
+  assert (config_lib.override(config_lib.base(), config_lib.SIZES["reference"]).to_dict()
+          == config_lib.base().to_dict())
+
+
+@pytest.mark.parametrize("size, vocab, total", [
+    ("smoke", 257, 454_144), ("cpu", 4096, 4_240_896), ("reference", 50257, 30_013_440),
+    ("gpt2_small", 50257, 124_475_904)])
+def test_parameter_counts_in_the_sizes_table(size, vocab, total):
+  c = config_lib.decoder("gelu", size)
+  model = tasks.get(c).model(c, vocab)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
+  assert models.count_params(shapes["params"])["total"] == total
 
 
 def test_decoder_configs_differ_only_in_activation():
@@ -56,7 +223,7 @@ def test_command_line_overrides():
     ("train.batch_size", -2, "train.batch_size=-2 must be positive"),
     ("data.seq_len", 64, "data.seq_len=64 is longer than model.max_len=32"),
     ("model.norm", "sandwich", "model.norm='sandwich': choose 'pre' or 'post'"),
-    ("data.tokenizer", "bpe:abc", "data.tokenizer='bpe:abc': choose"),
+    ("data.tokenizer", "bpe:abc", "data.tokenizer: unknown tokenizer 'bpe:abc'; choose"),
     ("optim.warmup_steps", 50, "optim.warmup_steps=50 must be >= 0 and < train.steps=50"),
 ])
 def test_validate_gives_one_readable_line(field, value, message):
@@ -66,6 +233,108 @@ def test_validate_gives_one_readable_line(field, value, message):
   assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("spec", ["bpe:abc", "bpe:100", "wordpiece:5", "gpt-2", "BYTE"])
+@pytest.mark.parametrize("kind", ["decoder", "encoder"])
+def test_validate_reports_the_tokenizer_parser_message(spec, kind):
+  with pytest.raises(ValueError) as parsed:
+    tokenizers.parse_spec(spec)
+  c = getattr(config_lib, kind)("gelu", "smoke")
+  c.data.tokenizer = spec
+  with pytest.raises(config_lib.ConfigError) as validated:
+    config_lib.validate(c)
+  assert str(validated.value) == f"data.tokenizer: {parsed.value}"
+
+
 def test_unknown_variant():
-  with pytest.raises(config_lib.ConfigError, match="unknown config variant 'big'; choose one of: 'smoke'"):
+  with pytest.raises(config_lib.ConfigError,
+                     match="unknown config variant 'big'; choose one of: 'smoke'"):
     config_lib.decoder("gelu", "big")
+  with pytest.raises(config_lib.ConfigError,
+                     match="unknown encoder config variant 'mini_classify'; choose one of: 'mini'"):
+    config_lib.encoder("gelu", "mini_classify")
+  with pytest.raises(config_lib.ConfigError, match="encoder task 'clasify': choose 'mlm' or"):
+    config_lib.encoder("gelu", "smoke", "clasify")
+
+
+# --- parse_arg, parse_overrides, override --------------------------------------------------------
+
+
+def test_parse_arg_converts_to_the_defaults_types():
+  a = config_lib.parse_arg("size=smoke,layers=3,lr=1e-2,fast=True", size="reference", act="gelu",
+                           layers=6, lr=1e-3, fast=False)
+  assert a.to_dict() == {"size": "smoke", "act": "gelu", "layers": 3, "lr": 1e-2, "fast": True}
+  assert config_lib.parse_arg("smoke, act=swiglu", size="x", act="gelu").to_dict() == {
+      "size": "smoke", "act": "swiglu"}
+  assert config_lib.parse_arg(None, size="reference").size == "reference"
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("sise=smoke", "unknown config argument 'sise=smoke'; use size, act, layers"),
+    ("smoke,gelu", "unknown config argument 'gelu'; use size, act, layers"),
+    ("layers=two", "config argument 'layers=two': expected int"),
+])
+def test_parse_arg_refuses_unknown_keys_and_bad_values(arg, message):
+  with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.parse_arg(arg, size="reference", act="gelu", layers=6)
+
+
+def test_config_file_argument_errors():
+  for arg, message in [("sise=smoke", "unknown config argument 'sise=smoke'"),
+                       ("size=huge", "unknown config variant 'huge'")]:
+    with pytest.raises(config_lib.ConfigError, match=message):
+      errors.call_file(f"{REPO}/configs/decoder.py", "get_config", arg, kind="config")
+
+
+def test_parse_overrides_reads_values_like_the_command_line():
+  assert config_lib.parse_overrides(
+      "model.loss_impl=plain, train.steps=3,optim.lr=1e-3,model.scan_layers=true,"
+      "data.classify=glue/sst2,train.progress=False,") == {
+          "model.loss_impl": "plain", "train.steps": 3, "optim.lr": 1e-3,
+          "model.scan_layers": True, "data.classify": "glue/sst2", "train.progress": False}
+  with pytest.raises(config_lib.ConfigError, match="override 'train.steps': write section.field"):
+    config_lib.parse_overrides("train.steps")
+
+
+def test_override_sets_fields_and_returns_the_config():
+  c = tiny()
+  assert config_lib.override(c, {"optim.lr": 1, "model.scan_layers": True}) is c
+  assert (c.optim.lr, type(c.optim.lr), c.model.scan_layers) == (1.0, float, True)
+  nested = ml_collections.ConfigDict({"a": {"b": {"c": 1}}})
+  assert config_lib.override(nested, {"a.b.c": 2}).a.b.c == 2
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("optim.lrr", 1e-3, "optim.lrr: no such field (optim has no field 'lrr'; did you mean "
+                        "'optim.lr'?)"),
+    ("optimizer.lr", 1e-3, "optimizer.lr: no such field (the config has no section 'optimizer'; "
+                           "did you mean 'optim.lr'?)"),
+    ("model", "big", "model: no such field"),
+    ("model.d_model.x", 1, "model.d_model.x: no such field"),
+    ("train.steps", "many", "train.steps='many': expected int, got str"),
+    ("model.scan_layers", 1, "model.scan_layers=1: expected bool, got int"),
+])
+def test_override_refuses_unknown_fields_and_wrong_types(key, value, message):
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.override(tiny(), {key: value})
+  assert str(e.value) == message or str(e.value).startswith(message + " (")
+
+
+def test_override_in_a_nested_section_suggests_the_field():
+  nested = ml_collections.ConfigDict({"a": {"b": {"count": 1}}})
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"a.b.cout: no such field \(a.b has no field 'cout'; did you mean "
+                           r"'a.b.count'\?\)"):
+    config_lib.override(nested, {"a.b.cout": 2})
+
+
+def test_sweep_and_tests_use_the_same_override():
+  spec = sweep.parse({"axes": {"optim.lrr": [1e-3]}})
+  with pytest.raises(config_lib.ConfigError,
+                     match="^sweep cell lrr=0.001,seed=0: optim.lrr: no such field"):
+    sweep.cells(tiny(), spec)
+  with pytest.raises(config_lib.ConfigError, match="^optim.lrr: no such field"):
+    tiny(**{"optim.lrr": 1e-3})
+
+
+if __name__ == "__main__":
+  write_snapshot(take_snapshot())

@@ -344,7 +344,8 @@ _WORDPIECE_RE = re.compile(r"^wordpiece:(\d+)$")
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
   """``"byte"`` -> ("byte", None); ``"bpe:8192"`` -> ("bpe", 8192); ``"gpt2"`` -> ("gpt2", None);
-  ``"wordpiece:8192"`` -> ("wordpiece", 8192)."""
+  ``"wordpiece:8192"`` -> ("wordpiece", 8192). The one parser of the spec (``config.validate``
+  reports its ValueError as ``data.tokenizer: <message>``)."""
   if spec in ("byte", "gpt2"):
     return spec, None
   m = _BPE_RE.match(spec or "")
@@ -359,8 +360,8 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
     if size <= len(WORDPIECE_SPECIALS):
       raise ValueError(f"tokenizer {spec!r}: WordPiece size must exceed the 5 special tokens")
     return "wordpiece", size
-  raise ValueError(f"unknown tokenizer {spec!r}; valid: 'byte', 'bpe:<size>' (e.g. 'bpe:4096'), "
-                   "'gpt2', 'wordpiece:<size>'")
+  raise ValueError(f"unknown tokenizer {spec!r}; choose 'byte', 'gpt2', 'bpe:<size>' (e.g. "
+                   "'bpe:4096') or 'wordpiece:<size>'")
 
 
 def get(
