@@ -1,12 +1,14 @@
 """What actlab measures: activation statistics, sharpness, summaries and the stability verdict.
 
-Definitions (DESIGN.md "What we measure"; the README explains them for users):
+Definitions in full: docs/metrics.md (§4 activation statistics, §5 sharpness, §6 the verdict,
+§7 the summary); the README summarises them for users.
 
 - Activation statistics are taken at evaluation time on the FFN hidden layer — `h` in `W₂·h` —
   over every (token, unit) entry of the fixed validation windows, per layer and then over layers.
-  `z` is the FFN pre-activation (the gate's for gated FFNs). The layers sow `z`, `h` and the
-  attention `logit_max` into the "stats" collection; `batch_sums` reduces one batch to a few small
-  sums on device and `pool` combines the batches exactly on the host:
+  `z` is the FFN pre-activation (the gate's for gated FFNs). Each block sows typed values into the
+  "stats" collection (`models.FFNStats(z, h)`, `models.AttentionStats(logit_max)`, each with its
+  layer index); `batch_sums` reduces one batch to a few small sums on device and `pool` combines
+  the batches exactly on the host:
 
   | key | per layer | over layers |
   |---|---|---|
@@ -20,20 +22,20 @@ Definitions (DESIGN.md "What we measure"; the README explains them for users):
   training batch (no dropout), by `sharpness_iters` steps of power iteration on Hessian-vector
   products (`jax.jvp` of `jax.grad`) from a fixed random start.
 - `verdict`: status ∈ {stable, unstable, diverged} from the logged loss curves (the rule is in
-  its docstring).
+  its docstring and docs/metrics.md §6).
 """
 
 from __future__ import annotations
 
 import math
 import pathlib
-import re
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from actlab import models
 
 STATUSES = ("stable", "unstable", "diverged")
 TAIL_FRACTION = 0.1  # summary `grad_norm` / `final_train_loss`: mean over the last 10% of steps
@@ -42,59 +44,29 @@ TAIL_FRACTION = 0.1  # summary `grad_norm` / `final_train_loss`: mean over the l
 # --- Activation statistics ------------------------------------------------------------------
 
 
-class Recording:
-  """Stands in for a Flax module inside an objective: `apply` runs with the "stats" collection
-  mutable and keeps what the layers sowed in `.stats`, so any objective yields statistics
-  without knowing about them. Everything else is delegated to the module."""
-
-  def __init__(self, module):
-    self._module = module
-    self.stats: list[dict] = []
-
-  def apply(self, variables, *args, **kwargs):
-    out, state = self._module.apply(variables, *args, mutable=["stats"], **kwargs)
-    # {("block_0", "ffn", "z"): (array,), ...}
-    self.stats.append(flax.traverse_util.flatten_dict(state.get("stats", {})))
-    return out
-
-  def __getattr__(self, name):
-    return getattr(self._module, name)
+def per_layer(sown, kind: type) -> list:
+  """The `kind` values (`models.FFNStats` or `models.AttentionStats`) in `sown`, one per layer in
+  layer order; a value stacked by `scan_layers` (`layer` None) is split along its layer axis."""
+  by_layer = {}
+  for value in jax.tree.leaves(sown, is_leaf=lambda x: isinstance(x, kind)):
+    if not isinstance(value, kind):
+      continue
+    if value.layer is not None:
+      by_layer[value.layer] = value
+      continue
+    for i in range(jax.tree.leaves(value)[0].shape[0]):
+      by_layer[i] = jax.tree.map(lambda x: x[i], value)
+  return [by_layer[i] for i in sorted(by_layer)]
 
 
-def _natural(path: tuple) -> list:
-  """Sort key that puts block_2 before block_10."""
-  return [int(p) if p.isdigit() else p for part in path for p in re.split(r"(\d+)", str(part))]
-
-
-def _layers(sown: Mapping[tuple, Any], name: str, ndim: int) -> list[list[jax.Array]]:
-  """The arrays sown under `name`, one list per layer, layers in natural path order.
-
-  An array with one more axis than `ndim` came from layers stacked by `nn.scan`: it is split
-  along that leading axis into one layer each.
-  """
-  layers = []
-  for path in sorted((p for p in sown if p[-1] == name), key=_natural):
-    values = list(sown[path])
-    if values[0].ndim == ndim + 1:
-      layers += [[v[i] for v in values] for i in range(values[0].shape[0])]
-    else:
-      layers.append(values)
-  return layers
-
-
-def batch_sums(recorded: Sequence[Mapping[tuple, Any]]) -> dict:
+def batch_sums(sown) -> dict:
   """Per-layer sums of one batch (traced, on device): small enough to fetch every evaluation.
 
-  `recorded` is `Recording.stats`: one flattened stats collection per `apply` call.
-  """
-  sown = {}
-  for collection in recorded:
-    for path, values in collection.items():
-      sown[path] = sown.get(path, ()) + tuple(values)
+  `sown` holds the typed statistics of one `models.apply(..., stats=True)`."""
   ffn = []
-  for zs, hs in zip(_layers(sown, "z", 3), _layers(sown, "h", 3)):
-    z_NF = jnp.concatenate([z.reshape(-1, z.shape[-1]) for z in zs]).astype(jnp.float32)
-    h = jnp.concatenate([h.reshape(-1) for h in hs]).astype(jnp.float32)
+  for stats in per_layer(sown, models.FFNStats):
+    z_NF = stats.z.reshape(-1, stats.z.shape[-1]).astype(jnp.float32)
+    h = stats.h.reshape(-1).astype(jnp.float32)
     mean = h.mean()
     ffn.append({
         "entries": jnp.asarray(z_NF.size, jnp.int32),
@@ -103,7 +75,7 @@ def batch_sums(recorded: Sequence[Mapping[tuple, Any]]) -> dict:
         "h_mean": mean,
         "h_m2": jnp.sum(jnp.square(h - mean)),            # centred: combined exactly by `pool`
     })
-  attn = [jnp.max(jnp.stack(values)) for values in _layers(sown, "logit_max", 0)]
+  attn = [stats.logit_max for stats in per_layer(sown, models.AttentionStats)]
   return {"ffn": ffn, "attn_logit_max": attn}
 
 
@@ -246,12 +218,11 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
           "spike_steps": spike_steps, "diverged_at": None}
 
 
-def verdict_for(rows: Sequence[Mapping], config, vocab_size: int) -> dict:
-  """`verdict` with the thresholds of `config.metrics` and the run's warm-up and vocabulary (for
-  a classification run, `model.task="classify"`, chance is ln(number of classes) instead)."""
+def verdict_for(rows: Sequence[Mapping], config, chance_loss: float) -> dict:
+  """`verdict` with the thresholds of `config.metrics`, the run's warm-up, and its task's
+  `chance_loss` (ln of the vocabulary, or of the classes)."""
   m = config.metrics
-  classes = config.model.num_classes if config.model.get("task") == "classify" else vocab_size
-  return verdict(rows, warmup_steps=config.optim.warmup_steps, uniform_loss=math.log(classes),
+  return verdict(rows, warmup_steps=config.optim.warmup_steps, uniform_loss=chance_loss,
                  spike_rel=m.spike_rel, final_gap_rel=m.final_gap_rel, uniform_frac=m.uniform_frac)
 
 

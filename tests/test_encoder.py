@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from actlab import config as config_lib
-from actlab import models
-from actlab.models import encoder as enc
-from actlab.models.layers import Attention, Block, FeedForward, Spec
+from actlab import models, tasks
+from actlab.models.transformer import Attention, Block, FeedForward, Spec, layer_norm
 
 SPEC = Spec("gelu", num_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=32, vocab_size=128,
             norm="post", norm_eps=1e-12)
@@ -19,7 +18,7 @@ PAD = 0
 
 
 def make(spec=SPEC, head="all", **kw):
-  model = enc.Encoder(spec, head=head, **kw)
+  model = models.Encoder(spec, head=head, **kw)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
   return model, params
 
@@ -52,10 +51,10 @@ def test_shapes(encoder):
 @pytest.mark.parametrize("head", ["mlm", "classify", "all"])
 def test_param_count_closed_form(activation, norm, head):
   spec = dataclasses.replace(SPEC, activation=activation, norm=norm)
-  model = enc.Encoder(spec, head=head, num_classes=3)
+  model = models.Encoder(spec, head=head, num_classes=3)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
   counts = models.count_params(shapes["params"])
-  assert counts["total"] == enc.param_count(spec, head, num_classes=3)
+  assert counts["total"] == models.param_count(spec, head, num_classes=3)
   assert counts["non_embedding"] == counts["total"] - 128 * 32
   assert ("ln_f" in shapes["params"]) == (norm == "pre")
 
@@ -63,8 +62,7 @@ def test_param_count_closed_form(activation, norm, head):
 def bert_base_shapes(head):
   """BERT-base's parameter shapes (no memory: `eval_shape`), built from the `:base` config."""
   c = config_lib.encoder("gelu", "base")
-  c.model.task = head  # "all" is no config task, but `build` passes it on as the head
-  model = models.build(c.model, 30522)
+  model = models.Encoder(models.Spec.from_config(c.model, 30522), head=head)
   return model, jax.eval_shape(model.init, jax.random.PRNGKey(0),
                                jnp.zeros((1, 128), jnp.int32))["params"]
 
@@ -77,21 +75,13 @@ def test_bert_base_parameter_count():
   assert (spec.num_layers, spec.d_model, spec.num_heads, spec.d_ff, spec.max_len) == (
       12, 768, 12, 3072, 512)
   assert spec.vocab_size == 30528 and spec.norm == "post" and spec.norm_eps == 1e-12
-  D, F, L, P = 768, 3072, 12, 512
-  layer = 4 * (D * D + D) + 2 * D * F + F + D + 4 * D
-  trunk = lambda V: (V + P + 2) * D + 2 * D + L * layer
-  pooler = D * D + D
-  mlm_head = D * D + D + 2 * D  # + the output bias (V); the projection is tied to wte
-  assert trunk(30522) + pooler == 109_482_240  # BERT-base as published
-  # The trunk with pooler and the tied MLM head, as an `init` of the encoder counts it:
-  _, shapes = bert_base_shapes("all")
-  counts = models.count_params(shapes)
-  assert counts["total"] == trunk(30528) + pooler + mlm_head + 30528 + (2 * D + 2)
-  assert counts["total"] == 110_111_042
-  _, mlm = bert_base_shapes("mlm")
-  assert models.count_params(mlm)["total"] == trunk(30528) + mlm_head + 30528 == 109_518_912
-  _, cls = bert_base_shapes("classify")
-  assert models.count_params(cls)["total"] == trunk(30528) + pooler + 2 * D + 2 == 109_488_386
+  # BERT as published: the trunk and the pooler (a classifier of no classes) at V = 30,522.
+  published = dataclasses.replace(spec, vocab_size=30522)
+  assert models.param_count(published, "classify", num_classes=0) == 109_482_240
+  # Ours, as an `init` of the encoder counts them (the MLM projection is tied to wte):
+  for head, total in (("all", 110_111_042), ("mlm", 109_518_912), ("classify", 109_488_386)):
+    _, shapes = bert_base_shapes(head)
+    assert models.count_params(shapes)["total"] == models.param_count(spec, head) == total
 
 
 def expected_hf_names(num_layers):
@@ -111,12 +101,12 @@ def expected_hf_names(num_layers):
 
 def test_bert_names_are_one_to_one(encoder):
   _, params = encoder
-  names = enc.hf_names(params)
+  names = models.hf.hf_names(params)
   assert len(set(names.values())) == len(names)
   assert set(names.values()) == expected_hf_names(2)
   assert names["block_1/ffn/up/kernel"] == "encoder.layer.1.intermediate.dense.weight"
   assert names["mlm/bias"] == "cls.predictions.bias"
-  state = enc.to_hf(params)
+  state = models.hf.to_hf(params)
   # PyTorch layout: Linear weights are (out, in).
   assert state["encoder.layer.0.intermediate.dense.weight"].shape == (64, 32)
   assert state["encoder.layer.0.output.dense.weight"].shape == (32, 64)
@@ -125,8 +115,8 @@ def test_bert_names_are_one_to_one(encoder):
 
 def test_from_hf_round_trip_prefix_gamma_and_vocab_padding(encoder):
   model, params = encoder
-  state = enc.to_hf(params)
-  back = enc.from_hf(state, params)
+  state = models.hf.to_hf(params)
+  back = models.hf.from_hf(state, params)
   jax.tree.map(np.testing.assert_array_equal, back, jax.tree.map(np.asarray, params))
   # A Hugging Face task model's names (`bert.` prefix, old gamma/beta), unpadded vocabulary.
   hf = {("" if k.startswith(("cls.", "classifier")) else "bert.") +
@@ -134,13 +124,13 @@ def test_from_hf_round_trip_prefix_gamma_and_vocab_padding(encoder):
         v for k, v in state.items()}
   hf["bert.embeddings.word_embeddings.weight"] = state["embeddings.word_embeddings.weight"][:100]
   hf["cls.predictions.bias"] = state["cls.predictions.bias"][:100]
-  loaded = enc.from_hf(hf, params)
+  loaded = models.hf.from_hf(hf, params)
   np.testing.assert_array_equal(loaded["wte"]["embedding"][:100], params["wte"]["embedding"][:100])
   assert not loaded["wte"]["embedding"][100:].any() and not loaded["mlm"]["bias"][100:].any()
   np.testing.assert_array_equal(loaded["ln_emb"]["scale"], params["ln_emb"]["scale"])
   del hf["bert.encoder.layer.1.output.dense.weight"]
   with pytest.raises(KeyError, match="encoder.layer.1.output.dense.weight"):
-    enc.from_hf(hf, params)
+    models.hf.from_hf(hf, params)
 
 
 def test_bidirectional(encoder):
@@ -171,13 +161,12 @@ def test_padding_never_changes_unpadded_outputs(encoder):
 
 def test_objective_masks_padding(encoder):
   """The classification objective derives the attention mask from [PAD]."""
-  from actlab import objectives
-  model = enc.Encoder(SPEC, head="classify")
+  model = models.Encoder(SPEC, head="classify")
   params = {k: v for k, v in encoder[1].items() if k != "mlm"}  # the classifier's subset
-  specials = objectives.Specials(pad=0, unk=1, cls=2, sep=3, mask=4)
+  specials = tasks.mlm.Specials(pad=0, unk=1, cls=2, sep=3, mask=4)
   real = jnp.concatenate([jnp.full((2, 1), 2), tokens((2, 8)), jnp.full((2, 1), 3)], axis=1)
   labels = jnp.array([0, 1])
-  loss = jax.jit(lambda batch: objectives.classify(model, params, batch, jax.random.PRNGKey(0),
+  loss = jax.jit(lambda batch: tasks.classify.loss(model, params, batch, jax.random.PRNGKey(0),
                                                    False, specials=specials))
   short = loss({"tokens": real, "labels": labels})
   padded = jnp.concatenate([real, jnp.zeros((2, 7), jnp.int32)], axis=1)
@@ -201,7 +190,7 @@ def test_block_order(norm):
   p = jax.tree.map(lambda v: v + 0.1 * jax.random.normal(jax.random.PRNGKey(2), v.shape), p)
   attn = lambda h: _sub(Attention(spec, causal=False), p["attn"], h)
   ffn = lambda h: _sub(FeedForward(spec), p["ffn"], h)
-  ln = lambda name, h: _sub(models.layers.layer_norm(spec, name), p[name], h)
+  ln = lambda name, h: _sub(layer_norm(spec, models.Execution(), name), p[name], h)
 
   @jax.jit
   def by_hand(x):
@@ -225,7 +214,7 @@ def test_pooler_activation(encoder):
   from actlab import activations
   _, params = encoder
   t = tokens((2, 8))
-  pooled = {name: jax.jit(enc.Encoder(SPEC, head="all", pooler_activation=name).apply)(
+  pooled = {name: jax.jit(models.Encoder(SPEC, head="all", pooler_activation=name).apply)(
       {"params": params}, t)["pooled"] for name in ("identity", "tanh", "gelu")}
   for name in ("tanh", "gelu"):
     np.testing.assert_allclose(pooled[name], activations.get(name).fn(pooled["identity"]),
@@ -233,7 +222,7 @@ def test_pooler_activation(encoder):
   assert np.abs(pooled["tanh"]).max() < 1.0 and np.abs(pooled["identity"]).max() > 0.05
   # The pooler reads the first ([CLS]) position: later tokens act only through attention.
   t2 = t.at[:, 1:].set(t[:, 1:] % 50 + 7)
-  other = jax.jit(enc.Encoder(SPEC, head="all", pooler_activation="identity").apply)(
+  other = jax.jit(models.Encoder(SPEC, head="all", pooler_activation="identity").apply)(
       {"params": params}, t2)["pooled"]
   assert np.abs(other - pooled["identity"]).max() > 1e-4
 
@@ -242,7 +231,7 @@ def test_mlm_head_is_tied_to_word_embeddings(encoder):
   _, params = encoder
   assert set(params["mlm"]) == {"dense", "ln", "bias"}
   assert not any("decoder" in k or "out" == k for k in params["mlm"])
-  model = enc.Encoder(SPEC, head="mlm")
+  model = models.Encoder(SPEC, head="mlm")
   t = tokens((1, 8))
   p = jax.tree.map(lambda v: v, params)
   apply = jax.jit(model.apply)

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import config as config_lib, data, metrics, train
-from actlab.models import layers
+from actlab import config as config_lib, data, metrics, models, steps
+from actlab.models import transformer
 from conftest import tiny
 
 
@@ -22,29 +22,36 @@ from conftest import tiny
 def model_setup(request):
   c = tiny(request.param)
   ds = data.load(c)
-  task = train.Task.create(c, ds.tokenizer.vocab_size)
+  task = steps.Steps.create(c, ds.tokenizer.vocab_size)
   params = jax.jit(task.init)(0).params
   return task, params, ds.val_batches()
 
 
+def pooled(eval_step, params, batches) -> dict:
+  return steps.pool_eval(jax.device_get([eval_step(params, b) for b in batches]))
+
+
 def _captured(task, params, batch):
-  """z, h per layer and the Dense outputs, straight from Flax (no actlab.metrics code)."""
+  """The FFNStats per layer and the Dense outputs, straight from Flax (no actlab.metrics code)."""
   _, state = task.model.apply({"params": params}, batch[:, :-1], mutable=["stats", "intermediates"],
                               capture_intermediates=True)
-  return flax.core.unfreeze(state["stats"]), flax.core.unfreeze(state["intermediates"])
+  stats = state["stats"]
+  ffn = [stats[f"block_{i}"]["ffn"]["ffn"][0] for i in range(task.config.model.num_layers)]
+  assert [s.layer for s in ffn] == list(range(len(ffn)))
+  return ffn, flax.core.unfreeze(state["intermediates"])
 
 
 def test_pooled_statistics_match_numpy(model_setup):
   task, params, batches = model_setup
   eval_step = jax.jit(lambda p, b: task.eval_step(p, b, stats=True))
-  got = train.evaluate_metrics(eval_step, params, batches)
+  got = pooled(eval_step, params, batches)
   num_layers = task.config.model.num_layers
   zs, hs = [[] for _ in range(num_layers)], [[] for _ in range(num_layers)]
   for batch in batches:
     stats, _ = _captured(task, params, batch)
     for i in range(num_layers):
-      zs[i].append(np.asarray(stats[f"block_{i}"]["ffn"]["z"][0], np.float64))
-      hs[i].append(np.asarray(stats[f"block_{i}"]["ffn"]["h"][0], np.float64))
+      zs[i].append(np.asarray(stats[i].z, np.float64))
+      hs[i].append(np.asarray(stats[i].h, np.float64))
   expected = {}
   for i in range(num_layers):
     z = np.concatenate(zs[i]).reshape(-1, zs[i][0].shape[-1])
@@ -58,21 +65,21 @@ def test_pooled_statistics_match_numpy(model_setup):
   for key, value in expected.items():
     np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
   assert 0.2 < got["act_zero_frac"] < 0.8  # a random init fires about half the time
-  assert got["val_loss"] == pytest.approx(train.evaluate(jax.jit(task.eval_step), params, batches))
+  assert got["val_loss"] == pytest.approx(
+      pooled(jax.jit(task.eval_step), params, batches)["val_loss"])
 
 
 def test_gated_statistics_use_the_gate_preactivation():
   c = tiny("swiglu")
-  task = train.Task.create(c, 257)
+  task = steps.Steps.create(c, 257)
   params = jax.jit(task.init)(0).params
   batch = np.random.default_rng(0).integers(0, 257, (2, 33)).astype(np.int32)
   stats, inter = _captured(task, params, batch)
   for i in range(c.model.num_layers):
     ffn = inter[f"block_{i}"]["ffn"]
     gate, up = ffn["gate"]["__call__"][0], ffn["up"]["__call__"][0]
-    np.testing.assert_array_equal(stats[f"block_{i}"]["ffn"]["z"][0], gate)
-    np.testing.assert_allclose(stats[f"block_{i}"]["ffn"]["h"][0], jax.nn.silu(gate) * up,
-                               rtol=1e-6)
+    np.testing.assert_array_equal(stats[i].z, gate)
+    np.testing.assert_allclose(stats[i].h, jax.nn.silu(gate) * up, rtol=1e-6)
 
 
 def test_dead_units_and_pooling_across_batches_exactly():
@@ -83,8 +90,7 @@ def test_dead_units_and_pooling_across_batches_exactly():
   z1[..., :2] = -np.abs(z1[..., :2])
   z2[..., 0] = -np.abs(z2[..., 0])
   h1, h2 = np.maximum(z1, 0), np.maximum(z2, 0)
-  sums = [jax.device_get(metrics.batch_sums([{("block_0", "ffn", "z"): (z,),
-                                              ("block_0", "ffn", "h"): (h,)}]))
+  sums = [jax.device_get(metrics.batch_sums([models.FFNStats(z, h, layer=0)]))
           for z, h in ((z1, h1), (z2, h2))]
   got = metrics.pool(sums)
   z = np.concatenate([z1.reshape(-1, 4), z2.reshape(-1, 4)])
@@ -95,16 +101,20 @@ def test_dead_units_and_pooling_across_batches_exactly():
   assert got["act_std"] == pytest.approx(h.std(), rel=1e-6)
 
 
-def test_layers_ordered_naturally_and_scan_stacks_split():
-  z = lambda v: (jnp.full((1, 1, 2), v, jnp.float32),)
-  sown = {("block_10", "ffn", "z"): z(-1.0), ("block_10", "ffn", "h"): z(-1.0),
-          ("block_2", "ffn", "z"): z(1.0), ("block_2", "ffn", "h"): z(1.0)}
-  got = metrics.pool([jax.device_get(metrics.batch_sums([sown]))])
+def test_layers_ordered_by_index_and_scan_stacks_split():
+  """Layers come in the order of their sown index (10 after 2, whatever the collection's key
+  order); a scanned stack (`layer` None) is split along its leading axis."""
+  z = lambda v: jnp.full((1, 1, 2), v, jnp.float32)
+  sown = {"block_10": {"ffn": {"ffn": (models.FFNStats(z(-1.0), z(-1.0), layer=10),)},
+                       "attn": {"attention": (models.AttentionStats(jnp.float32(5), layer=10),)}},
+          "block_2": {"ffn": {"ffn": (models.FFNStats(z(1.0), z(1.0), layer=2),)},
+                      "attn": {"attention": (models.AttentionStats(jnp.float32(3), layer=2),)}}}
+  got = metrics.pool([jax.device_get(metrics.batch_sums(sown))])
   assert got["act_zero_frac/layer_0"] == 0.0 and got["act_zero_frac/layer_1"] == 1.0
-  stacked = {("blocks", "ffn", "z"): (jnp.stack([z(1.0)[0], z(-1.0)[0]]),),
-             ("blocks", "ffn", "h"): (jnp.stack([z(1.0)[0], z(-1.0)[0]]),)}
-  got = metrics.pool([jax.device_get(metrics.batch_sums([stacked]))])
-  assert got["act_zero_frac/layer_0"] == 0.0 and got["act_zero_frac/layer_1"] == 1.0
+  assert got["attn_logit_max/layer_0"] == 3.0 and got["attn_logit_max/layer_1"] == 5.0
+  stacked = [models.FFNStats(jnp.stack([z(1.0), z(-1.0)]), jnp.stack([z(1.0), z(-1.0)]), None),
+             models.AttentionStats(jnp.array([3.0, 5.0]), None)]
+  assert metrics.pool([jax.device_get(metrics.batch_sums(stacked))]) == got
 
 
 def test_attention_logit_max_ignores_invisible_positions():
@@ -115,12 +125,12 @@ def test_attention_logit_max_ignores_invisible_positions():
   logits = np.einsum("bhqk,bhsk->bhqs", q, k) / 2.0
   causal = np.tril(np.ones((5, 5), bool))
   expected = np.where(causal, logits, -np.inf).max()
-  assert float(layers.logit_max(q, k, None, causal=True)) == pytest.approx(expected, rel=1e-5)
-  assert float(layers.logit_max(q, k, None, causal=False)) == pytest.approx(logits.max(), rel=1e-5)
+  assert float(transformer.logit_max(q, k, None, causal=True)) == pytest.approx(expected, rel=1e-5)
+  assert float(transformer.logit_max(q, k, None, causal=False)) == pytest.approx(logits.max(), rel=1e-5)
   assert logits.max() > expected  # the future position held the largest logit
   pad = np.ones((2, 1, 1, 5), bool)
   pad[:, :, :, 4] = False
-  np.testing.assert_allclose(float(layers.logit_max(q, k, pad, causal=False)),
+  np.testing.assert_allclose(float(transformer.logit_max(q, k, pad, causal=False)),
                              logits[..., :4].max(), rtol=1e-5)
 
 

@@ -6,22 +6,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import activations, config as config_lib, models
-from actlab.models.layers import Spec
+from actlab import activations, config as config_lib, models, tasks
+from actlab.models import transformer
+from actlab.models.transformer import Spec
 from conftest import tiny
 
 
 def init(c, vocab=257, seed=0):
-  model = models.build(c.model, vocab)
+  model = tasks.get(c).model(c, vocab)
   tokens = jnp.zeros((2, c.data.seq_len), jnp.int32)
   return model, jax.jit(model.init)(jax.random.PRNGKey(seed), tokens)["params"]
-
-
-def expected_params(L, D, F, V, T, gated=False):
-  """Closed form: embeddings + L·(attention + FFN + 2 LayerNorms) + final LayerNorm."""
-  attention = 4 * (D * D + D)
-  ffn = (3 if gated else 2) * D * F + (2 if gated else 1) * F + D
-  return V * D + T * D + L * (attention + ffn + 4 * D) + 2 * D
 
 
 @pytest.mark.parametrize("activation", ["gelu", "relu", "swiglu", "bilinear"])
@@ -33,22 +27,21 @@ def test_shapes_and_param_formula(activation):
   logits = jax.jit(model.apply)({"params": params}, jnp.zeros((3, 32), jnp.int32))
   assert logits.shape == (3, 32, 320) and logits.dtype == jnp.float32
   gated = activations.get(activation).gated
-  F = spec.ffn_width
-  assert F == (64 if gated else 96)  # gated: round(2/3·96 / 64)·64
+  assert spec.ffn_width == (64 if gated else 96)  # gated: round(2/3·96 / 64)·64
   counts = models.count_params(params)
-  assert counts["total"] == expected_params(2, 32, F, 320, 32, gated)
+  assert counts["total"] == models.param_count(spec)
   assert counts["non_embedding"] == counts["total"] - 320 * 32
 
 
 def test_reference_configuration_counts():
-  """REFERENCE.md §2: 6 layers, 384, 6 heads, ctx 128, vocab 50,304 → ≈10.7M without wte."""
+  """docs/reference.md §2.1: 6 layers, 384, 6 heads, ctx 128, vocab 50,304 → ≈10.7M without wte."""
   c = config_lib.decoder("gelu")
-  model = models.build(c.model, 50257)
+  model = tasks.get(c).model(c, 50257)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
                                              jnp.zeros((1, 128), jnp.int32)))["params"]
   counts = models.count_params(shapes)
   assert model.spec.vocab_size == 50304
-  assert counts["non_embedding"] == expected_params(6, 384, 1536, 0, 128) == 10_696_704
+  assert counts["non_embedding"] == models.param_count(model.spec) - 50304 * 384 == 10_696_704
   assert counts["total"] == 10_696_704 + 50304 * 384
 
 
@@ -62,9 +55,9 @@ def test_gated_width_is_parameter_matched(d_ff, width):
 
 def test_gated_ffn_matches_plain_within_a_few_percent():
   c = config_lib.decoder("gelu")
-  plain = models.build(c.model, 50257)
+  plain = tasks.get(c).model(c, 50257)
   c.model.activation = "swiglu"
-  gated = models.build(c.model, 50257)
+  gated = tasks.get(c).model(c, 50257)
   count = lambda m: models.count_params(jax.eval_shape(
       lambda: m.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))["params"])
   a, b = count(plain)["non_embedding"], count(gated)["non_embedding"]
@@ -134,7 +127,6 @@ def test_dropout_only_in_training():
 def test_attention_equals_jax_reference(causal, padded):
   """The heads-major XLA attention is softmax(q·kᵀ/√K)·v: equal to jax.nn.dot_product_attention
   (sequence-major) under causal and padding masks, and so are the projections around it."""
-  from actlab.models import layers
   r = np.random.default_rng(0)
   q, k, v = (jnp.asarray(r.normal(size=(2, 3, 6, 8)), jnp.float32) for _ in range(3))
   mask = None
@@ -143,20 +135,31 @@ def test_attention_equals_jax_reference(causal, padded):
   to_BLHK = lambda x: x.transpose(0, 2, 1, 3)
   ref = to_BLHK(jax.nn.dot_product_attention(to_BLHK(q), to_BLHK(k), to_BLHK(v), mask=mask,
                                              is_causal=causal, implementation="xla"))
-  np.testing.assert_allclose(layers.attend(q, k, v, mask, causal), ref, atol=1e-6)
+  np.testing.assert_allclose(transformer.attend(q, k, v, mask, causal=causal), ref, atol=1e-6)
 
   spec = Spec.from_config(tiny().model, 64)
   x = jnp.asarray(r.normal(size=(2, 5, spec.d_model)), jnp.float32)
-  split = layers.HeadsDense(spec, split=True)
+  split = transformer.HeadsDense(spec, split=True)
   params = split.init(jax.random.PRNGKey(1), x)
   dense = {"params": params["params"]}  # the same parameters an nn.Dense(d_model) has
   y = jax.nn.relu(x) @ params["params"]["kernel"] + params["params"]["bias"]
   heads = split.apply(dense, jax.nn.relu(x))
   B, H, L, K = heads.shape
   np.testing.assert_allclose(heads.transpose(0, 2, 1, 3).reshape(B, L, H * K), y, atol=1e-5)
-  merge = layers.HeadsDense(spec, split=False)
+  merge = transformer.HeadsDense(spec, split=False)
   np.testing.assert_allclose(merge.apply(dense, heads), y.reshape(B, L, -1) @ params["params"][
       "kernel"] + params["params"]["bias"], atol=1e-5)
-  reference = flax.linen.Dense(spec.d_model, kernel_init=layers.normal(0.02))
+  reference = flax.linen.Dense(spec.d_model, kernel_init=transformer.normal(0.02))
   assert all(jax.tree.leaves(jax.tree.map(jnp.array_equal, params,
                                           reference.init(jax.random.PRNGKey(1), x))))
+
+
+def test_hidden_is_the_tied_heads_input():
+  """`hidden` (the fused loss's input) is the final LayerNorm's output; the logits are its
+  product with the token embedding."""
+  model, params = init(tiny("gelu"))
+  tokens = np.random.default_rng(2).integers(0, 257, (2, 32))
+  h = model.apply({"params": params}, tokens, method="hidden")
+  assert h.shape == (2, 32, 32)
+  np.testing.assert_allclose(model.apply({"params": params}, tokens),
+                             h @ params["wte"]["embedding"].T, rtol=1e-5, atol=1e-5)

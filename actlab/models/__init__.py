@@ -1,25 +1,16 @@
-"""Model construction and parameter counting."""
+"""The models (built by the tasks: actlab/tasks/), read top-down in transformer.py; the encoder's
+BERT names in hf.py; parameter counting."""
 
-import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 
-from actlab.models.decoder import Decoder
-from actlab.models.encoder import Encoder
-from actlab.models.layers import Spec, pad_vocab
+from actlab import activations
+from actlab.models import hf
+from actlab.models.transformer import (AttentionStats, Decoder, Encoder, Execution, FFNStats, Spec,
+                                       apply, ffn_width, next_token_loss, pad_vocab)
 
-__all__ = ["Spec", "build", "count_params", "pad_vocab"]
-
-
-def build(model: ml_collections.ConfigDict, vocab_size: int) -> nn.Module:
-  """The Flax module for `config.model`; `vocab_size` is the tokenizer's (padded here)."""
-  spec = Spec.from_config(model, vocab_size)
-  if model.kind == "encoder":  # The head follows the task: MLM pretraining or classification.
-    return Encoder(spec, head=model.task, pooler_activation=model.pooler_activation,
-                   type_vocab_size=model.type_vocab_size, num_classes=model.num_classes)
-  kinds = {"decoder": Decoder}
-  return kinds[model.kind](spec)
+__all__ = ["AttentionStats", "Decoder", "Encoder", "Execution", "FFNStats", "Spec", "apply",
+           "count_params", "ffn_width", "hf", "next_token_loss", "pad_vocab", "param_count"]
 
 
 def count_params(params) -> dict[str, int]:
@@ -28,3 +19,23 @@ def count_params(params) -> dict[str, int]:
   total = sum(jax.tree.leaves(sizes))
   embedding = sum(jax.tree.leaves(sizes.get("wte", {})))
   return {"total": total, "non_embedding": total - embedding}
+
+
+def param_count(spec: Spec, head: str = "lm", type_vocab_size: int = 2,
+                num_classes: int = 2) -> int:
+  """The closed form of `count_params(...)["total"]` (checked against `init` by the tests): the
+  decoder with `head="lm"` (tied: no parameters of its own), else the encoder with that head."""
+  D, V, P, F = spec.d_model, spec.vocab_size, spec.max_len, spec.ffn_width
+  gated = activations.get(spec.activation).gated
+  ln = 2 * D
+  attention = 4 * (D * D + D)
+  ffn = (3 if gated else 2) * D * F + (2 if gated else 1) * F + D
+  blocks = spec.num_layers * (attention + ffn + 2 * ln)
+  if head == "lm":
+    return (V + P) * D + blocks + ln
+  total = (V + P + type_vocab_size) * D + ln + blocks + (ln if spec.norm == "pre" else 0)
+  if head in ("mlm", "all"):
+    total += D * D + D + ln + V
+  if head in ("classify", "all"):
+    total += D * D + D + D * num_classes + num_classes
+  return total

@@ -1,26 +1,4 @@
-"""BERT-style bidirectional encoder (Devlin et al. 2019): MLM head, pooler, sequence classifier.
-
-The definition, in order:
-
-1. embeddings: word (`wte`) + position (`wpe`) + segment / token type (`wtt`), summed, then
-   LayerNorm (`ln_emb`, eps `model.norm_eps`: 1e-12 in the encoder configs) and dropout;
-2. `num_layers` shared `layers.Block`s with `causal=False` and the padding mask — BERT's post-LN
-   order `x = LN(x + Attn(x)); x = LN(x + FFN(x))` with `model.norm="post"`, or pre-LN with
-   `model.norm="pre"`, which then also needs a final LayerNorm `ln_f` (post-LN has none); the FFN
-   uses `model.activation`, plain or gated, exactly as in the decoder;
-3. heads, chosen by `head` (from `train.task`):
-   - `"mlm"`: dense → activation → LayerNorm → logits against the word embeddings (tied) + bias.
-     The transform's activation is the FFN's (its gate's for the GLU family: swiglu → silu), as
-     BERT uses `hidden_act` in both places;
-   - `"classify"`: pooler = dense over the first ([CLS]) token → `pooler_activation` (BERT: tanh),
-     then dropout and a dense classifier to `num_classes` logits;
-   - `"all"`: both (a dict), to build or count a full checkpoint.
-
-Deviations from BERT, kept on purpose so that the encoder and the decoder are one code path: the
-shared layers initialise from N(0, 0.02) with GPT-2's residual scaling (0.02/√(2·layers) for
-`attn/out` and `ffn/down`) rather than BERT's truncated normal, and attention has no dropout on
-its probabilities (`jax.nn.dot_product_attention` has none); dropout acts on the embeddings and on
-each sub-layer's output, as in BERT's hidden dropout.
+"""The BERT (Hugging Face) names of the encoder's parameters, and conversion both ways.
 
 Parameter names map one-to-one onto a standard BERT checkpoint (Hugging Face `bert-base-uncased`;
 its task models prefix the trunk with `bert.`). Flax kernels are stored (in, out), the transpose
@@ -51,110 +29,15 @@ Every `…/kernel` has a `…/bias` beside it (`….bias` in BERT, not transpose
 is the tokenizer's padded to a multiple of 64 (BERT's 30,522 → 30,528): `from_hf` pads with
 zeros. BERT-base (12 layers, 768, 12 heads, d_ff 3072, 512 positions) has 109,482,240
 parameters with the pooler at V = 30,522 — the "110M" — and 109,486,848 at V = 30,528
-(tests/test_encoder.py derives both from the closed form `param_count`).
+(tests/test_encoder.py derives both from the closed form `models.param_count`).
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-import flax.linen as nn
 from flax.traverse_util import flatten_dict, unflatten_dict
-import jax.numpy as jnp
 import numpy as np
-
-from actlab import activations
-from actlab.models.layers import Block, Spec, dense, layer_norm, normal
-
-HEADS = ("mlm", "classify", "all")
-
-
-class MLMHead(nn.Module):
-  """BERT's `cls.predictions`: dense → activation → LayerNorm → tied output projection + bias."""
-  spec: Spec
-
-  @nn.compact
-  def __call__(self, x_BLD, wte: nn.Embed):
-    s = self.spec
-    h_BLD = dense(s.d_model, s, name="dense")(x_BLD)
-    h_BLD = layer_norm(s, "ln")(activations.get(s.activation).fn(h_BLD))
-    bias_V = self.param("bias", nn.initializers.zeros, (s.vocab_size,), jnp.float32)
-    # = wte.attend(h_BLD), with float32 logits also when computing in bfloat16.
-    return jnp.einsum("bld,vd->blv", h_BLD, wte.embedding.astype(h_BLD.dtype),
-                      preferred_element_type=jnp.float32) + bias_V
-
-
-class Encoder(nn.Module):
-  spec: Spec
-  head: str = "mlm"               # "mlm", "classify" or "all" (see the module docstring)
-  pooler_activation: str = "tanh"
-  type_vocab_size: int = 2
-  num_classes: int = 2
-
-  @nn.compact
-  def __call__(self, tokens_BL, mask_BL=None, segments_BL=None, *,
-               masked_positions_BP=None, train: bool = False):
-    """MLM logits [B, L, V] (float32), class logits [B, C], or both in a dict (`head="all"`).
-
-    `mask_BL` is True at real tokens and False at padding; attention never reads a padded
-    position, so padding leaves every real position's output unchanged. `segments_BL` (token
-    types) default to 0. With `masked_positions_BP` the MLM head runs only at those P positions
-    per sequence (BERT's `masked_lm_positions`) and returns [B, P, V]: the vocabulary projection
-    is the costliest matrix product of a small encoder.
-    """
-    s = self.spec
-    if self.head not in HEADS:
-      raise ValueError(f"Encoder.head={self.head!r}: choose one of {HEADS}")
-    L = tokens_BL.shape[1]
-    if segments_BL is None:
-      segments_BL = jnp.zeros_like(tokens_BL)
-    embed = lambda n, name: nn.Embed(n, s.d_model, embedding_init=normal(0.02),
-                                     dtype=s.compute_dtype, name=name)
-    wte = embed(s.vocab_size, "wte")
-    x_BLD = (wte(tokens_BL) + embed(s.max_len, "wpe")(jnp.arange(L))[None]
-             + embed(self.type_vocab_size, "wtt")(segments_BL))
-    x_BLD = layer_norm(s, "ln_emb")(x_BLD)
-    x_BLD = nn.Dropout(s.dropout)(x_BLD, deterministic=not train)
-    for i in range(s.num_layers):
-      x_BLD = Block(s, causal=False, name=f"block_{i}")(x_BLD, mask_BL, train=train)
-    if s.norm == "pre":
-      x_BLD = layer_norm(s, "ln_f")(x_BLD)
-
-    out = {}
-    if self.head in ("mlm", "all"):
-      h = x_BLD if masked_positions_BP is None else jnp.take_along_axis(
-          x_BLD, masked_positions_BP[..., None], axis=1)
-      out["mlm"] = MLMHead(s, name="mlm")(h, wte)
-    if self.head in ("classify", "all"):
-      pooled_BD = dense(s.d_model, s, name="pooler")(x_BLD[:, 0])
-      pooled_BD = activations.get(self.pooler_activation).fn(pooled_BD)
-      out["pooled"] = pooled_BD
-      pooled_BD = nn.Dropout(s.dropout)(pooled_BD, deterministic=not train)
-      out["classify"] = dense(self.num_classes, s, name="classifier")(pooled_BD).astype(
-          jnp.float32)
-    return out if self.head == "all" else out[self.head]
-
-
-# --- Parameter counts and the BERT name mapping ----------------------------------------------
-
-
-def param_count(spec: Spec, head: str = "mlm", type_vocab_size: int = 2,
-                num_classes: int = 2) -> int:
-  """The closed form of the encoder's parameter count (checked against `init` by the tests)."""
-  D, V, P, F = spec.d_model, spec.vocab_size, spec.max_len, spec.ffn_width
-  gated = activations.get(spec.activation).gated
-  ln = 2 * D
-  embeddings = (V + P + type_vocab_size) * D + ln
-  attention = 4 * (D * D + D)
-  ffn = (3 if gated else 2) * D * F + (2 if gated else 1) * F + D
-  layer = attention + ffn + 2 * ln
-  total = embeddings + spec.num_layers * layer + (ln if spec.norm == "pre" else 0)
-  if head in ("mlm", "all"):
-    total += D * D + D + ln + V
-  if head in ("classify", "all"):
-    total += D * D + D + D * num_classes + num_classes
-  return total
-
 
 _LEAF = {"kernel": "weight", "bias": "bias", "scale": "weight", "embedding": "weight"}
 _TOP = {

@@ -1,0 +1,489 @@
+"""The transformer, top-down: what it is (`Spec`) and how it runs (`Execution`); the feed-forward
+network, attention, the block, the stack of blocks; the GPT-style `Decoder` and the BERT-style
+`Encoder`; the decoder's plain loss (the encoder's are its tasks': actlab/tasks/; BERT's
+parameter names: models/hf.py).
+
+Shape suffixes: B batch, L sequence (T: the keys' positions), D d_model, H heads, K head dim,
+F FFN hidden width, V vocabulary, P masked positions, C classes.
+
+Applied with the "stats" collection mutable (`apply(..., stats=True)`), every block also sows one
+`FFNStats` and one `AttentionStats`, the typed values actlab.metrics reduces; otherwise nothing
+extra is computed.
+"""
+
+import dataclasses
+import functools
+import math
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from actlab import activations
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """The architecture: `config.model` resolved, hashable for Flax."""
+  activation: str
+  num_layers: int
+  d_model: int
+  num_heads: int
+  d_ff: int
+  max_len: int
+  vocab_size: int               # padded to a multiple of 64
+  dropout: float = 0.0
+  norm: str = "pre"             # "pre" (GPT-2: x + f(LN(x))) or "post" (BERT: LN(x + f(x)))
+  norm_eps: float = 1e-5
+  gated_match_params: bool = True
+
+  @classmethod
+  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "Spec":
+    return cls(**{**_fields(cls, model), "vocab_size": pad_vocab(model.vocab_size or vocab_size)})
+
+  @property
+  def ffn_width(self) -> int:
+    return ffn_width(self.activation, self.d_ff, self.gated_match_params)
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+  """How the model runs, not what it computes (the same function up to rounding). The decoder's
+  loss implementation (`model.loss_impl`) is its task's choice: tasks/causal_lm.py."""
+  dtype: str = "float32"        # compute dtype; parameters stay float32
+  attention_impl: str = "xla"   # "xla", "cudnn" or "auto" (`attention_impl`)
+  scan_layers: bool = False     # one nn.scan over the blocks (`stack`)
+  remat: str = "none"           # recompute in the backward pass: "none", "full", "dots"
+
+  @classmethod
+  def from_config(cls, model: ml_collections.ConfigDict) -> "Execution":
+    return cls(**_fields(cls, model))
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.dtype)
+
+
+def _fields(cls, model: ml_collections.ConfigDict) -> dict:
+  names = {f.name for f in dataclasses.fields(cls)}
+  return {k: v for k, v in model.to_dict().items() if k in names}
+
+
+def ffn_width(activation: str, d_ff: int, gated_match_params: bool = True) -> int:
+  """Hidden width F: d_ff, or for gated FFNs round(2/3·d_ff) to a multiple of 64 (Shazeer 2020's
+  parameter match)."""
+  if activations.get(activation).gated and gated_match_params:
+    return max(64, round(2 * d_ff / 3 / 64) * 64)
+  return d_ff
+
+
+def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
+  return -(-vocab_size // multiple) * multiple
+
+
+def normal(std: float) -> nn.initializers.Initializer:
+  return nn.initializers.normal(stddev=std)
+
+
+def dense(features: int, ex: Execution, std: float = 0.02, name: str | None = None) -> nn.Dense:
+  return nn.Dense(features, dtype=ex.compute_dtype, kernel_init=normal(std), name=name)
+
+
+def layer_norm(spec: Spec, ex: Execution, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=spec.norm_eps, dtype=ex.compute_dtype, name=name)
+
+
+def residual_std(spec: Spec) -> float:
+  """GPT-2: residual output projections start at 0.02/√(2·layers)."""
+  return 0.02 / math.sqrt(2 * spec.num_layers)
+
+
+def tied_logits(h_BLD, embedding_VD) -> jax.Array:
+  """= `nn.Embed.attend(h_BLD)`, with float32 logits also when computing in bfloat16."""
+  return jnp.einsum("bld,vd->blv", h_BLD, embedding_VD.astype(h_BLD.dtype),
+                    preferred_element_type=jnp.float32)
+
+
+# --- Feed-forward network -----------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class FFNStats:
+  """What an FFN sows: its pre-activation `z` (W₁x, or the gate's W_gate x) and hidden vector `h`
+  (the input of W₂), [B, L, F] each; `layer` is the block's index, or None under `scan_layers`,
+  where the arrays have a leading layer axis instead."""
+  z: jax.Array
+  h: jax.Array
+  layer: int | None = flax.struct.field(pytree_node=False)
+
+
+class FeedForward(nn.Module):
+  """W₂·act(W₁x) or, for the GLU family, W₂·(act(W_gate x) ⊙ W₁x) (Shazeer 2020)."""
+  spec: Spec
+  execution: Execution = Execution()
+  layer: int | None = None
+
+  @nn.compact
+  def __call__(self, x_BLD, *, train: bool = False):
+    s, ex = self.spec, self.execution
+    act = activations.get(s.activation)
+    up_BLF = dense(s.ffn_width, ex, name="up")(x_BLD)
+    if act.gated:
+      z_BLF = dense(s.ffn_width, ex, name="gate")(x_BLD)
+      h_BLF = act.fn(z_BLF) * up_BLF
+    else:
+      z_BLF = up_BLF
+      h_BLF = act.fn(z_BLF)
+    self.sow("stats", "ffn", FFNStats(z_BLF, h_BLF, self.layer))  # no-op unless mutable
+    out_BLD = dense(x_BLD.shape[-1], ex, residual_std(s), name="down")(h_BLF)
+    return nn.Dropout(s.dropout)(out_BLD, deterministic=not train)
+
+
+# --- Attention ----------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class AttentionStats:
+  """What an attention layer sows: the largest pre-softmax logit q·k/√K over the positions it may
+  see (a scalar; [layers] under `scan_layers`, with `layer` None)."""
+  logit_max: jax.Array
+  layer: int | None = flax.struct.field(pytree_node=False)
+
+
+def visible_positions(mask, L: int, *, causal: bool):
+  """The [B|1, 1, L, T] boolean mask of the keys each query may attend to, or None (all)."""
+  if causal:
+    tril_LL = jnp.tril(jnp.ones((L, L), bool))[None, None]
+    return tril_LL if mask is None else mask & tril_LL
+  return mask
+
+
+def attention_logits(q_BHLK, k_BHTK, visible) -> jax.Array:
+  """Pre-softmax logits q·k/√K in float32; invisible positions at float32's lowest value (not
+  −inf, so that a row with nothing visible stays finite)."""
+  logits_BHLT = jnp.einsum("bhlk,bhtk->bhlt", q_BHLK, k_BHTK,
+                           preferred_element_type=jnp.float32) / math.sqrt(q_BHLK.shape[-1])
+  if visible is None:
+    return logits_BHLT
+  return jnp.where(visible, logits_BHLT, jnp.finfo(jnp.float32).min)
+
+
+def logit_max(q_BHLK, k_BHTK, mask, *, causal: bool) -> jax.Array:
+  """The largest pre-softmax attention logit q·k/√K over the positions attention may see."""
+  visible = visible_positions(mask, q_BHLK.shape[2], causal=causal)
+  return attention_logits(q_BHLK, k_BHTK, visible).max()
+
+
+def xla_attention(q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool):
+  """softmax(q·kᵀ/√K)·v with float32 softmax, heads-major: every matmul is a plain batched
+  matmul over (B, H), with no transposes around it (the layout XLA:CPU runs fastest)."""
+  visible = visible_positions(mask, q_BHLK.shape[2], causal=causal)
+  probs_BHLT = jax.nn.softmax(attention_logits(q_BHLK, k_BHTK, visible), axis=-1)
+  return jnp.einsum("bhlt,bhtk->bhlk", probs_BHLT.astype(v_BHTK.dtype), v_BHTK)
+
+
+def attention_impl(requested: str, dtype, head_dim: int) -> str:
+  """"auto" takes cuDNN flash attention on an NVIDIA GPU where it applies (bfloat16/float16,
+  head dim a multiple of 8 up to 128) and XLA's otherwise (float32, CPU, TPU)."""
+  if requested != "auto":
+    return requested
+  ok = (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+        and head_dim % 8 == 0 and head_dim <= 128)
+  return "cudnn" if ok else "xla"
+
+
+def attend(q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool, impl: str = "xla"):
+  """Attention with `Execution.attention_impl`: "xla" is `xla_attention`; "cudnn" is
+  `jax.nn.dot_product_attention`'s cuDNN flash attention (sequence-major inputs); "auto" falls
+  back to XLA when cuDNN refuses the call (it checks shapes, masks and the GPU at trace time)."""
+  xla = functools.partial(xla_attention, q_BHLK, k_BHTK, v_BHTK, mask, causal=causal)
+  if attention_impl(impl, q_BHLK.dtype, q_BHLK.shape[-1]) == "xla":
+    return xla()
+  to_BLHK = lambda x: x.transpose(0, 2, 1, 3)
+  cudnn = lambda: to_BLHK(jax.nn.dot_product_attention(
+      to_BLHK(q_BHLK), to_BLHK(k_BHTK), to_BLHK(v_BHTK), mask=mask, is_causal=causal,
+      implementation="cudnn"))
+  if impl == "auto":
+    try:
+      return cudnn()
+    except Exception:  # noqa: BLE001 -- any refusal means: not this shape/GPU; use XLA.
+      return xla()
+  return cudnn()
+
+
+class HeadsDense(nn.Module):
+  """`nn.Dense(d_model)` (the same kernel [D, D], bias [D] and initialisation) whose matmul
+  splits its output into heads (`split=True`: x_BLD → y_BHLK) or merges its input from them
+  (x_BHLK → y_BLD), so that attention needs no transposes."""
+  spec: Spec
+  execution: Execution = Execution()
+  split: bool = True
+  std: float = 0.02
+
+  @nn.compact
+  def __call__(self, x):
+    D, H = self.spec.d_model, self.spec.num_heads
+    kernel = self.param("kernel", normal(self.std), (D, D), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros_init(), (D,), jnp.float32)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.execution.compute_dtype)
+    if self.split:
+      return (jnp.einsum("bld,dhk->bhlk", x, kernel.reshape(D, H, D // H))
+              + bias.reshape(H, 1, D // H))
+    return jnp.einsum("bhlk,hkd->bld", x, kernel.reshape(H, D // H, D)) + bias
+
+
+class Attention(nn.Module):
+  """Multi-head self-attention: query, key, value and out projections of [D, D] (BERT/GPT-2),
+  heads-major (B, H, L, K) in between; with `decode`, a key/value cache."""
+  spec: Spec
+  causal: bool
+  execution: Execution = Execution()
+  layer: int | None = None
+
+  @nn.compact
+  def __call__(self, x_BLD, mask_BL=None, *, train: bool = False, decode: bool = False):
+    s, ex = self.spec, self.execution
+    q_BHLK, k_BHLK, v_BHLK = (HeadsDense(s, ex, split=True, name=name)(x_BLD)
+                              for name in ("query", "key", "value"))
+    mask = None if mask_BL is None else mask_BL[:, None, None, :]
+    causal = self.causal
+    if decode:
+      k_BHLK, v_BHLK, mask = self.extend_cache(k_BHLK, v_BHLK)
+      causal = False  # the cache mask already hides the future
+    out_BHLK = attend(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal, impl=ex.attention_impl)
+    if self.is_mutable_collection("stats"):  # one more q·k product: only when asked for
+      stats = AttentionStats(logit_max(q_BHLK, k_BHLK, mask, causal=causal), self.layer)
+      self.sow("stats", "attention", stats)
+    out_BLD = HeadsDense(s, ex, split=False, std=residual_std(s), name="out")(out_BHLK)
+    return nn.Dropout(s.dropout)(out_BLD, deterministic=not train)
+
+  def extend_cache(self, k_BHLK, v_BHLK):
+    """Appends this call's keys and values to a cache of `max_len` positions (the "cache"
+    collection) and returns the whole cache with the mask that lets query l (at absolute
+    position index + l) see cache positions ≤ index + l."""
+    B, H, L, K = k_BHLK.shape
+    T = self.spec.max_len
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, (B, H, T, K), k_BHLK.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, (B, H, T, K), v_BHLK.dtype)
+    index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+    i = index.value
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BHLK, (0, 0, i, 0))
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BHLK, (0, 0, i, 0))
+    index.value = i + L
+    visible_LT = jnp.arange(T)[None, :] <= (i + jnp.arange(L))[:, None]
+    return cached_k.value, cached_v.value, visible_LT[None, None]
+
+
+# --- Block and stack ----------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+  """Pre-LN (GPT-2: x + f(LN(x))) or post-LN (BERT: LN(x + f(x))) transformer block."""
+  spec: Spec
+  causal: bool
+  execution: Execution = Execution()
+  layer: int | None = None      # its index in the stack (for the statistics)
+
+  @nn.compact
+  def __call__(self, x_BLD, mask_BL=None, *, train: bool = False, decode: bool = False):
+    s, ex = self.spec, self.execution
+    attn = functools.partial(Attention(s, causal=self.causal, execution=ex, layer=self.layer,
+                                       name="attn"),
+                             train=train, decode=decode)
+    ffn = functools.partial(FeedForward(s, ex, layer=self.layer, name="ffn"), train=train)
+    ln_attn, ln_ffn = layer_norm(s, ex, "ln_attn"), layer_norm(s, ex, "ln_ffn")
+    if s.norm == "pre":
+      x_BLD = x_BLD + attn(ln_attn(x_BLD), mask_BL)
+      return x_BLD + ffn(ln_ffn(x_BLD))
+    x_BLD = ln_attn(x_BLD + attn(x_BLD, mask_BL))
+    return ln_ffn(x_BLD + ffn(x_BLD))
+
+
+def stack(spec: Spec, ex: Execution, x_BLD, mask_BL=None, *, causal: bool, train: bool = False,
+          decode: bool = False):
+  """The `num_layers` blocks, created in the calling module's compact method: `block_0` …
+  `block_{n-1}`, or what `scan_layers` / `remat` make of them (`transformed_stack`)."""
+  if ex.scan_layers or ex.remat != "none":
+    return transformed_stack(spec, ex, x_BLD, mask_BL, causal=causal, train=train, decode=decode)
+  for i in range(spec.num_layers):
+    block = Block(spec, causal=causal, execution=ex, layer=i, name=f"block_{i}")
+    x_BLD = block(x_BLD, mask_BL, train=train, decode=decode)
+  return x_BLD
+
+
+class _BlockCall(Block):
+  """A Block called as `(x, mask)` with `train`/`decode` as attributes, the form `nn.scan` and
+  `nn.remat` need (their arguments are traced; these flags must stay Python values). A subclass:
+  its parameter names are a Block's."""
+  train: bool = False
+  decode: bool = False
+  scanned: bool = False
+
+  def __call__(self, x_BLD, mask_BL=None):
+    y_BLD = Block.__call__(self, x_BLD, mask_BL, train=self.train, decode=self.decode)
+    return (y_BLD, None) if self.scanned else y_BLD
+
+
+REMAT_POLICIES = {
+    "full": None,  # keep only each block's input; recompute everything else
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
+}
+
+
+def transformed_stack(spec: Spec, ex: Execution, x_BLD, mask_BL=None, *, causal: bool,
+                      train: bool = False, decode: bool = False):
+  """`stack` under `ex.remat` (`nn.remat` around each block: "full" keeps only the block's input
+  for the backward pass, "dots" also its matmul outputs) and/or `ex.scan_layers` (one `nn.scan`
+  over a single traced block: parameters, sown statistics and the decoding cache under `blocks`
+  with a leading layer axis; compile time no longer grows with depth; the same function, but
+  another random initialisation for a given seed, as per-layer keys are split differently)."""
+  cls = _BlockCall
+  if ex.remat != "none":
+    cls = nn.remat(cls, policy=REMAT_POLICIES[ex.remat], prevent_cse=not ex.scan_layers)
+  if not ex.scan_layers:
+    for i in range(spec.num_layers):
+      block = cls(spec, causal=causal, execution=ex, layer=i, train=train, decode=decode,
+                  name=f"block_{i}")
+      x_BLD = block(x_BLD, mask_BL)
+    return x_BLD
+  scanned = nn.scan(cls, variable_axes={"params": 0, "stats": 0, "cache": 0},
+                    split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast,),
+                    length=spec.num_layers)
+  block = scanned(spec, causal=causal, execution=ex, train=train, decode=decode, scanned=True,
+                  name="blocks")
+  return block(x_BLD, mask_BL)[0]
+
+
+# --- Decoder and encoder ------------------------------------------------------------------------
+
+
+def embed(n: int, spec: Spec, ex: Execution, name: str) -> nn.Embed:
+  return nn.Embed(n, spec.d_model, embedding_init=normal(0.02), dtype=ex.compute_dtype, name=name)
+
+
+class Decoder(nn.Module):
+  """GPT-2: token (`wte`) + position (`wpe`) embeddings, causal blocks, a final LayerNorm
+  (`ln_f`) and an LM head tied to `wte`."""
+  spec: Spec
+  execution: Execution = Execution()
+
+  def __call__(self, tokens_BL, *, train: bool = False, decode: bool = False):
+    """Next-token logits [B, L, V] (float32) for every position; position t sees tokens ≤ t."""
+    h_BLD = self.hidden(tokens_BL, train=train, decode=decode)
+    return tied_logits(h_BLD, self.variables["params"]["wte"]["embedding"])
+
+  @nn.compact
+  def hidden(self, tokens_BL, *, train: bool = False, decode: bool = False):
+    """The final LayerNorm's output [B, L, D], the head's input (`apply(..., method="hidden")`:
+    the fused loss applies the head itself, kernels.xent_sum).
+
+    With `decode`, keys and values persist in the "cache" collection and `tokens_BL` continues
+    the sequence cached so far (prompt first, then one token per call)."""
+    s, ex = self.spec, self.execution
+    L = tokens_BL.shape[1]
+    start = 0
+    if decode:
+      position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
+      start, position.value = position.value, position.value + L
+    x_BLD = (embed(s.vocab_size, s, ex, "wte")(tokens_BL)
+             + embed(s.max_len, s, ex, "wpe")(start + jnp.arange(L))[None])
+    x_BLD = nn.Dropout(s.dropout)(x_BLD, deterministic=not train)
+    x_BLD = stack(s, ex, x_BLD, causal=True, train=train, decode=decode)
+    return layer_norm(s, ex, "ln_f")(x_BLD)
+
+
+HEADS = ("mlm", "classify", "all")
+
+
+class MLMHead(nn.Module):
+  """BERT's `cls.predictions`: dense → activation (the FFN's; its gate's for the GLU family) →
+  LayerNorm → the projection tied to the word embeddings, + bias."""
+  spec: Spec
+  execution: Execution = Execution()
+
+  @nn.compact
+  def __call__(self, x_BPD, embedding_VD):
+    s, ex = self.spec, self.execution
+    h_BPD = dense(s.d_model, ex, name="dense")(x_BPD)
+    h_BPD = layer_norm(s, ex, "ln")(activations.get(s.activation).fn(h_BPD))
+    bias_V = self.param("bias", nn.initializers.zeros, (s.vocab_size,), jnp.float32)
+    return tied_logits(h_BPD, embedding_VD) + bias_V
+
+
+class Encoder(nn.Module):
+  """BERT (Devlin et al. 2019): word (`wte`) + position (`wpe`) + segment (`wtt`) embeddings,
+  LayerNorm (`ln_emb`) and dropout; bidirectional blocks with the padding mask (post-LN as BERT,
+  or pre-LN, which adds a final `ln_f`); then the heads of `head`: "mlm" (`MLMHead`),
+  "classify" (`pooler`: dense over [CLS] → `pooler_activation`; dropout; dense `classifier`), or
+  "all" (both, a dict, to build or count a full checkpoint). Unlike BERT, N(0, 0.02) with GPT-2's
+  residual scaling initialises the layers, and attention probabilities have no dropout."""
+  spec: Spec
+  head: str = "mlm"
+  pooler_activation: str = "tanh"
+  type_vocab_size: int = 2
+  num_classes: int = 2
+  execution: Execution = Execution()
+
+  @nn.compact
+  def __call__(self, tokens_BL, mask_BL=None, segments_BL=None, *,
+               masked_positions_BP=None, train: bool = False):
+    """MLM logits [B, L, V] (float32), class logits [B, C], or both in a dict (`head="all"`).
+
+    `mask_BL` is True at real tokens: attention never reads padding, so padding leaves every
+    real position's output unchanged. `segments_BL` default to 0. With `masked_positions_BP` the
+    MLM head runs at those P positions only (BERT's `masked_lm_positions`): [B, P, V]."""
+    s, ex = self.spec, self.execution
+    if self.head not in HEADS:
+      raise ValueError(f"Encoder.head={self.head!r}: choose one of {HEADS}")
+    L = tokens_BL.shape[1]
+    if segments_BL is None:
+      segments_BL = jnp.zeros_like(tokens_BL)
+    wte = embed(s.vocab_size, s, ex, "wte")
+    x_BLD = (wte(tokens_BL) + embed(s.max_len, s, ex, "wpe")(jnp.arange(L))[None]
+             + embed(self.type_vocab_size, s, ex, "wtt")(segments_BL))
+    x_BLD = layer_norm(s, ex, "ln_emb")(x_BLD)
+    x_BLD = nn.Dropout(s.dropout)(x_BLD, deterministic=not train)
+    x_BLD = stack(s, ex, x_BLD, mask_BL, causal=False, train=train)
+    if s.norm == "pre":
+      x_BLD = layer_norm(s, ex, "ln_f")(x_BLD)
+
+    out = {}
+    if self.head in ("mlm", "all"):
+      h = x_BLD if masked_positions_BP is None else jnp.take_along_axis(
+          x_BLD, masked_positions_BP[..., None], axis=1)
+      out["mlm"] = MLMHead(s, ex, name="mlm")(h, wte.embedding)
+    if self.head in ("classify", "all"):
+      pooled_BD = dense(s.d_model, ex, name="pooler")(x_BLD[:, 0])
+      out["pooled"] = pooled_BD = activations.get(self.pooler_activation).fn(pooled_BD)
+      pooled_BD = nn.Dropout(s.dropout)(pooled_BD, deterministic=not train)
+      out["classify"] = dense(self.num_classes, ex, name="classifier")(pooled_BD).astype(
+          jnp.float32)
+    return out if self.head == "all" else out[self.head]
+
+
+def apply(model: nn.Module, params, *args, stats: bool = False, **kwargs):
+  """`model.apply({"params": params}, ...)` → (output, sown): with `stats`, the "stats" collection
+  is mutable and `sown` holds the blocks' `FFNStats` and `AttentionStats`; otherwise it is None
+  and nothing extra is computed (training never asks for statistics)."""
+  if not stats:
+    return model.apply({"params": params}, *args, **kwargs), None
+  out, state = model.apply({"params": params}, *args, mutable=["stats"], **kwargs)
+  return out, state["stats"]
+
+
+# --- The decoder's loss -------------------------------------------------------------------------
+
+
+def next_token_loss(model: Decoder, params, batch_BL1, rng, train: bool,
+                    stats: bool = False) -> dict:
+  """Next-token cross-entropy (nats), summed over every position of windows of L+1 tokens: the
+  model reads tokens 0…L−1 and predicts 1…L (with `stats`, also what the blocks sowed)."""
+  inputs_BL, targets_BL = batch_BL1[:, :-1], batch_BL1[:, 1:]
+  logits_BLV, sown = apply(model, params, inputs_BL, train=train, rngs={"dropout": rng},
+                           stats=stats)
+  losses_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
+  out = {"loss_sum": losses_BL.sum(), "count": losses_BL.size}
+  return out if sown is None else {**out, "sown": sown}

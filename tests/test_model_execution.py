@@ -1,0 +1,147 @@
+"""How the model executes, not what it computes: scan over layers, remat, bfloat16 compute and
+the attention implementation (`Execution` in actlab/models/transformer.py) all give the same
+function."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from actlab import steps
+from actlab.models import transformer
+
+
+def relative_error(a, b):
+  return float(optax.tree.norm(jax.tree.map(lambda x, y: x - y, a, b)) / optax.tree.norm(a))
+
+
+def loss_and_grads(c, params, batch):
+  step_fns = steps.Steps.create(c, 257)
+  f = lambda p: step_fns.objective(step_fns.model, p, batch, jax.random.PRNGKey(0),
+                                   train=True)["loss_sum"]
+  return jax.jit(jax.value_and_grad(f))(params)
+
+
+def to_scan(params, num_layers):
+  """Per-layer `block_i` parameters → the scanned model's `blocks`, stacked on a leading axis."""
+  blocks = [params[f"block_{i}"] for i in range(num_layers)]
+  out = {k: v for k, v in params.items() if not k.startswith("block_")}
+  out["blocks"] = jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
+  return out
+
+
+@pytest.mark.parametrize("remat", ["none", "full", "dots"])
+def test_scan_and_remat_compute_the_same_function(tiny_config, remat):
+  c = tiny_config
+  batch = jnp.asarray(np.random.default_rng(1).integers(0, 257, (8, 33)), jnp.int32)
+  params = jax.jit(steps.Steps.create(c, 257).init)(0).params
+  ref = loss_and_grads(c, params, batch)
+  c.model.remat = remat
+  got = loss_and_grads(c, params, batch)
+  assert abs(float(got[0] - ref[0])) <= 1e-6 * float(ref[0])
+  assert relative_error(ref[1], got[1]) <= 1e-6
+  c.model.scan_layers = True
+  scan_params = to_scan(params, c.model.num_layers)
+  assert jax.tree.structure(scan_params) == jax.tree.structure(
+      jax.eval_shape(steps.Steps.create(c, 257).init, 0).params)
+  got = loss_and_grads(c, scan_params, batch)
+  assert abs(float(got[0] - ref[0])) <= 1e-5 * float(ref[0])
+  assert relative_error(to_scan(ref[1], c.model.num_layers), got[1]) <= 1e-5
+
+
+def hlo_size(c):
+  step_fns = steps.Steps.create(c, 257)
+  state = jax.eval_shape(step_fns.init, 0)
+  batch = jax.ShapeDtypeStruct((c.train.batch_size, c.data.seq_len + 1), jnp.int32)
+  return len(jax.jit(step_fns.train_step).lower(state, batch).as_text())
+
+
+def test_scan_keeps_the_program_size_independent_of_depth(tiny_config):
+  sizes = {}
+  for scan in (False, True):
+    for num_layers in (2, 8):
+      tiny_config.model.update(scan_layers=scan, num_layers=num_layers)
+      sizes[scan, num_layers] = hlo_size(tiny_config)
+  assert sizes[False, 8] > 2.5 * sizes[False, 2]
+  assert sizes[True, 8] < 1.1 * sizes[True, 2]
+
+
+def test_remat_marks_every_block_for_recomputation(tiny_config):
+  """Remat shows in the traced program as one `remat` (jax.checkpoint) per block, or one in
+  the scanned body. XLA:CPU compiles the recomputation away (it drops the optimization
+  barriers), so on CPU memory does not change; on GPU/TPU it keeps XLA from saving the blocks'
+  activations (not measured here)."""
+  c = tiny_config
+  c.model.num_layers = 3
+  counts = {}
+  for scan in (False, True):
+    for remat in ("none", "full", "dots"):
+      c.model.update(scan_layers=scan, remat=remat)
+      step_fns = steps.Steps.create(c, 257)
+      state = jax.eval_shape(step_fns.init, 0)
+      batch = jax.ShapeDtypeStruct((8, 33), jnp.int32)
+      text = str(jax.make_jaxpr(step_fns.train_step)(state, batch))
+      counts[scan, remat] = text.count("remat")
+  assert counts[False, "none"] == counts[True, "none"] == 0
+  assert counts[False, "full"] == counts[False, "dots"] == 3
+  assert counts[True, "full"] == counts[True, "dots"] == 1
+
+
+def test_scanned_model_sows_statistics_per_layer(tiny_config):
+  c = tiny_config
+  batch = jnp.asarray(np.random.default_rng(2).integers(0, 257, (8, 33)), jnp.int32)
+  out = {}
+  for scan in (False, True):
+    c.model.scan_layers = scan
+    step_fns = steps.Steps.create(c, 257)
+    params = jax.jit(step_fns.init)(0).params
+    if scan:
+      params = to_scan(out[False][1], c.model.num_layers)
+    stats = jax.jit(lambda p, b: step_fns.eval_step(p, b, stats=True))(params, batch)
+    out[scan] = (steps.pool_eval([jax.device_get(stats)]), params)
+  assert set(out[False][0]) == set(out[True][0])
+  for k, v in out[False][0].items():
+    assert abs(v - out[True][0][k]) <= 1e-5 * max(1.0, abs(v)), k
+
+
+def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tiny_config):
+  c = tiny_config
+  batch = jnp.asarray(np.random.default_rng(3).integers(0, 257, (8, 33)), jnp.int32)
+  ref_steps = steps.Steps.create(c, 257)
+  state = jax.jit(ref_steps.init)(0)
+  _, ref_metrics = jax.jit(ref_steps.train_step)(state, batch)
+  c.model.dtype = "bfloat16"
+  step_fns = steps.Steps.create(c, 257)
+  hidden = step_fns.model.apply({"params": state.params}, batch[:, :-1], method="hidden")
+  logits = step_fns.model.apply({"params": state.params}, batch[:, :-1])
+  assert hidden.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
+  new, metrics = jax.jit(step_fns.train_step)(state, batch)
+  dtypes = {x.dtype for x in jax.tree.leaves((new.params, new.opt_state))}
+  assert dtypes <= {jnp.dtype(jnp.float32), jnp.dtype(jnp.int32)}, dtypes
+  assert metrics["train_loss"].dtype == jnp.float32
+  assert abs(float(metrics["train_loss"] - ref_metrics["train_loss"])) < 0.02 * float(
+      ref_metrics["train_loss"])
+  assert float(metrics["train_loss"]) != float(ref_metrics["train_loss"])  # really bf16 compute
+
+
+def test_attention_auto_picks_cudnn_only_where_it_applies(monkeypatch):
+  assert transformer.attention_impl("auto", jnp.bfloat16, 64) == "xla"  # CPU
+  assert transformer.attention_impl("cudnn", jnp.float32, 64) == "cudnn"  # explicit wins
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert transformer.attention_impl("auto", jnp.bfloat16, 64) == "cudnn"
+  assert transformer.attention_impl("auto", jnp.float16, 128) == "cudnn"
+  assert transformer.attention_impl("auto", jnp.float32, 64) == "xla"
+  assert transformer.attention_impl("auto", jnp.bfloat16, 256) == "xla"
+  assert transformer.attention_impl("auto", jnp.bfloat16, 60) == "xla"
+
+
+def test_attention_auto_falls_back_to_xla_when_cudnn_refuses(monkeypatch):
+  """On this CPU a forced "cudnn" choice fails at trace time; "auto" must then use XLA."""
+  r = np.random.default_rng(4)
+  q, k, v = (jnp.asarray(r.normal(size=(2, 2, 8, 16)), jnp.bfloat16) for _ in range(3))
+  ref = transformer.attend(q, k, v, None, causal=True, impl="xla")
+  monkeypatch.setattr(transformer, "attention_impl", lambda *a: "cudnn")
+  with pytest.raises(Exception):
+    transformer.attend(q, k, v, None, causal=True, impl="cudnn")
+  assert jnp.array_equal(transformer.attend(q, k, v, None, causal=True, impl="auto"), ref)
