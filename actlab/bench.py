@@ -5,7 +5,7 @@
     python -m actlab.bench --config=configs/tinystories_gelu.py:smoke --torch   # vs PyTorch
     python -m actlab.bench --config=configs/tinystories_gelu.py:smoke --runs=6  # vectorized
 
-What it runs is exactly `train.run`'s step (the same `train.Compiled`: shardings from
+What it runs is exactly `train.run`'s step (the same `steps.Program`: shardings from
 `config.parallel`, donated state) on random tokens of the config's vocabulary, so no data is
 downloaded or tokenized. It reports:
 
@@ -25,7 +25,7 @@ downloaded or tokenized. It reports:
 float32; needs the `bench` extra) *side by side*: both are compiled/warmed up, then timed in
 alternating rounds (`--rounds`; default: step by step) so that background load hits both alike,
 and the report gives the speed-up. `--runs=N` benchmarks a vectorized sweep of N runs of the config
-(`actlab.vectorized`: one program, stacked states, per-run learning rates).
+(`steps.Program` with R runs: stacked states, per-run learning rates).
 
 Results print as a table; `--json_out` appends one JSON object per measurement (with device,
 versions and the command line), `--markdown` prints rows for BENCHMARKS.md.
@@ -43,13 +43,13 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from actlab import config as config_lib
 from actlab import flops as flops_lib
-from actlab import models, parallel, train
+from actlab import models, parallel, steps, tasks
+from actlab.data import tokenizer as tokenizers
 
 # Dense peak TFLOP/s per chip by (device kind substring, compute dtype). float32 on NVIDIA is the
 # TF32 tensor-core peak (XLA's default precision for float32 matmuls); TPUs run float32 matmuls
@@ -57,9 +57,9 @@ from actlab import models, parallel, train
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     ("H100 PCIe", {"bfloat16": 756.0, "float32": 378.0}),
     ("H100", {"bfloat16": 989.0, "float32": 494.0}),
+    ("GH200", {"bfloat16": 989.0, "float32": 494.0}),
     ("H200", {"bfloat16": 989.0, "float32": 494.0}),
     ("H800", {"bfloat16": 989.0, "float32": 494.0}),
-    ("GH200", {"bfloat16": 989.0, "float32": 494.0}),
     ("B200", {"bfloat16": 2250.0, "float32": 1100.0}),
     ("A100", {"bfloat16": 312.0, "float32": 156.0}),
     ("A800", {"bfloat16": 312.0, "float32": 156.0}),
@@ -88,29 +88,10 @@ def peak_tflops(device_kind: str, dtype: str) -> tuple[float | None, str]:
 
 def tokenizer_vocab(config: ml_collections.ConfigDict) -> int:
   """The tokenizer's vocabulary size from its name alone (no files): what the model pads."""
-  tok = config.data.tokenizer
-  if config.model.get("vocab_size", 0):
+  if config.model.vocab_size:
     return config.model.vocab_size
-  if tok == "byte":
-    return 257
-  if tok == "gpt2":
-    return 50257
-  name, _, size = tok.partition(":")
-  if name in ("bpe", "wordpiece") and size.isdigit():
-    return int(size)
-  raise ValueError(f"bench: cannot tell the vocabulary size of data.tokenizer={tok!r}")
-
-
-def random_batch(config: ml_collections.ConfigDict, vocab: int, seed: int = 0) -> np.ndarray:
-  """A training batch of random tokens: [batch_size, seq_len + 1] int32 (the decoder's and the
-  MLM encoder's batch format)."""
-  rng = np.random.default_rng(seed)
-  B, L = config.train.batch_size, config.data.seq_len
-  if config.model.kind == "encoder" and config.model.get("task", "mlm") == "classify":
-    return {"tokens": rng.integers(5, vocab, (B, L)).astype(np.int32),
-            "labels": rng.integers(0, config.model.num_classes, (B,)).astype(np.int32)}
-  low = 5 if config.model.kind == "encoder" else 0  # the encoder's special ids are 0-4
-  return rng.integers(low, vocab, (B, L + 1)).astype(np.int32)
+  kind, size = tokenizers.parse_spec(config.data.tokenizer)
+  return size or {"byte": 257, "gpt2": 50257}[kind]
 
 
 def _busy_ticks() -> int | None:
@@ -151,24 +132,16 @@ class JaxBench:
 
   def setup(self, warmup: int) -> dict:
     c = self.config
-    fns = train.Compiled.create(c, self.vocab)
-    if self.runs > 1:
-      from actlab import vectorized
-      group = vectorized.Group.create(c, self.vocab, self.runs, plan=fns.plan)
-      state = group.init(np.arange(self.runs), np.full(self.runs, c.optim.lr, np.float32))
-      batch = group.shard_batch(np.stack([random_batch(c, self.vocab, s)
-                                          for s in range(self.runs)]))
-      step = group.train_step
-    else:
-      state = fns.init(0, c.optim.lr)
-      batch = fns.plan.shard_batch(random_batch(c, self.vocab))
-      step = fns.train_step
-    self.params = models.count_params(
-        jax.tree.map(lambda x: x[0], state.params) if self.runs > 1 else state.params)
+    program = steps.Program.create(c, self.vocab, self.runs)
+    state = program.start([c] * self.runs)
+    batch = program.put_batches([tasks.get(c).random_batch(c, self.vocab, s)
+                                 for s in range(self.runs)])
+    step = program.train_step
+    self.params = models.count_params(program.run_part(state.params, 0))
     t0 = time.perf_counter()
     self.compiled = step.lower(state, batch).compile()
     compile_s = time.perf_counter() - t0
-    self.state, self.batch, self.plan = state, batch, fns.plan
+    self.state, self.batch, self.plan = state, batch, program.plan
     t0 = time.perf_counter()
     for _ in range(max(1, warmup)):
       self.state, metrics = self.compiled(self.state, self.batch)
@@ -206,8 +179,8 @@ class TorchBench:
 
   def __init__(self, config: ml_collections.ConfigDict):
     c = config
-    if c.model.kind != "decoder" or c.model.dtype != "float32" or c.model.norm != "pre":
-      raise ValueError("--torch compares the float32 pre-LN decoder only")
+    if not tasks.get(c).CAUSAL or c.model.dtype != "float32" or c.model.norm != "pre":
+      raise ValueError("--torch compares the float32 pre-LN decoder (causal LM) only")
     self.script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "torch_ref.py"
     if not self.script.exists():
       raise FileNotFoundError(f"{self.script} not found: --torch needs a source checkout")
@@ -356,30 +329,13 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def with_overrides(config: ml_collections.ConfigDict, overrides: str) -> ml_collections.ConfigDict:
-  """A copy of `config` with "section.field=value,…" applied (values parsed like the CLI's)."""
-  import ast
-  c = ml_collections.ConfigDict(config.to_dict())
-  for item in filter(None, (x.strip() for x in overrides.split(","))):
-    key, _, text = item.partition("=")
-    section, field = key.split(".")
-    old = c[section][field]
-    try:
-      value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-      value = text
-    if isinstance(old, bool):
-      value = text.lower() in ("1", "true", "yes")
-    c[section][field] = type(old)(value) if old is not None else value
-  return c
-
-
 def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
         rounds: int = 0, torch: bool = False, runs: int = 1,
         peak: float | None = None, variants: list[str] = (), quiet_s: float = 0) -> list[dict]:
-  """Benchmarks `config`, each of `variants` (override strings, see `with_overrides`) and, with
-  `torch`, the PyTorch reference, timed in alternating rounds; returns one row per bench."""
-  configs = [config] + [with_overrides(config, v) for v in variants]
+  """Benchmarks `config`, each of `variants` (override strings, `config.parse_overrides`) and,
+  with `torch`, the PyTorch reference, timed in alternating rounds; returns one row per bench."""
+  configs = [config] + [config_lib.override(config.copy_and_resolve_references(),
+                                            config_lib.parse_overrides(v)) for v in variants]
   labels = [""] + list(variants)
   for c in configs:
     config_lib.validate(c)
@@ -428,10 +384,10 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
 
 def _config_summary(c) -> str:
   m = c.model
-  return (f"{m.kind} {m.activation} L{m.num_layers} d{m.d_model} h{m.num_heads} ff{m.d_ff} "
+  return (f"{tasks.name(c)} {m.activation} L{m.num_layers} d{m.d_model} h{m.num_heads} ff{m.d_ff} "
           f"ctx{c.data.seq_len} V{models.pad_vocab(tokenizer_vocab(c))} B{c.train.batch_size} "
           f"{m.dtype} attn={m.attention_impl} loss={m.get('loss_impl', 'plain')}"
-          + (f" scan" if m.get("scan_layers", False) else "")
+          + (" scan" if m.get("scan_layers", False) else "")
           + (f" remat={m.remat}" if m.get("remat", "none") != "none" else "")
           + (f" {c.parallel.mode}" if c.get("parallel") else "")
           + (f" cpu_devices={c.parallel.cpu_devices}"
@@ -500,7 +456,7 @@ if __name__ == "__main__":
                             "side, e.g. --variant=model.loss_impl=plain (repeatable; "
                             "comma-separated overrides)")
   flags.DEFINE_bool("torch", False, "also time the PyTorch reference, side by side")
-  flags.DEFINE_integer("runs", 1, "vectorized runs per step (actlab.vectorized); 1 = a plain run")
+  flags.DEFINE_integer("runs", 1, "vectorized runs per step (steps.Program); 1 = a plain run")
   flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s of all devices together (overrides the table)")
   flags.DEFINE_string("json_out", "", "append the results as JSON lines to this file")
   flags.DEFINE_bool("markdown", False, "print BENCHMARKS.md rows")

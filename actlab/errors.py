@@ -100,7 +100,7 @@ def call_file(path: str, function: str, *args, kind: str):
     raise UserError(f"{kind} file {where}: {type(e).__name__}: {e}") from None
 
 
-def _unknown_field(config: ml_collections.ConfigDict, key: str) -> str | None:
+def unknown_field(config: ml_collections.ConfigDict, key: str) -> str | None:
   """Why the dotted `key` names no field of `config`, with the closest names; None if it does."""
   parts = key.split(".")
   node = config
@@ -148,7 +148,7 @@ class _ConfigFileParser(flags.ArgumentParser):
       raise UserError(f"config file {path!r}: get_config returned {type(config).__name__}, "
                       "not a ConfigDict")
     for key in self._override_keys():
-      problem = _unknown_field(config, key)
+      problem = unknown_field(config, key)
       if problem:
         raise UserError(f"--{self.name}.{key}: {problem}")
     config.lock()

@@ -22,9 +22,8 @@ count: it is hardware work, not model work.
 from __future__ import annotations
 
 import dataclasses
-import math
 
-from actlab import activations
+from actlab import activations, models, tasks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,45 +39,20 @@ class FlopCount:
     return self.block_matmul + self.head_matmul + self.attention
 
 
-def ffn_width(activation: str, d_ff: int, gated_match_params: bool = True) -> int:
-  """The FFN hidden width F (as `layers.Spec.ffn_width`)."""
-  if activations.get(activation).gated and gated_match_params:
-    return max(64, round(2 * d_ff / 3 / 64) * 64)
-  return d_ff
-
-
-def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
-  return -(-vocab_size // multiple) * multiple
-
-
-def per_token(model, seq_len: int, vocab_size: int, *, mlm_prob: float | None = None) -> FlopCount:
-  """Training FLOPs per token of `config.model` (a ConfigDict or anything with its fields).
-
-  `vocab_size` is the tokenizer's (padded here, as the model pads it) unless `model.vocab_size`
-  is set. `mlm_prob` is the encoder's masking rate (`data.mlm_prob`): the MLM head then runs at
-  P = ⌈mlm_prob · L⌉ positions per sequence (`objectives.max_predictions`).
-  """
+def per_token(model, seq_len: int, head_matmul_params: float) -> FlopCount:
+  """Training FLOPs per token of the trunk of `config.model` (a ConfigDict or anything with its
+  fields) at sequence length `seq_len`, with a head of `head_matmul_params` matrix entries per
+  token (the task's `head_matmul_params`)."""
   D, layers = model.d_model, model.num_layers
-  F = ffn_width(model.activation, model.d_ff, model.get("gated_match_params", True))
-  gated = activations.get(model.activation).gated
-  V = pad_vocab(model.get("vocab_size", 0) or vocab_size)
-  L = seq_len
-  per_block = 4 * D * D + (3 if gated else 2) * D * F
-  kind = model.get("kind", "decoder")
-  task = model.get("task", "mlm")
-  if kind == "decoder":
-    head = V * D
-  elif task == "classify":
-    head = D * D / L + D * model.get("num_classes", 2) / L  # pooler + classifier at [CLS] only
-  else:
-    P = max(1, math.ceil((mlm_prob if mlm_prob is not None else 0.15) * L))
-    head = (D * D + V * D) * P / L
-  return FlopCount(block_matmul=6 * per_block * layers, head_matmul=6 * head,
-                   attention=12 * L * D * layers,
-                   matmul_params=int(round(per_block * layers + head)))
+  F = models.ffn_width(model.activation, model.d_ff, model.gated_match_params)
+  per_block = 4 * D * D + (3 if activations.get(model.activation).gated else 2) * D * F
+  return FlopCount(block_matmul=6 * per_block * layers, head_matmul=6 * head_matmul_params,
+                   attention=12 * seq_len * D * layers,
+                   matmul_params=int(round(per_block * layers + head_matmul_params)))
 
 
 def for_config(config, vocab_size: int) -> FlopCount:
-  """`per_token` for a full config (sequence length and MLM rate from `config.data`)."""
-  return per_token(config.model, config.data.seq_len, vocab_size,
-                   mlm_prob=config.data.get("mlm_prob", None))
+  """`per_token` of a config with its task's head; `vocab_size` is the tokenizer's (padded as
+  the model pads it) unless `model.vocab_size` is set."""
+  head = tasks.get(config).head_matmul_params(config, vocab_size)
+  return per_token(config.model, config.data.seq_len, head)

@@ -6,7 +6,6 @@ compiled program, so runs that differ only in learning rate share one compiled s
 """
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import optax
 

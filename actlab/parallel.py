@@ -34,7 +34,6 @@ import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -88,9 +87,11 @@ class Plan:
   def replicated(self) -> NamedSharding:
     return NamedSharding(self.mesh, P())
 
-  def batch_sharding(self, ndim: int = 2) -> NamedSharding:
-    """The batch's first axis across the devices (every array of a batch pytree)."""
-    return NamedSharding(self.mesh, P(AXIS, *([None] * (ndim - 1))))
+  def batch_sharding(self, ndim: int = 2, stacked: bool = False) -> NamedSharding:
+    """The batch's first axis across the devices (every array of a batch pytree); with
+    `stacked`, the batches of several runs stacked in front, the second axis."""
+    lead = (None,) if stacked else ()
+    return NamedSharding(self.mesh, P(*lead, AXIS, *([None] * (ndim - 1 - len(lead)))))
 
   def leaf_sharding(self, shape) -> NamedSharding:
     """A state array's sharding: replicated (dp), or split along its largest divisible axis."""
@@ -110,36 +111,32 @@ class Plan:
     Parameters and their AdamW moments share shapes, hence shardings."""
     return jax.tree.map(lambda x: self.leaf_sharding(np.shape(x)), abstract_state)
 
-  def batch_shardings(self, batch) -> Any:
-    return jax.tree.map(lambda x: self.batch_sharding(np.ndim(x)), batch)
-
   def check_batch(self, batch_size: int, what: str = "train.batch_size") -> None:
     if batch_size % self.num_devices:
       raise ParallelError(
           f"{what}={batch_size} does not split across {self.num_devices} devices; use a "
           f"multiple of {self.num_devices}")
 
-  def shard_batch(self, batch) -> Any:
+  def shard_batch(self, batch, stacked: bool = False) -> Any:
     """A host batch (numpy, the full global batch on every process) → global jax.Arrays split
-    along the first axis; each process contributes only the rows of its own devices."""
+    along the batch axis (the first; the second if `stacked`: one batch per run in front); each
+    process contributes only the rows of its own devices."""
+    axis = int(stacked)
     def put(x):
       x = np.asarray(x)
-      sharding = self.batch_sharding(x.ndim)
+      sharding = self.batch_sharding(x.ndim, stacked)
       if jax.process_count() == 1:
         return jax.device_put(x, sharding)
-      rows = _process_rows(self.mesh, x.shape[0])
+      rows = (slice(None),) * axis + (_process_rows(self.mesh, x.shape[axis]),)
       return jax.make_array_from_process_local_data(sharding, x[rows], x.shape)
     return jax.tree.map(put, batch)
 
-  def put_state(self, state) -> Any:
-    """Moves a state pytree (host or device arrays) to this plan's shardings."""
-    return jax.device_put(state, self.state_shardings(state))
 
 
 def _process_rows(mesh: Mesh, size: int) -> slice:
   """The rows of a batch of `size` that this process's devices hold (contiguous in the mesh)."""
   devices = list(mesh.devices.flat)
-  n, per = len(devices), size // len(devices)
+  per = size // len(devices)
   mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
   if mine != list(range(mine[0], mine[-1] + 1)):
     raise ParallelError("this process's devices are not contiguous in the mesh")
@@ -165,30 +162,3 @@ def plan(config=None, devices=None) -> Plan:
   if config is not None:
     p.check_batch(config.train.batch_size)
   return p
-
-
-def describe(p: Plan) -> str:
-  kind = p.mesh.devices.flat[0].platform
-  hosts = jax.process_count()
-  return (f"{p.num_devices} {kind} device{'s' * (p.num_devices > 1)}"
-          + (f" on {hosts} hosts" if hosts > 1 else "") + f", {p.mode}")
-
-
-def state_bytes_per_device(state) -> int:
-  """Bytes of `state` held by the first local device (shows what FSDP saves)."""
-  device = jax.local_devices()[0]
-  total = 0
-  for leaf in jax.tree.leaves(state):
-    if isinstance(leaf, jax.Array):
-      for shard in leaf.addressable_shards:
-        if shard.device == device:
-          total += shard.data.size * shard.data.dtype.itemsize
-  return total
-
-
-def tree_max_abs_diff(a, b) -> float:
-  """max |a − b| over two pytrees of the same structure (for the equivalence tests)."""
-  a, b = jax.device_get(a), jax.device_get(b)  # host copies: any two layouts compare
-  diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64)
-                                                        - np.asarray(y, np.float64)))), a, b)
-  return float(max(jax.tree.leaves(diffs), default=0.0))

@@ -5,10 +5,10 @@ run yet are listed as missing; without it, every subdirectory with a `config.jso
 the axes are the config fields that differ between them. Works on a partly finished sweep.
 
 Table (one row per combination of the axes other than the seed, the LR first and rows ordered by
-it, as in the reference table; mean ± sd over the seeds that finished with a finite value,
-"(n=k)" when that is fewer than the grid's seeds):
+it, as in the reference study's table, docs/reference.md §2.2; mean ± sd over the seeds that
+finished with a finite value, "(n=k)" when that is fewer than the grid's seeds):
 
-| column | source (summary.json of each run; definitions in actlab.metrics) |
+| column | source (summary.json of each run; definitions in docs/metrics.md §7) |
 |---|---|
 | val loss | `final_val_loss`: validation loss at the last step (encoder: MLM loss over the masked positions) |
 | val acc | `final_val_accuracy`, only for runs that measure it: MLM accuracy over the masked positions, or classification accuracy |
@@ -22,7 +22,8 @@ it, as in the reference table; mean ± sd over the seeds that finished with a fi
 LR sensitivity (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training
 instabilities"), per seed and combination of the other axes: the mean over the swept LRs of
 min(ℓ(η), ℓ₀) − min_η ℓ(η), where ℓ(η) is the final val loss at peak LR η (a diverged run counts as
-ℓ₀) and ℓ₀ the val loss at initialisation; reported as mean ± sd over seeds complete at every LR.
+ℓ₀) and ℓ₀ the val loss at initialisation; reported as mean ± sd over seeds complete at every LR
+(docs/metrics.md §8).
 """
 
 from __future__ import annotations
@@ -362,7 +363,7 @@ def write(root) -> pathlib.Path:
            "Mean ± sd over seeds. Dead % = `act_zero_frac` (FFN entries with z ≤ 0), dead units ="
            " units with z ≤ 0 on every validation token, act mean = mean FFN hidden activation, "
            "all on the validation windows at the last evaluation; grad norm = mean pre-clipping "
-           "gradient norm over the last 10% of steps; status by the rule in the README (\"The stability verdict\").",
+           "gradient norm over the last 10% of steps; status by the rule in docs/metrics.md §6.",
            "", results_table(manifest, runs), ""]
   sens = sensitivity_table(manifest, runs)
   if sens:

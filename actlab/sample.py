@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import flags, logging
 
-from actlab import data, errors, train
+from actlab import data, errors, steps, tasks
 from actlab.checkpoint import Checkpoints
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder.")
@@ -71,7 +71,7 @@ def load_run(workdir: pathlib.Path):
     raise errors.UserError(f"{workdir} holds no run (no config.json); train one with actlab.main")
   config = ml_collections.ConfigDict(json.loads(path.read_text()))
   tokenizer = data.load(config).tokenizer
-  task = train.Task.create(config, tokenizer.vocab_size)
+  task = steps.Steps.create(config, tokenizer.vocab_size)
   checkpoints = Checkpoints(workdir / "checkpoints", 1, read_only=True)  # Creates nothing.
   try:
     restored = checkpoints.restore_latest(jax.eval_shape(task.init, 0))
@@ -87,8 +87,9 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   config, tokenizer, task, params, step = load_run(pathlib.Path(_WORKDIR.value))
-  if config.model.kind != "decoder":
-    raise errors.UserError(f"sampling needs a decoder run; {_WORKDIR.value} is {config.model.kind!r}")
+  if not tasks.get(config).CAUSAL:
+    raise errors.UserError(f"sampling needs a causal LM (decoder) run; {_WORKDIR.value} is "
+                           f"{tasks.name(config)!r}")
   if _TOP_K.value > tokenizer.vocab_size:
     raise errors.UserError(f"--top_k={_TOP_K.value} must be between 0 and the vocabulary size "
                            f"{tokenizer.vocab_size}")

@@ -15,19 +15,21 @@ named by its overrides, `activation=relu,lr=0.001,seed=0` (the last part of each
 key where that part is ambiguous). `sweep.json` at the top lists the grid for `actlab.report`.
 
 Rerunning the same command continues the sweep: cells with `summary.json` are skipped (diverged
-ones included: divergence is a result), interrupted ones resume from their last checkpoint.
+ones included: divergence is a result), interrupted ones resume from their last checkpoint, and
+cells another process is training are skipped (each cell's workdir has a lock), so several
+sweeps can share one directory.
 
-Cells that differ only in `optim.lr` and `train.seed` share one compiled step: both live in the
-train state, so `group` puts such cells together and `run_group` trains them one after another
-with one compile cache (`train.compiled`). A vectorised runner (vmap over a group) can replace
-`run_group` without touching the rest.
+Cells that differ only in `optim.lr` and `train.seed` share one compiled program: both live in
+the train state, so `group` puts such cells together and `run_group` trains them with one compile
+cache (`steps.program`), one after another, or with `sweep.vectorize` several at a time as one
+vmapped program (`train.run_group`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
-import json
 import pathlib
 import time
 from typing import Any, Callable, Sequence
@@ -35,23 +37,13 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from actlab import config as config_lib
-from actlab import errors, metrics, train
+from actlab import errors, metrics, steps, train
 from actlab import workdir as workdir_lib
 
 SEED_KEY = "train.seed"
 
-# The setup every `:smoke` sweep puts under "fixed": a 2-layer, d_model 64 decoder on the embedded
-# corpus (byte tokenizer), 150 steps of 16 windows of 64 tokens: about 10 s a cell on 2 CPU cores.
-SMOKE = {
-    "data.source": "synthetic", "data.tokenizer": "byte", "data.seq_len": 64,
-    "data.val_batches": 4,
-    "model.num_layers": 2, "model.d_model": 64, "model.num_heads": 4, "model.d_ff": 256,
-    "model.max_len": 64,
-    "optim.warmup_steps": 15,
-    "train.steps": 150, "train.batch_size": 16, "train.log_every": 5, "train.eval_every": 50,
-    "train.checkpoint_every": 50, "train.progress": False,
-    "metrics.sharpness_every": 50, "metrics.sharpness_iters": 10,
-}
+# The setup every decoder `:smoke` sweep puts under "fixed": `config.SIZES["mini"]`.
+SMOKE = config_lib.SIZES["mini"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,23 +86,6 @@ def parse(d: dict) -> Sweep:
   return Sweep(axes, seeds, dict(d.get("fixed", {})), d.get("description", ""))
 
 
-def override(config: ml_collections.ConfigDict, key: str, value) -> None:
-  """Sets `config.<key>` (dotted) in place; unknown fields and wrong types raise ConfigError."""
-  *sections, field = key.split(".")
-  node = config
-  for part in sections:
-    if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
-      raise config_lib.ConfigError(f"sweep override {key!r}: the config has no section {part!r}")
-    node = node[part]
-  if field not in node:
-    raise config_lib.ConfigError(f"sweep override {key!r}: no such field; "
-                                 f"{'.'.join(sections)} has {', '.join(sorted(node.keys()))}")
-  try:
-    node[field] = value
-  except TypeError as e:
-    raise config_lib.ConfigError(f"sweep override {key}={value!r}: {e}") from None
-
-
 def _say(message: str) -> None:
   print(message, flush=True)
 
@@ -130,12 +105,11 @@ def cells(base: ml_collections.ConfigDict, sweep: Sweep) -> list[Cell]:
   short = _short_names(keys)
   out = []
   for values in itertools.product(*sweep.axes.values(), sweep.seeds):
-    config = base.copy_and_resolve_references()
     overrides = dict(zip(keys, values))
-    for key, value in {**sweep.fixed, **overrides}.items():
-      override(config, key, value)
     name = ",".join(f"{short[k]}={_fmt(v)}" for k, v in overrides.items())
     try:
+      config = config_lib.override(base.copy_and_resolve_references(),
+                                   {**sweep.fixed, **overrides})
       config_lib.validate(config)
     except config_lib.ConfigError as e:
       raise config_lib.ConfigError(f"sweep cell {name}: {e}") from None
@@ -151,7 +125,7 @@ def group(cells_: Sequence[Cell]) -> list[list[Cell]]:
   within a group, groups in order of first appearance."""
   groups: dict[str, list[Cell]] = {}
   for cell in cells_:
-    groups.setdefault(train.compile_key(cell.config, 0), []).append(cell)
+    groups.setdefault(steps.compile_key(cell.config, 0), []).append(cell)
   return list(groups.values())
 
 
@@ -166,33 +140,43 @@ def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Seque
 
 def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
               log: Callable[[str], None] = _say) -> list[dict | None]:
-  """Trains the cells of one group in turn; finished ones (a readable summary.json) are skipped,
-  and so are cells another process is training (None in their place): two sweeps on one
-  directory share the cells. With `sweep.vectorize` the unfinished ones train together as one
-  vmapped program instead."""
-  from actlab import vectorized  # sweep.vectorize: see actlab/vectorized.py
-  fresh = vectorized.sweep_group(group_, workdir, cache, log)
-  summaries = []
+  """Trains the cells of one group; finished ones (a readable summary.json) are skipped, and so
+  are cells another process is training (None in their place): two sweeps on one directory share
+  the cells. With `sweep.vectorize` the unfinished ones train together as one program
+  (`train.run_group`, at most `sweep.max_runs` at a time), otherwise one after another."""
+  summaries = {}
+  todo = []
   for cell in group_:
-    cell_dir = workdir / cell.name
-    summary = fresh.get(cell.name)
+    summary = workdir_lib.read_summary(train.logdir(workdir / cell.name))
     if summary is not None:
-      pass  # Trained just now, vectorized.
-    elif (summary := workdir_lib.read_summary(train.logdir(cell_dir))) is not None:
       log(f"{cell.name}: done before ({summary.get('status')}), skipped")
+      summaries[cell.name] = summary
     else:
+      todo.append(cell)
+  vectorize = group_[0].config.sweep.vectorize and len(todo) > 1
+  size = (group_[0].config.sweep.max_runs or len(todo)) if vectorize else 1
+  while todo:
+    with contextlib.ExitStack() as held:
+      chunk = []  # The next cells no other process is training, locked while they train here.
+      while todo and len(chunk) < size:
+        cell = todo.pop(0)
+        try:
+          held.enter_context(workdir_lib.Lock(train.logdir(workdir / cell.name)))
+          chunk.append(cell)
+        except workdir_lib.Lock.Busy as e:
+          log(f"{cell.name}: skipped: {e}")
+      if not chunk:
+        break
       t0 = time.perf_counter()
-      try:
-        summary = train.run(cell.config, cell_dir, cache=cache)
-      except workdir_lib.Lock.Busy as e:
-        log(f"{cell.name}: skipped: {e}")
-        summaries.append(None)
-        continue
-      val = summary.get("final_val_loss")
-      log(f"{cell.name}: {summary['status']}, val loss "
-          f"{'n/a' if val is None else f'{val:.4f}'} ({time.perf_counter() - t0:.0f} s)")
-    summaries.append(summary)
-  return summaries
+      done = train.run_group([c.config for c in chunk], [workdir / c.name for c in chunk],
+                             cache=cache, log=log)
+      how = f"vectorized ×{len(chunk)}, " if len(chunk) > 1 else ""
+      for cell, summary in zip(chunk, done):
+        val = summary.get("final_val_loss")
+        log(f"{cell.name}: {summary['status']}, val loss "
+            f"{'n/a' if val is None else f'{val:.4f}'} ({how}{time.perf_counter() - t0:.0f} s)")
+        summaries[cell.name] = summary
+  return [summaries.get(cell.name) for cell in group_]
 
 
 def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str], None] = _say,

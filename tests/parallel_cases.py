@@ -18,9 +18,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from actlab import parallel, train  # noqa: E402
+from actlab import parallel, steps, train  # noqa: E402
 from actlab.checkpoint import Checkpoints  # noqa: E402
 from conftest import tiny  # noqa: E402
+from tree_utils import state_bytes_per_device, tree_max_abs_diff  # noqa: E402
 
 VOCAB = 257
 
@@ -38,7 +39,7 @@ def batches(c, n, seed=0):
           for _ in range(n)]
 
 
-def steps(fns, state, bs):
+def take_steps(fns, state, bs):
   out = []
   for b in bs:
     state, m = fns.train_step(state, fns.plan.shard_batch(b))
@@ -47,12 +48,12 @@ def steps(fns, state, bs):
 
 
 def run_on(c, devices, bs, state=None):
-  fns = train.Compiled.create(c, VOCAB, parallel.plan(c, devices))
+  fns = steps.Program.create(c, VOCAB, plan=parallel.plan(c, devices))
   if state is None:
     state = fns.init(0, c.optim.lr)
   else:
-    state = fns.plan.put_state(state)
-  return fns, *steps(fns, state, bs)
+    state = jax.device_put(state, fns.plan.state_shardings(state))
+  return fns, *take_steps(fns, state, bs)
 
 
 def relative_diff(a: float, b: float) -> float:
@@ -78,17 +79,17 @@ def case_step(tmp):
     mu = state.opt_state.inner_state[1][0].mu["wte"]["embedding"]
     out[mode] = {
         "metrics": metric_diff(ref, got),
-        "params": parallel.tree_max_abs_diff(ref_state.params, state.params),
-        "opt_state": parallel.tree_max_abs_diff(ref_state.opt_state, state.opt_state),
+        "params": tree_max_abs_diff(ref_state.params, state.params),
+        "opt_state": tree_max_abs_diff(ref_state.opt_state, state.opt_state),
         "embedding_spec": str(emb.sharding.spec), "moment_spec": str(mu.sharding.spec),
         "embedding_devices": len(emb.sharding.device_set),
-        "state_bytes_per_device": parallel.state_bytes_per_device(state),
+        "state_bytes_per_device": state_bytes_per_device(state),
         "batch_spec": str(fns.plan.shard_batch(bs[0]).sharding.spec),
         "eval": relative_diff(
             float(fns.eval_step(state.params, fns.plan.shard_batch(bs[0]))["loss_sum"]),
             float(fns1.eval_step(ref_state.params, bs[0])["loss_sum"])),
     }
-  out["state_bytes_single"] = parallel.state_bytes_per_device(ref_state)
+  out["state_bytes_single"] = state_bytes_per_device(ref_state)
   return out
 
 
@@ -106,19 +107,19 @@ def case_checkpoint(tmp):
   _, after4, m4 = run_on(c4, devs, bs[2:], state4)
   out = {}
   for name, c, d in (("dp2", config("dp"), devs[:2]), ("single", config("dp"), devs[:1])):
-    fns = train.Compiled.create(c, VOCAB, parallel.plan(c, d))
+    fns = steps.Program.create(c, VOCAB, plan=parallel.plan(c, d))
     like = fns.init(1, c.optim.lr)  # a different seed: everything must come from the checkpoint
     ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
     restored, _ = ck.restore(2, like)
     ck.close()
-    restored_diff = parallel.tree_max_abs_diff(saved, restored)
+    restored_diff = tree_max_abs_diff(saved, restored)
     devices = len(restored.params["wte"]["embedding"].sharding.device_set)
-    state, m = steps(fns, restored, bs[2:])  # donates `restored`
+    state, m = take_steps(fns, restored, bs[2:])  # donates `restored`
     out[name] = {
         "restored": restored_diff,
         "devices": devices,
         "next_step_metrics": metric_diff(m4, m),
-        "next_step_params": parallel.tree_max_abs_diff(after4.params, state.params),
+        "next_step_params": tree_max_abs_diff(after4.params, state.params),
         "step": int(state.step),
     }
   return out
@@ -158,23 +159,22 @@ def case_run(tmp):
 
 def case_vectorized(tmp):
   """A vectorized group of 2 runs on 4 devices (dp, fsdp) = on 1 device."""
-  from actlab import vectorized
   devs = jax.devices()
   bs = batches(config(), 3)
   out = {}
   ref = None
   for name, mode, d in (("single", "dp", devs[:1]), ("dp", "dp", devs), ("fsdp", "fsdp", devs)):
     c = config(mode)
-    g = vectorized.Group.create(c, VOCAB, 2, parallel.plan(c, d))
+    g = steps.Program.create(c, VOCAB, 2, parallel.plan(c, d))
     state = g.init(np.array([0, 1]), np.array([3e-3, 1e-3], np.float32))
     ms = []
     for b in bs:
-      state, m = g.train_step(state, g.shard_batch(np.stack([b, b[::-1]])))
+      state, m = g.train_step(state, g.put_batches([b, b[::-1]]))
       ms.append(jax.device_get(jax.block_until_ready(m)))
     if ref is None:
       ref = (state, ms)
       continue
-    out[name] = {"params": parallel.tree_max_abs_diff(ref[0].params, state.params),
+    out[name] = {"params": tree_max_abs_diff(ref[0].params, state.params),
                  "metrics": max(float(np.max(np.abs(x[k] - y[k]) / np.maximum(1.0, np.abs(x[k]))))
                                 for x, y in zip(ref[1], ms) for k in x),
                  "runs_differ": float(np.max(np.abs(ms[-1]["train_loss"][0]

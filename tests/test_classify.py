@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from actlab import config as config_lib
-from actlab import data, train
+from actlab import data, steps, tasks, train
 from actlab.data import classify, synthetic
 from actlab.data import tokenizer as tokenizers
 
@@ -78,7 +78,7 @@ def test_hero_gender_rule_matches_the_pronouns():
 
 def test_classification_batches():
   c = tiny_encoder("classify")
-  ds = data.load(c)
+  ds = tasks.get(c).dataset(c)
   assert isinstance(ds, classify.ClassifyDataset) and ds.num_classes == 2
   b = ds.train_batch(7)
   assert b["tokens"].shape == (16, 32) and b["labels"].shape == (16,)
@@ -96,7 +96,7 @@ def test_classification_batches():
                                                for t in synthetic.texts("validation")])
   c.model.num_classes = 3
   with pytest.raises(data.DataError, match="num_classes"):
-    data.load(c)
+    tasks.get(c).dataset(c)
 
 
 def test_sst2_offline(tmp_path, monkeypatch):
@@ -165,10 +165,10 @@ def test_classification_trains_above_chance_and_fine_tunes_from_mlm(pretrained, 
   assert len(cache) == 1
   # The trunk starts from the MLM checkpoint; the pooler and classifier are new.
   vocab = summary["vocab_size"]
-  fresh = train.compiled(c, vocab, cache).init(c.train.seed, c.optim.lr).params
+  fresh = steps.program(c, vocab, cache=cache).init(c.train.seed, c.optim.lr).params
   params = train.pretrained_params(c, fresh, vocab)
   mlm = train.Checkpoints(mlm_dir / "checkpoints", 3)
-  like = jax.eval_shape(train.Task.create(tiny_encoder(), vocab).init, 0, 1e-3)
+  like = jax.eval_shape(steps.Steps.create(tiny_encoder(), vocab).init, 0, 1e-3)
   restored = mlm.restore(60, like)[0].params
   mlm.close()
   for name in ("wte", "wpe", "wtt", "ln_emb", "block_0", "block_1"):

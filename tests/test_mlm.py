@@ -1,17 +1,16 @@
-"""Masked-LM objective: BERT's masking (15% of maskable tokens; 80/10/10) on the device,
-reproducible from the key; loss and accuracy over the selected positions. (That the MLM loss
-falls on the embedded corpus through `train.run` is in tests/test_classify.py.)"""
+"""The masked-LM task (actlab/tasks/mlm.py): BERT's masking (15% of maskable tokens; 80/10/10)
+on the device, reproducible from the key; loss and accuracy over the selected positions. (That
+the MLM loss falls on the embedded corpus through `train.run` is in tests/test_classify.py.)"""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import objectives
-from actlab.models import encoder as enc
-from actlab.models.layers import Spec
+from actlab import models
+from actlab.tasks import mlm
 
-SPECIALS = objectives.Specials(pad=0, unk=1, cls=2, sep=3, mask=4)
+SPECIALS = mlm.Specials(pad=0, unk=1, cls=2, sep=3, mask=4)
 VOCAB = 1000
 
 
@@ -33,14 +32,14 @@ def sequences(B=64, L=128, seed=0):
 def draws():
   tokens = sequences()
   keys = jax.random.split(jax.random.PRNGKey(0), 40)
-  fn = jax.jit(jax.vmap(lambda k: objectives.mask_tokens(k, tokens, SPECIALS, VOCAB)))
+  fn = jax.jit(jax.vmap(lambda k: mlm.mask_tokens(k, tokens, SPECIALS, VOCAB)))
   return tokens, jax.device_get(fn(keys))
 
 
 def test_selection_counts_and_never_special(draws):
   tokens, (inputs, positions, targets, weights) = draws
   tokens = np.asarray(tokens)
-  assert positions.shape == (40, 64, objectives.max_predictions(128, 0.15)) == (40, 64, 20)
+  assert positions.shape == (40, 64, mlm.max_predictions(128, 0.15)) == (40, 64, 20)
   maskable = ~np.isin(tokens, [0, 2, 3, 4])
   n = maskable.sum(1).astype(np.float32)
   k = np.maximum(1, np.round(np.float32(0.15) * n))  # float32, as on the device
@@ -90,7 +89,7 @@ def test_80_10_10(draws):
 
 def test_masking_is_a_function_of_the_key():
   tokens = sequences(8, 64)
-  mask = jax.jit(lambda k: objectives.mask_tokens(k, tokens, SPECIALS, VOCAB))
+  mask = jax.jit(lambda k: mlm.mask_tokens(k, tokens, SPECIALS, VOCAB))
   a, b, c = mask(jax.random.PRNGKey(3)), mask(jax.random.PRNGKey(3)), mask(jax.random.PRNGKey(4))
   jax.tree.map(np.testing.assert_array_equal, a, b)
   assert not np.array_equal(a[0], c[0])
@@ -99,7 +98,7 @@ def test_masking_is_a_function_of_the_key():
 def test_proportions_follow_the_config():
   tokens = sequences(64, 128)
   keys = jax.random.split(jax.random.PRNGKey(1), 10)
-  fn = jax.jit(jax.vmap(lambda k: objectives.mask_tokens(k, tokens, SPECIALS, VOCAB, 0.3, 0.5,
+  fn = jax.jit(jax.vmap(lambda k: mlm.mask_tokens(k, tokens, SPECIALS, VOCAB, 0.3, 0.5,
                                                          0.0)))
   inputs, positions, targets, weights = jax.device_get(fn(keys))
   n = (~np.isin(np.asarray(tokens), [0, 2, 3, 4])).sum(1).astype(np.float32)
@@ -112,25 +111,24 @@ def test_proportions_follow_the_config():
 
 def test_encoder_sequences():
   windows = jnp.arange(2 * 9).reshape(2, 9) + 10
-  seq = objectives.encoder_sequences(windows, SPECIALS)
+  seq = mlm.encoder_sequences(windows, SPECIALS)
   assert seq.shape == (2, 8)
   np.testing.assert_array_equal(seq[0], [2, 10, 11, 12, 13, 14, 15, 3])
 
 
-SPEC = Spec("gelu", num_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=32,
+SPEC = models.Spec("gelu", num_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=32,
             vocab_size=320, norm="post", norm_eps=1e-12)
 
 
 @pytest.mark.slow
 def test_masked_lm_loss_and_accuracy_over_selected_positions():
-  model = enc.Encoder(SPEC, head="mlm")
+  model = models.Encoder(SPEC, head="mlm")
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
   windows = jnp.asarray(np.random.default_rng(0).integers(5, 261, (4, 33)), jnp.int32)
-  loss = jax.jit(lambda p, k: objectives.masked_lm(model, p, windows, k, False,
-                                                   specials=SPECIALS, vocab_size=261))
+  loss = jax.jit(lambda p, k: mlm.loss(model, p, windows, k, False, specials=SPECIALS,
+                                       vocab_size=261))
   out = loss(params, jax.random.PRNGKey(0))
   assert int(out["count"]) == 4 * round(0.15 * 30)             # 30 maskable of [CLS] 30 [SEP]
-  assert 0 <= int(out["correct"]) <= int(out["count"])
   np.testing.assert_allclose(out["loss_sum"] / out["count"], np.log(320), rtol=0.05)  # at init
   again = loss(params, jax.random.PRNGKey(0))
   assert float(again["loss_sum"]) == float(out["loss_sum"])   # fixed key: fixed mask
@@ -139,11 +137,36 @@ def test_masked_lm_loss_and_accuracy_over_selected_positions():
   # By hand: the full-sequence logits at the selected positions give the same loss.
   @jax.jit
   def by_hand(params):
-    tokens = objectives.encoder_sequences(windows, SPECIALS)
-    inputs, positions, targets, weights = objectives.mask_tokens(
+    tokens = mlm.encoder_sequences(windows, SPECIALS)
+    inputs, positions, targets, weights = mlm.mask_tokens(
         jax.random.split(jax.random.PRNGKey(0))[0], tokens, SPECIALS, 261)
     logits = model.apply({"params": params}, inputs)
     picked = jnp.take_along_axis(logits, positions[..., None], 1)
     ce = -jnp.take_along_axis(jax.nn.log_softmax(picked), targets[..., None], -1)[..., 0]
-    return (ce * weights).sum()
-  np.testing.assert_allclose(float(by_hand(params)), float(out["loss_sum"]), rtol=1e-4)
+    return (ce * weights).sum(), ((picked.argmax(-1) == targets) & weights).sum()
+  loss_sum, correct = by_hand(params)
+  np.testing.assert_allclose(float(loss_sum), float(out["loss_sum"]), rtol=1e-4)
+  assert int(correct) == int(out["correct"])
+
+
+class Oracle:
+  """A stand-in model that predicts `params["answers"]` at the masked positions, surely."""
+
+  def apply(self, variables, inputs_BL, *args, masked_positions_BP, **kwargs):
+    answers_BP = jnp.take_along_axis(variables["params"]["answers"], masked_positions_BP, 1)
+    return 10.0 * jax.nn.one_hot(answers_BP, 320)
+
+
+def test_masked_lm_accuracy_counts_right_predictions_at_selected_positions_only():
+  windows = jnp.asarray(np.random.default_rng(1).integers(5, 261, (4, 33)), jnp.int32)
+  tokens = mlm.encoder_sequences(windows, SPECIALS)
+  score = lambda answers: mlm.loss(Oracle(), {"answers": answers}, windows,
+                                   jax.random.PRNGKey(0), False, specials=SPECIALS,
+                                   vocab_size=261)
+  right, wrong, row_0_right = score(tokens), score(tokens + 1), score(tokens.at[1:].add(1))
+  # Each row has unused prediction slots (weight 0); right answers there must not count.
+  assert mlm.max_predictions(32, 0.15) > round(0.15 * 30)
+  assert int(right["count"]) == 4 * round(0.15 * 30)
+  assert int(right["correct"]) == int(right["count"])
+  assert int(wrong["correct"]) == 0
+  assert int(row_0_right["correct"]) == round(0.15 * 30)

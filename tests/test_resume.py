@@ -17,8 +17,8 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import sample, sweep, train
-from actlab.checkpoint import CheckpointError, Checkpoints
+from actlab import sample, steps, sweep, train
+from actlab.checkpoint import Checkpoints
 from actlab.errors import UserError
 from conftest import REPO, tiny
 from test_workdir import hold_lock
@@ -66,7 +66,7 @@ def summary(workdir) -> dict:
 
 
 def final_params(workdir, step=STEPS):
-  task = train.Task.create(tiny(), 257)
+  task = steps.Steps.create(tiny(), 257)
   ckpt = Checkpoints(pathlib.Path(workdir, "checkpoints"), 3, read_only=True)
   state, _ = ckpt.restore(step, jax.eval_shape(task.init, 0))
   ckpt.close()
@@ -306,10 +306,10 @@ def test_full_disk_is_one_line_and_the_checkpoints_stay_intact(tmp_path):
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert re.match(r"error: no space left on device writing \S+; free some space and rerun the "
                     "same command", result.stderr), result.stderr
-    steps = checkpoint_steps(disk / "run")
-    assert steps
+    saved = checkpoint_steps(disk / "run")
+    assert saved
     c = tiny(**{"train.steps": 100, "train.checkpoint_every": 5, "train.log_every": 7})
-    like = train.Task.create(c, 257).init(0)
+    like = steps.Steps.create(c, 257).init(0)
     ck = Checkpoints(disk / "run" / "checkpoints", 3, read_only=True)
-    assert ck.restore_latest(like)[0] == steps[-1]  # intact: checksums match
+    assert ck.restore_latest(like)[0] == saved[-1]  # intact: checksums match
     ck.close()

@@ -7,13 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from actlab import models, sample, train
+from actlab import sample, tasks, train
 from conftest import REPO, tiny
 
 
 def tiny_model(seed=0):
   c = tiny("swiglu")
-  model = models.build(c.model, 257)
+  model = tasks.get(c).model(c, 257)
   params = jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.zeros((1, 32), jnp.int32))["params"]
   return model, params
 

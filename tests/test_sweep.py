@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import activations, config as config_lib, models, sweep, train
+from actlab import activations, config as config_lib, models, steps, sweep, train
 from actlab.checkpoint import Checkpoints
 from conftest import REPO, tiny
 
@@ -77,7 +77,7 @@ def test_glu_variants_are_parameter_matched():
   names = s.axes["model.activation"]
   counts = {}
   for cell in sweep.cells(config_lib.base(), s)[::len(s.seeds)]:
-    task = train.Task.create(cell.config, 257)
+    task = steps.Steps.create(cell.config, 257)
     counts[cell.config.model.activation] = models.count_params(
         jax.eval_shape(task.init, 0).params)["non_embedding"]
   for plain, gated in zip(names[::2], names[1::2]):
@@ -96,7 +96,7 @@ def swept(tmp_path_factory):
   TensorBoard on. Every training step is counted at trace time, and peak LR 0.5 makes the
   parameters NaN from step 13 on: a deterministic divergence in the first cells of the grid."""
   traces = []
-  original = train.Task.train_step
+  original = steps.Steps.train_step
 
   def counted(self, state, batch):
     traces.append(1)  # Python runs at trace time only.
@@ -115,7 +115,7 @@ def swept(tmp_path_factory):
       "                    'train.eval_every': 10, 'metrics.sharpness_every': 10,\n"
       "                    'metrics.sharpness_iters': 5}}\n")
   with pytest.MonkeyPatch.context() as mp, compilations() as compiled:
-    mp.setattr(train.Task, "train_step", counted)
+    mp.setattr(steps.Steps, "train_step", counted)
     cache, compiled_by_cell = {}, []
     results = sweep.run(tiny(), str(spec), tmp / "runs", cache=cache,
                         log=lambda _: compiled_by_cell.append(len(compiled)))
@@ -237,13 +237,13 @@ def test_rerun_skips_finished_cells_and_resumes_an_interrupted_one(swept, tmp_pa
   before = _losses(victim)
   (victim / "summary.json").unlink()  # As if killed after its step-10 checkpoint.
   shutil.rmtree(victim / "checkpoints" / "20")
-  real_run, ran = train.run, []
+  real_run_group, ran = train.run_group, []
 
-  def counting_run(config, workdir, cache=None):
-    ran.append(pathlib.Path(workdir).name)
-    return real_run(config, workdir, cache)
+  def counting_run_group(configs, workdirs, cache=None, log=print):
+    ran.extend(pathlib.Path(w).name for w in workdirs)
+    return real_run_group(configs, workdirs, cache, log)
 
-  monkeypatch.setattr(train, "run", counting_run)
+  monkeypatch.setattr(train, "run_group", counting_run_group)
   with compilations() as compiled:
     again = sweep.run(tiny(), swept.spec, root, log=lambda _: None, cache=swept.cache)
   assert ran == [victim.name]  # finished and diverged cells were skipped

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import data, optim, train
+from actlab import data, optim, steps, train
 from conftest import tiny
 
 
@@ -24,7 +24,7 @@ def test_schedule_warmup_then_cosine_to_min():
 
 
 def test_weight_decay_mask_matrices_and_embeddings_only():
-  task = train.Task.create(tiny(), 257)
+  task = steps.Steps.create(tiny(), 257)
   params = jax.eval_shape(task.init, 0).params
   mask = optim.decay_mask(params)
   flat = {"/".join(k.key for k in path): v
@@ -48,26 +48,53 @@ def test_adamw_matches_closed_form_first_step():
   np.testing.assert_allclose(updates["bias"], [0.1], rtol=1e-6)
 
 
-def test_clipping_applies_to_global_norm():
+@pytest.mark.parametrize("clip_norm, scale", [(1.0, 1 / 50), (100.0, 1.0), (0.0, 1.0)])
+def test_clipping_scales_the_gradient_to_clip_norm_before_adamw(clip_norm, scale):
+  """The chain of `optim.make` on a gradient of global norm 50: clipped to `clip_norm` when above
+  it (scale 1/50), untouched below it or with clipping off (0). First AdamW step in closed form
+  (bias-corrected moments g and g², LR multiplier 1 without warm-up): update = -lr·(g/(|g| + eps)
+  + wd·p·mask). eps = 1 keeps the gradient's scale in the update, so clipping shows."""
   c = tiny()
-  c.optim.update(warmup_steps=0, clip_norm=1.0, weight_decay=0.0, b1=0.0, b2=0.0, eps=0.0)
+  c.optim.update(warmup_steps=0, clip_norm=clip_norm, eps=1.0, weight_decay=0.5, lr=0.1)
   tx = optim.make(c.optim, 10)
-  params = {"w": jnp.zeros(2)}
-  grads = {"w": jnp.array([30.0, 40.0])}
-  state = tx.init(params)
-  _, state = tx.update(grads, state, params)
-  assert float(optax.tree.norm(state.inner_state[0])) == 0.0  # clip keeps no state
-  # with b2 = 0 Adam normalises anyway; check the clip directly through the chain's first link
-  clip = optax.clip_by_global_norm(1.0)
-  clipped, _ = clip.update(grads, clip.init(params))
-  np.testing.assert_allclose(optax.tree.norm(clipped), 1.0, rtol=1e-6)
+  params = {"kernel": jnp.array([[1.0, -2.0]]), "bias": jnp.array([3.0])}
+  grads = {"kernel": jnp.array([[30.0, 0.0]]), "bias": jnp.array([40.0])}  # global norm 50
+  updates, _ = tx.update(grads, tx.init(params), params)
+  g_kernel, g_bias = scale * np.array([[30.0, 0.0]]), scale * np.array([40.0])
+  decay_kernel = 0.5 * np.array([[1.0, -2.0]])  # the bias is not decayed
+  np.testing.assert_allclose(updates["kernel"],
+                             -0.1 * (g_kernel / (np.abs(g_kernel) + 1) + decay_kernel), rtol=1e-6)
+  np.testing.assert_allclose(updates["bias"], -0.1 * g_bias / (np.abs(g_bias) + 1), rtol=1e-6)
+
+
+def test_grad_norm_metric_is_the_norm_before_clipping():
+  """`grad_norm` is the raw gradient's norm (computed here independently), not the clipped one."""
+  c = tiny(**{"optim.clip_norm": 1e-3, "optim.warmup_steps": 0})
+  step_fns = steps.Steps.create(c, 257)
+  state = jax.jit(step_fns.init)(0)
+  batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
+  key = jax.random.fold_in(state.rng, state.step)
+
+  def loss(params):
+    out = step_fns.objective(step_fns.model, params, batch, key, train=True)
+    return out["loss_sum"] / out["count"]
+
+  grads, (_, metrics) = jax.jit(
+      lambda s: (jax.grad(loss)(s.params), step_fns.train_step(s, batch)))(state)
+  raw_norm = float(optax.tree.norm(grads))
+  assert raw_norm > 100 * c.optim.clip_norm  # clipping is active: the clipped norm is 1e-3
+  np.testing.assert_allclose(float(metrics["grad_norm"]), raw_norm, rtol=1e-5)
+
+
+def val_loss(eval_step, params, dataset) -> float:
+  return steps.pool_eval([eval_step(params, b) for b in dataset.val_batches()])["val_loss"]
 
 
 @pytest.fixture(scope="module")
 def task_and_data():
   c = tiny()
   ds = data.load(c)
-  return train.Task.create(c, ds.tokenizer.vocab_size), ds
+  return steps.Steps.create(c, ds.tokenizer.vocab_size), ds
 
 
 def test_train_step_is_pure(task_and_data):
@@ -89,10 +116,10 @@ def test_loss_falls_over_50_steps(task_and_data):
   step = jax.jit(task.train_step, donate_argnums=0)
   eval_step = jax.jit(task.eval_step)
   state = jax.jit(task.init)(0)
-  before = train.evaluate(eval_step, state.params, ds.val_batches())
+  before = val_loss(eval_step, state.params, ds)
   for k in range(50):
     state, _ = step(state, ds.train_batch(k))
-  after = train.evaluate(eval_step, state.params, ds.val_batches())
+  after = val_loss(eval_step, state.params, ds)
   assert after < before - 1.0, (before, after)
 
 
@@ -100,7 +127,7 @@ def test_overfits_one_batch(task_and_data):
   _, ds = task_and_data
   c = tiny(**{"model.d_model": 64, "model.d_ff": 256, "optim.lr": 1e-2, "train.steps": 100,
               "train.batch_size": 4})
-  task = train.Task.create(c, ds.tokenizer.vocab_size)
+  task = steps.Steps.create(c, ds.tokenizer.vocab_size)
   step = jax.jit(task.train_step, donate_argnums=0)
   state = jax.jit(task.init)(0)
   batch = ds.train_batch(0)[:4]
@@ -112,7 +139,7 @@ def test_overfits_one_batch(task_and_data):
 def test_step_keys_differ_per_step_and_seed():
   """Dropout masks come from fold_in(rng, step): different per step, same for same (seed, step)."""
   c = tiny(**{"model.dropout": 0.5})
-  task = train.Task.create(c, 257)
+  task = steps.Steps.create(c, 257)
   batch = np.ones((8, 33), np.int32)
   step = jax.jit(task.train_step)
   s0 = jax.jit(task.init)(0)

@@ -70,6 +70,19 @@ def test_unknown_flag_suggests_the_closest(tmp_path):
                   "(see --helpshort)")
 
 
+def test_inconsistent_config_is_refused_before_anything_is_written(tmp_path):
+  assert train_cli(tmp_path, "--config=tests/tiny_config.py", "--config.model.num_heads=3") == (
+      "error: model.d_model=32 is not divisible by model.num_heads=3")
+
+
+def test_workdir_that_is_a_file(tmp_path):
+  (tmp_path / "taken").write_text("notes")
+  assert run_cli("main", "--config=tests/tiny_config.py", f"--workdir={tmp_path / 'taken'}") == (
+      f"error: --workdir {tmp_path / 'taken'} is a file, not a directory; choose another "
+      "--workdir")
+  assert (tmp_path / "taken").read_text() == "notes"
+
+
 @pytest.fixture(scope="module")
 def decoder_run(tmp_path_factory):
   """A trained tiny decoder (10 steps, context 32, byte vocabulary of 257)."""

@@ -1,15 +1,18 @@
-"""Vectorized sweeps (actlab/vectorized.py) equal sequential runs, cell by cell."""
+"""Vectorized runs (`train.run_group`: one `steps.Program` for R runs) equal sequential runs,
+cell by cell; an interrupted group resumes exactly; a diverging run leaves the others alone."""
 
 import json
+import shutil
 
 import flax
 import jax
 import numpy as np
 import pytest
 
-from actlab import parallel, sweep, train, vectorized
+from actlab import steps, sweep, train
 from actlab.checkpoint import Checkpoints
 from conftest import tiny
+from tree_utils import tree_max_abs_diff
 
 TOL = 1e-6
 # The wall clock, and where and when a run ran: differ between any two runs.
@@ -51,59 +54,107 @@ def without_key_bias(params):
 
 
 def final_params(workdir, config):
-  like = train.Compiled.create(config, 257).init(0, config.optim.lr)
-  ck = Checkpoints((workdir / "checkpoints").absolute(), 3)
+  like = jax.eval_shape(steps.Steps.create(config, 257).init, 0, config.optim.lr)
+  ck = Checkpoints((workdir / "checkpoints").absolute(), 3, read_only=True)
   try:
     return ck.restore(ck.latest_step(), like)[0].params
   finally:
     ck.close()
 
 
-@pytest.mark.slow
-def test_vectorized_runs_equal_sequential_runs(tmp_path):
-  # Two learning rates and two seeds: per-run LR and per-run data/initialisation both matter.
-  configs = [cell_config(3e-3, 0), cell_config(1e-3, 0), cell_config(3e-3, 1)]
-  cache = {}
-  seq = [train.run(c, tmp_path / f"seq{i}", cache=cache) for i, c in enumerate(configs)]
-  vec = vectorized.train_group(configs, [tmp_path / f"vec{i}" for i in range(3)], cache=cache)
-  for i, (s, v) in enumerate(zip(seq, vec)):
-    assert_close_rows(rows(tmp_path / f"seq{i}"), rows(tmp_path / f"vec{i}"))
-    assert set(v) - set(s) == {"vectorized_runs"} and v["vectorized_runs"] == 3
-    for k in s:
-      if k in RUN_SPECIFIC:
-        continue
-      if isinstance(s[k], float):
-        assert abs(s[k] - v[k]) <= TOL * max(1.0, abs(s[k])), (k, s[k], v[k])
-      else:
-        assert s[k] == v[k], k
-    p_seq = final_params(tmp_path / f"seq{i}", configs[i])
-    p_vec = final_params(tmp_path / f"vec{i}", configs[i])
-    assert parallel.tree_max_abs_diff(without_key_bias(p_seq), without_key_bias(p_vec)) <= TOL
-  # The runs really differ from each other (the comparison above is not vacuous).
-  assert abs(seq[0]["final_val_loss"] - seq[1]["final_val_loss"]) > 1e-3
-  assert abs(seq[0]["final_val_loss"] - seq[2]["final_val_loss"]) > 1e-3
+def crashed_copy(workdir, dest):
+  """`workdir` as a crash after its step-4 checkpoint leaves it: no checkpoint 8 and no
+  summary.json (its log ran ahead to step 8; resuming rebuilds it from the checkpoint)."""
+  shutil.copytree(workdir, dest)
+  (dest / "summary.json").unlink()
+  shutil.rmtree(dest / "checkpoints" / "8")
+  return dest
+
+
+def comparable(record: dict) -> dict:
+  """A log row or summary without the fields that differ between any two runs."""
+  return {k: v for k, v in record.items() if k not in RUN_SPECIFIC}
+
+
+def file_contents(workdir) -> dict:
+  """Every file under `workdir` but its lock, with its bytes."""
+  return {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
+GROUP = [cell_config(3e-3, 0), cell_config(1e-3, 1)]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+  """One compile cache for the module: every group below is 2 runs of one program."""
+  return {}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, compiled):
+  """The group of two runs trained to the end (checkpoints at steps 4 and 8) in one go."""
+  root = tmp_path_factory.mktemp("uninterrupted")
+  dirs = [root / "a", root / "b"]
+  summaries = train.run_group(GROUP, dirs, cache=compiled)
+  assert all(s["vectorized_runs"] == 2 for s in summaries)
+  return dirs, summaries
 
 
 @pytest.mark.slow
-def test_vectorized_resume_and_divergence(tmp_path):
-  # lr=30 diverges; the other run must carry on, unaffected, and both resume sequentially.
-  configs = [cell_config(3e-3, 0), cell_config(30.0, 0)]
+def test_interrupted_group_resumes_exactly(uninterrupted, compiled, tmp_path):
+  dirs, summaries = uninterrupted
+  crashed = [crashed_copy(d, tmp_path / d.name) for d in dirs]
+  logs = []
+  resumed = train.run_group(GROUP, crashed, cache=compiled, log=logs.append)
+  assert not logs  # no fall-back to one run after another
+  for config, before, after, summary, again in zip(GROUP, dirs, crashed, summaries, resumed):
+    assert again["vectorized_runs"] == 2
+    assert [s["start_step"] for s in again["provenance"]] == [0, 4]  # resumed at step 4
+    assert [comparable(r) for r in rows(after)] == [comparable(r) for r in rows(before)]
+    assert comparable(again) == comparable(summary)
+    jax.tree.map(np.testing.assert_array_equal, final_params(before, config),
+                 final_params(after, config))
+
+
+@pytest.mark.slow
+def test_diverging_run_leaves_the_other_unaffected_and_both_resume(uninterrupted, compiled,
+                                                                    tmp_path):
+  """lr = 1e30 overflows to non-finite values within a few steps: that lane stops being logged
+  and checkpointed at once (`loop.train_lanes`) while the other goes on. (lr = 30 would only end
+  `diverged` by the verdict on its final loss, and never stop a lane.)"""
+  (ok_alone, _), _ = uninterrupted
+  configs = [GROUP[0], cell_config(1e30, 0)]
   dirs = [tmp_path / "ok", tmp_path / "bad"]
-  vec = vectorized.train_group(configs, dirs)
-  assert vec[1]["status"] == "diverged" and vec[0]["status"] != "diverged"
-  ref = train.run(configs[0], tmp_path / "ok_seq")
-  assert_close_rows(rows(tmp_path / "ok_seq"), rows(dirs[0]))
-  # Continue both to 12 steps: configs with more steps are a different run (workdir check), so
-  # resume means the same config again: the finished run returns its summary unchanged.
-  again = vectorized.train_group(configs, dirs)
-  assert again[1]["status"] == "diverged"
+  first = train.run_group(configs, dirs, cache=compiled)
+  assert first[1]["status"] == "diverged" and first[0]["status"] != "diverged"
+  assert all(s["vectorized_runs"] == 2 for s in first)
+  assert 0 < first[1]["diverged_at"] < 4
+  assert rows(dirs[1])[-1]["step"] == first[1]["diverged_at"]  # logged up to the bad step
+  assert not any(p.name.isdigit() for p in (dirs[1] / "checkpoints").iterdir())
+  # The healthy run equals the same run grouped with a healthy partner.
+  assert_close_rows(rows(ok_alone), rows(dirs[0]))
+  assert tree_max_abs_diff(
+      without_key_bias(final_params(ok_alone, configs[0])),
+      without_key_bias(final_params(dirs[0], configs[0]))) <= TOL
+  # A crash loses the healthy run's end; the diverged run is finished, so the group resumes
+  # one run after another: the healthy one from step 4, the diverged one returns its summary.
+  bad_files = file_contents(dirs[1])
+  shutil.move(dirs[0], tmp_path / "ok_done")
+  crashed_copy(tmp_path / "ok_done", dirs[0])
+  logs = []
+  again = train.run_group(configs, dirs, cache=compiled, log=logs.append)
+  assert len(logs) == 1 and "one after another" in logs[0]
+  assert again[1] == first[1]
+  assert file_contents(dirs[1]) == bad_files
+  assert [s["start_step"] for s in again[0]["provenance"]] == [0, 4]
+  assert_close_rows(rows(ok_alone), rows(dirs[0]))
 
 
 def test_group_refuses_other_differences():
   a, b = cell_config(1e-3, 0), cell_config(1e-3, 0, **{"model.d_ff": 128})
-  with pytest.raises(vectorized.VectorizeError, match="model.d_ff"):
-    vectorized.check_group([a, b])
-  vectorized.check_group([a, cell_config(3e-3, 5)])  # LR and seed may differ
+  with pytest.raises(steps.GroupError, match="model.d_ff"):
+    steps.check_group([a, b])
+  steps.check_group([a, cell_config(3e-3, 5)])  # LR and seed may differ
 
 
 @pytest.mark.slow

@@ -10,8 +10,8 @@
   (``actlab.data.cache``); later runs verify its checksum and memory-map it.
 - ``Dataset.train_batch(step)`` is a pure function of ``(seed, step)``; ``Dataset.val_batches()``
   is a fixed set of evenly spaced windows, the same for every seed. The encoder's MLM cuts its
-  ``[CLS] … [SEP]`` sequences from these same windows (``actlab.objectives.masked_lm``).
-- An encoder fine-tuning run (``model.task="classify"``) gets a ``classify.ClassifyDataset`` of
+  ``[CLS] … [SEP]`` sequences from these same windows (``actlab.tasks.mlm``).
+- ``load(config, labelled=True)`` (the classify task) gives a ``classify.ClassifyDataset`` of
   labelled examples (``config.data.classify``) with the same interface instead.
 
 Data dir: ``config.data.dir``, else ``$ACTLAB_DATA_DIR``, else ``~/.cache/actlab``. Inside it:
@@ -207,8 +207,9 @@ def _file_lock(path: Path):
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def load(config, *, progress: bool | None = None) -> Dataset:
-  """Build (first run) or open (later runs) the token caches and return the Dataset."""
+def load(config, *, progress: bool | None = None, labelled: bool = False):
+  """Build (first run) or open (later runs) the token caches and return the Dataset; with
+  `labelled`, the `classify.ClassifyDataset` of `config.data.classify` instead."""
   root = data_dir(config.data.get("dir", ""))
   if progress is None:
     progress = bool(config.get("train", {}).get("progress", True))
@@ -236,7 +237,7 @@ def load(config, *, progress: bool | None = None) -> Dataset:
   # prepared TFDS data under <data dir>/tfds must therefore stay).
   with _file_lock(root / "locks" / f"{key}.lock"):
     tok = tok or get_tokenizer()
-    if config.get("model", {}).get("task") == "classify":  # The encoder's fine-tuning examples.
+    if labelled:  # Labelled examples (the classify task), tokenized like the corpus.
       from actlab.data import classify
       return classify.load(config, tok, tokenizers.special_ids(spec), root)
     arrays = {}

@@ -1,0 +1,280 @@
+"""The training loop: R ≥ 1 runs of one program (`steps.Program`), each a `Lane` with its own
+workdir files, trained step by step with logging, evaluation, checkpoints and signals.
+
+The loop's only host syncs are at log, evaluation and checkpoint steps. A run whose loss or
+parameters turn non-finite stops being logged and checkpointed (its divergence is its result);
+the others go on. SIGINT/SIGTERM: the step under way finishes, is checkpointed, and `Interrupted`
+says which step.
+"""
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import pathlib
+import signal
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import tqdm
+
+from actlab import models, steps, tasks
+from actlab import metrics as metrics_lib
+from actlab import workdir as workdir_lib
+from actlab.checkpoint import Checkpoints
+from actlab.errors import UserError
+
+
+class StopRequest:
+  """SIGINT/SIGTERM set a flag the loop checks between steps (it then checkpoints and exits)."""
+
+  def __init__(self):
+    self.signum = None
+    self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+  def _handle(self, signum, frame):
+    self.signum = signum
+
+  def restore(self):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+
+class Interrupted(UserError):
+  """Raised after SIGINT/SIGTERM, once the checkpoint is written; exits with 128 + signal."""
+
+  def __init__(self, message: str, signum: int):
+    super().__init__(message)
+    self.exit_code = 128 + signum
+
+
+def _host_rows(rows: list[dict]) -> list[dict]:
+  """Per-step metrics as a checkpoint's JSON keeps them (float32 values are exact as floats)."""
+  return [{k: float(v) for k, v in row.items()} for row in rows]
+
+
+def _device_rows(rows: list[dict]) -> list[dict]:
+  """`_host_rows` back as the float32 scalars the train step returns, so the means that include
+  them are computed exactly as without the interruption."""
+  return [{k: np.float32(v) for k, v in row.items()} for row in rows]
+
+
+@dataclasses.dataclass
+class Lane:
+  """One run in `train_lanes`: its files and what its summary reports. Everything here but the
+  files is kept in each checkpoint (`meta`), so a resumed lane continues where it stopped."""
+  config: ml_collections.ConfigDict
+  logdir: pathlib.Path
+  dataset: Any            # the run's own training batches (its seed)
+  checkpoints: Checkpoints
+  log: workdir_lib.MetricsLog
+  tb: metrics_lib.TensorBoard | None
+  segments: list          # provenance.json: one entry per start of the run
+  carried: list = dataclasses.field(default_factory=list)  # step metrics since the last row
+  rates: list = dataclasses.field(default_factory=list)    # tokens/s of each logged interval
+  train_time: float = 0.0
+  diverged_at: int | None = None
+  stopped: bool = False   # diverged and logged: no more rows, no more checkpoints
+
+  @classmethod
+  def open(cls, config: ml_collections.ConfigDict, workdir: pathlib.Path, dataset,
+           ckpts: Checkpoints, start: int, meta: dict | None) -> "Lane":
+    """The run of `config` in `workdir`, resuming at `start` with the restored checkpoint's
+    `meta` (None for a fresh run)."""
+    meta = meta or {}
+    path = workdir_lib.logdir(workdir)
+    segments = workdir_lib.append_segment(path, workdir_lib.segment(config, start))
+    return cls(config, path, dataset, ckpts,
+               workdir_lib.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
+               metrics_lib.TensorBoard(path / "tb", purge_step=start)
+               if config.metrics.tensorboard else None,
+               segments, _device_rows(meta.get("pending", [])), list(meta.get("rates", [])),
+               meta.get("train_time", 0.0))
+
+  def write(self, row: dict) -> None:
+    row = metrics_lib.jsonable(row)
+    self.log.write(row)
+    if self.tb:
+      self.tb.write(row)
+
+  def save(self, step: int, state, pending: list[dict]) -> None:
+    """Checkpoints `state` with the lane: its rows, the step metrics not yet in a row, rates."""
+    self.checkpoints.save(step, state, {"rows": self.log.rows, "pending": _host_rows(pending),
+                                        "rates": self.rates, "train_time": self.train_time})
+
+  def close(self) -> None:
+    try:
+      self.checkpoints.close()  # Waits for the checkpoint being written (and raises its error).
+    finally:
+      if self.tb:
+        self.tb.close()
+
+  def finish(self, counts: dict, vocab_size: int, wall_time: float, runs: int) -> dict:
+    """Writes summary.json (with `vectorized_runs` when `runs` > 1) and returns it."""
+    steady = self.rates[1:] or self.rates  # Steady state: the first interval includes compilation.
+    verdict = metrics_lib.verdict_for(self.log.rows, self.config,
+                                      tasks.get(self.config).chance_loss(self.config, vocab_size))
+    steps = self.config.train.steps
+    summary = metrics_lib.jsonable({
+        "status": verdict["status"],
+        "status_reasons": verdict["reasons"],
+        "diverged_at": self.diverged_at if self.diverged_at is not None else verdict["diverged_at"],
+        "spike_steps": verdict["spike_steps"],
+        "steps": steps,
+        "last_step": self.log.rows[-1]["step"],
+        **metrics_lib.summarize(self.log.rows, steps),
+        "wall_time_sec": wall_time,
+        "train_time_sec": self.train_time,
+        "tokens_per_sec": float(np.median(steady)) if steady else None,
+        "params": counts["total"],
+        "params_non_embedding": counts["non_embedding"],
+        "vocab_size": vocab_size,
+        **({"vectorized_runs": runs} if runs > 1 else {}),
+    })
+    summary["provenance"] = self.segments
+    workdir_lib.write_json(self.logdir / "summary.json", summary)
+    return summary
+
+
+def train_lanes(program: steps.Program, lanes: list[Lane], state, start: int,
+                vocab_size: int) -> list[dict]:
+  """Trains `lanes` (run r of `program` is `lanes[r]`) from step `start` (all at the same step,
+  with the same schedule) and writes and returns their summaries, in order."""
+  config = lanes[0].config
+  t, m = config.train, config.metrics
+  plan = program.plan
+  counts = models.count_params(program.run_part(state.params, 0))
+  val_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches()]  # Placed once.
+  # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.
+  sharpness_batch = (plan.shard_batch(dataclasses.replace(lanes[0].dataset, seed=0).train_batch(0))
+                     if m.sharpness_every else None)
+  tokens_per_step = t.batch_size * config.data.seq_len
+
+  def evaluate(params) -> list[dict]:
+    """Every lane's `evaluate_metrics`, from one pass over the validation set."""
+    outs = jax.device_get([program.eval_step(params, b) for b in val_batches])
+    return [steps.pool_eval([program.run_part(o, r) for o in outs]) for r in range(len(lanes))]
+
+  def sharpness(params):
+    return jax.device_get(program.sharpness(params, sharpness_batch))
+
+  if start == 0:
+    evals = evaluate(state.params)
+    sharp = sharpness(state.params) if m.sharpness_every else None
+    for r, lane in enumerate(lanes):
+      row = {"step": 0, **evals[r]}
+      if sharp is not None:
+        row["sharpness"] = float(program.run_part(sharp, r))
+      lane.write(row)
+  print(start_line(lanes, counts, start), flush=True)
+
+  stop = StopRequest()
+  prefetch = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+  # The next batch is built and sent to the devices (this host's rows only) while a step runs.
+  fetch = lambda k: prefetch.submit(
+      lambda: program.put_batches([lane.dataset.train_batch(k) for lane in lanes]))
+  bar = tqdm.tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True,
+                  disable=not t.progress or len(lanes) > 1)  # A bar for a single run.
+  pending = []
+  stopped_at = None  # the step a signal stopped the loop at
+  t0 = wall0 = time.perf_counter()
+  next_batch = fetch(start)
+  try:
+    for step in range(start, t.steps):
+      batch = next_batch.result()
+      if step + 1 < t.steps:
+        next_batch = fetch(step + 1)
+      state, metrics = program.train_step(state, batch)
+      if plan.sync_each_step:  # simulated CPU devices: see parallel.Plan.sync_each_step
+        jax.block_until_ready(metrics)
+      pending.append(metrics)
+      done = step + 1
+      is_last = done == t.steps
+      evaluate_now = done % t.eval_every == 0 or is_last
+      sharpness_now = bool(m.sharpness_every) and done % m.sharpness_every == 0
+      save_now = done % t.checkpoint_every == 0 or is_last or stop.signum
+      log_now = done % t.log_every == 0 or evaluate_now or sharpness_now
+      if not (log_now or save_now):
+        continue
+      fetched = jax.device_get(pending)  # The loop's only host sync: log and save steps.
+      elapsed = time.perf_counter() - t0
+      since_row, logged = {}, {}  # lane -> its step metrics since its last row; those to log now
+      for r, lane in enumerate(lanes):
+        if lane.stopped:
+          continue
+        rows = since_row[r] = lane.carried + [program.run_part(x, r) for x in fetched]
+        bad = metrics_lib.first_nonfinite(rows)
+        if bad is not None:  # Log the rows up to the first bad step, then stop.
+          lane.diverged_at, logged[r] = done - len(rows) + bad + 1, rows[:bad + 1]
+        elif log_now:
+          logged[r] = rows
+      healthy = any(lanes[r].diverged_at is None for r in logged)
+      evals = evaluate(state.params) if evaluate_now and healthy else None
+      sharp = sharpness(state.params) if sharpness_now and healthy else None
+      for r, rows in logged.items():
+        lane = lanes[r]
+        lane.train_time += elapsed
+        # Each run's rate as it experiences it: its tokens over the loop's wall time.
+        lane.rates.append(len(fetched) * tokens_per_step / elapsed)
+        row = {"step": lane.diverged_at or done, **{k: float(v) for k, v in rows[-1].items()},
+               "train_loss": float(np.mean([x["train_loss"] for x in rows])),
+               "tokens_per_sec": lane.rates[-1]}
+        if evaluate_now and lane.diverged_at is None:
+          row.update(evals[r])
+          if not metrics_lib.finite(row["val_loss"]):
+            lane.diverged_at = done
+        if sharpness_now and lane.diverged_at is None:
+          row["sharpness"] = float(program.run_part(sharp, r))
+        lane.write(row)
+        lane.carried = []
+        bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{lane.rates[-1]:,.0f}",
+                        refresh=False)
+        bar.update(len(fetched))
+      if log_now:
+        pending = []
+      for r, lane in enumerate(lanes):
+        if lane.diverged_at is not None:
+          lane.stopped = True  # The last good checkpoint stays the latest one.
+        elif save_now:
+          lane.save(done, program.run_part(state, r), [] if log_now else since_row[r])
+      if all(lane.stopped for lane in lanes):
+        break
+      if stop.signum:
+        stopped_at = done
+        break
+      if not pending:  # Restart the clock after host work (logging, eval, checkpoint).
+        t0 = time.perf_counter()
+  finally:
+    bar.close()
+    prefetch.shutdown(wait=True)
+    stop.restore()
+    with contextlib.ExitStack() as closing:  # Every lane, whatever one of them raises.
+      for lane in lanes:
+        closing.callback(lane.close)
+
+  if stopped_at is not None:
+    saved = {lane.checkpoints.latest_step() for lane in lanes if not lane.stopped}
+    what = (f"checkpoint of step {stopped_at} saved" if saved == {stopped_at}
+            else f"latest checkpoints: {sorted(saved)}")
+    raise Interrupted(f"stopped by signal {stop.signum} after step {stopped_at}; {what}; "
+                      "rerun the same command to resume", stop.signum)
+  wall_time = time.perf_counter() - wall0
+  return [lane.finish(counts, vocab_size, wall_time, len(lanes)) for lane in lanes]
+
+
+def start_line(lanes: list[Lane], counts: dict, start: int) -> str:
+  """What `train_lanes` prints first: the model, its size, the runs and where they start."""
+  c = lanes[0].config
+  model = f"{tasks.name(c)} {c.model.activation}"
+  size = (f"{counts['non_embedding'] / 1e6:.2f}M parameters without the token embedding "
+          f"({counts['total'] / 1e6:.2f}M total)")
+  resuming = f"resuming at step {start}" if start else None
+  if len(lanes) == 1:
+    return f"actlab: {model}, {size}; {resuming or 'fresh run'}"
+  return (f"actlab: {len(lanes)} vectorized runs of {model}, {size}; "
+          f"lr {', '.join(f'{l.config.optim.lr:g}' for l in lanes)}; "
+          f"seeds {', '.join(str(l.config.train.seed) for l in lanes)}; {resuming or 'fresh runs'}")
+
+

@@ -1,0 +1,57 @@
+"""What a run learns. A task owns the model it trains (the trunk with its head), its loss, its
+batches, its chance level and its head's FLOPs; `get(config)` is the task of a config, and no
+module outside this package asks what kind of model or task a config is.
+
+| task        | model                              | a batch                         | loss                                    |
+|-------------|------------------------------------|---------------------------------|-----------------------------------------|
+| `causal_lm` | decoder (GPT), tied LM head        | windows of L+1 tokens           | next-token cross-entropy                |
+| `mlm`       | encoder (BERT), MLM head           | the same windows, as `[CLS] … [SEP]`, masked on the device | cross-entropy at the masked positions |
+| `classify`  | encoder, pooler and classifier     | `{"tokens", "labels"}`          | cross-entropy of the class              |
+
+A task module defines:
+
+- `model(config, vocab_size) -> nn.Module`;
+- `objective(config, vocab_size) -> (model, params, batch, rng, train, stats=False) ->
+  {"loss_sum", "count"}` (sums, so that evaluation pools exactly over batches; `"correct"` too
+  where accuracy applies; with `stats`, `"sown"`: the statistics of `models.apply`);
+- `dataset(config)`: training batches `train_batch(step)` and fixed `val_batches()`;
+- `random_batch(config, vocab_size, seed)`: a batch of the right form for benchmarks;
+- `chance_loss(config, vocab_size)`: the loss of predicting uniformly (ln of the outputs);
+- `head_matmul_params(config, vocab_size)`: the head's matrix entries per token (actlab.flops);
+- `CAUSAL`: it predicts the next token (`actlab.sample` continues text; the PyTorch reference
+  of `actlab.bench` computes the same step).
+
+Adding a task is one module here and one line in `TASKS`.
+"""
+
+from types import ModuleType
+
+import ml_collections
+
+from actlab.tasks import causal_lm, classify, mlm
+
+TASKS = {"causal_lm": causal_lm, "mlm": mlm, "classify": classify}
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError (one line) unless the config names a task and has the fields its model
+  needs (`config.validate` calls this)."""
+  from actlab.config import check
+  m = config.model
+  check(m.kind in ("decoder", "encoder"), f"model.kind={m.kind!r}: choose 'decoder' or 'encoder'")
+  if m.kind == "decoder":
+    check(m.get("task", "lm") == "lm",
+          f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
+  else:
+    mlm.check_encoder(config)
+    check(m.task in ("mlm", "classify"), f"model.task={m.task!r}: choose 'mlm' or 'classify'")
+
+
+def name(config: ml_collections.ConfigDict) -> str:
+  """The task of `config`: the decoder's is `causal_lm`; the encoder's is `model.task`."""
+  m = config.model
+  return "causal_lm" if m.kind == "decoder" else m.task
+
+
+def get(config: ml_collections.ConfigDict) -> ModuleType:
+  return TASKS[name(config)]

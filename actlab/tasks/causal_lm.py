@@ -1,0 +1,49 @@
+"""Causal language modelling with the decoder: next-token cross-entropy over windows of L+1
+tokens (`models.next_token_loss`, beside the model), or its fused variant (`fused_loss`)."""
+
+import math
+
+import numpy as np
+
+from actlab import data, kernels, models
+
+CAUSAL = True
+
+
+def model(config, vocab_size: int):
+  m = config.model
+  return models.Decoder(models.Spec.from_config(m, vocab_size), models.Execution.from_config(m))
+
+
+def fused_loss(model, params, batch_BL1, rng, train: bool, stats: bool = False) -> dict:
+  """`models.next_token_loss` without the [B, L, V] logits in memory: the tied head and the
+  cross-entropy in chunks of positions (actlab.kernels; equal in tests/test_kernels.py)."""
+  inputs_BL, targets_BL = batch_BL1[:, :-1], batch_BL1[:, 1:]
+  h_BLD, sown = models.apply(model, params, inputs_BL, train=train, rngs={"dropout": rng},
+                             stats=stats, method="hidden")
+  out = {"loss_sum": kernels.xent_sum(h_BLD, params["wte"]["embedding"], targets_BL),
+         "count": targets_BL.size}
+  return out if sown is None else {**out, "sown": sown}
+
+
+def objective(config, vocab_size: int):
+  return fused_loss if config.model.loss_impl == "fused" else models.next_token_loss
+
+
+def dataset(config):
+  return data.load(config)
+
+
+def random_batch(config, vocab_size: int, seed: int = 0) -> np.ndarray:
+  rng = np.random.default_rng(seed)
+  shape = (config.train.batch_size, config.data.seq_len + 1)
+  return rng.integers(0, vocab_size, shape).astype(np.int32)
+
+
+def chance_loss(config, vocab_size: int) -> float:
+  return math.log(vocab_size)
+
+
+def head_matmul_params(config, vocab_size: int) -> float:
+  """The tied LM head, V·D at every position."""
+  return models.pad_vocab(config.model.vocab_size or vocab_size) * config.model.d_model

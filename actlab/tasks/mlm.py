@@ -1,0 +1,185 @@
+"""Masked-language-model pretraining of the encoder (BERT): `[CLS] window [SEP]` sequences cut
+from the decoder's windows (one data path for both models), masked on the device from the step's
+key, and cross-entropy at the masked positions only."""
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from actlab import activations, data, models
+from actlab.data import classify as classify_data
+from actlab.data import tokenizer as tokenizers
+
+CAUSAL = False
+
+
+class Specials(NamedTuple):
+  """An encoder tokenizer's special-token ids."""
+  pad: int
+  unk: int
+  cls: int
+  sep: int
+  mask: int
+
+  @property
+  def unmaskable(self) -> tuple[int, ...]:
+    """Ids masking never selects: [PAD], [CLS], [SEP], and [MASK] itself. [UNK] stands for
+    text, so it may be selected (and predicted)."""
+    return (self.pad, self.cls, self.sep, self.mask)
+
+
+ENCODER_FIELDS = ("model.task", "model.pooler_activation", "model.type_vocab_size",
+                  "model.num_classes", "train.init_from", "data.mlm_prob", "data.mlm_mask_frac",
+                  "data.mlm_random_frac", "data.classify")
+
+
+def check_encoder(config) -> None:
+  """The encoder's fields (`config.encoder`), for both its tasks (mlm, classify): a config
+  switches between them by `model.task` alone."""
+  from actlab.config import ConfigError, check, tokenizer_kind
+  m, d = config.model, config.data
+  missing = [f for f in ENCODER_FIELDS if f.split(".")[1] not in config[f.split(".")[0]]]
+  check(not missing, f"model.kind='encoder' needs the encoder's fields ({', '.join(missing)} "
+        "missing): start from configs/bert_<activation>.py (config.encoder)")
+  try:
+    pooler = activations.get(m.pooler_activation)
+  except ValueError as e:
+    raise ConfigError(f"model.pooler_activation: {e}") from None
+  check(not pooler.gated, f"model.pooler_activation={m.pooler_activation!r} is gated; the pooler "
+        "takes a plain activation (tanh, gelu, identity, ...)")
+  check(m.type_vocab_size > 0, f"model.type_vocab_size={m.type_vocab_size} must be positive")
+  check(m.num_classes >= 2, f"model.num_classes={m.num_classes} must be at least 2")
+  check(tokenizer_kind(d.tokenizer) == "wordpiece",
+        f"data.tokenizer={d.tokenizer!r}: the encoder needs [CLS], [SEP], [MASK] and [PAD]; "
+        "use 'wordpiece:<vocab size>'")
+  check(d.seq_len >= 3, f"data.seq_len={d.seq_len}: an encoder sequence needs [CLS], a token "
+        "and [SEP]")
+  # Not yet tested with the encoder: refuse rather than risk a silently different model.
+  check(not m.scan_layers and m.remat == "none",
+        "model.scan_layers / model.remat are implemented for the decoder only so far")
+  check(0.0 < d.mlm_prob < 1.0, f"data.mlm_prob={d.mlm_prob} must be in (0, 1)")
+  check(d.mlm_mask_frac >= 0 and d.mlm_random_frac >= 0
+        and d.mlm_mask_frac + d.mlm_random_frac <= 1.0,
+        f"data.mlm_mask_frac={d.mlm_mask_frac} and data.mlm_random_frac={d.mlm_random_frac} must "
+        "be >= 0 with a sum <= 1")
+  check(d.classify in classify_data.SOURCES,
+        f"data.classify={d.classify!r}: choose one of "
+        + ", ".join(map(repr, classify_data.SOURCES)))
+  check(isinstance(config.train.init_from, str), "train.init_from must be a workdir path or ''")
+
+
+def specials_of(config) -> Specials:
+  """The special-token ids of the config's (WordPiece) tokenizer."""
+  return Specials(**tokenizers.special_ids(config.data.tokenizer))
+
+
+def model(config, vocab_size: int):
+  m = config.model
+  return models.Encoder(models.Spec.from_config(m, vocab_size), head="mlm",
+                        type_vocab_size=m.type_vocab_size,
+                        execution=models.Execution.from_config(m))
+
+
+def encoder_sequences(batch_BL1, specials: Specials):
+  """`[CLS] w₀ … w_{L−3} [SEP]`: BERT sequences of L tokens from the decoder's windows of L+1
+  (the first L−2 tokens of each window; one data path for both models)."""
+  B, L = batch_BL1.shape[0], batch_BL1.shape[1] - 1
+  cls = jnp.full((B, 1), specials.cls, batch_BL1.dtype)
+  sep = jnp.full((B, 1), specials.sep, batch_BL1.dtype)
+  return jnp.concatenate([cls, batch_BL1[:, :L - 2], sep], axis=1)
+
+
+def max_predictions(seq_len: int, prob: float) -> int:
+  """P, the static number of prediction slots per sequence: ⌈prob·L⌉ (BERT: 20 for L = 128)."""
+  return max(1, math.ceil(prob * seq_len))
+
+
+def mask_tokens(key, tokens_BL, specials: Specials, vocab_size: int, prob: float = 0.15,
+                mask_frac: float = 0.8, random_frac: float = 0.1):
+  """BERT's masking, on the device: returns (inputs_BL, positions_BP, targets_BP, weights_BP).
+
+  Of each sequence's n maskable positions (not [PAD], [CLS], [SEP], [MASK]) exactly
+  k = max(1, round(prob·n)) are selected, a uniformly random subset (BERT's
+  create_pretraining_data; k ≤ P = `max_predictions`). Each selected position independently
+  becomes [MASK] with probability `mask_frac`, a uniformly random ordinary (non-special) token
+  with probability `random_frac`, and stays unchanged otherwise. `positions_BP` lists the
+  selected positions (P slots, `weights_BP` False on unused slots), `targets_BP` their original
+  tokens.
+  """
+  B, L = tokens_BL.shape
+  P = max_predictions(L, prob)
+  select_key, how_key, random_key = jax.random.split(key, 3)
+  maskable_BL = ~jnp.isin(tokens_BL, jnp.asarray(specials.unmaskable))
+  # Maskable positions score in [0, 1), the others −1: the top k scores are a uniform k-subset.
+  scores_BL = jnp.where(maskable_BL, jax.random.uniform(select_key, (B, L)), -1.0)
+  top_BP, positions_BP = jax.lax.top_k(scores_BL, P)
+  n_B = maskable_BL.sum(axis=1)
+  k_B = jnp.minimum(jnp.maximum(1, jnp.round(prob * n_B)), n_B).astype(jnp.int32)
+  weights_BP = (jnp.arange(P)[None] < k_B[:, None]) & (top_BP >= 0)
+  targets_BP = jnp.take_along_axis(tokens_BL, positions_BP, axis=1)
+
+  ordinary = np.setdiff1d(np.arange(vocab_size), specials).astype(np.int32)
+  random_BP = jnp.asarray(ordinary)[jax.random.randint(random_key, (B, P), 0, len(ordinary))]
+  u_BP = jax.random.uniform(how_key, (B, P))
+  new_BP = jnp.where(u_BP < mask_frac, specials.mask,
+                     jnp.where(u_BP < mask_frac + random_frac, random_BP, targets_BP))
+  new_BP = jnp.where(weights_BP, new_BP, targets_BP).astype(tokens_BL.dtype)
+  inputs_BL = tokens_BL.at[jnp.arange(B)[:, None], positions_BP].set(new_BP)
+  return inputs_BL, positions_BP, targets_BP, weights_BP
+
+
+def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
+         specials: Specials, vocab_size: int, prob: float = 0.15, mask_frac: float = 0.8,
+         random_frac: float = 0.1) -> dict:
+  """MLM cross-entropy (nats) and accuracy over the selected positions only.
+
+  The mask comes from `rng` (the step's key in training, a fixed key in evaluation, so
+  `val_loss` uses the same mask at every evaluation); dropout gets an independent key.
+  """
+  tokens_BL = encoder_sequences(batch_BL1, specials)
+  mask_key, dropout_key = jax.random.split(rng)
+  inputs_BL, positions_BP, targets_BP, weights_BP = mask_tokens(
+      mask_key, tokens_BL, specials, vocab_size, prob, mask_frac, random_frac)
+  logits_BPV, sown = models.apply(model, params, inputs_BL, inputs_BL != specials.pad,
+                                  masked_positions_BP=positions_BP, train=train,
+                                  rngs={"dropout": dropout_key}, stats=stats)
+  losses_BP = optax.softmax_cross_entropy_with_integer_labels(logits_BPV, targets_BP)
+  correct_BP = (logits_BPV.argmax(-1) == targets_BP) & weights_BP
+  out = {"loss_sum": jnp.sum(losses_BP * weights_BP), "count": weights_BP.sum(),
+         "correct": correct_BP.sum()}
+  return out if sown is None else {**out, "sown": sown}
+
+
+def objective(config, vocab_size: int):
+  d = config.data
+  return functools.partial(loss, specials=specials_of(config), vocab_size=vocab_size,
+                           prob=d.mlm_prob, mask_frac=d.mlm_mask_frac,
+                           random_frac=d.mlm_random_frac)
+
+
+def dataset(config):
+  return data.load(config)
+
+
+def random_batch(config, vocab_size: int, seed: int = 0) -> np.ndarray:
+  """Windows of random ordinary tokens (the special ids 0–4 excluded)."""
+  rng = np.random.default_rng(seed)
+  shape = (config.train.batch_size, config.data.seq_len + 1)
+  return rng.integers(len(Specials._fields), vocab_size, shape).astype(np.int32)
+
+
+def chance_loss(config, vocab_size: int) -> float:
+  return math.log(vocab_size)
+
+
+def head_matmul_params(config, vocab_size: int) -> float:
+  """The MLM head (dense D·D, then the tied V·D projection) at the P masked positions of each
+  sequence of L tokens: P/L of it per token."""
+  m, L = config.model, config.data.seq_len
+  V = models.pad_vocab(m.vocab_size or vocab_size)
+  return (m.d_model * m.d_model + V * m.d_model) * max_predictions(L, config.data.mlm_prob) / L
