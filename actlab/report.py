@@ -66,22 +66,12 @@ class Run:
     return v if finite(v) else None
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[prefix + k] = v
-  return out
-
-
 def load(root) -> tuple[dict, list[Run]]:
   """The sweep manifest (or one inferred from the cell configs) and every cell's Run."""
   root = pathlib.Path(root)
   manifest = workdir.read_json(root / "sweep.json")
   if manifest is None:
-    configs = {p.parent.name: _flat(c) for p in sorted(root.glob("*/config.json"))
+    configs = {p.parent.name: workdir.dotted(c) for p in sorted(root.glob("*/config.json"))
                if (c := workdir.read_json(p)) is not None}
     if not configs:
       what = "does not exist" if not root.exists() else "has no sweep.json and no */config.json"

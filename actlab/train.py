@@ -45,19 +45,22 @@ def init_from_config(config: ml_collections.ConfigDict) -> ml_collections.Config
   if diffs:
     raise WorkdirError(f"train.init_from={str(source)!r} is a different model or tokenizer: "
                        + "; ".join(diffs))
-  old_config = ml_collections.ConfigDict(old)
-  if Checkpoints(source / "checkpoints", 1, read_only=True).latest_step() is None:
-    raise WorkdirError(f"train.init_from={str(source)!r} has no checkpoint yet")
-  return old_config
+  checkpoints = Checkpoints(source / "checkpoints", 1, read_only=True)
+  try:
+    if checkpoints.latest_step() is None:
+      raise WorkdirError(f"train.init_from={str(source)!r} has no checkpoint yet")
+  finally:
+    checkpoints.close()
+  return ml_collections.ConfigDict(old)
 
 
-def pretrained_params(config: ml_collections.ConfigDict, params, vocab_size: int):
+def pretrained_params(config: ml_collections.ConfigDict, old_config: ml_collections.ConfigDict,
+                      params, vocab_size: int):
   """`params` with every parameter that the latest intact checkpoint of the workdir
-  `train.init_from` has under the same path and shape (for an MLM → classification run: the
-  embeddings and blocks; the pooler and classifier keep their fresh initialisation, the MLM head
-  is dropped)."""
+  `train.init_from` (whose config is `old_config`, from `init_from_config`) has under the same
+  path and shape (for an MLM → classification run: the embeddings and blocks; the pooler and
+  classifier keep their fresh initialisation, the MLM head is dropped)."""
   source = pathlib.Path(config.train.init_from)
-  old_config = init_from_config(config)
   checkpoints = Checkpoints(source / "checkpoints", 1, read_only=True)
   try:
     like = jax.eval_shape(steps.Steps.create(old_config, vocab_size).init, 0, old_config.optim.lr)
@@ -116,9 +119,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
   dataset = tasks.get(c0).dataset(c0)
   vocab_size = dataset.tokenizer.vocab_size
   program = steps.program(c0, vocab_size, len(configs), cache)  # Checks the devices.
-  fine_tune = bool(c0.train.get("init_from"))
-  if fine_tune:
-    init_from_config(c0)
+  source_config = init_from_config(c0) if c0.train.get("init_from") else None
   with contextlib.ExitStack() as held:
     for w in workdirs:
       held.enter_context(workdir_lib.Lock(logdir(w)))
@@ -133,7 +134,8 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
     state = program.start(configs)
     checkpoints = [open_checkpoints(c, w) for c, w in zip(configs, workdirs)]
     try:
-      restored = [ck.restore_latest(program.run_like()) for ck in checkpoints]
+      like = program.run_like()
+      restored = [ck.restore_latest(like) for ck in checkpoints]
     except BaseException:
       _close(checkpoints)
       raise
@@ -144,8 +146,9 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
     (start,) = starts
     if start:
       state = program.stack([r[1] for r in restored], like=state)
-    elif fine_tune:  # The trunk from another run (e.g. MLM).
-      state = state.replace(params=pretrained_params(c0, state.params, vocab_size))
+    elif source_config:  # The trunk from another run (e.g. MLM).
+      state = state.replace(params=pretrained_params(c0, source_config, state.params,
+                                                     vocab_size))
     lanes = [loop.Lane.open(c, w, dataclasses.replace(dataset, seed=int(c.train.seed)), ck,
                             start, r[2] if r else None)
              for c, w, ck, r in zip(configs, workdirs, checkpoints, restored)]

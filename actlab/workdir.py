@@ -246,7 +246,7 @@ def segment(config: ml_collections.ConfigDict, start_step: int) -> dict:
       "device_kind": devices[0].device_kind, "device_count": len(devices),
       "process_count": jax.process_count(), "host": socket.gethostname(),
       "command": [sys.executable, *sys.argv],
-      "runtime": {k: v for k, v in _flat(json.loads(config.to_json())).items()
+      "runtime": {k: v for k, v in dotted(json.loads(config.to_json())).items()
                   if k.startswith(RUNTIME_FIELDS)},
   }
 
@@ -260,10 +260,11 @@ def append_segment(logdir_: pathlib.Path, seg: dict) -> list[dict]:
   return segments
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
+def dotted(d: dict, prefix: str = "") -> dict:
+  """A nested config dict as {"section.field": value}."""
   out = {}
   for k, v in d.items():
-    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    out.update(dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
   return out
 
 
@@ -277,7 +278,7 @@ def read_rows(path: pathlib.Path) -> tuple[list[dict], int]:
   except OSError:
     return [], 0
   rows, bad = [], 0
-  for line in lines:
+  for line in filter(str.strip, lines):
     try:
       row = json.loads(line)
     except ValueError:
@@ -285,7 +286,7 @@ def read_rows(path: pathlib.Path) -> tuple[list[dict], int]:
       continue
     if isinstance(row, dict) and isinstance(row.get("step"), int):
       rows.append(row)
-    elif line.strip():
+    else:
       bad += 1
   return rows, bad
 

@@ -166,7 +166,7 @@ def test_classification_trains_above_chance_and_fine_tunes_from_mlm(pretrained, 
   # The trunk starts from the MLM checkpoint; the pooler and classifier are new.
   vocab = summary["vocab_size"]
   fresh = steps.program(c, vocab, cache=cache).init(c.train.seed, c.optim.lr).params
-  params = train.pretrained_params(c, fresh, vocab)
+  params = train.pretrained_params(c, train.init_from_config(c), fresh, vocab)
   mlm = train.Checkpoints(mlm_dir / "checkpoints", 3)
   like = jax.eval_shape(steps.Steps.create(tiny_encoder(), vocab).init, 0, 1e-3)
   restored = mlm.restore(60, like)[0].params
@@ -180,7 +180,6 @@ def test_classification_trains_above_chance_and_fine_tunes_from_mlm(pretrained, 
   # A different trunk cannot be the starting point; nor can a workdir without a run.
   bad = classify_config(**{"train.init_from": str(mlm_dir), "model.d_model": 64})
   with pytest.raises(train.WorkdirError, match="model.d_model"):
-    train.pretrained_params(bad, fresh, vocab)
+    train.init_from_config(bad)
   with pytest.raises(train.WorkdirError, match="no run"):
-    train.pretrained_params(classify_config(**{"train.init_from": str(tmp_path / "x")}),
-                            fresh, vocab)
+    train.init_from_config(classify_config(**{"train.init_from": str(tmp_path / "x")}))
