@@ -1,6 +1,8 @@
 """How the model executes, not what it computes: scan over layers, remat, bfloat16 compute and
-the attention implementation (`Execution` in actlab/models/transformer.py) all give the same
+the attention implementation (`Execution`, actlab/models/execution.py) all give the same
 function."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -8,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import steps
-from actlab.models import transformer
+from actlab import evaluators, steps
+from actlab.models import execution, transformer
 
 
 def relative_error(a, b):
@@ -98,8 +100,9 @@ def test_scanned_model_sows_statistics_per_layer(tiny_config):
     params = jax.jit(step_fns.init)(0).params
     if scan:
       params = to_scan(out[False][1], c.model.num_layers)
-    stats = jax.jit(lambda p, b: step_fns.eval_step(p, b, stats=True))(params, batch)
-    out[scan] = (steps.pool_eval([jax.device_get(stats)]), params)
+    evals = evaluators.Evaluators.create(c)
+    stats = jax.jit(functools.partial(evals.validation_step, step_fns))(params, batch)
+    out[scan] = (evals.pool([jax.device_get(stats)]), params)
   assert set(out[False][0]) == set(out[True][0])
   for k, v in out[False][0].items():
     assert abs(v - out[True][0][k]) <= 1e-5 * max(1.0, abs(v)), k
@@ -126,22 +129,24 @@ def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tiny_config):
 
 
 def test_attention_auto_picks_cudnn_only_where_it_applies(monkeypatch):
-  assert transformer.attention_impl("auto", jnp.bfloat16, 64) == "xla"  # CPU
-  assert transformer.attention_impl("cudnn", jnp.float32, 64) == "cudnn"  # explicit wins
+  assert execution.attention_impl("auto", jnp.bfloat16, 64) == "xla"  # CPU
+  assert execution.attention_impl("cudnn", jnp.float32, 64) == "cudnn"  # explicit wins
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert transformer.attention_impl("auto", jnp.bfloat16, 64) == "cudnn"
-  assert transformer.attention_impl("auto", jnp.float16, 128) == "cudnn"
-  assert transformer.attention_impl("auto", jnp.float32, 64) == "xla"
-  assert transformer.attention_impl("auto", jnp.bfloat16, 256) == "xla"
-  assert transformer.attention_impl("auto", jnp.bfloat16, 60) == "xla"
+  assert execution.attention_impl("auto", jnp.bfloat16, 64) == "cudnn"
+  assert execution.attention_impl("auto", jnp.float16, 128) == "cudnn"
+  assert execution.attention_impl("auto", jnp.float32, 64) == "xla"
+  assert execution.attention_impl("auto", jnp.bfloat16, 256) == "xla"
+  assert execution.attention_impl("auto", jnp.bfloat16, 60) == "xla"
 
 
 def test_attention_auto_falls_back_to_xla_when_cudnn_refuses(monkeypatch):
   """On this CPU a forced "cudnn" choice fails at trace time; "auto" must then use XLA."""
   r = np.random.default_rng(4)
   q, k, v = (jnp.asarray(r.normal(size=(2, 2, 8, 16)), jnp.bfloat16) for _ in range(3))
-  ref = transformer.attend(q, k, v, None, causal=True, impl="xla")
-  monkeypatch.setattr(transformer, "attention_impl", lambda *a: "cudnn")
+  attend = functools.partial(execution.attend, transformer.xla_attention, q, k, v, None,
+                             causal=True)
+  ref = attend(impl="xla")
+  monkeypatch.setattr(execution, "attention_impl", lambda *a: "cudnn")
   with pytest.raises(Exception):
-    transformer.attend(q, k, v, None, causal=True, impl="cudnn")
-  assert jnp.array_equal(transformer.attend(q, k, v, None, causal=True, impl="auto"), ref)
+    attend(impl="cudnn")
+  assert jnp.array_equal(attend(impl="auto"), ref)

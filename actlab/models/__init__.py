@@ -1,12 +1,15 @@
-"""The models (built by the tasks: actlab/tasks/), read top-down in transformer.py; the encoder's
-BERT names in hf.py; parameter counting."""
+"""The models (built by the tasks: actlab/tasks/): the decoder read top-down in transformer.py,
+how it runs in execution.py, the BERT encoder in encoder.py and its parameter names in hf.py;
+parameter counting here."""
 
 import jax
 import numpy as np
 
 from actlab import activations
 from actlab.models import hf
-from actlab.models.transformer import (AttentionStats, Decoder, Encoder, Execution, FFNStats, Spec,
+from actlab.models.encoder import Encoder
+from actlab.models.execution import Execution
+from actlab.models.transformer import (AttentionStats, Decoder, FFNStats, Spec,
                                        apply, ffn_width, next_token_loss, pad_vocab)
 
 __all__ = ["AttentionStats", "Decoder", "Encoder", "Execution", "FFNStats", "Spec", "apply",

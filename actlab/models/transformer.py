@@ -1,7 +1,7 @@
-"""The transformer, top-down: what it is (`Spec`) and how it runs (`Execution`); the feed-forward
-network, attention, the block, the stack of blocks; the GPT-style `Decoder` and the BERT-style
-`Encoder`; the decoder's plain loss (the encoder's are its tasks': actlab/tasks/; BERT's
-parameter names: models/hf.py).
+"""The transformer, top-down: what it is (`Spec`); the feed-forward network, attention, the
+block, the stack of blocks; the GPT-style `Decoder` and its plain loss. How it runs (dtype,
+attention implementation, scan, remat) is `Execution`, apart in execution.py; the BERT-style
+encoder is built from these blocks in encoder.py (its losses are its tasks': actlab/tasks/).
 
 Shape suffixes: B batch, L sequence (T: the keys' positions), D d_model, H heads, K head dim,
 F FFN hidden width, V vocabulary, P masked positions, C classes.
@@ -23,6 +23,7 @@ import ml_collections
 import optax
 
 from actlab import activations
+from actlab.models.execution import Execution, attend, config_fields, transformed_stack
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,34 +43,11 @@ class Spec:
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "Spec":
-    return cls(**{**_fields(cls, model), "vocab_size": pad_vocab(model.vocab_size or vocab_size)})
+    return cls(**{**config_fields(cls, model), "vocab_size": pad_vocab(model.vocab_size or vocab_size)})
 
   @property
   def ffn_width(self) -> int:
     return ffn_width(self.activation, self.d_ff, self.gated_match_params)
-
-
-@dataclasses.dataclass(frozen=True)
-class Execution:
-  """How the model runs, not what it computes (the same function up to rounding). The decoder's
-  loss implementation (`model.loss_impl`) is its task's choice: tasks/causal_lm.py."""
-  dtype: str = "float32"        # compute dtype; parameters stay float32
-  attention_impl: str = "xla"   # "xla", "cudnn" or "auto" (`attention_impl`)
-  scan_layers: bool = False     # one nn.scan over the blocks (`stack`)
-  remat: str = "none"           # recompute in the backward pass: "none", "full", "dots"
-
-  @classmethod
-  def from_config(cls, model: ml_collections.ConfigDict) -> "Execution":
-    return cls(**_fields(cls, model))
-
-  @property
-  def compute_dtype(self) -> jnp.dtype:
-    return jnp.dtype(self.dtype)
-
-
-def _fields(cls, model: ml_collections.ConfigDict) -> dict:
-  names = {f.name for f in dataclasses.fields(cls)}
-  return {k: v for k, v in model.to_dict().items() if k in names}
 
 
 def ffn_width(activation: str, d_ff: int, gated_match_params: bool = True) -> int:
@@ -185,35 +163,6 @@ def xla_attention(q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool):
   return jnp.einsum("bhlt,bhtk->bhlk", probs_BHLT.astype(v_BHTK.dtype), v_BHTK)
 
 
-def attention_impl(requested: str, dtype, head_dim: int) -> str:
-  """"auto" takes cuDNN flash attention on an NVIDIA GPU where it applies (bfloat16/float16,
-  head dim a multiple of 8 up to 128) and XLA's otherwise (float32, CPU, TPU)."""
-  if requested != "auto":
-    return requested
-  ok = (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-        and head_dim % 8 == 0 and head_dim <= 128)
-  return "cudnn" if ok else "xla"
-
-
-def attend(q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool, impl: str = "xla"):
-  """Attention with `Execution.attention_impl`: "xla" is `xla_attention`; "cudnn" is
-  `jax.nn.dot_product_attention`'s cuDNN flash attention (sequence-major inputs); "auto" falls
-  back to XLA when cuDNN refuses the call (it checks shapes, masks and the GPU at trace time)."""
-  xla = functools.partial(xla_attention, q_BHLK, k_BHTK, v_BHTK, mask, causal=causal)
-  if attention_impl(impl, q_BHLK.dtype, q_BHLK.shape[-1]) == "xla":
-    return xla()
-  to_BLHK = lambda x: x.transpose(0, 2, 1, 3)
-  cudnn = lambda: to_BLHK(jax.nn.dot_product_attention(
-      to_BLHK(q_BHLK), to_BLHK(k_BHTK), to_BLHK(v_BHTK), mask=mask, is_causal=causal,
-      implementation="cudnn"))
-  if impl == "auto":
-    try:
-      return cudnn()
-    except Exception:  # noqa: BLE001 -- any refusal means: not this shape/GPU; use XLA.
-      return xla()
-  return cudnn()
-
-
 class HeadsDense(nn.Module):
   """`nn.Dense(d_model)` (the same kernel [D, D], bias [D] and initialisation) whose matmul
   splits its output into heads (`split=True`: x_BLD → y_BHLK) or merges its input from them
@@ -253,7 +202,8 @@ class Attention(nn.Module):
     if decode:
       k_BHLK, v_BHLK, mask = self.extend_cache(k_BHLK, v_BHLK)
       causal = False  # the cache mask already hides the future
-    out_BHLK = attend(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal, impl=ex.attention_impl)
+    out_BHLK = attend(xla_attention, q_BHLK, k_BHLK, v_BHLK, mask, causal=causal,
+                      impl=ex.attention_impl)
     if self.is_mutable_collection("stats"):  # one more q·k product: only when asked for
       stats = AttentionStats(logit_max(q_BHLK, k_BHLK, mask, causal=causal), self.layer)
       self.sow("stats", "attention", stats)
@@ -305,16 +255,17 @@ class Block(nn.Module):
 def stack(spec: Spec, ex: Execution, x_BLD, mask_BL=None, *, causal: bool, train: bool = False,
           decode: bool = False):
   """The `num_layers` blocks, created in the calling module's compact method: `block_0` …
-  `block_{n-1}`, or what `scan_layers` / `remat` make of them (`transformed_stack`)."""
+  `block_{n-1}`, or what `scan_layers` / `remat` make of them (execution.transformed_stack)."""
   if ex.scan_layers or ex.remat != "none":
-    return transformed_stack(spec, ex, x_BLD, mask_BL, causal=causal, train=train, decode=decode)
+    return transformed_stack(BlockCall, spec, ex, x_BLD, mask_BL, causal=causal, train=train,
+                             decode=decode)
   for i in range(spec.num_layers):
     block = Block(spec, causal=causal, execution=ex, layer=i, name=f"block_{i}")
     x_BLD = block(x_BLD, mask_BL, train=train, decode=decode)
   return x_BLD
 
 
-class _BlockCall(Block):
+class BlockCall(Block):
   """A Block called as `(x, mask)` with `train`/`decode` as attributes, the form `nn.scan` and
   `nn.remat` need (their arguments are traced; these flags must stay Python values). A subclass:
   its parameter names are a Block's."""
@@ -327,37 +278,7 @@ class _BlockCall(Block):
     return (y_BLD, None) if self.scanned else y_BLD
 
 
-REMAT_POLICIES = {
-    "full": None,  # keep only each block's input; recompute everything else
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
-}
-
-
-def transformed_stack(spec: Spec, ex: Execution, x_BLD, mask_BL=None, *, causal: bool,
-                      train: bool = False, decode: bool = False):
-  """`stack` under `ex.remat` (`nn.remat` around each block: "full" keeps only the block's input
-  for the backward pass, "dots" also its matmul outputs) and/or `ex.scan_layers` (one `nn.scan`
-  over a single traced block: parameters, sown statistics and the decoding cache under `blocks`
-  with a leading layer axis; compile time no longer grows with depth; the same function, but
-  another random initialisation for a given seed, as per-layer keys are split differently)."""
-  cls = _BlockCall
-  if ex.remat != "none":
-    cls = nn.remat(cls, policy=REMAT_POLICIES[ex.remat], prevent_cse=not ex.scan_layers)
-  if not ex.scan_layers:
-    for i in range(spec.num_layers):
-      block = cls(spec, causal=causal, execution=ex, layer=i, train=train, decode=decode,
-                  name=f"block_{i}")
-      x_BLD = block(x_BLD, mask_BL)
-    return x_BLD
-  scanned = nn.scan(cls, variable_axes={"params": 0, "stats": 0, "cache": 0},
-                    split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast,),
-                    length=spec.num_layers)
-  block = scanned(spec, causal=causal, execution=ex, train=train, decode=decode, scanned=True,
-                  name="blocks")
-  return block(x_BLD, mask_BL)[0]
-
-
-# --- Decoder and encoder ------------------------------------------------------------------------
+# --- Decoder ------------------------------------------------------------------------------------
 
 
 def embed(n: int, spec: Spec, ex: Execution, name: str) -> nn.Embed:
@@ -393,75 +314,6 @@ class Decoder(nn.Module):
     x_BLD = nn.Dropout(s.dropout)(x_BLD, deterministic=not train)
     x_BLD = stack(s, ex, x_BLD, causal=True, train=train, decode=decode)
     return layer_norm(s, ex, "ln_f")(x_BLD)
-
-
-HEADS = ("mlm", "classify", "all")
-
-
-class MLMHead(nn.Module):
-  """BERT's `cls.predictions`: dense → activation (the FFN's; its gate's for the GLU family) →
-  LayerNorm → the projection tied to the word embeddings, + bias."""
-  spec: Spec
-  execution: Execution = Execution()
-
-  @nn.compact
-  def __call__(self, x_BPD, embedding_VD):
-    s, ex = self.spec, self.execution
-    h_BPD = dense(s.d_model, ex, name="dense")(x_BPD)
-    h_BPD = layer_norm(s, ex, "ln")(activations.get(s.activation).fn(h_BPD))
-    bias_V = self.param("bias", nn.initializers.zeros, (s.vocab_size,), jnp.float32)
-    return tied_logits(h_BPD, embedding_VD) + bias_V
-
-
-class Encoder(nn.Module):
-  """BERT (Devlin et al. 2019): word (`wte`) + position (`wpe`) + segment (`wtt`) embeddings,
-  LayerNorm (`ln_emb`) and dropout; bidirectional blocks with the padding mask (post-LN as BERT,
-  or pre-LN, which adds a final `ln_f`); then the heads of `head`: "mlm" (`MLMHead`),
-  "classify" (`pooler`: dense over [CLS] → `pooler_activation`; dropout; dense `classifier`), or
-  "all" (both, a dict, to build or count a full checkpoint). Unlike BERT, N(0, 0.02) with GPT-2's
-  residual scaling initialises the layers, and attention probabilities have no dropout."""
-  spec: Spec
-  head: str = "mlm"
-  pooler_activation: str = "tanh"
-  type_vocab_size: int = 2
-  num_classes: int = 2
-  execution: Execution = Execution()
-
-  @nn.compact
-  def __call__(self, tokens_BL, mask_BL=None, segments_BL=None, *,
-               masked_positions_BP=None, train: bool = False):
-    """MLM logits [B, L, V] (float32), class logits [B, C], or both in a dict (`head="all"`).
-
-    `mask_BL` is True at real tokens: attention never reads padding, so padding leaves every
-    real position's output unchanged. `segments_BL` default to 0. With `masked_positions_BP` the
-    MLM head runs at those P positions only (BERT's `masked_lm_positions`): [B, P, V]."""
-    s, ex = self.spec, self.execution
-    if self.head not in HEADS:
-      raise ValueError(f"Encoder.head={self.head!r}: choose one of {HEADS}")
-    L = tokens_BL.shape[1]
-    if segments_BL is None:
-      segments_BL = jnp.zeros_like(tokens_BL)
-    wte = embed(s.vocab_size, s, ex, "wte")
-    x_BLD = (wte(tokens_BL) + embed(s.max_len, s, ex, "wpe")(jnp.arange(L))[None]
-             + embed(self.type_vocab_size, s, ex, "wtt")(segments_BL))
-    x_BLD = layer_norm(s, ex, "ln_emb")(x_BLD)
-    x_BLD = nn.Dropout(s.dropout)(x_BLD, deterministic=not train)
-    x_BLD = stack(s, ex, x_BLD, mask_BL, causal=False, train=train)
-    if s.norm == "pre":
-      x_BLD = layer_norm(s, ex, "ln_f")(x_BLD)
-
-    out = {}
-    if self.head in ("mlm", "all"):
-      h = x_BLD if masked_positions_BP is None else jnp.take_along_axis(
-          x_BLD, masked_positions_BP[..., None], axis=1)
-      out["mlm"] = MLMHead(s, ex, name="mlm")(h, wte.embedding)
-    if self.head in ("classify", "all"):
-      pooled_BD = dense(s.d_model, ex, name="pooler")(x_BLD[:, 0])
-      out["pooled"] = pooled_BD = activations.get(self.pooler_activation).fn(pooled_BD)
-      pooled_BD = nn.Dropout(s.dropout)(pooled_BD, deterministic=not train)
-      out["classify"] = dense(self.num_classes, ex, name="classifier")(pooled_BD).astype(
-          jnp.float32)
-    return out if self.head == "all" else out[self.head]
 
 
 def apply(model: nn.Module, params, *args, stats: bool = False, **kwargs):
