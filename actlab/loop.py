@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from actlab import models, steps, tasks
+from actlab import metrics_log, models, steps, tasks
 from actlab import metrics as metrics_lib
 from actlab import workdir as workdir_lib
 from actlab.checkpoint import Checkpoints
@@ -69,7 +69,7 @@ class Lane:
   logdir: pathlib.Path
   dataset: Any            # the run's own training batches (its seed)
   checkpoints: Checkpoints
-  log: workdir_lib.MetricsLog
+  log: metrics_log.MetricsLog
   tb: metrics_lib.TensorBoard | None
   segments: list          # provenance.json: one entry per start of the run
   carried: list = dataclasses.field(default_factory=list)  # step metrics since the last row
@@ -87,7 +87,7 @@ class Lane:
     path = workdir_lib.logdir(workdir)
     segments = workdir_lib.append_segment(path, workdir_lib.segment(config, start))
     return cls(config, path, dataset, ckpts,
-               workdir_lib.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
+               metrics_log.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
                metrics_lib.TensorBoard(path / "tb", purge_step=start)
                if config.metrics.tensorboard else None,
                segments, _device_rows(meta.get("pending", [])), list(meta.get("rates", [])),
@@ -114,8 +114,10 @@ class Lane:
   def finish(self, counts: dict, vocab_size: int, wall_time: float, runs: int) -> dict:
     """Writes summary.json (with `vectorized_runs` when `runs` > 1) and returns it."""
     steady = self.rates[1:] or self.rates  # Steady state: the first interval includes compilation.
+    task = tasks.get(self.config)
     verdict = metrics_lib.verdict_for(self.log.rows, self.config,
-                                      tasks.get(self.config).chance_loss(self.config, vocab_size))
+                                      task.chance_loss(self.config, vocab_size))
+    unigram = task.unigram_loss(self.dataset)
     steps = self.config.train.steps
     summary = metrics_lib.jsonable({
         "status": verdict["status"],
@@ -131,6 +133,7 @@ class Lane:
         "params": counts["total"],
         "params_non_embedding": counts["non_embedding"],
         "vocab_size": vocab_size,
+        **({"unigram_loss": unigram} if unigram is not None else {}),
         **({"vectorized_runs": runs} if runs > 1 else {}),
     })
     summary["provenance"] = self.segments
@@ -143,26 +146,27 @@ def train_lanes(program: steps.Program, lanes: list[Lane], state, start: int,
   """Trains `lanes` (run r of `program` is `lanes[r]`) from step `start` (all at the same step,
   with the same schedule) and writes and returns their summaries, in order."""
   config = lanes[0].config
-  t, m = config.train, config.metrics
+  t, sharp_ev = config.train, program.evaluators.sharpness
   plan = program.plan
   counts = models.count_params(program.run_part(state.params, 0))
   val_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches()]  # Placed once.
   # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.
   sharpness_batch = (plan.shard_batch(dataclasses.replace(lanes[0].dataset, seed=0).train_batch(0))
-                     if m.sharpness_every else None)
+                     if program.sharpness else None)
   tokens_per_step = t.batch_size * config.data.seq_len
 
   def evaluate(params) -> list[dict]:
-    """Every lane's `evaluate_metrics`, from one pass over the validation set."""
+    """Every lane's validation metrics, from one pass over the validation set."""
     outs = jax.device_get([program.eval_step(params, b) for b in val_batches])
-    return [steps.pool_eval([program.run_part(o, r) for o in outs]) for r in range(len(lanes))]
+    return [program.evaluators.pool([program.run_part(o, r) for o in outs])
+            for r in range(len(lanes))]
 
   def sharpness(params):
     return jax.device_get(program.sharpness(params, sharpness_batch))
 
   if start == 0:
     evals = evaluate(state.params)
-    sharp = sharpness(state.params) if m.sharpness_every else None
+    sharp = sharpness(state.params) if program.sharpness else None
     for r, lane in enumerate(lanes):
       row = {"step": 0, **evals[r]}
       if sharp is not None:
@@ -193,7 +197,7 @@ def train_lanes(program: steps.Program, lanes: list[Lane], state, start: int,
       done = step + 1
       is_last = done == t.steps
       evaluate_now = done % t.eval_every == 0 or is_last
-      sharpness_now = bool(m.sharpness_every) and done % m.sharpness_every == 0
+      sharpness_now = sharp_ev is not None and done % sharp_ev.every == 0
       save_now = done % t.checkpoint_every == 0 or is_last or stop.signum
       log_now = done % t.log_every == 0 or evaluate_now or sharpness_now
       if not (log_now or save_now):

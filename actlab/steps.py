@@ -1,8 +1,9 @@
 """The pure step functions of a config, and their compiled program for R ≥ 1 runs.
 
-`Steps` holds what the steps close over (model, objective, optimizer) and defines them as pure
-functions: `train_step(state, batch) -> (state, metrics)`, `eval_step`, `sharpness`. `Program`
-jits them with explicit shardings (parallel.py) for R runs that differ only in `optim.lr` and
+`Steps` holds what the steps close over (model, objective, optimizer) and defines the pure
+`train_step(state, batch) -> (state, metrics)`. `Program` jits it, and the device steps of the
+config's evaluators (evaluators.py: validation loss, activation statistics, sharpness), with
+explicit shardings (parallel.py) for R runs that differ only in `optim.lr` and
 `train.seed`: both live in the train state, not in the compiled code (`optim.py` keeps the peak
 LR in the optimizer state; the seed makes the initial parameters, the key and the batches). One
 run (R = 1) is the plain jitted step; R > 1 runs are R states stacked on a leading axis and one
@@ -25,7 +26,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from actlab import optim, parallel, tasks
-from actlab import metrics as metrics_lib
+from actlab import evaluators as evaluators_lib
 from actlab import workdir
 from actlab.errors import UserError
 
@@ -86,24 +87,6 @@ class Steps:
     }
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-  def eval_step(self, params, batch, stats: bool = False) -> dict:
-    """Loss sums over one validation batch (deterministic: no dropout). With `stats`, the model
-    runs with its "stats" collection mutable and `out["stats"]` holds the batch's activation
-    statistic sums (`metrics.batch_sums` of the typed values the blocks sowed)."""
-    out = self.objective(self.model, params, batch, jax.random.PRNGKey(0), train=False,
-                         stats=stats)
-    if stats:
-      out["stats"] = metrics_lib.batch_sums(out.pop("sown"))
-    return out
-
-  def sharpness(self, params, batch) -> jax.Array:
-    """Top Hessian eigenvalue of the training loss on `batch`, without dropout (metrics.py)."""
-    def loss_fn(p):
-      out = self.objective(self.model, p, batch, jax.random.PRNGKey(0), train=False)
-      return out["loss_sum"] / out["count"]
-    return metrics_lib.top_hessian_eigenvalue(loss_fn, params, jax.random.PRNGKey(1),
-                                              self.config.metrics.sharpness_iters)
-
 
 @dataclasses.dataclass(frozen=True)
 class Program:
@@ -116,8 +99,9 @@ class Program:
   runs: int
   init: Callable        # (seeds, peak_lrs) -> TrainState: scalars, or [R] arrays for R > 1
   train_step: Callable  # (state, batch) -> (state, metrics); donates the state
-  eval_step: Callable   # (params, batch) -> loss sums (+ "stats" if metrics.act_stats)
-  sharpness: Callable   # (params, batch) -> top Hessian eigenvalue(s)
+  evaluators: evaluators_lib.Evaluators
+  eval_step: Callable   # (params, batch) -> the validation evaluators' device values
+  sharpness: Callable | None  # (params, batch) -> top Hessian eigenvalue(s); None when off
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
@@ -125,7 +109,9 @@ class Program:
     steps = Steps.create(config, vocab_size)
     plan = plan or parallel.plan(config)
     one_run = plan.state_shardings(jax.eval_shape(steps.init, 0, 1.0))
-    eval_step = functools.partial(steps.eval_step, stats=config.metrics.act_stats)
+    evaluators = evaluators_lib.Evaluators.create(config)
+    eval_step = functools.partial(evaluators.validation_step, steps)
+    sharpness = evaluators.sharpness and functools.partial(evaluators.sharpness, steps)
     shared_batch = plan.batch_sharding(1)  # A prefix: every array of a batch, split on axis 0.
     if runs == 1:
       state, batch = one_run, shared_batch
@@ -135,13 +121,15 @@ class Program:
       batch = plan.batch_sharding(2, stacked=True)
       init, train_step = jax.vmap(steps.init), jax.vmap(steps.train_step)
       eval_step = jax.vmap(eval_step, in_axes=(0, None))
-    sharpness = steps.sharpness if runs == 1 else jax.vmap(steps.sharpness, in_axes=(0, None))
+      sharpness = sharpness and jax.vmap(sharpness, in_axes=(0, None))
     return cls(steps, plan, runs,
-               jax.jit(init, out_shardings=state),
-               jax.jit(train_step, donate_argnums=0, in_shardings=(state, batch),
-                       out_shardings=(state, plan.replicated)),
-               jax.jit(eval_step, in_shardings=(state.params, shared_batch)),
-               jax.jit(sharpness, in_shardings=(state.params, shared_batch)))
+               init=jax.jit(init, out_shardings=state),
+               train_step=jax.jit(train_step, donate_argnums=0, in_shardings=(state, batch),
+                                  out_shardings=(state, plan.replicated)),
+               evaluators=evaluators,
+               eval_step=jax.jit(eval_step, in_shardings=(state.params, shared_batch)),
+               sharpness=sharpness and jax.jit(sharpness,
+                                               in_shardings=(state.params, shared_batch)))
 
   def start(self, configs: Sequence[ml_collections.ConfigDict]) -> TrainState:
     """The initial state of the runs of `configs` (their seeds and peak LRs)."""
@@ -204,16 +192,3 @@ def program(config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
   if key not in cache:
     cache[key] = Program.create(config, vocab_size, runs)
   return cache[key]
-
-
-def pool_eval(outs: list[dict]) -> dict[str, float]:
-  """`val_loss` pooled over the `eval_step` outputs of every validation batch (on the host),
-  `val_accuracy` when the objective counts `correct` predictions (MLM, classification), and the
-  activation statistics (`metrics.pool`) when present."""
-  count = sum(o["count"] for o in outs)
-  result = {"val_loss": float(sum(o["loss_sum"] for o in outs) / count)}
-  if "correct" in outs[0]:
-    result["val_accuracy"] = float(sum(o["correct"] for o in outs) / count)
-  if "stats" in outs[0]:
-    result.update(metrics_lib.pool([o["stats"] for o in outs]))
-  return result

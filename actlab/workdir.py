@@ -1,10 +1,11 @@
-"""The run directory: one owner at a time, what identifies the run, atomic files, the metrics log.
+"""The run directory: one owner at a time, what identifies the run, atomic files, provenance.
 
     <workdir>/
       .lock            held (flock) by the process training here; pid, host and start inside
       config.json      the run's config, written once; a rerun must match it (`check_config`)
       provenance.json  one segment per start of the process: versions, commit, devices, command
       metrics.jsonl    one row per log step; rebuilt from the checkpoint's copy on resume
+                       (metrics_log.py)
       summary.json     written when the run ends: a readable one means "done"
       checkpoints/     Orbax; each step also holds its metrics rows and checksums (checkpoint.py)
 
@@ -67,7 +68,8 @@ def check_usable(workdir: pathlib.Path) -> None:
 
 def write_text(path: pathlib.Path, text: str) -> None:
   """Writes `path` whole or not at all: a temp file beside it, fsync, rename."""
-  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+  tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")  # Unique on
+  # a shared file system too: several hosts' sweep shards write the same sweep.json.
   try:
     with open(tmp, "w") as f:
       f.write(text)
@@ -266,56 +268,6 @@ def dotted(d: dict, prefix: str = "") -> dict:
   for k, v in d.items():
     out.update(dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
   return out
-
-
-# --- metrics.jsonl --------------------------------------------------------------------------
-
-
-def read_rows(path: pathlib.Path) -> tuple[list[dict], int]:
-  """The readable rows of a metrics.jsonl and how many lines were torn or mangled (skipped)."""
-  try:
-    lines = path.read_text().splitlines()
-  except OSError:
-    return [], 0
-  rows, bad = [], 0
-  for line in filter(str.strip, lines):
-    try:
-      row = json.loads(line)
-    except ValueError:
-      bad += 1
-      continue
-    if isinstance(row, dict) and isinstance(row.get("step"), int):
-      rows.append(row)
-    else:
-      bad += 1
-  return rows, bad
-
-
-class MetricsLog:
-  """metrics.jsonl: one JSON object per log step. It starts as `rows`, the rows up to `step` that
-  the restored checkpoint carries (none for a fresh run): rows the file holds past them (a run
-  killed after its last checkpoint) and torn or mangled lines are replaced, with a line saying so,
-  so that a resumed log equals an uninterrupted one."""
-
-  def __init__(self, path: pathlib.Path, rows: list[dict], step: int):
-    self.path = path
-    self.rows = list(rows)
-    on_disk, bad = read_rows(path)
-    if on_disk != self.rows:
-      later = sum(r["step"] > step for r in on_disk)
-      missing = sum(r not in on_disk for r in self.rows)
-      news = [f"{n} {what}" for n, what in ((later, f"row(s) after step {step} dropped"),
-                                            (bad, "unreadable line(s) dropped"),
-                                            (missing, "row(s) restored")) if n]
-      if news:
-        print(f"actlab: {path} rebuilt from the checkpoint of step {step}: {', '.join(news)}",
-              file=sys.stderr)
-      write_text(path, "".join(json.dumps(r) + "\n" for r in self.rows))
-
-  def write(self, row: dict) -> None:
-    self.rows.append(row)
-    with self.path.open("a") as f:
-      f.write(json.dumps(row) + "\n")
 
 
 def disk_full(e: BaseException) -> OSError | None:

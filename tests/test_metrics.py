@@ -2,6 +2,7 @@
 summary. Expected values come from direct NumPy computations. (What a run logs, and how it
 handles divergence, is tested on the runs of a small sweep in test_sweep.py.)"""
 
+import functools
 import math
 
 import flax
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import config as config_lib, data, metrics, models, steps
+from actlab import config as config_lib, data, evaluators, metrics, models, steps
 from actlab.models import transformer
 from conftest import tiny
 
@@ -27,8 +28,12 @@ def model_setup(request):
   return task, params, ds.val_batches()
 
 
-def pooled(eval_step, params, batches) -> dict:
-  return steps.pool_eval(jax.device_get([eval_step(params, b) for b in batches]))
+def pooled(task, params, batches, act_stats: bool = True) -> dict:
+  """The validation evaluators' metrics (evaluators.py), with or without activation statistics."""
+  evals = evaluators.Evaluators(
+      (evaluators.Loss(),) + ((evaluators.ActivationStats(),) if act_stats else ()), None)
+  eval_step = jax.jit(functools.partial(evals.validation_step, task))
+  return evals.pool(jax.device_get([eval_step(params, b) for b in batches]))
 
 
 def _captured(task, params, batch):
@@ -43,8 +48,7 @@ def _captured(task, params, batch):
 
 def test_pooled_statistics_match_numpy(model_setup):
   task, params, batches = model_setup
-  eval_step = jax.jit(lambda p, b: task.eval_step(p, b, stats=True))
-  got = pooled(eval_step, params, batches)
+  got = pooled(task, params, batches)
   num_layers = task.config.model.num_layers
   zs, hs = [[] for _ in range(num_layers)], [[] for _ in range(num_layers)]
   for batch in batches:
@@ -66,7 +70,7 @@ def test_pooled_statistics_match_numpy(model_setup):
     np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
   assert 0.2 < got["act_zero_frac"] < 0.8  # a random init fires about half the time
   assert got["val_loss"] == pytest.approx(
-      pooled(jax.jit(task.eval_step), params, batches)["val_loss"])
+      pooled(task, params, batches, act_stats=False)["val_loss"])
 
 
 def test_gated_statistics_use_the_gate_preactivation():

@@ -1,5 +1,6 @@
 """Training: optimizer, pure step, loss falls, overfitting, workdir files and contracts."""
 
+import functools
 import json
 
 import jax
@@ -8,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import data, optim, steps, train
+from actlab import data, evaluators, optim, steps, train
 from conftest import tiny
 
 
@@ -86,8 +87,11 @@ def test_grad_norm_metric_is_the_norm_before_clipping():
   np.testing.assert_allclose(float(metrics["grad_norm"]), raw_norm, rtol=1e-5)
 
 
+LOSS = evaluators.Evaluators((evaluators.Loss(),), None)
+
+
 def val_loss(eval_step, params, dataset) -> float:
-  return steps.pool_eval([eval_step(params, b) for b in dataset.val_batches()])["val_loss"]
+  return LOSS.pool([eval_step(params, b) for b in dataset.val_batches()])["val_loss"]
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +118,7 @@ def test_train_step_is_pure(task_and_data):
 def test_loss_falls_over_50_steps(task_and_data):
   task, ds = task_and_data
   step = jax.jit(task.train_step, donate_argnums=0)
-  eval_step = jax.jit(task.eval_step)
+  eval_step = jax.jit(functools.partial(LOSS.validation_step, task))
   state = jax.jit(task.init)(0)
   before = val_loss(eval_step, state.params, ds)
   for k in range(50):
@@ -169,6 +173,8 @@ def test_run_writes_workdir_contract(tmp_path):
   assert saved["final_val_loss"] == rows[-1]["val_loss"]
   assert saved["best_val_loss"] == min(rows[0]["val_loss"], rows[-1]["val_loss"])
   assert saved["params_non_embedding"] < saved["params"]
+  assert saved["unigram_loss"] == pytest.approx(data.load(c).unigram_loss())  # the "learned" bar
+  assert saved["unigram_loss"] < rows[0]["val_loss"]  # below ln(V): frequencies are learnable
   assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
                 if p.name.isdigit()) == [25, 30]
 

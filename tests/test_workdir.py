@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from actlab import workdir
+from actlab import metrics_log, workdir
 from conftest import tiny
 
 HOLD = ("import fcntl, sys, time\n"
@@ -73,7 +73,7 @@ def test_read_rows_skips_torn_and_mangled_lines(tmp_path):
   path = tmp_path / "metrics.jsonl"
   path.write_text('{"step": 0, "val_loss": 5.0}\n{"step": 10, "train_lo{"step": 20}\n'
                   '["not a row"]\n{"step": 30, "train_loss": 2.0}\n{"step": 40, "train_')
-  rows, bad = workdir.read_rows(path)
+  rows, bad = metrics_log.read_rows(path)
   assert [r["step"] for r in rows] == [0, 30] and bad == 3
 
 
@@ -82,14 +82,14 @@ def test_metrics_log_is_rebuilt_from_the_checkpoint_rows(tmp_path, capsys):
   rows = [{"step": 0, "val_loss": 5.0}, {"step": 10, "train_loss": 3.0}]
   path.write_text("".join(json.dumps(r) + "\n" for r in rows)
                   + '{"step": 20, "train_loss": 2.5}\n{"step": 30, "tr')
-  log = workdir.MetricsLog(path, rows, step=10)
+  log = metrics_log.MetricsLog(path, rows, step=10)
   assert "1 row(s) after step 10 dropped, 1 unreadable line(s) dropped" in capsys.readouterr().err
   log.write({"step": 20, "train_loss": 2.4})
-  assert workdir.read_rows(path) == (rows + [{"step": 20, "train_loss": 2.4}], 0)
+  assert metrics_log.read_rows(path) == (rows + [{"step": 20, "train_loss": 2.4}], 0)
   path.write_text(json.dumps(rows[0]) + "\n")  # A row lost: restored from the checkpoint's copy.
-  workdir.MetricsLog(path, rows, step=10)
+  metrics_log.MetricsLog(path, rows, step=10)
   assert "1 row(s) restored" in capsys.readouterr().err
-  assert workdir.read_rows(path) == (rows, 0)
+  assert metrics_log.read_rows(path) == (rows, 0)
 
 
 def test_workdir_that_is_a_file_is_refused(tmp_path):

@@ -44,6 +44,12 @@ def chance_loss(config, vocab_size: int) -> float:
   return math.log(vocab_size)
 
 
+def unigram_loss(dataset) -> float:
+  """The val loss of predicting every token from the training tokens' unigram frequencies
+  (`data.Dataset.unigram_loss`): a run that ends no better has not learned."""
+  return dataset.unigram_loss()
+
+
 def head_matmul_params(config, vocab_size: int) -> float:
   """The tied LM head, V·D at every position."""
   return models.pad_vocab(config.model.vocab_size or vocab_size) * config.model.d_model

@@ -60,3 +60,8 @@ def head_matmul_params(config, vocab_size: int) -> float:
   """The pooler (D·D) and the classifier (D·C) at the [CLS] position only: 1/L per token."""
   m, L = config.model, config.data.seq_len
   return (m.d_model * m.d_model + m.d_model * m.num_classes) / L
+
+
+def unigram_loss(dataset) -> None:
+  """None: a unigram model's loss is not comparable with this task's."""
+  return None

@@ -1,0 +1,98 @@
+"""What a run measures besides its training metrics, chosen by the config (definitions:
+docs/metrics.md).
+
+| evaluator | chosen by | reads | metrics-row keys |
+|---|---|---|---|
+| `Loss` | always | the validation batches | `val_loss`, `val_accuracy` (objectives that count `correct`) |
+| `ActivationStats` | `metrics.act_stats` | the same forward pass, its sown `FFNStats`/`AttentionStats` | `act_zero_frac`, `dead_units`, `act_mean`, `act_std`, `attn_logit_max` (and `/layer_<i>`) |
+| `Sharpness` | `metrics.sharpness_every` > 0 | training batch 0 of seed 0 | `sharpness` |
+
+The validation evaluators run every `train.eval_every` steps (and at steps 0 and the last) and
+share one forward pass: `Evaluators.validation_step` runs the objective once, with the sown
+statistics if an evaluator reads them, and gives each evaluator the output to `read` (on the
+device, traced: a few small sums per batch); `Evaluators.pool` combines every batch's sums on the
+host, exactly. A new measurement is one class here with `name`, `sown`, `read` and `pool`, and
+one line in `Evaluators.create`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import jax
+import ml_collections
+
+from actlab import metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Loss:
+  """The validation loss pooled over every batch: Σ loss / Σ count (and accuracy likewise)."""
+  name = "loss"
+  sown = False
+
+  def read(self, out: Mapping) -> dict:
+    return {k: out[k] for k in ("loss_sum", "count", "correct") if k in out}
+
+  def pool(self, outs: Sequence[Mapping]) -> dict[str, float]:
+    count = sum(o["count"] for o in outs)
+    result = {"val_loss": float(sum(o["loss_sum"] for o in outs) / count)}
+    if "correct" in outs[0]:
+      result["val_accuracy"] = float(sum(o["correct"] for o in outs) / count)
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationStats:
+  """The FFN and attention statistics of docs/metrics.md §4 (`metrics.batch_sums`, `pool`)."""
+  name = "act_stats"
+  sown = True
+
+  def read(self, out: Mapping) -> dict:
+    return metrics.batch_sums(out["sown"])
+
+  def pool(self, outs: Sequence[Mapping]) -> dict[str, float]:
+    return metrics.pool(outs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharpness:
+  """The top Hessian eigenvalue of the training loss on one fixed batch, without dropout, by
+  `iters` steps of power iteration (`metrics.top_hessian_eigenvalue`), every `every` steps."""
+  every: int
+  iters: int
+
+  def __call__(self, steps, params, batch) -> jax.Array:
+    def loss_fn(p):
+      out = steps.objective(steps.model, p, batch, jax.random.PRNGKey(0), train=False)
+      return out["loss_sum"] / out["count"]
+    return metrics.top_hessian_eigenvalue(loss_fn, params, jax.random.PRNGKey(1), self.iters)
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluators:
+  """The evaluators of a config: those on the validation pass, and sharpness (or None)."""
+  validation: tuple[Any, ...]
+  sharpness: Sharpness | None
+
+  @classmethod
+  def create(cls, config: ml_collections.ConfigDict) -> "Evaluators":
+    m = config.metrics
+    validation = (Loss(),) + ((ActivationStats(),) if m.act_stats else ())
+    sharpness = Sharpness(m.sharpness_every, m.sharpness_iters) if m.sharpness_every else None
+    return cls(validation, sharpness)
+
+  def validation_step(self, steps, params, batch) -> dict:
+    """Pure: one validation batch's device values, `{evaluator name: its read of the output}`
+    (deterministic: no dropout)."""
+    out = steps.objective(steps.model, params, batch, jax.random.PRNGKey(0), train=False,
+                          stats=any(e.sown for e in self.validation))
+    return {e.name: e.read(out) for e in self.validation}
+
+  def pool(self, outs: Sequence[Mapping]) -> dict[str, float]:
+    """Every validation batch's `validation_step` values (on the host) → metrics-row entries."""
+    row = {}
+    for e in self.validation:
+      row.update(e.pool([o[e.name] for o in outs]))
+    return row

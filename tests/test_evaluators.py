@@ -1,0 +1,37 @@
+"""The evaluators a config chooses (actlab/evaluators.py), and what each adds to a row."""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from actlab import evaluators, steps
+from conftest import tiny
+
+
+@pytest.mark.parametrize("act_stats,sharpness_every", [(True, 0), (False, 5)])
+def test_the_config_chooses_the_evaluators(act_stats, sharpness_every):
+  c = tiny(**{"metrics.act_stats": act_stats, "metrics.sharpness_every": sharpness_every,
+              "metrics.sharpness_iters": 3})
+  evals = evaluators.Evaluators.create(c)
+  names = [e.name for e in evals.validation]
+  assert names == (["loss", "act_stats"] if act_stats else ["loss"])
+  assert evals.sharpness == (evaluators.Sharpness(5, 3) if sharpness_every else None)
+
+  task = steps.Steps.create(c, 257)
+  params = jax.jit(task.init)(0).params
+  batch = np.random.default_rng(0).integers(0, 257, (4, c.data.seq_len + 1)).astype(np.int32)
+  out = jax.device_get(jax.jit(functools.partial(evals.validation_step, task))(params, batch))
+  assert sorted(out) == sorted(names)
+  row = evals.pool([out, out])
+  assert ("act_zero_frac" in row) == act_stats and "sharpness" not in row
+  loss = task.objective(task.model, params, batch, jax.random.PRNGKey(0), train=False)
+  assert row["val_loss"] == pytest.approx(float(loss["loss_sum"] / loss["count"]), rel=1e-6)
+
+
+def test_loss_pools_sums_not_means():
+  """Batches of different sizes weigh by their counts: Σ loss / Σ count, not a mean of means."""
+  row = evaluators.Loss().pool([{"loss_sum": 3.0, "count": 1, "correct": 1},
+                                {"loss_sum": 3.0, "count": 3, "correct": 0}])
+  assert row == {"val_loss": 1.5, "val_accuracy": 0.25}
