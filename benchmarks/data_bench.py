@@ -51,7 +51,7 @@ def main():
   import numpy as np
 
   from actlab import data
-  from actlab.data import cache, synthetic, tinystories
+  from actlab.data import cache, gpt2, synthetic, tinystories
   from actlab.data import tokenizer as tokenizers
 
   if Path(args.text).is_file():
@@ -69,7 +69,7 @@ def main():
   toks = {"byte": tokenizers.ByteTokenizer()}
   try:
     gdir = args.gpt2_dir if Path(args.gpt2_dir, "encoder.json").is_file() else None
-    toks["gpt2"] = tokenizers.gpt2(gdir, threads=args.threads)
+    toks["gpt2"] = gpt2.gpt2(gdir, threads=args.threads)
   except data.DataError as e:
     print(f"gpt2: skipped ({str(e).splitlines()[0]})")
   with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,4 @@
-"""The benchmark harness (actlab/bench.py): the peak table and MFU, a short end-to-end
+"""The benchmark harness (actlab/bench/): the peak table and MFU, a short end-to-end
 `bench.run` (one run and vectorized runs), and the PyTorch reference. The FLOP formula is in
 tests/test_flops.py, the fused loss in tests/test_kernels.py, scan/remat/bf16/attention in
 tests/test_model_execution.py."""

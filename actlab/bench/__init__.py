@@ -1,0 +1,76 @@
+"""The training-step benchmark (`python -m actlab.bench`: flags and what it reports in
+__main__.py). `run` benchmarks a config, its variants and the PyTorch reference side by side and
+returns one row per bench; its parts:
+
+- benches.py: what is timed (`JaxBench`: actlab's compiled training step; `TorchBench`: the
+  PyTorch reference in a worker process);
+- timing.py: timing on a shared machine (`Window`, `wait_quiet`, `side_by_side`);
+- machine.py: the devices' peak TFLOP/s (`PEAK_TFLOPS`, `peak_tflops`) and the `environment`;
+- results.py: measurements as rows (`summarize`), rows as the table and BENCHMARKS.md rows.
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+
+from actlab import config as config_lib
+from actlab import parallel
+from actlab.bench.benches import JaxBench, TorchBench
+from actlab.bench.machine import PEAK_TFLOPS, environment, peak_tflops
+from actlab.bench.results import config_summary, markdown_rows, summarize, table
+from actlab.bench.timing import side_by_side, wait_quiet
+
+__all__ = ["JaxBench", "PEAK_TFLOPS", "TorchBench", "environment", "markdown_rows", "peak_tflops",
+           "run", "table"]
+
+
+def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
+        rounds: int = 0, torch: bool = False, runs: int = 1,
+        peak: float | None = None, variants: list[str] = (), quiet_s: float = 0) -> list[dict]:
+  """Benchmarks `config`, each of `variants` (override strings, `config.parse_overrides`) and,
+  with `torch`, the PyTorch reference, timed in alternating rounds; returns one row per bench."""
+  configs = [config] + [config_lib.override(config.copy_and_resolve_references(),
+                                            config_lib.parse_overrides(v)) for v in variants]
+  labels = [""] + list(variants)
+  for c in configs:
+    config_lib.validate(c)
+  parallel.initialize(config)  # Before the first device use (parallel.cpu_devices, hosts).
+  env = environment()
+  benches = [JaxBench(c, runs) for c in configs] + ([TorchBench(config)] if torch else [])
+  setups = []
+  try:
+    for b in benches:
+      setups.append(b.setup(warmup))
+    several = len(benches) > 1
+    if quiet_s:
+      wait_quiet(quiet_s)
+    results = side_by_side(benches, steps, (rounds or steps) if several else 1)
+    rows = []
+    for i, (b, res, s) in enumerate(zip(benches, results, setups)):
+      c = configs[min(i, len(configs) - 1)]
+      pk, source = (peak, "--peak_tflops") if peak else peak_tflops(env["device_kind"],
+                                                                   c.model.dtype)
+      if pk and not peak:
+        pk *= jax.device_count()
+      rows.append(summarize(b.name, c, res, s, b.memory(), runs, pk, source))
+  finally:
+    for b in benches:
+      if isinstance(b, TorchBench) and hasattr(b, "proc"):
+        b.close()
+  for r, c, label in zip(rows, configs, labels):
+    r["env"] = env
+    r["config"] = config_summary(c)
+    r["variant"] = label
+    if label:
+      r["speedup_vs_base"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
+  if torch:
+    t = rows[-1]
+    for r in rows[:-1]:
+      r["speedup_vs_torch"] = r["tokens_per_s"] / t["tokens_per_s"]
+    t["env"], t["variant"] = env, ""
+    t["versions"] = {"torch": benches[-1].info.get("torch"),
+                     "torch_threads": benches[-1].info.get("threads")}
+    t["config"] = ("same shapes: nanoGPT GPT in eager float32 (F.scaled_dot_product_attention, "
+                   "F.cross_entropy on full logits, torch.optim.AdamW)")
+  return rows
