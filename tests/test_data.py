@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import time
+import types
 
 import numpy as np
 import pytest
@@ -102,6 +103,20 @@ def test_val_windows_fixed_across_calls_and_seeds(byte_ds):
 def test_too_short_corpus_is_a_data_error(byte_ds):
   with pytest.raises(data.DataError, match="seq_len"):
     data.Dataset(**{**byte_ds.__dict__, "val_tokens": byte_ds.val_tokens[:20]})
+
+
+def test_unigram_loss_is_the_closed_form(byte_ds, monkeypatch):
+  train = np.array([0, 0, 0, 1, 1, 2, 0, 1], dtype=np.uint16)  # counts 4, 3, 1, 0, 0 of V = 5
+  val = np.array([3, 0, 1, 2, 4, 0], dtype=np.uint16)
+  ds = data.Dataset(tokenizer=types.SimpleNamespace(vocab_size=5), train_tokens=train,
+                    val_tokens=val, seq_len=2, batch_size=2, seed=0, num_val_batches=1)
+  np.testing.assert_array_equal(np.concatenate(ds.val_batches()), [[3, 0, 1], [2, 4, 0]])
+  # Targets 0, 1, 4, 0 (not the windows' first tokens 3 and 2); p(v) = (n_v + 1) / (8 + 5).
+  expected = -(2 * np.log(5 / 13) + np.log(4 / 13) + np.log(1 / 13)) / 4
+  assert ds.unigram_loss() == pytest.approx(expected, rel=1e-12)
+  assert 2.0 < byte_ds.unigram_loss() < np.log(257)  # English bytes: ~3 nats, below uniform
+  monkeypatch.setattr(data, "_COUNT_CHUNK", 3)  # counted in chunks: the same
+  assert ds.unigram_loss() == pytest.approx(expected, rel=1e-12)
 
 
 def test_batch_draw_is_cheap(byte_ds):

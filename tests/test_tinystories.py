@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from actlab import data
-from actlab.data import cache
+from actlab.data import cache, provenance
 from actlab.data import tinystories as ts
 from conftest import data_config
 
@@ -182,7 +182,7 @@ def test_replaced_manual_file_is_prepared_again(tmp_path, offline, caplog):
   assert len(lines) == 1 and lines[0].startswith(
       f"TinyStories v2: manual file {train.name} changed (modified "), lines
   # Prepared before actlab kept a record: prepared again once; the same files, the same caches.
-  (tmp_path / "tfds" / "tiny_stories" / "v2" / "1.0.0" / ts.SOURCES_FILE).unlink()
+  (tmp_path / "tfds" / "tiny_stories" / "v2" / "1.0.0" / provenance.SOURCES_FILE).unlink()
   n, lines = load_and_check()
   assert len(lines) == 1 and "no record of the manual files" in lines[0], lines
   assert load_and_check() == (n, []) and cache.build_count == builds + 2

@@ -1,4 +1,5 @@
-"""actlab.data.tokenizer: byte, trained BPE and GPT-2 (offline from the release files)."""
+"""actlab.data.tokenizer and actlab.data.gpt2: byte, trained BPE and GPT-2 (offline from the
+release files)."""
 
 import shutil
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from actlab import data
+from actlab.data import gpt2
 from actlab.data import tokenizer as tokenizers
 from conftest import data_config
 
@@ -88,10 +90,10 @@ def test_gpt2_offline_ids():
 def test_gpt2_dir_with_wrong_files_is_a_data_error(tmp_path):
   shutil.copy(GPT2_DIR / "vocab.bpe", tmp_path / "vocab.bpe")
   with pytest.raises(data.DataError, match="encoder.json"):
-    tokenizers.gpt2(tmp_path)
+    gpt2.gpt2(tmp_path)
   (tmp_path / "encoder.json").write_text('{"!": 0}')
   with pytest.raises(data.DataError, match="originals"):
-    tokenizers.gpt2(tmp_path)
+    gpt2.gpt2(tmp_path)
 
 
 def test_gpt2_offline_without_files_says_what_to_do(monkeypatch, tmp_path):
@@ -140,7 +142,7 @@ def test_encode_docs_equals_one_by_one(tmp_path, literal_eot):
   toks = [tokenizers.ByteTokenizer(),
           tokenizers.get("bpe:320", directory=tmp_path, train_texts=lambda: DOCS * 20)]
   if (GPT2_DIR / "encoder.json").is_file():
-    toks.append(tokenizers.gpt2(GPT2_DIR, threads=2))
+    toks.append(gpt2.gpt2(GPT2_DIR, threads=2))
   for tok in toks:
     got = tok.encode_docs(docs, dtype="uint32")
     assert got.dtype == "uint32"
@@ -150,7 +152,7 @@ def test_encode_docs_equals_one_by_one(tmp_path, literal_eot):
 
 @needs_gpt2
 def test_encode_docs_real_text():
-  tok = tokenizers.gpt2(GPT2_DIR, threads=2)
+  tok = gpt2.gpt2(GPT2_DIR, threads=2)
   text = (SHARED / "tinystories" / "valid.txt").read_text(encoding="utf-8")
   docs = [s.strip() for s in text.split("<|endoftext|>") if s.strip()][:300]
   assert tok.encode_docs(docs, dtype="uint16").tolist() == _one_by_one(tok, docs)

@@ -11,6 +11,8 @@
 - ``Dataset.train_batch(step)`` is a pure function of ``(seed, step)``; ``Dataset.val_batches()``
   is a fixed set of evenly spaced windows, the same for every seed. The encoder's MLM cuts its
   ``[CLS] … [SEP]`` sequences from these same windows (``actlab.tasks.mlm``).
+  ``Dataset.unigram_loss()`` is the validation loss of the training tokens' unigram model, the
+  bar a run has to beat.
 - ``load(config, labelled=True)`` (the classify task) gives a ``classify.ClassifyDataset`` of
   labelled examples (``config.data.classify``) with the same interface instead.
 
@@ -44,14 +46,22 @@ class DataError(UserError):
   """A data problem the user can fix; the message says how. main prints it and exits non-zero."""
 
 
-# Imported after DataError: the submodules import it from here.
-from actlab.data import cache  # noqa: E402
+def short_cause(e: BaseException, limit: int = 150) -> str:
+  """'TypeName: first words of the message', for error messages."""
+  msg = " ".join(str(e).split())
+  return f"{type(e).__name__}: {msg[:limit]}{'...' if len(msg) > limit else ''}"
+
+
+# Imported after DataError and short_cause: the submodules import them from here.
+from actlab.data import cache, gpt2  # noqa: E402
 from actlab.data import tokenizer as tokenizers  # noqa: E402
 from actlab.data.tokenizer import Tokenizer  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DataError", "Dataset", "Tokenizer", "load", "data_dir"]
+
+_COUNT_CHUNK = 1 << 24  # tokens per np.bincount call, which copies its input as int64
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -101,6 +111,19 @@ class Dataset:
     starts = self.val_starts().reshape(self.num_val_batches, self.batch_size)
     return [self._gather(self.val_tokens, s) for s in starts]
 
+  def unigram_loss(self) -> float:
+    """Cross-entropy (nats/token) of the validation targets under the training tokens' unigram
+    distribution, add-one smoothed over the tokenizer's vocabulary V: p(v) = (n_v + 1) / (N + V).
+    The targets are those ``val_loss`` averages over: positions 1..seq_len of every
+    ``val_batches()`` window. A run ending no better learned nothing beyond token frequencies."""
+    vocab = self.tokenizer.vocab_size
+    counts = np.zeros(vocab, dtype=np.int64)
+    for lo in range(0, self.train_tokens.shape[0], _COUNT_CHUNK):
+      counts += np.bincount(self.train_tokens[lo:lo + _COUNT_CHUNK], minlength=vocab)
+    log_p = np.log(counts + 1.0) - np.log(counts.sum() + vocab)
+    targets = np.concatenate([b[:, 1:].ravel() for b in self.val_batches()])
+    return float(-log_p[targets].mean())
+
   def _gather(self, tokens: np.ndarray, starts: np.ndarray) -> np.ndarray:
     idx = starts[:, None] + np.arange(self.window, dtype=np.int64)
     return np.asarray(tokens[idx], dtype=np.int32)
@@ -117,7 +140,7 @@ def _gpt2_dir(config_dir: str, root: Path) -> str | None:
   if d:
     return d
   default = root / "gpt2"  # convenience: <data dir>/gpt2/{encoder.json,vocab.bpe}
-  if all((default / f).is_file() for f in tokenizers.GPT2_FILES):
+  if all((default / f).is_file() for f in gpt2.GPT2_FILES):
     return str(default)
   return None
 

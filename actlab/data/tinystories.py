@@ -20,8 +20,9 @@ ones are downloaded through TFDS's download manager. The dataset is written with
 The prepared data records the manual files it came from (name, size, mtime) in
 ``actlab_sources.json`` beside it. When a manual file present later differs from that record (a
 truncated copy replaced by the full file, an edit), the dataset is prepared again, with a warning
-line; manual files removed after preparing leave the prepared data as it is. The record is part
-of ``Corpus.source_id``, so the token caches follow.
+line; manual files removed after preparing leave the prepared data as it is
+(``actlab.data.provenance``). The record is part of ``Corpus.source_id``, so the token caches
+follow.
 
 A missing file with no network, or a file that is not TinyStories text (no ``<|endoftext|>``
 separators, binary data, no stories) raises ``actlab.data.DataError`` with what to do.
@@ -30,8 +31,6 @@ separators, binary data, no stories) raises ``actlab.data.DataError`` with what 
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import json
 import logging
 import os
 from collections.abc import Iterator
@@ -39,8 +38,7 @@ from pathlib import Path
 
 import tensorflow_datasets as tfds
 
-from actlab.data import DataError
-from actlab.data.tokenizer import short_cause
+from actlab.data import DataError, provenance, short_cause
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +50,6 @@ MAX_STORY_CHARS = 1_000_000
 # Tolerated share of undecodable bytes (replaced by U+FFFD) before a file counts as garbage.
 MAX_BAD_FRACTION = 1e-3
 READ_BATCH = 4096  # records per __getitems__ call when streaming a split
-SOURCES_FILE = "actlab_sources.json"  # beside the prepared data: the manual files it came from
 
 
 @dataclasses.dataclass(eq=False)
@@ -166,7 +163,8 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     files = self.builder_config.files
     manual = _manual_dir(dl_manager)
-    sources = manual_sources(manual, files)  # taken before reading: a later change shows up
+    # Taken before reading: a later change shows up.
+    sources = provenance.manual_sources(manual, files)
     paths = {split: manual / src["file"] for split, src in sources.items()}
     missing = {split: URL + name for split, name in files.items() if split not in sources}
     if missing:
@@ -178,8 +176,7 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
         raise missing_files_error(self.builder_config.name, where, e) from e
     # self.data_dir is TFDS's temporary directory here, renamed when complete: the record
     # appears together with the data.
-    record = {split: sources.get(split) for split in files}  # None: downloaded
-    (Path(self.data_dir) / SOURCES_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    provenance.write_record(self.data_dir, {split: sources.get(split) for split in files})
     return {split: self._generate_examples(paths[split]) for split in files}
 
   def _generate_examples(self, path):
@@ -202,53 +199,6 @@ def _manual_dir(dl_manager) -> Path | None:
     return Path(dl_manager.manual_dir)
   except (AssertionError, ValueError):  # not given, absent or empty
     return None
-
-
-def manual_sources(manual_dir: Path | None, files: dict[str, str]) -> dict[str, dict]:
-  """{split: {"file", "size", "mtime_ns"}} for the split files present in ``manual_dir``."""
-  sources = {}
-  for split, name in files.items():
-    if manual_dir is not None and (manual_dir / name).is_file():
-      st = (manual_dir / name).stat()
-      sources[split] = {"file": name, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-  return sources
-
-
-def recorded_sources(b: TinyStories) -> dict | None:
-  """The prepared data's record, {split: manual_sources entry or None if downloaded}, if any."""
-  try:
-    record = json.loads((Path(b.data_dir) / SOURCES_FILE).read_text())
-  except (OSError, ValueError):
-    return None
-  return record if isinstance(record, dict) else None
-
-
-def _change(was: dict | None, now: dict) -> str:
-  if was is None:
-    return f"{now['file']} is new (the prepared data came from a download)"
-  if was["size"] != now["size"]:
-    return f"{now['file']} changed (size {was['size']:,} → {now['size']:,})"
-  return f"{now['file']} changed (modified {_time(was)} → {_time(now)})"
-
-
-def _time(source: dict) -> str:
-  t = datetime.datetime.fromtimestamp(source["mtime_ns"] / 1e9)
-  return t.isoformat(sep=" ", timespec="milliseconds")
-
-
-def stale_reason(b: TinyStories, manual_dir: Path) -> str:
-  """Why the prepared data is not from the manual files present now; "" if it is."""
-  now = manual_sources(manual_dir, b.builder_config.files)
-  if not now:  # prepared from downloads, or the files were removed after preparing
-    return ""
-  recorded = recorded_sources(b)
-  if recorded is None:
-    return f"no record of the manual files the data under {b.data_dir} was prepared from"
-  changes = [_change(recorded.get(split), src) for split, src in now.items()
-             if recorded.get(split) != src]
-  if not changes:
-    return ""
-  return f"manual file{'s' if len(changes) > 1 else ''} " + ", ".join(changes)
 
 
 def missing_files_error(version: str, manual_dir, cause: BaseException | None = None) -> DataError:
@@ -277,7 +227,7 @@ def prepare(version: str, data_dir: str | os.PathLike, manual_dir: str | os.Path
   manual_dir = Path(manual_dir)
   mode = tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS
   if b.is_prepared():
-    stale = stale_reason(b, manual_dir)
+    stale = provenance.stale_reason(b.data_dir, b.builder_config.files, manual_dir)
     if not stale:
       return b
     log.warning("TinyStories %s: %s; preparing again", version, stale)
@@ -327,7 +277,7 @@ class Corpus:
     self.version = version
     self.key = f"tinystories-{version}"
     self.builder = prepare(version, data_dir, manual_dir)
-    self.sources = recorded_sources(self.builder) or {}
+    self.sources = provenance.read_record(self.builder.data_dir) or {}
 
   def texts(self, split: str) -> Iterator[str]:
     return iter_texts(self.builder, split)

@@ -7,7 +7,7 @@ Specs accepted by :func:`get`:
   split's texts, with ``<|endoftext|>`` as its only special token. Saved as JSON and reloaded.
 - ``"gpt2"``: OpenAI's GPT-2 encoding through ``tiktoken`` (50,257 ids, ``<|endoftext|>`` =
   50256). Built offline from ``encoder.json`` + ``vocab.bpe`` when a directory holding them is
-  given, else fetched by ``tiktoken`` (network, or its own cache).
+  given, else fetched by ``tiktoken`` (network, or its own cache); see ``actlab.data.gpt2``.
 - ``"wordpiece:<size>"``: BERT's WordPiece (uncased: lower-cased, accents stripped; Hugging Face
   ``tokenizers``) trained on the training split's texts, for the encoder. Its special tokens are
   ``[PAD] [UNK] [CLS] [SEP] [MASK]`` at ids 0-4 in every vocabulary (``special_ids``), and
@@ -44,17 +44,6 @@ DEFAULT_THREADS = max(1, min(8, os.cpu_count() or 1))
 # TFDS stores shuffled). TinyStories V2 train is ~2.2 GB; a few hundred MB is plenty for the
 # frequency statistics of a vocabulary of a few thousand and keeps training to minutes.
 BPE_TRAIN_MAX_CHARS = 300_000_000
-
-GPT2_FILES = ("encoder.json", "vocab.bpe")
-# sha256 pinned by tiktoken for OpenAI's GPT-2 release files.
-GPT2_HASHES = {
-  "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
-  "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
-}
-# tiktoken's (faster, equivalent) form of the GPT-2 pre-tokenisation pattern.
-_GPT2_PAT_FALLBACK = (
-  r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-)
 
 
 class Tokenizer(abc.ABC):
@@ -231,39 +220,6 @@ class HFWordPieceTokenizer(HFBPETokenizer):
     return cls(tok, name)
 
 
-class TiktokenTokenizer(Tokenizer):
-  def __init__(self, enc, name: str, threads: int = DEFAULT_THREADS):
-    self._enc = enc
-    self.name = name
-    self.vocab_size = int(enc.n_vocab)
-    self.eot_id = int(enc.eot_token)
-    self.threads = threads
-
-  def encode(self, text: str) -> list[int]:
-    return self._enc.encode_ordinary(text)
-
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    return self._enc.encode_ordinary_batch(list(texts), num_threads=self.threads)
-
-  def encode_docs(self, texts: Sequence[str], dtype=np.uint32) -> np.ndarray:
-    if any(EOT_TEXT in t for t in texts):
-      return super().encode_docs(texts, dtype)
-    # Text segments between allowed special tokens are encoded independently, so this equals
-    # encoding one by one and appending eot_id, with a few large texts per thread.
-    ids = self._enc.encode_batch(_joined_parts(texts, self.threads * 4), num_threads=self.threads,
-                                 allowed_special={EOT_TEXT}, disallowed_special=())
-    return np.concatenate([np.asarray(x, dtype=dtype) for x in ids])
-
-  def decode(self, ids: Iterable[int]) -> str:
-    return self._enc.decode([int(i) for i in ids])
-
-
-def _joined_parts(texts: Sequence[str], n_parts: int) -> list[str]:
-  """texts in n_parts groups, each text followed by "<|endoftext|>"."""
-  k = max(1, -(-len(texts) // max(1, n_parts)))
-  return ["".join(t + EOT_TEXT for t in texts[i:i + k]) for i in range(0, len(texts), k)]
-
-
 def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:
   n = 0
   for t in texts:
@@ -271,71 +227,6 @@ def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:
     n += len(t)
     if n >= max_chars:
       return
-
-
-def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
-  """The GPT-2 encoding from a directory holding encoder.json and vocab.bpe (no network)."""
-  import tiktoken
-  from tiktoken.load import data_gym_to_mergeable_bpe_ranks
-
-  d = Path(directory).expanduser()
-  missing = [f for f in GPT2_FILES if not (d / f).is_file()]
-  if missing:
-    raise DataError(
-      f"GPT-2 tokenizer directory {d} lacks {' and '.join(missing)}. It must hold OpenAI's "
-      f"GPT-2 files encoder.json and vocab.bpe "
-      f"(https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/<file>)."
-    )
-  try:
-    ranks = data_gym_to_mergeable_bpe_ranks(
-      vocab_bpe_file=str(d / "vocab.bpe"),
-      encoder_json_file=str(d / "encoder.json"),
-      vocab_bpe_hash=GPT2_HASHES["vocab.bpe"],
-      encoder_json_hash=GPT2_HASHES["encoder.json"],
-    )
-  except Exception as e:
-    raise DataError(
-      f"GPT-2 files in {d} are not OpenAI's encoder.json / vocab.bpe ({short_cause(e)}). "
-      f"Replace them with the originals."
-    ) from e
-  try:
-    from tiktoken_ext.openai_public import r50k_pat_str as pat
-  except Exception:  # pragma: no cover - depends on the tiktoken version
-    pat = _GPT2_PAT_FALLBACK
-  enc = tiktoken.Encoding(
-    name="gpt2", pat_str=pat, mergeable_ranks=ranks, special_tokens={EOT_TEXT: 50256},
-    explicit_n_vocab=50257,
-  )
-  return TiktokenTokenizer(enc, "gpt2", threads)
-
-
-def short_cause(e: BaseException, limit: int = 150) -> str:
-  """'TypeName: first words of the message', for error messages."""
-  msg = " ".join(str(e).split())
-  return f"{type(e).__name__}: {msg[:limit]}{'...' if len(msg) > limit else ''}"
-
-
-def _gpt2_unavailable(cause: BaseException) -> DataError:
-  return DataError(
-      f"The GPT-2 tokenizer is not available: tiktoken could not fetch it ({short_cause(cause)}).\n"
-      "Fix: put OpenAI's GPT-2 files encoder.json and vocab.bpe "
-      "(https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/<file>) in a directory and "
-      "point config.data.gpt2_dir or the environment variable ACTLAB_GPT2_DIR at it (or put them in "
-      "<data dir>/gpt2); or use a ':smoke' config (synthetic data, byte tokenizer), which needs no "
-      "downloads.")
-
-
-def gpt2(gpt2_dir: str | os.PathLike | None = None, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
-  """GPT-2: offline from ``gpt2_dir`` when given, else ``tiktoken.get_encoding('gpt2')``."""
-  if gpt2_dir:
-    return gpt2_offline(gpt2_dir, threads)
-  import tiktoken
-
-  try:
-    enc = tiktoken.get_encoding("gpt2")
-  except Exception as e:  # no network, proxy, blocked host ...
-    raise _gpt2_unavailable(e) from e
-  return TiktokenTokenizer(enc, "gpt2", threads)
 
 
 _BPE_RE = re.compile(r"^bpe:(\d+)$")
@@ -385,6 +276,7 @@ def get(
   if kind == "byte":
     return ByteTokenizer()
   if kind == "gpt2":
+    from actlab.data.gpt2 import gpt2  # imported here: actlab.data.gpt2 imports this module
     return gpt2(gpt2_dir, threads)
   path = Path(directory) / f"{kind}-{size}.json"
   name = f"{kind}:{size}"
