@@ -1,4 +1,5 @@
-"""Report: tables as mean ± sd over seeds, status counts, missing cells, LR sensitivity, plots.
+"""Report: tables as mean ± sd over seeds, status counts, missing cells, paired comparisons, the
+largest stable LR, "not learned", LR sensitivity, the baseline option, plots.
 
 The sweep directories here are written by the test (random curves), so no training is needed;
 every expected number is recomputed from what was written.
@@ -12,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from actlab import report
+from actlab import report, stats
 from actlab.errors import UserError
 from conftest import REPO
 
@@ -23,11 +24,12 @@ def _name(act, lr, seed):
   return f"activation={act},lr={lr:g},seed={seed}"
 
 
-def _fake_sweep(root, rng, *, missing=(), incomplete=(), diverged=(), sharpness=False,
-                manifest=True):
-  """A sweep directory as actlab.sweep leaves it; returns {cell name: summary}."""
+def _fake_sweep(root, rng, *, acts=ACTS, missing=(), incomplete=(), diverged=(),
+                sharpness=False, manifest=True, summary_for=None):
+  """A sweep directory as actlab.sweep leaves it; returns {cell name: summary}.
+  `summary_for(act, lr, seed)`: entries that replace the random ones of that cell's summary."""
   cells, summaries = [], {}
-  for act in ACTS:
+  for act in acts:
     for lr in LRS:
       for seed in SEEDS:
         name = _name(act, lr, seed)
@@ -62,12 +64,14 @@ def _fake_sweep(root, rng, *, missing=(), incomplete=(), diverged=(), sharpness=
                    "act_zero_frac": float(rng.uniform(0.3, 0.9)),
                    "dead_units": float(rng.uniform(0, 0.2)), "act_mean": float(rng.normal()),
                    "grad_norm": float(rng.uniform(0.2, 2.0)), "params": 1000}
+        summary.update(summary_for(act, lr, seed) if summary_for else {})
         (d / "summary.json").write_text(json.dumps(summary))
         summaries[name] = summary
   if manifest:
     (root / "sweep.json").write_text(json.dumps(
         {"sweep": "experiments/x.py", "description": "Test sweep",
-         "axes": {"model.activation": ACTS, "optim.lr": LRS}, "seeds": SEEDS, "cells": cells}))
+         "axes": {"model.activation": list(acts), "optim.lr": LRS}, "seeds": SEEDS,
+         "cells": cells}))
   return summaries
 
 
@@ -118,7 +122,7 @@ def test_lr_sensitivity_follows_wortsman_definition(tmp_path):
   rng = np.random.default_rng(1)
   diverged = {_name("gelu", 3e-3, 0)}
   s = _fake_sweep(tmp_path, rng, diverged=diverged, sharpness=True)
-  sens = report.lr_sensitivity(*report.load(tmp_path))
+  sens = stats.lr_sensitivity(*report.load(tmp_path))
   for act in ACTS:
     per_seed = []
     for seed in SEEDS:
@@ -139,12 +143,15 @@ def test_without_manifest_axes_are_inferred_and_cli_works(tmp_path):
   manifest, runs = report.load(tmp_path)
   assert manifest["axes"] == {"model.activation": ["gelu", "relu"], "optim.lr": LRS}
   assert manifest["seeds"] == SEEDS and len(runs) == 18
-  out = subprocess.run([sys.executable, "-m", "actlab.report", str(tmp_path)], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+  out = subprocess.run([sys.executable, "-m", "actlab.report", str(tmp_path), "--baseline=relu"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr
   text = (tmp_path / "report.md").read_text()
   vals = [s[_name("relu", 1e-4, k)]["final_val_loss"] for k in SEEDS]
   assert _fmt(vals) in _row(text, "relu", 1e-4)
+  d = [s[_name("gelu", 1e-3, k)]["final_val_loss"] - s[_name("relu", 1e-3, k)]["final_val_loss"]
+       for k in SEEDS]  # B = relu by --baseline (else gelu, the first of the sorted axis)
+  assert f"| 0.001 | gelu | relu | 3 | {np.mean(d):+.3f} | {np.std(d, ddof=1):.3f} | [" in text
   with pytest.raises(UserError, match="nothing does not exist: not a sweep directory"):
     report.load(tmp_path / "nothing")
   out = subprocess.run([sys.executable, "-m", "actlab.report", str(tmp_path / "plots")],
@@ -169,3 +176,91 @@ def test_torn_and_unfinished_runs_are_marked_not_crashed(tmp_path):
   assert re.search(rf"\| {re.escape(empty)} \| incomplete \| — \| reached step 100; "
                    r"summary.json unreadable \|", runs), runs
   assert "17 of 18 runs finished" in text
+
+
+# Designed final val losses: relu = base(LR) + 0.3·seed (seeds differ far more than activations
+# do, so only pairing by seed can resolve the differences), the others relu + d(seed).
+BASE = {1e-4: 2.3, 1e-3: 2.0, 3e-3: 2.1}
+DIFF = {("gelu", 1e-4): [-0.10, -0.12, -0.08], ("gelu", 1e-3): [0.20, 0.25, 0.15],
+        ("gelu", 3e-3): [-0.10, -0.12, -0.08]}
+
+
+def _designed(act, lr, seed):
+  relu = 3.05 if (lr, seed) == (3e-3, 2) else BASE[lr] + 0.3 * seed  # 3.05 ≥ unigram: not learned
+  d = 0.0 if act == "relu" else DIFF.get((act, lr), [0.3, 0.1, -0.2])[seed]
+  out = {"final_val_loss": relu + d, "unigram_loss": 3.0}
+  return {**out, "status": "unstable"} if (act, lr, seed) == ("tanh", 3e-3, 1) else out
+
+
+def _section(text, title):
+  return text.split(f"## {title}\n")[1].split("\n## ")[0]
+
+
+def test_paired_comparisons_stability_and_not_learned_end_to_end(tmp_path):
+  acts = ["relu", "gelu", "tanh"]
+  _fake_sweep(tmp_path, np.random.default_rng(4), acts=acts, missing={_name("relu", 1e-4, 2)},
+              summary_for=_designed)
+  text = report.write(tmp_path).read_text()
+  pairs = _section(text, "Paired comparisons")
+  assert "| LR | A | B (baseline) | n | mean A − B | sd | 95% CI | verdict | MDD |" in pairs
+  for row in [  # relu seed 2 is missing at 1e-4: two pairs there
+      "| 0.0001 | gelu | relu | 2 | -0.110 | 0.014 | [-0.237, +0.017] | not resolved | 0.141 |",
+      "| 0.0001 | tanh | relu | 2 | +0.200 | 0.141 | [-1.071, +1.471] | not resolved | 1.408 |",
+      "| 0.001 | gelu | relu | 3 | +0.200 | 0.050 | [+0.076, +0.324] | relu better | — |",
+      "| 0.001 | tanh | relu | 3 | +0.067 | 0.252 | [-0.558, +0.692] | not resolved | 0.779 |",
+      "| 0.003 | gelu | relu | 3 | -0.100 | 0.020 | [-0.150, -0.050] | gelu better | — |",
+      "| 0.003 | tanh | relu | 3 | +0.067 | 0.252 | [-0.558, +0.692] | not resolved | 0.779 |"]:
+    assert row in pairs.splitlines(), (row, pairs)
+  assert len([l for l in pairs.splitlines() if l.startswith("| 0.")]) == 6
+  assert "(t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁)·sd/√n" in pairs
+
+  stable = _section(text, "Largest stable LR")
+  assert "| relu | 0.001 | 0.003: 3 stable; 1 not learned |" in stable   # 1e-4: a seed missing
+  assert "| gelu | 0.003 | — (the grid's largest) |" in stable
+  assert "| tanh | 0.001 | 0.003: 2 stable, 1 unstable |" in stable
+  assert "not checked" not in stable
+  assert _row(text, "relu", 3e-3).endswith("| 3 stable; 1 not learned |")
+  assert ("| activation=relu,lr=0.003,seed=2 | stable, not learned | 3.050 | not learned: final "
+          "val loss ≥ unigram loss 3.000 |") in text
+
+  # The baseline: the manifest's, else the grid's first; --baseline wins; an unknown one is refused.
+  manifest = json.loads((tmp_path / "sweep.json").read_text())
+  (tmp_path / "sweep.json").write_text(json.dumps({**manifest, "baseline": "gelu"}))
+  pairs = _section(report.write(tmp_path).read_text(), "Paired comparisons")
+  assert "| 0.003 | relu | gelu | 3 | +0.100 | 0.020 | [+0.050, +0.150] | gelu better | — |" in pairs
+  pairs = _section(report.write(tmp_path, "tanh").read_text(), "Paired comparisons")
+  assert "| 0.001 | gelu | tanh | 3 | +0.133 | 0.225 | [-0.427, +0.693] | not resolved | 0.698 |" \
+      in pairs
+  with pytest.raises(UserError, match=r"baseline 'swish' is not one of the swept model.activation "
+                     r"values \['relu', 'gelu', 'tanh'\]"):
+    report.write(tmp_path, "swish")
+
+
+def test_not_learned_is_not_checked_without_unigram_loss(tmp_path):
+  _fake_sweep(tmp_path, np.random.default_rng(5), diverged={_name("gelu", 3e-3, 0)},
+              summary_for=lambda act, lr, seed: {"final_val_loss": 9.0})  # above any unigram
+  text = report.write(tmp_path).read_text()
+  stable = _section(text, "Largest stable LR")
+  assert "17 finished run(s) have no `unigram_loss` in their summary: not checked" in stable
+  assert "| relu | 0.003 | — (the grid's largest) |" in stable
+  assert "| gelu | 0.001 | 0.003: 2 stable, 1 diverged |" in stable
+  assert "not learned" not in _section(text, "Runs")
+
+
+def test_a_grid_without_an_lr_axis_compares_activations_only(tmp_path):
+  s = _fake_sweep(tmp_path, np.random.default_rng(6), acts=["relu", "gelu", "tanh"],
+                  missing={_name("tanh", 1e-3, k) for k in SEEDS})
+  manifest = json.loads((tmp_path / "sweep.json").read_text())
+  cells = [{"name": c["name"], "overrides": {k: v for k, v in c["overrides"].items()
+                                             if k != "optim.lr"}}
+           for c in manifest["cells"] if c["overrides"]["optim.lr"] == 1e-3]
+  (tmp_path / "sweep.json").write_text(json.dumps(  # like experiments/activation_zoo.py
+      {**manifest, "axes": {"model.activation": ["relu", "gelu", "tanh"]}, "cells": cells}))
+  text = report.write(tmp_path, "gelu").read_text()
+  pairs = _section(text, "Paired comparisons")
+  d = [s[_name("relu", 1e-3, k)]["final_val_loss"] - s[_name("gelu", 1e-3, k)]["final_val_loss"]
+       for k in SEEDS]
+  assert "| A | B (baseline) | n | mean A − B |" in pairs
+  assert f"| relu | gelu | 3 | {np.mean(d):+.3f} | {np.std(d, ddof=1):.3f} | [" in pairs
+  assert "| tanh | gelu | 0 | — | — | — | not resolved | n < 2 |" in pairs  # not run yet
+  assert "## Largest stable LR" not in text and "## LR sensitivity" not in text

@@ -1,0 +1,272 @@
+"""The sweep report's statistics: pure functions of numbers and of a sweep's runs as read by
+`actlab.report` (numpy only; no IO, no plotting). Definitions also in docs/metrics.md §8, §9.
+
+**Paired comparison** (`paired_difference`). A seed fixes the initialisation stream and the
+batches for every activation and LR, so at one LR two activations A and B are compared seed by
+seed: dᵢ = aᵢ − bᵢ (final val loss; lower is better) over the n seeds where both have a value.
+The seed-to-seed variation the two runs share cancels in dᵢ. With d̄ the mean and s the sample
+standard deviation (n − 1) of the dᵢ, the 95% confidence interval of the mean difference is the
+paired t interval
+
+    d̄ ± t₀.₉₇₅,ₙ₋₁ · s/√n.
+
+Why t and not a bootstrap: with 3–5 seeds a bootstrap has only a handful of distinct resamples
+(10 for n = 3, 35 for n = 4, 126 for n = 5); the resampled means spread by √((n − 1)/n)·s/√n and
+make no allowance for s itself being estimated from n values (what t's heavier tails add), so
+the percentile interval is too narrow and covers the true difference well under 95% of the
+time. The t interval is exact when the differences are normal, and the standard choice at small
+n.
+
+**Verdict**, by rule: "A better" if the interval lies entirely below 0, "B better" if entirely
+above 0, "not resolved" otherwise, and always when n < 2 (no sd, no interval).
+
+**Minimum detectable difference** (`min_detectable`): the smallest true mean difference the same
+design (n seeds, the observed s) would resolve with 80% power at two-sided α = 0.05,
+
+    MDD = (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁) · s/√n,
+
+the usual approximation with t quantiles; the exact power of the paired t test at d = MDD (if
+the true sd is s) is 73% at n = 2, 77% at n = 3, 79% at n = 5 and 80% from n ≈ 10. A "not
+resolved" with MDD m says: a difference smaller than about m could not reliably have been told
+apart from none with these seeds and this noise; it is not evidence that there is none.
+
+**Not learned** (`learned`): a run that finished stable or unstable with final val loss ≥ its
+summary's `unigram_loss` did not learn; it never counts as stable (`Run.stable`). Summaries
+without `unigram_loss` (older runs) are not checked.
+
+**Largest stable LR** (`largest_stable_lr`): per activation (and combination of the other axes),
+the largest swept LR at which every seed of the grid has a run that finished "stable" and
+learned; a missing or unfinished seed disqualifies the LR.
+
+**t quantiles** (`t_quantile`): a table of t₀.₉₇₅ and t₀.₈₀ for df 1..30 (6 decimals), and for
+df > 30 the Cornish–Fisher expansion of t around the normal quantile to 1/df³ (error < 2·10⁻⁶);
+tests/test_stats.py checks both against scipy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+LR_KEY, SEED_KEY = "optim.lr", "train.seed"
+A_BETTER, B_BETTER, NOT_RESOLVED = "A better", "B better", "not resolved"
+
+T_TABLE = {  # p -> t_{p, df} for df = 1..30
+    0.975: (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004,
+            2.262157, 2.228139, 2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905,
+            2.109816, 2.100922, 2.093024, 2.085963, 2.079614, 2.073873, 2.068658, 2.063899,
+            2.059539, 2.055529, 2.051831, 2.048407, 2.045230, 2.042272),
+    0.80: (1.376382, 1.060660, 0.978472, 0.940965, 0.919544, 0.905703, 0.896030, 0.888890,
+           0.883404, 0.879058, 0.875530, 0.872609, 0.870152, 0.868055, 0.866245, 0.864667,
+           0.863279, 0.862049, 0.860951, 0.859964, 0.859074, 0.858266, 0.857530, 0.856855,
+           0.856236, 0.855665, 0.855137, 0.854647, 0.854192, 0.853767),
+}
+
+
+def t_quantile(p: float, df: int) -> float:
+  """The p-quantile of Student's t with `df` degrees of freedom: the table for df ≤ 30 (p 0.975
+  or 0.80 only), the Cornish–Fisher expansion beyond (any p)."""
+  if df < 1:
+    raise ValueError(f"t_quantile: df must be ≥ 1, got {df}")
+  if df <= len(T_TABLE[0.975]):
+    if p not in T_TABLE:
+      raise ValueError(f"t_quantile: p={p} is tabulated for df ≤ 30 only as {list(T_TABLE)}")
+    return T_TABLE[p][df - 1]
+  z = statistics.NormalDist().inv_cdf(p)
+  return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+          + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+
+@dataclasses.dataclass(frozen=True)
+class Paired:
+  """A paired comparison of A against B; NaN where undefined (mean: n = 0; the rest: n < 2)."""
+  n: int
+  mean: float           # d̄, the mean of A − B
+  sd: float             # sample sd of the differences
+  ci_low: float         # the 95% paired t interval of the mean difference
+  ci_high: float
+  verdict: str          # A_BETTER, B_BETTER or NOT_RESOLVED
+  mdd: float            # min_detectable(sd, n)
+
+
+def min_detectable(sd: float, n: int) -> float:
+  """MDD = (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁) · sd/√n: the true mean difference a paired t test on n
+  pairs with this sd detects with 80% power at two-sided α = 0.05 (n ≥ 2)."""
+  return (t_quantile(0.975, n - 1) + t_quantile(0.80, n - 1)) * sd / math.sqrt(n)
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> Paired:
+  """A against B from finite values paired by position (aᵢ and bᵢ share a seed); the verdict by
+  the rule in the module docstring (lower is better)."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  if a.ndim != 1 or a.shape != b.shape or not np.all(np.isfinite(a - b)):
+    raise ValueError("paired_difference: a and b must be finite sequences of the same length")
+  d = a - b
+  n = d.size
+  if n < 2:
+    nan = math.nan
+    return Paired(n, float(d[0]) if n else nan, nan, nan, nan, NOT_RESOLVED, nan)
+  mean, sd = float(d.mean()), float(d.std(ddof=1))
+  half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+  low, high = mean - half, mean + half
+  verdict = A_BETTER if high < 0 else B_BETTER if low > 0 else NOT_RESOLVED
+  return Paired(n, mean, sd, low, high, verdict, min_detectable(sd, n))
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float | None]:
+  """Mean and sample standard deviation (None for a single value)."""
+  x = np.asarray(values, np.float64)
+  return float(x.mean()), (float(x.std(ddof=1)) if x.size > 1 else None)
+
+
+def finite(x) -> bool:
+  """True for a finite number; False for None (how JSON stores NaN/inf), NaN and inf."""
+  return x is not None and math.isfinite(x)
+
+
+def learned(final_val_loss: float | None, unigram_loss: float | None) -> bool | None:
+  """False if the run did not learn: final val loss ≥ the unigram loss (the cross-entropy of the
+  validation targets under the training tokens' smoothed unigram distribution), i.e. no better
+  than predicting every token by its frequency; True if below; None (not checked) if either is
+  missing or not finite."""
+  if finite(final_val_loss) and finite(unigram_loss):
+    return final_val_loss < unigram_loss
+  return None
+
+
+def capped_losses(final: Sequence[float | None], initial: float) -> np.ndarray:
+  """min(ℓ(η), ℓ₀) for the final val loss ℓ(η) at each LR, a run without one (diverged) counting
+  as ℓ₀, the val loss at initialisation."""
+  return np.array([initial if x is None else min(x, initial) for x in final], np.float64)
+
+
+def sensitivity(capped: Sequence[float]) -> float:
+  """One seed's LR sensitivity (Wortsman et al. 2023): the mean over the swept LRs of the capped
+  loss minus the lowest one (`capped_losses`)."""
+  c = np.asarray(capped, np.float64)
+  return float(np.mean(c - c.min()))
+
+
+# --- A sweep's runs -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Run:
+  """One cell of a sweep as `report.load` read it."""
+  name: str
+  overrides: dict[str, Any]          # axis key -> value, seed included
+  state: str                         # "done", "incomplete" (metrics but no summary), "missing"
+  summary: dict = dataclasses.field(default_factory=dict)
+  rows: list = dataclasses.field(default_factory=list)
+  unreadable: list = dataclasses.field(default_factory=list)  # what could not be read, said
+
+  @property
+  def status(self) -> str:
+    return self.summary.get("status", self.state) if self.state == "done" else self.state
+
+  def value(self, key: str) -> float | None:
+    """A finite summary value of a finished, non-diverged run (a diverged run has no values at
+    the last step), else None; `initial_val_loss` of any finished run."""
+    finished = self.status in ("stable", "unstable")
+    ok = finished or (key == "initial_val_loss" and self.state == "done")
+    v = self.summary.get(key) if ok else None
+    return v if finite(v) else None
+
+  @property
+  def learned(self) -> bool | None:
+    return learned(self.value("final_val_loss"), self.summary.get("unigram_loss"))
+
+  @property
+  def stable(self) -> bool:
+    return self.status == "stable" and self.learned is not False
+
+
+def group_keys(manifest: Mapping) -> list[str]:
+  """The axes other than the seed, the LR first (as in the reference table)."""
+  return sorted((k for k in manifest["axes"] if k != SEED_KEY), key=lambda k: k != LR_KEY)
+
+
+def other_axes(manifest: Mapping) -> list[str]:
+  """The axes a table row or a plot colour is for: all but the LR and the seed."""
+  return [k for k in group_keys(manifest) if k != LR_KEY]
+
+
+def fmt_value(v) -> str:
+  """An axis value as tables and legends print it."""
+  return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def activation_axis(manifest: Mapping) -> str | None:
+  """The compared axis: the first named `*activation`, else the first but the LR and the seed."""
+  others = [k for k in group_keys(manifest) if k != LR_KEY]
+  return next((k for k in others if k.endswith("activation")), others[0] if others else None)
+
+
+def groups(manifest: Mapping, runs: Sequence[Run], keys: Sequence[str]) -> dict[tuple, list[Run]]:
+  """Runs by their values of `keys`, in grid order; by the LR grid first when keys[0] is the LR."""
+  out: dict[tuple, list[Run]] = {}
+  for run in runs:
+    out.setdefault(tuple(run.overrides[k] for k in keys), []).append(run)
+  if keys and keys[0] == LR_KEY:  # A stable sort: grid order within an LR.
+    return dict(sorted(out.items(), key=lambda kv: manifest["axes"][LR_KEY].index(kv[0][0])))
+  return out
+
+
+def pivot(manifest: Mapping, runs: Sequence[Run], axis: str) -> dict[tuple, dict[tuple, Run]]:
+  """Per combination of the axes other than `axis` and the seed (`group_keys` order, `groups`
+  order): {(value of `axis`, seed): Run}."""
+  keys = [k for k in group_keys(manifest) if k != axis]
+  return {key: {(r.overrides[axis], r.overrides[SEED_KEY]): r for r in group}
+          for key, group in groups(manifest, runs, keys).items()}
+
+
+def comparisons(manifest: Mapping, runs: Sequence[Run], baseline) -> list[tuple]:
+  """(values of the other axes, A, B = `baseline`, `paired_difference`) for every activation
+  A ≠ B at every LR and combination of the other axes, paired by seed over the seeds where both
+  runs have a finite final val loss."""
+  axis = activation_axis(manifest)
+  out = []
+  for key, cells in pivot(manifest, runs, axis).items():
+    loss = {k: r.value("final_val_loss") for k, r in cells.items()}
+    for a in [v for v in manifest["axes"][axis] if v != baseline]:
+      seeds = [s for s in manifest["seeds"]
+               if loss.get((a, s)) is not None and loss.get((baseline, s)) is not None]
+      out.append((key, a, baseline, paired_difference([loss[a, s] for s in seeds],
+                                                      [loss[baseline, s] for s in seeds])))
+  return out
+
+
+def largest_stable_lr(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, Any]:
+  """Per combination of the non-LR axes: the largest swept LR at which every seed of the grid
+  has a `Run.stable` run (finished "stable" and learned), None if none does."""
+  if LR_KEY not in manifest["axes"]:
+    return {}
+  return {key: max((lr for lr in manifest["axes"][LR_KEY] if all(
+              (lr, s) in cells and cells[lr, s].stable for s in manifest["seeds"])), default=None)
+          for key, cells in pivot(manifest, runs, LR_KEY).items()}
+
+
+def lr_sensitivity(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, dict]:
+  """Per combination of the non-LR axes, when at least two LRs are swept: {"per_seed":
+  `sensitivity` of each seed finished at every LR, "best_lr": the LR with the lowest mean capped
+  loss over those seeds (None if there is none)}."""
+  lrs = manifest["axes"].get(LR_KEY, [])
+  if len(lrs) < 2:
+    return {}
+  out = {}
+  for key, cells in pivot(manifest, runs, LR_KEY).items():
+    capped = []
+    for seed in manifest["seeds"]:
+      done = [cells.get((lr, seed)) for lr in lrs]
+      init = [r.value("initial_val_loss") for r in done if r is not None and r.state == "done"]
+      if len(init) == len(lrs) and any(v is not None for v in init):
+        # ℓ₀ is the same at every LR (the initialisation depends on the seed only).
+        ell0 = min(v for v in init if v is not None)
+        capped.append(capped_losses([r.value("final_val_loss") for r in done], ell0))
+    best = lrs[int(np.argmin(np.mean(capped, axis=0)))] if capped else None
+    out[key] = {"per_seed": [sensitivity(c) for c in capped], "best_lr": best}
+  return out
