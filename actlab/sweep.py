@@ -1,14 +1,17 @@
-"""Runs a grid of configs, one workdir per cell, sequentially in this process.
+"""Runs a grid of configs, one workdir per cell: in this process, in N worker processes, or as
+shard i of N independent jobs.
 
     python -m actlab.sweep --config=configs/tinystories_gelu.py \\
-        --sweep=experiments/relu_vs_gelu_lr.py[:smoke] --workdir=runs/relu_vs_gelu
+        --sweep=experiments/relu_vs_gelu_lr.py[:smoke] --workdir=runs/relu_vs_gelu \\
+        [--workers=N] [--shard=i/N]
 
 A sweep file defines `get_sweep(arg=None)` returning a dict:
 
     {"axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-4, 1e-3, 3e-3]},
      "seeds": [0, 1, 2],                      # the `train.seed` axis, always last
      "fixed": {"train.steps": 150, ...},      # optional: overrides applied to every cell
-     "description": "..."}                    # optional: the report's heading
+     "description": "...",                    # optional: the report's heading
+     "baseline": "gelu"}                      # optional: the report compares the others to it
 
 The grid is the product of the axes (in the order given) and the seeds. Each cell's workdir is
 named by its overrides, `activation=relu,lr=0.001,seed=0` (the last part of each key, or the whole
@@ -18,6 +21,17 @@ Rerunning the same command continues the sweep: cells with `summary.json` are sk
 ones included: divergence is a result), interrupted ones resume from their last checkpoint, and
 cells another process is training are skipped (each cell's workdir has a lock), so several
 sweeps can share one directory.
+
+`--workers=N` trains N cells at once on this host: N child sweeps, each pinned to its share of the
+CPUs (and to one GPU where there are GPUs), take the cells as they come free (`actlab.workers`).
+`--shard=i/N` trains only cells i, i + N, i + 2N, … of the grid, so N jobs with i = 0 … N-1 cover
+every cell once; a shard started twice is harmless (the locks). A SLURM job array
+(`sbatch --array=0-<N-1>`, indices from 0) runs
+
+    python -m actlab.sweep ... --shard=$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT [--workers=K]
+
+Shards split cells, not compile groups: groups are few and unequal (often fewer than the jobs);
+the price is a compile per group in each shard that has cells of it.
 
 Cells that differ only in `optim.lr` and `train.seed` share one compiled program: both live in
 the train state, so `group` puts such cells together and `run_group` trains them with one compile
@@ -30,14 +44,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import os
 import pathlib
+import sys
 import time
 from typing import Any, Callable, Sequence
 
 import ml_collections
 
 from actlab import config as config_lib
-from actlab import errors, metrics, steps, train
+from actlab import errors, metrics, steps, train, workers
 from actlab import workdir as workdir_lib
 
 SEED_KEY = "train.seed"
@@ -52,6 +68,7 @@ class Sweep:
   seeds: list[int]
   fixed: dict[str, Any]             # overrides applied to every cell before the axes
   description: str = ""
+  baseline: str | None = None       # the report's baseline activation (default: the first)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +89,10 @@ def load(spec: str) -> Sweep:
 
 def parse(d: dict) -> Sweep:
   """Checks a `get_sweep` result and turns it into a Sweep."""
-  unknown = set(d) - {"axes", "seeds", "fixed", "description"}
+  unknown = set(d) - {"axes", "seeds", "fixed", "description", "baseline"}
   if unknown:
     raise config_lib.ConfigError(f"sweep: unknown keys {sorted(unknown)}; "
-                                 "use axes, seeds, fixed, description")
+                                 "use axes, seeds, fixed, description, baseline")
   axes = {k: list(v) for k, v in d.get("axes", {}).items()}
   seeds = [int(s) for s in d.get("seeds", [0])]
   for key, values in {**axes, SEED_KEY: seeds}.items():
@@ -83,7 +100,8 @@ def parse(d: dict) -> Sweep:
       raise config_lib.ConfigError(f"sweep axis {key!r} needs distinct values, got {values}")
   if SEED_KEY in axes:
     raise config_lib.ConfigError(f"sweep: give seeds as 'seeds', not as the axis {SEED_KEY!r}")
-  return Sweep(axes, seeds, dict(d.get("fixed", {})), d.get("description", ""))
+  return Sweep(axes, seeds, dict(d.get("fixed", {})), d.get("description", ""),
+               d.get("baseline"))
 
 
 def _say(message: str) -> None:
@@ -120,6 +138,24 @@ def cells(base: ml_collections.ConfigDict, sweep: Sweep) -> list[Cell]:
   return out
 
 
+def parse_shard(spec: str) -> tuple[int, int]:
+  """`--shard=i/N` → (i, N); a UserError unless 0 <= i < N."""
+  try:
+    i, n = map(int, spec.split("/"))
+  except ValueError:
+    i = n = 0
+  if not 0 <= i < n:
+    raise errors.UserError(f"--shard={spec}: give i/N, shard i of N with 0 <= i < N (e.g. "
+                           "--shard=0/4, or $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)")
+  return i, n
+
+
+def select(grid: Sequence[Cell], shard: tuple[int, int]) -> list[Cell]:
+  """Shard i of N: cells i, i + N, i + 2N, … of the grid."""
+  i, n = shard
+  return list(grid[i::n])
+
+
 def group(cells_: Sequence[Cell]) -> list[list[Cell]]:
   """Cells that can share compiled functions (configs equal but for LR and seed), grid order kept
   within a group, groups in order of first appearance."""
@@ -133,7 +169,7 @@ def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Seque
   """`sweep.json`: the grid as `actlab.report` reads it (also for cells not yet run)."""
   workdir.mkdir(parents=True, exist_ok=True)
   manifest = {"sweep": spec, "description": sweep.description, "axes": sweep.axes,
-              "seeds": sweep.seeds, "fixed": sweep.fixed,
+              "seeds": sweep.seeds, "fixed": sweep.fixed, "baseline": sweep.baseline,
               "cells": [{"name": c.name, "overrides": c.overrides} for c in cells_]}
   workdir_lib.write_json(workdir / "sweep.json", manifest)
 
@@ -162,9 +198,15 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
         cell = todo.pop(0)
         try:
           held.enter_context(workdir_lib.Lock(train.logdir(workdir / cell.name)))
-          chunk.append(cell)
         except workdir_lib.Lock.Busy as e:
           log(f"{cell.name}: skipped: {e}")
+          continue
+        summary = workdir_lib.read_summary(train.logdir(workdir / cell.name))
+        if summary is None:
+          chunk.append(cell)
+        else:  # Finished by another process since the check above.
+          log(f"{cell.name}: done by another process ({summary.get('status')}), skipped")
+          summaries[cell.name] = summary
       if not chunk:
         break
       t0 = time.perf_counter()
@@ -179,29 +221,51 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
   return [summaries.get(cell.name) for cell in group_]
 
 
+def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
+         shard: tuple[int, int] = (0, 1), manifest: bool = True) -> list[Cell]:
+  """The cells of `shard` of the sweep `spec` on top of `base`; writes `sweep.json` (the whole
+  grid) unless `manifest` is false."""
+  sweep = load(spec)
+  grid = cells(base, sweep)
+  if manifest:
+    write_manifest(workdir, spec, sweep, grid)
+  return select(grid, shard)
+
+
+def _ended(cells_: Sequence[Cell], workdir: pathlib.Path) -> dict[str, dict]:
+  """{cell name: summary} of the cells that have ended, as their summary.json files say."""
+  return {c.name: s for c in cells_ if (s := workdir_lib.read_summary(workdir / c.name))}
+
+
+def _unfinished(cells_: Sequence[Cell], results: dict, log: Callable[[str], None]) -> None:
+  if len(results) < len(cells_):
+    log(f"sweep: {len(cells_) - len(results)} cell(s) are being trained by another process; "
+        "rerun this command once it is done to see every cell finished")
+
+
 def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str], None] = _say,
-        cache: dict | None = None) -> dict[str, dict]:
-  """Runs (or continues) the sweep `spec` on top of `base` in `workdir`; {cell name: summary}
-  of the cells that have ended (cells another process is training are left out).
+        cache: dict | None = None, shard: tuple[int, int] = (0, 1),
+        worker: bool = False) -> dict[str, dict]:
+  """Runs (or continues) the sweep `spec` on top of `base` in `workdir`, only the cells of `shard`
+  (`select`); {cell name: summary} of the cells that have ended (cells another process is
+  training are left out). A `worker` of `--workers` leaves sweep.json and the end to its parent.
 
   `cache`: a dict kept by the caller to reuse compiled functions across calls (a notebook, a
   test); by default each group compiles once and its functions are dropped after it.
   """
   workdir = pathlib.Path(workdir)
-  sweep = load(spec)
-  grid = cells(base, sweep)
-  write_manifest(workdir, spec, sweep, grid)
-  groups = group(grid)
-  log(f"sweep: {len(grid)} cells in {len(groups)} compile group(s) → {workdir}")
+  mine = plan(base, spec, workdir, shard, manifest=not worker)
+  groups = group(mine)
+  part = f" (shard {shard[0]}/{shard[1]})" if shard[1] > 1 else ""
+  log(f"sweep: {len(mine)} cells{part} in {len(groups)} compile group(s) → {workdir}")
   results = {}
   for group_ in groups:
     for cell, summary in zip(group_, run_group(group_, workdir, {} if cache is None else cache,
                                                log)):
       if summary is not None:
         results[cell.name] = summary
-  if len(results) < len(grid):
-    log(f"sweep: {len(grid) - len(results)} cell(s) are being trained by another process; rerun "
-        "this command once it is done to see every cell finished")
+  if not worker:
+    _unfinished(mine, results, log)
   return results
 
 
@@ -212,7 +276,26 @@ def main(argv):
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
   t0 = time.perf_counter()
-  results = run(FLAGS.config, FLAGS.sweep, FLAGS.workdir)
+  workdir, shard = pathlib.Path(FLAGS.workdir), parse_shard(FLAGS.shard)
+  worker = os.environ.get(workers.ENV)
+  if worker:  # A child of `--workers`: its parent wrote sweep.json and reports the end.
+    log = lambda message: _say(f"worker {worker}: {message}")
+    log(workers.here())
+    run(FLAGS.config, FLAGS.sweep, workdir, log, shard=shard, worker=True)
+    return
+  if FLAGS.workers > 1:
+    workers.plan(FLAGS.workers)  # Too few CPUs (or GPUs) are refused before anything is written.
+    mine = plan(FLAGS.config, FLAGS.sweep, workdir, shard)
+    todo = len(mine) - len(_ended(mine, workdir))
+    if todo:
+      team = workers.plan(min(FLAGS.workers, todo))  # No idle child holding CPUs.
+      _say(f"sweep: {todo} of {len(mine)} cells to train, {len(team)} workers: " + "; ".join(
+          f"worker {w.index} on {workers.describe(w.cpus, w.gpu)}" for w in team))
+      workers.run(team, sys.argv[1:], _say)
+    results = _ended(mine, workdir)
+    _unfinished(mine, results, _say)
+  else:
+    results = run(FLAGS.config, FLAGS.sweep, workdir, shard=shard)
   counts = {s: sum(r.get("status") == s for r in results.values()) for s in metrics.STATUSES}
   print(f"sweep done in {time.perf_counter() - t0:.0f} s: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())
@@ -224,5 +307,9 @@ if __name__ == "__main__":
   errors.define_config_file("config", "Base config file, e.g. configs/x.py.")
   flags.DEFINE_string("sweep", None, "Sweep file[:arg], e.g. experiments/x.py:smoke.")
   flags.DEFINE_string("workdir", None, "Sweep directory: one subdirectory per cell.")
+  flags.DEFINE_integer("workers", 1, "Cells trained at once on this host, each in a child "
+                       "process with its share of the CPUs (or one GPU).", lower_bound=1)
+  flags.DEFINE_string("shard", "0/1", "i/N: train only cells i, i+N, i+2N, ... (a job array: "
+                      "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT).")
   flags.mark_flags_as_required(["config", "sweep", "workdir"])
   errors.run(main)

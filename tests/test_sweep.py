@@ -1,10 +1,16 @@
-"""Sweeps: grid, names, overrides, the shipped sweep files, compile reuse, skip/resume/diverge."""
+"""Sweeps: grid, names, overrides, the shipped sweep files, compile reuse, skip/resume/diverge,
+shards and worker processes."""
 
+import collections
 import contextlib
 import json
+import os
 import pathlib
+import re
 import shutil
 import struct
+import subprocess
+import sys
 import types
 
 import jax
@@ -12,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import activations, config as config_lib, models, steps, sweep, train
+from actlab import activations, config as config_lib, errors, models, steps, sweep, train, workers
 from actlab.checkpoint import Checkpoints
 from conftest import REPO, tiny
 
@@ -253,3 +259,135 @@ def test_rerun_skips_finished_cells_and_resumes_an_interrupted_one(swept, tmp_pa
   np.testing.assert_allclose(_losses(victim), before, rtol=1e-6)
   assert again[victim.name]["final_val_loss"] == pytest.approx(
       swept.results[victim.name]["final_val_loss"], rel=1e-6)
+
+
+# --- Shards and workers ----------------------------------------------------------------------
+
+CONFIG_FILE = str(REPO / "tests" / "tiny_config.py")
+
+
+def test_parse_shard():
+  assert sweep.parse_shard("0/1") == (0, 1) and sweep.parse_shard("2/3") == (2, 3)
+  for bad in ("3/2", "2/2", "-1/2", "1/0", "x", "1", "1/2/3", "", "/"):
+    with pytest.raises(errors.UserError, match=f"^--shard={re.escape(bad)}: give i/N"):
+      sweep.parse_shard(bad)
+
+
+def test_shards_partition_the_cells_and_each_trains_only_its_own(tmp_path, monkeypatch):
+  axes = {"model.activation": ["relu", "gelu"], "optim.lr": [1e-3, 3e-3, 1e-2]}
+  cells = sweep.cells(tiny(), sweep.parse({"axes": axes, "seeds": [0, 1]}))
+  grid = [c.name for c in cells]
+  assert len(grid) == 12
+  for n in (1, 2, 5, 12, 13):
+    shards = [[c.name for c in sweep.select(cells, (i, n))] for i in range(n)]
+    assert collections.Counter(sum(shards, [])) == collections.Counter(grid)  # each cell once
+    assert [s[:1] for s in shards] == [grid[i:i + 1] for i in range(n)]  # cells i, i + n, …
+  # A sweep run as shard i of 3 trains cells i, i + 3, … and writes the whole grid's sweep.json.
+  spec = tmp_path / "grid.py"
+  spec.write_text(f"def get_sweep(arg=None):\n  return {{'axes': {axes!r}, 'seeds': [0, 1], "
+                  "'baseline': 'gelu'}\n")
+  trained = []
+
+  def fake_run_group(configs, workdirs, cache=None, log=print):
+    trained.extend(pathlib.Path(w).name for w in workdirs)
+    return [{"status": "stable", "final_val_loss": 1.0}] * len(configs)
+
+  monkeypatch.setattr(train, "run_group", fake_run_group)
+  for i in range(3):
+    results = sweep.run(tiny(), str(spec), tmp_path / "runs", log=lambda _: None, shard=(i, 3))
+    assert list(results) == trained[-4:] == grid[i::3]
+  assert sorted(trained) == sorted(grid)
+  manifest = json.loads((tmp_path / "runs" / "sweep.json").read_text())
+  assert [c["name"] for c in manifest["cells"]] == grid
+  assert manifest["baseline"] == "gelu"  # the report's baseline, from the sweep file
+
+
+def test_cpus_split_into_disjoint_blocks_that_keep_hyperthreads_together(monkeypatch):
+  for cpus in ([0], [0, 1], list(range(8)), [3, 5, 6, 10, 11]):
+    for n in range(1, len(cpus) + 1):
+      blocks = workers.split_cpus(cpus, n)
+      assert len(blocks) == n and all(blocks)
+      assert collections.Counter(sum(blocks, [])) == collections.Counter(cpus)
+      assert max(map(len, blocks)) - min(map(len, blocks)) <= 1
+  # 4 cores × 2 threads as Linux often numbers them: CPUs c and c + 4 share core c.
+  assert workers.split_cpus(range(8), 4, core=lambda c: c % 4) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+  assert workers.split_cpus(range(8), 2, core=lambda c: c % 4) == [[0, 4, 1, 5], [2, 6, 3, 7]]
+  for n in (0, 3):
+    with pytest.raises(ValueError):
+      workers.split_cpus([0, 1], n)
+  assert workers.ranges([8, 0, 1, 2, 5, 7]) == "0-2,5,7-8"
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6})
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+  assert [(w.cpus, w.gpu) for w in workers.plan(2)] == [((4, 5), None), ((6,), None)]
+  with pytest.raises(errors.UserError, match=r"^--workers=4: this process may use 3 CPU\(s\) "
+                                             r"\(4-6\); use at most --workers=3$"):
+    workers.plan(4)
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,GPU-ab12")
+  assert [w.gpu for w in workers.plan(2)] == ["3", "GPU-ab12"]
+  with pytest.raises(errors.UserError, match="2 GPU"):
+    workers.plan(3)
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--shard=3/2", "--shard=3/2: give i/N"),
+    ("--shard=x", "--shard=x: give i/N"),
+    ("--workers=100000", "--workers=100000: this process may use"),
+])
+def test_bad_shard_or_workers_is_one_line_and_exit_2(tmp_path, flag, message):
+  result = subprocess.run([sys.executable, "-m", "actlab.sweep", f"--config={CONFIG_FILE}",
+                           f"--sweep={EXPERIMENTS}/relu_vs_gelu_lr.py:smoke",
+                           f"--workdir={tmp_path / 'runs'}", flag],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode == errors.UserError.exit_code, result.stderr
+  assert result.stderr.startswith(f"error: {message}") and result.stderr.count("\n") == 1, (
+      result.stderr)
+  assert not (tmp_path / "runs").exists()
+
+
+def _cpu_set(ranges: str) -> set[int]:
+  """"0-2,5" → {0, 1, 2, 5}."""
+  out = set()
+  for part in ranges.split(","):
+    a, _, b = part.partition("-")
+    out.update(range(int(a), int(b or a) + 1))
+  return out
+
+
+@pytest.mark.slow
+def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_path):
+  if len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("needs 2 CPUs")
+  spec = tmp_path / "grid.py"
+  spec.write_text("def get_sweep(arg=None):\n"
+                  "  return {'axes': {'optim.lr': [1e-3, 3e-3]}, 'seeds': [0, 1],\n"
+                  "          'fixed': {'train.steps': 10, 'train.checkpoint_every': 10,\n"
+                  "                    'train.eval_every': 10, 'metrics.sharpness_every': 0}}\n")
+  one, two = tmp_path / "one", tmp_path / "two"
+  reference = sweep.run(tiny(), str(spec), one, log=lambda _: None)
+  command = [sys.executable, "-m", "actlab.sweep", f"--config={CONFIG_FILE}", f"--sweep={spec}",
+             f"--workdir={two}", "--workers=2"]
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+  out = result.stdout
+  assert result.returncode == 0, out + result.stderr
+  # Each child reports the CPUs it may use: disjoint blocks that cover ours.
+  cpus = dict(re.findall(r"^worker (\d)/2: pid \d+, CPUs (\S+)$", out, re.M))
+  assert sorted(cpus) == ["0", "1"], out
+  assert _cpu_set(cpus["0"]).isdisjoint(_cpu_set(cpus["1"]))
+  assert _cpu_set(cpus["0"]) | _cpu_set(cpus["1"]) == os.sched_getaffinity(0)
+  # Each cell trained once, by one of the children; one line per child, one end line.
+  trained = re.findall(r"^worker (\d)/2: (\S+): stable, val loss", out, re.M)
+  assert sorted(name for _, name in trained) == sorted(reference), out
+  assert len(re.findall(r"^worker \d/2 \(CPUs \S+\): done$", out, re.M)) == 2, out
+  assert out.count("sweep done") == 1 and out.endswith(
+      f"4 stable, 0 unstable, 0 diverged; report: python -m actlab.report {two}\n"), out
+  assert (two / "sweep.json").read_text() == (one / "sweep.json").read_text()
+  strip = lambda rows: [{k: v for k, v in r.items() if k != "tokens_per_sec"} for r in rows]
+  for name in reference:
+    segments = json.loads((two / name / "provenance.json").read_text())["segments"]
+    assert len(segments) == 1  # trained from scratch once, never resumed or retrained
+    assert strip(_rows(two / name)) == strip(_rows(one / name))  # bitwise: JSON floats
+  # Run again, nothing is left to train: no child starts, the same end.
+  again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert again.returncode == 0 and again.stdout.count("\n") == 1, again.stdout + again.stderr
+  assert again.stdout.endswith("4 stable, 0 unstable, 0 diverged; report: python -m actlab."
+                               f"report {two}\n"), again.stdout

@@ -1,0 +1,161 @@
+"""`actlab.sweep --workers=N`: N child sweeps on one host, each on its own share of the hardware.
+
+Every child runs the parent's sweep command (with `--workers=1`), so all walk the same cells and
+each cell's lock gives it to whichever child reaches it first: the children share the work
+dynamically, which balances cells of unequal cost (another activation, a vectorized group) better
+than a fixed split would. The parent has written `sweep.json` before and reports the end.
+
+Child k is pinned (`sched_setaffinity`) to block k of the parent's allowed CPUs, hyperthreads of
+one core kept together. That also sizes its XLA:CPU thread pools: XLA counts the CPUs a process
+may use (no XLA_FLAGS flag sets the count; `intra_op_parallelism_threads=` there is silently
+ignored). On a host with GPUs, child k also sees only GPU k (`CUDA_VISIBLE_DEVICES`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Hashable, Sequence
+
+from actlab.errors import UserError
+
+ENV = "ACTLAB_SWEEP_WORKER"  # "k/N" in the environment of child k of N
+
+
+@dataclasses.dataclass(frozen=True)
+class Worker:
+  index: int
+  cpus: tuple[int, ...]
+  gpu: str | None                   # its CUDA_VISIBLE_DEVICES entry; None without GPUs
+
+
+class Failed(UserError):
+  """A child failed or was stopped; exits with its exit code."""
+
+  def __init__(self, message: str, exit_code: int):
+    super().__init__(message)
+    self.exit_code = exit_code
+
+
+def split_cpus(cpus: Sequence[int], n: int,
+               core: Callable[[int], Hashable] = lambda cpu: cpu) -> list[list[int]]:
+  """`cpus` as `n` disjoint, non-empty blocks that cover them, sizes differing by at most one. The
+  CPUs are ordered by `core(cpu)` first, so that the hyperthreads of a core share a block."""
+  if not 1 <= n <= len(cpus):
+    raise ValueError(f"cannot split {len(cpus)} CPUs into {n} blocks")
+  order = sorted(cpus, key=lambda cpu: (core(cpu), cpu))
+  size, extra = divmod(len(order), n)
+  bounds = [k * size + min(k, extra) for k in range(n + 1)]
+  return [order[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _core(cpu: int) -> tuple[int, ...]:
+  """(socket, core) of a CPU as Linux reports it; (cpu,) where it does not."""
+  topology = pathlib.Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+  try:
+    return tuple(int((topology / f).read_text()) for f in ("physical_package_id", "core_id"))
+  except (OSError, ValueError):
+    return (cpu,)
+
+
+def _gpus() -> list[str]:
+  """The GPUs to hand out: CUDA_VISIBLE_DEVICES' entries where it is set, else one per
+  /dev/nvidia<i> (read without starting CUDA: the parent must not take GPU memory)."""
+  visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+  if visible is not None:
+    return [d.strip() for d in visible.split(",") if d.strip()]
+  count = sum(p.name[6:].isdigit() for p in pathlib.Path("/dev").glob("nvidia*"))
+  return [str(i) for i in range(count)]
+
+
+def ranges(cpus: Sequence[int]) -> str:
+  """{0, 1, 2, 5} → "0-2,5"."""
+  out, cpus = [], sorted(cpus)
+  for i, cpu in enumerate(cpus):
+    if i and cpu == cpus[i - 1] + 1:
+      out[-1][1] = cpu
+    else:
+      out.append([cpu, cpu])
+  return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
+
+
+def plan(n: int) -> list[Worker]:
+  """N workers on this process's CPUs (and GPUs); a UserError if there are fewer than N."""
+  cpus = sorted(os.sched_getaffinity(0))
+  if n > len(cpus):
+    raise UserError(f"--workers={n}: this process may use {len(cpus)} CPU(s) ({ranges(cpus)}); "
+                    f"use at most --workers={len(cpus)}")
+  gpus = _gpus()
+  if gpus and n > len(gpus):
+    raise UserError(f"--workers={n}: {len(gpus)} GPU(s) visible; use at most "
+                    f"--workers={len(gpus)}, or set CUDA_VISIBLE_DEVICES= to train on CPUs")
+  return [Worker(k, tuple(block), gpus[k] if gpus else None)
+          for k, block in enumerate(split_cpus(cpus, n, _core))]
+
+
+def describe(cpus: Sequence[int], gpu: str | None) -> str:
+  return f"CPUs {ranges(cpus)}" + (f", GPU {gpu}" if gpu else "")
+
+
+def here() -> str:
+  """This process as a child reports itself: "pid …, CPUs …[, GPU …]"."""
+  gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
+  return f"pid {os.getpid()}, {describe(sorted(os.sched_getaffinity(0)), gpu)}"
+
+
+def _start(w: Worker, n: int, argv: Sequence[str]) -> subprocess.Popen:
+  env = {**os.environ, ENV: f"{w.index}/{n}"}
+  if w.gpu is not None:
+    env["CUDA_VISIBLE_DEVICES"] = w.gpu
+  allowed = os.sched_getaffinity(0)
+  os.sched_setaffinity(0, w.cpus)  # Inherited by the child (preexec_fn is unsafe with threads).
+  try:
+    # Its own session: a Ctrl-C reaches it once, from `run`. One progress bar per child would
+    # garble the terminal; the children's log lines name their cells.
+    return subprocess.Popen([sys.executable, "-m", "actlab.sweep", *argv, "--workers=1",
+                             "--config.train.progress=false"], env=env, start_new_session=True)
+  finally:
+    os.sched_setaffinity(0, allowed)
+
+
+def run(workers: Sequence[Worker], argv: Sequence[str], log: Callable[[str], None]) -> None:
+  """Runs `python -m actlab.sweep *argv` as each worker and waits for all of them, passing
+  SIGINT/SIGTERM on (each child checkpoints and stops); one line per child as it ends. Raises
+  `Failed` if a child failed or was stopped."""
+  stop: list[int] = []
+  previous = {s: signal.signal(s, lambda signum, _: stop.append(signum))
+              for s in (signal.SIGINT, signal.SIGTERM)}
+  try:
+    procs = {}
+    for w in workers:
+      if stop:  # Stopped while starting: start no more.
+        break
+      procs[w] = _start(w, len(workers), argv)
+    codes, forwarded = {}, 0
+    while len(codes) < len(procs):
+      for signum in stop[forwarded:]:  # Forwarded here, not in the handler: each child once.
+        for p in procs.values():
+          p.send_signal(signum)  # A no-op for a child that has ended.
+      forwarded = len(stop)
+      for w, p in procs.items():
+        if w not in codes and p.poll() is not None:
+          codes[w] = p.returncode if p.returncode >= 0 else 128 - p.returncode
+          how = "done" if not codes[w] else (
+              f"{'stopped' if stop else 'failed'} with exit code {codes[w]}")
+          log(f"worker {w.index}/{len(workers)} ({describe(w.cpus, w.gpu)}): {how}")
+      time.sleep(0.1)
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+  failed = [w for w in workers if codes.get(w)]
+  if stop:
+    raise Failed(f"stopped by signal {stop[0]}; rerun the same command to resume", 128 + stop[0])
+  if failed:
+    raise Failed(f"worker(s) {', '.join(str(w.index) for w in failed)} failed (see their output "
+                 "above); rerun the same command to retry their unfinished cells",
+                 codes[failed[0]])
