@@ -10,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import evaluators, steps
-from actlab.models import execution, transformer
+from actlab import config as config_lib, evaluators, steps
+from actlab.models import execution, hf, transformer
 
 
 def relative_error(a, b):
@@ -25,17 +25,17 @@ def loss_and_grads(c, params, batch):
   return jax.jit(jax.value_and_grad(f))(params)
 
 
-def to_scan(params, num_layers):
-  """Per-layer `block_i` parameters → the scanned model's `blocks`, stacked on a leading axis."""
-  blocks = [params[f"block_{i}"] for i in range(num_layers)]
-  out = {k: v for k, v in params.items() if not k.startswith("block_")}
-  out["blocks"] = jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
-  return out
+def tiny_encoder():
+  """The encoder (MLM) at the tests' tiny size, without dropout."""
+  tiny = {k: v for k, v in config_lib.SIZES["tiny"].items() if k.startswith("model.")}
+  return config_lib.override(config_lib.encoder("gelu", "smoke"),
+                             {**tiny, "data.seq_len": 32, "model.dropout": 0.0})
 
 
+@pytest.mark.parametrize("kind", ["decoder", "encoder"])
 @pytest.mark.parametrize("remat", ["none", "full", "dots"])
-def test_scan_and_remat_compute_the_same_function(tiny_config, remat):
-  c = tiny_config
+def test_scan_and_remat_compute_the_same_function(tiny_config, remat, kind):
+  c = tiny_config if kind == "decoder" else tiny_encoder()
   batch = jnp.asarray(np.random.default_rng(1).integers(0, 257, (8, 33)), jnp.int32)
   params = jax.jit(steps.Steps.create(c, 257).init)(0).params
   ref = loss_and_grads(c, params, batch)
@@ -44,12 +44,17 @@ def test_scan_and_remat_compute_the_same_function(tiny_config, remat):
   assert abs(float(got[0] - ref[0])) <= 1e-6 * float(ref[0])
   assert relative_error(ref[1], got[1]) <= 1e-6
   c.model.scan_layers = True
-  scan_params = to_scan(params, c.model.num_layers)
-  assert jax.tree.structure(scan_params) == jax.tree.structure(
-      jax.eval_shape(steps.Steps.create(c, 257).init, 0).params)
+  scan_params = execution.scanned_layout(params)
+  like = jax.eval_shape(steps.Steps.create(c, 257).init, 0).params
+  assert jax.tree.structure(scan_params) == jax.tree.structure(like)
+  if kind == "encoder":  # BERT's names hold for the scanned layout too, both ways.
+    state = hf.to_hf(params)
+    assert {k: v.tolist() for k, v in hf.to_hf(scan_params).items()} == {
+        k: v.tolist() for k, v in state.items()}
+    jax.tree.map(np.testing.assert_array_equal, hf.from_hf(state, like), scan_params)
   got = loss_and_grads(c, scan_params, batch)
   assert abs(float(got[0] - ref[0])) <= 1e-5 * float(ref[0])
-  assert relative_error(to_scan(ref[1], c.model.num_layers), got[1]) <= 1e-5
+  assert relative_error(execution.scanned_layout(ref[1]), got[1]) <= 1e-5
 
 
 def hlo_size(c):
@@ -99,7 +104,7 @@ def test_scanned_model_sows_statistics_per_layer(tiny_config):
     step_fns = steps.Steps.create(c, 257)
     params = jax.jit(step_fns.init)(0).params
     if scan:
-      params = to_scan(out[False][1], c.model.num_layers)
+      params = execution.scanned_layout(out[False][1])
     evals = evaluators.Evaluators.create(c)
     stats = jax.jit(functools.partial(evals.validation_step, step_fns))(params, batch)
     out[scan] = (evals.pool([jax.device_get(stats)]), params)

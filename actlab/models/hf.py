@@ -37,7 +37,10 @@ from __future__ import annotations
 from typing import Mapping
 
 from flax.traverse_util import flatten_dict, unflatten_dict
+import jax
 import numpy as np
+
+from actlab.models import execution
 
 _LEAF = {"kernel": "weight", "bias": "bias", "scale": "weight", "embedding": "weight"}
 _TOP = {
@@ -78,9 +81,10 @@ def hf_names(params: Mapping) -> dict[str, str]:
 
 
 def to_hf(params: Mapping) -> dict[str, np.ndarray]:
-  """A BERT state dict (numpy, PyTorch layout: kernels transposed) from encoder parameters."""
+  """A BERT state dict (numpy, PyTorch layout: kernels transposed) from encoder parameters
+  (per-layer, or a `scan_layers` model's, unstacked first)."""
   out = {}
-  for path, value in flatten_dict(params).items():
+  for path, value in flatten_dict(execution.per_layer_layout(params)).items():
     value = np.asarray(value)
     out[hf_name(path)] = value.T if path[-1] == "kernel" else value
   return out
@@ -90,7 +94,11 @@ def from_hf(state: Mapping[str, np.ndarray], like: Mapping) -> dict:
   """Encoder parameters shaped like `like` (e.g. from `init` or `jax.eval_shape`) from a BERT
   state dict. Names may carry the `bert.` prefix of Hugging Face task models; LayerNorm
   `gamma`/`beta` (old checkpoints) are accepted; a smaller vocabulary is padded with zeros.
-  Raises KeyError naming any parameter the state dict lacks."""
+  Raises KeyError naming any parameter the state dict lacks. A `scan_layers` model's `like`
+  gets its parameters in its own layout (`blocks` with a leading layer axis)."""
+  if "blocks" in like:
+    like = execution.per_layer_layout(jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), like))
+    return execution.scanned_layout(from_hf(state, like))
   state = {k.removeprefix("bert."): v for k, v in state.items()}
   for k in list(state):
     if k.endswith(".gamma") or k.endswith(".beta"):

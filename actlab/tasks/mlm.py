@@ -59,9 +59,6 @@ def check_encoder(config) -> None:
         "use 'wordpiece:<vocab size>'")
   check(d.seq_len >= 3, f"data.seq_len={d.seq_len}: an encoder sequence needs [CLS], a token "
         "and [SEP]")
-  # Not yet tested with the encoder: refuse rather than risk a silently different model.
-  check(not m.scan_layers and m.remat == "none",
-        "model.scan_layers / model.remat are implemented for the decoder only so far")
   check(0.0 < d.mlm_prob < 1.0, f"data.mlm_prob={d.mlm_prob} must be in (0, 1)")
   check(d.mlm_mask_frac >= 0 and d.mlm_random_frac >= 0
         and d.mlm_mask_frac + d.mlm_random_frac <= 1.0,
