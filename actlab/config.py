@@ -1,7 +1,7 @@
-"""The default config (every field, documented), the table of sizes, the builders of the shipped
-config files, one override parser, and `validate(config)`.
+"""The default config (every field, documented), the builders of the shipped config files at the
+sizes of actlab/sizes.py, one override parser, and `validate(config)`.
 
-Config files in `configs/` start from `decoder` or `encoder` (`base()` at a size of `SIZES`) and
+Config files in `configs/` start from `decoder` or `encoder` (`base()` at a size of `actlab.sizes.SIZES`) and
 change only what their experiment varies; `validate` runs before anything compiles and raises
 `ConfigError` with one readable line.
 """
@@ -13,6 +13,8 @@ import ml_collections
 
 from actlab import activations, errors
 from actlab.data import tokenizer as tokenizers
+from actlab.sizes import (CLASSIFY_SETTINGS, DECODER_SIZES, ENCODER_PREFIX, ENCODER_SIZES,
+                          SIZES)
 
 
 class ConfigError(errors.UserError, ValueError):
@@ -98,94 +100,6 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   d.manual_dir = ""             # offline TinyStories files; "" means <data dir>/manual/tiny_stories
   d.gpt2_dir = ""               # offline encoder.json + vocab.bpe; "" means $ACTLAB_GPT2_DIR
   return c
-
-
-# --- Sizes --------------------------------------------------------------------------------------
-# Each size is dotted overrides of `base()`: the model's shape and context and, where the size
-# implies them, its vocabulary, data and schedule (the tiny ones train on the embedded corpus, no
-# downloads). The `bert_<size>` rows are the encoder's (`encoder`), the others the decoder's
-# (`decoder`); experiments, tests and benchmarks take their sizes from here too. Parameter counts
-# are `models.count_params` with the GELU FFN: "without wte" leaves out the token embedding.
-
-_SMOKE = {  # the decoder: 454,144 parameters (413,184 without wte)
-    "data.source": "synthetic", "data.tokenizer": "byte", "data.seq_len": 128,
-    "data.val_batches": 4,
-    "model.num_layers": 2, "model.d_model": 128, "model.num_heads": 4, "model.d_ff": 512,
-    "model.max_len": 128,
-    "optim.lr": 3e-3, "optim.warmup_steps": 30,
-    "train.steps": 300, "train.batch_size": 16, "train.log_every": 10, "train.eval_every": 100,
-    "train.checkpoint_every": 100,
-    "metrics.sharpness_every": 0,
-}
-
-_MINI = {  # the sweeps' `:smoke` model (experiments/*.py): decoder and encoder
-    "data.source": "synthetic", "data.seq_len": 64, "data.val_batches": 4,
-    "model.num_layers": 2, "model.d_model": 64, "model.num_heads": 4, "model.d_ff": 256,
-    "model.max_len": 64,
-    "train.eval_every": 50, "train.progress": False,
-}
-
-SIZES = {
-    # The config files' `:smoke`: a few minutes on 2 CPU cores.
-    "smoke": _SMOKE,
-    # The tests' model (tests/tiny_config.py): 2 layers, d_model 32; seconds.
-    "tiny": {**_SMOKE, "data.seq_len": 32, "data.val_batches": 2,
-             "model.d_model": 32, "model.num_heads": 2, "model.d_ff": 64, "model.max_len": 32,
-             "optim.warmup_steps": 5,
-             "train.steps": 50, "train.batch_size": 8, "train.eval_every": 25,
-             "train.checkpoint_every": 25, "train.progress": False},
-    # The sweeps' `:smoke` (also `actlab.sweep.SMOKE`): about 10 s a cell on 2 CPU cores. No peak
-    # LR: each sweep sets or varies its own.
-    "mini": {**_MINI, "data.tokenizer": "byte", "optim.warmup_steps": 15,
-             "train.steps": 150, "train.batch_size": 16, "train.log_every": 5,
-             "train.checkpoint_every": 50,
-             "metrics.sharpness_every": 50, "metrics.sharpness_iters": 10},
-    # For a CPU study on TinyStories: 4,240,896 parameters (3,192,320 without wte).
-    "cpu": {"data.tokenizer": "bpe:4096", "data.seq_len": 128,
-            "model.num_layers": 4, "model.d_model": 256, "model.num_heads": 4, "model.d_ff": 1024,
-            "model.max_len": 128},
-    # The reference study (docs/reference.md §2), `base()` itself: 30,013,440 parameters
-    # (10,696,704 without wte).
-    "reference": {"data.tokenizer": "gpt2", "data.seq_len": 128,
-                  "model.num_layers": 6, "model.d_model": 384, "model.num_heads": 6,
-                  "model.d_ff": 1536, "model.max_len": 128},
-    # GPT-2 small (Radford et al. 2019) at GPT-3's peak LR for its size: 124,475,904 parameters
-    # (85,842,432 without wte).
-    "gpt2_small": {"data.tokenizer": "gpt2", "data.seq_len": 1024,
-                   "model.num_layers": 12, "model.d_model": 768, "model.num_heads": 12,
-                   "model.d_ff": 3072, "model.max_len": 1024,
-                   "optim.lr": 6e-4},
-    # The encoder's sizes use WordPiece vocabularies ([PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4).
-    # Its "mini" (experiments/bert_ffn_activation.py:smoke): about 30 s a cell on 2 CPU cores.
-    "bert_mini": {**_MINI, "data.tokenizer": "wordpiece:2048", "optim.warmup_steps": 20,
-                  "train.steps": 200, "train.batch_size": 32, "train.log_every": 10,
-                  "train.checkpoint_every": 200,
-                  "metrics.sharpness_every": 0},
-    # configs/bert_<activation>.py:smoke, sharing its WordPiece with "bert_mini".
-    "bert_smoke": {**_SMOKE, "data.tokenizer": "wordpiece:2048",
-                   "data.classify": "synthetic/hero_gender", "optim.lr": 2e-3},
-    # A small BERT for TinyStories (configs/bert_<activation>.py).
-    "bert_small": {"data.tokenizer": "wordpiece:8192", "data.seq_len": 128,
-                   "model.num_layers": 4, "model.d_model": 256, "model.num_heads": 4,
-                   "model.d_ff": 1024, "model.max_len": 128},
-    # BERT-base (Devlin et al. 2019): vocabulary 30,522 (padded to 30,528), dropout 0.1;
-    # pretraining at sequence length 128, batch 256, peak LR 1e-4 with 10k warm-up steps over 1M.
-    "bert_base": {"data.tokenizer": "wordpiece:30522", "data.seq_len": 128,
-                  "model.num_layers": 12, "model.d_model": 768, "model.num_heads": 12,
-                  "model.d_ff": 3072, "model.max_len": 512, "model.dropout": 0.1,
-                  "optim.lr": 1e-4, "optim.warmup_steps": 10_000, "optim.min_lr_ratio": 0.0,
-                  "train.steps": 1_000_000, "train.batch_size": 256, "train.log_every": 100,
-                  "train.eval_every": 10_000, "train.checkpoint_every": 10_000,
-                  "metrics.sharpness_every": 10_000},
-}
-ENCODER_PREFIX = "bert_"
-DECODER_SIZES = [s for s in SIZES if not s.startswith(ENCODER_PREFIX)]
-ENCODER_SIZES = [s[len(ENCODER_PREFIX):] for s in SIZES if s.startswith(ENCODER_PREFIX)]
-
-# Fine-tuning per encoder size: steps, peak LR, batch size (SST-2 has 67k examples: 2,000 steps of
-# 32 are about one epoch; BERT fine-tunes for 2-4 epochs at 2e-5 to 5e-5).
-CLASSIFY_SETTINGS = {"small": (2_000, 1e-4, 32), "smoke": (150, 1e-3, 16),
-                     "base": (6_000, 3e-5, 32)}
 
 
 def _choices(names) -> str:

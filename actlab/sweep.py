@@ -53,13 +53,13 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from actlab import config as config_lib
-from actlab import errors, metrics, steps, train, workers
+from actlab import errors, metrics, sizes, steps, train, workers
 from actlab import workdir as workdir_lib
 
 SEED_KEY = "train.seed"
 
-# The setup every decoder `:smoke` sweep puts under "fixed": `config.SIZES["mini"]`.
-SMOKE = config_lib.SIZES["mini"]
+# The setup every decoder `:smoke` sweep puts under "fixed": `sizes.SIZES["mini"]`.
+SMOKE = sizes.SIZES["mini"]
 
 
 @dataclasses.dataclass(frozen=True)

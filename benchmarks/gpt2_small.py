@@ -1,4 +1,4 @@
-"""GPT-2 small (`config.SIZES["gpt2_small"]`, 124M: 12 layers, d_model 768, 12 heads, d_ff 3072,
+"""GPT-2 small (`sizes.SIZES["gpt2_small"]`, 124M: 12 layers, d_model 768, 12 heads, d_ff 3072,
 context 1024, GPT-2 vocabulary 50,257 → 50,304) for `actlab.bench`: the issue's GPU throughput
 target (bf16, ≥ 50% MFU).
 

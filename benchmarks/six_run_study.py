@@ -6,10 +6,10 @@ vectorized sweeps (`--config.sweep.vectorize=true`: one program per activation, 
         --sweep=benchmarks/six_run_study.py --workdir=runs/six --config.sweep.vectorize=true \\
         --config.model.dtype=bfloat16        # on a GPU; drop for the FP32 study
 
-`:smoke` is the same grid on the tiny `config.SIZES["mini"]` setup, for a CPU comparison.
+`:smoke` is the same grid on the tiny `sizes.SIZES["mini"]` setup, for a CPU comparison.
 """
 
-from actlab import config
+from actlab import sizes
 
 
 def get_sweep(arg=None):
@@ -17,7 +17,7 @@ def get_sweep(arg=None):
           "seeds": [0]}
   if arg == "smoke":
     return {**grid, "description": "six-run study, smoke size", "fixed": {
-        **config.SIZES["mini"], "metrics.sharpness_every": 0, "metrics.tensorboard": False}}
+        **sizes.SIZES["mini"], "metrics.sharpness_every": 0, "metrics.tensorboard": False}}
   if arg:
     raise ValueError(f"six_run_study: unknown variant {arg!r}; use ':smoke' or nothing")
   return {**grid, "description": "six-run study (reference config, one seed)",

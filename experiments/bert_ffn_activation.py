@@ -8,7 +8,7 @@ Full grid: gelu, tanh, relu, swiglu × peak LR {3e-4, 1e-3, 3e-3} × seeds {0, 1
 TinyStories encoder (4 post-LN layers, d_model 256, WordPiece 8,192, 5,000 steps). The pooler
 is not trained by MLM, so it is not varied here (see experiments/bert_pooler.py).
 
-`:smoke`: the same grid shape on `config.SIZES["bert_mini"]` (a 2-layer, d_model 64 encoder on
+`:smoke`: the same grid shape on `sizes.SIZES["bert_mini"]` (a 2-layer, d_model 64 encoder on
 the embedded corpus, 200 steps of 32 sequences of 64 tokens; about 30 s a cell on 2 CPU cores):
 4 activations × LR {3e-3, 1e-2} × seed 0. MLM learns from the ~15% masked positions only, so a
 model this small spends most of such a short run near the unigram loss (≈ 5.4 nats, 6%
@@ -17,7 +17,7 @@ loss on the fixed validation windows and mask, `val acc` the MLM accuracy over t
 positions.
 """
 
-from actlab import config
+from actlab import sizes
 
 ACTIVATIONS = ["gelu", "tanh", "relu", "swiglu"]
 
@@ -27,7 +27,7 @@ def get_sweep(arg=None):
     return {"description": "Encoder FFN activation across learning rates, MLM (smoke: tiny "
                            "encoder, 200 steps)",
             "axes": {"model.activation": ACTIVATIONS, "optim.lr": [3e-3, 1e-2]},
-            "seeds": [0], "fixed": {**config.SIZES["bert_mini"], "model.kind": "encoder",
+            "seeds": [0], "fixed": {**sizes.SIZES["bert_mini"], "model.kind": "encoder",
                                      "model.task": "mlm"}}
   if arg:
     raise ValueError(f"bert_ffn_activation: unknown variant {arg!r}; use ':smoke' or nothing")

@@ -3,11 +3,11 @@
 Pairs: relu/reglu, gelu/geglu, silu/swiglu, sigmoid/glu, identity/bilinear. The gated FFN has
 three matrices of width round(2/3·d_ff) to a multiple of 64 (model.gated_match_params), so both
 members of a pair have the same parameters and FLOPs within a few percent; the report shows the
-counts. `:smoke` uses the tiny `config.SIZES["mini"]` setup with d_ff 384, whose gated width 256
+counts. `:smoke` uses the tiny `sizes.SIZES["mini"]` setup with d_ff 384, whose gated width 256
 is exactly 2/3 of it.
 """
 
-from actlab import config
+from actlab import sizes
 
 PAIRS = [("relu", "reglu"), ("gelu", "geglu"), ("silu", "swiglu"), ("sigmoid", "glu"),
          ("identity", "bilinear")]
@@ -18,7 +18,7 @@ def get_sweep(arg=None):
   if arg == "smoke":
     return {"description": "Gated vs plain FFNs, parameter-matched (smoke: tiny model, 150 steps)",
             "axes": axes, "seeds": [0, 1],
-            "fixed": {**config.SIZES["mini"], "model.d_ff": 384, "model.gated_match_params": True,
+            "fixed": {**sizes.SIZES["mini"], "model.d_ff": 384, "model.gated_match_params": True,
                       "optim.lr": 3e-3}}
   if arg:
     raise ValueError(f"glu_variants: unknown variant {arg!r}; use ':smoke' or nothing")

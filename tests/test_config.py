@@ -20,7 +20,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from actlab import config as config_lib
-from actlab import errors, models, sweep, tasks
+from actlab import errors, models, sizes, sweep, tasks
 from actlab.data import tokenizer as tokenizers
 from conftest import REPO, tiny
 
@@ -150,7 +150,7 @@ def test_every_config_file_validates(path, variant):
 
 
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
-@pytest.mark.parametrize("size", config_lib.DECODER_SIZES)
+@pytest.mark.parametrize("size", sizes.DECODER_SIZES)
 def test_decoder_by_argument_is_the_activation_file(activation, size):
   c = load_spec(f"configs/decoder.py:{size},act={activation}")
   assert c.to_dict() == load_spec(f"configs/tinystories_{activation}.py:{size}").to_dict()
@@ -169,16 +169,16 @@ def test_encoder_by_argument_is_the_activation_file(variant, size, task):
 
 
 def test_every_size_builds_a_valid_config():
-  for size in config_lib.DECODER_SIZES:
+  for size in sizes.DECODER_SIZES:
     config_lib.validate(config_lib.decoder("gelu", size))
-  for size in config_lib.ENCODER_SIZES:
+  for size in sizes.ENCODER_SIZES:
     config_lib.validate(config_lib.encoder("gelu", size))
-  for size in config_lib.CLASSIFY_SETTINGS:
+  for size in sizes.CLASSIFY_SETTINGS:
     config_lib.validate(config_lib.encoder("gelu", size, "classify"))
 
 
 def test_reference_size_is_the_base():
-  assert (config_lib.override(config_lib.base(), config_lib.SIZES["reference"]).to_dict()
+  assert (config_lib.override(config_lib.base(), sizes.SIZES["reference"]).to_dict()
           == config_lib.base().to_dict())
 
 

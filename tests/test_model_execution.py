@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import config as config_lib, evaluators, steps
+from actlab import config as config_lib, evaluators, sizes, steps
 from actlab.models import execution, hf, transformer
 
 
@@ -27,7 +27,7 @@ def loss_and_grads(c, params, batch):
 
 def tiny_encoder():
   """The encoder (MLM) at the tests' tiny size, without dropout."""
-  tiny = {k: v for k, v in config_lib.SIZES["tiny"].items() if k.startswith("model.")}
+  tiny = {k: v for k, v in sizes.SIZES["tiny"].items() if k.startswith("model.")}
   return config_lib.override(config_lib.encoder("gelu", "smoke"),
                              {**tiny, "data.seq_len": 32, "model.dropout": 0.0})
 
