@@ -246,6 +246,9 @@ def segment(config: ml_collections.ConfigDict, start_step: int) -> dict:
   return {
       "start_step": start_step, "started": _now(), **_code(),
       "device_kind": devices[0].device_kind, "device_count": len(devices),
+      # XLA:CPU splits reductions over its threads, one per CPU this process may use: float32
+      # results differ in rounding between CPU counts (README, "Using all the hardware").
+      "cpus": len(os.sched_getaffinity(0)),
       "process_count": jax.process_count(), "host": socket.gethostname(),
       "command": [sys.executable, *sys.argv],
       "runtime": {k: v for k, v in dotted(json.loads(config.to_json())).items()
