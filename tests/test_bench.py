@@ -42,6 +42,7 @@ def test_unknown_device_or_dtype_has_no_peak():
   assert bench.peak_tflops("Tesla V100-SXM2-16GB", "float16")[0] == PEAKS["V100"]["float16"]
 
 
+@pytest.mark.slow
 def test_mfu_is_achieved_over_peak_flops_of_all_devices(tiny_config, monkeypatch):
   """On a device kind of the table, `bench.run` takes that entry's peak for the compute dtype,
   times the device count (3, pretended: the step runs on this CPU), and MFU = FLOPs per token ·
@@ -61,6 +62,7 @@ def test_mfu_is_achieved_over_peak_flops_of_all_devices(tiny_config, monkeypatch
 
 # --- The harness end to end -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_bench_run_reports_every_field(tiny_config):
   rows = bench.run(tiny_config, steps=2, warmup=1, peak=1.0)
   (r,) = rows
@@ -75,11 +77,13 @@ def test_bench_run_reports_every_field(tiny_config):
   assert bench.run(tiny_config, steps=1, warmup=1)[0]["mfu"] is None
 
 
+@pytest.mark.slow
 def test_bench_vectorized_runs(tiny_config):
   (r,) = bench.run(tiny_config, steps=1, warmup=1, runs=3)
   assert r["runs"] == 3 and r["tokens_per_step"] == 3 * 8 * 32
 
 
+@pytest.mark.slow
 def test_torch_reference_is_the_same_model(tiny_config):
   pytest.importorskip("torch")
   spec = importlib.util.spec_from_file_location("torch_ref", REPO / "benchmarks" / "torch_ref.py")

@@ -36,6 +36,7 @@ def wordpiece():
   return data.load(tiny_encoder()).tokenizer
 
 
+@pytest.mark.slow
 def test_wordpiece_special_tokens(wordpiece):
   tok = wordpiece
   assert tok.name == "wordpiece:2048" and 500 < tok.vocab_size <= 2048
@@ -54,6 +55,7 @@ def test_wordpiece_special_tokens(wordpiece):
     tokenizers.special_ids("byte")
 
 
+@pytest.mark.slow
 def test_lm_windows_use_sep_between_stories(wordpiece):
   ds = data.load(tiny_encoder())
   assert ds.tokenizer.eot_id == 3

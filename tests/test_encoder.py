@@ -32,6 +32,7 @@ def tokens(shape, seed=0):
   return jnp.asarray(np.random.default_rng(seed).integers(5, SPEC.vocab_size, shape), jnp.int32)
 
 
+@pytest.mark.slow
 def test_shapes(encoder):
   model, params = encoder
   apply = jax.jit(model.apply)
@@ -67,6 +68,7 @@ def bert_base_shapes(head):
                                jnp.zeros((1, 128), jnp.int32))["params"]
 
 
+@pytest.mark.slow
 def test_bert_base_parameter_count():
   """BERT-base: 109,482,240 parameters with the pooler at BERT's vocabulary of 30,522 (the
   "110M"); ours pads the vocabulary to 30,528 (+6·768)."""
@@ -99,6 +101,7 @@ def expected_hf_names(num_layers):
   return names
 
 
+@pytest.mark.slow
 def test_bert_names_are_one_to_one(encoder):
   _, params = encoder
   names = models.hf.hf_names(params)
@@ -143,6 +146,7 @@ def test_bidirectional(encoder):
   assert np.abs(out_a[0, :12] - out_b[0, :12]).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_padding_never_changes_unpadded_outputs(encoder):
   model, params = encoder
   apply = jax.jit(lambda t, m: model.apply({"params": params}, t, m))
@@ -159,6 +163,7 @@ def test_padding_never_changes_unpadded_outputs(encoder):
     assert np.abs(unmasked["mlm"][:, :10] - ref["mlm"]).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_objective_masks_padding(encoder):
   """The classification objective derives the attention mask from [PAD]."""
   model = models.Encoder(SPEC, head="classify")
@@ -209,6 +214,7 @@ def test_block_order(norm):
   assert np.abs(jax.jit(other.apply)({"params": p}, x) - got).max() > 1e-2
 
 
+@pytest.mark.slow
 def test_pooler_activation(encoder):
   """pooled = act(dense(h[CLS])): identity gives the dense output, tanh and gelu act on it."""
   from actlab import activations

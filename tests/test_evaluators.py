@@ -10,6 +10,7 @@ from actlab import evaluators, steps
 from conftest import tiny
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("act_stats,sharpness_every", [(True, 0), (False, 5)])
 def test_the_config_chooses_the_evaluators(act_stats, sharpness_every):
   c = tiny(**{"metrics.act_stats": act_stats, "metrics.sharpness_every": sharpness_every,

@@ -27,6 +27,7 @@ def relative_error(a, b):
   return float(optax.tree.norm(jax.tree.map(lambda x, y: x - y, a, b)) / optax.tree.norm(a))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", [1, 2, 8])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_fused_xent_equals_plain(chunk, weighted):
@@ -40,6 +41,7 @@ def test_fused_xent_equals_plain(chunk, weighted):
   assert abs(float(jax.jit(f)(h, E) - ref)) <= 1e-5 * abs(float(ref))  # forward-only path
 
 
+@pytest.mark.slow
 def test_fused_xent_second_order_and_vmap():
   h, E, t, _ = inputs()
   v = jax.tree.map(lambda x: jnp.ones_like(x) * 0.01, (h, E))
@@ -52,6 +54,7 @@ def test_fused_xent_second_order_and_vmap():
   assert relative_error(jax.grad(lambda h: plain_xent_sum(h, E, t))(2 * h), per_run[1]) <= 1e-5
 
 
+@pytest.mark.slow
 def test_fused_xent_bfloat16_keeps_float32_statistics():
   h, E, t, _ = inputs(dtype=jnp.bfloat16)
   val = kernels.xent_sum(h, E, t, chunk=4)
@@ -71,6 +74,7 @@ def test_chunk_length_divides_and_fits():
     kernels.xent_sum(*inputs()[:3], chunk=3)
 
 
+@pytest.mark.slow
 def test_decoder_loss_impls_agree(tiny_config):
   c = tiny_config
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)

@@ -46,6 +46,7 @@ def _captured(task, params, batch):
   return ffn, flax.core.unfreeze(state["intermediates"])
 
 
+@pytest.mark.slow
 def test_pooled_statistics_match_numpy(model_setup):
   task, params, batches = model_setup
   got = pooled(task, params, batches)
@@ -73,6 +74,7 @@ def test_pooled_statistics_match_numpy(model_setup):
       pooled(task, params, batches, act_stats=False)["val_loss"])
 
 
+@pytest.mark.slow
 def test_gated_statistics_use_the_gate_preactivation():
   c = tiny("swiglu")
   task = steps.Steps.create(c, 257)
@@ -138,6 +140,7 @@ def test_attention_logit_max_ignores_invisible_positions():
                              logits[..., :4].max(), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_statistics_cost_nothing_unless_requested(model_setup):
   """Without a mutable "stats" collection the model computes no extra q·k product and returns
   no statistics; with it, one extra dot product per layer (the attention logits)."""
@@ -166,6 +169,7 @@ def _quadratic(eigenvalues, seed=0):
 
 @pytest.mark.parametrize("eigenvalues, top", [([5.0, 2.0, 1.0, -1.0, 0.5], 5.0),
                                                ([-6.0, 2.0, 1.0, 0.0], -6.0)])
+@pytest.mark.slow
 def test_power_iteration_finds_top_eigenvalue(eigenvalues, top):
   loss, params = _quadratic(eigenvalues)
   power = jax.jit(lambda p: metrics.top_hessian_eigenvalue(loss, p, jax.random.PRNGKey(0), 40))

@@ -36,6 +36,7 @@ def draws():
   return tokens, jax.device_get(fn(keys))
 
 
+@pytest.mark.slow
 def test_selection_counts_and_never_special(draws):
   tokens, (inputs, positions, targets, weights) = draws
   tokens = np.asarray(tokens)
@@ -57,6 +58,7 @@ def test_selection_counts_and_never_special(draws):
   assert (selected_tokens[weights] == SPECIALS.unk).any()
 
 
+@pytest.mark.slow
 def test_selection_is_uniform_over_maskable_positions(draws):
   tokens, (_, positions, _, weights) = draws
   maskable = ~np.isin(np.asarray(tokens), [0, 2, 3, 4])
@@ -87,6 +89,7 @@ def test_80_10_10(draws):
   assert len(np.unique(replaced)) > 0.9 * (VOCAB - 5) * (1 - np.exp(-len(replaced) / (VOCAB - 5)))
 
 
+@pytest.mark.slow
 def test_masking_is_a_function_of_the_key():
   tokens = sequences(8, 64)
   mask = jax.jit(lambda k: mlm.mask_tokens(k, tokens, SPECIALS, VOCAB))
@@ -95,6 +98,7 @@ def test_masking_is_a_function_of_the_key():
   assert not np.array_equal(a[0], c[0])
 
 
+@pytest.mark.slow
 def test_proportions_follow_the_config():
   tokens = sequences(64, 128)
   keys = jax.random.split(jax.random.PRNGKey(1), 10)
@@ -157,6 +161,7 @@ class Oracle:
     return 10.0 * jax.nn.one_hot(answers_BP, 320)
 
 
+@pytest.mark.slow
 def test_masked_lm_accuracy_counts_right_predictions_at_selected_positions_only():
   windows = jnp.asarray(np.random.default_rng(1).integers(5, 261, (4, 33)), jnp.int32)
   tokens = mlm.encoder_sequences(windows, SPECIALS)

@@ -18,6 +18,7 @@ def init(c, vocab=257, seed=0):
   return model, jax.jit(model.init)(jax.random.PRNGKey(seed), tokens)["params"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("activation", ["gelu", "relu", "swiglu", "bilinear"])
 def test_shapes_and_param_formula(activation):
   c = tiny(activation, **{"model.d_ff": 96})
@@ -64,6 +65,7 @@ def test_gated_ffn_matches_plain_within_a_few_percent():
   assert abs(a - b) / a < 0.03
 
 
+@pytest.mark.slow
 def test_causality():
   """Changing token t never changes the logits at positions before t."""
   c = tiny("gelu")
@@ -80,6 +82,7 @@ def test_causality():
     assert not np.allclose(out[0, t], base[0, t])
 
 
+@pytest.mark.slow
 def test_jit_equals_no_jit():
   c = tiny("swiglu")
   model, params = init(c)
@@ -89,6 +92,7 @@ def test_jit_equals_no_jit():
   np.testing.assert_allclose(eager, jitted, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_gpt2_initialisation():
   c = config_lib.decoder("gelu")
   c.model.update(num_layers=8, d_model=256, num_heads=4, d_ff=1024)
@@ -102,6 +106,7 @@ def test_gpt2_initialisation():
   assert np.all(block["ffn"]["up"]["bias"] == 0) and np.all(block["ln_ffn"]["scale"] == 1)
 
 
+@pytest.mark.slow
 def test_tied_head_uses_token_embedding():
   c = tiny("gelu")
   model, params = init(c)
@@ -111,6 +116,7 @@ def test_tied_head_uses_token_embedding():
   assert np.abs(grads["wte"]["embedding"][7]).sum() > 0  # the head row of token 7 is wte[7]
 
 
+@pytest.mark.slow
 def test_dropout_only_in_training():
   c = tiny("gelu", **{"model.dropout": 0.5})
   model, params = init(c)
@@ -123,6 +129,7 @@ def test_dropout_only_in_training():
   assert not np.allclose(a, t1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal,padded", [(True, False), (False, True), (True, True)])
 def test_attention_equals_jax_reference(causal, padded):
   """The heads-major XLA attention is softmax(q·kᵀ/√K)·v: equal to jax.nn.dot_product_attention
@@ -154,6 +161,7 @@ def test_attention_equals_jax_reference(causal, padded):
                                           reference.init(jax.random.PRNGKey(1), x))))
 
 
+@pytest.mark.slow
 def test_hidden_is_the_tied_heads_input():
   """`hidden` (the fused loss's input) is the final LayerNorm's output; the logits are its
   product with the token embedding."""

@@ -32,6 +32,7 @@ def tiny_encoder():
                              {**tiny, "data.seq_len": 32, "model.dropout": 0.0})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["decoder", "encoder"])
 @pytest.mark.parametrize("remat", ["none", "full", "dots"])
 def test_scan_and_remat_compute_the_same_function(tiny_config, remat, kind):
@@ -64,6 +65,7 @@ def hlo_size(c):
   return len(jax.jit(step_fns.train_step).lower(state, batch).as_text())
 
 
+@pytest.mark.slow
 def test_scan_keeps_the_program_size_independent_of_depth(tiny_config):
   sizes = {}
   for scan in (False, True):
@@ -74,6 +76,7 @@ def test_scan_keeps_the_program_size_independent_of_depth(tiny_config):
   assert sizes[True, 8] < 1.1 * sizes[True, 2]
 
 
+@pytest.mark.slow
 def test_remat_marks_every_block_for_recomputation(tiny_config):
   """Remat shows in the traced program as one `remat` (jax.checkpoint) per block, or one in
   the scanned body. XLA:CPU compiles the recomputation away (it drops the optimization
@@ -95,6 +98,7 @@ def test_remat_marks_every_block_for_recomputation(tiny_config):
   assert counts[True, "full"] == counts[True, "dots"] == 1
 
 
+@pytest.mark.slow
 def test_scanned_model_sows_statistics_per_layer(tiny_config):
   c = tiny_config
   batch = jnp.asarray(np.random.default_rng(2).integers(0, 257, (8, 33)), jnp.int32)
@@ -113,6 +117,7 @@ def test_scanned_model_sows_statistics_per_layer(tiny_config):
     assert abs(v - out[True][0][k]) <= 1e-5 * max(1.0, abs(v)), k
 
 
+@pytest.mark.slow
 def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tiny_config):
   c = tiny_config
   batch = jnp.asarray(np.random.default_rng(3).integers(0, 257, (8, 33)), jnp.int32)

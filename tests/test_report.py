@@ -85,6 +85,7 @@ def _fmt(values, digits=3, scale=1.0):
   return f"{a.mean():.{digits}f} ± {a.std(ddof=1):.{digits}f}"
 
 
+@pytest.mark.slow
 def test_table_means_status_counts_and_missing_cells(tmp_path):
   rng = np.random.default_rng(0)
   missing = {_name("relu", 1e-3, 2)}
@@ -118,6 +119,7 @@ def test_table_means_status_counts_and_missing_cells(tmp_path):
   assert not (tmp_path / "plots" / "sharpness.png").exists()
 
 
+@pytest.mark.slow
 def test_lr_sensitivity_follows_wortsman_definition(tmp_path):
   rng = np.random.default_rng(1)
   diverged = {_name("gelu", 3e-3, 0)}
@@ -137,6 +139,7 @@ def test_lr_sensitivity_follows_wortsman_definition(tmp_path):
   assert (tmp_path / "plots" / "sharpness.png").exists()
 
 
+@pytest.mark.slow
 def test_without_manifest_axes_are_inferred_and_cli_works(tmp_path):
   rng = np.random.default_rng(2)
   s = _fake_sweep(tmp_path, rng, manifest=False)
@@ -161,6 +164,7 @@ def test_without_manifest_axes_are_inferred_and_cli_works(tmp_path):
       "directory (the --workdir of actlab.sweep)\n")
 
 
+@pytest.mark.slow
 def test_torn_and_unfinished_runs_are_marked_not_crashed(tmp_path):
   rng = np.random.default_rng(3)
   torn, empty = _name("relu", 1e-3, 0), _name("gelu", 3e-3, 1)
@@ -196,6 +200,7 @@ def _section(text, title):
   return text.split(f"## {title}\n")[1].split("\n## ")[0]
 
 
+@pytest.mark.slow
 def test_paired_comparisons_stability_and_not_learned_end_to_end(tmp_path):
   acts = ["relu", "gelu", "tanh"]
   _fake_sweep(tmp_path, np.random.default_rng(4), acts=acts, missing={_name("relu", 1e-4, 2)},
@@ -236,6 +241,7 @@ def test_paired_comparisons_stability_and_not_learned_end_to_end(tmp_path):
     report.write(tmp_path, "swish")
 
 
+@pytest.mark.slow
 def test_not_learned_is_not_checked_without_unigram_loss(tmp_path):
   _fake_sweep(tmp_path, np.random.default_rng(5), diverged={_name("gelu", 3e-3, 0)},
               summary_for=lambda act, lr, seed: {"final_val_loss": 9.0})  # above any unigram

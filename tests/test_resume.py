@@ -154,6 +154,7 @@ def crashed_copy(short_run, dest) -> pathlib.Path:
   return dest
 
 
+@pytest.mark.slow
 def test_torn_log_is_rebuilt_from_the_checkpoint(short_run, tmp_path, capsys):
   work = crashed_copy(short_run, tmp_path / "w")
   shutil.rmtree(work / "checkpoints" / "50")  # Killed after logging step 50, before its save.
@@ -170,6 +171,7 @@ def test_torn_log_is_rebuilt_from_the_checkpoint(short_run, tmp_path, capsys):
   assert summary(work) == summary(short_run)
 
 
+@pytest.mark.slow
 def test_corrupt_latest_checkpoint_is_moved_aside_and_the_previous_one_used(short_run, tmp_path,
                                                                             capsys):
   work = crashed_copy(short_run, tmp_path / "w")
@@ -188,6 +190,7 @@ def test_corrupt_latest_checkpoint_is_moved_aside_and_the_previous_one_used(shor
   assert summary(work) == summary(short_run)  # retrained 26-50 from the good checkpoint
 
 
+@pytest.mark.slow
 def test_no_restorable_checkpoint_is_one_line_and_nothing_is_moved(short_run, tmp_path):
   work = crashed_copy(short_run, tmp_path / "w")
   for step in (25, 50):
@@ -206,6 +209,7 @@ def test_no_restorable_checkpoint_is_one_line_and_nothing_is_moved(short_run, tm
       {k: v for k, v in before.items() if k != ".lock"}
 
 
+@pytest.mark.slow
 def test_finished_run_is_reported_and_its_files_untouched(short_run, tmp_path):
   work = tmp_path / "w"
   shutil.copytree(short_run, work)
@@ -230,6 +234,7 @@ def test_unreadable_summary_means_the_run_is_finished_again(short_run, tmp_path,
   assert rows(work, True) == rows(short_run, True)
 
 
+@pytest.mark.slow
 def test_runtime_fields_do_not_block_a_resume_and_segments_are_recorded(short_run, tmp_path):
   work = crashed_copy(short_run, tmp_path / "w")
   shutil.rmtree(work / "checkpoints" / "50")
@@ -264,6 +269,7 @@ def test_sampling_reads_a_workdir_without_writing_to_it(short_run, tmp_path):
   assert [p.name for p in work.iterdir()] == ["config.json"]
 
 
+@pytest.mark.slow
 def test_two_sweeps_share_the_cells(tmp_path):
   spec = tmp_path / "grid.py"
   spec.write_text("def get_sweep(arg=None):\n"
@@ -297,6 +303,7 @@ def small_disk(path: pathlib.Path, size: str):
     subprocess.run(["umount", "-l", str(path)], check=True)
 
 
+@pytest.mark.slow
 def test_full_disk_is_one_line_and_the_checkpoints_stay_intact(tmp_path):
   with small_disk(tmp_path / "disk", "1200k") as disk:
     result = subprocess.run(cli(disk / "run", "--config.train.checkpoint_every=5",

@@ -6,6 +6,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from actlab import sample, tasks, train
 from conftest import REPO, tiny
@@ -18,6 +19,7 @@ def tiny_model(seed=0):
   return model, params
 
 
+@pytest.mark.slow
 def test_cached_decoding_equals_full_forward():
   model, params = tiny_model()
   tokens = np.random.default_rng(0).integers(0, 257, (2, 20))
@@ -34,6 +36,7 @@ def test_cached_decoding_equals_full_forward():
   np.testing.assert_allclose(np.concatenate(outs, axis=1), full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_greedy_generation_matches_recomputing_every_prefix():
   model, params = tiny_model(1)
   prompt = np.array([[256, 72, 105]])
@@ -56,6 +59,7 @@ def test_top_k_and_padding_are_respected():
   assert draws == {0, 1}
 
 
+@pytest.mark.slow
 def test_sample_cli(tmp_path):
   c = tiny()
   c.train.steps = 20

@@ -333,6 +333,7 @@ def test_cpus_split_into_disjoint_blocks_that_keep_hyperthreads_together(monkeyp
     ("--shard=x", "--shard=x: give i/N"),
     ("--workers=100000", "--workers=100000: this process may use"),
 ])
+@pytest.mark.slow
 def test_bad_shard_or_workers_is_one_line_and_exit_2(tmp_path, flag, message):
   result = subprocess.run([sys.executable, "-m", "actlab.sweep", f"--config={CONFIG_FILE}",
                            f"--sweep={EXPERIMENTS}/relu_vs_gelu_lr.py:smoke",

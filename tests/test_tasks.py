@@ -34,6 +34,7 @@ def test_every_task_has_the_whole_interface():
     assert not missing, (name, missing)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_objective_reads_the_random_batch(name):
   c = CONFIGS[name]()

@@ -269,6 +269,7 @@ def test_real_sample_prepares_with_mojibake(shared_manual):
   assert any("\n\n" in s for s in corpus.texts("train"))  # V2 paragraphs kept
 
 
+@pytest.mark.slow
 @needs_shared
 @needs_gpt2
 def test_real_sample_end_to_end_with_gpt2(shared_manual):

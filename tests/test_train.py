@@ -68,6 +68,7 @@ def test_clipping_scales_the_gradient_to_clip_norm_before_adamw(clip_norm, scale
   np.testing.assert_allclose(updates["bias"], -0.1 * g_bias / (np.abs(g_bias) + 1), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_grad_norm_metric_is_the_norm_before_clipping():
   """`grad_norm` is the raw gradient's norm (computed here independently), not the clipped one."""
   c = tiny(**{"optim.clip_norm": 1e-3, "optim.warmup_steps": 0})
@@ -101,6 +102,7 @@ def task_and_data():
   return steps.Steps.create(c, ds.tokenizer.vocab_size), ds
 
 
+@pytest.mark.slow
 def test_train_step_is_pure(task_and_data):
   task, ds = task_and_data
   step = jax.jit(task.train_step)
@@ -115,6 +117,7 @@ def test_train_step_is_pure(task_and_data):
   assert abs(float(jit_metrics["train_loss"]) - np.log(257)) < 0.5
 
 
+@pytest.mark.slow
 def test_loss_falls_over_50_steps(task_and_data):
   task, ds = task_and_data
   step = jax.jit(task.train_step, donate_argnums=0)
@@ -127,6 +130,7 @@ def test_loss_falls_over_50_steps(task_and_data):
   assert after < before - 1.0, (before, after)
 
 
+@pytest.mark.slow
 def test_overfits_one_batch(task_and_data):
   _, ds = task_and_data
   c = tiny(**{"model.d_model": 64, "model.d_ff": 256, "optim.lr": 1e-2, "train.steps": 100,
@@ -140,6 +144,7 @@ def test_overfits_one_batch(task_and_data):
   assert float(metrics["train_loss"]) < 0.3
 
 
+@pytest.mark.slow
 def test_step_keys_differ_per_step_and_seed():
   """Dropout masks come from fold_in(rng, step): different per step, same for same (seed, step)."""
   c = tiny(**{"model.dropout": 0.5})
@@ -156,6 +161,7 @@ def test_step_keys_differ_per_step_and_seed():
   assert float(m_a["train_loss"]) != float(m_d["train_loss"])
 
 
+@pytest.mark.slow
 def test_run_writes_workdir_contract(tmp_path):
   c = tiny()
   c.train.steps = 30
@@ -179,6 +185,7 @@ def test_run_writes_workdir_contract(tmp_path):
                 if p.name.isdigit()) == [25, 30]
 
 
+@pytest.mark.slow
 def test_different_config_on_used_workdir_is_refused(tmp_path):
   c = tiny()
   c.train.steps = 10

@@ -54,11 +54,13 @@ def test_config_file_with_a_syntax_error_names_file_and_line(tmp_path):
       f"error: config file {bad}:2: SyntaxError: ")
 
 
+@pytest.mark.slow
 def test_unknown_config_variant_lists_the_variants(tmp_path):
   line = train_cli(tmp_path, f"--config={GELU}:smol")
   assert "unknown config variant 'smol'; choose one of: 'smoke'" in line
 
 
+@pytest.mark.slow
 def test_wrong_override_type(tmp_path):
   line = train_cli(tmp_path, f"--config={GELU}", "--config.train.steps=abc")
   assert "--config.train.steps=abc" in line and "'abc'" in line
@@ -93,6 +95,7 @@ def decoder_run(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_sample_refuses_top_k_above_the_vocabulary(decoder_run):
   assert run_cli("sample", f"--workdir={decoder_run}", "--top_k=1000") == (
       "error: --top_k=1000 must be between 0 and the vocabulary size 257")
@@ -103,6 +106,7 @@ def test_sample_refuses_a_negative_temperature(tmp_path):
   assert "--temperature=-1" in line and "non-negative" in line
 
 
+@pytest.mark.slow
 def test_sample_refuses_a_prompt_longer_than_the_context(decoder_run):
   assert run_cli("sample", f"--workdir={decoder_run}", "--prompt=" + "x" * 40) == (
       "error: the prompt takes 41 tokens and the model's context is 32; shorten the prompt")
@@ -112,6 +116,7 @@ def test_sample_refuses_a_prompt_longer_than_the_context(decoder_run):
     ("def get_sweep(arg=None):\n  return {'seeds': [0]}}\n", 2, "SyntaxError"),
     ("import math\nSEEDS = [math.nope]\n", 2, "AttributeError"),
 ], ids=["syntax_error", "raises_on_import"])
+@pytest.mark.slow
 def test_broken_sweep_file_names_file_and_line(tmp_path, source, line, kind):
   bad = tmp_path / "bad_sweep.py"
   bad.write_text(source)
