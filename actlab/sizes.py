@@ -25,6 +25,16 @@ _MINI = {  # the sweeps' `:smoke` model (experiments/*.py): decoder and encoder
     "train.eval_every": 50, "train.progress": False,
 }
 
+_CPU = {  # the CPU studies' schedule and model shape (decoder and encoder)
+    "data.seq_len": 128, "data.val_batches": 8,
+    "model.num_layers": 2, "model.d_model": 128, "model.num_heads": 4, "model.d_ff": 512,
+    "model.max_len": 128,
+    "optim.warmup_steps": 20,
+    "train.steps": 200, "train.batch_size": 16, "train.log_every": 10, "train.eval_every": 50,
+    "train.checkpoint_every": 100, "train.progress": False,
+    "metrics.sharpness_every": 0,
+}
+
 SIZES = {
     # The config files' `:smoke`: a few minutes on 2 CPU cores.
     "smoke": _SMOKE,
@@ -40,10 +50,11 @@ SIZES = {
              "train.steps": 150, "train.batch_size": 16, "train.log_every": 5,
              "train.checkpoint_every": 50,
              "metrics.sharpness_every": 50, "metrics.sharpness_iters": 10},
-    # For a CPU study on TinyStories: 4,240,896 parameters (3,192,320 without wte).
-    "cpu": {"data.tokenizer": "bpe:4096", "data.seq_len": 128,
-            "model.num_layers": 4, "model.d_model": 256, "model.num_heads": 4, "model.d_ff": 1024,
-            "model.max_len": 128},
+    # The CPU studies on the TinyStories sample (experiments/*.py:cpu; RESULTS.md says why):
+    # 937,472 parameters (413,184 without wte), a BPE trained on the sample, 200 steps of
+    # 16 x 128 tokens (410k tokens, about half an epoch of the sample); a few minutes a run on
+    # one core. No peak LR: each study varies its own.
+    "cpu": {**_CPU, "data.tokenizer": "bpe:4096"},
     # The reference study (docs/reference.md §2), `base()` itself: 30,013,440 parameters
     # (10,696,704 without wte).
     "reference": {"data.tokenizer": "gpt2", "data.seq_len": 128,
@@ -61,6 +72,8 @@ SIZES = {
                   "train.steps": 200, "train.batch_size": 32, "train.log_every": 10,
                   "train.checkpoint_every": 200,
                   "metrics.sharpness_every": 0},
+    # experiments/bert_ffn_activation.py:cpu: the CPU studies' encoder on the TinyStories sample.
+    "bert_cpu": {**_CPU, "data.tokenizer": "wordpiece:4096"},
     # configs/bert_<activation>.py:smoke, sharing its WordPiece with "bert_mini".
     "bert_smoke": {**_SMOKE, "data.tokenizer": "wordpiece:2048",
                    "data.classify": "synthetic/hero_gender", "optim.lr": 2e-3},

@@ -1,10 +1,16 @@
 """Every activation in the registry (`actlab.activations.NAMES`) at one peak LR, 1e-3.
 
 Gated ones use the parameter-matched hidden width (model.gated_match_params). `:smoke` runs them
-on the tiny `sizes.SIZES["mini"]` setup with one seed.
+on the tiny `sizes.SIZES["mini"]` setup with one seed. `:cpu` is the CPU study (RESULTS.md):
+relu, tanh, elu, gelu, gelu_tanh, silu, relu2, swiglu, geglu, reglu on the `sizes.SIZES["cpu"]`
+model at LRs {1e-3, 3e-3, 1e-2} around the best, 3 seeds, GELU the baseline: does the
+gated-beats-plain ordering of Shazeer (2020, Table 1) show at this scale?
 """
 
 from actlab import activations, sizes
+
+CPU_ACTIVATIONS = ["relu", "tanh", "elu", "gelu", "gelu_tanh", "silu", "relu2", "swiglu", "geglu",
+                   "reglu"]
 
 
 def get_sweep(arg=None):
@@ -12,7 +18,12 @@ def get_sweep(arg=None):
   if arg == "smoke":
     return {"description": "Activation zoo at LR 3e-3 (smoke: tiny model, 150 steps, one seed)",
             "axes": axes, "seeds": [0], "fixed": {**sizes.SIZES["mini"], "optim.lr": 3e-3}}
+  if arg == "cpu":
+    return {"description": "Activation zoo at matched parameters (CPU study: 0.94M parameters, "
+                           "TinyStories, 200 steps)",
+            "axes": {"model.activation": CPU_ACTIVATIONS, "optim.lr": [1e-3, 3e-3, 1e-2]},
+            "seeds": [0, 1, 2], "fixed": sizes.SIZES["cpu"], "baseline": "gelu"}
   if arg:
-    raise ValueError(f"activation_zoo: unknown variant {arg!r}; use ':smoke' or nothing")
+    raise ValueError(f"activation_zoo: unknown variant {arg!r}; use ':smoke', ':cpu' or nothing")
   return {"description": "Activation zoo at LR 1e-3", "axes": axes, "seeds": [0, 1, 2],
           "fixed": {"optim.lr": 1e-3}}

@@ -15,6 +15,10 @@ model this small spends most of such a short run near the unigram loss (≈ 5.4 
 accuracy); the smoke checks the machinery, not the answer. The report's `val loss` is the MLM
 loss on the fixed validation windows and mask, `val acc` the MLM accuracy over the masked
 positions.
+
+`:cpu`: the CPU study's encoder (RESULTS.md): `sizes.SIZES["bert_cpu"]` (2 post-LN layers,
+d_model 128, WordPiece 4,096) on TinyStories, 200 steps, the 4 activations × LR {1e-3, 3e-3} ×
+3 seeds, GELU the baseline.
 """
 
 from actlab import sizes
@@ -29,8 +33,15 @@ def get_sweep(arg=None):
             "axes": {"model.activation": ACTIVATIONS, "optim.lr": [3e-3, 1e-2]},
             "seeds": [0], "fixed": {**sizes.SIZES["bert_mini"], "model.kind": "encoder",
                                      "model.task": "mlm"}}
+  if arg == "cpu":
+    return {"description": "Encoder FFN activation, MLM (CPU study: 2 layers, d_model 128, "
+                           "TinyStories, 200 steps)",
+            "axes": {"model.activation": ACTIVATIONS, "optim.lr": [1e-3, 3e-3]},
+            "seeds": [0, 1, 2], "fixed": {**sizes.SIZES["bert_cpu"], "model.kind": "encoder",
+                                          "model.task": "mlm"}, "baseline": "gelu"}
   if arg:
-    raise ValueError(f"bert_ffn_activation: unknown variant {arg!r}; use ':smoke' or nothing")
+    raise ValueError(f"bert_ffn_activation: unknown variant {arg!r}; use ':smoke', ':cpu' or "
+                     "nothing")
   return {"description": "Encoder FFN activation across learning rates, MLM pretraining",
           "axes": {"model.activation": ACTIVATIONS, "optim.lr": [3e-4, 1e-3, 3e-3]},
           "seeds": [0, 1, 2], "fixed": {"model.kind": "encoder", "model.task": "mlm"}}
