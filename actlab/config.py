@@ -301,3 +301,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     check(mt[name] > 0, f"metrics.{name}={mt[name]} must be positive")
   check(d.tinystories_version in ("v1", "v2"),
          f"data.tinystories_version={d.tinystories_version!r}: choose 'v1' or 'v2'")
+
+
+if __name__ == "__main__":  # python -m actlab.config: every field, its default and its comment
+  from actlab import fields
+  fields.main()

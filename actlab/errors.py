@@ -162,7 +162,10 @@ class _ConfigFileParser(flags.ArgumentParser):
 
 
 def define_config_file(name: str, help_string: str) -> flags.FlagHolder:
-  """`config_flags.DEFINE_config_file(name)` (no default) with `_ConfigFileParser`'s errors."""
+  """`config_flags.DEFINE_config_file(name)` (no default) with `_ConfigFileParser`'s errors; its
+  help (`--helpfull`) names the listing of every field."""
+  help_string += (f" Override any field with --{name}.<section>.<field>=<value>; every field, its "
+                  "default and meaning: python -m actlab.config.")
   holder = config_flags.DEFINE_config_file(name, None, help_string)
   flags.FLAGS[name].parser = _ConfigFileParser(name)
   return holder

@@ -11,6 +11,8 @@ rewrites the snapshot.
 import functools
 import json
 import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -338,3 +340,26 @@ def test_sweep_and_tests_use_the_same_override():
 
 if __name__ == "__main__":
   write_snapshot(take_snapshot())
+
+
+@pytest.mark.slow
+def test_every_field_is_listed_with_its_default_and_comment():
+  """`python -m actlab.config` lists every field of both configs, and every field of `base()`
+  carries the comment beside it in the source (the listing reads them: it cannot drift)."""
+  from actlab import fields
+  listed = fields.listing()
+  for c in (config_lib.base(), config_lib.encoder()):
+    for section, values in c.to_dict().items():
+      for name in values:
+        assert f"  {section}.{name} = " in listed, f"{section}.{name}"
+  notes = fields.comments()
+  assert notes["model.activation"] == "FFN activation: a name from actlab.activations.NAMES"
+  assert notes["model.loss_impl"].endswith("or \"plain\" (logits, then cross-entropy)")  # 2 lines
+  assert "  data.mlm_prob = 0.15 [encoder]" in listed
+  assert "  model.norm = 'pre' [encoder: 'post']" in listed
+  out = subprocess.run([sys.executable, "-m", "actlab.config"], capture_output=True, text=True,
+                       cwd=REPO, timeout=120)
+  assert out.returncode == 0 and "  optim.lr = 0.001" in out.stdout
+  helpfull = subprocess.run([sys.executable, "-m", "actlab.main", "--helpfull"],
+                            capture_output=True, text=True, cwd=REPO, timeout=120).stdout
+  assert "python -m actlab.config" in helpfull

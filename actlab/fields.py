@@ -1,0 +1,66 @@
+"""Every config field with its default and its comment, grouped by section:
+`python -m actlab.config` (or `python -m actlab.fields`).
+
+The comments are the ones beside each field in `config.base()` and `config.encoder()`, read from
+their source, so this listing cannot drift from the code; the defaults are the built configs'.
+Fields only the encoder has are marked `[encoder]`; `--config.<section>.<field>=<value>`
+overrides any of them (README, "Running experiments").
+"""
+
+import inspect
+import re
+import sys
+
+from actlab import config as config_lib
+
+_SECTION = re.compile(r"^\s*(?:c\.(\w+) = )?(\w+) = (?:ml_collections\.ConfigDict\(\)|c\.(\w+))")
+_FIELD = re.compile(r"^\s*(\w+)\.(\w+) = .*?(?:#\s*(.*))?$")
+_MORE = re.compile(r"^\s+#\s*(.*)$")
+
+
+def comments() -> dict[str, str]:
+  """{"section.field": its comment} from the source of `config.base` and `config.encoder`."""
+  out, aliases, last = {}, {"c": None}, None
+  for fn in (config_lib.base, config_lib.encoder):
+    for line in inspect.getsource(fn).splitlines():
+      if section := _SECTION.match(line):
+        aliases[section.group(2)] = section.group(1) or section.group(3)
+        last = None
+      elif (field := _FIELD.match(line)) and aliases.get(field.group(1)):
+        last = f"{aliases[field.group(1)]}.{field.group(2)}"
+        out.setdefault(last, field.group(3) or "")
+      elif (more := _MORE.match(line)) and last:
+        out[last] = f"{out[last]} {more.group(1)}".strip()
+      else:
+        last = None
+  return out
+
+
+def listing() -> str:
+  decoder, encoder = config_lib.base().to_dict(), config_lib.encoder().to_dict()
+  notes = comments()
+  order = list(notes) + [f"{s}.{f}" for s in encoder for f in encoder[s]]  # source order first
+  lines, section = [], None
+  for key in dict.fromkeys(order):
+    name, field = key.split(".")
+    if name != section:
+      section = name
+      lines.append(f"\n{section}")
+    value, mine = encoder[name][field], decoder.get(name, {})
+    tag = (" [encoder]" if field not in mine else
+           f" [encoder: {value!r}]" if value != mine[field] else "")
+    lines.append(f"  {key} = {mine.get(field, value)!r}{tag}")
+    if notes.get(key):
+      lines.append(f"      {notes[key]}")
+  return "\n".join(lines).lstrip("\n")
+
+
+def main() -> None:
+  print("Every config field: its default (the decoder's, config.base()), the encoder's where it "
+        "differs, and what it does.\nOverride any with --config.<section>.<field>=<value>.\n")
+  print(listing())
+
+
+if __name__ == "__main__":
+  main()
+  sys.exit(0)
