@@ -198,7 +198,9 @@ def train_lanes(program: steps.Program, lanes: list[Lane], state, start: int,
       is_last = done == t.steps
       evaluate_now = done % t.eval_every == 0 or is_last
       sharpness_now = sharp_ev is not None and done % sharp_ev.every == 0
-      save_now = done % t.checkpoint_every == 0 or is_last or stop.signum
+      stopping = stop.signum is not None  # Read once: a signal during the host work below
+      # is acted on after the next step, never between deciding to save and stopping.
+      save_now = done % t.checkpoint_every == 0 or is_last or stopping
       log_now = done % t.log_every == 0 or evaluate_now or sharpness_now
       if not (log_now or save_now):
         continue
@@ -245,7 +247,7 @@ def train_lanes(program: steps.Program, lanes: list[Lane], state, start: int,
           lane.save(done, program.run_part(state, r), [] if log_now else since_row[r])
       if all(lane.stopped for lane in lanes):
         break
-      if stop.signum:
+      if stopping:
         stopped_at = done
         break
       if not pending:  # Restart the clock after host work (logging, eval, checkpoint).

@@ -250,20 +250,26 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
   (`select`); {cell name: summary} of the cells that have ended (cells another process is
   training are left out). A `worker` of `--workers` leaves sweep.json and the end to its parent.
 
-  `cache`: a dict kept by the caller to reuse compiled functions across calls (a notebook, a
-  test); by default each group compiles once and its functions are dropped after it.
+  Cells run seed by seed: every cell of the first seed (each compile group in turn), then the
+  next seed, so that a sweep stopped early already pairs every activation and LR on the seeds
+  it finished (with `sweep.vectorize`, a whole group at once: the most runs per program). Each
+  group compiles once (`cache`, by default one for the whole sweep; a caller
+  may keep its own to reuse compiled functions across calls).
   """
   workdir = pathlib.Path(workdir)
   mine = plan(base, spec, workdir, shard, manifest=not worker)
   groups = group(mine)
   part = f" (shard {shard[0]}/{shard[1]})" if shard[1] > 1 else ""
   log(f"sweep: {len(mine)} cells{part} in {len(groups)} compile group(s) → {workdir}")
+  cache = {} if cache is None else cache
   results = {}
-  for group_ in groups:
-    for cell, summary in zip(group_, run_group(group_, workdir, {} if cache is None else cache,
-                                               log)):
-      if summary is not None:
-        results[cell.name] = summary
+  vectorize = bool(mine) and mine[0].config.sweep.vectorize
+  for seed in [None] if vectorize else sorted({c.overrides[SEED_KEY] for c in mine}):
+    for group_ in groups:
+      cells_ = [c for c in group_ if seed is None or c.overrides[SEED_KEY] == seed]
+      for cell, summary in zip(cells_, run_group(cells_, workdir, cache, log) if cells_ else []):
+        if summary is not None:
+          results[cell.name] = summary
   if not worker:
     _unfinished(mine, results, log)
   return results

@@ -5,6 +5,7 @@ full disk, and refused runs that leave nothing behind."""
 import contextlib
 import hashlib
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -17,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import sample, steps, sweep, train
+from actlab import loop, sample, steps, sweep, train
 from actlab.checkpoint import Checkpoints
 from actlab.errors import UserError
 from conftest import REPO, tiny
@@ -137,6 +138,27 @@ def test_sigterm_saves_the_step_it_stopped_at_and_resumes_exactly(reference, tmp
   assert f"resuming at step {stopped_at}" in result.stdout
   assert rows(tmp_path) == rows(reference)
   assert summary(tmp_path) == summary(reference)
+
+
+@pytest.mark.slow
+def test_a_signal_during_a_log_step_still_saves_the_step_it_stops_at(short_run, tmp_path,
+                                                                     monkeypatch):
+  """The race a sweep hit: SIGTERM arrives while the loop writes a log row (host work between
+  deciding whether to save and deciding whether to stop). The loop must not stop unsaved."""
+  write = loop.Lane.write
+
+  def write_then_signal(lane, row):
+    write(lane, row)
+    if row["step"] == 10:  # a log step, not a checkpoint step (every 25)
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(loop.Lane, "write", write_then_signal)
+  with pytest.raises(loop.Interrupted, match=r"after step (\d+); checkpoint of step \1 saved"):
+    train.run(tiny(), tmp_path)
+  assert checkpoint_steps(tmp_path) == [11]
+  monkeypatch.setattr(loop.Lane, "write", write)
+  train.run(tiny(), tmp_path)
+  assert rows(tmp_path) == rows(short_run) and summary(tmp_path) == summary(short_run)
 
 
 @pytest.fixture(scope="module")

@@ -295,8 +295,11 @@ def test_shards_partition_the_cells_and_each_trains_only_its_own(tmp_path, monke
   monkeypatch.setattr(train, "run_group", fake_run_group)
   for i in range(3):
     results = sweep.run(tiny(), str(spec), tmp_path / "runs", log=lambda _: None, shard=(i, 3))
-    assert list(results) == trained[-4:] == grid[i::3]
+    assert list(results) == trained[-4:] and sorted(trained[-4:]) == sorted(grid[i::3])
   assert sorted(trained) == sorted(grid)
+  # Seed by seed: every activation and LR of seed 0 (its own cells, shard by shard) before seed 1.
+  seeds = [name.rsplit("seed=", 1)[1] for name in trained]
+  assert all(seeds[4 * i:4 * i + 4] == sorted(seeds[4 * i:4 * i + 4]) for i in range(3))
   manifest = json.loads((tmp_path / "runs" / "sweep.json").read_text())
   assert [c["name"] for c in manifest["cells"]] == grid
   assert manifest["baseline"] == "gelu"  # the report's baseline, from the sweep file
