@@ -159,7 +159,7 @@ def test_cells_differing_in_lr_and_seed_share_one_compiled_step(swept, tmp_path)
   # log() runs once at the start and once per finished cell: all compiling happened in cell 1.
   first, *later = swept.compiled_by_cell[1:]
   assert first >= 4 and later == [first] * 5, swept.compiled_by_cell
-  assert list(swept.results) == [f"lr={lr:g},seed={s}" for lr in LRS for s in SEEDS]
+  assert list(swept.results) == [f"lr={lr:g},seed={s}" for s in SEEDS for lr in LRS]  # by seed
   # The LR and the seed reached the shared step: logged LRs scale with the peak LR, the seed
   # changes the initialisation and the LR does not.
   lr_at = lambda name: _rows(swept.root / name)[1]["lr"]
