@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from actlab import models
+from actlab.stats import finite  # also metrics.finite: one definition, pure numpy
 
 STATUSES = ("stable", "unstable", "diverged")
 TAIL_FRACTION = 0.1  # summary `grad_norm` / `final_train_loss`: mean over the last 10% of steps
@@ -146,11 +147,6 @@ def top_hessian_eigenvalue(loss_fn: Callable, params, key: jax.Array, num_iters:
 
 
 # --- Summaries and the stability verdict ----------------------------------------------------
-
-
-def finite(x) -> bool:
-  """True for a finite number; False for None (how metrics.jsonl stores NaN/inf), NaN and inf."""
-  return x is not None and math.isfinite(x)
 
 
 def jsonable(row: Mapping[str, Any]) -> dict:
