@@ -24,6 +24,7 @@ import importlib.metadata
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -273,11 +274,18 @@ def dotted(d: dict, prefix: str = "") -> dict:
   return out
 
 
-def disk_full(e: BaseException) -> OSError | None:
-  """The ENOSPC error in `e`'s chain of causes, if any."""
+_OS_ERROR_FULL = re.compile(r"\[os_error_code='(?:28|122)'\]")  # ENOSPC, EDQUOT in TensorStore's text
+
+
+def full_disk_path(e: BaseException, workdir: pathlib.Path) -> str | None:
+  """The file whose write found the disk full, if a full disk (ENOSPC or EDQUOT) is in `e`'s chain
+  of causes: an OSError, or TensorStore's ValueError carrying the OS error code (Orbax's writes)."""
   while e is not None:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-      return e
+      return e.filename or str(workdir)
+    if not isinstance(e, OSError) and _OS_ERROR_FULL.search(str(e)):
+      quoted = re.search(r'"([^"]+)"', str(e))  # `Error writing local file "<path>": ...`
+      return quoted.group(1) if quoted else str(workdir)
     e = e.__cause__ or e.__context__
   return None
 
@@ -288,10 +296,10 @@ def full_disk_reported(workdir: pathlib.Path) -> Iterator[None]:
   try:
     yield
   except Exception as e:
-    full = disk_full(e)
-    if full is None:
+    path = full_disk_path(e, workdir)
+    if path is None:
       raise
     raise WorkdirError(
-        f"no space left on device writing {full.filename or workdir}; free some space and rerun "
+        f"no space left on device writing {path}; free some space and rerun "
         "the same command: it resumes from the last complete checkpoint (checkpoints are "
         "written whole or not at all)") from None

@@ -139,3 +139,19 @@ def test_disk_full_is_found_in_the_cause_chain(tmp_path):
   with pytest.raises(RuntimeError):
     with workdir.full_disk_reported(tmp_path):
       raise RuntimeError("not a disk problem")
+
+
+def test_disk_full_in_orbaxs_tensorstore_error_is_found(tmp_path):
+  """Orbax's array writes fail with TensorStore's ValueError, the OS error code in its text."""
+  err = ValueError(
+      'RESOURCE_EXHAUSTED: Error writing local file "/runs/x/checkpoints/15.orbax-checkpoint-tmp/'
+      'state/_sharding": Failed writing: "/runs/x/checkpoints/15.orbax-checkpoint-tmp/state/'
+      '_sharding.__lock": Failed to write 24299 bytes to file 10: No space left on device '
+      "[os_error_code='28']")
+  with pytest.raises(workdir.WorkdirError, match=r"no space left on device writing "
+                     r"/runs/x/checkpoints/15.orbax-checkpoint-tmp/state/_sharding; free"):
+    with workdir.full_disk_reported(tmp_path):
+      raise RuntimeError("checkpoint thread failed") from err
+  with pytest.raises(ValueError):
+    with workdir.full_disk_reported(tmp_path):
+      raise ValueError("INVALID_ARGUMENT: Error reading \"/x\" [os_error_code='2']")
