@@ -5,6 +5,7 @@ docs/metrics.md).
 |---|---|---|---|
 | `Loss` | always | the validation batches | `val_loss`, `val_accuracy` (objectives that count `correct`) |
 | `ActivationStats` | `metrics.act_stats` | the same forward pass, its sown `FFNStats`/`AttentionStats` | `act_zero_frac`, `dead_units`, `act_mean`, `act_std`, `attn_logit_max` (and `/layer_<i>`) |
+| `PreactHistogram` | `metrics.ffn_hist_bins` > 0 and a tracker on (TensorBoard or W&B) | the same forward pass, its sown `FFNStats.z` | `ffn_preact/layer_<i>`: a `histogram.Histogram`, for the trackers only (not metrics.jsonl) |
 | `Sharpness` | `metrics.sharpness_every` > 0 | training batch 0 of seed 0 | `sharpness` |
 
 The validation evaluators run every `train.eval_every` steps (and at steps 0 and the last) and
@@ -23,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import ml_collections
 
-from actlab import metrics
+from actlab import histogram, metrics, models
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,26 @@ class ActivationStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class PreactHistogram:
+  """Per layer, the histogram of the FFN pre-activation z over every validation entry, in `bins`
+  equal bins over [-limit, limit] plus under- and overflow (docs/metrics.md §4): counted on the
+  device (`histogram.count`), added up over the batches on the host."""
+  bins: int
+  limit: float
+  name = "ffn_hist"
+  sown = True
+
+  def read(self, out: Mapping) -> list:
+    edges = histogram.edges(self.bins, self.limit)
+    return [histogram.count(s.z, edges) for s in metrics.per_layer(out["sown"], models.FFNStats)]
+
+  def pool(self, outs: Sequence[Sequence]) -> dict[str, histogram.Histogram]:
+    edges = histogram.edges(self.bins, self.limit)
+    return {f"ffn_preact/layer_{i}": histogram.Histogram.pool(edges, [o[i] for o in outs])
+            for i in range(len(outs[0]))}
+
+
+@dataclasses.dataclass(frozen=True)
 class Sharpness:
   """The top Hessian eigenvalue of the training loss on one fixed batch, without dropout, by
   `iters` steps of power iteration (`metrics.top_hessian_eigenvalue`), every `every` steps."""
@@ -79,7 +100,10 @@ class Evaluators:
   @classmethod
   def create(cls, config: ml_collections.ConfigDict) -> "Evaluators":
     m = config.metrics
-    validation = (Loss(),) + ((ActivationStats(),) if m.act_stats else ())
+    tracked = m.tensorboard or m.wandb_project  # Histograms go to the trackers only.
+    validation = ((Loss(),) + ((ActivationStats(),) if m.act_stats else ())
+                  + ((PreactHistogram(m.ffn_hist_bins, m.ffn_hist_range),)
+                     if m.ffn_hist_bins and tracked else ()))
     sharpness = Sharpness(m.sharpness_every, m.sharpness_iters) if m.sharpness_every else None
     return cls(validation, sharpness)
 
@@ -90,8 +114,9 @@ class Evaluators:
                           stats=any(e.sown for e in self.validation))
     return {e.name: e.read(out) for e in self.validation}
 
-  def pool(self, outs: Sequence[Mapping]) -> dict[str, float]:
-    """Every validation batch's `validation_step` values (on the host) → metrics-row entries."""
+  def pool(self, outs: Sequence[Mapping]) -> dict[str, Any]:
+    """Every validation batch's `validation_step` values (on the host) → row entries: floats
+    for metrics.jsonl and the trackers, `histogram.Histogram`s for the trackers only."""
     row = {}
     for e in self.validation:
       row.update(e.pool([o[e.name] for o in outs]))

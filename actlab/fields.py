@@ -15,11 +15,13 @@ from actlab import config as config_lib
 
 _SECTION = re.compile(r"^\s*(?:c\.(\w+) = )?(\w+) = (?:ml_collections\.ConfigDict\(\)|c\.(\w+))")
 _FIELD = re.compile(r"^\s*(\w+)\.(\w+) = .*?(?:#\s*(.*))?$")
-_MORE = re.compile(r"^\s+#\s*(.*)$")
+_MORE = re.compile(r"^(\s+)#\s*(.*)$")
 
 
 def comments() -> dict[str, str]:
-  """{"section.field": its comment} from the source of `config.base` and `config.encoder`."""
+  """{"section.field": its comment} from the source of `config.base` and `config.encoder`: the
+  comment beside the field and the comment lines below it indented further than the field (a
+  comment at the field's own indentation introduces the next fields)."""
   out, aliases, last = {}, {"c": None}, None
   for fn in (config_lib.base, config_lib.encoder):
     for line in inspect.getsource(fn).splitlines():
@@ -28,9 +30,10 @@ def comments() -> dict[str, str]:
         last = None
       elif (field := _FIELD.match(line)) and aliases.get(field.group(1)):
         last = f"{aliases[field.group(1)]}.{field.group(2)}"
+        indent = len(line) - len(line.lstrip())
         out.setdefault(last, field.group(3) or "")
-      elif (more := _MORE.match(line)) and last:
-        out[last] = f"{out[last]} {more.group(1)}".strip()
+      elif (more := _MORE.match(line)) and last and len(more.group(1)) > indent:
+        out[last] = f"{out[last]} {more.group(2)}".strip()
       else:
         last = None
   return out

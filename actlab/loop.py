@@ -20,11 +20,12 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from actlab import metrics_log, models, steps, tasks
+from actlab import metrics_log, models, steps, tasks, tracking
 from actlab import metrics as metrics_lib
 from actlab import workdir as workdir_lib
 from actlab.checkpoint import Checkpoints
 from actlab.errors import UserError
+from actlab.histogram import Histogram
 
 
 class StopRequest:
@@ -63,20 +64,22 @@ def _device_rows(rows: list[dict]) -> list[dict]:
 
 @dataclasses.dataclass
 class Lane:
-  """One run in `train_lanes`: its files and what its summary reports. Everything here but the
-  files is kept in each checkpoint (`meta`), so a resumed lane continues where it stopped."""
+  """One run in `train_lanes`: its files, its trackers (`tracking`) and what its summary reports.
+  Everything here but the files and trackers is kept in each checkpoint (`meta`), so a resumed
+  lane continues where it stopped."""
   config: ml_collections.ConfigDict
   logdir: pathlib.Path
   dataset: Any            # the run's own training batches (its seed)
   checkpoints: Checkpoints
   log: metrics_log.MetricsLog
-  tb: metrics_lib.TensorBoard | None
+  writers: list           # tracking.TensorBoard, tracking.WandB: each gets every row
   segments: list          # provenance.json: one entry per start of the run
   carried: list = dataclasses.field(default_factory=list)  # step metrics since the last row
   rates: list = dataclasses.field(default_factory=list)    # tokens/s of each logged interval
   train_time: float = 0.0
   diverged_at: int | None = None
   stopped: bool = False   # diverged and logged: no more rows, no more checkpoints
+  summary: dict | None = None  # set by `finish`: the writers get it when they close
 
   @classmethod
   def open(cls, config: ml_collections.ConfigDict, workdir: pathlib.Path, dataset,
@@ -88,16 +91,16 @@ class Lane:
     segments = workdir_lib.append_segment(path, workdir_lib.segment(config, start))
     return cls(config, path, dataset, ckpts,
                metrics_log.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
-               metrics_lib.TensorBoard(path / "tb", purge_step=start)
-               if config.metrics.tensorboard else None,
-               segments, _device_rows(meta.get("pending", [])), list(meta.get("rates", [])),
+               tracking.open_writers(config, path, start, segments), segments,
+               _device_rows(meta.get("pending", [])), list(meta.get("rates", [])),
                meta.get("train_time", 0.0))
 
   def write(self, row: dict) -> None:
+    """The row's numbers to metrics.jsonl, and the whole row (histograms too) to the trackers."""
     row = metrics_lib.jsonable(row)
-    self.log.write(row)
-    if self.tb:
-      self.tb.write(row)
+    self.log.write({k: v for k, v in row.items() if not isinstance(v, Histogram)})
+    for writer in self.writers:
+      writer.write(row)
 
   def save(self, step: int, state, pending: list[dict]) -> None:
     """Checkpoints `state` with the lane: its rows, the step metrics not yet in a row, rates."""
@@ -105,11 +108,13 @@ class Lane:
                                         "rates": self.rates, "train_time": self.train_time})
 
   def close(self) -> None:
-    try:
-      self.checkpoints.close()  # Waits for the checkpoint being written (and raises its error).
-    finally:
-      if self.tb:
-        self.tb.close()
+    self.checkpoints.close()  # Waits for the checkpoint being written (and raises its error).
+
+  def close_writers(self) -> None:
+    """Closes the trackers, with the summary if the run ended (`finish`), whatever one raises."""
+    with contextlib.ExitStack() as closing:
+      for writer in self.writers:
+        closing.callback(writer.close, self.summary)
 
   def finish(self, counts: dict, vocab_size: int, wall_time: float, runs: int) -> dict:
     """Writes summary.json (with `vectorized_runs` when `runs` > 1) and returns it."""
@@ -138,6 +143,7 @@ class Lane:
     })
     summary["provenance"] = self.segments
     workdir_lib.write_json(self.logdir / "summary.json", summary)
+    self.summary = summary
     return summary
 
 
@@ -145,6 +151,14 @@ def train_lanes(program: steps.Program, lanes: list[Lane], state, start: int,
                 vocab_size: int) -> list[dict]:
   """Trains `lanes` (run r of `program` is `lanes[r]`) from step `start` (all at the same step,
   with the same schedule) and writes and returns their summaries, in order."""
+  with contextlib.ExitStack() as closing:  # The trackers last: W&B logs the summary.
+    for lane in lanes:
+      closing.callback(lane.close_writers)
+    return _train(program, lanes, state, start, vocab_size)
+
+
+def _train(program: steps.Program, lanes: list[Lane], state, start: int,
+           vocab_size: int) -> list[dict]:
   config = lanes[0].config
   t, sharp_ev = config.train, program.evaluators.sharpness
   plan = program.plan

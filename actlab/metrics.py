@@ -1,4 +1,5 @@
-"""What actlab measures: activation statistics, sharpness, summaries and the stability verdict.
+"""What actlab measures: activation statistics, sharpness, summaries and the stability verdict
+(the trackers that also receive the rows are in tracking.py).
 
 Definitions in full: docs/metrics.md (§4 activation statistics, §5 sharpness, §6 the verdict,
 §7 the summary); the README summarises them for users.
@@ -28,7 +29,6 @@ Definitions in full: docs/metrics.md (§4 activation statistics, §5 sharpness, 
 from __future__ import annotations
 
 import math
-import pathlib
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
@@ -262,25 +262,3 @@ def summarize(rows: Sequence[Mapping], steps: int) -> dict:
                best_val_accuracy=max(accs))
   return out
 
-
-# --- TensorBoard ----------------------------------------------------------------------------
-
-
-class TensorBoard:
-  """Every metrics row as scalars in `<workdir>/tb` (tensorboardX: no TensorFlow needed).
-
-  `purge_step` (the resumed step) hides events a previous, interrupted run wrote after it.
-  """
-
-  def __init__(self, logdir: pathlib.Path, purge_step: int | None = None):
-    import tensorboardX  # Imported here: only runs that log need it.
-    self._writer = tensorboardX.SummaryWriter(str(logdir), purge_step=purge_step or None)
-
-  def write(self, row: Mapping[str, Any]) -> None:
-    for key, value in row.items():
-      if key != "step" and isinstance(value, (int, float)):
-        self._writer.add_scalar(key, value, row["step"])
-
-  def close(self) -> None:
-    self._writer.flush()
-    self._writer.close()

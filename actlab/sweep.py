@@ -53,7 +53,7 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from actlab import config as config_lib
-from actlab import errors, metrics, sizes, steps, train, workers
+from actlab import errors, metrics, progress, sizes, steps, tracking, train, workers
 from actlab import workdir as workdir_lib
 
 SEED_KEY = "train.seed"
@@ -175,11 +175,13 @@ def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Seque
 
 
 def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
-              log: Callable[[str], None] = _say) -> list[dict | None]:
+              log: Callable[[str], None] = _say,
+              progress_: progress.Progress | None = None) -> list[dict | None]:
   """Trains the cells of one group; finished ones (a readable summary.json) are skipped, and so
   are cells another process is training (None in their place): two sweeps on one directory share
   the cells. With `sweep.vectorize` the unfinished ones train together as one program
-  (`train.run_group`, at most `sweep.max_runs` at a time), otherwise one after another."""
+  (`train.run_group`, at most `sweep.max_runs` at a time), otherwise one after another. Each
+  cell that ends is reported to `progress_`."""
   summaries = {}
   todo = []
   for cell in group_:
@@ -207,17 +209,18 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
         else:  # Finished by another process since the check above.
           log(f"{cell.name}: done by another process ({summary.get('status')}), skipped")
           summaries[cell.name] = summary
+          if progress_:
+            progress_.done(cell.name, summary, here=False)
       if not chunk:
         break
-      t0 = time.perf_counter()
+      if len(chunk) > 1:
+        log(f"sweep: {len(chunk)} cells as one program (vectorized ×{len(chunk)})")
       done = train.run_group([c.config for c in chunk], [workdir / c.name for c in chunk],
                              cache=cache, log=log)
-      how = f"vectorized ×{len(chunk)}, " if len(chunk) > 1 else ""
       for cell, summary in zip(chunk, done):
-        val = summary.get("final_val_loss")
-        log(f"{cell.name}: {summary['status']}, val loss "
-            f"{'n/a' if val is None else f'{val:.4f}'} ({how}{time.perf_counter() - t0:.0f} s)")
         summaries[cell.name] = summary
+        if progress_:
+          progress_.done(cell.name, summary)
   return [summaries.get(cell.name) for cell in group_]
 
 
@@ -237,10 +240,15 @@ def _ended(cells_: Sequence[Cell], workdir: pathlib.Path) -> dict[str, dict]:
   return {c.name: s for c in cells_ if (s := workdir_lib.read_summary(workdir / c.name))}
 
 
-def _unfinished(cells_: Sequence[Cell], results: dict, log: Callable[[str], None]) -> None:
+def _end(cells_: Sequence[Cell], workdir: pathlib.Path, results: dict,
+         log: Callable[[str], None]) -> None:
+  """What the sweep's parent does last: says which cells others are still training, and adds
+  the ended cells to TensorBoard's HParams table (`tracking.write_hparams`)."""
   if len(results) < len(cells_):
     log(f"sweep: {len(cells_) - len(results)} cell(s) are being trained by another process; "
         "rerun this command once it is done to see every cell finished")
+  if cells_ and cells_[0].config.metrics.tensorboard and tracking.write_hparams(workdir):
+    log(f"sweep: HParams table in {workdir / 'tb_hparams'} (tensorboard --logdir {workdir})")
 
 
 def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str], None] = _say,
@@ -260,18 +268,23 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
   mine = plan(base, spec, workdir, shard, manifest=not worker)
   groups = group(mine)
   part = f" (shard {shard[0]}/{shard[1]})" if shard[1] > 1 else ""
-  log(f"sweep: {len(mine)} cells{part} in {len(groups)} compile group(s) → {workdir}")
+  ended = _ended(mine, workdir)
+  log(f"sweep: {len(mine)} cells{part} ({len(ended)} done before) in {len(groups)} compile "
+      f"group(s) → {workdir}")
+  # The parent reports progress; a worker's parent does it for all of them.
+  progress_ = None if worker else progress.Progress([c.name for c in mine], list(ended), log)
   cache = {} if cache is None else cache
   results = {}
   vectorize = bool(mine) and mine[0].config.sweep.vectorize
   for seed in [None] if vectorize else sorted({c.overrides[SEED_KEY] for c in mine}):
     for group_ in groups:
       cells_ = [c for c in group_ if seed is None or c.overrides[SEED_KEY] == seed]
-      for cell, summary in zip(cells_, run_group(cells_, workdir, cache, log) if cells_ else []):
+      summaries = run_group(cells_, workdir, cache, log, progress_) if cells_ else []
+      for cell, summary in zip(cells_, summaries):
         if summary is not None:
           results[cell.name] = summary
   if not worker:
-    _unfinished(mine, results, log)
+    _end(mine, workdir, results, log)
   return results
 
 
@@ -292,14 +305,19 @@ def main(argv):
   if FLAGS.workers > 1:
     workers.plan(FLAGS.workers)  # Too few CPUs (or GPUs) are refused before anything is written.
     mine = plan(FLAGS.config, FLAGS.sweep, workdir, shard)
-    todo = len(mine) - len(_ended(mine, workdir))
+    ended = _ended(mine, workdir)
+    todo = len(mine) - len(ended)
     if todo:
       team = workers.plan(min(FLAGS.workers, todo))  # No idle child holding CPUs.
       _say(f"sweep: {todo} of {len(mine)} cells to train, {len(team)} workers: " + "; ".join(
           f"worker {w.index} on {workers.describe(w.cpus, w.gpu)}" for w in team))
-      workers.run(team, sys.argv[1:], _say)
+      progress_ = progress.Progress([c.name for c in mine], list(ended), _say)
+      try:
+        workers.run(team, sys.argv[1:], _say, poll=lambda: progress_.poll(workdir))
+      finally:
+        progress_.poll(workdir, every=0)  # The cells that ended since the last look.
     results = _ended(mine, workdir)
-    _unfinished(mine, results, _say)
+    _end(mine, workdir, results, _say)
   else:
     results = run(FLAGS.config, FLAGS.sweep, workdir, shard=shard)
   counts = {s: sum(r.get("status") == s for r in results.values()) for s in metrics.STATUSES}

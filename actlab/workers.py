@@ -123,10 +123,12 @@ def _start(w: Worker, n: int, argv: Sequence[str]) -> subprocess.Popen:
     os.sched_setaffinity(0, allowed)
 
 
-def run(workers: Sequence[Worker], argv: Sequence[str], log: Callable[[str], None]) -> None:
+def run(workers: Sequence[Worker], argv: Sequence[str], log: Callable[[str], None],
+        poll: Callable[[], None] = lambda: None) -> None:
   """Runs `python -m actlab.sweep *argv` as each worker and waits for all of them, passing
-  SIGINT/SIGTERM on (each child checkpoints and stops); one line per child as it ends. Raises
-  `Failed` if a child failed or was stopped."""
+  SIGINT/SIGTERM on (each child checkpoints and stops); one line per child as it ends, and
+  `poll()` (the sweep's progress) while they run. Raises `Failed` if a child failed or was
+  stopped."""
   stop: list[int] = []
   previous = {s: signal.signal(s, lambda signum, _: stop.append(signum))
               for s in (signal.SIGINT, signal.SIGTERM)}
@@ -148,6 +150,7 @@ def run(workers: Sequence[Worker], argv: Sequence[str], log: Callable[[str], Non
           how = "done" if not codes[w] else (
               f"{'stopped' if stop else 'failed'} with exit code {codes[w]}")
           log(f"worker {w.index}/{len(workers)} ({describe(w.cpus, w.gpu)}): {how}")
+      poll()
       time.sleep(0.1)
   finally:
     for s, handler in previous.items():

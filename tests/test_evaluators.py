@@ -17,7 +17,7 @@ def test_the_config_chooses_the_evaluators(act_stats, sharpness_every):
               "metrics.sharpness_iters": 3})
   evals = evaluators.Evaluators.create(c)
   names = [e.name for e in evals.validation]
-  assert names == (["loss", "act_stats"] if act_stats else ["loss"])
+  assert names == (["loss", "act_stats"] if act_stats else ["loss"]) + ["ffn_hist"]
   assert evals.sharpness == (evaluators.Sharpness(5, 3) if sharpness_every else None)
 
   task = steps.Steps.create(c, 257)
@@ -27,6 +27,8 @@ def test_the_config_chooses_the_evaluators(act_stats, sharpness_every):
   assert sorted(out) == sorted(names)
   row = evals.pool([out, out])
   assert ("act_zero_frac" in row) == act_stats and "sharpness" not in row
+  hist = row["ffn_preact/layer_1"]  # for the trackers: every z entry of both batches
+  assert hist.num == 2 * batch.shape[0] * c.data.seq_len * c.model.d_ff
   loss = task.objective(task.model, params, batch, jax.random.PRNGKey(0), train=False)
   assert row["val_loss"] == pytest.approx(float(loss["loss_sum"] / loss["count"]), rel=1e-6)
 
@@ -36,3 +38,13 @@ def test_loss_pools_sums_not_means():
   row = evaluators.Loss().pool([{"loss_sum": 3.0, "count": 1, "correct": 1},
                                 {"loss_sum": 3.0, "count": 3, "correct": 0}])
   assert row == {"val_loss": 1.5, "val_accuracy": 0.25}
+
+
+def test_histograms_only_when_a_tracker_shows_them():
+  names = lambda **o: [e.name for e in evaluators.Evaluators.create(tiny(**o)).validation]
+  assert names() == ["loss", "act_stats", "ffn_hist"]  # TensorBoard is on by default
+  assert names(**{"metrics.ffn_hist_bins": 0}) == ["loss", "act_stats"]
+  assert names(**{"metrics.tensorboard": False}) == ["loss", "act_stats"]
+  assert names(**{"metrics.tensorboard": False, "metrics.wandb_project": "p"})[-1] == "ffn_hist"
+  assert evaluators.Evaluators.create(tiny(**{"metrics.ffn_hist_bins": 16})).validation[-1] == (
+      evaluators.PreactHistogram(16, 8.0))

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import activations, config as config_lib, errors, models, steps, sweep, train, workers
+from actlab import (activations, config as config_lib, errors, models, progress, steps, sweep,
+                    train, workers)
 from actlab.checkpoint import Checkpoints
 from conftest import REPO, tiny
 
@@ -156,9 +157,11 @@ def _losses(workdir):
 @pytest.mark.slow
 def test_cells_differing_in_lr_and_seed_share_one_compiled_step(swept, tmp_path):
   assert len(swept.traces) == 1
-  # log() runs once at the start and once per finished cell: all compiling happened in cell 1.
-  first, *later = swept.compiled_by_cell[1:]
+  # log() runs once at the start, once per finished cell and once for the HParams table: all
+  # compiling happened in cell 1.
+  first, *later = swept.compiled_by_cell[1:7]
   assert first >= 4 and later == [first] * 5, swept.compiled_by_cell
+  assert len(swept.compiled_by_cell) == 8, swept.compiled_by_cell
   assert list(swept.results) == [f"lr={lr:g},seed={s}" for s in SEEDS for lr in LRS]  # by seed
   # The LR and the seed reached the shared step: logged LRs scale with the peak LR, the seed
   # changes the initialisation and the LR does not.
@@ -378,9 +381,11 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
   assert sorted(cpus) == ["0", "1"], out
   assert _cpu_set(cpus["0"]).isdisjoint(_cpu_set(cpus["1"]))
   assert _cpu_set(cpus["0"]) | _cpu_set(cpus["1"]) == os.sched_getaffinity(0)
-  # Each cell trained once, by one of the children; one line per child, one end line.
-  trained = re.findall(r"^worker (\d)/2: (\S+): stable, val loss", out, re.M)
+  # Each cell trained once, by one of the children; the parent prints cell k/4 as each ends;
+  # one line per child, one end line.
+  trained = re.findall(r"^\[(\d)/4\] (\S+): stable, val loss", out, re.M)
   assert sorted(name for _, name in trained) == sorted(reference), out
+  assert [k for k, _ in trained] == ["1", "2", "3", "4"], out
   assert len(re.findall(r"^worker \d/2 \(CPUs \S+\): done$", out, re.M)) == 2, out
   assert out.count("sweep done") == 1 and out.endswith(
       f"4 stable, 0 unstable, 0 diverged; report: python -m actlab.report {two}\n"), out
@@ -395,3 +400,54 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
   assert again.returncode == 0 and again.stdout.count("\n") == 1, again.stdout + again.stderr
   assert again.stdout.endswith("4 stable, 0 unstable, 0 diverged; report: python -m actlab."
                                f"report {two}\n"), again.stdout
+
+
+# --- Progress ---------------------------------------------------------------------------------
+
+
+def test_progress_lines_count_every_cell_and_time_only_those_finished_here():
+  lines, now = [], [100.0]
+  p = progress.Progress(["a", "b", "c", "d", "e"], ["a"], lines.append, clock=lambda: now[0])
+  now[0] = 110.0
+  p.done("b", {"status": "stable", "final_val_loss": 2.0, "wall_time_sec": 8.4})
+  p.done("b", {"status": "stable"})  # reported twice (a poll after the run): once
+  p.done("c", {"status": "stable"}, here=False)  # another process's: counted, not timed
+  now[0] = 100.0 + 2 * 754
+  p.done("d", {"status": "diverged", "final_val_loss": None, "wall_time_sec": 3.0})
+  now[0] = 100.0 + 3 * 3700
+  p.done("e", {"status": "unstable", "final_val_loss": 3.14159, "wall_time_sec": 7384})
+  assert lines == ["[2/5] b: stable, val loss 2.0000, 8 s; ETA 30 s",      # 10 s a cell, 3 left
+                   "[4/5] d: diverged, val loss n/a, 3 s; ETA 12 min 34 s",  # 754 s a cell, 1 left
+                   "[5/5] e: unstable, val loss 3.1416, 2 h 03 min"]        # none left: no ETA
+  assert progress.duration(59.4) == "59 s" and progress.duration(3599) == "59 min 59 s"
+
+
+def test_sweep_prints_cell_k_of_n_and_skips_cells_done_before(tmp_path, monkeypatch):
+  spec = tmp_path / "grid.py"
+  spec.write_text("def get_sweep(arg=None):\n  return {'axes': {'optim.lr': [1e-3, 3e-3]}, "
+                  "'seeds': [0, 1]}\n")
+  root = tmp_path / "runs"
+  before = root / "lr=0.003,seed=0"
+  before.mkdir(parents=True)
+  (before / "summary.json").write_text('{"status": "stable", "final_val_loss": 1.5}')
+
+  def fake_run_group(configs, workdirs, cache=None, log=print):
+    out = [{"status": "stable", "final_val_loss": 1.0 + c.optim.lr, "wall_time_sec": 2.0}
+           for c in configs]
+    for w, summary in zip(workdirs, out):
+      (pathlib.Path(w) / "summary.json").write_text(json.dumps(summary))
+    return out
+
+  monkeypatch.setattr(train, "run_group", fake_run_group)
+  lines = []
+  results = sweep.run(tiny(), str(spec), root, log=lines.append)
+  assert len(results) == 4
+  assert lines[0] == f"sweep: 4 cells (1 done before) in 1 compile group(s) → {root}"
+  assert lines[1] == "lr=0.003,seed=0: done before (stable), skipped"
+  assert [re.sub(r"; ETA \d+ s$", "", l) for l in lines[2:5]] == [
+      "[2/4] lr=0.001,seed=0: stable, val loss 1.0010, 2 s",
+      "[3/4] lr=0.001,seed=1: stable, val loss 1.0010, 2 s",
+      "[4/4] lr=0.003,seed=1: stable, val loss 1.0030, 2 s"]
+  assert "ETA" in lines[2] and "ETA" not in lines[4]
+  assert lines[5].startswith("sweep: HParams table in ") and len(lines) == 6
+  assert sorted(p.name for p in (root / "tb_hparams").iterdir()) == sorted(results)

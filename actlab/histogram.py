@@ -1,0 +1,76 @@
+"""Histograms with fixed bin edges: counted on the device, pooled exactly on the host.
+
+`count` runs inside the jitted evaluation step and returns a few small arrays per call (the
+counts, min, max, sum, sum of squares), never the values; `Histogram.pool` adds the counts of
+every validation batch. The bins are those of `numpy.histogram(x, edges)`: [e_i, e_{i+1}), the
+last one closed, [e_{n-1}, e_n]; entries below e_0 are the underflow, entries above e_n (and NaN)
+the overflow (docs/metrics.md §4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def edges(bins: int, limit: float) -> np.ndarray:
+  """`bins` equal bins over [-limit, limit]: bins + 1 float32 edges."""
+  return np.linspace(-limit, limit, bins + 1, dtype=np.float32)
+
+
+def count(x: jax.Array, edges_E: np.ndarray) -> dict:
+  """Traced: {"counts": [underflow, bin 0 … bin n−1, overflow] (int32), "min", "max", "sum",
+  "sum_squares"} of every entry of `x`, compared with the float32 `edges_E` exactly."""
+  x_N = x.reshape(-1).astype(jnp.float32)
+  e = jnp.asarray(edges_E, jnp.float32)
+  n = len(edges_E) - 1
+  lo, hi = edges_E[0], edges_E[-1]
+  inside = (x_N >= lo) & (x_N <= hi)                       # False for NaN
+  x_in = jnp.where(inside, x_N, lo)
+  i = jnp.clip(jnp.floor((x_in - lo) * (n / (hi - lo))), 0, n - 1).astype(jnp.int32)
+  i = i - (x_in < e[i])                                    # The guess is off by at most one:
+  i = i + ((x_in >= e[i + 1]) & (i < n - 1))               # correct it against the edges.
+  slot = jnp.where(inside, i + 1, jnp.where(x_N < lo, 0, n + 1))
+  return {"counts": jnp.bincount(slot, length=n + 2).astype(jnp.int32),
+          "min": x_N.min(), "max": x_N.max(), "sum": x_N.sum(),
+          "sum_squares": jnp.sum(jnp.square(x_N))}
+
+
+@dataclasses.dataclass(frozen=True)
+class Histogram:
+  """A pooled histogram: `counts` = [underflow, bins…, overflow] over `edges`."""
+  edges: np.ndarray          # [n + 1]
+  counts: np.ndarray         # [n + 2], int64
+  min: float
+  max: float
+  sum: float
+  sum_squares: float
+
+  @classmethod
+  def pool(cls, edges_E: np.ndarray, batches: Sequence[Mapping]) -> "Histogram":
+    """The histogram of every entry of the batches (their `count` outputs, on the host)."""
+    return cls(edges_E, np.sum([np.asarray(b["counts"], np.int64) for b in batches], axis=0),
+               min(float(b["min"]) for b in batches), max(float(b["max"]) for b in batches),
+               sum(float(b["sum"]) for b in batches),
+               sum(float(b["sum_squares"]) for b in batches))
+
+  @property
+  def num(self) -> int:
+    return int(self.counts.sum())
+
+  def buckets(self) -> tuple[np.ndarray, np.ndarray]:
+    """(edges, counts) with len(edges) = len(counts) + 1 for a tracker: the bins, and the
+    underflow [min, e_0) and the overflow (e_n, max] as one more bucket each where not empty."""
+    lo, hi = float(self.edges[0]), float(self.edges[-1])
+    width = (hi - lo) / (len(self.edges) - 1)
+    under, counts, over = self.counts[0], self.counts[1:-1], self.counts[-1]
+    edges_ = [float(e) for e in self.edges]
+    if under:
+      edges_, counts = [self.min if self.min < lo else lo - width] + edges_, np.r_[under, counts]
+    if over:
+      edges_, counts = edges_ + [self.max if self.max > hi else hi + width], np.r_[counts, over]
+    return np.array(edges_), counts

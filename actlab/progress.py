@@ -1,0 +1,71 @@
+"""A sweep's progress as the parent process prints it: cell k of N, one line per finished cell
+(its name, final val loss, verdict and wall time) and the time left.
+
+The ETA is the sweep's wall time in this invocation per cell finished in it, times the cells
+left: with `--workers=N` cells finish N at a time, and the rate says so. Cells that had ended
+before the sweep started count towards k but not towards the rate.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from typing import Callable, Mapping, Sequence
+
+from actlab import workdir as workdir_lib
+
+
+def duration(seconds: float) -> str:
+  """12.3 → "12 s", 754 → "12 min 34 s", 7384 → "2 h 03 min"."""
+  s = int(round(seconds))
+  if s < 60:
+    return f"{s} s"
+  if s < 3600:
+    return f"{s // 60} min {s % 60} s"
+  return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def cell_line(k: int, n: int, name: str, summary: Mapping, eta: float | None) -> str:
+  """"[3/12] lr=0.001,seed=0: stable, val loss 2.3456, 41 s; ETA 6 min 9 s"."""
+  val, wall = summary.get("final_val_loss"), summary.get("wall_time_sec")
+  return (f"[{k}/{n}] {name}: {summary.get('status')}, val loss "
+          f"{'n/a' if val is None else f'{val:.4f}'}, "
+          f"{'n/a' if wall is None else duration(wall)}"
+          + ("" if eta is None else f"; ETA {duration(eta)}"))
+
+
+class Progress:
+  """Counts a sweep's cells (`names`, those in `ended` already done) as they end; `done` prints
+  one line per cell that finished in this invocation."""
+
+  def __init__(self, names: Sequence[str], ended: Sequence[str], log: Callable[[str], None],
+               clock: Callable[[], float] = time.perf_counter):
+    self.names, self.log, self.clock = list(names), log, clock
+    self.seen = set(ended) & set(names)
+    self.finished_here = 0
+    self.start = self._polled = clock()
+
+  def done(self, name: str, summary: Mapping, here: bool = True) -> None:
+    """Cell `name` has ended: trained here (a line, and timed), or by another process."""
+    if name in self.seen:
+      return
+    self.seen.add(name)
+    if not here:
+      return
+    self.finished_here += 1
+    left = len(self.names) - len(self.seen)
+    rate = (self.clock() - self.start) / self.finished_here
+    eta = rate * left if left else None
+    self.log(cell_line(len(self.seen), len(self.names), name, summary, eta))
+
+  def poll(self, workdir: pathlib.Path, every: float = 1.0) -> None:
+    """`done` for the cells whose summary.json has appeared (another process trains them: the
+    `--workers` parent), in grid order; reads at most once every `every` seconds."""
+    if self.clock() - self._polled < every:
+      return
+    self._polled = self.clock()
+    for name in self.names:
+      if name not in self.seen:
+        summary = workdir_lib.read_summary(workdir / name, warn=False)
+        if summary is not None:
+          self.done(name, summary)

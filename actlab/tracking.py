@@ -1,0 +1,166 @@
+"""The experiment trackers a run writes to besides metrics.jsonl: TensorBoard and Weights & Biases.
+
+A writer takes every metrics row (`write(row)`: scalars, and at evaluations the FFN
+pre-activation `histogram.Histogram`s, which stay out of metrics.jsonl) and is closed at the end
+with the run's summary (`close(summary)`; None when the run stopped early). `open_writers` picks
+the config's writers; `write_hparams` gives a sweep TensorBoard's HParams table. User guide:
+docs/tracking.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import tempfile
+from typing import Any, Mapping, Sequence
+
+import jax
+import ml_collections
+
+from actlab import workdir as workdir_lib
+from actlab.errors import UserError
+from actlab.histogram import Histogram
+
+WANDB_INSTALL = 'pip install -e ".[wandb]"'
+STATUS_CODES = {"stable": 0.0, "unstable": 1.0, "diverged": 2.0}  # HParams: the verdict as a number
+
+
+def _scalars(row: Mapping[str, Any]):
+  return ((k, v) for k, v in row.items()
+          if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _histograms(row: Mapping[str, Any]):
+  return ((k, v) for k, v in row.items() if isinstance(v, Histogram))
+
+
+class TensorBoard:
+  """Every metrics row as scalars (and histograms) in `<workdir>/tb` (tensorboardX: no
+  TensorFlow needed). `purge_step` (the resumed step) hides events a previous, interrupted run
+  wrote after it."""
+
+  def __init__(self, logdir: pathlib.Path, purge_step: int | None = None):
+    import tensorboardX  # Imported here: only runs that log need it.
+    self._writer = tensorboardX.SummaryWriter(str(logdir), purge_step=purge_step or None)
+
+  def write(self, row: Mapping[str, Any]) -> None:
+    for key, value in _scalars(row):
+      self._writer.add_scalar(key, value, row["step"])
+    for key, hist in _histograms(row):
+      edges, counts = hist.buckets()
+      self._writer.add_histogram_raw(key, hist.min, hist.max, hist.num, hist.sum,
+                                     hist.sum_squares, edges[1:].tolist(), counts.tolist(),
+                                     row["step"])
+
+  def close(self, summary: dict | None = None) -> None:
+    del summary  # TensorBoard shows the rows; the summary is summary.json's.
+    self._writer.flush()
+    self._writer.close()
+
+
+def wandb_run_id(logdir: pathlib.Path, first_segment: Mapping) -> str:
+  """The W&B run id of the run in `logdir`: the same at every start of it (a resume continues
+  the W&B run), another for another run (its path, and the host and time of its first start)."""
+  key = f"{logdir.resolve()}|{first_segment.get('host')}|{first_segment.get('started')}"
+  return "actlab-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+class WandB:
+  """Every metrics row logged to a Weights & Biases run (`metrics.wandb_project`): the resolved
+  config as its config, its files in `<workdir>/wandb`, one run per workdir across resumes
+  (`resume="allow"`), the summary logged at the end. `mode` "" leaves the choice to W&B
+  (`WANDB_MODE`, else online)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, logdir: pathlib.Path, run_id: str):
+    import wandb  # Imported here: an optional extra, checked by config.validate.
+    m = config.metrics
+    sweep_dir = logdir.parent if (logdir.parent / "sweep.json").exists() else None
+    try:
+      self._run = wandb.init(
+          project=m.wandb_project, mode=m.wandb_mode or None, dir=str(logdir), id=run_id,
+          resume="allow", name=logdir.name, group=sweep_dir.name if sweep_dir else None,
+          config=config.to_dict(), reinit="create_new")
+    except wandb.Error as e:
+      raise UserError(f"metrics.wandb_project={m.wandb_project!r}: W&B refused the run ({e}); "
+                      "log in (`wandb login`) or set --config.metrics.wandb_mode=offline") from None
+    self._wandb = wandb
+
+  def write(self, row: Mapping[str, Any]) -> None:
+    data = dict(_scalars(row))
+    for key, hist in _histograms(row):
+      edges, counts = hist.buckets()
+      data[key] = self._wandb.Histogram(np_histogram=(counts.tolist(), edges.tolist()))
+    self._run.log(data, step=int(row["step"]))
+
+  def close(self, summary: dict | None = None) -> None:
+    if summary is not None:
+      self._run.summary.update({k: v for k, v in summary.items() if k != "provenance"})
+    self._run.finish(exit_code=0 if summary is not None else 1)
+
+
+def open_writers(config: ml_collections.ConfigDict, logdir: pathlib.Path, start: int,
+                 segments: Sequence[Mapping]) -> list:
+  """The trackers of `config` for the run in `logdir` (resuming at `start`): TensorBoard
+  (`metrics.tensorboard`), W&B (`metrics.wandb_project`; on process 0 only)."""
+  writers = []
+  if config.metrics.tensorboard:
+    writers.append(TensorBoard(logdir / "tb", purge_step=start))
+  if config.metrics.wandb_project and jax.process_index() == 0:
+    try:
+      writers.append(WandB(config, logdir, wandb_run_id(logdir, segments[0])))
+    except BaseException:
+      for w in writers:
+        w.close()
+      raise
+  return writers
+
+
+# --- TensorBoard HParams of a sweep ----------------------------------------------------------
+
+
+def _hparam(value):
+  return value if isinstance(value, (bool, int, float, str)) else str(value)
+
+
+def hparams_metrics(summary: Mapping) -> dict[str, float]:
+  """A cell's final numbers for the HParams table (NaN where the run has none)."""
+  number = lambda key: float(summary[key]) if summary.get(key) is not None else float("nan")
+  out = {f"hparam/{k}": number(k) for k in ("final_val_loss", "best_val_loss")}
+  if "final_val_accuracy" in summary:
+    out["hparam/final_val_accuracy"] = number("final_val_accuracy")
+  out["hparam/status"] = STATUS_CODES.get(summary.get("status"), float("nan"))
+  out["hparam/diverged"] = float(summary.get("status") == "diverged")
+  return out
+
+
+def write_hparams(sweep_dir: pathlib.Path) -> int:
+  """Adds every ended cell of the sweep in `sweep_dir` (its sweep.json) to
+  `<sweep_dir>/tb_hparams/<cell>/`, one HParams session each: the cell's varied fields (axes and
+  seed) and its final numbers. A cell's session is written once (a summary never changes), via a
+  temporary directory, so shards and reruns may call this concurrently. Returns how many cells
+  were added."""
+  manifest = workdir_lib.read_json(sweep_dir / "sweep.json") or {}
+  out = sweep_dir / "tb_hparams"
+  todo = []
+  for cell in manifest.get("cells", []):
+    summary = None if (out / cell["name"]).exists() else workdir_lib.read_summary(
+        sweep_dir / cell["name"], warn=False)
+    if summary is not None:
+      todo.append((cell, summary))
+  if not todo:
+    return 0
+  import tensorboardX  # Imported here: only sweeps that log need it.
+  out.mkdir(exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=sweep_dir, prefix=".tb_hparams-") as tmp:
+    with tensorboardX.SummaryWriter(tmp) as writer:
+      for cell, summary in todo:
+        writer.add_hparams({k: _hparam(v) for k, v in cell["overrides"].items()},
+                           hparams_metrics(summary), name=cell["name"], global_step=0)
+    for cell, _ in todo:
+      try:
+        os.rename(pathlib.Path(tmp) / cell["name"], out / cell["name"])
+      except OSError:  # Another process added it meanwhile: the same session.
+        pass
+  return len(todo)
+
