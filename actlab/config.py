@@ -7,6 +7,7 @@ change only what their experiment varies; `validate` runs before anything compil
 """
 
 import ast
+import importlib.util
 from typing import Any, Mapping
 
 import ml_collections
@@ -15,6 +16,9 @@ from actlab import activations, errors
 from actlab.data import tokenizer as tokenizers
 from actlab.sizes import (CLASSIFY_SETTINGS, DECODER_SIZES, ENCODER_PREFIX, ENCODER_SIZES,
                           SIZES)
+
+
+WANDB_MODES = ("", "online", "offline", "disabled")  # metrics.wandb_mode
 
 
 class ConfigError(errors.UserError, ValueError):
@@ -65,6 +69,10 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   t.eval_every = 500            # steps between validation passes (also at step 0 and the end)
   t.checkpoint_every = 1000     # steps between checkpoints (also at the end)
   t.keep_checkpoints = 3        # how many checkpoints Orbax keeps
+  t.init_from = ""              # start from a workdir (its latest checkpoint: every parameter with the
+                                # same name and shape; classify: the MLM run's trunk) or hf:<dir> (a
+                                # local GPT-2/BERT save_pretrained directory; the FFN activation stays
+                                # this config's, docs/huggingface.md); "" = random init
   t.progress = True             # tqdm progress bar on stderr
 
   c.metrics = mt = ml_collections.ConfigDict()  # what is measured; see docs/metrics.md
@@ -72,6 +80,14 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   mt.sharpness_every = 500      # steps between sharpness estimates (also at step 0); 0 = off
   mt.sharpness_iters = 20       # power-iteration steps (Hessian-vector products) per estimate
   mt.tensorboard = True         # also write every metrics.jsonl row to <workdir>/tb (tensorboardX)
+  mt.wandb_project = ""         # also log every row to this Weights & Biases project ("" = off;
+                                # pip install -e ".[wandb]"); files in <workdir>/wandb
+  mt.wandb_mode = ""            # "online", "offline" (sync later: wandb sync) or "disabled";
+                                # "" = W&B's choice ($WANDB_MODE, else online)
+  mt.ffn_hist_bins = 64         # histogram of the FFN pre-activations per layer at every
+                                # evaluation, for TensorBoard / W&B (not metrics.jsonl); 0 = off
+  mt.ffn_hist_range = 8.0       # its bins span [-ffn_hist_range, ffn_hist_range], plus under-
+                                # and overflow counts
   # The stability verdict (actlab.metrics.verdict), applied to the logged loss curves:
   mt.spike_rel = 0.1            # spike: a post-warm-up train loss > (1 + spike_rel) · best before
   mt.final_gap_rel = 0.05       # unstable if final val loss > (1 + final_gap_rel) · best val loss
@@ -141,8 +157,6 @@ def encoder(activation: str = "gelu", size: str | None = None,
   m.type_vocab_size = 2         # segment (token-type) embeddings, as in BERT; all inputs use segment 0
   m.num_classes = 2             # classifier outputs (task "classify"); must match data.classify's labels
   c.optim.update(b2=0.999, eps=1e-6, weight_decay=0.01)
-  c.train.init_from = ""        # workdir whose latest checkpoint initialises every parameter with the
-                                # same name and shape (classify: the MLM run's trunk); "" = random init
   d = c.data
   d.mlm_prob = 0.15             # fraction of maskable tokens selected per sequence (exactly, rounded)
   d.mlm_mask_frac = 0.8         # selected tokens replaced by [MASK]
@@ -286,6 +300,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(0.0 <= o.b1 < 1.0 and 0.0 <= o.b2 < 1.0, f"optim.b1={o.b1}, b2={o.b2} must be in [0, 1)")
   check(o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay} must be >= 0")
   check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm} must be >= 0 (0 disables)")
+  check(isinstance(t.init_from, str),
+        "train.init_from must be a workdir path, hf:<Hugging Face model directory>, or ''")
   check(d.source in ("tinystories", "synthetic"),
          f"data.source={d.source!r}: choose 'tinystories' or 'synthetic'")
   tokenizer_kind(d.tokenizer)
@@ -299,6 +315,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(mt.sharpness_iters > 0, f"metrics.sharpness_iters={mt.sharpness_iters} must be positive")
   for name in ("spike_rel", "final_gap_rel", "uniform_frac"):
     check(mt[name] > 0, f"metrics.{name}={mt[name]} must be positive")
+  check(0 <= mt.ffn_hist_bins <= 500,
+         f"metrics.ffn_hist_bins={mt.ffn_hist_bins} must be in [0, 500] (0 = off)")
+  check(mt.ffn_hist_range > 0, f"metrics.ffn_hist_range={mt.ffn_hist_range} must be positive")
+  check(mt.wandb_mode in WANDB_MODES,
+         f"metrics.wandb_mode={mt.wandb_mode!r}: choose {_choices(WANDB_MODES)}")
+  check(not mt.wandb_project or importlib.util.find_spec("wandb") is not None,
+         f"metrics.wandb_project={mt.wandb_project!r} needs wandb, which is not installed: "
+         'pip install -e ".[wandb]"')
   check(d.tinystories_version in ("v1", "v2"),
          f"data.tinystories_version={d.tinystories_version!r}: choose 'v1' or 'v2'")
 

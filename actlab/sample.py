@@ -6,16 +6,14 @@ Loads the run's config and latest checkpoint; decoding runs as one jitted `lax.s
 key/value cache (one compiled program, no per-token re-tracing).
 """
 
-import json
 import pathlib
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from absl import flags, logging
 
-from actlab import data, errors, steps, tasks
-from actlab.checkpoint import Checkpoints
+from actlab import errors, tasks
+from actlab.train import load_run  # also `sample.load_run`, as before
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder.")
 _PROMPT = flags.DEFINE_string("prompt", "", "Text to continue (a story start if empty).")
@@ -62,25 +60,6 @@ def make_generate(model, vocab_size: int, max_new: int, temperature: float, top_
     return tokens_NB.T
 
   return generate
-
-
-def load_run(workdir: pathlib.Path):
-  """The run's config, tokenizer, task and latest parameters."""
-  path = workdir / "config.json"
-  if not path.exists():
-    raise errors.UserError(f"{workdir} holds no run (no config.json); train one with actlab.main")
-  config = ml_collections.ConfigDict(json.loads(path.read_text()))
-  tokenizer = data.load(config).tokenizer
-  task = steps.Steps.create(config, tokenizer.vocab_size)
-  checkpoints = Checkpoints(workdir / "checkpoints", 1, read_only=True)  # Creates nothing.
-  try:
-    restored = checkpoints.restore_latest(jax.eval_shape(task.init, 0))
-  finally:
-    checkpoints.close()
-  if restored is None:
-    raise errors.UserError(f"{workdir}/checkpoints holds no checkpoint yet")
-  step, state, _ = restored
-  return config, tokenizer, task, state.params, step
 
 
 def main(argv):

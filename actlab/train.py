@@ -10,6 +10,7 @@ touching its files. Runs resume from their latest intact checkpoint (checkpoint.
 
 import contextlib
 import dataclasses
+import json
 import pathlib
 from typing import Callable, Sequence
 
@@ -18,9 +19,11 @@ import jax
 import ml_collections
 
 from actlab import config as config_lib
-from actlab import loop, parallel, steps, tasks
+from actlab import data, loop, models, parallel, steps, tasks
 from actlab import workdir as workdir_lib
 from actlab.checkpoint import Checkpoints
+from actlab.data import tokenizer as tokenizers
+from actlab.models import execution, hf_checkpoint
 from actlab.workdir import WorkdirError, logdir
 
 
@@ -31,14 +34,23 @@ INIT_FROM_FIELDS = {"model": ("kind", "activation", "num_layers", "d_model", "nu
                     "data": ("source", "tokenizer", "tinystories_version")}
 
 
-def init_from_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The config of the run `train.init_from` names; raises unless it is the same model and
-  tokenizer and has a checkpoint (checked before the workdir is touched)."""
+HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face GPT-2 or BERT directory (hf_checkpoint.py)
+
+
+def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
+  """What `train.init_from` names, checked before the workdir is touched: the config of a
+  workdir's run (the same model and tokenizer, with a checkpoint), or for `hf:DIR` that
+  directory's state dict (its config.json mapped onto this model; `vocab_size`: the
+  tokenizer's)."""
+  if config.train.init_from.startswith(HF):
+    return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.name(config),
+                              models.pad_vocab(config.model.vocab_size or vocab_size))
   source = pathlib.Path(config.train.init_from)
   old = workdir_lib.read_json(source / "config.json")
   if old is None:
     raise WorkdirError(f"train.init_from={str(source)!r} holds no run (no readable config.json); "
-                       "train the model to start from there first (e.g. the :smoke MLM config)")
+                       "train the model to start from there first (e.g. the :smoke MLM config), "
+                       f"or give a Hugging Face model directory as {HF}<dir>")
   diffs = [f"{section}.{k}: {old[section].get(k)!r} there, {config[section].get(k)!r} here"
            for section, keys in INIT_FROM_FIELDS.items() for k in keys
            if old[section].get(k) != config[section].get(k)]
@@ -54,30 +66,63 @@ def init_from_config(config: ml_collections.ConfigDict) -> ml_collections.Config
   return ml_collections.ConfigDict(old)
 
 
-def pretrained_params(config: ml_collections.ConfigDict, old_config: ml_collections.ConfigDict,
-                      params, vocab_size: int):
-  """`params` with every parameter that the latest intact checkpoint of the workdir
-  `train.init_from` (whose config is `old_config`, from `init_from_config`) has under the same
-  path and shape (for an MLM → classification run: the embeddings and blocks; the pooler and
-  classifier keep their fresh initialisation, the MLM head is dropped)."""
-  source = pathlib.Path(config.train.init_from)
-  checkpoints = Checkpoints(source / "checkpoints", 1, read_only=True)
+def source_arrays(config: ml_collections.ConfigDict, source, like, vocab_size: int):
+  """({path: array} in the per-layer layout, where from) of `source` (`init_from_config`'s) for
+  the per-layer parameters `like`."""
+  if not isinstance(source, ml_collections.ConfigDict):  # A Hugging Face state dict.
+    return hf_checkpoint.arrays(source, tasks.name(config), like), config.train.init_from
+  checkpoints = Checkpoints(pathlib.Path(config.train.init_from) / "checkpoints", 1,
+                            read_only=True)
   try:
-    like = jax.eval_shape(steps.Steps.create(old_config, vocab_size).init, 0, old_config.optim.lr)
-    step, restored, _ = checkpoints.restore_latest(like)
+    old_like = jax.eval_shape(steps.Steps.create(source, vocab_size).init, 0, source.optim.lr)
+    step, restored, _ = checkpoints.restore_latest(old_like)
   finally:
     checkpoints.close()
-  flat_old = flax.traverse_util.flatten_dict(flax.core.unfreeze(restored.params))
+  flat = flax.traverse_util.flatten_dict(
+      execution.per_layer_layout(flax.core.unfreeze(restored.params)))
+  return flat, f"{config.train.init_from} step {step}"
+
+
+def pretrained_params(config: ml_collections.ConfigDict, source, params, vocab_size: int):
+  """`params` with every parameter that `source` (`init_from_config`'s: a workdir's latest
+  intact checkpoint, or a Hugging Face state dict) has under the same path and shape (for an
+  MLM → classification run: the embeddings and blocks; the pooler and classifier keep their
+  fresh initialisation, the MLM head is dropped)."""
+  flat_old, where = source_arrays(config, source, execution.per_layer_layout(params), vocab_size)
+  if "blocks" in params and any(k[0].startswith("block_") for k in flat_old):
+    flat_old = flax.traverse_util.flatten_dict(
+        execution.scanned_layout(flax.traverse_util.unflatten_dict(flat_old)))
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
   copied = [k for k, v in flat.items() if k in flat_old and flat_old[k].shape == v.shape]
   if not copied:
-    raise WorkdirError(f"train.init_from={str(source)!r}: no parameter matches this model's")
+    raise WorkdirError(f"train.init_from={config.train.init_from!r}: no parameter matches this "
+                       "model's")
   for k in copied:
     flat[k] = jax.device_put(flat_old[k], flat[k].sharding)
   fresh = sorted({k[0] for k in flat if k not in copied})
-  print(f"actlab: initialised {len(copied)} of {len(flat)} parameter arrays from {source} "
-        f"step {step}" + (f"; new: {', '.join(fresh)}" if fresh else ""), flush=True)
+  print(f"actlab: initialised {len(copied)} of {len(flat)} parameter arrays from {where}"
+        + (f"; new: {', '.join(fresh)}" if fresh else ""), flush=True)
   return flax.traverse_util.unflatten_dict(flat)
+
+
+def load_run(workdir: pathlib.Path):
+  """A trained run's config, tokenizer (the copy in its directory; an older run's from the data
+  dir), `steps.Steps` and latest parameters, and their step (`actlab.sample`, `actlab.export`)."""
+  path = workdir / "config.json"
+  if not path.exists():
+    raise WorkdirError(f"{workdir} holds no run (no config.json); train one with actlab.main")
+  config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  tokenizer = data.load_tokenizer(config, workdir_lib.tokenizer_dir(workdir))
+  task = steps.Steps.create(config, tokenizer.vocab_size)
+  checkpoints = Checkpoints(workdir / "checkpoints", 1, read_only=True)  # Creates nothing.
+  try:
+    restored = checkpoints.restore_latest(jax.eval_shape(task.init, 0))
+  finally:
+    checkpoints.close()
+  if restored is None:
+    raise WorkdirError(f"{workdir}/checkpoints holds no checkpoint yet")
+  step, state, _ = restored
+  return config, tokenizer, task, state.params, step
 
 
 def open_checkpoints(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Checkpoints:
@@ -119,7 +164,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
   dataset = tasks.get(c0).dataset(c0)
   vocab_size = dataset.tokenizer.vocab_size
   program = steps.program(c0, vocab_size, len(configs), cache)  # Checks the devices.
-  source_config = init_from_config(c0) if c0.train.get("init_from") else None
+  source = init_from_config(c0, vocab_size) if c0.train.get("init_from") else None
   with contextlib.ExitStack() as held:
     for w in workdirs:
       held.enter_context(workdir_lib.Lock(logdir(w)))
@@ -129,6 +174,8 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
       return summaries if all(summaries) else _one_by_one(configs, workdirs, cache, log)
     for c, w in zip(configs, workdirs):
       workdir_lib.write_config(logdir(w), c)
+      if tokenizers.load_saved(workdir_lib.tokenizer_dir(logdir(w))) is None:
+        tokenizers.save(dataset.tokenizer, workdir_lib.tokenizer_dir(logdir(w)))
     # Committed to the program's shardings like a restored checkpoint, so that fresh and resumed
     # runs (and the cells of a sweep) hit the same compiled functions instead of compiling twice.
     state = program.start(configs)
@@ -146,9 +193,8 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
     (start,) = starts
     if start:
       state = program.stack([r[1] for r in restored], like=state)
-    elif source_config:  # The trunk from another run (e.g. MLM).
-      state = state.replace(params=pretrained_params(c0, source_config, state.params,
-                                                     vocab_size))
+    elif source is not None:  # The trunk from another run (e.g. MLM), or GPT-2 / BERT.
+      state = state.replace(params=pretrained_params(c0, source, state.params, vocab_size))
     lanes = [loop.Lane.open(c, w, dataclasses.replace(dataset, seed=int(c.train.seed)), ck,
                             start, r[2] if r else None)
              for c, w, ck, r in zip(configs, workdirs, checkpoints, restored)]

@@ -8,6 +8,8 @@
                        (metrics_log.py)
       summary.json     written when the run ends: a readable one means "done"
       checkpoints/     Orbax; each step also holds its metrics rows and checksums (checkpoint.py)
+      tokenizer/       the run's tokenizer, saved at the start (data/tokenizer.py `save`), so that
+                       sampling and export need nothing but the run directory
 
 Small files are written whole or not at all (`write_json`: temp file, fsync, rename), so a crash
 or a full disk never leaves a half-written config or summary behind.
@@ -43,7 +45,8 @@ class WorkdirError(UserError):
 # Fields that say how or where a run executes, not what it computes: they may change when a run
 # resumes (each segment's values are in provenance.json).
 RUNTIME_FIELDS = ("parallel.", "sweep.", "train.progress", "train.keep_checkpoints",
-                  "metrics.tensorboard", "data.dir", "data.manual_dir", "data.gpt2_dir")
+                  "metrics.tensorboard", "metrics.wandb_", "metrics.ffn_hist_", "data.dir",
+                  "data.manual_dir", "data.gpt2_dir")
 
 
 def logdir(workdir: pathlib.Path) -> pathlib.Path:
@@ -51,6 +54,11 @@ def logdir(workdir: pathlib.Path) -> pathlib.Path:
   keep their (identical) logs beside them in process_<i>/ (the checkpoints are shared)."""
   i = jax.process_index()
   return workdir / f"process_{i}" if i else workdir
+
+
+def tokenizer_dir(logdir_: pathlib.Path) -> pathlib.Path:
+  """Where the run keeps its tokenizer (`data.tokenizer.save`, `data.load_tokenizer`)."""
+  return logdir_ / "tokenizer"
 
 
 def check_usable(workdir: pathlib.Path) -> None:
@@ -178,8 +186,17 @@ def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
   return out
 
 
+# Fields a config gained after runs were written with it: a config.json without one had this value.
+ADDED_FIELDS = {("train", "init_from"): ""}  # decoders since 0.1.0 (encoders always had it)
+
+
 def identity_diffs(old: dict, new: dict) -> list[str]:
-  """The differences that make `new` another run than `old` (RUNTIME_FIELDS do not)."""
+  """The differences that make `new` another run than `old` (RUNTIME_FIELDS do not; an
+  ADDED_FIELDS field absent from `old` has its value of then)."""
+  old = {k: dict(v) if isinstance(v, dict) else v for k, v in old.items()}
+  for (section, field), value in ADDED_FIELDS.items():
+    if isinstance(old.get(section), dict):
+      old[section].setdefault(field, value)
   return [d for d in diff_configs(old, new) if not d.startswith(RUNTIME_FIELDS)]
 
 

@@ -1,5 +1,7 @@
 """Decoding with the key/value cache equals the full forward pass; the sampling CLI works."""
 
+import os
+import shutil
 import subprocess
 import sys
 
@@ -8,8 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import sample, tasks, train
-from conftest import REPO, tiny
+from actlab import data, sample, tasks, train
+from actlab import workdir as workdir_lib
+from actlab.data import synthetic
+from actlab.data import tokenizer as tokenizers
+from conftest import REPO, SHARED_DATA, tiny
+
+TEXT = "Once upon a time, Lily said: \"Don't!\" — naïve café 123 <|endoftext|> end."
 
 
 def tiny_model(seed=0):
@@ -73,3 +80,57 @@ def test_sample_cli(tmp_path):
       [sys.executable, "-m", "actlab.sample", f"--workdir={tmp_path}", "--max_tokens=500"],
       cwd=REPO, capture_output=True, text=True, timeout=180)
   assert bad.returncode == 2 and "--max_tokens must be between 1 and 31" in bad.stderr
+
+
+def saved_tokenizers(tmp_path):
+  texts = lambda: list(synthetic.texts("train"))[:400]
+  toks = [tokenizers.get("byte", directory=tmp_path),
+          tokenizers.get("bpe:300", directory=tmp_path, train_texts=texts),
+          tokenizers.get("wordpiece:300", directory=tmp_path, train_texts=texts)]
+  if (SHARED_DATA / "gpt2" / "encoder.json").is_file():
+    toks.append(tokenizers.get("gpt2", directory=tmp_path, gpt2_dir=SHARED_DATA / "gpt2"))
+  return toks
+
+
+def test_saved_tokenizer_gives_the_same_ids(tmp_path):
+  """The run directory's copy of each tokenizer (gpt2 when ../shared/data has its files)
+  encodes and decodes like the original; a changed file is one DataError."""
+  sample_text = TEXT + " " + " ".join(list(synthetic.texts("validation"))[:20])
+  for tok in saved_tokenizers(tmp_path):
+    directory = tmp_path / "run" / tok.name.replace(":", "")
+    assert tokenizers.load_saved(directory) is None
+    tokenizers.save(tok, directory)
+    again = tokenizers.load_saved(directory)
+    assert (again.name, again.fingerprint, again.vocab_size, again.eot_id) == (
+        tok.name, tok.fingerprint, tok.vocab_size, tok.eot_id)
+    ids = tok.encode(sample_text)
+    assert again.encode(sample_text) == ids and again.decode(ids) == tok.decode(ids)
+  (directory / next(iter(tok.files()))).write_bytes(b"x")
+  with pytest.raises(data.DataError, match="differs from the tokenizer saved"):
+    tokenizers.load_saved(directory)
+
+
+@pytest.mark.slow
+def test_sampling_needs_only_the_run_directory(tmp_path):
+  """A run copied elsewhere samples with an empty data dir: its tokenizer is in tokenizer/. An
+  older run without that copy still samples when the data dir has its tokenizer."""
+  c = tiny(**{"data.tokenizer": "bpe:300", "train.steps": 10})
+  train.run(c, tmp_path / "run")
+  shutil.copytree(tmp_path / "run", tmp_path / "copy")
+  assert (workdir_lib.tokenizer_dir(tmp_path / "copy") / tokenizers.SAVED).is_file()
+  empty = tmp_path / "empty_data"
+  empty.mkdir()
+  env = {**os.environ, "ACTLAB_DATA_DIR": str(empty)}
+  command = [sys.executable, "-m", "actlab.sample", f"--workdir={tmp_path / 'copy'}",
+             "--prompt=Once upon", "--max_tokens=10"]
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180, env=env)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith("Once upon")
+  assert list(empty.iterdir()) == []
+  shutil.rmtree(workdir_lib.tokenizer_dir(tmp_path / "copy"))  # An older run: the data dir's.
+  old = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
+  assert old.returncode == 0, old.stderr
+  missing = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180,
+                           env=env)
+  assert missing.returncode == 2 and "neither saved in" in missing.stderr
+  assert "Traceback" not in missing.stderr

@@ -155,3 +155,16 @@ def test_disk_full_in_orbaxs_tensorstore_error_is_found(tmp_path):
   with pytest.raises(ValueError):
     with workdir.full_disk_reported(tmp_path):
       raise ValueError("INVALID_ARGUMENT: Error reading \"/x\" [os_error_code='2']")
+
+
+def test_a_config_written_before_a_field_was_added_is_the_same_run(tmp_path):
+  """Decoder configs gained `train.init_from` (default ""): a run written without it resumes;
+  a different value is another run."""
+  c = tiny()
+  old = json.loads(c.to_json())
+  del old["train"]["init_from"]
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  workdir.check_config(tmp_path, c)
+  c.train.init_from = "hf:/models/gpt2"
+  with pytest.raises(workdir.WorkdirError, match=r"train.init_from: '' → 'hf:/models/gpt2'"):
+    workdir.check_config(tmp_path, c)

@@ -59,7 +59,7 @@ from actlab.data.tokenizer import Tokenizer  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DataError", "Dataset", "Tokenizer", "load", "data_dir"]
+__all__ = ["DataError", "Dataset", "Tokenizer", "load", "load_tokenizer", "data_dir"]
 
 _COUNT_CHUNK = 1 << 24  # tokens per np.bincount call, which copies its input as int64
 
@@ -213,6 +213,28 @@ def _corpus(config, root: Path) -> _Corpus:
   raise ValueError(f"data.source={source!r}: choose 'tinystories' or 'synthetic'")
 
 
+def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
+  return tokenizers.get(
+      config.data.tokenizer, directory=root / "tokenizers" / _corpus_key(config),
+      train_texts=train_texts, gpt2_dir=_gpt2_dir(config.data.get("gpt2_dir", ""), root))
+
+
+def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
+  """The config's tokenizer without its corpus: the copy in `saved` (a run directory's, written
+  by `tokenizer.save`) if there is one, else the data dir's (a trained BPE or WordPiece must be
+  there already)."""
+  tok = tokenizers.load_saved(saved) if saved else None
+  if tok is not None:
+    return tok
+  root = data_dir(config.data.get("dir", ""))
+  try:
+    return _get_tokenizer(config, root)
+  except ValueError:  # Not trained in this data dir.
+    raise DataError(
+        f"the {config.data.tokenizer} tokenizer is neither saved in {saved} nor trained in "
+        f"{root}; set ACTLAB_DATA_DIR (or data.dir) to the data dir the run trained with") from None
+
+
 @contextlib.contextmanager
 def _file_lock(path: Path):
   """An exclusive advisory lock (POSIX flock); a no-op where fcntl is unavailable."""
@@ -247,9 +269,7 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
   spec = config.data.tokenizer
 
   def get_tokenizer() -> Tokenizer:
-    return tokenizers.get(
-        spec, directory=root / "tokenizers" / key, train_texts=lambda: corpus().texts("train"),
-        gpt2_dir=_gpt2_dir(config.data.get("gpt2_dir", ""), root))
+    return _get_tokenizer(config, root, train_texts=lambda: corpus().texts("train"))
 
   # Tokenizers that need no corpus come first, so a missing GPT-2 file is reported before a
   # multi-GB download.

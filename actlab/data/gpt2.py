@@ -8,6 +8,7 @@ cache). When neither works, a ``DataError`` says where to put the files.
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from actlab.data import DataError, short_cause
 from actlab.data.tokenizer import DEFAULT_THREADS, EOT_TEXT, Tokenizer
 
 GPT2_FILES = ("encoder.json", "vocab.bpe")
+RANKS_FILE = "gpt2.tiktoken"  # a saved copy (tokenizer.save): tiktoken's "<base64 token> <rank>" lines
 # sha256 pinned by tiktoken for OpenAI's GPT-2 release files.
 GPT2_HASHES = {
   "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
@@ -55,6 +57,14 @@ class TiktokenTokenizer(Tokenizer):
   def decode(self, ids: Iterable[int]) -> str:
     return self._enc.decode([int(i) for i in ids])
 
+  def mergeable_ranks(self) -> dict[bytes, int]:
+    """The byte-level BPE: token bytes -> id (the merges' order), special tokens aside."""
+    return self._enc._mergeable_ranks
+
+  def files(self) -> dict[str, bytes]:
+    ranks = sorted(self.mergeable_ranks().items(), key=lambda kv: kv[1])
+    return {RANKS_FILE: b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks)}
+
 
 def _joined_parts(texts: Sequence[str], n_parts: int) -> list[str]:
   """texts in n_parts groups, each text followed by "<|endoftext|>"."""
@@ -64,7 +74,6 @@ def _joined_parts(texts: Sequence[str], n_parts: int) -> list[str]:
 
 def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
   """The GPT-2 encoding from a directory holding encoder.json and vocab.bpe (no network)."""
-  import tiktoken
   from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
   d = Path(directory).expanduser()
@@ -87,6 +96,18 @@ def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -
       f"GPT-2 files in {d} are not OpenAI's encoder.json / vocab.bpe ({short_cause(e)}). "
       f"Replace them with the originals."
     ) from e
+  return _from_ranks(ranks, threads)
+
+
+def gpt2_saved(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
+  """The GPT-2 encoding from the copy `TiktokenTokenizer.files` wrote (`tokenizer.save`)."""
+  lines = (Path(directory) / RANKS_FILE).read_bytes().splitlines()
+  return _from_ranks({base64.b64decode(t): int(r) for t, r in (x.split() for x in lines)}, threads)
+
+
+def _from_ranks(ranks: dict[bytes, int], threads: int) -> TiktokenTokenizer:
+  import tiktoken
+
   try:
     from tiktoken_ext.openai_public import r50k_pat_str as pat
   except Exception:  # pragma: no cover - depends on the tiktoken version

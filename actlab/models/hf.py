@@ -3,7 +3,8 @@
 Parameter names map one-to-one onto a standard BERT checkpoint (Hugging Face `bert-base-uncased`;
 its task models prefix the trunk with `bert.`). Flax kernels are stored (in, out), the transpose
 of PyTorch's `weight`; LayerNorm `scale`/`bias` are `weight`/`bias` (`gamma`/`beta` in old files).
-`hf_names` gives the table for a parameter tree; `to_hf` / `from_hf` convert.
+`hf_names` gives the table for a parameter tree; `to_hf` / `from_hf` convert (`found`: what a
+checkpoint has, for `train.init_from=hf:DIR`; GPT-2's names: hf_gpt2.py).
 
 | actlab (Flax)                         | BERT (PyTorch)                                   | shape (Flax)   |
 |---------------------------------------|--------------------------------------------------|----------------|
@@ -27,9 +28,9 @@ of PyTorch's `weight`; LayerNorm `scale`/`bias` are `weight`/`bias` (`gamma`/`be
 
 Every `…/kernel` has a `…/bias` beside it (`….bias` in BERT, not transposed). The vocabulary V
 is the tokenizer's padded to a multiple of 64 (BERT's 30,522 → 30,528): `from_hf` pads with
-zeros. BERT-base (12 layers, 768, 12 heads, d_ff 3072, 512 positions) has 109,482,240
-parameters with the pooler at V = 30,522 — the "110M" — and 109,486,848 at V = 30,528
-(tests/test_encoder.py derives both from the closed form `models.param_count`).
+the mean of the real rows (`fit`). BERT-base (12 layers, 768, 12 heads, d_ff 3072, 512
+positions) has 109,482,240 parameters with the pooler at V = 30,522 — the "110M" — and
+109,486,848 at V = 30,528 (tests/test_encoder.py derives both from the closed form `models.param_count`).
 """
 
 from __future__ import annotations
@@ -90,38 +91,58 @@ def to_hf(params: Mapping) -> dict[str, np.ndarray]:
   return out
 
 
-def from_hf(state: Mapping[str, np.ndarray], like: Mapping) -> dict:
-  """Encoder parameters shaped like `like` (e.g. from `init` or `jax.eval_shape`) from a BERT
-  state dict. Names may carry the `bert.` prefix of Hugging Face task models; LayerNorm
-  `gamma`/`beta` (old checkpoints) are accepted; a smaller vocabulary is padded with zeros.
-  Raises KeyError naming any parameter the state dict lacks. A `scan_layers` model's `like`
-  gets its parameters in its own layout (`blocks` with a leading layer axis)."""
-  if "blocks" in like:
-    like = execution.per_layer_layout(jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), like))
-    return execution.scanned_layout(from_hf(state, like))
+def found(state: Mapping[str, np.ndarray], like: Mapping) -> tuple[dict, list[str]]:
+  """({path: array} for every parameter of the per-layer `like` that the BERT state dict has,
+  the names of those it lacks). Names may carry the `bert.` prefix of Hugging Face task models;
+  LayerNorm `gamma`/`beta` (old checkpoints) are accepted; arrays are `fit` to `like`."""
   state = {k.removeprefix("bert."): v for k, v in state.items()}
   for k in list(state):
     if k.endswith(".gamma") or k.endswith(".beta"):
       state[k.rsplit(".", 1)[0] + (".weight" if k.endswith(".gamma") else ".bias")] = state.pop(k)
-  missing = []
-
-  def convert(path, target):
+  flat, missing = {}, []
+  for path, target in flatten_dict(like).items():
     name = hf_name(path)
     if name not in state:
       missing.append(name)
-      return None
+      continue
     value = np.asarray(state[name], np.float32)
-    if path[-1] == "kernel":
-      value = value.T
-    if value.shape != tuple(target.shape):
-      pad = [(0, t - v) for t, v in zip(target.shape, value.shape)]
-      if len(value.shape) != len(target.shape) or any(p < 0 for _, p in pad) or path[0] not in (
-          "wte", "mlm"):
-        raise ValueError(f"{name}: shape {value.shape}, the encoder wants {tuple(target.shape)}")
-      value = np.pad(value, pad)  # vocabulary padding
-    return value
+    flat[path] = fit(path, name, value.T if path[-1] == "kernel" else value, target.shape)
+  return flat, missing
 
-  flat = {p: convert(p, t) for p, t in flatten_dict(like).items()}
+
+def from_hf(state: Mapping[str, np.ndarray], like: Mapping) -> dict:
+  """Encoder parameters shaped like `like` (e.g. from `init` or `jax.eval_shape`) from a BERT
+  state dict (`found`). Raises KeyError naming any parameter the state dict lacks."""
+  return complete(found, state, like)
+
+
+def complete(found_fn, state: Mapping[str, np.ndarray], like: Mapping) -> dict:
+  """Every parameter of `like` by `found_fn` (this module's `found` or hf_gpt2's); KeyError if
+  one is missing. A `scan_layers` model's `like` gets them in its own layout (`blocks` with a
+  leading layer axis)."""
+  scanned = "blocks" in like
+  if scanned:
+    like = execution.per_layer_layout(jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), like))
+  flat, missing = found_fn(state, like)
   if missing:
-    raise KeyError(f"the state dict lacks {len(missing)} encoder parameters: {missing[:5]}")
-  return unflatten_dict(flat)
+    raise KeyError(f"the state dict lacks {len(missing)} parameters: {missing[:5]}")
+  params = unflatten_dict(flat)
+  return execution.scanned_layout(params) if scanned else params
+
+
+def fit(path: tuple[str, ...], name: str, value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+  """`value` shaped as the model's parameter at `path`: a checkpoint's smaller vocabulary is
+  padded (the token embedding's and MLM bias's new rows are the mean of the real ones, so each
+  padded logit is the mean real logit and the loss grows by at most ln(1 + padding/V)), its
+  longer position table cut to the model's `max_len`. ValueError for any other difference."""
+  shape = tuple(shape)
+  extra = shape[0] - value.shape[0] if value.ndim == len(shape) else None
+  if value.shape == shape or extra is None or value.shape[1:] != shape[1:]:
+    pass
+  elif path[0] in ("wte", "mlm") and extra > 0:
+    value = np.concatenate([value, np.repeat(value.mean(0, keepdims=True), extra, axis=0)])
+  elif path[0] == "wpe" and extra < 0:
+    value = value[:shape[0]]
+  if value.shape != shape:
+    raise ValueError(f"{name}: shape {value.shape}, the model wants {shape}")
+  return value

@@ -34,7 +34,7 @@ class Specials(NamedTuple):
 
 
 ENCODER_FIELDS = ("model.task", "model.pooler_activation", "model.type_vocab_size",
-                  "model.num_classes", "train.init_from", "data.mlm_prob", "data.mlm_mask_frac",
+                  "model.num_classes", "data.mlm_prob", "data.mlm_mask_frac",
                   "data.mlm_random_frac", "data.classify")
 
 
@@ -67,7 +67,6 @@ def check_encoder(config) -> None:
   check(d.classify in classify_data.SOURCES,
         f"data.classify={d.classify!r}: choose one of "
         + ", ".join(map(repr, classify_data.SOURCES)))
-  check(isinstance(config.train.init_from, str), "train.init_from must be a workdir path or ''")
 
 
 def specials_of(config) -> Specials:

@@ -1,0 +1,182 @@
+"""A Hugging Face model directory (`config.json` + weights) against an actlab config, both ways:
+`write` exports a run's parameters as GPT-2 (`GPT2LMHeadModel`) or BERT (`BertForMaskedLM`,
+`BertForSequenceClassification`) for `from_pretrained`; `read` checks and loads one for
+`train.init_from=hf:DIR`. What cannot map is refused in one line (`UserError`) saying what would.
+The parameter names are hf.py's (BERT) and hf_gpt2.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+
+from actlab import activations
+from actlab.errors import UserError
+from actlab.models import hf, hf_gpt2
+
+INSTALL = 'pip install -e ".[hf]"'  # transformers, safetensors, torch
+
+# actlab activation -> transformers' name (transformers.activations.ACT2FN) of the same function.
+# gelu_tanh is GPT-2's "gelu_new", 0.5·z·(1 + tanh(√(2/π)(z + 0.044715 z³))).
+ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "relu2": "relu2",
+               "silu": "silu", "tanh": "tanh", "sigmoid": "sigmoid", "identity": "linear"}
+# task -> (model_type, the transformers class, LayerNorm placement it has).
+ARCHITECTURES = {"causal_lm": ("gpt2", "GPT2LMHeadModel", "pre"),
+                 "mlm": ("bert", "BertForMaskedLM", "post"),
+                 "classify": ("bert", "BertForSequenceClassification", "post")}
+# config.model field -> config.json field.
+FIELDS = {"gpt2": {"num_layers": "n_layer", "d_model": "n_embd", "num_heads": "n_head",
+                   "d_ff": "n_inner", "max_len": "n_positions", "norm_eps": "layer_norm_epsilon"},
+          "bert": {"num_layers": "num_hidden_layers", "d_model": "hidden_size",
+                   "num_heads": "num_attention_heads", "d_ff": "intermediate_size",
+                   "max_len": "max_position_embeddings", "norm_eps": "layer_norm_eps",
+                   "type_vocab_size": "type_vocab_size"}}
+NAMES = {"gpt2": hf_gpt2, "bert": hf}
+# config.json features actlab's model does not have, and the value it must have instead.
+REQUIRED = {"gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False},
+            "bert": {"position_embedding_type": "absolute", "is_decoder": False}}
+
+
+def _architecture(config, task: str, doing: str):
+  """(model_type, class) for `task`; UserError unless the config's model has its FFN (plain) and
+  LayerNorm placement."""
+  m = config.model
+  model_type, cls, norm = ARCHITECTURES[task]
+  act = activations.get(m.activation)
+  if act.gated:
+    raise UserError(f"{doing}: model.activation={m.activation!r} is a gated FFN (a third matrix), "
+                    f"which {cls} cannot express; use a plain activation "
+                    f"({', '.join(ACTIVATIONS)})")
+  if m.norm != norm:
+    raise UserError(f"{doing}: {cls} is {norm}-LN and this model is model.norm={m.norm!r}; "
+                    f"train with model.norm={norm!r}")
+  return model_type, cls
+
+
+# --- Export -------------------------------------------------------------------------------------
+
+
+def hf_config(config, task: str, vocab_size: int, eot_id: int) -> dict:
+  """The `config.json` fields of the run's model (`vocab_size`: the tokenizer's, unpadded)."""
+  model_type, cls = _architecture(config, task, "export")
+  m = config.model
+  if m.activation not in ACTIVATIONS:
+    raise UserError(f"export: transformers has no activation equal to actlab's "
+                    f"{m.activation!r}; use one of {', '.join(ACTIVATIONS)}")
+  if task == "classify" and m.pooler_activation != "tanh":
+    raise UserError(f"export: {cls}'s pooler is tanh and this model's is "
+                    f"model.pooler_activation={m.pooler_activation!r}; train with 'tanh'")
+  out = {"model_type": model_type, "architectures": [cls], "vocab_size": vocab_size,
+         "tie_word_embeddings": True,
+         **{hf_field: m[field] for field, hf_field in FIELDS[model_type].items()}}
+  if model_type == "gpt2":
+    return {**out, "activation_function": ACTIVATIONS[m.activation], "resid_pdrop": m.dropout,
+            "embd_pdrop": m.dropout, "attn_pdrop": 0.0, "bos_token_id": eot_id,
+            "eos_token_id": eot_id}
+  return {**out, "hidden_act": ACTIVATIONS[m.activation], "hidden_dropout_prob": m.dropout,
+          "attention_probs_dropout_prob": 0.0, "pad_token_id": 0, "num_labels": m.num_classes}
+
+
+def state_dict(params, task: str, vocab_size: int) -> dict[str, np.ndarray]:
+  """The transformers state dict of `params` with the padded vocabulary rows dropped."""
+  if task == "causal_lm":
+    state = hf_gpt2.to_hf(params)
+  else:
+    state = {("" if k.startswith(("cls.", "classifier")) else "bert.") + k: v
+             for k, v in hf.to_hf(params).items()}
+  vocab = ("transformer.wte.weight", "bert.embeddings.word_embeddings.weight",
+           "cls.predictions.bias")
+  return {k: np.ascontiguousarray(v[:vocab_size] if k in vocab else v, np.float32)
+          for k, v in state.items()}
+
+
+def write(directory: pathlib.Path, config, task: str, params, vocab_size: int,
+          eot_id: int) -> None:
+  """`config.json` and `model.safetensors` of the run's model in `directory`."""
+  import transformers
+  from safetensors.numpy import save_file
+
+  fields = hf_config(config, task, vocab_size, eot_id)
+  hf_cfg = transformers.AutoConfig.for_model(**fields)
+  directory.mkdir(parents=True, exist_ok=True)
+  save_file(state_dict(params, task, vocab_size), str(directory / "model.safetensors"),
+            metadata={"format": "pt"})
+  hf_cfg.save_pretrained(directory)
+
+
+# --- Import -------------------------------------------------------------------------------------
+
+
+def read(directory, config, task: str, vocab_size: int) -> dict[str, np.ndarray]:
+  """The state dict of the model in `directory` (safetensors, or pytorch_model.bin through
+  torch), after checking that its `config.json` maps onto the config's model: the same
+  architecture and sizes (more positions are cut to `model.max_len`), a vocabulary no larger
+  than the model's (`vocab_size`, padded). The FFN activation is the config's, whatever the
+  checkpoint's."""
+  directory = pathlib.Path(directory)
+  where = f"train.init_from=hf:{directory}"
+  try:
+    cfg = json.loads((directory / "config.json").read_text())
+  except (OSError, ValueError) as e:
+    raise UserError(f"{where}: no readable config.json ({e.__class__.__name__}); give a "
+                    "directory written by save_pretrained") from None
+  model_type, cls = _architecture(config, task, where)
+  if cfg.get("model_type") != model_type:
+    raise UserError(f"{where} is a {cfg.get('model_type')!r} model; a {task} run starts from "
+                    f"{model_type} ({cls})")
+  check(cfg, config, model_type, vocab_size, where)
+  theirs = cfg.get("activation_function" if model_type == "gpt2" else "hidden_act")
+  if theirs != ACTIVATIONS.get(config.model.activation):
+    print(f"actlab: {where}: the FFN activation is the config's, {config.model.activation!r} "
+          f"(the checkpoint's: {theirs!r})", flush=True)
+  return _weights(directory, where)
+
+
+def check(cfg: dict, config, model_type: str, vocab_size: int, where: str) -> None:
+  """UserError unless the checkpoint's sizes and features are the model's."""
+  m = config.model
+  have = dict(cfg)
+  if model_type == "gpt2":
+    have["n_inner"] = have.get("n_inner") or 4 * have.get("n_embd", 0)
+  unsupported = [f"{k}={cfg[k]!r}" for k, v in REQUIRED[model_type].items() if cfg.get(k, v) != v]
+  if unsupported:
+    raise UserError(f"{where}: {', '.join(unsupported)} has no actlab equivalent")
+  fields = {f: h for f, h in FIELDS[model_type].items() if f in m}
+  wrong = [(f, have.get(h)) for f, h in fields.items()
+           if not ((have.get(h) or 0) >= m[f] if f == "max_len" else have.get(h) == m[f])]
+  if wrong:
+    raise UserError(f"{where}: the checkpoint's sizes differ from the model's; set "
+                    + " ".join(f"--config.model.{f}={v}" for f, v in wrong))
+  if cfg.get("vocab_size", 0) > vocab_size:
+    raise UserError(f"{where}: the checkpoint's vocabulary ({cfg['vocab_size']}) is larger than "
+                    f"the model's ({vocab_size}, data.tokenizer={config.data.tokenizer!r}); use "
+                    "the checkpoint's tokenizer")
+
+
+def _weights(directory: pathlib.Path, where: str) -> dict[str, np.ndarray]:
+  try:
+    from safetensors.numpy import load_file
+  except ImportError:
+    raise UserError(f"{where} needs safetensors: {INSTALL}") from None
+
+  index = directory / "model.safetensors.index.json"
+  if index.is_file():
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    return {k: v for shard in shards for k, v in load_file(str(directory / shard)).items()}
+  if (directory / "model.safetensors").is_file():
+    return load_file(str(directory / "model.safetensors"))
+  if (directory / "pytorch_model.bin").is_file():
+    try:
+      import torch
+    except ImportError:
+      raise UserError(f"{where}: reading pytorch_model.bin needs torch: {INSTALL}") from None
+    state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    return {k: v.float().numpy() for k, v in state.items()}
+  raise UserError(f"{where}: no model.safetensors or pytorch_model.bin")
+
+
+def arrays(state: dict[str, np.ndarray], task: str, like) -> dict:
+  """{path: array} of the parameters of the per-layer `like` that `state` has (`found`)."""
+  return NAMES[ARCHITECTURES[task][0]].found(state, like)[0]

@@ -1,0 +1,88 @@
+"""The GPT-2 (Hugging Face `GPT2LMHeadModel`) names of the decoder's parameters, and conversion
+both ways.
+
+| actlab (Flax)                                | GPT-2 (PyTorch)                               | shape (Flax) |
+|----------------------------------------------|-----------------------------------------------|--------------|
+| `wte/embedding`                              | `transformer.wte.weight` (= `lm_head.weight`, tied) | (V, D)  |
+| `wpe/embedding`                              | `transformer.wpe.weight`                      | (P, D)       |
+| `block_i/ln_attn/{scale,bias}`               | `transformer.h.i.ln_1.{weight,bias}`          | (D,)         |
+| `block_i/attn/{query,key,value}/kernel`      | `transformer.h.i.attn.c_attn.weight`, columns [0:D], [D:2D], [2D:3D] | (D, D) |
+| `block_i/attn/out/kernel`                    | `transformer.h.i.attn.c_proj.weight`          | (D, D)       |
+| `block_i/ln_ffn/{scale,bias}`                | `transformer.h.i.ln_2.{weight,bias}`          | (D,)         |
+| `block_i/ffn/up/kernel`                      | `transformer.h.i.mlp.c_fc.weight`             | (D, F)       |
+| `block_i/ffn/down/kernel`                    | `transformer.h.i.mlp.c_proj.weight`           | (F, D)       |
+| `ln_f/{scale,bias}`                          | `transformer.ln_f.{weight,bias}`              | (D,)         |
+
+GPT-2's `Conv1D` stores its weight (in, out), as Flax does: no transpose (unlike BERT's
+`nn.Linear`, hf.py). Every kernel has its bias beside it; `c_attn.bias` is the query, key and
+value biases concatenated. A gated FFN's `gate` has no GPT-2 name. A `GPT2Model` checkpoint (no
+`transformer.` prefix) reads the same.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+from flax.traverse_util import flatten_dict
+
+from actlab.models import execution, hf
+
+_BLOCK = {("ln_attn",): "ln_1", ("attn", "out"): "attn.c_proj", ("ln_ffn",): "ln_2",
+          ("ffn", "up"): "mlp.c_fc", ("ffn", "down"): "mlp.c_proj"}
+QKV = ("query", "key", "value")
+
+
+def hf_name(path: tuple[str, ...]) -> str:
+  """The GPT-2 name of one Flax parameter path (without the `transformer.` prefix), e.g.
+  ("block_3", "ffn", "up", "kernel") → "h.3.mlp.c_fc.weight"; query, key and value map to
+  `c_attn`, of which they are a third each."""
+  head, *rest = path
+  *module, leaf = rest
+  if head in ("wte", "wpe", "ln_f") and not module:
+    return f"{head}.{hf._LEAF[leaf]}"
+  if head.startswith("block_") and module[:1] == ["attn"] and module[1:] and module[1] in QKV:
+    return f"h.{int(head[6:])}.attn.c_attn.{hf._LEAF[leaf]}"
+  if head.startswith("block_") and tuple(module) in _BLOCK:
+    return f"h.{int(head[6:])}.{_BLOCK[tuple(module)]}.{hf._LEAF[leaf]}"
+  raise KeyError(f"no GPT-2 name for decoder parameter {'/'.join(path)}")
+
+
+def to_hf(params: Mapping) -> dict[str, np.ndarray]:
+  """A `GPT2LMHeadModel` state dict (numpy; `lm_head.weight` left to the tie) from decoder
+  parameters (per-layer, or a `scan_layers` model's)."""
+  out, qkv = {}, {}
+  for path, value in flatten_dict(execution.per_layer_layout(params)).items():
+    name = "transformer." + hf_name(path)
+    if path[-2] in QKV:
+      qkv.setdefault(name, {})[path[-2]] = np.asarray(value)
+    else:
+      out[name] = np.asarray(value)
+  out.update({name: np.concatenate([parts[k] for k in QKV], axis=-1) for name, parts in qkv.items()})
+  return out
+
+
+def found(state: Mapping[str, np.ndarray], like: Mapping) -> tuple[dict, list[str]]:
+  """({path: array} for every parameter of the per-layer `like` that the GPT-2 state dict has,
+  the names of those it lacks), fit to `like` (hf.fit)."""
+  state = {k.removeprefix("transformer."): v for k, v in state.items()}
+  flat, missing = {}, []
+  for path, target in flatten_dict(like).items():
+    try:
+      name = hf_name(path)
+    except KeyError:
+      missing.append("/".join(path))
+      continue
+    if name not in state:
+      missing.append(name)
+      continue
+    value = np.asarray(state[name], np.float32)
+    if path[-2] in QKV:
+      value = np.split(value, 3, axis=-1)[QKV.index(path[-2])]
+    flat[path] = hf.fit(path, name, value, target.shape)
+  return flat, missing
+
+
+def from_hf(state: Mapping[str, np.ndarray], like: Mapping) -> dict:
+  """Decoder parameters shaped like `like` from a GPT-2 state dict; KeyError if one is missing."""
+  return hf.complete(found, state, like)

@@ -1,0 +1,167 @@
+"""`actlab.export`: a run as a Hugging Face directory whose logits (through `transformers`) and
+tokenizer ids (through `AutoTokenizer`) are actlab's; what GPT-2 or BERT cannot express is one
+line."""
+
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from actlab import errors, steps, tasks, train
+from actlab.data import synthetic
+from actlab.data import tokenizer as tokenizers
+from actlab.models import hf_checkpoint, hf_tokenizer
+from conftest import REPO, SHARED_DATA, tiny
+from test_classify import tiny_encoder
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+torch = pytest.importorskip("torch", reason="the hf extra is not installed")
+pytest.importorskip("safetensors", reason="the hf extra is not installed")
+
+TEXT = "Once upon a time, Lily said: \"Don't go!\" — naïve café, 123 times.\n\nThe end."
+V = 257  # the byte tokenizer's; the model pads it to 320
+
+
+def perturbed_params(config, vocab_size, seed=0):
+  """Initial parameters plus noise, so that LayerNorms and biases are not 1 and 0 (a swapped
+  name would go unnoticed at the initialisation)."""
+  params = steps.Steps.create(config, vocab_size).init(seed).params
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
+  return jax.tree.unflatten(tree, [np.asarray(x + 0.1 * jax.random.normal(k, x.shape))
+                                   for x, k in zip(leaves, keys)])
+
+
+def hf_logits(directory, cls, tokens_BL, mask_BL=None):
+  model = getattr(transformers, cls).from_pretrained(directory)
+  model.eval()
+  kwargs = {} if mask_BL is None else {"attention_mask": torch.tensor(np.asarray(mask_BL, np.int64))}
+  with torch.no_grad():
+    return model(torch.tensor(np.asarray(tokens_BL, np.int64)), **kwargs).logits.numpy()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+def test_decoder_logits_equal_gpt2(tmp_path, activation):
+  c = tiny(activation)
+  params = perturbed_params(c, V)
+  tokens = np.random.default_rng(0).integers(0, V, (2, 32))
+  ours = np.asarray(tasks.get(c).model(c, V).apply({"params": params}, tokens))
+  hf_checkpoint.write(tmp_path, c, "causal_lm", params, V, 256)
+  theirs = hf_logits(tmp_path, "GPT2LMHeadModel", tokens)
+  assert theirs.shape == (2, 32, V)  # the padded rows are dropped
+  np.testing.assert_allclose(theirs, ours[..., :V], atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["mlm", "classify"])
+def test_encoder_logits_equal_bert(tmp_path, task):
+  c = tiny_encoder(task)
+  vocab = 300
+  params = perturbed_params(c, vocab)
+  tokens = np.random.default_rng(0).integers(5, vocab, (2, 32))
+  mask = np.arange(32)[None] < np.array([[32], [20]])  # the second row ends in padding
+  tokens[~mask] = 0
+  ours = np.asarray(tasks.get(c).model(c, vocab).apply({"params": params}, tokens, mask))
+  hf_checkpoint.write(tmp_path, c, task, params, vocab, 3)
+  cls = hf_checkpoint.ARCHITECTURES[task][1]
+  theirs = hf_logits(tmp_path, cls, tokens, mask)
+  if task == "mlm":
+    ours, theirs = ours[mask][:, :vocab], theirs[mask]  # padding positions are not predicted
+  np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"model.activation": "swiglu"}, "gated FFN .* cannot express; use a plain activation"),
+    ({"model.activation": "elu"}, "no activation equal to actlab's 'elu'"),
+    ({"model.norm": "post"}, "GPT2LMHeadModel is pre-LN .* train with model.norm='pre'"),
+])
+def test_what_gpt2_cannot_express_is_one_line(overrides, match):
+  with pytest.raises(errors.UserError, match=match):
+    hf_checkpoint.hf_config(tiny(**overrides), "causal_lm", V, 256)
+
+
+def test_what_bert_cannot_express_is_one_line():
+  with pytest.raises(errors.UserError, match="BertForMaskedLM is post-LN"):
+    hf_checkpoint.hf_config(tiny_encoder("mlm", **{"model.norm": "pre"}), "mlm", 300, 3)
+  with pytest.raises(errors.UserError, match="pooler is tanh"):
+    hf_checkpoint.hf_config(tiny_encoder("classify", **{"model.pooler_activation": "gelu"}),
+                            "classify", 300, 3)
+
+
+def actlab_tokenizers(tmp_path):
+  texts = lambda: list(synthetic.texts("train"))[:400]
+  toks = [tokenizers.get("byte", directory=tmp_path),
+          tokenizers.get("bpe:300", directory=tmp_path, train_texts=texts),
+          tokenizers.get("wordpiece:300", directory=tmp_path, train_texts=texts)]
+  if (SHARED_DATA / "gpt2" / "encoder.json").is_file():  # else gpt2 is left out (no network)
+    toks.append(tokenizers.get("gpt2", directory=tmp_path, gpt2_dir=SHARED_DATA / "gpt2"))
+  return toks
+
+
+@pytest.mark.slow
+def test_autotokenizer_gives_actlab_ids(tmp_path):
+  sample_text = TEXT + " " + " ".join(list(synthetic.texts("validation"))[:20])
+  for tok in actlab_tokenizers(tmp_path):
+    directory = tmp_path / tok.name.replace(":", "")
+    hf_tokenizer.write(tok, directory, 128)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(directory)
+    ids = tok.encode(sample_text)
+    assert hf_tok(sample_text, add_special_tokens=False)["input_ids"] == ids, tok.name
+    assert len(hf_tok) == tok.vocab_size, tok.name
+    if tok.name.startswith("wordpiece"):
+      assert hf_tok(sample_text)["input_ids"] == [tok.cls_id, *ids, tok.sep_id]
+      assert (hf_tok.mask_token_id, hf_tok.pad_token_id) == (tok.mask_id, tok.pad_id)
+    else:
+      assert hf_tok.eos_token_id == tok.eot_id
+      assert hf_tok.decode(ids) == tok.decode(ids)
+
+
+@pytest.mark.slow
+def test_gpt2_merges_are_openais():
+  if not (SHARED_DATA / "gpt2" / "vocab.bpe").is_file():
+    pytest.skip("../shared/data/gpt2 is absent")
+  tok = tokenizers.get("gpt2", directory="unused", gpt2_dir=SHARED_DATA / "gpt2")
+  symbol = hf_tokenizer.bytes_to_unicode()
+  ours = [" ".join("".join(symbol[b] for b in part) for part in m)
+          for m in hf_tokenizer.merges_of(tok.mergeable_ranks())]
+  theirs = (SHARED_DATA / "gpt2" / "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:]
+  assert ours == [m for m in theirs if m]
+
+
+def export_cli(workdir, out):
+  return subprocess.run([sys.executable, "-m", "actlab.export", f"--workdir={workdir}",
+                         f"--out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_export_cli_of_a_trained_decoder(tmp_path):
+  """A few steps of training, exported through the CLI: transformers' logits are actlab's, and
+  its loss is actlab's less the padded rows' share. A gated FFN is refused in one line."""
+  c = tiny(**{"train.steps": 8})
+  train.run(c, tmp_path / "run")
+  result = export_cli(tmp_path / "run", tmp_path / "hf")
+  assert result.returncode == 0, result.stderr
+  config, _, task, params, _ = train.load_run(tmp_path / "run")
+  tokens = np.random.default_rng(0).integers(0, V, (2, 33))
+  ours = np.asarray(task.model.apply({"params": params}, tokens[:, :-1]))
+  model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf")
+  with torch.no_grad():
+    logits = model(torch.tensor(tokens[:, :-1])).logits
+    hf_loss = float(torch.nn.functional.cross_entropy(logits.reshape(-1, V),
+                                                      torch.tensor(tokens[:, 1:]).reshape(-1)))
+  np.testing.assert_allclose(logits.numpy(), ours[..., :V], atol=1e-4, rtol=0)
+  out = task.objective(task.model, params, tokens, jax.random.PRNGKey(0), False)
+  loss = float(out["loss_sum"]) / int(out["count"])
+  # The losses differ by exactly the padded rows' share of actlab's softmax (large after 8 steps
+  # from the initialisation; training drives those logits down).
+  share = np.mean(jax.nn.logsumexp(ours, -1) - jax.nn.logsumexp(ours[..., :V], -1))
+  np.testing.assert_allclose(loss - hf_loss, share, atol=1e-4)
+
+  gated = tiny("swiglu", **{"train.steps": 8})
+  train.run(gated, tmp_path / "gated")
+  refused = export_cli(tmp_path / "gated", tmp_path / "hf_gated")
+  assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+  assert "gated FFN" in refused.stderr and not (tmp_path / "hf_gated").exists()
