@@ -1,18 +1,30 @@
-"""The sweep report's plots (`write`): final val loss against the LR, and the logged curves of
-`CURVES`, one colour per combination of the axes other than the LR and the seed."""
+"""The sweep report's plots (`write`): final val loss against the LR, a forest plot of the final
+val loss with 95% t intervals, the logged curves of `CURVES` as mean ± sd bands over seeds, and
+the per-layer activation statistics. One colour (and line style) per combination of the axes
+other than the LR and the seed, the same in every plot. The numbers drawn are computed in
+`actlab.report_series`; this module only draws them."""
 
 from __future__ import annotations
 
+import math
 import pathlib
 
+from actlab import report_series as series
 from actlab import stats
 from actlab.stats import LR_KEY, finite
 
+FOREST_MAX_LRS = 3  # the forest plot is drawn for sweeps with at most this many LRs
+_MARKERS = "osD^v<>ph*"
 
-def _colors(manifest, runs) -> dict[tuple, str]:
-  """One colour per combination of the non-LR axes, in grid order, the same in every plot."""
-  return {lab: f"C{i % 10}" for i, lab in enumerate(stats.groups(manifest, runs,
-                                                                 stats.other_axes(manifest)))}
+
+def _styles(manifest, runs) -> dict[tuple, tuple[str, str]]:
+  """(colour, line style) per combination of the non-LR axes, in grid order."""
+  keys = list(stats.groups(manifest, runs, stats.other_axes(manifest)))
+  return dict(zip(keys, series.styles(len(keys))))
+
+
+def _label(key: tuple) -> str:
+  return ", ".join(map(stats.fmt_value, key)) or "run"
 
 
 def _save(fig, axes, path: pathlib.Path, ylabel: str, log_y: bool = False) -> bool:
@@ -23,7 +35,11 @@ def _save(fig, axes, path: pathlib.Path, ylabel: str, log_y: bool = False) -> bo
     if log_y:
       ax.set_yscale("log")
   axes[0].set_ylabel(ylabel)
-  axes[0].legend(fontsize=8)
+  legend = {}  # every panel's series, each once (a panel may lack some)
+  for ax in axes:
+    legend.update({label: h for h, label in zip(*ax.get_legend_handles_labels())
+                   if label not in legend})
+  axes[0].legend(legend.values(), legend.keys(), fontsize=7, ncol=2 if len(legend) > 6 else 1)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -35,8 +51,9 @@ def plot_val_vs_lr(manifest, runs, path: pathlib.Path) -> bool:
   if LR_KEY not in manifest["axes"]:
     return False
   fig, ax = plt.subplots(figsize=(6, 4))
-  colors = _colors(manifest, runs)
+  styles = _styles(manifest, runs)
   for key, cells in stats.pivot(manifest, runs, LR_KEY).items():
+    color, style = styles[key]
     lrs, means, sds = [], [], []
     for lr in sorted(manifest["axes"][LR_KEY]):
       at = [r for (x, _), r in cells.items() if x == lr]
@@ -45,48 +62,142 @@ def plot_val_vs_lr(manifest, runs, path: pathlib.Path) -> bool:
         mean, sd = stats.mean_sd(vals)
         lrs.append(lr), means.append(mean), sds.append(sd or 0.0)
       if any(r.status == "diverged" for r in at):
-        ax.axvline(lr, color=colors[key], linestyle=":", alpha=0.6)
-    ax.errorbar(lrs, means, yerr=sds, marker="o", capsize=4, color=colors[key],
-                label=", ".join(map(stats.fmt_value, key)) or "run")
+        ax.axvline(lr, color=color, linestyle=":", alpha=0.6)
+    ax.errorbar(lrs, means, yerr=sds, marker="o", capsize=4, color=color, linestyle=style,
+                label=_label(key))
   ax.set_xscale("log")
   ax.set_xlabel("peak learning rate")
-  ax.set_title("Val loss vs LR (mean ± sd over seeds; dotted: a seed diverged)")
+  ax.set_title("Val loss vs LR (mean ± sd over seeds; dotted: a seed diverged)", fontsize=9)
   return _save(fig, [ax], path, "final val loss (nats)")
+
+
+def _panels(n: int, width: float = 4.2, height: float = 3.4, sharey=True):
+  """A figure with n panels, at most three per row; returns it and the n axes used."""
+  import matplotlib.pyplot as plt
+  cols = min(n, 3)
+  rows = math.ceil(n / cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
+                           sharey=sharey)
+  flat = list(axes.flat)
+  for ax in flat[n:]:
+    ax.set_visible(False)
+  return fig, flat[:n]
 
 
 def plot_curves(manifest, runs, key: str, ylabel: str, path: pathlib.Path,
                 log_y: bool = False) -> bool:
-  """One panel per LR (or a single panel), one colour per other-axes value, one line per seed."""
-  import matplotlib.pyplot as plt
-  series = [(r, [(row["step"], row[key]) for row in r.rows if finite(row.get(key))]) for r in runs]
-  series = [(r, pts) for r, pts in series if pts]
-  if not series:
+  """One panel per LR (or a single panel), one line per other-axes value: the mean over its
+  seeds with a ± 1 sd band (`report_series.band`). Log y if `log_y` or the means span decades."""
+  lrs = sorted(manifest["axes"].get(LR_KEY, [None]), key=lambda x: (x is None, x))
+  bands = {(lr, key_): b for lr in lrs
+           for key_, group in stats.groups(manifest, runs, stats.other_axes(manifest)).items()
+           if (b := series.band([r for r in group if lr is None
+                                 or r.overrides.get(LR_KEY) == lr], key)) is not None}
+  if not bands:
     return False
-  lrs = sorted(manifest["axes"].get(LR_KEY, [None]))
-  colors = _colors(manifest, runs)
-  fig, axes = plt.subplots(1, len(lrs), figsize=(4.2 * len(lrs), 3.4), squeeze=False,
-                           sharey=True)
-  for ax, lr in zip(axes[0], lrs):
-    seen = set()
-    for run, pts in series:
-      if lr is not None and run.overrides.get(LR_KEY) != lr:
+  styles = _styles(manifest, runs)
+  log = log_y or series.log_scale([v for b in bands.values() for v in b.mean])
+  fig, axes = _panels(len(lrs))
+  for ax, lr in zip(axes, lrs):
+    for (at, group), b in bands.items():
+      if at != lr:
         continue
-      lab = tuple(run.overrides[k] for k in stats.other_axes(manifest))
-      ax.plot(*zip(*pts), color=colors[lab], alpha=0.7, lw=1.2,
-              label=", ".join(map(stats.fmt_value, lab)) if lab not in seen else None)
-      seen.add(lab)
-    ax.set_title(f"LR {lr:g}" if lr is not None else "")
+      color, style = styles[group]
+      ax.plot(b.steps, b.mean, color=color, linestyle=style, lw=1.4,
+              marker="o" if len(b.steps) <= 12 else None, ms=3, label=_label(group))
+      if b.n > 1:  # on a log axis, not where mean − sd ≤ 0 (it has no place there)
+        ax.fill_between(b.steps, b.mean - b.sd, b.mean + b.sd, color=color, alpha=0.15, lw=0,
+                        where=b.mean - b.sd > 0 if log else None)
+    ns = sorted({b.n for (at, _), b in bands.items() if at == lr})
+    seeds = f"n = {ns[0]}" + (f"–{ns[-1]}" if len(ns) > 1 else "") if ns else "no runs"
+    ax.set_title((f"LR {lr:g}: " if lr is not None else "") + f"mean ± 1 sd over seeds ({seeds})",
+                 fontsize=9)
     ax.set_xlabel("step")
-  return _save(fig, list(axes[0]), path, ylabel, log_y)
+  return _save(fig, axes, path, ylabel, log)
 
 
-CURVES = [  # (file, metrics key, y label, log y)
+def plot_layers(manifest, runs, path: pathlib.Path) -> bool:
+  """One panel per statistic of `report_series.LAYER_STATS`, x = layer, one series per group at
+  its best LR: mean ± sd over seeds as error bars."""
+  import matplotlib.pyplot as plt
+  data = {k: e for k, e in series.layer_stats(manifest, runs).items()
+          if len(e[series.LAYER_STATS[0]][0])}
+  if not data:
+    return False
+  styles = _styles(manifest, runs)
+  fig, axes = plt.subplots(1, len(series.LAYER_STATS), figsize=(4.2 * len(series.LAYER_STATS),
+                                                                 3.6), squeeze=False)
+  labels = {"dead_units": "dead units (%)", "act_zero_frac": "zero fraction z ≤ 0 (%)",
+            "act_mean": "act mean"}
+  width = min(0.08, 0.5 / len(data))
+  for ax, stat in zip(axes[0], series.LAYER_STATS):
+    scale = 1.0 if stat == "act_mean" else 100.0
+    for i, (key, e) in enumerate(data.items()):
+      layers, mean, sd = e[stat]
+      color, style = styles[key]
+      lr = f" @ LR {e['lr']:g}" if e["lr"] is not None else ""
+      ax.errorbar(layers + (i - (len(data) - 1) / 2) * width, mean * scale,
+                  yerr=None if e["n"] < 2 else sd * scale, color=color, linestyle=style,
+                  marker=_MARKERS[i % len(_MARKERS)], ms=4, capsize=3, lw=1,
+                  label=f"{_label(key)}{lr} (n={e['n']})")
+    ax.set_xticks(sorted({int(x) for e in data.values() for x in e[stat][0]}))
+    ax.set_xlabel("layer")
+    ax.set_title(labels[stat], fontsize=9)
+    ax.grid(alpha=0.3)
+  fig.suptitle("Last evaluation, each group at its best LR: mean ± sd over seeds", fontsize=10)
+  axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def plot_forest(manifest, runs, path: pathlib.Path) -> bool:
+  """Final val loss per group (rows, best first), one marker per LR: mean and 95% t interval
+  over seeds (`report_series.forest`)."""
+  import matplotlib.pyplot as plt
+  lrs = manifest["axes"].get(LR_KEY, [None])
+  rows = [i for i in series.forest(manifest, runs) if i.n]
+  if len(lrs) > FOREST_MAX_LRS or not rows:
+    return False
+  groups = list(dict.fromkeys(i.group for i in rows))
+  lr_order = sorted(lrs, key=lambda x: (x is None, x))
+  colors = dict(zip(lr_order, (c for c, _ in series.styles(len(lr_order)))))
+  fig, ax = plt.subplots(figsize=(6.5, 0.9 + 0.38 * len(groups) * max(1, len(lrs) / 2)))
+  step = 0.6 / len(lrs)
+  seen = set()
+  for i in rows:
+    j = lr_order.index(i.lr)
+    y = groups.index(i.group) + (j - (len(lrs) - 1) / 2) * step
+    err = None if not finite(i.low) else [[i.mean - i.low], [i.high - i.mean]]
+    ax.errorbar([i.mean], [y], xerr=err, color=colors[i.lr], marker=_MARKERS[j], ms=5, capsize=3,
+                linestyle="none", label=None if i.lr in seen else
+                (f"LR {i.lr:g}" if i.lr is not None else "final val loss"))
+    seen.add(i.lr)
+    if i.n < len(manifest["seeds"]):
+      ax.annotate(f"n={i.n}", (i.high if finite(i.high) else i.mean, y), xytext=(4, -3),
+                  textcoords="offset points", fontsize=6, color=colors[i.lr])
+  ax.set_yticks(range(len(groups)), [_label(g) for g in groups])
+  ax.invert_yaxis()  # the best on top
+  ax.set_xlabel("final val loss (nats)")
+  ax.set_title("Final val loss: mean and 95% t interval over seeds (best first)", fontsize=9)
+  return _save(fig, [ax], path, "")
+
+
+CURVES = [  # (file, metrics key, y label, log y always (else by the data))
+    ("val_loss.png", "val_loss", "val loss (nats)", False),
     ("train_loss.png", "train_loss", "train loss (nats)", False),
     ("grad_norm.png", "grad_norm", "grad norm (before clipping)", True),
     ("act_zero_frac.png", "act_zero_frac", "act_zero_frac (z ≤ 0)", False),
     ("sharpness.png", "sharpness", "sharpness (top Hessian eigenvalue)", False),
     ("attn_logit_max.png", "attn_logit_max", "max attention logit", True),
 ]
+
+BAND = ("*Curves: per group, the mean over its seeds (n per group in the panel title) with a ± 1 sd band, at "
+        "the steps where every seed of the group logged a finite value: a seed that diverged or "
+        "has not finished ends its group's curve there. Log y for grad norm and attention logits, "
+        "and for any quantity whose plotted means span more than a factor of 30; there, no band "
+        "where mean − sd ≤ 0.*")
 
 
 def write(manifest, runs, directory: pathlib.Path) -> list[str]:
@@ -96,10 +207,21 @@ def write(manifest, runs, directory: pathlib.Path) -> list[str]:
   directory.mkdir(exist_ok=True)
   lines = []
   if plot_val_vs_lr(manifest, runs, directory / "val_loss_vs_lr.png"):
-    lines.append(f"![val loss vs LR]({directory.name}/val_loss_vs_lr.png)")
+    lines += [f"![val loss vs LR]({directory.name}/val_loss_vs_lr.png)", ""]
+  if plot_forest(manifest, runs, directory / "final_val_loss.png"):
+    lines += [f"![final val loss]({directory.name}/final_val_loss.png)", "",
+              "*Final val loss per group, best first (by its lowest mean over the LRs); one "
+              "marker per LR: the mean over the seeds with a value and its 95% t interval "
+              "mean ± t₀.₉₇₅,ₙ₋₁·sd/√n; n=k marks fewer seeds than the grid's.*", ""]
+  lines += [BAND, ""]
   for file, key, ylabel, log_y in CURVES:
     if plot_curves(manifest, runs, key, ylabel, directory / file, log_y):
       lines.append(f"![{key}]({directory.name}/{file})")
     else:
       lines.append(f"*{key}: not measured in any run.*")
+  if plot_layers(manifest, runs, directory / "layers.png"):
+    lines += ["", f"![activation statistics by layer]({directory.name}/layers.png)", "",
+              "*Activation statistics by layer at the last evaluation of the finished stable or "
+              "unstable runs, each group at its best LR (lowest mean final val loss): mean ± sd "
+              "over seeds.*"]
   return lines

@@ -1,11 +1,12 @@
-"""Turns a sweep directory into `report.md` and PNG plots:
-`python -m actlab.report runs/<sweep> [--baseline=<activation>]`.
+"""Turns sweep directories into `report.md`, `runs.csv` and PNG plots:
+`python -m actlab.report runs/<sweep> [more sweeps --out=DIR] [--baseline=<activation>]`.
 
 The grid comes from the sweep's `sweep.json` (written by `actlab.sweep`), so cells that have not
 run yet are listed as missing; without it, every subdirectory with a `config.json` is a cell and
-the axes are the config fields that differ between them. Works on a partly finished sweep; torn
-or unfinished runs are marked, never fatal. This module reads and renders; what it computes is in
-`actlab.stats`. Sections (definitions in docs/metrics.md §8, §9):
+the axes are the config fields that differ between them. Several directories are merged into one
+grid, each run counted once (`actlab.report_load`). Works on a partly finished sweep; torn or
+unfinished runs are marked, never fatal. This module renders tables; what it computes is in
+`actlab.stats`, the plots in `actlab.plots`. Sections (definitions in docs/metrics.md §8, §9):
 
 - **Results**: per combination of the axes but the seed (LR first, rows ordered by it, as in
   docs/reference.md §2.2), mean ± sd over seeds of the final val loss, val acc, Dead %, dead
@@ -18,60 +19,23 @@ or unfinished runs are marked, never fatal. This module reads and renders; what 
 - **Largest stable LR** per activation: every seed stable and learned (`stats.largest_stable_lr`).
 - **LR sensitivity** (Wortsman et al. 2023): `stats.sensitivity`, mean ± sd over seeds.
 - **Plots**; **Runs**: every cell's status, "not learned" when its final val loss ≥ its summary's
-  `unigram_loss` (`stats.learned`), final val loss, the verdict's reasons, what is unreadable.
+  `unigram_loss` (`stats.learned`), final val loss, the verdict's reasons, what is unreadable;
+  the same runs with their numbers in `runs.csv` (`actlab.report_csv`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 from typing import Sequence
 
-from actlab import metrics_log, plots, stats, workdir
+from actlab import plots, report_csv, report_load, stats, workdir
 from actlab.errors import UserError, reported
 from actlab.metrics import STATUSES
-from actlab.stats import LR_KEY, SEED_KEY, Run, finite
+from actlab.stats import LR_KEY, Run, finite
 
 HEADERS = {"optim.lr": "LR", "model.activation": "activation"}
-
-
-def load(root) -> tuple[dict, list[Run]]:
-  """The sweep manifest (or one inferred from the cell configs) and every cell's Run."""
-  root = pathlib.Path(root)
-  manifest = workdir.read_json(root / "sweep.json")
-  if manifest is None:
-    configs = {p.parent.name: workdir.dotted(c) for p in sorted(root.glob("*/config.json"))
-               if (c := workdir.read_json(p)) is not None}
-    if not configs:
-      what = "does not exist" if not root.exists() else "has no sweep.json and no */config.json"
-      raise UserError(f"{root} {what}: not a sweep directory (the --workdir of actlab.sweep)")
-    keys = sorted({k for c in configs.values() for k in c})
-    axes = [k for k in keys if k != SEED_KEY
-            and len({json.dumps(c.get(k)) for c in configs.values()}) > 1]
-    values = lambda k: sorted({c.get(k) for c in configs.values()}, key=_order)
-    manifest = {"sweep": str(root), "description": "", "seeds": values(SEED_KEY),
-                "axes": {k: values(k) for k in axes},
-                "cells": [{"name": n, "overrides": {k: c.get(k) for k in [*axes, SEED_KEY]}}
-                          for n, c in configs.items()]}
-  runs = []
-  for cell in manifest["cells"]:
-    d = root / cell["name"]
-    rows, torn = metrics_log.read_rows(d / "metrics.jsonl")
-    unreadable = [f"{torn} unreadable line(s) in metrics.jsonl"] if torn else []
-    summary = workdir.read_summary(d, warn=False)
-    if summary is None and (d / "summary.json").exists():
-      unreadable.append("summary.json unreadable")
-    state = "done" if summary is not None else "incomplete" if rows else "missing"
-    runs.append(Run(cell["name"], cell["overrides"], state, summary or {}, rows, unreadable))
-  return manifest, runs
-
-
-def _order(value):
-  """Numbers in numeric order, then everything else as text."""
-  number = isinstance(value, (int, float)) and not isinstance(value, bool)
-  return (0, value, "") if number else (1, 0, str(value))
 
 
 def _header(key: str) -> str:
@@ -200,10 +164,15 @@ def runs_table(runs) -> str:
   return _table(["run", "status", "val loss", "why"], rows)
 
 
-def write(root, baseline: str | None = None) -> pathlib.Path:
-  """Writes `<root>/report.md` and `<root>/plots/*.png`; returns the report's path."""
-  root = pathlib.Path(root)
-  manifest, runs = load(root)
+def write(roots, baseline: str | None = None, out=None) -> pathlib.Path:
+  """Writes `<out>/report.md`, `<out>/runs.csv` and `<out>/plots/*.png` for the sweep directory
+  `roots` or several merged (`out` defaults to the only one); returns the report's path."""
+  roots = [roots] if isinstance(roots, (str, pathlib.Path)) else list(roots)
+  if out is None and len(roots) > 1:
+    raise UserError("several sweep directories: say where the report goes with --out=DIR")
+  out = pathlib.Path(out if out is not None else roots[0])
+  manifest, runs, duplicates = report_load.load_many(roots)
+  out.mkdir(parents=True, exist_ok=True)
   base = pick_baseline(manifest, baseline)
   done = sum(r.state == "done" for r in runs)
   unchecked = sum(r.learned is None and r.value("final_val_loss") is not None for r in runs)
@@ -236,27 +205,35 @@ def write(root, baseline: str | None = None) -> pathlib.Path:
            f"Sweep `{manifest['sweep']}`: {done} of {len(runs)} runs finished"
            + (f" ({len(runs) - done} not: see *Runs*)" if done < len(runs) else "")
            + f"; seeds {', '.join(map(str, manifest['seeds']))}. "
-           f"Written by `python -m actlab.report {root}`.", ""]
+           + (f"{len(duplicates)} run(s) were in more than one directory with the same config "
+              f"and count once ({', '.join(duplicates[:3])}{', …' if len(duplicates) > 3 else ''}). "
+              if duplicates else "")
+           + f"Per-run numbers: `runs.csv`. Written by `python -m actlab.report "
+           f"{' '.join(map(str, roots))}" + (f" --out={out}`." if len(roots) > 1 else "`."), ""]
   for title, text, table in sections:
     if table:
       lines += [f"## {title}", "", text, "", table, ""]
-  lines += ["## Plots", "", *plots.write(manifest, runs, root / "plots"), "",
+  lines += ["## Plots", "", *plots.write(manifest, runs, out / "plots"), "",
             "## Runs", "", runs_table(runs), ""]
-  path = root / "report.md"
+  report_csv.write(manifest, runs, out / "runs.csv")
+  path = out / "report.md"
   workdir.write_text(path, "\n".join(lines))
   return path
 
 
 def main(argv: Sequence[str]) -> int:
-  parser = argparse.ArgumentParser(prog="python -m actlab.report",
-                                   description="A sweep directory → report.md and plots/.")
-  parser.add_argument("workdir", help="the sweep's --workdir")
+  parser = argparse.ArgumentParser(prog="python -m actlab.report", description="Sweep "
+                                   "directories → report.md, runs.csv and plots/.")
+  parser.add_argument("workdirs", nargs="+", help="the sweeps' --workdir: one, or several to "
+                      "merge into one report (each run counted once)")
+  parser.add_argument("--out", help="where the report goes (default: the only sweep directory; "
+                      "required with several)")
   parser.add_argument("--baseline", help="the activation the others are compared against "
                       "(default: the manifest's `baseline`, else the grid's first activation)")
   args = parser.parse_args(argv[1:])
   with reported():
-    path = write(args.workdir, args.baseline)
-  print(f"wrote {path} and {path.parent / 'plots'}/")
+    path = write(args.workdirs, args.baseline, args.out)
+  print(f"wrote {path}, {path.parent / 'runs.csv'} and {path.parent / 'plots'}/")
   return 0
 
 

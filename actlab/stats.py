@@ -156,7 +156,7 @@ def sensitivity(capped: Sequence[float]) -> float:
 
 @dataclasses.dataclass
 class Run:
-  """One cell of a sweep as `report.load` read it."""
+  """One cell of a sweep as `report_load.load` read it."""
   name: str
   overrides: dict[str, Any]          # axis key -> value, seed included
   state: str                         # "done", "incomplete" (metrics but no summary), "missing"

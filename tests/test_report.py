@@ -1,11 +1,14 @@
 """Report: tables as mean ± sd over seeds, status counts, missing cells, paired comparisons, the
-largest stable LR, "not learned", LR sensitivity, the baseline option, plots.
+largest stable LR, "not learned", LR sensitivity, the baseline option, plots and the numbers they
+draw (bands, per-layer statistics, forest intervals, colours), runs.csv, merging several sweeps.
 
 The sweep directories here are written by the test (random curves), so no training is needed;
 every expected number is recomputed from what was written.
 """
 
+import csv
 import json
+import math
 import re
 import subprocess
 import sys
@@ -13,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from actlab import report, stats
+from actlab import report, report_csv, report_load, report_series, stats
 from actlab.errors import UserError
 from conftest import REPO
 
@@ -113,7 +116,8 @@ def test_table_means_status_counts_and_missing_cells(tmp_path):
   assert re.search(r"\| activation=relu,lr=0\.001,seed=2 \| missing \|", text)
   assert "16 of 18 runs finished" in text
   assert "*sharpness: not measured in any run.*" in text
-  for png in ("val_loss_vs_lr", "train_loss", "grad_norm", "act_zero_frac"):
+  for png in ("val_loss_vs_lr", "final_val_loss", "val_loss", "train_loss", "grad_norm",
+              "act_zero_frac"):
     assert (tmp_path / "plots" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"(plots/{png}.png)" in text
   assert not (tmp_path / "plots" / "sharpness.png").exists()
@@ -124,7 +128,7 @@ def test_lr_sensitivity_follows_wortsman_definition(tmp_path):
   rng = np.random.default_rng(1)
   diverged = {_name("gelu", 3e-3, 0)}
   s = _fake_sweep(tmp_path, rng, diverged=diverged, sharpness=True)
-  sens = stats.lr_sensitivity(*report.load(tmp_path))
+  sens = stats.lr_sensitivity(*report_load.load(tmp_path))
   for act in ACTS:
     per_seed = []
     for seed in SEEDS:
@@ -143,7 +147,7 @@ def test_lr_sensitivity_follows_wortsman_definition(tmp_path):
 def test_without_manifest_axes_are_inferred_and_cli_works(tmp_path):
   rng = np.random.default_rng(2)
   s = _fake_sweep(tmp_path, rng, manifest=False)
-  manifest, runs = report.load(tmp_path)
+  manifest, runs = report_load.load(tmp_path)
   assert manifest["axes"] == {"model.activation": ["gelu", "relu"], "optim.lr": LRS}
   assert manifest["seeds"] == SEEDS and len(runs) == 18
   out = subprocess.run([sys.executable, "-m", "actlab.report", str(tmp_path), "--baseline=relu"],
@@ -156,7 +160,7 @@ def test_without_manifest_axes_are_inferred_and_cli_works(tmp_path):
        for k in SEEDS]  # B = relu by --baseline (else gelu, the first of the sorted axis)
   assert f"| 0.001 | gelu | relu | 3 | {np.mean(d):+.3f} | {np.std(d, ddof=1):.3f} | [" in text
   with pytest.raises(UserError, match="nothing does not exist: not a sweep directory"):
-    report.load(tmp_path / "nothing")
+    report_load.load(tmp_path / "nothing")
   out = subprocess.run([sys.executable, "-m", "actlab.report", str(tmp_path / "plots")],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
   assert out.returncode == 2 and out.stderr == (
@@ -253,15 +257,23 @@ def test_not_learned_is_not_checked_without_unigram_loss(tmp_path):
   assert "not learned" not in _section(text, "Runs")
 
 
+def _only_lr(root, lr):
+  """Rewrites a `_fake_sweep` manifest as a sweep of the activation only, at `lr` (like
+  experiments/activation_zoo.py); the other LRs' cells stay on disk, outside the grid."""
+  manifest = json.loads((root / "sweep.json").read_text())
+  cells = [{"name": c["name"], "overrides": {k: v for k, v in c["overrides"].items()
+                                             if k != "optim.lr"}}
+           for c in manifest["cells"] if c["overrides"]["optim.lr"] == lr]
+  acts = manifest["axes"]["model.activation"]
+  (root / "sweep.json").write_text(json.dumps(
+      {**manifest, "axes": {"model.activation": acts}, "cells": cells}))
+
+
+@pytest.mark.slow
 def test_a_grid_without_an_lr_axis_compares_activations_only(tmp_path):
   s = _fake_sweep(tmp_path, np.random.default_rng(6), acts=["relu", "gelu", "tanh"],
                   missing={_name("tanh", 1e-3, k) for k in SEEDS})
-  manifest = json.loads((tmp_path / "sweep.json").read_text())
-  cells = [{"name": c["name"], "overrides": {k: v for k, v in c["overrides"].items()
-                                             if k != "optim.lr"}}
-           for c in manifest["cells"] if c["overrides"]["optim.lr"] == 1e-3]
-  (tmp_path / "sweep.json").write_text(json.dumps(  # like experiments/activation_zoo.py
-      {**manifest, "axes": {"model.activation": ["relu", "gelu", "tanh"]}, "cells": cells}))
+  _only_lr(tmp_path, 1e-3)
   text = report.write(tmp_path, "gelu").read_text()
   pairs = _section(text, "Paired comparisons")
   d = [s[_name("relu", 1e-3, k)]["final_val_loss"] - s[_name("gelu", 1e-3, k)]["final_val_loss"]
@@ -270,3 +282,203 @@ def test_a_grid_without_an_lr_axis_compares_activations_only(tmp_path):
   assert f"| relu | gelu | 3 | {np.mean(d):+.3f} | {np.std(d, ddof=1):.3f} | [" in pairs
   assert "| tanh | gelu | 0 | — | — | — | not resolved | n < 2 |" in pairs  # not run yet
   assert "## Largest stable LR" not in text and "## LR sensitivity" not in text
+
+
+# --- The plots' numbers (actlab.report_series) ------------------------------------------------
+
+
+def _run(act, lr, seed, rows, final=None, status="stable"):
+  summary = {} if final is None else {"status": status, "final_val_loss": final}
+  return stats.Run(_name(act, lr, seed), {"model.activation": act, "optim.lr": lr,
+                                          "train.seed": seed},
+                   "done" if summary else "incomplete", summary, rows)
+
+
+def test_band_is_mean_and_sd_over_seeds_at_shared_steps():
+  rows = lambda pts: [{"step": t, "train_loss": v} for t, v in pts]
+  runs = [_run("relu", 1e-3, 0, rows([(0, 5.0), (10, 4.0), (20, 3.0), (30, 2.0)])),
+          _run("relu", 1e-3, 1, rows([(0, 6.0), (10, 5.0), (20, None), (30, 4.0)])),
+          _run("relu", 1e-3, 2, rows([(0, 7.0), (10, 3.0), (30, 3.0), (40, 1.0)])),
+          _run("relu", 1e-3, 3, [{"step": 0, "val_loss": 9.0}])]  # no train_loss: not a seed here
+  b = report_series.band(runs, "train_loss")
+  assert b.n == 3
+  np.testing.assert_array_equal(b.steps, [0, 10, 30])  # 20: seed 1 non-finite, 40: seed 2 only
+  np.testing.assert_allclose(b.mean, [6.0, 4.0, 3.0])
+  np.testing.assert_allclose(b.sd, [1.0, 1.0, 1.0])
+  one = report_series.band(runs[:1], "train_loss")
+  assert one.n == 1 and np.isnan(one.sd).all()
+  assert report_series.band(runs, "sharpness") is None
+  assert report_series.log_scale([0.1, 5.0]) and not report_series.log_scale([1.0, 29.0])
+  assert not report_series.log_scale([-1.0, 100.0]) and not report_series.log_scale([None])
+
+
+def _layer_row(step, **per_layer):
+  return {"step": step, "val_loss": 3.0, **{f"{k}/layer_{i}": v for k, vs in per_layer.items()
+                                            for i, v in enumerate(vs)}}
+
+
+def test_layer_stats_at_each_groups_best_lr_over_finished_seeds():
+  manifest = {"axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-3, 1e-2]},
+              "seeds": [0, 1, 2]}
+  early = _layer_row(50, dead_units=[0.9, 0.9], act_zero_frac=[0.9, 0.9], act_mean=[9, 9])
+  runs = [  # relu is best at 1e-2 (mean 2.0 < 3.0), gelu at 1e-3
+      *(_run("relu", 1e-3, s, [early], final=3.0) for s in range(3)),
+      _run("relu", 1e-2, 0, [early, _layer_row(100, dead_units=[0.0, 0.1], act_zero_frac=[
+          0.5, 0.6], act_mean=[0.2, -0.1])], final=1.5),
+      _run("relu", 1e-2, 1, [early, _layer_row(100, dead_units=[0.0, 0.3], act_zero_frac=[
+          0.5, 0.8], act_mean=[0.4, 0.1])], final=2.5),
+      _run("relu", 1e-2, 2, [early, _layer_row(100, dead_units=[0.5, 0.5], act_zero_frac=[
+          0.5, 0.5], act_mean=[0.5, 0.5])], status="diverged", final=None),  # not finished
+      _run("gelu", 1e-3, 0, [_layer_row(100, dead_units=[0, 0], act_zero_frac=[0.4, 0.3],
+                                        act_mean=[0.1, 0.0])], final=2.0),
+      _run("gelu", 1e-2, 0, [early], final=4.0)]
+  data = report_series.layer_stats(manifest, runs)
+  relu, gelu = data[("relu",)], data[("gelu",)]
+  assert (relu["lr"], relu["n"], gelu["lr"], gelu["n"]) == (1e-2, 2, 1e-3, 1)
+  layers, mean, sd = relu["dead_units"]
+  np.testing.assert_array_equal(layers, [0, 1])
+  np.testing.assert_allclose(mean, [0.0, 0.2])
+  np.testing.assert_allclose(sd, [0.0, math.sqrt(0.02)])
+  np.testing.assert_allclose(relu["act_zero_frac"][1], [0.5, 0.7])
+  np.testing.assert_allclose(relu["act_mean"][1], [0.3, 0.0], atol=1e-12)
+  np.testing.assert_allclose(gelu["act_zero_frac"][1], [0.4, 0.3])
+  assert np.isnan(gelu["act_mean"][2]).all()  # one seed: no sd
+
+
+def test_forest_intervals_are_95_percent_t_intervals_best_group_first():
+  manifest = {"axes": {"model.activation": ["relu", "gelu", "tanh"], "optim.lr": [1e-2, 1e-3]},
+              "seeds": [0, 1, 2]}
+  finals = {("relu", 1e-3): [2.0, 2.2, 2.4], ("relu", 1e-2): [3.0, None, None],
+            ("gelu", 1e-3): [1.9, 2.1, 2.3], ("gelu", 1e-2): [2.5, 2.5]}
+  runs = [_run(a, lr, s, [], final=v, status="stable" if v is not None else "diverged")
+          for (a, lr), vals in finals.items() for s, v in enumerate(vals)]
+  runs.append(_run("tanh", 1e-3, 0, [{"step": 10, "train_loss": 5.0}]))  # unfinished
+  out = report_series.forest(manifest, runs)
+  assert [(i.group, i.lr, i.n) for i in out] == [
+      (("gelu",), 1e-3, 3), (("gelu",), 1e-2, 2), (("relu",), 1e-3, 3), (("relu",), 1e-2, 1),
+      (("tanh",), 1e-3, 0), (("tanh",), 1e-2, 0)]
+  half = 4.302653 * 0.2 / math.sqrt(3)  # t₀.₉₇₅,₂ · sd / √3
+  assert (out[0].mean, out[0].low, out[0].high) == pytest.approx((2.1, 2.1 - half, 2.1 + half))
+  assert (out[2].mean, out[2].low, out[2].high) == pytest.approx((2.2, 2.2 - half, 2.2 + half))
+  assert (out[1].low, out[1].high) == (2.5, 2.5)  # sd 0
+  assert out[3].mean == 3.0 and math.isnan(out[3].low) and math.isnan(out[4].mean)
+
+
+@pytest.mark.parametrize("n", [3, 10, 12, 20, 25, 40])
+def test_series_styles_are_distinct(n):
+  styles = report_series.styles(n)
+  assert len(styles) == n and len(set(styles)) == n
+  assert len({c for c, _ in styles}) == n  # distinct colours, not only colour × line style
+  assert all(re.fullmatch(r"#[0-9a-f]{6}", c) for c, _ in styles)
+  if n <= 20:
+    assert {s for _, s in styles} == {"-"}
+  else:
+    assert len({s for _, s in styles}) == 4
+
+
+# --- runs.csv ---------------------------------------------------------------------------------
+
+
+def test_runs_csv_has_one_row_per_run_and_parses_back(tmp_path):
+  diverged, incomplete = _name("gelu", 3e-3, 0), _name("relu", 1e-4, 1)
+  s = _fake_sweep(tmp_path, np.random.default_rng(7), diverged={diverged},
+                  incomplete={incomplete}, missing={_name("relu", 1e-3, 2)},
+                  summary_for=lambda act, lr, seed: {
+                      "final_train_loss": 1.5, "unigram_loss": 2.5, "wall_time_sec": 12.5,
+                      "best_val_loss": float("nan") if seed == 1 else 1.2})
+  s[diverged]["final_val_loss"] = None
+  (tmp_path / diverged / "summary.json").write_text(json.dumps(s[diverged]))
+  report_csv.write(*report_load.load(tmp_path), tmp_path / "runs.csv")
+  with open(tmp_path / "runs.csv", newline="") as f:
+    rows = {r["run"]: r for r in csv.DictReader(f)}
+  assert len(rows) == 18
+  assert list(next(iter(rows.values())))[:8] == [
+      "run", "optim.lr", "model.activation", "train.seed", "state", "status", "learned",
+      "last_step"]
+  name = _name("gelu", 1e-3, 0)
+  r, want = rows[name], s[name]
+  assert (r["optim.lr"], r["model.activation"], r["train.seed"]) == ("0.001", "gelu", "0")
+  assert (r["state"], r["status"], r["last_step"]) == ("done", "stable", "100")
+  assert r["learned"] == ("true" if want["final_val_loss"] < 2.5 else "false")
+  for key in ("final_val_loss", "initial_val_loss", "act_zero_frac", "dead_units", "act_mean",
+              "grad_norm", "wall_time_sec", "best_val_loss"):
+    assert float(r[key]) == want[key], key  # full precision
+  assert float(r["train_val_gap"]) == want["final_val_loss"] - 1.5
+  assert r["act_std"] == r["attn_logit_max"] == ""  # not in the summary
+  assert rows[_name("gelu", 1e-3, 1)]["best_val_loss"] == ""  # NaN
+  d = rows[diverged]
+  assert (d["status"], d["learned"], d["final_val_loss"], d["train_val_gap"]) == (
+      "diverged", "", "", "")
+  assert (rows[incomplete]["state"], rows[incomplete]["status"], rows[incomplete]["last_step"],
+          rows[incomplete]["final_val_loss"]) == ("incomplete", "incomplete", "100", "")
+  m = rows[_name("relu", 1e-3, 2)]
+  assert (m["state"], m["last_step"], m["initial_val_loss"]) == ("missing", "", "")
+
+
+# --- Several sweep directories ----------------------------------------------------------------
+
+
+def test_merging_sweeps_counts_each_run_once(tmp_path):
+  a, b = tmp_path / "a", tmp_path / "b"
+  _fake_sweep(a, np.random.default_rng(8), missing={_name("gelu", 1e-3, 1)})
+  _fake_sweep(b, np.random.default_rng(9), acts=["tanh", "gelu"])
+  _only_lr(b, 1e-3)  # b: activations only, at LR 1e-3; its gelu cells are a's too
+  manifest, runs, dups = report_load.load_many([a, b])
+  assert manifest["axes"] == {"model.activation": ["relu", "gelu", "tanh"], "optim.lr": LRS}
+  assert manifest["seeds"] == SEEDS
+  assert sorted(dups) == [f"b/{_name('gelu', 1e-3, k)}" for k in SEEDS]
+  assert len(runs) == 18 + 3  # a's grid and b's tanh
+  by = {(r.overrides["model.activation"], r.overrides["optim.lr"], r.overrides["train.seed"]): r
+        for r in runs}
+  assert len(by) == len(runs)
+  assert by["tanh", 1e-3, 0].name == f"b/{_name('tanh', 1e-3, 0)}"
+  assert by["gelu", 1e-3, 0].name == f"a/{_name('gelu', 1e-3, 0)}"  # the first directory's
+  assert by["gelu", 1e-3, 1].name == f"b/{_name('gelu', 1e-3, 1)}"  # missing in a, done in b
+  assert by["gelu", 1e-3, 1].state == "done"
+  _, again, dups = report_load.load_many([a, a])  # a sweep given twice
+  assert len(again) == 18 and len(dups) == 18
+
+
+def _set_d_model(root, d_model):
+  for path in root.glob("*/config.json"):
+    config = json.loads(path.read_text())
+    config["model"]["d_model"] = d_model
+    path.write_text(json.dumps(config))
+
+
+def test_sweeps_that_differ_in_a_fixed_setting_are_not_merged(tmp_path):
+  a, b = tmp_path / "a", tmp_path / "b"
+  _fake_sweep(a, np.random.default_rng(10))
+  _fake_sweep(b, np.random.default_rng(11), acts=["tanh"])
+  _set_d_model(b, 128)
+  with pytest.raises(UserError, match=rf"^cannot merge {re.escape(str(a))} and "
+                     rf"{re.escape(str(b))}: their runs differ in model.d_model: 64 → 128, "
+                     "which neither sweeps as an axis; report them separately$"):
+    report_load.load_many([a, b])
+  with pytest.raises(UserError, match="several sweep directories: say where the report goes "
+                     "with --out=DIR"):
+    report.write([a, b])
+
+
+@pytest.mark.slow
+def test_cli_merges_several_sweeps_and_refuses_unmergeable_ones(tmp_path):
+  a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+  _fake_sweep(a, np.random.default_rng(12))
+  _fake_sweep(b, np.random.default_rng(13), acts=["tanh", "gelu"])
+  _only_lr(b, 1e-3)
+  cli = lambda *args: subprocess.run([sys.executable, "-m", "actlab.report", *map(str, args)],
+                                     cwd=REPO, capture_output=True, text=True, timeout=120)
+  out = cli(a, b, f"--out={tmp_path / 'both'}", "--baseline=gelu")
+  assert out.returncode == 0, out.stderr
+  text = (tmp_path / "both" / "report.md").read_text()
+  assert "21 of 21 runs finished" in text
+  assert "3 run(s) were in more than one directory with the same config and count once" in text
+  assert "| 0.001 | tanh | gelu | 3 |" in _section(text, "Paired comparisons")
+  assert (tmp_path / "both" / "runs.csv").read_text().count("\n") == 22
+  assert (tmp_path / "both" / "plots" / "final_val_loss.png").exists()  # 3 LRs: a forest plot
+  assert not (a / "report.md").exists()
+  _fake_sweep(c, np.random.default_rng(14), acts=["tanh"])
+  _set_d_model(c, 128)
+  out = cli(a, c, f"--out={tmp_path / 'no'}")
+  assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+  assert out.stderr.startswith("error: cannot merge") and "model.d_model" in out.stderr

@@ -1,0 +1,47 @@
+"""The report's per-run table as `runs.csv`: one row per run, for plotting elsewhere.
+
+Columns: the run, its axis values and seed, state (done / incomplete / missing), status, learned
+(true / false / empty when not checked), the last logged step, the val losses (initial, best,
+final), the final train loss, the gap final val − final train loss, the activation statistics of
+the last evaluation, the grad norm (mean over the last 10% of steps) and the wall time, all from
+`summary.json`. Numbers are written in full precision; missing and non-finite values are empty.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import pathlib
+from typing import Sequence
+
+from actlab import workdir
+from actlab.stats import SEED_KEY, Run, finite, group_keys
+
+SUMMARY_COLUMNS = ("initial_val_loss", "best_val_loss", "final_val_loss", "final_train_loss",
+                   "train_val_gap", "act_zero_frac", "dead_units", "act_mean", "act_std",
+                   "attn_logit_max", "grad_norm", "wall_time_sec")
+
+
+def _number(x) -> str:
+  return repr(float(x)) if isinstance(x, (int, float)) and finite(x) else ""
+
+
+def rows(manifest, runs: Sequence[Run]) -> list[list[str]]:
+  """The header and one row per run."""
+  keys = group_keys(manifest)
+  out = [["run", *keys, SEED_KEY, "state", "status", "learned", "last_step", *SUMMARY_COLUMNS]]
+  for r in runs:
+    s = dict(r.summary)
+    if finite(s.get("final_val_loss")) and finite(s.get("final_train_loss")):
+      s["train_val_gap"] = s["final_val_loss"] - s["final_train_loss"]
+    last = s.get("last_step", r.rows[-1].get("step") if r.rows else None)
+    out.append([r.name, *(str(r.overrides.get(k, "")) for k in [*keys, SEED_KEY]), r.state,
+                r.status, {True: "true", False: "false"}.get(r.learned, ""),
+                "" if last is None else str(last), *(_number(s.get(c)) for c in SUMMARY_COLUMNS)])
+  return out
+
+
+def write(manifest, runs: Sequence[Run], path: pathlib.Path) -> None:
+  buffer = io.StringIO()
+  csv.writer(buffer, lineterminator="\n").writerows(rows(manifest, runs))
+  workdir.write_text(path, buffer.getvalue())

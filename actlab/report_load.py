@@ -1,0 +1,135 @@
+"""Reads sweep directories into one manifest and its runs for `actlab.report`.
+
+One directory: its `sweep.json` (cells not run yet are "missing"), or without one every
+subdirectory with a `config.json`, the axes being the config fields that differ between them.
+
+Several directories (`load_many`) are merged into one grid: the axes are the union of their axes
+and of their values, a run's value of an axis its own sweep did not sweep comes from its config,
+the seeds are the union too. Every other config field (RUNTIME_FIELDS aside) must agree between
+the directories, else they are not the same experiment and the merge is refused naming the field.
+A run is then identified by its axis values and seed, i.e. by its resolved config: the same run
+held by two directories (a copied cell, a sweep given twice) counts once, the most complete copy
+(finished, else logged, else missing) of the first directory holding it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Sequence
+
+from actlab import metrics_log, workdir
+from actlab.errors import UserError
+from actlab.stats import LR_KEY, SEED_KEY, Run
+
+_COMPLETE = {"done": 0, "incomplete": 1, "missing": 2}
+
+
+def _order(value):
+  """Numbers in numeric order, then everything else as text."""
+  number = isinstance(value, (int, float)) and not isinstance(value, bool)
+  return (0, value, "") if number else (1, 0, str(value))
+
+
+def _configs(root: pathlib.Path) -> dict[str, dict]:
+  """Cell name -> its config.json (nested), for the cells that have a readable one."""
+  return {p.parent.name: c for p in sorted(root.glob("*/config.json"))
+          if (c := workdir.read_json(p)) is not None}
+
+
+def load(root) -> tuple[dict, list[Run]]:
+  """The sweep manifest (or one inferred from the cell configs) and every cell's Run."""
+  root = pathlib.Path(root)
+  manifest = workdir.read_json(root / "sweep.json")
+  if manifest is None:
+    configs = {n: workdir.dotted(c) for n, c in _configs(root).items()}
+    if not configs:
+      what = "does not exist" if not root.exists() else "has no sweep.json and no */config.json"
+      raise UserError(f"{root} {what}: not a sweep directory (the --workdir of actlab.sweep)")
+    keys = sorted({k for c in configs.values() for k in c})
+    axes = [k for k in keys if k != SEED_KEY
+            and len({json.dumps(c.get(k)) for c in configs.values()}) > 1]
+    values = lambda k: sorted({c.get(k) for c in configs.values()}, key=_order)
+    manifest = {"sweep": str(root), "description": "", "seeds": values(SEED_KEY),
+                "axes": {k: values(k) for k in axes},
+                "cells": [{"name": n, "overrides": {k: c.get(k) for k in [*axes, SEED_KEY]}}
+                          for n, c in configs.items()]}
+  runs = []
+  for cell in manifest["cells"]:
+    d = root / cell["name"]
+    rows, torn = metrics_log.read_rows(d / "metrics.jsonl")
+    unreadable = [f"{torn} unreadable line(s) in metrics.jsonl"] if torn else []
+    summary = workdir.read_summary(d, warn=False)
+    if summary is None and (d / "summary.json").exists():
+      unreadable.append("summary.json unreadable")
+    state = "done" if summary is not None else "incomplete" if rows else "missing"
+    runs.append(Run(cell["name"], cell["overrides"], state, summary or {}, rows, unreadable))
+  return manifest, runs
+
+
+def _blank(config: dict, keys: Sequence[str]) -> dict:
+  """A copy of a nested config with the dotted `keys` set to None (they may differ) and the
+  fields it predates (`workdir.ADDED_FIELDS`) at their value of then."""
+  out = json.loads(json.dumps(config))
+  for (section, field), value in workdir.ADDED_FIELDS.items():
+    out.setdefault(section, {}).setdefault(field, value)
+  for key in keys:
+    *path, last = key.split(".")
+    node = out
+    for part in path:
+      node = node.setdefault(part, {})
+    node[last] = None
+  return out
+
+
+def _check_mergeable(roots, configs: list[dict[str, dict]], axes: Sequence[str]) -> None:
+  """Refuses directories whose runs differ in a field that is neither an axis nor runtime."""
+  reps = [(root, _blank(next(iter(c.values())), [*axes, SEED_KEY]))
+          for root, c in zip(roots, configs) if c]
+  for root, rep in reps[1:]:
+    first, first_rep = reps[0]
+    diffs = workdir.identity_diffs(first_rep, rep)
+    if diffs:
+      raise UserError(f"cannot merge {first} and {root}: their runs differ in {diffs[0]}, which "
+                      "neither sweeps as an axis; report them separately")
+
+
+def load_many(roots: Sequence) -> tuple[dict, list[Run], list[str]]:
+  """`load` of every directory, merged (module docstring): the manifest, the runs, and the names
+  of the runs held by more than one directory (counted once)."""
+  roots = [pathlib.Path(r) for r in roots]
+  loaded = [load(r) for r in roots]
+  if len(roots) == 1:
+    return (*loaded[0], [])
+  configs = [_configs(r) for r in roots]
+  axes = list(dict.fromkeys(k for m, _ in loaded for k in m["axes"]))
+  _check_mergeable(roots, configs, axes)
+  merged: dict[tuple, Run] = {}
+  duplicates = []
+  for root, (manifest, runs), cfgs in zip(roots, loaded, configs):
+    fixed = workdir.dotted(next(iter(cfgs.values()), {}))  # the sweep's values of other axes
+    fixed.update(manifest.get("fixed", {}))
+    for run in runs:
+      own = workdir.dotted(cfgs.get(run.name, {}))
+      overrides = {k: run.overrides[k] if k in run.overrides else own.get(k, fixed.get(k))
+                   for k in [*axes, SEED_KEY]}
+      run = Run(f"{root.name}/{run.name}", overrides, run.state, run.summary, run.rows,
+                run.unreadable)
+      key = tuple(json.dumps(overrides[k]) for k in [*axes, SEED_KEY])
+      if key in merged:
+        duplicates.append(run.name)
+        if _COMPLETE[run.state] >= _COMPLETE[merged[key].state]:
+          continue
+      merged[key] = run
+  runs = list(merged.values())
+  values = lambda k: list(dict.fromkeys(r.overrides[k] for r in runs))
+  manifest = {
+      "sweep": " + ".join(m["sweep"] for m, _ in loaded),
+      "description": next((m["description"] for m, _ in loaded if m.get("description")), ""),
+      "seeds": sorted(values(SEED_KEY), key=_order),
+      "axes": {k: sorted(values(k), key=_order) if k == LR_KEY else
+               list(dict.fromkeys([*(v for m, _ in loaded for v in m["axes"].get(k, [])),
+                                   *values(k)])) for k in axes},
+      "baseline": next((m["baseline"] for m, _ in loaded if m.get("baseline")), None),
+  }
+  return manifest, runs, duplicates

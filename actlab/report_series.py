@@ -1,0 +1,158 @@
+"""The numbers the report's plots draw (`actlab.plots` only draws them): pure functions of a
+sweep's runs, and the series' colours.
+
+- `band`: a curve as the mean over the seeds of a group with a ± 1 sd band, at the steps where
+  every seed of the group logged a finite value (a seed that stopped early, diverged or not yet
+  finished, ends the group's curve there).
+- `layer_stats`: per-layer activation statistics (`<key>/layer_<i>`) at each finished run's last
+  evaluation, mean ± sd over the seeds of a group, at the group's best LR.
+- `forest`: the final val loss of each group and LR as the mean over seeds with its 95% t
+  interval, mean ± t₀.₉₇₅,ₙ₋₁·sd/√n.
+- `styles`: one (colour, line style) per series, distinct for any number of series.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from actlab import stats
+from actlab.stats import LR_KEY, Run, finite
+
+LAYER_STATS = ("dead_units", "act_zero_frac", "act_mean")
+_LINE_STYLES = ("-", "--", ":", "-.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Band:
+  """A group's curve: at each step, the mean, the sd (NaN for one seed) over its n seeds."""
+  steps: np.ndarray
+  mean: np.ndarray
+  sd: np.ndarray
+  n: int
+
+
+def band(runs: Sequence[Run], key: str) -> Band | None:
+  """Mean ± sd of `key` over the runs that logged it, at the steps all of them have finite
+  values; None if no run logged it or they share no step."""
+  series = [{row["step"]: row[key] for row in r.rows if finite(row.get(key))} for r in runs]
+  series = [s for s in series if s]
+  if not series:
+    return None
+  steps = sorted(set.intersection(*(set(s) for s in series)))
+  if not steps:
+    return None
+  values = np.array([[s[t] for t in steps] for s in series], np.float64)
+  sd = values.std(axis=0, ddof=1) if len(series) > 1 else np.full(len(steps), np.nan)
+  return Band(np.array(steps), values.mean(axis=0), sd, len(series))
+
+
+def log_scale(values: Sequence[float], span: float = 30.0) -> bool:
+  """True when the finite values are all positive and max/min exceeds `span` (they span more
+  than about 1.5 decades)."""
+  x = np.asarray([v for v in values if finite(v)], np.float64)
+  return bool(x.size and x.min() > 0 and x.max() / x.min() > span)
+
+
+def best_lrs(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, object]:
+  """Per combination of the non-LR axes, the LR with the lowest mean final val loss over seeds
+  (None without an LR axis; a group without any final val loss is left out)."""
+  out = {}
+  keys = stats.other_axes(manifest)
+  for key, group in stats.groups(manifest, runs, keys).items():
+    by_lr: dict = {}
+    for r in group:
+      if r.value("final_val_loss") is not None:
+        by_lr.setdefault(r.overrides.get(LR_KEY), []).append(r.value("final_val_loss"))
+    if by_lr:
+      out[key] = min(by_lr, key=lambda lr: np.mean(by_lr[lr]))
+  return out
+
+
+def _layers(row: Mapping, key: str) -> dict[int, float]:
+  return {int(m.group(1)): v for k, v in row.items()
+          if (m := re.fullmatch(re.escape(key) + r"/layer_(\d+)", k)) and finite(v)}
+
+
+def layer_stats(manifest: Mapping, runs: Sequence[Run], keys: Sequence[str] = LAYER_STATS
+                ) -> dict[tuple, dict]:
+  """Per combination of the non-LR axes, at its best LR (`best_lrs`): {"lr": the LR, "n": seeds,
+  key: (layers, mean, sd) for each of `keys`}, over the finished stable or unstable runs, each at
+  its last row with per-layer values (its last evaluation); sd NaN for one seed."""
+  out = {}
+  best = best_lrs(manifest, runs)
+  for key, group in stats.groups(manifest, runs, stats.other_axes(manifest)).items():
+    if key not in best:
+      continue
+    at = [r for r in group if r.overrides.get(LR_KEY) == best[key]
+          and r.value("final_val_loss") is not None]
+    last = [next((row for row in reversed(r.rows) if _layers(row, keys[0])), {}) for r in at]
+    entry = {"lr": best[key], "n": len(at)}
+    for k in keys:
+      per_run = [_layers(row, k) for row in last]
+      layers = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
+      values = np.array([[p[i] for i in layers] for p in per_run], np.float64)
+      sd = values.std(axis=0, ddof=1) if len(per_run) > 1 else np.full(len(layers), np.nan)
+      entry[k] = (np.array(layers), values.mean(axis=0) if layers else np.array([]), sd)
+    out[key] = entry
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+  group: tuple
+  lr: object        # None without an LR axis
+  n: int
+  mean: float       # NaN for n = 0
+  low: float        # the 95% t interval; NaN for n < 2
+  high: float
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
+  """Mean and 95% t interval mean ± t₀.₉₇₅,ₙ₋₁·sd/√n (NaN where undefined)."""
+  n = len(values)
+  if n < 2:
+    mean = float(values[0]) if n else math.nan
+    return mean, math.nan, math.nan
+  mean, sd = stats.mean_sd(values)
+  half = stats.t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+  return mean, mean - half, mean + half
+
+
+def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:
+  """The final val loss of every group at every LR with its 95% t interval over the seeds with a
+  value; groups sorted by their lowest mean over LRs (best first, groups without values last),
+  LRs in grid order within a group."""
+  lrs = sorted(manifest["axes"].get(LR_KEY, [None]), key=lambda x: (x is None, x))
+  out = []
+  for key, group in stats.groups(manifest, runs, stats.other_axes(manifest)).items():
+    for lr in lrs:
+      vals = [r.value("final_val_loss") for r in group if r.overrides.get(LR_KEY) == lr
+              and r.value("final_val_loss") is not None]
+      out.append(Interval(key, lr, len(vals), *t_interval(vals)))
+  best = {}
+  for i in out:
+    if i.n:
+      best[i.group] = min(best.get(i.group, math.inf), i.mean)
+  return sorted(out, key=lambda i: best.get(i.group, math.inf))  # stable: LR order kept
+
+
+def styles(n: int) -> list[tuple[str, str]]:
+  """n distinct (colour as #rrggbb, line style): tab10 up to 10 series; tab20 up to 20 (its 10
+  dark colours first, then the light ones); beyond, n colours sampled along `turbo`, the line
+  style cycling through four so neighbours in colour also differ in style."""
+  import matplotlib
+  from matplotlib.colors import to_hex
+  if n <= 10:
+    colors = matplotlib.colormaps["tab10"].colors[:n]
+  elif n <= 20:
+    tab20 = matplotlib.colormaps["tab20"].colors
+    colors = [*tab20[0::2], *tab20[1::2]][:n]
+  else:
+    colors = matplotlib.colormaps["turbo"](np.linspace(0.03, 0.97, n))
+  dashed = n > 20
+  return [(to_hex(c), _LINE_STYLES[i % 4] if dashed else "-") for i, c in enumerate(colors)]
