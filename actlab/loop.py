@@ -122,7 +122,7 @@ class Lane:
     task = tasks.get(self.config)
     verdict = metrics_lib.verdict_for(self.log.rows, self.config,
                                       task.chance_loss(self.config, vocab_size))
-    unigram = task.unigram_loss(self.dataset)
+    unigram = task.unigram_loss(self.config, self.dataset)
     steps = self.config.train.steps
     summary = metrics_lib.jsonable({
         "status": verdict["status"],

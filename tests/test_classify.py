@@ -2,18 +2,21 @@
 of the embedded corpus, the classification batches, SST-2's offline path, and end to end: MLM
 pretraining through `train.run`, then `task=classify` from its checkpoint (above chance)."""
 
+import dataclasses
 import json
 import re
 import socket
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from actlab import config as config_lib
-from actlab import data, steps, tasks, train
+from actlab import data, models, steps, tasks, train
 from actlab.data import classify, synthetic
 from actlab.data import tokenizer as tokenizers
+from actlab.tasks import mlm
 
 
 def tiny_encoder(task="mlm", **overrides):
@@ -144,6 +147,30 @@ def test_mlm_loss_falls_on_the_embedded_corpus(pretrained):
               "act_zero_frac/layer_1"):
     assert key in evals[-1], key
   assert json.loads((workdir / "config.json").read_text())["model"]["kind"] == "encoder"
+
+
+@pytest.mark.slow
+def test_mlm_unigram_loss_is_the_val_loss_of_a_unigram_model(pretrained, monkeypatch):
+  """A model whose logits at every masked position are the training tokens' unigram log
+  probabilities scores exactly the summary's `unigram_loss` on the validation batches: the same
+  targets (the evaluation's fixed mask), specials never among them. Uniform counts give ln(V − 4)."""
+  _, summary = pretrained
+  c = tiny_encoder()
+  ds = data.load(c)
+  fns = steps.Steps.create(c, ds.tokenizer.vocab_size)
+  log_p = ds.unigram_log_probs(exclude=(0, 2, 3, 4))  # [PAD] [CLS] [SEP] [MASK]
+  padded = np.full(models.pad_vocab(ds.tokenizer.vocab_size), -np.inf, np.float32)
+  padded[:log_p.size] = log_p
+  monkeypatch.setattr(mlm.models, "apply", lambda *a, masked_positions_BP, **k: (
+      jnp.broadcast_to(padded, (*masked_positions_BP.shape, padded.size)), None))
+  outs = [fns.objective(fns.model, None, jnp.asarray(b), jax.random.PRNGKey(0), train=False)
+          for b in ds.val_batches()]
+  val_loss = sum(float(o["loss_sum"]) for o in outs) / sum(int(o["count"]) for o in outs)
+  assert summary["unigram_loss"] == pytest.approx(val_loss, rel=1e-6)
+  assert summary["unigram_loss"] < np.log(ds.tokenizer.vocab_size - 4)  # frequencies help
+  V = ds.tokenizer.vocab_size
+  uniform = dataclasses.replace(ds, train_tokens=np.arange(V, dtype=ds.train_tokens.dtype))
+  assert mlm.unigram_loss(c, uniform) == pytest.approx(np.log(V - 4), rel=1e-12)
 
 
 def classify_config(**overrides):

@@ -35,6 +35,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -111,18 +112,25 @@ class Dataset:
     starts = self.val_starts().reshape(self.num_val_batches, self.batch_size)
     return [self._gather(self.val_tokens, s) for s in starts]
 
-  def unigram_loss(self) -> float:
-    """Cross-entropy (nats/token) of the validation targets under the training tokens' unigram
-    distribution, add-one smoothed over the tokenizer's vocabulary V: p(v) = (n_v + 1) / (N + V).
-    The targets are those ``val_loss`` averages over: positions 1..seq_len of every
-    ``val_batches()`` window. A run ending no better learned nothing beyond token frequencies."""
+  def unigram_log_probs(self, exclude: Sequence[int] = ()) -> np.ndarray:
+    """log p(v) of the training tokens' unigram distribution, add-one smoothed over the
+    tokenizer's vocabulary less the ids in `exclude` (which get −inf): p(v) = (n_v + 1) / (N + V)."""
     vocab = self.tokenizer.vocab_size
     counts = np.zeros(vocab, dtype=np.int64)
     for lo in range(0, self.train_tokens.shape[0], _COUNT_CHUNK):
       counts += np.bincount(self.train_tokens[lo:lo + _COUNT_CHUNK], minlength=vocab)
-    log_p = np.log(counts + 1.0) - np.log(counts.sum() + vocab)
+    keep = np.ones(vocab, bool)
+    keep[list(exclude)] = False
+    counts = np.where(keep, counts + 1.0, 0.0)
+    with np.errstate(divide="ignore"):
+      return np.log(counts) - np.log(counts.sum())
+
+  def unigram_loss(self) -> float:
+    """Cross-entropy (nats/token) of the validation targets under `unigram_log_probs()`. The
+    targets are those ``val_loss`` averages over: positions 1..seq_len of every
+    ``val_batches()`` window. A run ending no better learned nothing beyond token frequencies."""
     targets = np.concatenate([b[:, 1:].ravel() for b in self.val_batches()])
-    return float(-log_p[targets].mean())
+    return float(-self.unigram_log_probs()[targets].mean())
 
   def _gather(self, tokens: np.ndarray, starts: np.ndarray) -> np.ndarray:
     idx = starts[:, None] + np.arange(self.window, dtype=np.int64)

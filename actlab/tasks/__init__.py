@@ -18,7 +18,7 @@ A task module defines:
 - `random_batch(config, vocab_size, seed)`: a batch of the right form for benchmarks;
 - `chance_loss(config, vocab_size)`: the loss of predicting uniformly (ln of the outputs);
 - `head_matmul_params(config, vocab_size)`: the head's matrix entries per token (actlab.flops);
-- `unigram_loss(dataset)`: the val loss of a unigram model of the training tokens, where it is
+- `unigram_loss(config, dataset)`: the val loss of a unigram model of the training tokens, where it is
   comparable with the task's loss (else None): the report's "not learned" bar;
 - `CAUSAL`: it predicts the next token (`actlab.sample` continues text; the PyTorch reference
   of `actlab.bench` computes the same step).

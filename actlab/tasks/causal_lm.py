@@ -44,7 +44,7 @@ def chance_loss(config, vocab_size: int) -> float:
   return math.log(vocab_size)
 
 
-def unigram_loss(dataset) -> float:
+def unigram_loss(config, dataset) -> float:
   """The val loss of predicting every token from the training tokens' unigram frequencies
   (`data.Dataset.unigram_loss`): a run that ends no better has not learned."""
   return dataset.unigram_loss()

@@ -62,6 +62,6 @@ def head_matmul_params(config, vocab_size: int) -> float:
   return (m.d_model * m.d_model + m.d_model * m.num_classes) / L
 
 
-def unigram_loss(dataset) -> None:
+def unigram_loss(config, dataset) -> None:
   """None: a unigram model's loss is not comparable with this task's."""
   return None

@@ -129,6 +129,15 @@ def mask_tokens(key, tokens_BL, specials: Specials, vocab_size: int, prob: float
   return inputs_BL, positions_BP, targets_BP, weights_BP
 
 
+def masked_batch(rng, batch_BL1, specials: Specials, vocab_size: int, prob: float,
+                 mask_frac: float, random_frac: float):
+  """(`mask_tokens`' outputs for the encoder sequences of `batch_BL1`, the dropout key): the
+  mask from one half of `rng`, dropout from the other."""
+  mask_key, dropout_key = jax.random.split(rng)
+  return mask_tokens(mask_key, encoder_sequences(batch_BL1, specials), specials, vocab_size,
+                     prob, mask_frac, random_frac), dropout_key
+
+
 def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
          specials: Specials, vocab_size: int, prob: float = 0.15, mask_frac: float = 0.8,
          random_frac: float = 0.1) -> dict:
@@ -137,10 +146,8 @@ def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
   The mask comes from `rng` (the step's key in training, a fixed key in evaluation, so
   `val_loss` uses the same mask at every evaluation); dropout gets an independent key.
   """
-  tokens_BL = encoder_sequences(batch_BL1, specials)
-  mask_key, dropout_key = jax.random.split(rng)
-  inputs_BL, positions_BP, targets_BP, weights_BP = mask_tokens(
-      mask_key, tokens_BL, specials, vocab_size, prob, mask_frac, random_frac)
+  (inputs_BL, positions_BP, targets_BP, weights_BP), dropout_key = masked_batch(
+      rng, batch_BL1, specials, vocab_size, prob, mask_frac, random_frac)
   logits_BPV, sown = models.apply(model, params, inputs_BL, inputs_BL != specials.pad,
                                   masked_positions_BP=positions_BP, train=train,
                                   rngs={"dropout": dropout_key}, stats=stats)
@@ -181,6 +188,17 @@ def head_matmul_params(config, vocab_size: int) -> float:
   return (m.d_model * m.d_model + V * m.d_model) * max_predictions(L, config.data.mlm_prob) / L
 
 
-def unigram_loss(dataset) -> None:
-  """None: a unigram model's loss is not comparable with this task's."""
-  return None
+def unigram_loss(config, dataset) -> float:
+  """The val loss of predicting each masked token from the training tokens' unigram frequencies
+  over the tokens masking may select ([UNK] too; [PAD], [CLS], [SEP], [MASK] never are): the same targets as `val_loss`,
+  the selections of the evaluation's fixed mask (key 0, `evaluators`). A run that ends no better
+  has learned nothing beyond token frequencies."""
+  d, specials = config.data, specials_of(config)
+  log_p = dataset.unigram_log_probs(exclude=specials.unmaskable)
+  targets = []
+  for batch_BL1 in dataset.val_batches():
+    (_, _, targets_BP, weights_BP), _ = masked_batch(
+        jax.random.PRNGKey(0), jnp.asarray(batch_BL1), specials, dataset.tokenizer.vocab_size,
+        d.mlm_prob, d.mlm_mask_frac, d.mlm_random_frac)
+    targets.append(np.asarray(targets_BP)[np.asarray(weights_BP)])
+  return float(-log_p[np.concatenate(targets)].mean())
