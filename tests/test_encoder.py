@@ -10,7 +10,8 @@ import pytest
 
 from actlab import config as config_lib
 from actlab import models, tasks
-from actlab.models.transformer import Attention, Block, FeedForward, Spec, layer_norm
+from actlab.models.spec import Spec
+from actlab.models.transformer import Attention, Block, FeedForward, layer_norm
 
 SPEC = Spec("gelu", num_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=32, vocab_size=128,
             norm="post", norm_eps=1e-12)

@@ -8,7 +8,7 @@ import pytest
 
 from actlab import activations, config as config_lib, models, tasks
 from actlab.models import transformer
-from actlab.models.transformer import Spec
+from actlab.models.spec import Spec
 from conftest import tiny
 
 

@@ -1,6 +1,6 @@
 """The models (built by the tasks: actlab/tasks/): the decoder read top-down in transformer.py,
-how it runs in execution.py, the BERT encoder in encoder.py and its parameter names in hf.py;
-parameter counting here."""
+what it is in spec.py, how it runs in execution.py, the BERT encoder in encoder.py and its
+parameter names in hf.py; parameter counting here."""
 
 import jax
 import numpy as np
@@ -9,8 +9,8 @@ from actlab import activations
 from actlab.models import hf
 from actlab.models.encoder import Encoder
 from actlab.models.execution import Execution
-from actlab.models.transformer import (AttentionStats, Decoder, FFNStats, Spec,
-                                       apply, ffn_width, next_token_loss, pad_vocab)
+from actlab.models.spec import Spec, ffn_width, pad_vocab
+from actlab.models.transformer import AttentionStats, Decoder, FFNStats, apply, next_token_loss
 
 __all__ = ["AttentionStats", "Decoder", "Encoder", "Execution", "FFNStats", "Spec", "apply",
            "count_params", "ffn_width", "hf", "next_token_loss", "pad_vocab", "param_count"]

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 
 from actlab import activations
 from actlab.models.execution import Execution
-from actlab.models.transformer import Spec, dense, embed, layer_norm, stack, tied_logits
+from actlab.models.spec import Spec
+from actlab.models.transformer import dense, embed, layer_norm, stack, tied_logits
 
 
 HEADS = ("mlm", "classify", "all")

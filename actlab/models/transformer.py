@@ -1,7 +1,8 @@
-"""The transformer, top-down: what it is (`Spec`); the feed-forward network, attention, the
-block, the stack of blocks; the GPT-style `Decoder` and its plain loss. How it runs (dtype,
-attention implementation, scan, remat) is `Execution`, apart in execution.py; the BERT-style
-encoder is built from these blocks in encoder.py (its losses are its tasks': actlab/tasks/).
+"""The transformer, top-down: the feed-forward network, attention, the block, the stack of
+blocks; the GPT-style `Decoder` and its plain loss. What it is (sizes, activation, norm
+placement) is `Spec`, in spec.py; how it runs (dtype, attention implementation, scan, remat) is
+`Execution`, in execution.py; the BERT-style encoder is built from these blocks in encoder.py
+(its losses are its tasks': actlab/tasks/).
 
 Shape suffixes: B batch, L sequence (T: the keys' positions), D d_model, H heads, K head dim,
 F FFN hidden width, V vocabulary, P masked positions, C classes.
@@ -11,7 +12,6 @@ Applied with the "stats" collection mutable (`apply(..., stats=True)`), every bl
 extra is computed.
 """
 
-import dataclasses
 import functools
 import math
 
@@ -19,47 +19,11 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from actlab import activations
-from actlab.models.execution import Execution, attend, config_fields, transformed_stack
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-  """The architecture: `config.model` resolved, hashable for Flax."""
-  activation: str
-  num_layers: int
-  d_model: int
-  num_heads: int
-  d_ff: int
-  max_len: int
-  vocab_size: int               # padded to a multiple of 64
-  dropout: float = 0.0
-  norm: str = "pre"             # "pre" (GPT-2: x + f(LN(x))) or "post" (BERT: LN(x + f(x)))
-  norm_eps: float = 1e-5
-  gated_match_params: bool = True
-
-  @classmethod
-  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "Spec":
-    return cls(**{**config_fields(cls, model), "vocab_size": pad_vocab(model.vocab_size or vocab_size)})
-
-  @property
-  def ffn_width(self) -> int:
-    return ffn_width(self.activation, self.d_ff, self.gated_match_params)
-
-
-def ffn_width(activation: str, d_ff: int, gated_match_params: bool = True) -> int:
-  """Hidden width F: d_ff, or for gated FFNs round(2/3·d_ff) to a multiple of 64 (Shazeer 2020's
-  parameter match)."""
-  if activations.get(activation).gated and gated_match_params:
-    return max(64, round(2 * d_ff / 3 / 64) * 64)
-  return d_ff
-
-
-def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
-  return -(-vocab_size // multiple) * multiple
+from actlab.models.execution import Execution, attend, transformed_stack
+from actlab.models.spec import Spec
 
 
 def normal(std: float) -> nn.initializers.Initializer:
