@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from actlab import metrics_log, models, steps, tasks, tracking
+from actlab import metrics_log, models, provenance, steps, tasks, tracking
 from actlab import metrics as metrics_lib
 from actlab import workdir as workdir_lib
 from actlab.checkpoint import Checkpoints
@@ -88,7 +88,7 @@ class Lane:
     `meta` (None for a fresh run)."""
     meta = meta or {}
     path = workdir_lib.logdir(workdir)
-    segments = workdir_lib.append_segment(path, workdir_lib.segment(config, start))
+    segments = provenance.append_segment(path, provenance.segment(config, start))
     return cls(config, path, dataset, ckpts,
                metrics_log.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
                tracking.open_writers(config, path, start, segments), segments,

@@ -1,14 +1,15 @@
-"""The run directory: one owner at a time, what identifies the run, atomic files, provenance.
+"""The run directory: one owner at a time, what identifies the run, atomic files, a full disk.
 
     <workdir>/
       .lock            held (flock) by the process training here; pid, host and start inside
       config.json      the run's config, written once; a rerun must match it (`check_config`)
       provenance.json  one segment per start of the process: versions, commit, devices, command
+                       (provenance.py)
       metrics.jsonl    one row per log step; rebuilt from the checkpoint's copy on resume
                        (metrics_log.py)
       summary.json     written when the run ends: a readable one means "done"
       checkpoints/     Orbax; each step also holds its metrics rows and checksums (checkpoint.py)
-      tokenizer/       the run's tokenizer, saved at the start (data/tokenizer.py `save`), so that
+      tokenizer/       the run's tokenizer, saved at the start (data/saved_tokenizer.py), so that
                        sampling and export need nothing but the run directory
 
 Small files are written whole or not at all (`write_json`: temp file, fsync, rename), so a crash
@@ -21,14 +22,11 @@ import contextlib
 import datetime
 import errno
 import fcntl
-import functools
-import importlib.metadata
 import json
 import os
 import pathlib
 import re
 import socket
-import subprocess
 import sys
 from typing import Any, Iterator
 
@@ -57,7 +55,7 @@ def logdir(workdir: pathlib.Path) -> pathlib.Path:
 
 
 def tokenizer_dir(logdir_: pathlib.Path) -> pathlib.Path:
-  """Where the run keeps its tokenizer (`data.tokenizer.save`, `data.load_tokenizer`)."""
+  """Where the run keeps its tokenizer (`data.saved_tokenizer.save`, `data.load_tokenizer`)."""
   return logdir_ / "tokenizer"
 
 
@@ -158,7 +156,7 @@ class Lock:
                       "to end (or stop it), or choose another --workdir") from None
     f.seek(0)
     f.truncate()
-    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}))
+    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": now()}))
     f.flush()
     _held[self.path] = [f, 1]
     return self
@@ -217,70 +215,15 @@ def check_config(logdir_: pathlib.Path, config: ml_collections.ConfigDict) -> No
         "rerun with the same config to resume, or choose another --workdir")
 
 
+def now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def write_config(logdir_: pathlib.Path, config: ml_collections.ConfigDict) -> None:
   """config.json, once: a resumed run keeps the one it started with."""
   path = logdir_ / "config.json"
   if not path.exists():
     write_text(path, config.to_json(indent=2) + "\n")
-
-
-# --- Provenance -----------------------------------------------------------------------------
-
-
-PACKAGES = ("actlab", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
-
-
-def _now() -> str:
-  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def _git(*args: str) -> str | None:
-  try:
-    out = subprocess.run(["git", *args], cwd=pathlib.Path(__file__).parent, capture_output=True,
-                         text=True, timeout=10)
-  except (OSError, subprocess.SubprocessError):
-    return None
-  return out.stdout.strip() if out.returncode == 0 else None
-
-
-@functools.cache
-def _code() -> dict:
-  """actlab's version, and its git commit and dirty flag when it runs from a checkout."""
-  versions = {}
-  for name in PACKAGES:
-    try:
-      versions[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      versions[name] = None
-  commit = _git("rev-parse", "HEAD")
-  status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
-  return {"versions": versions, "git_commit": commit,
-          "git_dirty": None if status is None else bool(status)}
-
-
-def segment(config: ml_collections.ConfigDict, start_step: int) -> dict:
-  """Where, with what and how this process (re)started the run at `start_step`."""
-  devices = jax.devices()
-  return {
-      "start_step": start_step, "started": _now(), **_code(),
-      "device_kind": devices[0].device_kind, "device_count": len(devices),
-      # XLA:CPU splits reductions over its threads, one per CPU this process may use: float32
-      # results differ in rounding between CPU counts (README, "Using all the hardware").
-      "cpus": len(os.sched_getaffinity(0)),
-      "process_count": jax.process_count(), "host": socket.gethostname(),
-      "command": [sys.executable, *sys.argv],
-      "runtime": {k: v for k, v in dotted(json.loads(config.to_json())).items()
-                  if k.startswith(RUNTIME_FIELDS)},
-  }
-
-
-def append_segment(logdir_: pathlib.Path, seg: dict) -> list[dict]:
-  """Appends `seg` to provenance.json; returns every segment so far."""
-  path = logdir_ / "provenance.json"
-  segments = (read_json(path) or {}).get("segments", [])
-  segments.append(seg)
-  write_json(path, {"segments": segments})
-  return segments
 
 
 def dotted(d: dict, prefix: str = "") -> dict:
