@@ -22,7 +22,7 @@ from actlab import config as config_lib
 from actlab import data, loop, models, parallel, steps, tasks
 from actlab import workdir as workdir_lib
 from actlab.checkpoint import Checkpoints
-from actlab.data import tokenizer as tokenizers
+from actlab.data import saved_tokenizer
 from actlab.models import execution, hf_checkpoint
 from actlab.workdir import WorkdirError, logdir
 
@@ -43,7 +43,7 @@ def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
   directory's state dict (its config.json mapped onto this model; `vocab_size`: the
   tokenizer's)."""
   if config.train.init_from.startswith(HF):
-    return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.name(config),
+    return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.get(config).HF,
                               models.pad_vocab(config.model.vocab_size or vocab_size))
   source = pathlib.Path(config.train.init_from)
   old = workdir_lib.read_json(source / "config.json")
@@ -70,7 +70,7 @@ def source_arrays(config: ml_collections.ConfigDict, source, like, vocab_size: i
   """({path: array} in the per-layer layout, where from) of `source` (`init_from_config`'s) for
   the per-layer parameters `like`."""
   if not isinstance(source, ml_collections.ConfigDict):  # A Hugging Face state dict.
-    return hf_checkpoint.arrays(source, tasks.name(config), like), config.train.init_from
+    return hf_checkpoint.arrays(source, tasks.get(config).HF, like), config.train.init_from
   checkpoints = Checkpoints(pathlib.Path(config.train.init_from) / "checkpoints", 1,
                             read_only=True)
   try:
@@ -157,14 +157,14 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
   summaries = [finished(c, w) for c, w in zip(configs, workdirs)]
   if all(s is not None for s in summaries):
     return summaries
-  if len(configs) > 1 and (any(summaries) or configs[0].train.get("init_from")):
+  if len(configs) > 1 and (any(summaries) or configs[0].train.init_from):
     return _one_by_one(configs, workdirs, cache, log)
   c0 = configs[0]
   parallel.initialize(c0)  # CPU devices, several hosts: before anything touches a device.
   dataset = tasks.get(c0).dataset(c0)
   vocab_size = dataset.tokenizer.vocab_size
   program = steps.program(c0, vocab_size, len(configs), cache)  # Checks the devices.
-  source = init_from_config(c0, vocab_size) if c0.train.get("init_from") else None
+  source = init_from_config(c0, vocab_size) if c0.train.init_from else None
   with contextlib.ExitStack() as held:
     for w in workdirs:
       held.enter_context(workdir_lib.Lock(logdir(w)))
@@ -174,8 +174,8 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
       return summaries if all(summaries) else _one_by_one(configs, workdirs, cache, log)
     for c, w in zip(configs, workdirs):
       workdir_lib.write_config(logdir(w), c)
-      if tokenizers.load_saved(workdir_lib.tokenizer_dir(logdir(w))) is None:
-        tokenizers.save(dataset.tokenizer, workdir_lib.tokenizer_dir(logdir(w)))
+      if saved_tokenizer.load(workdir_lib.tokenizer_dir(logdir(w))) is None:
+        saved_tokenizer.save(dataset.tokenizer, workdir_lib.tokenizer_dir(logdir(w)))
     # Committed to the program's shardings like a restored checkpoint, so that fresh and resumed
     # runs (and the cells of a sweep) hit the same compiled functions instead of compiling twice.
     state = program.start(configs)

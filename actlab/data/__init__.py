@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -54,7 +53,7 @@ def short_cause(e: BaseException, limit: int = 150) -> str:
 
 
 # Imported after DataError and short_cause: the submodules import them from here.
-from actlab.data import cache, gpt2  # noqa: E402
+from actlab.data import cache, corpora, gpt2, saved_tokenizer  # noqa: E402
 from actlab.data import tokenizer as tokenizers  # noqa: E402
 from actlab.data.tokenizer import Tokenizer  # noqa: E402
 
@@ -157,81 +156,17 @@ def _tok_file_tag(tok: Tokenizer) -> str:
   return tok.name.replace(":", "")  # "bpe:4096" -> "bpe4096"
 
 
-class _Corpus:
-  """A source's two splits: texts on demand, plus a fingerprint that keys the caches."""
-
-  key: str  # directory name under tokens/ and tokenizers/
-
-  def texts(self, split: str):  # -> Iterable[str]
-    raise NotImplementedError
-
-  def num_texts(self, split: str) -> int | None:
-    return None
-
-  def source_id(self, split: str) -> str:
-    raise NotImplementedError
-
-
-class _Synthetic(_Corpus):
-  key = "synthetic"
-
-  def __init__(self):
-    from actlab.data import synthetic
-    self._mod = synthetic
-    self._texts: dict[str, list[str]] = {}
-    self._ids: dict[str, str] = {}
-
-  def _get(self, split: str) -> list[str]:
-    if split not in self._texts:
-      self._texts[split] = list(self._mod.texts(split))
-    return self._texts[split]
-
-  def texts(self, split):
-    return self._get(split)
-
-  def num_texts(self, split):
-    return len(self._get(split))
-
-  def source_id(self, split):
-    if split not in self._ids:
-      h = hashlib.sha256()
-      for t in self._get(split):
-        h.update(t.encode("utf-8"))
-        h.update(b"\0")
-      self._ids[split] = f"synthetic/{split}:sha256={h.hexdigest()[:16]}"
-    return self._ids[split]
-
-
-def _corpus_key(config) -> str:
-  if config.data.source == "tinystories":
-    return f"tinystories-{config.data.get('tinystories_version', 'v2')}"
-  return config.data.source
-
-
-def _corpus(config, root: Path) -> _Corpus:
-  source = config.data.source
-  if source == "synthetic":
-    return _Synthetic()
-  if source == "tinystories":
-    from actlab.data import tinystories
-    manual = config.data.get("manual_dir", "") or str(root / "manual" / "tiny_stories")
-    return tinystories.Corpus(
-        version=config.data.get("tinystories_version", "v2"),
-        data_dir=root / "tfds", manual_dir=Path(manual).expanduser())
-  raise ValueError(f"data.source={source!r}: choose 'tinystories' or 'synthetic'")
-
-
 def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
   return tokenizers.get(
-      config.data.tokenizer, directory=root / "tokenizers" / _corpus_key(config),
+      config.data.tokenizer, directory=root / "tokenizers" / corpora.key(config),
       train_texts=train_texts, gpt2_dir=_gpt2_dir(config.data.get("gpt2_dir", ""), root))
 
 
 def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
   """The config's tokenizer without its corpus: the copy in `saved` (a run directory's, written
-  by `tokenizer.save`) if there is one, else the data dir's (a trained BPE or WordPiece must be
+  by `saved_tokenizer.save`) if there is one, else the data dir's (a trained BPE or WordPiece must be
   there already)."""
-  tok = tokenizers.load_saved(saved) if saved else None
+  tok = saved_tokenizer.load(saved) if saved else None
   if tok is not None:
     return tok
   root = data_dir(config.data.get("dir", ""))
@@ -266,14 +201,14 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
   root = data_dir(config.data.get("dir", ""))
   if progress is None:
     progress = bool(config.get("train", {}).get("progress", True))
-  opened: list[_Corpus] = []
+  opened: list[corpora.Corpus] = []
 
-  def corpus() -> _Corpus:  # opened on first use
+  def corpus() -> corpora.Corpus:  # opened on first use
     if not opened:
-      opened.append(_corpus(config, root))
+      opened.append(corpora.open_corpus(config, root))
     return opened[0]
 
-  key = _corpus_key(config)
+  key = corpora.key(config)
   spec = config.data.tokenizer
 
   def get_tokenizer() -> Tokenizer:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import abc
 import hashlib
 import itertools
-import json
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -168,7 +167,7 @@ class HFBPETokenizer(Tokenizer):
 
   def save(self, path: Path) -> None:
     self.path = Path(path)
-    _write_atomic(self.path, self.files()["tokenizer.json"])
+    write_atomic(self.path, self.files()["tokenizer.json"])
 
   @classmethod
   def load(cls, path: Path, name: str) -> "HFBPETokenizer":
@@ -224,53 +223,12 @@ class HFWordPieceTokenizer(HFBPETokenizer):
     return cls(tok, name)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+  """Writes `data` to `path` whole or not at all (temp file, rename)."""
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
   tmp.write_bytes(data)
   os.replace(tmp, path)
-
-
-SAVED = "actlab_tokenizer.json"  # in a saved tokenizer's directory: its name and checksums
-
-
-def save(tok: Tokenizer, directory: Path) -> None:
-  """Writes `tok`'s defining files (`Tokenizer.files`) into `directory`, then `SAVED` (last: a
-  directory without it holds no tokenizer). `load_saved` gives back the same ids."""
-  files = tok.files()
-  for name, data in files.items():
-    _write_atomic(Path(directory) / name, data)
-  meta = {"name": tok.name, "fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size,
-          "sha256": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}}
-  _write_atomic(Path(directory) / SAVED, (json.dumps(meta, indent=2) + "\n").encode())
-
-
-def load_saved(directory: Path) -> Tokenizer | None:
-  """The tokenizer `save` wrote into `directory`, or None if there is none. Raises DataError if
-  a file differs from the one saved."""
-  directory = Path(directory)
-  try:
-    meta = json.loads((directory / SAVED).read_text())
-  except (OSError, ValueError):
-    return None
-  for name, digest in meta["sha256"].items():
-    path = directory / name
-    if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-      raise DataError(f"{path} is missing or differs from the tokenizer saved with the run; "
-                      "restore it from a copy of the run directory")
-  kind, _ = parse_spec(meta["name"])
-  if kind == "byte":
-    tok = ByteTokenizer()
-  elif kind == "gpt2":
-    from actlab.data.gpt2 import gpt2_saved  # imported here: actlab.data.gpt2 imports this module
-    tok = gpt2_saved(directory)
-  else:
-    cls = HFWordPieceTokenizer if kind == "wordpiece" else HFBPETokenizer
-    tok = cls.load(directory / "tokenizer.json", meta["name"])
-  if tok.fingerprint != meta["fingerprint"]:
-    raise DataError(f"the tokenizer in {directory} is {tok.fingerprint}, saved as "
-                    f"{meta['fingerprint']}; restore it from a copy of the run directory")
-  return tok
 
 
 def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:
