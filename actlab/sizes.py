@@ -44,7 +44,7 @@ SIZES = {
              "optim.warmup_steps": 5,
              "train.steps": 50, "train.batch_size": 8, "train.eval_every": 25,
              "train.checkpoint_every": 25, "train.progress": False},
-    # The sweeps' `:smoke` (also `actlab.sweep.SMOKE`): about 10 s a cell on 2 CPU cores. No peak
+    # The sweeps' `:smoke`: about 10 s a cell on 2 CPU cores. No peak
     # LR: each sweep sets or varies its own.
     "mini": {**_MINI, "data.tokenizer": "byte", "optim.warmup_steps": 15,
              "train.steps": 150, "train.batch_size": 16, "train.log_every": 5,

@@ -1,5 +1,5 @@
-"""Sweeps: grid, names, overrides, the shipped sweep files, compile reuse, skip/resume/diverge,
-shards and worker processes."""
+"""Sweeps: compile reuse, skip/resume/diverge, shards and worker processes (the grid itself:
+test_grid.py)."""
 
 import collections
 import contextlib
@@ -18,78 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import (activations, config as config_lib, errors, models, progress, steps, sweep,
-                    train, workers)
+from actlab import errors, grid, progress, steps, sweep, train, workers
 from actlab.checkpoint import Checkpoints
 from conftest import REPO, tiny
 
 EXPERIMENTS = REPO / "experiments"
-
-
-def test_grid_names_overrides_and_groups():
-  s = sweep.parse({"axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-3, 3e-3]},
-                   "seeds": [0, 1], "fixed": {"train.steps": 20}})
-  cells = sweep.cells(tiny(), s)
-  assert len(cells) == 2 * 2 * 2
-  assert cells[0].name == "activation=relu,lr=0.001,seed=0"
-  assert cells[-1].name == "activation=gelu,lr=0.003,seed=1"
-  last = cells[-1].config
-  assert (last.model.activation, last.optim.lr, last.train.seed, last.train.steps) == (
-      "gelu", 3e-3, 1, 20)
-  groups = sweep.group(cells)
-  assert [len(g) for g in groups] == [4, 4]  # LR and seed do not split a compile group
-  assert {c.config.model.activation for c in groups[0]} == {"relu"}
-
-
-def test_ambiguous_short_names_use_the_full_key():
-  s = sweep.parse({"axes": {"model.dropout": [0.0, 0.1], "optim.b1": [0.9]}, "seeds": [3]})
-  assert sweep.cells(tiny(), s)[1].name == "dropout=0.1,b1=0.9,seed=3"
-  c = tiny()
-  c.data.dropout = 0.0  # another section with the same field name
-  s = sweep.parse({"axes": {"model.dropout": [0.0], "data.dropout": [0.1]}})
-  assert sweep.cells(c, s)[0].name == "model.dropout=0,data.dropout=0.1,seed=0"
-
-
-@pytest.mark.parametrize("bad, message", [
-    ({"axes": {"optim.lrr": [1e-3]}}, "no such field"),
-    ({"axes": {"optimizer.lr": [1e-3]}}, "no section"),
-    ({"axes": {"model.activation": ["relu", "relu"]}}, "distinct"),
-    ({"axes": {"model.activation": ["nope"]}}, "valid|choose|unknown"),
-    ({"axes": {"train.seed": [1]}}, "seeds"),
-    ({"grid": {}}, "unknown keys"),
-])
-def test_bad_sweeps_are_refused_before_anything_runs(bad, message):
-  with pytest.raises(config_lib.ConfigError, match=message):
-    sweep.cells(tiny(), sweep.parse(bad))
-
-
-def test_reference_grid_and_smoke_variants_load():
-  full = sweep.load(f"{EXPERIMENTS}/relu_vs_gelu_lr.py")
-  assert full.axes == {"model.activation": ["relu", "gelu"], "optim.lr": [1e-4, 1e-3, 3e-3]}
-  assert len(full.seeds) == 3
-  for name in ("relu_vs_gelu_lr", "activation_zoo", "glu_variants"):
-    for arg in ("", ":smoke"):
-      s = sweep.load(f"{EXPERIMENTS}/{name}.py{arg}")
-      cells = sweep.cells(config_lib.base(), s)  # validates every cell
-      if arg:
-        assert all(c.config.data.source == "synthetic" for c in cells)
-  with pytest.raises(config_lib.ConfigError, match="unknown variant 'nope'"):
-    sweep.load(f"{EXPERIMENTS}/relu_vs_gelu_lr.py:nope")
-  zoo = sweep.load(f"{EXPERIMENTS}/activation_zoo.py")
-  assert zoo.axes["model.activation"] == list(activations.NAMES)
-
-
-def test_glu_variants_are_parameter_matched():
-  s = sweep.load(f"{EXPERIMENTS}/glu_variants.py:smoke")
-  names = s.axes["model.activation"]
-  counts = {}
-  for cell in sweep.cells(config_lib.base(), s)[::len(s.seeds)]:
-    task = steps.Steps.create(cell.config, 257)
-    counts[cell.config.model.activation] = models.count_params(
-        jax.eval_shape(task.init, 0).params)["non_embedding"]
-  for plain, gated in zip(names[::2], names[1::2]):
-    assert not activations.get(plain).gated and activations.get(gated).gated
-    assert abs(counts[gated] / counts[plain] - 1) < 0.03, (plain, gated, counts)
 
 
 # --- A small sweep, run once for the tests below -------------------------------------------
@@ -171,7 +104,7 @@ def test_cells_differing_in_lr_and_seed_share_one_compiled_step(swept, tmp_path)
   assert init["lr=0.001,seed=0"] == init["lr=0.003,seed=0"] != init["lr=0.001,seed=1"]
   # A cell equals the same config run on its own, compiled afresh (without sharpness, which
   # takes long to compile and does not touch training).
-  cell = next(c for c in sweep.cells(tiny(), sweep.load(swept.spec)) if c.name == "lr=0.003,seed=1")
+  cell = next(c for c in grid.cells(tiny(), grid.load(swept.spec)) if c.name == "lr=0.003,seed=1")
   cell.config.metrics.sharpness_every = 0
   train.run(cell.config, tmp_path / "alone")
   assert len(swept.traces) == 2
@@ -232,7 +165,7 @@ def test_divergence_is_a_result_and_keeps_the_last_good_checkpoint(swept):
   ckpt.close()
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(restored.params))
   # Rerunning a diverged run returns its recorded result without training.
-  cell = sweep.cells(tiny(), sweep.load(swept.spec))[1]
+  cell = grid.cells(tiny(), grid.load(swept.spec))[1]
   traces = len(swept.traces)
   assert train.run(cell.config, swept.root / cell.name, cache=swept.cache) == summary
   assert len(swept.traces) == traces
@@ -269,22 +202,15 @@ def test_rerun_skips_finished_cells_and_resumes_an_interrupted_one(swept, tmp_pa
 CONFIG_FILE = str(REPO / "tests" / "tiny_config.py")
 
 
-def test_parse_shard():
-  assert sweep.parse_shard("0/1") == (0, 1) and sweep.parse_shard("2/3") == (2, 3)
-  for bad in ("3/2", "2/2", "-1/2", "1/0", "x", "1", "1/2/3", "", "/"):
-    with pytest.raises(errors.UserError, match=f"^--shard={re.escape(bad)}: give i/N"):
-      sweep.parse_shard(bad)
-
-
 def test_shards_partition_the_cells_and_each_trains_only_its_own(tmp_path, monkeypatch):
   axes = {"model.activation": ["relu", "gelu"], "optim.lr": [1e-3, 3e-3, 1e-2]}
-  cells = sweep.cells(tiny(), sweep.parse({"axes": axes, "seeds": [0, 1]}))
-  grid = [c.name for c in cells]
-  assert len(grid) == 12
+  cells = grid.cells(tiny(), grid.parse({"axes": axes, "seeds": [0, 1]}))
+  names = [c.name for c in cells]
+  assert len(names) == 12
   for n in (1, 2, 5, 12, 13):
-    shards = [[c.name for c in sweep.select(cells, (i, n))] for i in range(n)]
-    assert collections.Counter(sum(shards, [])) == collections.Counter(grid)  # each cell once
-    assert [s[:1] for s in shards] == [grid[i:i + 1] for i in range(n)]  # cells i, i + n, …
+    shards = [[c.name for c in grid.select(cells, (i, n))] for i in range(n)]
+    assert collections.Counter(sum(shards, [])) == collections.Counter(names)  # each cell once
+    assert [s[:1] for s in shards] == [names[i:i + 1] for i in range(n)]  # cells i, i + n, …
   # A sweep run as shard i of 3 trains cells i, i + 3, … and writes the whole grid's sweep.json.
   spec = tmp_path / "grid.py"
   spec.write_text(f"def get_sweep(arg=None):\n  return {{'axes': {axes!r}, 'seeds': [0, 1], "
@@ -298,13 +224,13 @@ def test_shards_partition_the_cells_and_each_trains_only_its_own(tmp_path, monke
   monkeypatch.setattr(train, "run_group", fake_run_group)
   for i in range(3):
     results = sweep.run(tiny(), str(spec), tmp_path / "runs", log=lambda _: None, shard=(i, 3))
-    assert list(results) == trained[-4:] and sorted(trained[-4:]) == sorted(grid[i::3])
-  assert sorted(trained) == sorted(grid)
+    assert list(results) == trained[-4:] and sorted(trained[-4:]) == sorted(names[i::3])
+  assert sorted(trained) == sorted(names)
   # Seed by seed: every activation and LR of seed 0 (its own cells, shard by shard) before seed 1.
   seeds = [name.rsplit("seed=", 1)[1] for name in trained]
   assert all(seeds[4 * i:4 * i + 4] == sorted(seeds[4 * i:4 * i + 4]) for i in range(3))
   manifest = json.loads((tmp_path / "runs" / "sweep.json").read_text())
-  assert [c["name"] for c in manifest["cells"]] == grid
+  assert [c["name"] for c in manifest["cells"]] == names
   assert manifest["baseline"] == "gelu"  # the report's baseline, from the sweep file
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from actlab import errors, sweep, train
+from actlab import errors, grid, train
 from conftest import REPO, tiny
 
 GELU = "configs/tinystories_gelu.py"
@@ -130,4 +130,4 @@ def test_sweep_file_raising_in_get_sweep_names_file_and_line(tmp_path):
   bad = tmp_path / "bad_sweep.py"
   bad.write_text("def get_sweep(arg=None):\n  return {'axes': AXES}\n")
   with pytest.raises(errors.UserError, match=rf"^sweep file {re.escape(str(bad))}:2: NameError: name 'AXES'"):
-    sweep.load(str(bad))
+    grid.load(str(bad))

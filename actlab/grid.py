@@ -1,0 +1,116 @@
+"""A sweep file and the grid of cells it defines (the format is in sweep.py's docstring): its
+axes, seeds and fixed overrides checked (`load`, `parse`), each cell's name and validated config
+(`cells`), shard i of N (`select`), and `sweep.json`, the grid as `actlab.report` reads it."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import pathlib
+from typing import Any, Sequence
+
+import ml_collections
+
+from actlab import config as config_lib
+from actlab import errors
+from actlab import workdir as workdir_lib
+
+SEED_KEY = "train.seed"
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  axes: dict[str, list]             # "section.field" -> values, in grid order
+  seeds: list[int]
+  fixed: dict[str, Any]             # overrides applied to every cell before the axes
+  description: str = ""
+  baseline: str | None = None       # the report's baseline activation (default: the first)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  name: str                         # the workdir name, e.g. "activation=relu,lr=0.001,seed=0"
+  overrides: dict[str, Any]         # "section.field" -> value, axes then seed
+  config: ml_collections.ConfigDict
+
+
+def load(spec: str) -> Sweep:
+  """`path/to/sweep.py[:arg]` → the Sweep its `get_sweep(arg)` returns."""
+  path, _, arg = spec.partition(":")
+  try:
+    return parse(errors.call_file(path, "get_sweep", arg or None, kind="sweep"))
+  except ValueError as e:  # e.g. an unknown variant; ConfigError is a ValueError too
+    raise config_lib.ConfigError(f"sweep {spec!r}: {e}") from None
+
+
+def parse(d: dict) -> Sweep:
+  """Checks a `get_sweep` result and turns it into a Sweep."""
+  unknown = set(d) - {"axes", "seeds", "fixed", "description", "baseline"}
+  if unknown:
+    raise config_lib.ConfigError(f"sweep: unknown keys {sorted(unknown)}; "
+                                 "use axes, seeds, fixed, description, baseline")
+  axes = {k: list(v) for k, v in d.get("axes", {}).items()}
+  seeds = [int(s) for s in d.get("seeds", [0])]
+  for key, values in {**axes, SEED_KEY: seeds}.items():
+    if not values or len(set(map(repr, values))) != len(values):
+      raise config_lib.ConfigError(f"sweep axis {key!r} needs distinct values, got {values}")
+  if SEED_KEY in axes:
+    raise config_lib.ConfigError(f"sweep: give seeds as 'seeds', not as the axis {SEED_KEY!r}")
+  return Sweep(axes, seeds, dict(d.get("fixed", {})), d.get("description", ""),
+               d.get("baseline"))
+
+
+def _short_names(keys: Sequence[str]) -> dict[str, str]:
+  last = [k.rsplit(".", 1)[-1] for k in keys]
+  return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
+
+
+def _fmt(value) -> str:
+  return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def cells(base: ml_collections.ConfigDict, sweep: Sweep) -> list[Cell]:
+  """The grid, in order; each cell's config is validated before anything runs."""
+  keys = [*sweep.axes, SEED_KEY]
+  short = _short_names(keys)
+  out = []
+  for values in itertools.product(*sweep.axes.values(), sweep.seeds):
+    overrides = dict(zip(keys, values))
+    name = ",".join(f"{short[k]}={_fmt(v)}" for k, v in overrides.items())
+    try:
+      config = config_lib.override(base.copy_and_resolve_references(),
+                                   {**sweep.fixed, **overrides})
+      config_lib.validate(config)
+    except config_lib.ConfigError as e:
+      raise config_lib.ConfigError(f"sweep cell {name}: {e}") from None
+    out.append(Cell(name, overrides, config))
+  if len({c.name for c in out}) != len(out):
+    raise config_lib.ConfigError("sweep: two cells get the same workdir name; use values that "
+                                 "differ in their first 6 significant digits")
+  return out
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+  """`--shard=i/N` → (i, N); a UserError unless 0 <= i < N."""
+  try:
+    i, n = map(int, spec.split("/"))
+  except ValueError:
+    i = n = 0
+  if not 0 <= i < n:
+    raise errors.UserError(f"--shard={spec}: give i/N, shard i of N with 0 <= i < N (e.g. "
+                           "--shard=0/4, or $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)")
+  return i, n
+
+
+def select(grid: Sequence[Cell], shard: tuple[int, int]) -> list[Cell]:
+  """Shard i of N: cells i, i + N, i + 2N, … of the grid."""
+  i, n = shard
+  return list(grid[i::n])
+
+
+def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Sequence[Cell]) -> None:
+  """`sweep.json`: the grid as `actlab.report` reads it (also for cells not yet run)."""
+  workdir.mkdir(parents=True, exist_ok=True)
+  manifest = {"sweep": spec, "description": sweep.description, "axes": sweep.axes,
+              "seeds": sweep.seeds, "fixed": sweep.fixed, "baseline": sweep.baseline,
+              "cells": [{"name": c.name, "overrides": c.overrides} for c in cells_]}
+  workdir_lib.write_json(workdir / "sweep.json", manifest)

@@ -1,0 +1,84 @@
+"""The grid of a sweep file: names, overrides, refusals, the shipped sweep files, shards."""
+
+import re
+
+import jax
+import pytest
+
+from actlab import activations, config as config_lib, errors, grid, models, steps, sweep
+from conftest import REPO, tiny
+
+EXPERIMENTS = REPO / "experiments"
+
+
+def test_grid_names_overrides_and_groups():
+  s = grid.parse({"axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-3, 3e-3]},
+                   "seeds": [0, 1], "fixed": {"train.steps": 20}})
+  cells = grid.cells(tiny(), s)
+  assert len(cells) == 2 * 2 * 2
+  assert cells[0].name == "activation=relu,lr=0.001,seed=0"
+  assert cells[-1].name == "activation=gelu,lr=0.003,seed=1"
+  last = cells[-1].config
+  assert (last.model.activation, last.optim.lr, last.train.seed, last.train.steps) == (
+      "gelu", 3e-3, 1, 20)
+  groups = sweep.group(cells)
+  assert [len(g) for g in groups] == [4, 4]  # LR and seed do not split a compile group
+  assert {c.config.model.activation for c in groups[0]} == {"relu"}
+
+
+def test_ambiguous_short_names_use_the_full_key():
+  s = grid.parse({"axes": {"model.dropout": [0.0, 0.1], "optim.b1": [0.9]}, "seeds": [3]})
+  assert grid.cells(tiny(), s)[1].name == "dropout=0.1,b1=0.9,seed=3"
+  c = tiny()
+  c.data.dropout = 0.0  # another section with the same field name
+  s = grid.parse({"axes": {"model.dropout": [0.0], "data.dropout": [0.1]}})
+  assert grid.cells(c, s)[0].name == "model.dropout=0,data.dropout=0.1,seed=0"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"axes": {"optim.lrr": [1e-3]}}, "no such field"),
+    ({"axes": {"optimizer.lr": [1e-3]}}, "no section"),
+    ({"axes": {"model.activation": ["relu", "relu"]}}, "distinct"),
+    ({"axes": {"model.activation": ["nope"]}}, "valid|choose|unknown"),
+    ({"axes": {"train.seed": [1]}}, "seeds"),
+    ({"grid": {}}, "unknown keys"),
+])
+def test_bad_sweeps_are_refused_before_anything_runs(bad, message):
+  with pytest.raises(config_lib.ConfigError, match=message):
+    grid.cells(tiny(), grid.parse(bad))
+
+
+def test_reference_grid_and_smoke_variants_load():
+  full = grid.load(f"{EXPERIMENTS}/relu_vs_gelu_lr.py")
+  assert full.axes == {"model.activation": ["relu", "gelu"], "optim.lr": [1e-4, 1e-3, 3e-3]}
+  assert len(full.seeds) == 3
+  for name in ("relu_vs_gelu_lr", "activation_zoo", "glu_variants"):
+    for arg in ("", ":smoke"):
+      s = grid.load(f"{EXPERIMENTS}/{name}.py{arg}")
+      cells = grid.cells(config_lib.base(), s)  # validates every cell
+      if arg:
+        assert all(c.config.data.source == "synthetic" for c in cells)
+  with pytest.raises(config_lib.ConfigError, match="unknown variant 'nope'"):
+    grid.load(f"{EXPERIMENTS}/relu_vs_gelu_lr.py:nope")
+  zoo = grid.load(f"{EXPERIMENTS}/activation_zoo.py")
+  assert zoo.axes["model.activation"] == list(activations.NAMES)
+
+
+def test_glu_variants_are_parameter_matched():
+  s = grid.load(f"{EXPERIMENTS}/glu_variants.py:smoke")
+  names = s.axes["model.activation"]
+  counts = {}
+  for cell in grid.cells(config_lib.base(), s)[::len(s.seeds)]:
+    task = steps.Steps.create(cell.config, 257)
+    counts[cell.config.model.activation] = models.count_params(
+        jax.eval_shape(task.init, 0).params)["non_embedding"]
+  for plain, gated in zip(names[::2], names[1::2]):
+    assert not activations.get(plain).gated and activations.get(gated).gated
+    assert abs(counts[gated] / counts[plain] - 1) < 0.03, (plain, gated, counts)
+
+
+def test_parse_shard():
+  assert grid.parse_shard("0/1") == (0, 1) and grid.parse_shard("2/3") == (2, 3)
+  for bad in ("3/2", "2/2", "-1/2", "1/0", "x", "1", "1/2/3", "", "/"):
+    with pytest.raises(errors.UserError, match=f"^--shard={re.escape(bad)}: give i/N"):
+      grid.parse_shard(bad)
