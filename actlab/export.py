@@ -10,7 +10,6 @@ line (models/hf_checkpoint.py); the tokenizer's files: models/hf_tokenizer.py. N
 """
 
 import importlib.util
-import json
 import pathlib
 
 from absl import flags, logging
@@ -31,12 +30,11 @@ def main(argv):
   if missing:
     raise errors.UserError(f"export needs {', '.join(missing)}: {hf_checkpoint.INSTALL}")
   config, tokenizer, _, params, step = train.load_run(pathlib.Path(_WORKDIR.value))
-  task, out = tasks.name(config), pathlib.Path(_OUT.value)
-  hf_checkpoint.write(out, config, task, params, tokenizer.vocab_size, tokenizer.eot_id)
+  arch, out = tasks.get(config).HF, pathlib.Path(_OUT.value)
+  hf_checkpoint.write(out, config, arch, params, tokenizer.vocab_size, tokenizer.eot_id)
   hf_tokenizer.write(tokenizer, out, config.model.max_len)
-  cls = json.loads((out / "config.json").read_text())["architectures"][0]
-  print(f"wrote {out}: {cls} from {_WORKDIR.value} step {step}, tokenizer {tokenizer.name}; "
-        f"load it with transformers.{cls}.from_pretrained({str(out)!r})")
+  print(f"wrote {out}: {arch.cls} from {_WORKDIR.value} step {step}, tokenizer {tokenizer.name}; "
+        f"load it with transformers.{arch.cls}.from_pretrained({str(out)!r})")
 
 
 if __name__ == "__main__":

@@ -50,10 +50,8 @@ class ParallelError(UserError, ValueError):
 def initialize(config) -> None:
   """Before any device use: `parallel.cpu_devices` (XLA CPU devices per host) and, when
   `parallel.distributed` is set, `jax.distributed.initialize()`. Repeated calls are no-ops."""
-  par = config.get("parallel", None)
-  if not par:
-    return
-  cpu_devices = par.get("cpu_devices", 0)
+  par = config.parallel
+  cpu_devices = par.cpu_devices
   if cpu_devices and jax.config.jax_num_cpu_devices != cpu_devices:
     try:
       jax.config.update("jax_num_cpu_devices", cpu_devices)
@@ -61,7 +59,7 @@ def initialize(config) -> None:
       raise ParallelError(f"parallel.cpu_devices={cpu_devices}: JAX's devices already exist in "
                           "this process; set it before anything uses JAX (e.g. on the command "
                           "line of actlab.main / actlab.bench)") from None
-  if par.get("distributed", False) and not jax.distributed.is_initialized():
+  if par.distributed and not jax.distributed.is_initialized():
     jax.distributed.initialize()
 
 
@@ -143,22 +141,21 @@ def _process_rows(mesh: Mesh, size: int) -> slice:
   return slice(mine[0] * per, (mine[-1] + 1) * per)
 
 
-def plan(config=None, devices=None) -> Plan:
-  """The plan of `config.parallel` (defaults: data parallel over every device)."""
-  par = config.get("parallel", None) if config is not None else None
-  mode = par.get("mode", "dp") if par else "dp"
+def plan(config, devices=None) -> Plan:
+  """The plan of `config.parallel` over `devices` (default: `parallel.num_devices` of them, 0 =
+  all)."""
+  par = config.parallel
+  mode = par.mode
   if mode not in MODES:
     raise ParallelError(f"parallel.mode={mode!r}: choose one of {', '.join(map(repr, MODES))}")
   if devices is None:
     devices = jax.devices()
-    count = par.get("num_devices", 0) if par else 0
+    count = par.num_devices
     if count:
       if count > len(devices):
         raise ParallelError(f"parallel.num_devices={count}, but only {len(devices)} devices exist")
       devices = devices[:count]
   devices = list(devices)
-  p = Plan(Mesh(np.array(devices), (AXIS,)), mode,
-           par.get("fsdp_min_size", 1 << 14) if par else 1 << 14)
-  if config is not None:
-    p.check_batch(config.train.batch_size)
+  p = Plan(Mesh(np.array(devices), (AXIS,)), mode, par.fsdp_min_size)
+  p.check_batch(config.train.batch_size)
   return p

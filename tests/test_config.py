@@ -22,7 +22,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from actlab import config as config_lib
-from actlab import errors, models, sizes, sweep, tasks
+from actlab import errors, grid, models, sizes, tasks
 from actlab.data import tokenizer as tokenizers
 from conftest import REPO, tiny
 
@@ -88,7 +88,7 @@ def take_snapshot() -> dict:
   configs = {spec: flat(load_spec(spec)) for spec in config_specs()}
   sweeps = {}
   for spec, base in sweep_specs().items():
-    cells = sweep.cells(load_spec(base), sweep.load(f"{REPO}/{spec}"))
+    cells = grid.cells(load_spec(base), grid.load(f"{REPO}/{spec}"))
     sweeps[spec] = {"base": base, "cells": {c.name: changes(flat(c.config), configs[base])
                                             for c in cells}}
   return {"reference": {k: v for k, (_, v) in reference.items()},
@@ -138,7 +138,7 @@ def test_sweep_cells_are_their_snapshot(spec):
   base = load_spec(snap["base"])
   base_flat = snapshot_config(snap["base"])
   assert flat(base) == base_flat
-  cells = sweep.cells(base, sweep.load(f"{REPO}/{spec}"))
+  cells = grid.cells(base, grid.load(f"{REPO}/{spec}"))
   assert [c.name for c in cells] == list(snap["cells"])
   for cell in cells:
     assert flat(cell.config) == expect(base_flat, snap["cells"][cell.name]), cell.name
@@ -330,10 +330,10 @@ def test_override_in_a_nested_section_suggests_the_field():
 
 
 def test_sweep_and_tests_use_the_same_override():
-  spec = sweep.parse({"axes": {"optim.lrr": [1e-3]}})
+  spec = grid.parse({"axes": {"optim.lrr": [1e-3]}})
   with pytest.raises(config_lib.ConfigError,
                      match="^sweep cell lrr=0.001,seed=0: optim.lrr: no such field"):
-    sweep.cells(tiny(), spec)
+    grid.cells(tiny(), spec)
   with pytest.raises(config_lib.ConfigError, match="^optim.lrr: no such field"):
     tiny(**{"optim.lrr": 1e-3})
 

@@ -49,7 +49,7 @@ def test_decoder_logits_equal_gpt2(tmp_path, activation):
   params = perturbed_params(c, V)
   tokens = np.random.default_rng(0).integers(0, V, (2, 32))
   ours = np.asarray(tasks.get(c).model(c, V).apply({"params": params}, tokens))
-  hf_checkpoint.write(tmp_path, c, "causal_lm", params, V, 256)
+  hf_checkpoint.write(tmp_path, c, tasks.causal_lm.HF, params, V, 256)
   theirs = hf_logits(tmp_path, "GPT2LMHeadModel", tokens)
   assert theirs.shape == (2, 32, V)  # the padded rows are dropped
   np.testing.assert_allclose(theirs, ours[..., :V], atol=1e-4, rtol=0)
@@ -65,9 +65,8 @@ def test_encoder_logits_equal_bert(tmp_path, task):
   mask = np.arange(32)[None] < np.array([[32], [20]])  # the second row ends in padding
   tokens[~mask] = 0
   ours = np.asarray(tasks.get(c).model(c, vocab).apply({"params": params}, tokens, mask))
-  hf_checkpoint.write(tmp_path, c, task, params, vocab, 3)
-  cls = hf_checkpoint.ARCHITECTURES[task][1]
-  theirs = hf_logits(tmp_path, cls, tokens, mask)
+  hf_checkpoint.write(tmp_path, c, tasks.TASKS[task].HF, params, vocab, 3)
+  theirs = hf_logits(tmp_path, tasks.TASKS[task].HF.cls, tokens, mask)
   if task == "mlm":
     ours, theirs = ours[mask][:, :vocab], theirs[mask]  # padding positions are not predicted
   np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
@@ -80,15 +79,15 @@ def test_encoder_logits_equal_bert(tmp_path, task):
 ])
 def test_what_gpt2_cannot_express_is_one_line(overrides, match):
   with pytest.raises(errors.UserError, match=match):
-    hf_checkpoint.hf_config(tiny(**overrides), "causal_lm", V, 256)
+    hf_checkpoint.hf_config(tiny(**overrides), tasks.causal_lm.HF, V, 256)
 
 
 def test_what_bert_cannot_express_is_one_line():
   with pytest.raises(errors.UserError, match="BertForMaskedLM is post-LN"):
-    hf_checkpoint.hf_config(tiny_encoder("mlm", **{"model.norm": "pre"}), "mlm", 300, 3)
+    hf_checkpoint.hf_config(tiny_encoder("mlm", **{"model.norm": "pre"}), tasks.mlm.HF, 300, 3)
   with pytest.raises(errors.UserError, match="pooler is tanh"):
     hf_checkpoint.hf_config(tiny_encoder("classify", **{"model.pooler_activation": "gelu"}),
-                            "classify", 300, 3)
+                            tasks.classify.HF, 300, 3)
 
 
 def actlab_tokenizers(tmp_path):

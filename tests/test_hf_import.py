@@ -104,7 +104,8 @@ def test_what_cannot_map_is_one_line(gpt2_dir, overrides, match):
 
 def test_wrong_architecture_vocabulary_or_directory_is_one_line(gpt2_dir, tmp_path):
   c = tiny_encoder("mlm", **{"train.init_from": f"hf:{gpt2_dir[0]}"})
-  with pytest.raises(errors.UserError, match="is a 'gpt2' model; a mlm run starts from bert"):
+  with pytest.raises(errors.UserError,
+                     match=r"is a 'gpt2' model; this run starts from bert \(BertForMaskedLM\)"):
     train.init_from_config(c, 2048)
   big = json.loads((gpt2_dir[0] / "config.json").read_text()) | {"vocab_size": 50257}
   (tmp_path / "config.json").write_text(json.dumps(big))

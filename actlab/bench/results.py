@@ -39,12 +39,12 @@ def config_summary(c) -> str:
   m = c.model
   return (f"{tasks.name(c)} {m.activation} L{m.num_layers} d{m.d_model} h{m.num_heads} ff{m.d_ff} "
           f"ctx{c.data.seq_len} V{models.pad_vocab(tokenizer_vocab(c))} B{c.train.batch_size} "
-          f"{m.dtype} attn={m.attention_impl} loss={m.get('loss_impl', 'plain')}"
-          + (" scan" if m.get("scan_layers", False) else "")
-          + (f" remat={m.remat}" if m.get("remat", "none") != "none" else "")
-          + (f" {c.parallel.mode}" if c.get("parallel") else "")
+          f"{m.dtype} attn={m.attention_impl} loss={m.loss_impl}"
+          + (" scan" if m.scan_layers else "")
+          + (f" remat={m.remat}" if m.remat != "none" else "")
+          + f" {c.parallel.mode}"
           + (f" cpu_devices={c.parallel.cpu_devices}"
-             if c.get("parallel") and c.parallel.get("cpu_devices", 0) else ""))
+             if c.parallel.cpu_devices else ""))
 
 
 def variant_tag(row: dict) -> str:

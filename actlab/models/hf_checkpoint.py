@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,14 +19,19 @@ from actlab.models import hf, hf_gpt2
 
 INSTALL = 'pip install -e ".[hf]"'  # transformers, safetensors, torch
 
+
+class Architecture(NamedTuple):
+  """The transformers model a task's model is (each task's `HF`)."""
+  model_type: str               # "gpt2" or "bert"
+  cls: str                      # the transformers class, e.g. "GPT2LMHeadModel"
+  norm: str                     # its LayerNorm placement, "pre" or "post"
+  pooler: bool = False          # it has BERT's tanh pooler
+
+
 # actlab activation -> transformers' name (transformers.activations.ACT2FN) of the same function.
 # gelu_tanh is GPT-2's "gelu_new", 0.5·z·(1 + tanh(√(2/π)(z + 0.044715 z³))).
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "relu2": "relu2",
                "silu": "silu", "tanh": "tanh", "sigmoid": "sigmoid", "identity": "linear"}
-# task -> (model_type, the transformers class, LayerNorm placement it has).
-ARCHITECTURES = {"causal_lm": ("gpt2", "GPT2LMHeadModel", "pre"),
-                 "mlm": ("bert", "BertForMaskedLM", "post"),
-                 "classify": ("bert", "BertForSequenceClassification", "post")}
 # config.model field -> config.json field.
 FIELDS = {"gpt2": {"num_layers": "n_layer", "d_model": "n_embd", "num_heads": "n_head",
                    "d_ff": "n_inner", "max_len": "n_positions", "norm_eps": "layer_norm_epsilon"},
@@ -39,11 +45,10 @@ REQUIRED = {"gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_id
             "bert": {"position_embedding_type": "absolute", "is_decoder": False}}
 
 
-def _architecture(config, task: str, doing: str):
-  """(model_type, class) for `task`; UserError unless the config's model has its FFN (plain) and
-  LayerNorm placement."""
+def _check_architecture(config, arch: Architecture, doing: str) -> None:
+  """UserError unless the config's model has `arch`'s FFN (plain) and LayerNorm placement."""
   m = config.model
-  model_type, cls, norm = ARCHITECTURES[task]
+  cls, norm = arch.cls, arch.norm
   act = activations.get(m.activation)
   if act.gated:
     raise UserError(f"{doing}: model.activation={m.activation!r} is a gated FFN (a third matrix), "
@@ -52,20 +57,20 @@ def _architecture(config, task: str, doing: str):
   if m.norm != norm:
     raise UserError(f"{doing}: {cls} is {norm}-LN and this model is model.norm={m.norm!r}; "
                     f"train with model.norm={norm!r}")
-  return model_type, cls
 
 
 # --- Export -------------------------------------------------------------------------------------
 
 
-def hf_config(config, task: str, vocab_size: int, eot_id: int) -> dict:
+def hf_config(config, arch: Architecture, vocab_size: int, eot_id: int) -> dict:
   """The `config.json` fields of the run's model (`vocab_size`: the tokenizer's, unpadded)."""
-  model_type, cls = _architecture(config, task, "export")
+  _check_architecture(config, arch, "export")
+  model_type, cls = arch.model_type, arch.cls
   m = config.model
   if m.activation not in ACTIVATIONS:
     raise UserError(f"export: transformers has no activation equal to actlab's "
                     f"{m.activation!r}; use one of {', '.join(ACTIVATIONS)}")
-  if task == "classify" and m.pooler_activation != "tanh":
+  if arch.pooler and m.pooler_activation != "tanh":
     raise UserError(f"export: {cls}'s pooler is tanh and this model's is "
                     f"model.pooler_activation={m.pooler_activation!r}; train with 'tanh'")
   out = {"model_type": model_type, "architectures": [cls], "vocab_size": vocab_size,
@@ -79,9 +84,9 @@ def hf_config(config, task: str, vocab_size: int, eot_id: int) -> dict:
           "attention_probs_dropout_prob": 0.0, "pad_token_id": 0, "num_labels": m.num_classes}
 
 
-def state_dict(params, task: str, vocab_size: int) -> dict[str, np.ndarray]:
+def state_dict(params, arch: Architecture, vocab_size: int) -> dict[str, np.ndarray]:
   """The transformers state dict of `params` with the padded vocabulary rows dropped."""
-  if task == "causal_lm":
+  if arch.model_type == "gpt2":
     state = hf_gpt2.to_hf(params)
   else:
     state = {("" if k.startswith(("cls.", "classifier")) else "bert.") + k: v
@@ -92,16 +97,16 @@ def state_dict(params, task: str, vocab_size: int) -> dict[str, np.ndarray]:
           for k, v in state.items()}
 
 
-def write(directory: pathlib.Path, config, task: str, params, vocab_size: int,
+def write(directory: pathlib.Path, config, arch: Architecture, params, vocab_size: int,
           eot_id: int) -> None:
   """`config.json` and `model.safetensors` of the run's model in `directory`."""
   import transformers
   from safetensors.numpy import save_file
 
-  fields = hf_config(config, task, vocab_size, eot_id)
+  fields = hf_config(config, arch, vocab_size, eot_id)
   hf_cfg = transformers.AutoConfig.for_model(**fields)
   directory.mkdir(parents=True, exist_ok=True)
-  save_file(state_dict(params, task, vocab_size), str(directory / "model.safetensors"),
+  save_file(state_dict(params, arch, vocab_size), str(directory / "model.safetensors"),
             metadata={"format": "pt"})
   hf_cfg.save_pretrained(directory)
 
@@ -109,7 +114,7 @@ def write(directory: pathlib.Path, config, task: str, params, vocab_size: int,
 # --- Import -------------------------------------------------------------------------------------
 
 
-def read(directory, config, task: str, vocab_size: int) -> dict[str, np.ndarray]:
+def read(directory, config, arch: Architecture, vocab_size: int) -> dict[str, np.ndarray]:
   """The state dict of the model in `directory` (safetensors, or pytorch_model.bin through
   torch), after checking that its `config.json` maps onto the config's model: the same
   architecture and sizes (more positions are cut to `model.max_len`), a vocabulary no larger
@@ -122,10 +127,11 @@ def read(directory, config, task: str, vocab_size: int) -> dict[str, np.ndarray]
   except (OSError, ValueError) as e:
     raise UserError(f"{where}: no readable config.json ({e.__class__.__name__}); give a "
                     "directory written by save_pretrained") from None
-  model_type, cls = _architecture(config, task, where)
+  _check_architecture(config, arch, where)
+  model_type = arch.model_type
   if cfg.get("model_type") != model_type:
-    raise UserError(f"{where} is a {cfg.get('model_type')!r} model; a {task} run starts from "
-                    f"{model_type} ({cls})")
+    raise UserError(f"{where} is a {cfg.get('model_type')!r} model; this run starts from "
+                    f"{model_type} ({arch.cls})")
   check(cfg, config, model_type, vocab_size, where)
   theirs = cfg.get("activation_function" if model_type == "gpt2" else "hidden_act")
   if theirs != ACTIVATIONS.get(config.model.activation):
@@ -177,6 +183,6 @@ def _weights(directory: pathlib.Path, where: str) -> dict[str, np.ndarray]:
   raise UserError(f"{where}: no model.safetensors or pytorch_model.bin")
 
 
-def arrays(state: dict[str, np.ndarray], task: str, like) -> dict:
+def arrays(state: dict[str, np.ndarray], arch: Architecture, like) -> dict:
   """{path: array} of the parameters of the per-layer `like` that `state` has (`found`)."""
-  return NAMES[ARCHITECTURES[task][0]].found(state, like)[0]
+  return NAMES[arch.model_type].found(state, like)[0]

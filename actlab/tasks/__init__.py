@@ -21,7 +21,9 @@ A task module defines:
 - `unigram_loss(config, dataset)`: the val loss of a unigram model of the training tokens, where it is
   comparable with the task's loss (else None): the report's "not learned" bar;
 - `CAUSAL`: it predicts the next token (`actlab.sample` continues text; the PyTorch reference
-  of `actlab.bench` computes the same step).
+  of `actlab.bench` computes the same step);
+- `HF`: the transformers model it is (`models.hf_checkpoint.Architecture`), for `actlab.export`
+  and `train.init_from=hf:DIR`.
 
 Adding a task is one module here and one line in `TASKS`.
 """
@@ -38,7 +40,7 @@ TASKS = {"causal_lm": causal_lm, "mlm": mlm, "classify": classify}
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError (one line) unless the config names a task and has the fields its model
   needs (`config.validate` calls this)."""
-  from actlab.config import check
+  from actlab.validation import check
   m = config.model
   check(m.kind in ("decoder", "encoder"), f"model.kind={m.kind!r}: choose 'decoder' or 'encoder'")
   if m.kind == "decoder":

@@ -6,8 +6,10 @@ import math
 import numpy as np
 
 from actlab import data, kernels, models
+from actlab.models.hf_checkpoint import Architecture
 
 CAUSAL = True
+HF = Architecture("gpt2", "GPT2LMHeadModel", "pre")  # actlab.export writes it, hf:DIR starts from it
 
 
 def model(config, vocab_size: int):

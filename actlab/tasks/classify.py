@@ -11,8 +11,10 @@ import optax
 
 from actlab import data, models
 from actlab.tasks.mlm import Specials, specials_of
+from actlab.models.hf_checkpoint import Architecture
 
 CAUSAL = False
+HF = Architecture("bert", "BertForSequenceClassification", "post", pooler=True)
 
 
 def model(config, vocab_size: int):

@@ -14,8 +14,10 @@ import optax
 from actlab import activations, data, models
 from actlab.data import classify as classify_data
 from actlab.data import tokenizer as tokenizers
+from actlab.models.hf_checkpoint import Architecture
 
 CAUSAL = False
+HF = Architecture("bert", "BertForMaskedLM", "post")  # actlab.export, train.init_from=hf:DIR
 
 
 class Specials(NamedTuple):
@@ -41,7 +43,7 @@ ENCODER_FIELDS = ("model.task", "model.pooler_activation", "model.type_vocab_siz
 def check_encoder(config) -> None:
   """The encoder's fields (`config.encoder`), for both its tasks (mlm, classify): a config
   switches between them by `model.task` alone."""
-  from actlab.config import ConfigError, check, tokenizer_kind
+  from actlab.validation import ConfigError, check, tokenizer_kind
   m, d = config.model, config.data
   missing = [f for f in ENCODER_FIELDS if f.split(".")[1] not in config[f.split(".")[0]]]
   check(not missing, f"model.kind='encoder' needs the encoder's fields ({', '.join(missing)} "
