@@ -17,6 +17,7 @@ from actlab import workdir as workdir_lib
 
 SEED_KEY = "train.seed"
 
+
 @dataclasses.dataclass(frozen=True)
 class Sweep:
   axes: dict[str, list]             # "section.field" -> values, in grid order
