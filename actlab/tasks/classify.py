@@ -10,8 +10,8 @@ import numpy as np
 import optax
 
 from actlab import data, models
-from actlab.tasks.mlm import Specials, specials_of
 from actlab.models.hf_checkpoint import Architecture
+from actlab.tasks.mlm import Specials, specials_of
 
 CAUSAL = False
 HF = Architecture("bert", "BertForSequenceClassification", "post", pooler=True)
