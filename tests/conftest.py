@@ -11,6 +11,15 @@ os.environ.setdefault("ACTLAB_DATA_DIR", tempfile.mkdtemp(prefix="actlab-test-da
 # devices) compile what an earlier process already did. Set before anything imports JAX.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="actlab-test-xla-"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# Compiling, not running, is most of the suite's time: its programs are tiny and run a few steps.
+# LLVM's optimisation passes (at XLA:CPU's default backend level) double the compile time
+# and are worth it only for long runs, so the tests compile at level 0 (the same HLO, unoptimised
+# machine code; a few times slower per step). Equivalence tests compare programs compiled alike,
+# so their tolerances mean what they did. XLA_FLAGS that set the level already are kept; the
+# subprocesses the tests start inherit it.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_backend_optimization_level=0").strip()
 
 import ml_collections  # noqa: E402 -- after the environment above
 import pytest  # noqa: E402
