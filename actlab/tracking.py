@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import sys
 import tempfile
 from typing import Any, Mapping, Sequence
 
@@ -24,6 +25,21 @@ from actlab.histogram import Histogram
 
 WANDB_INSTALL = 'pip install -e ".[wandb]"'
 STATUS_CODES = {"stable": 0.0, "unstable": 1.0, "diverged": 2.0}  # HParams: the verdict as a number
+
+
+def _tensorboardx():
+  """tensorboardX, imported without torch: its writer imports torch wherever torch is installed
+  (about 2 s) only to accept torch tensors, which actlab never logs. Torch imports normally
+  afterwards."""
+  if "torch" in sys.modules:
+    import tensorboardX
+    return tensorboardX
+  sys.modules["torch"] = None  # `import torch` raises ImportError while tensorboardX loads
+  try:
+    import tensorboardX
+  finally:
+    del sys.modules["torch"]
+  return tensorboardX
 
 
 def _scalars(row: Mapping[str, Any]):
@@ -41,8 +57,7 @@ class TensorBoard:
   wrote after it."""
 
   def __init__(self, logdir: pathlib.Path, purge_step: int | None = None):
-    import tensorboardX  # Imported here: only runs that log need it.
-    self._writer = tensorboardX.SummaryWriter(str(logdir), purge_step=purge_step or None)
+    self._writer = _tensorboardx().SummaryWriter(str(logdir), purge_step=purge_step or None)
 
   def write(self, row: Mapping[str, Any]) -> None:
     for key, value in _scalars(row):
@@ -150,7 +165,7 @@ def write_hparams(sweep_dir: pathlib.Path) -> int:
       todo.append((cell, summary))
   if not todo:
     return 0
-  import tensorboardX  # Imported here: only sweeps that log need it.
+  tensorboardX = _tensorboardx()
   out.mkdir(exist_ok=True)
   with tempfile.TemporaryDirectory(dir=sweep_dir, prefix=".tb_hparams-") as tmp:
     with tensorboardX.SummaryWriter(tmp) as writer:
