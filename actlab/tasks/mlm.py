@@ -192,9 +192,9 @@ def head_matmul_params(config, vocab_size: int) -> float:
 
 def unigram_loss(config, dataset) -> float:
   """The val loss of predicting each masked token from the training tokens' unigram frequencies
-  over the tokens masking may select ([UNK] too; [PAD], [CLS], [SEP], [MASK] never are): the same targets as `val_loss`,
-  the selections of the evaluation's fixed mask (key 0, `evaluators`). A run that ends no better
-  has learned nothing beyond token frequencies."""
+  over the tokens masking may select ([UNK] too; [PAD], [CLS], [SEP], [MASK] never are): the
+  same targets as `val_loss`, the selections of the evaluation's fixed mask (key 0,
+  `evaluators`). A run that ends no better has learned nothing beyond token frequencies."""
   d, specials = config.data, specials_of(config)
   log_p = dataset.unigram_log_probs(exclude=specials.unmaskable)
   targets = []
