@@ -7,7 +7,6 @@ side; the session's persistent XLA cache (conftest.py) shares what they compile 
 
 import json
 import os
-import re
 import pathlib
 import subprocess
 import sys
@@ -16,19 +15,17 @@ import jax
 import pytest
 
 from actlab import config as config_lib, parallel
-from conftest import tiny
+from conftest import production_env, tiny
 
 HERE = pathlib.Path(__file__).parent
 TOL = 1e-6
 
 
 def four_device_env() -> dict:
-  """This environment with 4 simulated CPU devices, compiling at XLA's default optimisation
-  level (conftest.py lowers it for the other tests): the cases compare 4 devices with 1 at the
-  numerics of real runs, where their differences are about 1e-7, not the 7e-7 of level 0."""
-  kept = re.sub(r"--xla_backend_optimization_level=\d+", "", os.environ.get("XLA_FLAGS", ""))
-  flags = f"{kept} --xla_force_host_platform_device_count=4".strip()
-  return {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+  """This environment with 4 simulated CPU devices, compiling as real runs do (conftest.py
+  compiles faster for the other tests): the cases compare 4 devices with 1 at the numerics of
+  real runs, where their differences are about 1e-7, not the 7e-7 of level 0."""
+  return production_env("--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
 
 
 def run_case(tmp_path_factory, case: str) -> dict:

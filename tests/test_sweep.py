@@ -20,7 +20,7 @@ import pytest
 
 from actlab import errors, grid, progress, steps, sweep, train, workers
 from actlab.checkpoint import Checkpoints
-from conftest import REPO, tiny
+from conftest import REPO, production_env, tiny
 
 EXPERIMENTS = REPO / "experiments"
 
@@ -296,10 +296,17 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
                   "          'fixed': {'train.steps': 10, 'train.checkpoint_every': 10,\n"
                   "                    'train.eval_every': 10, 'metrics.sharpness_every': 0}}\n")
   one, two = tmp_path / "one", tmp_path / "two"
-  reference = sweep.run(tiny(), str(spec), one, log=lambda _: None)
-  command = [sys.executable, "-m", "actlab.sweep", f"--config={CONFIG_FILE}", f"--sweep={spec}",
-             f"--workdir={two}", "--workers=2"]
-  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+  command = lambda workdir, n: [sys.executable, "-m", "actlab.sweep", f"--config={CONFIG_FILE}",
+                                f"--sweep={spec}", f"--workdir={workdir}", f"--workers={n}"]
+  # Both at real runs' compile settings: the claim is about them (conftest.production_env).
+  run = lambda workdir, n, timeout=600: subprocess.run(
+      command(workdir, n), cwd=REPO, env=production_env(), capture_output=True, text=True,
+      timeout=timeout)
+  alone = run(one, 1)
+  assert alone.returncode == 0, alone.stdout + alone.stderr
+  reference = re.findall(r"^\[\d/4\] (\S+): stable, val loss", alone.stdout, re.M)
+  assert len(reference) == 4, alone.stdout
+  result = run(two, 2)
   out = result.stdout
   assert result.returncode == 0, out + result.stderr
   # Each child reports the CPUs it may use: disjoint blocks that cover ours.
@@ -322,7 +329,7 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
     assert len(segments) == 1  # trained from scratch once, never resumed or retrained
     assert strip(_rows(two / name)) == strip(_rows(one / name))  # bitwise: JSON floats
   # Run again, nothing is left to train: no child starts, the same end.
-  again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+  again = run(two, 2, timeout=120)
   assert again.returncode == 0 and again.stdout.count("\n") == 1, again.stdout + again.stderr
   assert again.stdout.endswith("4 stable, 0 unstable, 0 diverged; report: python -m actlab."
                                f"report {two}\n"), again.stdout
