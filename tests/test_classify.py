@@ -81,6 +81,7 @@ def test_hero_gender_rule_matches_the_pronouns():
     classify.hero_gender("No names here.")
 
 
+@pytest.mark.slow
 def test_classification_batches():
   c = tiny_encoder("classify")
   ds = tasks.get(c).dataset(c)

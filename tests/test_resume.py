@@ -246,6 +246,7 @@ def test_finished_run_is_reported_and_its_files_untouched(short_run, tmp_path):
   assert files(work) == before
 
 
+@pytest.mark.slow
 def test_unreadable_summary_means_the_run_is_finished_again(short_run, tmp_path, capsys):
   work = tmp_path / "w"
   shutil.copytree(short_run, work)

@@ -48,6 +48,7 @@ def test_unknown_split_raises_and_names_valid_ones(bad):
   assert "validation" in str(info.value)
 
 
+@pytest.mark.slow
 def test_deterministic_across_processes_and_hash_seeds(train, validation):
   here = {split: _digest(synthetic.texts(split)) for split in synthetic.SPLITS}
   assert here == {"train": _digest(train), "validation": _digest(validation)}

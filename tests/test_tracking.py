@@ -216,6 +216,7 @@ def test_sweep_hparams_table_has_every_cell(tmp_path):
       assert scalars["hparam/final_val_loss"] == pytest.approx(summary["final_val_loss"])
 
 
+@pytest.mark.slow
 def test_tensorboard_does_not_import_torch(tmp_path):
   """tensorboardX's writer imports torch wherever it is installed (seconds per process); actlab's
   TensorBoard writer keeps it out, and torch still imports afterwards."""
