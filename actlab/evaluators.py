@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import ml_collections
 
-from actlab import histogram, metrics, models
+from actlab import data, histogram, metrics, models
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +86,8 @@ class Sharpness:
 
   def __call__(self, steps, params, batch) -> jax.Array:
     def loss_fn(p):
-      out = steps.objective(steps.model, p, batch, jax.random.PRNGKey(0), train=False)
+      out = steps.objective(steps.model, p, batch, jax.random.PRNGKey(data.VAL_SEED),
+                            train=False)
       return out["loss_sum"] / out["count"]
     return metrics.top_hessian_eigenvalue(loss_fn, params, jax.random.PRNGKey(1), self.iters)
 
@@ -110,8 +111,8 @@ class Evaluators:
   def validation_step(self, steps, params, batch) -> dict:
     """Pure: one validation batch's device values, `{evaluator name: its read of the output}`
     (deterministic: no dropout)."""
-    out = steps.objective(steps.model, params, batch, jax.random.PRNGKey(0), train=False,
-                          stats=any(e.sown for e in self.validation))
+    out = steps.objective(steps.model, params, batch, jax.random.PRNGKey(data.VAL_SEED),
+                          train=False, stats=any(e.sown for e in self.validation))
     return {e.name: e.read(out) for e in self.validation}
 
   def pool(self, outs: Sequence[Mapping]) -> dict[str, Any]:

@@ -193,14 +193,14 @@ def head_matmul_params(config, vocab_size: int) -> float:
 def unigram_loss(config, dataset) -> float:
   """The val loss of predicting each masked token from the training tokens' unigram frequencies
   over the tokens masking may select ([UNK] too; [PAD], [CLS], [SEP], [MASK] never are): the
-  same targets as `val_loss`, the selections of the evaluation's fixed mask (key 0,
-  `evaluators`). A run that ends no better has learned nothing beyond token frequencies."""
+  same targets as `val_loss`, the selections of the evaluation's fixed mask
+  (`data.VAL_SEED`). A run that ends no better has learned nothing beyond token frequencies."""
   d, specials = config.data, specials_of(config)
   log_p = dataset.unigram_log_probs(exclude=specials.unmaskable)
   targets = []
   for batch_BL1 in dataset.val_batches():
     (_, _, targets_BP, weights_BP), _ = masked_batch(
-        jax.random.PRNGKey(0), jnp.asarray(batch_BL1), specials, dataset.tokenizer.vocab_size,
-        d.mlm_prob, d.mlm_mask_frac, d.mlm_random_frac)
+        jax.random.PRNGKey(data.VAL_SEED), jnp.asarray(batch_BL1), specials,
+        dataset.tokenizer.vocab_size, d.mlm_prob, d.mlm_mask_frac, d.mlm_random_frac)
     targets.append(np.asarray(targets_BP)[np.asarray(weights_BP)])
   return float(-log_p[np.concatenate(targets)].mean())
