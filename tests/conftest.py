@@ -41,6 +41,7 @@ import pytest  # noqa: E402
 from actlab import config as config_lib  # noqa: E402
 from tiny_config import get_config as tiny_config_file  # noqa: E402
 
+
 def production_env(*xla_flags: str, **variables: str) -> dict:
   """This environment with XLA compiling as in real runs (not `FAST_COMPILE`), plus `xla_flags`
   and `variables`: for subprocesses whose claim depends on the compiled code, e.g. that results

@@ -43,14 +43,21 @@ def run_case(tmp_path_factory, case: str) -> dict:
   return out[case]
 
 
-@pytest.fixture(scope="module")
-def step_results(tmp_path_factory) -> dict:
-  return run_case(tmp_path_factory, "step")
+def case_results(case: str):
+  """A module-scoped fixture named `results`: what `run_case` returns for `case`. Each case's
+  tests have a file of their own, so that pytest-xdist runs the cases side by side."""
+  @pytest.fixture(scope="module")
+  def results(tmp_path_factory) -> dict:
+    return run_case(tmp_path_factory, case)
+  return results
+
+
+results = case_results("step")
 
 
 @pytest.mark.slow
-def test_dp_and_fsdp_steps_equal_one_device(step_results):
-  r = step_results
+def test_dp_and_fsdp_steps_equal_one_device(results):
+  r = results
   assert r["devices"] == 4
   for mode in ("dp", "fsdp"):
     assert r[mode]["metrics"] <= TOL, r

@@ -3,12 +3,9 @@
 
 import pytest
 
-from test_parallel import TOL, run_case
+from test_parallel import TOL, case_results
 
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-  return run_case(tmp_path_factory, "checkpoint")
+results = case_results("checkpoint")
 
 
 @pytest.mark.slow

@@ -3,12 +3,9 @@
 
 import pytest
 
-from test_parallel import TOL, run_case
+from test_parallel import TOL, case_results
 
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-  return run_case(tmp_path_factory, "vectorized")
+results = case_results("vectorized")
 
 
 @pytest.mark.slow

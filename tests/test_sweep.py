@@ -296,12 +296,15 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
                   "          'fixed': {'train.steps': 10, 'train.checkpoint_every': 10,\n"
                   "                    'train.eval_every': 10, 'metrics.sharpness_every': 0}}\n")
   one, two = tmp_path / "one", tmp_path / "two"
-  command = lambda workdir, n: [sys.executable, "-m", "actlab.sweep", f"--config={CONFIG_FILE}",
-                                f"--sweep={spec}", f"--workdir={workdir}", f"--workers={n}"]
-  # Both at real runs' compile settings: the claim is about them (conftest.production_env).
-  run = lambda workdir, n, timeout=600: subprocess.run(
-      command(workdir, n), cwd=REPO, env=production_env(), capture_output=True, text=True,
-      timeout=timeout)
+
+  def run(workdir, n, timeout=600):
+    """`actlab.sweep --workers=n` at real runs' compile settings, which the claim is about
+    (conftest.production_env)."""
+    return subprocess.run([sys.executable, "-m", "actlab.sweep", f"--config={CONFIG_FILE}",
+                           f"--sweep={spec}", f"--workdir={workdir}", f"--workers={n}"],
+                          cwd=REPO, env=production_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
   alone = run(one, 1)
   assert alone.returncode == 0, alone.stdout + alone.stderr
   reference = re.findall(r"^\[\d/4\] (\S+): stable, val loss", alone.stdout, re.M)
