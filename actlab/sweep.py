@@ -190,6 +190,7 @@ def main(argv):
   t0 = time.perf_counter()
   workdir, shard = pathlib.Path(FLAGS.workdir), parse_shard(FLAGS.shard)
   worker = os.environ.get(workers.ENV)
+  workers.whole_lines()  # A parent's and its children's lines share one stream.
   if worker:  # A child of `--workers`: its parent wrote sweep.json and reports the end.
     log = lambda message: _say(f"worker {worker}: {message}")
     log(workers.here())

@@ -108,6 +108,14 @@ def here() -> str:
   return f"pid {os.getpid()}, {describe(sorted(os.sched_getaffinity(0)), gpu)}"
 
 
+def whole_lines() -> None:
+  """Makes this process write its stdout and stderr a whole line at a time. The parent and its
+  children share the streams, and under PYTHONUNBUFFERED (`python -u`) `print` writes a message
+  and its newline in two calls, between which another process's line can land."""
+  for stream in (sys.stdout, sys.stderr):
+    stream.reconfigure(write_through=False, line_buffering=True)
+
+
 def _start(w: Worker, n: int, argv: Sequence[str]) -> subprocess.Popen:
   env = {**os.environ, ENV: f"{w.index}/{n}"}
   if w.gpu is not None:

@@ -260,6 +260,26 @@ def test_cpus_split_into_disjoint_blocks_that_keep_hyperthreads_together(monkeyp
     workers.plan(3)
 
 
+def test_children_sharing_a_pipe_under_pythonunbuffered_write_whole_lines():
+  """Under `python -u` print writes a message and its newline in two calls; the children of
+  `--workers` printing to their parent's pipe spliced their lines (a CI failure) until the
+  sweep's processes called workers.whole_lines()."""
+  child = ("import sys\nfrom actlab import workers\nworkers.whole_lines()\n"
+           "for i in range(3000):\n"
+           "  print(f'child {sys.argv[1]} line {i}', flush=True)\n"
+           "  print(f'child {sys.argv[1]} error {i}', file=sys.stderr, flush=True)\n")
+  read, write = os.pipe()
+  children = [subprocess.Popen([sys.executable, "-u", "-c", child, str(k)], cwd=REPO,
+                               stdout=write, stderr=write) for k in (0, 1)]
+  os.close(write)
+  with os.fdopen(read) as pipe:
+    lines = pipe.read().splitlines()
+  assert [c.wait() for c in children] == [0, 0]
+  assert len(lines) == 4 * 3000
+  assert all(re.fullmatch(r"child [01] (line|error) \d+", line) for line in lines), [
+      line for line in lines if not re.fullmatch(r"child [01] (line|error) \d+", line)][:3]
+
+
 @pytest.mark.parametrize("flag, message", [
     ("--shard=3/2", "--shard=3/2: give i/N"),
     ("--shard=x", "--shard=x: give i/N"),
