@@ -165,7 +165,7 @@ def _tok_file_tag(tok: Tokenizer) -> str:
 def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
   return tokenizers.get(
       config.data.tokenizer, directory=root / "tokenizers" / corpora.key(config),
-      train_texts=train_texts, gpt2_dir=_gpt2_dir(config.data.get("gpt2_dir", ""), root))
+      train_texts=train_texts, gpt2_dir=_gpt2_dir(config.data.gpt2_dir, root))
 
 
 def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
@@ -175,7 +175,7 @@ def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
   tok = saved_tokenizer.load(saved) if saved else None
   if tok is not None:
     return tok
-  root = data_dir(config.data.get("dir", ""))
+  root = data_dir(config.data.dir)
   try:
     return _get_tokenizer(config, root)
   except ValueError:  # Not trained in this data dir.
@@ -204,9 +204,9 @@ def _file_lock(path: Path):
 def load(config, *, progress: bool | None = None, labelled: bool = False):
   """Build (first run) or open (later runs) the token caches and return the Dataset; with
   `labelled`, the `classify.ClassifyDataset` of `config.data.classify` instead."""
-  root = data_dir(config.data.get("dir", ""))
+  root = data_dir(config.data.dir)
   if progress is None:
-    progress = bool(config.get("train", {}).get("progress", True))
+    progress = config.train.progress
   opened: list[corpora.Corpus] = []
 
   def corpus() -> corpora.Corpus:  # opened on first use

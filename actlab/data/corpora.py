@@ -55,7 +55,7 @@ class Synthetic(Corpus):
 def key(config) -> str:
   """The corpus' directory name under tokens/ and tokenizers/."""
   if config.data.source == "tinystories":
-    return f"tinystories-{config.data.get('tinystories_version', 'v2')}"
+    return f"tinystories-{config.data.tinystories_version}"
   return config.data.source
 
 
@@ -66,8 +66,8 @@ def open_corpus(config, root: Path) -> Corpus:
     return Synthetic()
   if source == "tinystories":
     from actlab.data import tinystories
-    manual = config.data.get("manual_dir", "") or str(root / "manual" / "tiny_stories")
+    manual = config.data.manual_dir or str(root / "manual" / "tiny_stories")
     return tinystories.Corpus(
-        version=config.data.get("tinystories_version", "v2"),
+        version=config.data.tinystories_version,
         data_dir=root / "tfds", manual_dir=Path(manual).expanduser())
   raise ValueError(f"data.source={source!r}: choose 'tinystories' or 'synthetic'")
