@@ -90,7 +90,11 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
 
   c.parallel = par = ml_collections.ConfigDict()  # devices and hosts; see actlab/parallel.py
   par.mode = "dp"               # "dp": batch split, state replicated; "fsdp": state split too
-  par.distributed = False       # several hosts: jax.distributed.initialize() (env/cluster vars)
+  par.distributed = False       # several processes: jax.distributed.initialize() (below, else
+                                # JAX_* variables or the cluster: TPU pod, SLURM, Open MPI)
+  par.coordinator = ""          # distributed: process 0's "host:port"; "" = from the environment
+  par.num_processes = 0         # distributed: how many processes; 0 = from the environment
+  par.process_id = -1           # distributed: this process's index; -1 = from the environment
   par.fsdp_min_size = 16384     # fsdp: arrays with fewer elements stay replicated
   par.num_devices = 0           # use the first N devices; 0 = all (of all hosts)
   par.cpu_devices = 0           # CPU only: split the host into N XLA devices (data parallel over

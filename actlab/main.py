@@ -6,7 +6,7 @@ Override any field with `--config.optim.lr=3e-3`; a config file takes a variant 
 
 from absl import flags, logging
 
-from actlab import errors, train
+from actlab import errors, parallel, train
 
 _CONFIG = errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; reused to resume).")
@@ -17,6 +17,7 @@ def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
+  parallel.initialize(_CONFIG.value)  # Devices and hosts first: nothing has asked JAX for any.
   summary = train.run(_CONFIG.value, _WORKDIR.value)
   reasons = "; ".join(summary["status_reasons"])
   print(f"status: {summary['status']}" + (f" ({reasons})" if reasons else ""))

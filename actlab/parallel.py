@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 import jax
@@ -47,9 +48,14 @@ class ParallelError(UserError, ValueError):
   """The parallel set-up cannot work (e.g. the batch does not split across the devices)."""
 
 
-def initialize(config) -> None:
-  """Before any device use: `parallel.cpu_devices` (XLA CPU devices per host) and, when
-  `parallel.distributed` is set, `jax.distributed.initialize()`. Repeated calls are no-ops."""
+def initialize(config, distributed: bool = True) -> None:
+  """Sets up this process's devices: the first thing every entry point does, before anything
+  asks JAX for a device (a backend, once made, cannot change). `parallel.cpu_devices` (XLA CPU
+  devices per process) and, when `parallel.distributed` is set (and `distributed`: single-process
+  tools such as sampling pass False), `jax.distributed.initialize` with the coordinator, process
+  count and id of `coordinator`, `num_processes` and `process_id`, each unset one from
+  JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID or else the cluster (Cloud TPU,
+  SLURM, Open MPI). Repeated calls are no-ops."""
   par = config.parallel
   cpu_devices = par.cpu_devices
   if cpu_devices and jax.config.jax_num_cpu_devices != cpu_devices:
@@ -59,8 +65,17 @@ def initialize(config) -> None:
       raise ParallelError(f"parallel.cpu_devices={cpu_devices}: JAX's devices already exist in "
                           "this process; set it before anything uses JAX (e.g. on the command "
                           "line of actlab.main / actlab.bench)") from None
-  if par.distributed and not jax.distributed.is_initialized():
-    jax.distributed.initialize()
+  if distributed and par.distributed and not jax.distributed.is_initialized():
+    env = os.environ.get
+    coordinator = par.coordinator or env("JAX_COORDINATOR_ADDRESS") or None
+    count = par.num_processes or int(env("JAX_NUM_PROCESSES", 0)) or None
+    index = par.process_id if par.process_id >= 0 else int(env("JAX_PROCESS_ID", -1))
+    try:
+      jax.distributed.initialize(coordinator, count, None if index < 0 else index)
+    except (RuntimeError, ValueError) as e:
+      raise ParallelError(f"parallel.distributed: {e} (set parallel.coordinator, "
+                          "parallel.num_processes and parallel.process_id, or JAX_COORDINATOR_"
+                          "ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID)") from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,7 +50,7 @@ from typing import Callable, Sequence
 
 import ml_collections
 
-from actlab import errors, metrics, progress, steps, tracking, train, workers
+from actlab import errors, metrics, parallel, progress, steps, tracking, train, workers
 from actlab.grid import SEED_KEY, Cell, cells, load, parse_shard, select, write_manifest
 from actlab import workdir as workdir_lib
 
@@ -191,6 +191,12 @@ def main(argv):
   workdir, shard = pathlib.Path(FLAGS.workdir), parse_shard(FLAGS.shard)
   worker = os.environ.get(workers.ENV)
   workers.whole_lines()  # A parent's and its children's lines share one stream.
+  if FLAGS.workers > 1 and not worker:
+    if FLAGS.config.parallel.distributed:
+      raise errors.UserError("--workers=N starts N independent processes on this host; with "
+                             "parallel.distributed use --workers=1 (several hosts: --shard=i/N)")
+  else:  # Devices and hosts first (a --workers parent leaves them to its children).
+    parallel.initialize(FLAGS.config)
   if worker:  # A child of `--workers`: its parent wrote sweep.json and reports the end.
     log = lambda message: _say(f"worker {worker}: {message}")
     log(workers.here())

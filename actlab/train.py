@@ -112,6 +112,7 @@ def load_run(workdir: pathlib.Path):
   if not path.exists():
     raise WorkdirError(f"{workdir} holds no run (no config.json); train one with actlab.main")
   config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  parallel.initialize(config, distributed=False)  # One process reads the run, on its devices.
   tokenizer = data.load_tokenizer(config, workdir_lib.tokenizer_dir(workdir))
   task = steps.Steps.create(config, tokenizer.vocab_size)
   checkpoints = Checkpoints(workdir / "checkpoints", 1, read_only=True)  # Creates nothing.
@@ -150,6 +151,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
   summaries, in order. Runs that cannot share one program's steps (at different steps, some
   finished, or fine-tuning from a checkpoint) train one after another instead."""
   configs, workdirs = list(configs), [pathlib.Path(w) for w in workdirs]
+  parallel.initialize(configs[0])  # Before anything asks JAX for a device (`logdir` does).
   for c, w in zip(configs, workdirs):
     config_lib.validate(c)
     workdir_lib.check_usable(w)
@@ -160,7 +162,6 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
   if len(configs) > 1 and (any(summaries) or configs[0].train.init_from):
     return _one_by_one(configs, workdirs, cache, log)
   c0 = configs[0]
-  parallel.initialize(c0)  # CPU devices, several hosts: before anything touches a device.
   dataset = tasks.get(c0).dataset(c0)
   vocab_size = dataset.tokenizer.vocab_size
   program = steps.program(c0, vocab_size, len(configs), cache)  # Checks the devices.
