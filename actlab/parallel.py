@@ -48,12 +48,12 @@ class ParallelError(UserError, ValueError):
   """The parallel set-up cannot work (e.g. the batch does not split across the devices)."""
 
 
-def initialize(config, distributed: bool = True) -> None:
-  """Sets up this process's devices: the first thing every entry point does, before anything
-  asks JAX for a device (a backend, once made, cannot change). `parallel.cpu_devices` (XLA CPU
-  devices per process) and, when `parallel.distributed` is set (and `distributed`: single-process
-  tools such as sampling pass False), `jax.distributed.initialize` with the coordinator, process
-  count and id of `coordinator`, `num_processes` and `process_id`, each unset one from
+def initialize(config) -> None:
+  """Sets up this process's devices: the first thing every entry point that trains does, before
+  anything asks JAX for a device (a backend, once made, cannot change). `parallel.cpu_devices`
+  (XLA CPU devices per process) and, when `parallel.distributed` is set,
+  `jax.distributed.initialize` with the coordinator, process count and id of
+  `parallel.coordinator`, `num_processes` and `process_id`, each unset one from
   JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID or else the cluster (Cloud TPU,
   SLURM, Open MPI). Repeated calls are no-ops."""
   par = config.parallel
@@ -65,7 +65,7 @@ def initialize(config, distributed: bool = True) -> None:
       raise ParallelError(f"parallel.cpu_devices={cpu_devices}: JAX's devices already exist in "
                           "this process; set it before anything uses JAX (e.g. on the command "
                           "line of actlab.main / actlab.bench)") from None
-  if distributed and par.distributed and not jax.distributed.is_initialized():
+  if par.distributed and not jax.distributed.is_initialized():
     env = os.environ.get
     coordinator = par.coordinator or env("JAX_COORDINATOR_ADDRESS") or None
     count = par.num_processes or int(env("JAX_NUM_PROCESSES", 0)) or None

@@ -107,17 +107,21 @@ def pretrained_params(config: ml_collections.ConfigDict, source, params, vocab_s
 
 def load_run(workdir: pathlib.Path):
   """A trained run's config, tokenizer (the copy in its directory; an older run's from the data
-  dir), `steps.Steps` and latest parameters, and their step (`actlab.sample`, `actlab.export`)."""
+  dir), `steps.Steps` and latest parameters on one device, and their step (`actlab.sample`,
+  `actlab.export`: one process, JAX's default device, whatever the run trained on)."""
   path = workdir / "config.json"
   if not path.exists():
     raise WorkdirError(f"{workdir} holds no run (no config.json); train one with actlab.main")
   config = ml_collections.ConfigDict(json.loads(path.read_text()))
-  parallel.initialize(config, distributed=False)  # One process reads the run, on its devices.
   tokenizer = data.load_tokenizer(config, workdir_lib.tokenizer_dir(workdir))
   task = steps.Steps.create(config, tokenizer.vocab_size)
   checkpoints = Checkpoints(workdir / "checkpoints", 1, read_only=True)  # Creates nothing.
   try:
-    restored = checkpoints.restore_latest(jax.eval_shape(task.init, 0))
+    # On this process's first device, whatever devices and hosts the run trained on.
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    restored = checkpoints.restore_latest(jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device),
+        jax.eval_shape(task.init, 0)))
   finally:
     checkpoints.close()
   if restored is None:
