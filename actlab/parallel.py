@@ -14,11 +14,12 @@ One 1-D mesh over every device of every process, axis `"data"`:
   devices each doing a slice of the batch keep the cores busier (smoke config on 2 cores: 1.5×
   faster with 4; large models gain nothing). Simulated CPU devices wait for every step
   (`Plan.sync_each_step`).
-- `parallel.distributed=true`: `jax.distributed.initialize()` first (coordinator, process count
-  and id from the environment: Cloud TPU, SLURM, Open MPI, or JAX_COORDINATOR_ADDRESS /
-  JAX_NUM_PROCESSES / JAX_PROCESS_ID). Every process computes training batch k from
-  `(seed, k)` as always and feeds only its own rows of it (`shard_batch`), so a run's batches —
-  and its results — do not depend on how many hosts or devices it runs on.
+- `parallel.distributed=true`: `jax.distributed.initialize()` first, with the coordinator,
+  process count and id from `parallel.coordinator` / `num_processes` / `process_id`, else the
+  JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables, else the cluster
+  (Cloud TPU, SLURM, Open MPI). Every process computes training batch k from `(seed, k)` as
+  always and feeds only its own rows of it (`shard_batch`), so a run's batches — and its
+  results — do not depend on how many hosts or devices it runs on.
 
 Everything goes through a `Plan`, also on one device (a mesh of one), so the single-device run
 is the same code. Both strategies compute the same step as one device up to the order of
