@@ -204,18 +204,18 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
       batch = next_batch.result()
       if step + 1 < t.steps:
         next_batch = fetch(step + 1)
-      state, metrics = program.train_step(state, batch)
-      if plan.sync_each_step:  # simulated CPU devices: see parallel.Plan.sync_each_step
-        jax.block_until_ready(metrics)
-      pending.append(metrics)
       done = step + 1
       is_last = done == t.steps
       evaluate_now = done % t.eval_every == 0 or is_last
       sharpness_now = sharp_ev is not None and done % sharp_ev.every == 0
+      log_now = done % t.log_every == 0 or evaluate_now or sharpness_now
+      state, metrics = (program.log_step if log_now else program.train_step)(state, batch)
+      if plan.sync_each_step:  # simulated CPU devices: see parallel.Plan.sync_each_step
+        jax.block_until_ready(metrics)
+      pending.append(metrics)
       stopping = stop.signum is not None  # Read once: a signal during the host work below
       # is acted on after the next step, never between deciding to save and stopping.
       save_now = done % t.checkpoint_every == 0 or is_last or stopping
-      log_now = done % t.log_every == 0 or evaluate_now or sharpness_now
       if not (log_now or save_now):
         continue
       fetched = jax.device_get(pending)  # The loop's only host sync: log and save steps.

@@ -154,8 +154,11 @@ def jsonable(row: Mapping[str, Any]) -> dict:
   return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in row.items()}
 
 
-def first_nonfinite(rows: Sequence[Mapping], keys: Iterable[str] = ("train_loss", "param_norm")):
-  """Index of the first row with a non-finite value under one of `keys`, or None."""
+def first_nonfinite(rows: Sequence[Mapping],
+                    keys: Iterable[str] = ("train_loss", "grad_norm", "param_norm")):
+  """Index of the first row with a non-finite value under one of `keys`, or None. Every step
+  has a loss and a gradient norm (non-finite gradients make the parameters non-finite in that
+  step); log steps also the parameter norm."""
   keys = tuple(keys)
   for i, row in enumerate(rows):
     if any(k in row and not finite(float(row[k])) for k in keys):

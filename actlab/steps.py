@@ -66,8 +66,12 @@ class Steps:
           **opt_state.hyperparams, "peak_lr": jnp.asarray(peak_lr, jnp.float32)})
     return TrainState(jnp.zeros((), jnp.int32), params, opt_state, run_key)
 
-  def train_step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
-    """One optimizer step; pure, so it runs under `jax.jit` with the state donated."""
+  def train_step(self, state: TrainState, batch,
+                 diagnostics: bool = True) -> tuple[TrainState, dict]:
+    """One optimizer step; pure, so it runs under `jax.jit` with the state donated. Every step
+    measures its loss, learning rate and gradient norm (the clipping's, computed once); with
+    `diagnostics` (static: the loop's log steps) also the update and parameter norms, which
+    cost a reduction per array and are logged only there."""
     key = jax.random.fold_in(state.rng, state.step)
 
     def loss_fn(params):
@@ -82,9 +86,9 @@ class Steps:
         "lr": optim.learning_rate(self.config.optim, self.config.train.steps,
                                   state.opt_state, state.step),
         "grad_norm": optax.tree.norm(grads),
-        "update_norm": optax.tree.norm(updates),
-        "param_norm": optax.tree.norm(params),
     }
+    if diagnostics:
+      metrics.update(update_norm=optax.tree.norm(updates), param_norm=optax.tree.norm(params))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -99,6 +103,7 @@ class Program:
   runs: int
   init: Callable        # (seeds, peak_lrs) -> TrainState: scalars, or [R] arrays for R > 1
   train_step: Callable  # (state, batch) -> (state, metrics); donates the state
+  log_step: Callable    # the same step with `diagnostics`: for the steps the loop logs
   evaluators: evaluators_lib.Evaluators
   eval_step: Callable   # (params, batch) -> the validation evaluators' device values
   sharpness: Callable | None  # (params, batch) -> top Hessian eigenvalue(s); None when off
@@ -113,19 +118,23 @@ class Program:
     eval_step = functools.partial(evaluators.validation_step, steps)
     sharpness = evaluators.sharpness and functools.partial(evaluators.sharpness, steps)
     shared_batch = plan.batch_sharding(1)  # A prefix: every array of a batch, split on axis 0.
+    train_step = functools.partial(steps.train_step, diagnostics=False)
+    log_step = steps.train_step
     if runs == 1:
       state, batch = one_run, shared_batch
-      init, train_step = steps.init, steps.train_step
+      init = steps.init
     else:
       state = jax.tree.map(lambda s: NamedSharding(plan.mesh, P(None, *s.spec)), one_run)
       batch = plan.batch_sharding(2, stacked=True)
-      init, train_step = jax.vmap(steps.init), jax.vmap(steps.train_step)
+      init, train_step, log_step = map(jax.vmap, (steps.init, train_step, log_step))
       eval_step = jax.vmap(eval_step, in_axes=(0, None))
       sharpness = sharpness and jax.vmap(sharpness, in_axes=(0, None))
+    jit_step = functools.partial(jax.jit, donate_argnums=0, in_shardings=(state, batch),
+                                 out_shardings=(state, plan.replicated))
     return cls(steps, plan, runs,
                init=jax.jit(init, out_shardings=state),
-               train_step=jax.jit(train_step, donate_argnums=0, in_shardings=(state, batch),
-                                  out_shardings=(state, plan.replicated)),
+               train_step=jit_step(train_step),
+               log_step=jit_step(log_step),
                evaluators=evaluators,
                eval_step=jax.jit(eval_step, in_shardings=(state.params, shared_batch)),
                sharpness=sharpness and jax.jit(sharpness,

@@ -38,12 +38,12 @@ def swept(tmp_path_factory):
   traces = []
   original = steps.Steps.train_step
 
-  def counted(self, state, batch):
-    traces.append(1)  # Python runs at trace time only.
-    state, out = original(self, state, batch)
+  def counted(self, state, batch, diagnostics=True):
+    traces.append(diagnostics)  # Python runs at trace time only.
+    state, out = original(self, state, batch, diagnostics)
     bad = (state.opt_state.hyperparams["peak_lr"] > 0.1) & (state.step >= BAD_FROM)
     nan = jnp.where(bad, jnp.nan, 0.0)
-    out["param_norm"] = out["param_norm"] + nan
+    out["grad_norm"] = out["grad_norm"] + nan
     return state.replace(params=jax.tree.map(lambda p: p + nan, state.params)), out
 
   tmp = tmp_path_factory.mktemp("sweep")
@@ -89,7 +89,7 @@ def _losses(workdir):
 
 @pytest.mark.slow
 def test_cells_differing_in_lr_and_seed_share_one_compiled_step(swept, tmp_path):
-  assert len(swept.traces) == 1
+  assert sorted(swept.traces) == [False, True]  # the step, and the step with diagnostics
   # log() runs once at the start, once per finished cell and once for the HParams table: all
   # compiling happened in cell 1.
   first, *later = swept.compiled_by_cell[1:7]
@@ -107,7 +107,7 @@ def test_cells_differing_in_lr_and_seed_share_one_compiled_step(swept, tmp_path)
   cell = next(c for c in grid.cells(tiny(), grid.load(swept.spec)) if c.name == "lr=0.003,seed=1")
   cell.config.metrics.sharpness_every = 0
   train.run(cell.config, tmp_path / "alone")
-  assert len(swept.traces) == 2
+  assert len(swept.traces) == 4
   np.testing.assert_allclose(_losses(tmp_path / "alone"), _losses(swept.root / cell.name),
                              rtol=1e-6)
 

@@ -196,3 +196,28 @@ def test_different_config_on_used_workdir_is_refused(tmp_path):
   with pytest.raises(train.WorkdirError, match=r"model.activation: 'gelu' → 'relu'.*optim.lr"):
     train.run(c, tmp_path)
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+
+
+def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it():
+  """Program.train_step (every step) and Program.log_step (the steps the loop logs) compute the
+  same state (two compiled programs: XLA may round the update differently at the last bit); the
+  log step adds the update and parameter norms as defined before the split: the norm of this
+  step's AdamW update and of the parameters after it."""
+  c = tiny()
+  program = steps.Program.create(c, 257)
+  batch = np.random.default_rng(0).integers(0, 257, (8, 33)).astype(np.int32)
+  old = jax.device_get(program.init(0, c.optim.lr))
+  plain, m_plain = program.train_step(jax.device_put(old), batch)
+  logged, m_log = program.log_step(jax.device_put(old), batch)
+  for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(logged)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-10)
+  assert set(m_log) - set(m_plain) == {"update_norm", "param_norm"}
+  for k in m_plain:
+    np.testing.assert_allclose(m_plain[k], m_log[k], rtol=1e-6)
+  _, m_ref = jax.jit(program.steps.train_step)(jax.device_put(old), batch)  # the definition
+  assert {k: float(v) for k, v in m_ref.items()} == {k: float(v) for k, v in m_log.items()}
+  new_params = jax.device_get(logged.params)
+  updates = jax.tree.map(lambda new, prev: np.float64(new) - np.float64(prev), new_params,
+                         old.params)
+  np.testing.assert_allclose(m_log["param_norm"], optax.tree.norm(new_params), rtol=1e-6)
+  np.testing.assert_allclose(m_log["update_norm"], optax.tree.norm(updates), rtol=1e-4)
