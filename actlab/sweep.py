@@ -13,9 +13,12 @@ A sweep file defines `get_sweep(arg=None)` returning a dict:
      "description": "...",                    # optional: the report's heading
      "baseline": "gelu"}                      # optional: the report compares the others to it
 
-The grid is the product of the axes (in the order given) and the seeds. Each cell's workdir is
-named by its overrides, `activation=relu,lr=0.001,seed=0` (the last part of each key, or the whole
-key where that part is ambiguous). `sweep.json` at the top lists the grid for `actlab.report`.
+The grid is the product of the axes (in the order given) and the seeds, on top of `--config`. A
+`--config.<field>=` flag wins over the sweep's fixed value of that field (a line says so, and
+sweep.json records the value used); one for a field that an axis or the seeds vary is refused.
+Each cell's workdir is named by its overrides, `activation=relu,lr=0.001,seed=0` (the last part
+of each key, or the whole key where that part is ambiguous). `sweep.json` at the top lists the
+grid for `actlab.report`.
 
 Rerunning the same command continues the sweep: cells with `summary.json` are skipped (diverged
 ones included: divergence is a result), interrupted ones resume from their last checkpoint, and
@@ -51,7 +54,8 @@ from typing import Callable, Sequence
 import ml_collections
 
 from actlab import errors, metrics, progress, steps, tracking, train, workers
-from actlab.grid import SEED_KEY, Cell, cells, load, parse_shard, select, write_manifest
+from actlab.grid import (SEED_KEY, Cell, cells, load, parse_shard, select, with_flags,
+                         write_manifest)
 from actlab import workdir as workdir_lib
 
 def _say(message: str) -> None:
@@ -118,12 +122,17 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
 
 
 def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
-         shard: tuple[int, int] = (0, 1), manifest: bool = True) -> list[Cell]:
-  """The cells of `shard` of the sweep `spec` on top of `base`; writes `sweep.json` (the whole
-  grid) unless `manifest` is false."""
-  sweep = load(spec)
+         shard: tuple[int, int] = (0, 1), manifest: bool = True, overridden: Sequence[str] = (),
+         log: Callable[[str], None] = _say) -> list[Cell]:
+  """The cells of `shard` of the sweep `spec` on top of `base`, whose `overridden` keys (the
+  `--config.<key>=` flags) win over the sweep's fixed values (`grid.with_flags`). Unless
+  `manifest` is false (a `--workers` child: its parent does it), writes `sweep.json` (the whole
+  grid, with the fixed values used) and logs each fixed value a flag replaces."""
+  sweep, replaced = with_flags(load(spec), base, overridden)
   grid = cells(base, sweep)
   if manifest:
+    for line in replaced:
+      log(line)
     write_manifest(workdir, spec, sweep, grid)
   return select(grid, shard)
 
@@ -146,10 +155,11 @@ def _end(cells_: Sequence[Cell], workdir: pathlib.Path, results: dict,
 
 def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str], None] = _say,
         cache: dict | None = None, shard: tuple[int, int] = (0, 1),
-        worker: bool = False) -> dict[str, dict]:
-  """Runs (or continues) the sweep `spec` on top of `base` in `workdir`, only the cells of `shard`
-  (`select`); {cell name: summary} of the cells that have ended (cells another process is
-  training are left out). A `worker` of `--workers` leaves sweep.json and the end to its parent.
+        worker: bool = False, overridden: Sequence[str] = ()) -> dict[str, dict]:
+  """Runs (or continues) the sweep `spec` on top of `base` (with `overridden`, the keys of its
+  `--config.<key>=` flags: `plan`) in `workdir`, only the cells of `shard` (`select`); {cell
+  name: summary} of the cells that have ended (cells another process is training are left out).
+  A `worker` of `--workers` leaves sweep.json and the end to its parent.
 
   Cells run seed by seed: every cell of the first seed (each compile group in turn), then the
   next seed, so that a sweep stopped early already pairs every activation and LR on the seeds
@@ -158,7 +168,7 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
   may keep its own to reuse compiled functions across calls).
   """
   workdir = pathlib.Path(workdir)
-  mine = plan(base, spec, workdir, shard, manifest=not worker)
+  mine = plan(base, spec, workdir, shard, manifest=not worker, overridden=overridden, log=log)
   groups = group(mine)
   part = f" (shard {shard[0]}/{shard[1]})" if shard[1] > 1 else ""
   ended = _ended(mine, workdir)
@@ -190,15 +200,16 @@ def main(argv):
   t0 = time.perf_counter()
   workdir, shard = pathlib.Path(FLAGS.workdir), parse_shard(FLAGS.shard)
   worker = os.environ.get(workers.ENV)
+  overridden = errors.override_keys("config")  # They win over the sweep's fixed values.
   workers.whole_lines()  # A parent's and its children's lines share one stream.
   if worker:  # A child of `--workers`: its parent wrote sweep.json and reports the end.
     log = lambda message: _say(f"worker {worker}: {message}")
     log(workers.here())
-    run(FLAGS.config, FLAGS.sweep, workdir, log, shard=shard, worker=True)
+    run(FLAGS.config, FLAGS.sweep, workdir, log, shard=shard, worker=True, overridden=overridden)
     return
   if FLAGS.workers > 1:
     workers.plan(FLAGS.workers)  # Too few CPUs (or GPUs) are refused before anything is written.
-    mine = plan(FLAGS.config, FLAGS.sweep, workdir, shard)
+    mine = plan(FLAGS.config, FLAGS.sweep, workdir, shard, overridden=overridden)
     ended = _ended(mine, workdir)
     todo = len(mine) - len(ended)
     if todo:
@@ -213,7 +224,7 @@ def main(argv):
     results = _ended(mine, workdir)
     _end(mine, workdir, results, _say)
   else:
-    results = run(FLAGS.config, FLAGS.sweep, workdir, shard=shard)
+    results = run(FLAGS.config, FLAGS.sweep, workdir, shard=shard, overridden=overridden)
   counts = {s: sum(r.get("status") == s for r in results.values()) for s in metrics.STATUSES}
   print(f"sweep done in {time.perf_counter() - t0:.0f} s: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())

@@ -284,9 +284,10 @@ def test_children_sharing_a_pipe_under_pythonunbuffered_write_whole_lines():
     ("--shard=3/2", "--shard=3/2: give i/N"),
     ("--shard=x", "--shard=x: give i/N"),
     ("--workers=100000", "--workers=100000: this process may use"),
+    ("--config.optim.lr=0.1", "--config.optim.lr: the sweep varies optim.lr (its axis"),
 ])
 @pytest.mark.slow
-def test_bad_shard_or_workers_is_one_line_and_exit_2(tmp_path, flag, message):
+def test_bad_shard_workers_or_axis_flag_is_one_line_and_exit_2(tmp_path, flag, message):
   result = subprocess.run([sys.executable, "-m", "actlab.sweep", f"--config={CONFIG_FILE}",
                            f"--sweep={EXPERIMENTS}/relu_vs_gelu_lr.py:smoke",
                            f"--workdir={tmp_path / 'runs'}", flag],
@@ -295,6 +296,31 @@ def test_bad_shard_or_workers_is_one_line_and_exit_2(tmp_path, flag, message):
   assert result.stderr.startswith(f"error: {message}") and result.stderr.count("\n") == 1, (
       result.stderr)
   assert not (tmp_path / "runs").exists()
+
+
+def test_a_flag_wins_over_the_sweeps_fixed_value_in_the_parent_and_in_a_worker(
+    tmp_path, monkeypatch):
+  spec = tmp_path / "grid.py"
+  spec.write_text("def get_sweep(arg=None):\n  return {'axes': {'optim.lr': [1e-3, 3e-3]}, "
+                  "'fixed': {'train.steps': 20}}\n")
+  trained = []
+
+  def fake_run_group(configs, workdirs, cache=None, log=print):
+    trained.extend(c.train.steps for c in configs)
+    return [{"status": "stable"}] * len(configs)
+
+  monkeypatch.setattr(train, "run_group", fake_run_group)
+  base = tiny(**{"train.steps": 7})  # as --config.train.steps=7 sets it
+  for root, worker in [(tmp_path / "parent", False), (tmp_path / "worker", True)]:
+    lines = []
+    sweep.run(base, str(spec), root, log=lines.append, worker=worker, overridden=["train.steps"])
+    assert trained[-2:] == [7, 7]
+    said = [l for l in lines if "replaces" in l]
+    if worker:  # Its parent wrote sweep.json and said it.
+      assert not said and not (root / "sweep.json").exists()
+    else:
+      assert said == ["sweep: --config.train.steps=7 replaces the sweep's fixed train.steps=20"]
+      assert json.loads((root / "sweep.json").read_text())["fixed"] == {"train.steps": 7}
 
 
 def _cpu_set(ranges: str) -> set[int]:
@@ -319,11 +345,15 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
 
   def run(workdir, n, timeout=600):
     """`actlab.sweep --workers=n` at real runs' compile settings, which the claim is about
-    (conftest.production_env)."""
+    (conftest.production_env), with a flag that wins over a fixed value of the sweep."""
     return subprocess.run([sys.executable, "-m", "actlab.sweep", f"--config={CONFIG_FILE}",
-                           f"--sweep={spec}", f"--workdir={workdir}", f"--workers={n}"],
+                           f"--sweep={spec}", f"--workdir={workdir}", f"--workers={n}",
+                           "--config.train.checkpoint_every=5"],
                           cwd=REPO, env=production_env(), capture_output=True, text=True,
                           timeout=timeout)
+
+  replaced = ("sweep: --config.train.checkpoint_every=5 replaces the sweep's fixed "
+              "train.checkpoint_every=10\n")
 
   alone = run(one, 1)
   assert alone.returncode == 0, alone.stdout + alone.stderr
@@ -343,6 +373,8 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
   assert sorted(name for _, name in trained) == sorted(reference), out
   assert [k for k, _ in trained] == ["1", "2", "3", "4"], out
   assert len(re.findall(r"^worker \d/2 \(CPUs \S+\): done$", out, re.M)) == 2, out
+  # The children resolve the flag as the parent did, which says so once.
+  assert out.startswith(replaced) and out.count(replaced) == 1, out
   assert out.count("sweep done") == 1 and out.endswith(
       f"4 stable, 0 unstable, 0 diverged; report: python -m actlab.report {two}\n"), out
   assert (two / "sweep.json").read_text() == (one / "sweep.json").read_text()
@@ -350,12 +382,13 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
   for name in reference:
     segments = json.loads((two / name / "provenance.json").read_text())["segments"]
     assert len(segments) == 1  # trained from scratch once, never resumed or retrained
+    assert json.loads((two / name / "config.json").read_text())["train"]["checkpoint_every"] == 5
     assert strip(_rows(two / name)) == strip(_rows(one / name))  # bitwise: JSON floats
   # Run again, nothing is left to train: no child starts, the same end.
   again = run(two, 2, timeout=120)
-  assert again.returncode == 0 and again.stdout.count("\n") == 1, again.stdout + again.stderr
-  assert again.stdout.endswith("4 stable, 0 unstable, 0 diverged; report: python -m actlab."
-                               f"report {two}\n"), again.stdout
+  assert again.returncode == 0 and again.stdout.count("\n") == 2, again.stdout + again.stderr
+  assert again.stdout.startswith(replaced) and again.stdout.endswith(
+      f"4 stable, 0 unstable, 0 diverged; report: python -m actlab.report {two}\n"), again.stdout
 
 
 # --- Progress ---------------------------------------------------------------------------------
