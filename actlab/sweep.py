@@ -75,10 +75,11 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
               log: Callable[[str], None] = _say,
               progress_: progress.Progress | None = None) -> list[dict | None]:
   """Trains the cells of one group; finished ones (a readable summary.json) are skipped, and so
-  are cells another process is training (None in their place): two sweeps on one directory share
-  the cells. With `sweep.vectorize` the unfinished ones train together as one program
-  (`train.run_group`, at most `sweep.max_runs` at a time), otherwise one after another. Each
-  cell that ends is reported to `progress_`."""
+  are cells another process is training (None in their place; a line says whose, unless it is
+  another worker of this `--workers` sweep): two sweeps on one directory share the cells. With
+  `sweep.vectorize` the unfinished ones train together as one program (`train.run_group`, at
+  most `sweep.max_runs` at a time), otherwise one after another. Each cell that ends is reported
+  to `progress_`."""
   summaries = {}
   todo = []
   for cell in group_:
@@ -98,7 +99,8 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
         try:
           held.enter_context(workdir_lib.Lock(train.logdir(workdir / cell.name)))
         except workdir_lib.Lock.Busy as e:
-          log(f"{cell.name}: skipped: {e}")
+          if not workers.sibling(e.holder):  # Another worker's cell: its parent reports it.
+            log(f"{cell.name}: skipped: {e}")
           continue
         summary = workdir_lib.read_summary(train.logdir(workdir / cell.name))
         if summary is None:

@@ -8,6 +8,7 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -323,6 +324,43 @@ def test_a_flag_wins_over_the_sweeps_fixed_value_in_the_parent_and_in_a_worker(
       assert json.loads((root / "sweep.json").read_text())["fixed"] == {"train.steps": 7}
 
 
+HOLD = ("import fcntl, sys, time\n"
+        "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "f.write(sys.argv[2]); f.flush()\n"
+        "print('held', flush=True); time.sleep(120)\n")
+
+
+def test_a_worker_skips_its_siblings_cells_quietly_and_says_whose_others_are(tmp_path,
+                                                                             monkeypatch):
+  cells = grid.cells(tiny(), grid.parse({"axes": {"optim.lr": [1e-3, 3e-3]}}))
+  here = {"host": socket.gethostname(), "since": "then"}
+  holders = [{**here, "pid": 4242, "parent": os.getppid()},  # another child of our parent
+             {**here, "pid": 4343, "parent": os.getppid() + 1}]  # anyone else
+  procs = []
+  try:
+    for cell, holder in zip(cells, holders):
+      (tmp_path / cell.name).mkdir()
+      procs.append(subprocess.Popen(
+          [sys.executable, "-c", HOLD, str(tmp_path / cell.name / ".lock"), json.dumps(holder)],
+          stdout=subprocess.PIPE, text=True))
+      assert procs[-1].stdout.readline().strip() == "held"
+    busy = lambda cell, pid: (f"{cell.name}: skipped: {tmp_path / cell.name} is in use by pid "
+                              f"{pid} on {here['host']} (since then); wait for that run")
+    for worker, expected in [("1/2", [busy(cells[1], 4343)]),
+                             (None, [busy(cells[0], 4242), busy(cells[1], 4343)])]:
+      if worker:
+        monkeypatch.setenv(workers.ENV, worker)
+      else:
+        monkeypatch.delenv(workers.ENV)
+      lines = []
+      assert sweep.run_group(cells, tmp_path, {}, lines.append) == [None, None]
+      assert len(lines) == len(expected) and all(map(str.startswith, lines, expected)), lines
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
+
+
 def _cpu_set(ranges: str) -> set[int]:
   """"0-2,5" → {0, 1, 2, 5}."""
   out = set()
@@ -373,8 +411,10 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
   assert sorted(name for _, name in trained) == sorted(reference), out
   assert [k for k, _ in trained] == ["1", "2", "3", "4"], out
   assert len(re.findall(r"^worker \d/2 \(CPUs \S+\): done$", out, re.M)) == 2, out
-  # The children resolve the flag as the parent did, which says so once.
+  # The children resolve the flag as the parent did, which says so once; a cell the other child
+  # trains is no error.
   assert out.startswith(replaced) and out.count(replaced) == 1, out
+  assert "in use by" not in out + result.stderr, out
   assert out.count("sweep done") == 1 and out.endswith(
       f"4 stable, 0 unstable, 0 diverged; report: python -m actlab.report {two}\n"), out
   assert (two / "sweep.json").read_text() == (one / "sweep.json").read_text()
