@@ -139,6 +139,15 @@ def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
   return select(grid, shard)
 
 
+def _at_once(cells_: Sequence[Cell], workers_: int = 1) -> int:
+  """How many of `cells_` train at once: `workers_` × the cells of one program (with
+  `sweep.vectorize`, a group's, at most `sweep.max_runs`)."""
+  s = cells_[0].config.sweep if cells_ else None
+  if not (s and s.vectorize):
+    return workers_
+  return workers_ * min(s.max_runs or len(cells_), max(map(len, group(cells_))))
+
+
 def _ended(cells_: Sequence[Cell], workdir: pathlib.Path) -> dict[str, dict]:
   """{cell name: summary} of the cells that have ended, as their summary.json files say."""
   return {c.name: s for c in cells_ if (s := workdir_lib.read_summary(workdir / c.name))}
@@ -177,7 +186,8 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
   log(f"sweep: {len(mine)} cells{part} ({len(ended)} done before) in {len(groups)} compile "
       f"group(s) → {workdir}")
   # The parent reports progress; a worker's parent does it for all of them.
-  progress_ = None if worker else progress.Progress([c.name for c in mine], list(ended), log)
+  progress_ = None if worker else progress.Progress([c.name for c in mine], list(ended), log,
+                                                    at_once=_at_once(mine))
   cache = {} if cache is None else cache
   results = {}
   vectorize = bool(mine) and mine[0].config.sweep.vectorize
@@ -218,7 +228,8 @@ def main(argv):
       team = workers.plan(min(FLAGS.workers, todo))  # No idle child holding CPUs.
       _say(f"sweep: {todo} of {len(mine)} cells to train, {len(team)} workers: " + "; ".join(
           f"worker {w.index} on {workers.describe(w.cpus, w.gpu)}" for w in team))
-      progress_ = progress.Progress([c.name for c in mine], list(ended), _say)
+      progress_ = progress.Progress([c.name for c in mine], list(ended), _say,
+                                    at_once=_at_once(mine, len(team)))
       try:
         workers.run(team, sys.argv[1:], _say, poll=lambda: progress_.poll(workdir))
       finally:

@@ -436,19 +436,43 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
 
 def test_progress_lines_count_every_cell_and_time_only_those_finished_here():
   lines, now = [], [100.0]
-  p = progress.Progress(["a", "b", "c", "d", "e"], ["a"], lines.append, clock=lambda: now[0])
-  now[0] = 110.0
+  p = progress.Progress(["a", "b", "c", "d", "e", "f"], ["a"], lines.append,
+                        clock=lambda: now[0])
+  now[0] = 140.0
   p.done("b", {"status": "stable", "final_val_loss": 2.0, "wall_time_sec": 8.4})
   p.done("b", {"status": "stable"})  # reported twice (a poll after the run): once
   p.done("c", {"status": "stable"}, here=False)  # another process's: counted, not timed
-  now[0] = 100.0 + 2 * 754
-  p.done("d", {"status": "diverged", "final_val_loss": None, "wall_time_sec": 3.0})
+  now[0] = 150.0
+  p.done("d", {"status": "stable", "final_val_loss": 1.5, "wall_time_sec": 9.6})
+  now[0] = 140.0 + 2 * 754
+  p.done("e", {"status": "diverged", "final_val_loss": None, "wall_time_sec": 3.0})
   now[0] = 100.0 + 3 * 3700
-  p.done("e", {"status": "unstable", "final_val_loss": 3.14159, "wall_time_sec": 7384})
-  assert lines == ["[2/5] b: stable, val loss 2.0000, 8 s; ETA 30 s",      # 10 s a cell, 3 left
-                   "[4/5] d: diverged, val loss n/a, 3 s; ETA 12 min 34 s",  # 754 s a cell, 1 left
-                   "[5/5] e: unstable, val loss 3.1416, 2 h 03 min"]        # none left: no ETA
+  p.done("f", {"status": "unstable", "final_val_loss": 3.14159, "wall_time_sec": 7384})
+  assert lines == ["[2/6] b: stable, val loss 2.0000, 8 s",  # it compiled: no rate yet
+                   "[4/6] d: stable, val loss 1.5000, 10 s; ETA 20 s",      # 10 s a cell, 2 left
+                   "[5/6] e: diverged, val loss n/a, 3 s; ETA 12 min 34 s",  # 754 s a cell, 1 left
+                   "[6/6] f: unstable, val loss 3.1416, 2 h 03 min"]        # none left: no ETA
   assert progress.duration(59.4) == "59 s" and progress.duration(3599) == "59 min 59 s"
+
+
+def test_the_eta_leaves_out_the_compile_of_the_first_cell_each_worker_trains():
+  """Two workers, each 30 s for its first cell (compile, data) and 10 s for each later one: the
+  ETA waits for a cell of each after their first, then times those."""
+  lines, now = [], [0.0]
+  names = [f"c{i}" for i in range(8)]
+  p = progress.Progress(names, [], lines.append, clock=lambda: now[0], at_once=2)
+  for name, end in zip(names, [30, 31, 40, 41, 50, 51, 60, 61]):
+    now[0] = float(end)
+    p.done(name, {"status": "stable"})
+  etas = [l.partition("; ETA ")[2] or None for l in lines]
+  # 2 cells a 10 s from 31 s on: 5 s a cell (cells left × 5 s; 19 s = 3 × 19/3, 6 s = 29/5).
+  assert etas == [None, None, None, "20 s", "19 s", "10 s", "6 s", None], lines
+  cells = grid.cells(tiny(**{"sweep.vectorize": True}), grid.parse(
+      {"axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-3, 3e-3]}, "seeds": [0, 1]}))
+  assert sweep._at_once(cells[:1], 2) == 2  # a program of one cell per worker
+  assert sweep._at_once(cells, 2) == 8  # a vectorized group of 4 per worker
+  cells[0].config.sweep.max_runs = 3
+  assert sweep._at_once(cells, 1) == 3
 
 
 def test_sweep_prints_cell_k_of_n_and_skips_cells_done_before(tmp_path, monkeypatch):
@@ -477,6 +501,6 @@ def test_sweep_prints_cell_k_of_n_and_skips_cells_done_before(tmp_path, monkeypa
       "[2/4] lr=0.001,seed=0: stable, val loss 1.0010, 2 s",
       "[3/4] lr=0.001,seed=1: stable, val loss 1.0010, 2 s",
       "[4/4] lr=0.003,seed=1: stable, val loss 1.0030, 2 s"]
-  assert "ETA" in lines[2] and "ETA" not in lines[4]
+  assert "ETA" not in lines[2] + lines[4] and "ETA" in lines[3]  # not for the compiling first
   assert lines[5].startswith("sweep: HParams table in ") and len(lines) == 6
   assert sorted(p.name for p in (root / "tb_hparams").iterdir()) == sorted(results)
