@@ -72,7 +72,8 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
 
   c.metrics = mt = ml_collections.ConfigDict()  # what is measured; see docs/metrics.md
   mt.act_stats = True           # FFN activation statistics and attn_logit_max at every evaluation
-  mt.sharpness_every = 500      # steps between sharpness estimates (also at step 0); 0 = off
+  mt.sharpness_every = 500      # steps between sharpness estimates (also at step 0); 0 = off,
+                                # and none in a run of fewer train.steps (docs/metrics.md §5)
   mt.sharpness_iters = 20       # power-iteration steps (Hessian-vector products) per estimate
   mt.tensorboard = True         # also write every metrics.jsonl row to <workdir>/tb (tensorboardX)
   mt.wandb_project = ""         # also log every row to this Weights & Biases project ("" = off;

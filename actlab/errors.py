@@ -147,18 +147,20 @@ class _ConfigFileParser(flags.ArgumentParser):
     if not isinstance(config, ml_collections.ConfigDict):
       raise UserError(f"config file {path!r}: get_config returned {type(config).__name__}, "
                       "not a ConfigDict")
-    for key in self._override_keys():
+    for key in override_keys(self.name):
       problem = unknown_field(config, key)
       if problem:
         raise UserError(f"--{self.name}.{key}: {problem}")
     config.lock()
     return config
 
-  def _override_keys(self) -> list[str]:
-    """The `--<name>.<key>` overrides config_flags applies next, from the command line it reads."""
-    pattern = re.compile(rf"-{{1,2}}(no)?{re.escape(self.name)}\.([^=]+)")
-    argv = flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False)
-    return [match[2] for match in map(pattern.match, argv) if match]
+
+def override_keys(name: str) -> list[str]:
+  """The keys of the `--<name>.<key>` overrides on the command line (those config_flags applies
+  to the config file's config): `--config.train.steps=30` → "train.steps"."""
+  pattern = re.compile(rf"-{{1,2}}(no)?{re.escape(name)}\.([^=]+)")
+  argv = flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False)
+  return [match[2] for match in map(pattern.match, argv) if match]
 
 
 def define_config_file(name: str, help_string: str) -> flags.FlagHolder:

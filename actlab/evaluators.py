@@ -6,7 +6,7 @@ docs/metrics.md).
 | `Loss` | always | the validation batches | `val_loss`, `val_accuracy` (objectives that count `correct`) |
 | `ActivationStats` | `metrics.act_stats` | the same forward pass, its sown `FFNStats`/`AttentionStats` | `act_zero_frac`, `dead_units`, `act_mean`, `act_std`, `attn_logit_max` (and `/layer_<i>`) |
 | `PreactHistogram` | `metrics.ffn_hist_bins` > 0 and a tracker on (TensorBoard or W&B) | the same forward pass, its sown `FFNStats.z` | `ffn_preact/layer_<i>`: a `histogram.Histogram`, for the trackers only (not metrics.jsonl) |
-| `Sharpness` | `metrics.sharpness_every` > 0 | training batch 0 of seed 0 | `sharpness` |
+| `Sharpness` | 0 < `metrics.sharpness_every` ≤ `train.steps` | training batch 0 of seed 0 | `sharpness` |
 
 The validation evaluators run every `train.eval_every` steps (and at steps 0 and the last) and
 share one forward pass: `Evaluators.validation_step` runs the objective once, with the sown
@@ -105,7 +105,10 @@ class Evaluators:
     validation = ((Loss(),) + ((ActivationStats(),) if m.act_stats else ())
                   + ((PreactHistogram(m.ffn_hist_bins, m.ffn_hist_range),)
                      if m.ffn_hist_bins and tracked else ()))
-    sharpness = Sharpness(m.sharpness_every, m.sharpness_iters) if m.sharpness_every else None
+    # Not in a run too short for an estimate after step 0: step 0's alone can cost more than
+    # the whole run, and compares with nothing (`loop` says so).
+    sharpness = (Sharpness(m.sharpness_every, m.sharpness_iters)
+                 if 0 < m.sharpness_every <= config.train.steps else None)
     return cls(validation, sharpness)
 
   def validation_step(self, steps, params, batch) -> dict:

@@ -1,11 +1,14 @@
 """A sweep file and the grid of cells it defines (the format is in sweep.py's docstring): its
-axes, seeds and fixed overrides checked (`load`, `parse`), each cell's name and validated config
-(`cells`), shard i of N (`select`), and `sweep.json`, the grid as `actlab.report` reads it."""
+axes, seeds and fixed overrides checked (`load`, `parse`), the command line's `--config.<field>=`
+flags put before its fixed values (`with_flags`), each cell's name and validated config (`cells`),
+shard i of N (`select`), and `sweep.json`, the grid as `actlab.report` reads it."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import operator
 import pathlib
 from typing import Any, Sequence
 
@@ -58,6 +61,23 @@ def parse(d: dict) -> Sweep:
     raise config_lib.ConfigError(f"sweep: give seeds as 'seeds', not as the axis {SEED_KEY!r}")
   return Sweep(axes, seeds, dict(d.get("fixed", {})), d.get("description", ""),
                d.get("baseline"))
+
+
+def with_flags(sweep: Sweep, base: ml_collections.ConfigDict,
+               overridden: Sequence[str]) -> tuple[Sweep, list[str]]:
+  """`sweep` with the command line's overrides winning over its fixed values: `overridden` are
+  the keys of the `--config.<key>=` flags, `base` the config they set. Also one line for each
+  fixed value a flag changes. A flag for a key an axis (or `seeds`) varies is refused."""
+  for key in overridden:
+    if key in sweep.axes or key == SEED_KEY:
+      axis = "its seeds" if key == SEED_KEY else f"its axis {key!r}"
+      raise config_lib.ConfigError(f"--config.{key}: the sweep varies {key} ({axis}); drop the "
+                                   "flag, or the axis from the sweep file")
+  flagged = {k: functools.reduce(operator.getitem, k.split("."), base)
+             for k in overridden if k in sweep.fixed}
+  lines = [f"sweep: --config.{k}={_fmt(v)} replaces the sweep's fixed {k}={_fmt(sweep.fixed[k])}"
+           for k, v in flagged.items() if v != sweep.fixed[k]]
+  return dataclasses.replace(sweep, fixed={**sweep.fixed, **flagged}), lines
 
 
 def _short_names(keys: Sequence[str]) -> dict[str, str]:

@@ -169,37 +169,46 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
                      if program.sharpness else None)
   tokens_per_step = t.batch_size * config.data.seq_len
 
-  def evaluate(params) -> list[dict]:
-    """Every lane's validation metrics, from one pass over the validation set."""
-    outs = jax.device_get([program.eval_step(params, b) for b in val_batches])
-    return [program.evaluators.pool([program.run_part(o, r) for o in outs])
-            for r in range(len(lanes))]
-
-  def sharpness(params):
-    return jax.device_get(program.sharpness(params, sharpness_batch))
-
-  if start == 0:
-    evals = evaluate(state.params)
-    sharp = sharpness(state.params) if program.sharpness else None
-    for r, lane in enumerate(lanes):
-      row = {"step": 0, **evals[r]}
-      if sharp is not None:
-        row["sharpness"] = float(program.run_part(sharp, r))
-      lane.write(row)
   print(start_line(lanes, counts, start), flush=True)
-
+  if config.metrics.sharpness_every and sharp_ev is None:
+    print(f"actlab: no sharpness estimates: metrics.sharpness_every "
+          f"({config.metrics.sharpness_every}) is more than train.steps ({t.steps}), so none "
+          "would follow step 0's (docs/metrics.md §5)", flush=True)
   stop = StopRequest()
   prefetch = concurrent.futures.ThreadPoolExecutor(max_workers=1)
   # The next batch is built and sent to the devices (this host's rows only) while a step runs.
   fetch = lambda k: prefetch.submit(
       lambda: program.put_batches([lane.dataset.train_batch(k) for lane in lanes]))
+  # A bar for a single run. Its description says what the run does (evaluation and sharpness
+  # can take long; the count moves at log rows).
   bar = tqdm.tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True,
-                  disable=not t.progress or len(lanes) > 1)  # A bar for a single run.
+                  disable=not t.progress or len(lanes) > 1)
+
+  def evaluate(params) -> list[dict]:
+    """Every lane's validation metrics, from one pass over the validation set."""
+    bar.set_description("evaluating")
+    outs = jax.device_get([program.eval_step(params, b) for b in val_batches])
+    return [program.evaluators.pool([program.run_part(o, r) for o in outs])
+            for r in range(len(lanes))]
+
+  def sharpness(params):
+    bar.set_description("sharpness")
+    return jax.device_get(program.sharpness(params, sharpness_batch))
+
   pending = []
   stopped_at = None  # the step a signal stopped the loop at
-  t0 = wall0 = time.perf_counter()
-  next_batch = fetch(start)
   try:
+    if start == 0:
+      evals = evaluate(state.params)
+      sharp = sharpness(state.params) if program.sharpness else None
+      for r, lane in enumerate(lanes):
+        row = {"step": 0, **evals[r]}
+        if sharp is not None:
+          row["sharpness"] = float(program.run_part(sharp, r))
+        lane.write(row)
+    bar.set_description("training")
+    t0 = wall0 = time.perf_counter()
+    next_batch = fetch(start)
     for step in range(start, t.steps):
       batch = next_batch.result()
       if step + 1 < t.steps:
@@ -233,6 +242,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
       healthy = any(lanes[r].diverged_at is None for r in logged)
       evals = evaluate(state.params) if evaluate_now and healthy else None
       sharp = sharpness(state.params) if sharpness_now and healthy else None
+      bar.set_description("training", refresh=False)
       for r, rows in logged.items():
         lane = lanes[r]
         lane.train_time += elapsed

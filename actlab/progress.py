@@ -1,9 +1,12 @@
 """A sweep's progress as the parent process prints it: cell k of N, one line per finished cell
 (its name, final val loss, verdict and wall time) and the time left.
 
-The ETA is the sweep's wall time in this invocation per cell finished in it, times the cells
-left: with `--workers=N` cells finish N at a time, and the rate says so. Cells that had ended
-before the sweep started count towards k but not towards the rate.
+The ETA is the wall time per cell finished in this invocation, times the cells left, timed from
+the moment the first `at_once` cells (one per worker, or one vectorized program) had finished:
+those carry the compile and the data preparation, which the cells after them reuse. It is
+withheld until `at_once` more have finished. The first cells of a compile group not started yet
+compile again, so until they have ended the ETA can be short by a compile per worker. Cells that
+had ended before the sweep started count towards k but not towards the rate.
 """
 
 from __future__ import annotations
@@ -36,14 +39,15 @@ def cell_line(k: int, n: int, name: str, summary: Mapping, eta: float | None) ->
 
 class Progress:
   """Counts a sweep's cells (`names`, those in `ended` already done) as they end; `done` prints
-  one line per cell that finished in this invocation."""
+  one line per cell that finished in this invocation. `at_once`: how many cells train at once."""
 
   def __init__(self, names: Sequence[str], ended: Sequence[str], log: Callable[[str], None],
-               clock: Callable[[], float] = time.perf_counter):
-    self.names, self.log, self.clock = list(names), log, clock
+               clock: Callable[[], float] = time.perf_counter, at_once: int = 1):
+    self.names, self.log, self.clock, self.at_once = list(names), log, clock, at_once
     self.seen = set(ended) & set(names)
     self.finished_here = 0
-    self.start = self._polled = clock()
+    self.steady_since = None  # when the first `at_once` cells had finished here
+    self._polled = clock()
 
   def done(self, name: str, summary: Mapping, here: bool = True) -> None:
     """Cell `name` has ended: trained here (a line, and timed), or by another process."""
@@ -53,9 +57,12 @@ class Progress:
     if not here:
       return
     self.finished_here += 1
+    if self.finished_here == self.at_once:
+      self.steady_since = self.clock()
+    steady = self.finished_here - self.at_once  # cells finished since
     left = len(self.names) - len(self.seen)
-    rate = (self.clock() - self.start) / self.finished_here
-    eta = rate * left if left else None
+    eta = ((self.clock() - self.steady_since) / steady * left
+           if left and steady >= self.at_once else None)
     self.log(cell_line(len(self.seen), len(self.names), name, summary, eta))
 
   def poll(self, workdir: pathlib.Path, every: float = 1.0) -> None:

@@ -13,9 +13,12 @@ A sweep file defines `get_sweep(arg=None)` returning a dict:
      "description": "...",                    # optional: the report's heading
      "baseline": "gelu"}                      # optional: the report compares the others to it
 
-The grid is the product of the axes (in the order given) and the seeds. Each cell's workdir is
-named by its overrides, `activation=relu,lr=0.001,seed=0` (the last part of each key, or the whole
-key where that part is ambiguous). `sweep.json` at the top lists the grid for `actlab.report`.
+The grid is the product of the axes (in the order given) and the seeds, on top of `--config`. A
+`--config.<field>=` flag wins over the sweep's fixed value of that field (a line says so, and
+sweep.json records the value used); one for a field that an axis or the seeds vary is refused.
+Each cell's workdir is named by its overrides, `activation=relu,lr=0.001,seed=0` (the last part
+of each key, or the whole key where that part is ambiguous). `sweep.json` at the top lists the
+grid for `actlab.report`.
 
 Rerunning the same command continues the sweep: cells with `summary.json` are skipped (diverged
 ones included: divergence is a result), interrupted ones resume from their last checkpoint, and
@@ -51,7 +54,8 @@ from typing import Callable, Sequence
 import ml_collections
 
 from actlab import errors, metrics, parallel, progress, steps, tracking, train, workers
-from actlab.grid import SEED_KEY, Cell, cells, load, parse_shard, select, write_manifest
+from actlab.grid import (SEED_KEY, Cell, cells, load, parse_shard, select, with_flags,
+                         write_manifest)
 from actlab import workdir as workdir_lib
 
 def _say(message: str) -> None:
@@ -71,10 +75,11 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
               log: Callable[[str], None] = _say,
               progress_: progress.Progress | None = None) -> list[dict | None]:
   """Trains the cells of one group; finished ones (a readable summary.json) are skipped, and so
-  are cells another process is training (None in their place): two sweeps on one directory share
-  the cells. With `sweep.vectorize` the unfinished ones train together as one program
-  (`train.run_group`, at most `sweep.max_runs` at a time), otherwise one after another. Each
-  cell that ends is reported to `progress_`."""
+  are cells another process is training (None in their place; a line says whose, unless it is
+  another worker of this `--workers` sweep): two sweeps on one directory share the cells. With
+  `sweep.vectorize` the unfinished ones train together as one program (`train.run_group`, at
+  most `sweep.max_runs` at a time), otherwise one after another. Each cell that ends is reported
+  to `progress_`."""
   summaries = {}
   todo = []
   for cell in group_:
@@ -94,7 +99,8 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
         try:
           held.enter_context(workdir_lib.Lock(train.logdir(workdir / cell.name)))
         except workdir_lib.Lock.Busy as e:
-          log(f"{cell.name}: skipped: {e}")
+          if not workers.sibling(e.holder):  # Another worker's cell: its parent reports it.
+            log(f"{cell.name}: skipped: {e}")
           continue
         summary = workdir_lib.read_summary(train.logdir(workdir / cell.name))
         if summary is None:
@@ -118,14 +124,28 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
 
 
 def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
-         shard: tuple[int, int] = (0, 1), manifest: bool = True) -> list[Cell]:
-  """The cells of `shard` of the sweep `spec` on top of `base`; writes `sweep.json` (the whole
-  grid) unless `manifest` is false."""
-  sweep = load(spec)
+         shard: tuple[int, int] = (0, 1), manifest: bool = True, overridden: Sequence[str] = (),
+         log: Callable[[str], None] = _say) -> list[Cell]:
+  """The cells of `shard` of the sweep `spec` on top of `base`, whose `overridden` keys (the
+  `--config.<key>=` flags) win over the sweep's fixed values (`grid.with_flags`). Unless
+  `manifest` is false (a `--workers` child: its parent does it), writes `sweep.json` (the whole
+  grid, with the fixed values used) and logs each fixed value a flag replaces."""
+  sweep, replaced = with_flags(load(spec), base, overridden)
   grid = cells(base, sweep)
   if manifest:
+    for line in replaced:
+      log(line)
     write_manifest(workdir, spec, sweep, grid)
   return select(grid, shard)
+
+
+def _at_once(cells_: Sequence[Cell], workers_: int = 1) -> int:
+  """How many of `cells_` train at once: `workers_` × the cells of one program (with
+  `sweep.vectorize`, a group's, at most `sweep.max_runs`)."""
+  s = cells_[0].config.sweep if cells_ else None
+  if not (s and s.vectorize):
+    return workers_
+  return workers_ * min(s.max_runs or len(cells_), max(map(len, group(cells_))))
 
 
 def _ended(cells_: Sequence[Cell], workdir: pathlib.Path) -> dict[str, dict]:
@@ -146,10 +166,11 @@ def _end(cells_: Sequence[Cell], workdir: pathlib.Path, results: dict,
 
 def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str], None] = _say,
         cache: dict | None = None, shard: tuple[int, int] = (0, 1),
-        worker: bool = False) -> dict[str, dict]:
-  """Runs (or continues) the sweep `spec` on top of `base` in `workdir`, only the cells of `shard`
-  (`select`); {cell name: summary} of the cells that have ended (cells another process is
-  training are left out). A `worker` of `--workers` leaves sweep.json and the end to its parent.
+        worker: bool = False, overridden: Sequence[str] = ()) -> dict[str, dict]:
+  """Runs (or continues) the sweep `spec` on top of `base` (with `overridden`, the keys of its
+  `--config.<key>=` flags: `plan`) in `workdir`, only the cells of `shard` (`select`); {cell
+  name: summary} of the cells that have ended (cells another process is training are left out).
+  A `worker` of `--workers` leaves sweep.json and the end to its parent.
 
   Cells run seed by seed: every cell of the first seed (each compile group in turn), then the
   next seed, so that a sweep stopped early already pairs every activation and LR on the seeds
@@ -158,14 +179,15 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
   may keep its own to reuse compiled functions across calls).
   """
   workdir = pathlib.Path(workdir)
-  mine = plan(base, spec, workdir, shard, manifest=not worker)
+  mine = plan(base, spec, workdir, shard, manifest=not worker, overridden=overridden, log=log)
   groups = group(mine)
   part = f" (shard {shard[0]}/{shard[1]})" if shard[1] > 1 else ""
   ended = _ended(mine, workdir)
   log(f"sweep: {len(mine)} cells{part} ({len(ended)} done before) in {len(groups)} compile "
       f"group(s) → {workdir}")
   # The parent reports progress; a worker's parent does it for all of them.
-  progress_ = None if worker else progress.Progress([c.name for c in mine], list(ended), log)
+  progress_ = None if worker else progress.Progress([c.name for c in mine], list(ended), log,
+                                                    at_once=_at_once(mine))
   cache = {} if cache is None else cache
   results = {}
   vectorize = bool(mine) and mine[0].config.sweep.vectorize
@@ -190,6 +212,7 @@ def main(argv):
   t0 = time.perf_counter()
   workdir, shard = pathlib.Path(FLAGS.workdir), parse_shard(FLAGS.shard)
   worker = os.environ.get(workers.ENV)
+  overridden = errors.override_keys("config")  # They win over the sweep's fixed values.
   workers.whole_lines()  # A parent's and its children's lines share one stream.
   if FLAGS.workers > 1 and not worker:
     if FLAGS.config.parallel.distributed:
@@ -200,18 +223,19 @@ def main(argv):
   if worker:  # A child of `--workers`: its parent wrote sweep.json and reports the end.
     log = lambda message: _say(f"worker {worker}: {message}")
     log(workers.here())
-    run(FLAGS.config, FLAGS.sweep, workdir, log, shard=shard, worker=True)
+    run(FLAGS.config, FLAGS.sweep, workdir, log, shard=shard, worker=True, overridden=overridden)
     return
   if FLAGS.workers > 1:
     workers.plan(FLAGS.workers)  # Too few CPUs (or GPUs) are refused before anything is written.
-    mine = plan(FLAGS.config, FLAGS.sweep, workdir, shard)
+    mine = plan(FLAGS.config, FLAGS.sweep, workdir, shard, overridden=overridden)
     ended = _ended(mine, workdir)
     todo = len(mine) - len(ended)
     if todo:
       team = workers.plan(min(FLAGS.workers, todo))  # No idle child holding CPUs.
       _say(f"sweep: {todo} of {len(mine)} cells to train, {len(team)} workers: " + "; ".join(
           f"worker {w.index} on {workers.describe(w.cpus, w.gpu)}" for w in team))
-      progress_ = progress.Progress([c.name for c in mine], list(ended), _say)
+      progress_ = progress.Progress([c.name for c in mine], list(ended), _say,
+                                    at_once=_at_once(mine, len(team)))
       try:
         workers.run(team, sys.argv[1:], _say, poll=lambda: progress_.poll(workdir))
       finally:
@@ -219,7 +243,7 @@ def main(argv):
     results = _ended(mine, workdir)
     _end(mine, workdir, results, _say)
   else:
-    results = run(FLAGS.config, FLAGS.sweep, workdir, shard=shard)
+    results = run(FLAGS.config, FLAGS.sweep, workdir, shard=shard, overridden=overridden)
   counts = {s: sum(r.get("status") == s for r in results.values()) for s in metrics.STATUSES}
   print(f"sweep done in {time.perf_counter() - t0:.0f} s: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())

@@ -1,7 +1,8 @@
 """The run directory: one owner at a time, what identifies the run, atomic files, a full disk.
 
     <workdir>/
-      .lock            held (flock) by the process training here; pid, host and start inside
+      .lock            held (flock) by the process training here; pid, parent pid, host and
+                       start inside
       config.json      the run's config, written once; a rerun must match it (`check_config`)
       provenance.json  one segment per start of the process: versions, commit, devices, command
                        (provenance.py)
@@ -121,8 +122,7 @@ def read_summary(logdir_: pathlib.Path, warn: bool = True) -> dict | None:
 _held: dict[pathlib.Path, list] = {}  # lock path -> [open file, depth]: this process's locks
 
 
-def _holder(path: pathlib.Path) -> str:
-  info = read_json(path) or {}
+def _holder(info: dict) -> str:
   if not info:
     return "another process"
   return f"pid {info.get('pid')} on {info.get('host')} (since {info.get('since')})"
@@ -137,7 +137,11 @@ class Lock:
   """
 
   class Busy(WorkdirError):
-    """Another process holds the workdir."""
+    """Another process holds the workdir; `holder` is what its lock file says ({} if unknown)."""
+
+    def __init__(self, message: str, holder: dict):
+      super().__init__(message)
+      self.holder = holder
 
   def __init__(self, workdir: pathlib.Path):
     self.path = (pathlib.Path(workdir) / ".lock").absolute()
@@ -152,11 +156,13 @@ class Lock:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       f.close()
-      raise Lock.Busy(f"{self.path.parent} is in use by {_holder(self.path)}; wait for that run "
-                      "to end (or stop it), or choose another --workdir") from None
+      holder = read_json(self.path) or {}
+      raise Lock.Busy(f"{self.path.parent} is in use by {_holder(holder)}; wait for that run "
+                      "to end (or stop it), or choose another --workdir", holder) from None
     f.seek(0)
     f.truncate()
-    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": now()}))
+    f.write(json.dumps({"pid": os.getpid(), "parent": os.getppid(), "host": socket.gethostname(),
+                        "since": now()}))
     f.flush()
     _held[self.path] = [f, 1]
     return self

@@ -17,10 +17,11 @@ import dataclasses
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 from actlab.errors import UserError
 
@@ -106,6 +107,13 @@ def here() -> str:
   """This process as a child reports itself: "pid …, CPUs …[, GPU …]"."""
   gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
   return f"pid {os.getpid()}, {describe(sorted(os.sched_getaffinity(0)), gpu)}"
+
+
+def sibling(holder: Mapping) -> bool:
+  """Whether the holder of a cell's lock (`workdir.Lock.Busy.holder`) is another child of this
+  process's parent, and this process a child of `--workers`: a worker of the same sweep."""
+  return (ENV in os.environ and holder.get("parent") == os.getppid()
+          and holder.get("host") == socket.gethostname())
 
 
 def whole_lines() -> None:

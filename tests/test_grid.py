@@ -35,6 +35,22 @@ def test_ambiguous_short_names_use_the_full_key():
   assert grid.cells(c, s)[0].name == "model.dropout=0,data.dropout=0.1,seed=0"
 
 
+def test_command_line_flags_win_over_fixed_values_and_may_not_set_an_axis():
+  s = grid.parse({"axes": {"optim.lr": [1e-3, 3e-3]}, "seeds": [0, 1],
+                   "fixed": {"train.steps": 20, "train.log_every": 5, "model.dropout": 0.1}})
+  base = tiny(**{"train.steps": 7, "train.log_every": 5})  # as --config.train.steps=7 ... set it
+  flagged, lines = grid.with_flags(s, base, ["train.steps", "train.log_every", "data.seq_len"])
+  assert flagged.fixed == {"train.steps": 7, "train.log_every": 5, "model.dropout": 0.1}
+  assert lines == ["sweep: --config.train.steps=7 replaces the sweep's fixed train.steps=20"]
+  assert {(c.config.train.steps, c.config.model.dropout) for c in grid.cells(base, flagged)} == {
+      (7, 0.1)}
+  assert grid.with_flags(s, base, []) == (s, [])
+  for key, axis in [("optim.lr", "its axis 'optim.lr'"), ("train.seed", "its seeds")]:
+    with pytest.raises(config_lib.ConfigError,
+                       match=rf"^--config\.{key}: the sweep varies {key} \({axis}\); drop"):
+      grid.with_flags(s, base, ["train.steps", key])
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"axes": {"optim.lrr": [1e-3]}}, "no such field"),
     ({"axes": {"optimizer.lr": [1e-3]}}, "no section"),

@@ -8,6 +8,7 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -284,9 +285,10 @@ def test_children_sharing_a_pipe_under_pythonunbuffered_write_whole_lines():
     ("--shard=3/2", "--shard=3/2: give i/N"),
     ("--shard=x", "--shard=x: give i/N"),
     ("--workers=100000", "--workers=100000: this process may use"),
+    ("--config.optim.lr=0.1", "--config.optim.lr: the sweep varies optim.lr (its axis"),
 ])
 @pytest.mark.slow
-def test_bad_shard_or_workers_is_one_line_and_exit_2(tmp_path, flag, message):
+def test_bad_shard_workers_or_axis_flag_is_one_line_and_exit_2(tmp_path, flag, message):
   result = subprocess.run([sys.executable, "-m", "actlab.sweep", f"--config={CONFIG_FILE}",
                            f"--sweep={EXPERIMENTS}/relu_vs_gelu_lr.py:smoke",
                            f"--workdir={tmp_path / 'runs'}", flag],
@@ -295,6 +297,68 @@ def test_bad_shard_or_workers_is_one_line_and_exit_2(tmp_path, flag, message):
   assert result.stderr.startswith(f"error: {message}") and result.stderr.count("\n") == 1, (
       result.stderr)
   assert not (tmp_path / "runs").exists()
+
+
+def test_a_flag_wins_over_the_sweeps_fixed_value_in_the_parent_and_in_a_worker(
+    tmp_path, monkeypatch):
+  spec = tmp_path / "grid.py"
+  spec.write_text("def get_sweep(arg=None):\n  return {'axes': {'optim.lr': [1e-3, 3e-3]}, "
+                  "'fixed': {'train.steps': 20}}\n")
+  trained = []
+
+  def fake_run_group(configs, workdirs, cache=None, log=print):
+    trained.extend(c.train.steps for c in configs)
+    return [{"status": "stable"}] * len(configs)
+
+  monkeypatch.setattr(train, "run_group", fake_run_group)
+  base = tiny(**{"train.steps": 7})  # as --config.train.steps=7 sets it
+  for root, worker in [(tmp_path / "parent", False), (tmp_path / "worker", True)]:
+    lines = []
+    sweep.run(base, str(spec), root, log=lines.append, worker=worker, overridden=["train.steps"])
+    assert trained[-2:] == [7, 7]
+    said = [l for l in lines if "replaces" in l]
+    if worker:  # Its parent wrote sweep.json and said it.
+      assert not said and not (root / "sweep.json").exists()
+    else:
+      assert said == ["sweep: --config.train.steps=7 replaces the sweep's fixed train.steps=20"]
+      assert json.loads((root / "sweep.json").read_text())["fixed"] == {"train.steps": 7}
+
+
+HOLD = ("import fcntl, sys, time\n"
+        "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "f.write(sys.argv[2]); f.flush()\n"
+        "print('held', flush=True); time.sleep(120)\n")
+
+
+def test_a_worker_skips_its_siblings_cells_quietly_and_says_whose_others_are(tmp_path,
+                                                                             monkeypatch):
+  cells = grid.cells(tiny(), grid.parse({"axes": {"optim.lr": [1e-3, 3e-3]}}))
+  here = {"host": socket.gethostname(), "since": "then"}
+  holders = [{**here, "pid": 4242, "parent": os.getppid()},  # another child of our parent
+             {**here, "pid": 4343, "parent": os.getppid() + 1}]  # anyone else
+  procs = []
+  try:
+    for cell, holder in zip(cells, holders):
+      (tmp_path / cell.name).mkdir()
+      procs.append(subprocess.Popen(
+          [sys.executable, "-c", HOLD, str(tmp_path / cell.name / ".lock"), json.dumps(holder)],
+          stdout=subprocess.PIPE, text=True))
+      assert procs[-1].stdout.readline().strip() == "held"
+    busy = lambda cell, pid: (f"{cell.name}: skipped: {tmp_path / cell.name} is in use by pid "
+                              f"{pid} on {here['host']} (since then); wait for that run")
+    for worker, expected in [("1/2", [busy(cells[1], 4343)]),
+                             (None, [busy(cells[0], 4242), busy(cells[1], 4343)])]:
+      if worker:
+        monkeypatch.setenv(workers.ENV, worker)
+      else:
+        monkeypatch.delenv(workers.ENV)
+      lines = []
+      assert sweep.run_group(cells, tmp_path, {}, lines.append) == [None, None]
+      assert len(lines) == len(expected) and all(map(str.startswith, lines, expected)), lines
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
 
 
 def _cpu_set(ranges: str) -> set[int]:
@@ -319,11 +383,15 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
 
   def run(workdir, n, timeout=600):
     """`actlab.sweep --workers=n` at real runs' compile settings, which the claim is about
-    (conftest.production_env)."""
+    (conftest.production_env), with a flag that wins over a fixed value of the sweep."""
     return subprocess.run([sys.executable, "-m", "actlab.sweep", f"--config={CONFIG_FILE}",
-                           f"--sweep={spec}", f"--workdir={workdir}", f"--workers={n}"],
+                           f"--sweep={spec}", f"--workdir={workdir}", f"--workers={n}",
+                           "--config.train.checkpoint_every=5"],
                           cwd=REPO, env=production_env(), capture_output=True, text=True,
                           timeout=timeout)
+
+  replaced = ("sweep: --config.train.checkpoint_every=5 replaces the sweep's fixed "
+              "train.checkpoint_every=10\n")
 
   alone = run(one, 1)
   assert alone.returncode == 0, alone.stdout + alone.stderr
@@ -343,6 +411,10 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
   assert sorted(name for _, name in trained) == sorted(reference), out
   assert [k for k, _ in trained] == ["1", "2", "3", "4"], out
   assert len(re.findall(r"^worker \d/2 \(CPUs \S+\): done$", out, re.M)) == 2, out
+  # The children resolve the flag as the parent did, which says so once; a cell the other child
+  # trains is no error.
+  assert out.startswith(replaced) and out.count(replaced) == 1, out
+  assert "in use by" not in out + result.stderr, out
   assert out.count("sweep done") == 1 and out.endswith(
       f"4 stable, 0 unstable, 0 diverged; report: python -m actlab.report {two}\n"), out
   assert (two / "sweep.json").read_text() == (one / "sweep.json").read_text()
@@ -350,12 +422,13 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
   for name in reference:
     segments = json.loads((two / name / "provenance.json").read_text())["segments"]
     assert len(segments) == 1  # trained from scratch once, never resumed or retrained
+    assert json.loads((two / name / "config.json").read_text())["train"]["checkpoint_every"] == 5
     assert strip(_rows(two / name)) == strip(_rows(one / name))  # bitwise: JSON floats
   # Run again, nothing is left to train: no child starts, the same end.
   again = run(two, 2, timeout=120)
-  assert again.returncode == 0 and again.stdout.count("\n") == 1, again.stdout + again.stderr
-  assert again.stdout.endswith("4 stable, 0 unstable, 0 diverged; report: python -m actlab."
-                               f"report {two}\n"), again.stdout
+  assert again.returncode == 0 and again.stdout.count("\n") == 2, again.stdout + again.stderr
+  assert again.stdout.startswith(replaced) and again.stdout.endswith(
+      f"4 stable, 0 unstable, 0 diverged; report: python -m actlab.report {two}\n"), again.stdout
 
 
 # --- Progress ---------------------------------------------------------------------------------
@@ -363,19 +436,43 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
 
 def test_progress_lines_count_every_cell_and_time_only_those_finished_here():
   lines, now = [], [100.0]
-  p = progress.Progress(["a", "b", "c", "d", "e"], ["a"], lines.append, clock=lambda: now[0])
-  now[0] = 110.0
+  p = progress.Progress(["a", "b", "c", "d", "e", "f"], ["a"], lines.append,
+                        clock=lambda: now[0])
+  now[0] = 140.0
   p.done("b", {"status": "stable", "final_val_loss": 2.0, "wall_time_sec": 8.4})
   p.done("b", {"status": "stable"})  # reported twice (a poll after the run): once
   p.done("c", {"status": "stable"}, here=False)  # another process's: counted, not timed
-  now[0] = 100.0 + 2 * 754
-  p.done("d", {"status": "diverged", "final_val_loss": None, "wall_time_sec": 3.0})
+  now[0] = 150.0
+  p.done("d", {"status": "stable", "final_val_loss": 1.5, "wall_time_sec": 9.6})
+  now[0] = 140.0 + 2 * 754
+  p.done("e", {"status": "diverged", "final_val_loss": None, "wall_time_sec": 3.0})
   now[0] = 100.0 + 3 * 3700
-  p.done("e", {"status": "unstable", "final_val_loss": 3.14159, "wall_time_sec": 7384})
-  assert lines == ["[2/5] b: stable, val loss 2.0000, 8 s; ETA 30 s",      # 10 s a cell, 3 left
-                   "[4/5] d: diverged, val loss n/a, 3 s; ETA 12 min 34 s",  # 754 s a cell, 1 left
-                   "[5/5] e: unstable, val loss 3.1416, 2 h 03 min"]        # none left: no ETA
+  p.done("f", {"status": "unstable", "final_val_loss": 3.14159, "wall_time_sec": 7384})
+  assert lines == ["[2/6] b: stable, val loss 2.0000, 8 s",  # it compiled: no rate yet
+                   "[4/6] d: stable, val loss 1.5000, 10 s; ETA 20 s",      # 10 s a cell, 2 left
+                   "[5/6] e: diverged, val loss n/a, 3 s; ETA 12 min 34 s",  # 754 s a cell, 1 left
+                   "[6/6] f: unstable, val loss 3.1416, 2 h 03 min"]        # none left: no ETA
   assert progress.duration(59.4) == "59 s" and progress.duration(3599) == "59 min 59 s"
+
+
+def test_the_eta_leaves_out_the_compile_of_the_first_cell_each_worker_trains():
+  """Two workers, each 30 s for its first cell (compile, data) and 10 s for each later one: the
+  ETA waits for a cell of each after their first, then times those."""
+  lines, now = [], [0.0]
+  names = [f"c{i}" for i in range(8)]
+  p = progress.Progress(names, [], lines.append, clock=lambda: now[0], at_once=2)
+  for name, end in zip(names, [30, 31, 40, 41, 50, 51, 60, 61]):
+    now[0] = float(end)
+    p.done(name, {"status": "stable"})
+  etas = [l.partition("; ETA ")[2] or None for l in lines]
+  # 2 cells a 10 s from 31 s on: 5 s a cell (cells left × 5 s; 19 s = 3 × 19/3, 6 s = 29/5).
+  assert etas == [None, None, None, "20 s", "19 s", "10 s", "6 s", None], lines
+  cells = grid.cells(tiny(**{"sweep.vectorize": True}), grid.parse(
+      {"axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-3, 3e-3]}, "seeds": [0, 1]}))
+  assert sweep._at_once(cells[:1], 2) == 2  # a program of one cell per worker
+  assert sweep._at_once(cells, 2) == 8  # a vectorized group of 4 per worker
+  cells[0].config.sweep.max_runs = 3
+  assert sweep._at_once(cells, 1) == 3
 
 
 def test_sweep_prints_cell_k_of_n_and_skips_cells_done_before(tmp_path, monkeypatch):
@@ -404,6 +501,6 @@ def test_sweep_prints_cell_k_of_n_and_skips_cells_done_before(tmp_path, monkeypa
       "[2/4] lr=0.001,seed=0: stable, val loss 1.0010, 2 s",
       "[3/4] lr=0.001,seed=1: stable, val loss 1.0010, 2 s",
       "[4/4] lr=0.003,seed=1: stable, val loss 1.0030, 2 s"]
-  assert "ETA" in lines[2] and "ETA" not in lines[4]
+  assert "ETA" not in lines[2] + lines[4] and "ETA" in lines[3]  # not for the compiling first
   assert lines[5].startswith("sweep: HParams table in ") and len(lines) == 6
   assert sorted(p.name for p in (root / "tb_hparams").iterdir()) == sorted(results)

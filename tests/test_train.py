@@ -1,7 +1,9 @@
 """Training: optimizer, pure step, loss falls, overfitting, workdir files and contracts."""
 
 import functools
+import itertools
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -221,3 +223,32 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
                          old.params)
   np.testing.assert_allclose(m_log["param_norm"], optax.tree.norm(new_params), rtol=1e-6)
   np.testing.assert_allclose(m_log["update_norm"], optax.tree.norm(updates), rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_bar_says_what_the_run_does_and_a_run_too_short_for_sharpness_skips_it(tmp_path,
+                                                                                    capsys):
+  """The bar's description names the step-0 evaluation and sharpness estimate while they run,
+  then training. A run of fewer steps than `metrics.sharpness_every` estimates no sharpness, not
+  even at step 0, and says so; its other numbers are those of a run that does."""
+  rows, said = {}, {}
+  for every in (4, 5):
+    c = tiny(**{"train.steps": 4, "train.log_every": 2, "train.eval_every": 2,
+                "train.checkpoint_every": 4, "train.progress": True,
+                "optim.warmup_steps": 2, "metrics.sharpness_every": every,
+                "metrics.sharpness_iters": 2})
+    train.run(c, tmp_path / str(every))
+    said[every] = capsys.readouterr()
+    rows[every] = [json.loads(l) for l in (tmp_path / str(every) / "metrics.jsonl").read_text()
+                   .splitlines()]
+    bar = [d for d, _ in itertools.groupby(re.findall(r"(\w+):\s+\d+%", said[every].err))]
+    assert bar[:3] == (["evaluating", "sharpness", "training"] if every == 4 else
+                       ["evaluating", "training", "evaluating"]), said[every].err
+  assert [r["step"] for r in rows[4] if "sharpness" in r] == [0, 4]
+  assert not any("sharpness" in r for r in rows[5])
+  note = ("actlab: no sharpness estimates: metrics.sharpness_every (5) is more than train.steps "
+          "(4), so none would follow step 0's (docs/metrics.md §5)\n")
+  assert note in said[5].out and "sharpness" not in said[4].out
+  strip = lambda rs: [{k: v for k, v in r.items() if k not in ("sharpness", "tokens_per_sec")}
+                      for r in rs]
+  assert strip(rows[5]) == strip(rows[4])

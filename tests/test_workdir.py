@@ -38,6 +38,7 @@ def test_lock_refuses_a_second_process_naming_the_holder(tmp_path):
   with workdir.Lock(tmp_path):  # The kernel released it with the process: no stale lock.
     info = json.loads((tmp_path / ".lock").read_text())
     assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
+    assert info["parent"] == os.getppid()  # workers.sibling: another worker's cell
 
 
 def test_lock_is_reentrant_within_a_process(tmp_path):
