@@ -154,11 +154,14 @@ def jsonable(row: Mapping[str, Any]) -> dict:
   return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in row.items()}
 
 
-def first_nonfinite(rows: Sequence[Mapping],
-                    keys: Iterable[str] = ("train_loss", "grad_norm", "param_norm")):
-  """Index of the first row with a non-finite value under one of `keys`, or None. Every step
-  has a loss and a gradient norm (non-finite gradients make the parameters non-finite in that
-  step); log steps also the parameter norm."""
+# A run has diverged where one of these is non-finite. Every step measures the loss and the
+# gradient norm (non-finite gradients make the parameters non-finite in the same step); log steps
+# also the parameter norm, and evaluations the validation loss.
+DIVERGED_IF_NONFINITE = ("train_loss", "grad_norm", "param_norm", "val_loss")
+
+
+def first_nonfinite(rows: Sequence[Mapping], keys: Iterable[str] = DIVERGED_IF_NONFINITE):
+  """Index of the first row with a non-finite value under one of `keys`, or None."""
   keys = tuple(keys)
   for i, row in enumerate(rows):
     if any(k in row and not finite(float(row[k])) for k in keys):
@@ -172,8 +175,8 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
 
   The rule, first match wins:
 
-  1. **diverged** if any logged `train_loss`, `val_loss` or `param_norm` is non-finite (NaN/inf,
-     stored as null) — the run stopped there — or if the final `val_loss` ≥ `uniform_frac ·
+  1. **diverged** if any logged `DIVERGED_IF_NONFINITE` value is non-finite (NaN/inf, stored as
+     null) — the run stopped there — or if the final `val_loss` ≥ `uniform_frac ·
      uniform_loss`, where `uniform_loss` = ln(number of outputs: vocabulary size, or classes) is
      the loss of predicting uniformly: no better than chance.
   2. **unstable** if, after warm-up (step > `warmup_steps`), some logged `train_loss` exceeds
@@ -186,7 +189,7 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
   """
   reasons, spike_steps, diverged_at = [], [], None
   for row in rows:
-    bad = [k for k in ("train_loss", "val_loss", "param_norm") if k in row and not finite(row[k])]
+    bad = [k for k in DIVERGED_IF_NONFINITE if k in row and not finite(row[k])]
     if bad:
       diverged_at = row["step"]
       reasons.append(f"non-finite {bad[0]} at step {row['step']}")

@@ -235,6 +235,8 @@ def test_nonfinite_is_diverged():
   assert metrics.verdict(rows, **RULE)["diverged_at"] == 110
   rows[-1] = {"step": 110, "train_loss": 2.0, "param_norm": float("inf")}
   assert metrics.verdict(rows, **RULE)["status"] == "diverged"
+  rows[-1] = {"step": 110, "train_loss": 2.0, "grad_norm": None}  # a step between log rows
+  assert metrics.verdict(rows, **RULE)["diverged_at"] == 110
 
 
 def test_no_better_than_uniform_is_diverged():

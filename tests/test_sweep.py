@@ -155,7 +155,7 @@ def test_divergence_is_a_result_and_keeps_the_last_good_checkpoint(swept):
     assert summary["status"] == "diverged" and summary["diverged_at"] == BAD_FROM
     assert json.loads((swept.root / name / "summary.json").read_text())["status"] == "diverged"
     last = _rows(swept.root / name)[-1]
-    assert last["step"] == BAD_FROM and last["param_norm"] is None  # strict JSON: null
+    assert last["step"] == BAD_FROM and last["grad_norm"] is None  # strict JSON: null
     ckpts = swept.root / name / "checkpoints"
     assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) == [10]
   # The sweep went on after the diverged cells (they come first in the grid).
