@@ -1,6 +1,7 @@
 """A straightforward PyTorch implementation of actlab's decoder, for speed comparisons only.
 
-nanoGPT's architecture (Karpathy, model.py) in eager mode and float32: token + position
+nanoGPT's architecture (Karpathy, model.py), eager or `torch.compile`d, float32 or under
+bfloat16 autocast, on the CPU or a CUDA device: token + position
 embeddings, pre-LN blocks (fused `c_attn` q/k/v projection, `F.scaled_dot_product_attention`
 with `is_causal=True`, MLP `c_fc` → activation → `c_proj`), a final LayerNorm and an LM head tied
 to the token embedding; `F.cross_entropy` over the materialised logits; `torch.optim.AdamW`
@@ -16,7 +17,9 @@ Never imported by actlab at run time: `actlab.bench --torch` runs it in a subpro
         --seq_len 128 --vocab 320 --batch 16 --steps 20
 
 `--worker` speaks a line protocol on stdin/stdout (used by `actlab.bench`): the first line is a
-JSON model description, then each line `run <n>` answers with one JSON line of n step times.
+JSON model description (shapes, hyperparameters, and `compile`, `device`, `dtype`), then each line
+`run <n>` answers with one JSON line of n step times (each step waited for) and `queue <n>` with
+the wall time of n steps queued back to back (one wait at the end).
 """
 
 from __future__ import annotations
@@ -129,36 +132,48 @@ def ffn_width(activation, d_ff, gated_match_params=True):
 
 
 class Trainer:
-  """Model, AdamW and one pre-made batch: `step()` is one full training step."""
+  """Model, AdamW and one pre-made batch: `step()` is one full training step. With `compile`,
+  the model is `torch.compile`d and, on CUDA, AdamW is the fused implementation; with dtype
+  bfloat16 the forward pass runs under bfloat16 autocast (nanoGPT's mixed precision)."""
 
   def __init__(self, spec: dict):
     torch.manual_seed(spec.get("seed", 0))
     if spec.get("threads"):
       torch.set_num_threads(int(spec["threads"]))
+    self.device = torch.device(spec.get("device", "cpu"))
     width = ffn_width(spec["activation"], spec["d_ff"], spec.get("gated_match_params", True))
-    self.model = GPT(spec["vocab"], spec["max_len"], spec["layers"], spec["d_model"],
-                     spec["heads"], width, spec["activation"])
-    decay = [p for p in self.model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+    model = GPT(spec["vocab"], spec["max_len"], spec["layers"], spec["d_model"],
+                spec["heads"], width, spec["activation"]).to(self.device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
     self.opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": spec.get("weight_decay", 0.1)},
          {"params": no_decay, "weight_decay": 0.0}],
         lr=spec.get("lr", 1e-3), betas=(spec.get("b1", 0.9), spec.get("b2", 0.95)),
-        eps=spec.get("eps", 1e-8))
+        eps=spec.get("eps", 1e-8), fused=self.device.type == "cuda" and spec.get("compile"))
+    self.parameters = list(model.parameters())
+    self.model = torch.compile(model) if spec.get("compile") else model
+    self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
+                                   enabled=spec.get("dtype") == "bfloat16")
     self.clip = spec.get("clip_norm", 1.0)
     g = torch.Generator().manual_seed(0)
     batch = torch.randint(0, spec["vocab"], (spec["batch"], spec["seq_len"] + 1), generator=g)
-    self.x, self.y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
-    self.params = sum(p.numel() for p in self.model.parameters())
+    self.x = batch[:, :-1].contiguous().to(self.device)
+    self.y = batch[:, 1:].contiguous().to(self.device)
+    self.params = sum(p.numel() for p in self.parameters)
 
-  def step(self) -> float:
-    loss = self.model(self.x, self.y)
+  def _step(self) -> torch.Tensor:
+    with self.autocast:
+      loss = self.model(self.x, self.y)
     self.opt.zero_grad(set_to_none=True)
     loss.backward()
     if self.clip:
-      torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+      torch.nn.utils.clip_grad_norm_(self.parameters, self.clip)
     self.opt.step()
-    return loss.item()  # a host sync, like blocking on the JAX step
+    return loss
+
+  def step(self) -> float:
+    return self._step().item()  # a host sync, like blocking on the JAX step
 
   def timed(self, n: int) -> dict:
     times, r0 = [], resource.getrusage(resource.RUSAGE_SELF)
@@ -168,6 +183,13 @@ class Trainer:
       times.append(time.perf_counter() - t0)
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     return {"times": times, "cpu": r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime}
+
+  def queued(self, n: int) -> dict:
+    t0 = time.perf_counter()
+    for _ in range(n):
+      loss = self._step()
+    loss.item()  # The one wait: the last step's loss needs every step before it.
+    return {"wall": time.perf_counter() - t0}
 
 
 def worker() -> None:
@@ -184,8 +206,8 @@ def worker() -> None:
   out.flush()
   for line in sys.stdin:
     cmd, _, arg = line.strip().partition(" ")
-    if cmd == "run":
-      out.write(json.dumps(trainer.timed(int(arg))) + "\n")
+    if cmd in ("run", "queue"):
+      out.write(json.dumps((trainer.timed if cmd == "run" else trainer.queued)(int(arg))) + "\n")
       out.flush()
     elif cmd == "quit":
       break

@@ -5,6 +5,7 @@ tests/test_model_execution.py."""
 
 import importlib.util
 import math
+import shutil
 
 import jax
 import pytest
@@ -69,6 +70,9 @@ def test_bench_run_reports_every_field(tiny_config):
   assert r["tokens_per_step"] == 8 * 32 and r["tokens_per_s"] > 0 and r["compile_s"] > 0
   assert r["flops_per_token"] == flops.for_config(tiny_config, 257).total
   assert r["mfu"] == pytest.approx(r["tflops"] / 1.0)
+  # Back to back: the same steps queued as the training loop queues them.
+  assert r["queued_tokens_per_s"] == pytest.approx(r["tokens_per_step"] / r["queued_step_ms"] * 1e3)
+  assert r["queued_mfu"] == pytest.approx(r["queued_tokens_per_s"] * r["flops_per_token"] / 1e12)
   assert r["env"]["versions"]["jax"] == jax.__version__
   assert "actlab.bench" in r["env"]["command"]
   row = bench.markdown_rows(rows)
@@ -98,3 +102,25 @@ def test_torch_reference_is_the_same_model(tiny_config):
     assert trainer.params == models.count_params(params)["total"], act
     loss = trainer.step()
     assert abs(loss - math.log(tb.spec["vocab"])) < 0.5  # starts near uniform, like actlab
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", bench.TORCH_MODES)
+def test_torch_reference_runs_side_by_side_step_by_step_and_back_to_back(tiny_config, mode):
+  """The PyTorch reference in its worker, eager or torch.compile (on a CPU the GPU comparator's
+  compile mode still runs: what `--torch_mode=compile` times), answers both kinds of timing."""
+  pytest.importorskip("torch")
+  if mode == "compile" and not shutil.which("cc"):
+    pytest.skip("torch.compile on a CPU needs a C compiler")
+  rows = bench.run(tiny_config, steps=2, warmup=1, rounds=2, torch=True, torch_mode=mode)
+  jax_row, torch_row = rows
+  assert torch_row["impl"] == f"PyTorch {mode} (nanoGPT)" and mode in torch_row["config"]
+  for r in rows:
+    assert r["steps_timed"] == 2 and r["queued_step_ms"] > 0
+  assert jax_row["queued_speedup_vs_torch"] == pytest.approx(
+      jax_row["queued_tokens_per_s"] / torch_row["queued_tokens_per_s"])
+
+
+def test_unknown_torch_mode_is_refused(tiny_config):
+  with pytest.raises(ValueError, match="--torch_mode='jit'"):
+    bench.TorchBench(tiny_config, "jit")

@@ -16,20 +16,22 @@ import ml_collections
 
 from actlab import config as config_lib
 from actlab import parallel
-from actlab.bench.benches import JaxBench, TorchBench
+from actlab.bench.benches import TORCH_MODES, JaxBench, TorchBench
 from actlab.bench.machine import PEAK_TFLOPS, environment, peak_tflops
 from actlab.bench.results import config_summary, markdown_rows, summarize, table
-from actlab.bench.timing import side_by_side, wait_quiet
+from actlab.bench.timing import back_to_back, side_by_side, wait_quiet
 
-__all__ = ["JaxBench", "PEAK_TFLOPS", "TorchBench", "environment", "markdown_rows", "peak_tflops",
+__all__ = ["JaxBench", "PEAK_TFLOPS", "TORCH_MODES", "TorchBench", "environment", "markdown_rows", "peak_tflops",
            "run", "table"]
 
 
 def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
-        rounds: int = 0, torch: bool = False, runs: int = 1,
+        rounds: int = 0, torch: bool = False, torch_mode: str = "auto", runs: int = 1,
         peak: float | None = None, variants: list[str] = (), quiet_s: float = 0) -> list[dict]:
   """Benchmarks `config`, each of `variants` (override strings, `config.parse_overrides`) and,
-  with `torch`, the PyTorch reference, timed in alternating rounds; returns one row per bench."""
+  with `torch`, the PyTorch reference (`torch_mode` "auto": `torch.compile` on a GPU, eager on
+  a CPU), timed in alternating rounds, step by step and back to back; returns one row per
+  bench."""
   configs = [config] + [config_lib.override(config.copy_and_resolve_references(),
                                             config_lib.parse_overrides(v)) for v in variants]
   labels = [""] + list(variants)
@@ -37,7 +39,11 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
     config_lib.validate(c)
   parallel.initialize(config)  # Before the first device use (parallel.cpu_devices, hosts).
   env = environment()
-  benches = [JaxBench(c, runs) for c in configs] + ([TorchBench(config)] if torch else [])
+  gpu = env["platform"] == "gpu"
+  if torch_mode == "auto":
+    torch_mode = "compile" if gpu else "eager"
+  benches = [JaxBench(c, runs) for c in configs] + (
+      [TorchBench(config, torch_mode, "cuda" if gpu else "cpu")] if torch else [])
   setups = []
   try:
     for b in benches:
@@ -46,14 +52,15 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
     if quiet_s:
       wait_quiet(quiet_s)
     results = side_by_side(benches, steps, (rounds or steps) if several else 1)
+    queued = back_to_back(benches, steps, (rounds or 2) if several else 1)
     rows = []
-    for i, (b, res, s) in enumerate(zip(benches, results, setups)):
+    for i, (b, res, q, s) in enumerate(zip(benches, results, queued, setups)):
       c = configs[min(i, len(configs) - 1)]
       pk, source = (peak, "--peak_tflops") if peak else peak_tflops(env["device_kind"],
                                                                    c.model.dtype)
       if pk and not peak:
         pk *= jax.device_count()
-      rows.append(summarize(b.name, c, res, s, b.memory(), runs, pk, source))
+      rows.append(summarize(b.name, c, {**res, **q}, s, b.memory(), runs, pk, source))
   finally:
     for b in benches:
       if isinstance(b, TorchBench) and hasattr(b, "proc"):
@@ -64,13 +71,16 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
     r["variant"] = label
     if label:
       r["speedup_vs_base"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
+      r["queued_speedup_vs_base"] = r["queued_tokens_per_s"] / rows[0]["queued_tokens_per_s"]
   if torch:
     t = rows[-1]
     for r in rows[:-1]:
       r["speedup_vs_torch"] = r["tokens_per_s"] / t["tokens_per_s"]
+      r["queued_speedup_vs_torch"] = r["queued_tokens_per_s"] / t["queued_tokens_per_s"]
     t["env"], t["variant"] = env, ""
     t["versions"] = {"torch": benches[-1].info.get("torch"),
                      "torch_threads": benches[-1].info.get("threads")}
-    t["config"] = ("same shapes: nanoGPT GPT in eager float32 (F.scaled_dot_product_attention, "
-                   "F.cross_entropy on full logits, torch.optim.AdamW)")
+    t["config"] = (f"same shapes: nanoGPT GPT, {torch_mode}, {config.model.dtype} "
+                   "(F.scaled_dot_product_attention, F.cross_entropy on full logits, "
+                   f"torch.optim.AdamW{', fused' if gpu else ''})")
   return rows

@@ -12,6 +12,10 @@ downloaded or tokenized. It reports:
 - `compile_s`: lowering + XLA compilation of the training step (ahead of time, timed alone);
 - `step_ms`: the median over `--steps` timed steps after `--warmup` untimed ones, each step
   waited for (`block_until_ready`), so that the time is the step's and not its dispatch's;
+- `queued_step_ms`, `queued_tokens_per_s`, `queued_mfu`: the same steps queued back to back as
+  the training loop queues them (no wait between steps, one at the end of each round; median
+  over rounds): throughput, where `step_ms` is latency. On a GPU the difference is the host's
+  dispatch time that the device no longer waits for;
 - `tokens_per_s` = batch · seq_len / step time; `flops_per_token` from `actlab.flops` (6·N for
   the matmuls plus attention, the PaLM convention) and `tflops` = their product;
 - `mfu` = tflops / the device's peak, from `PEAK_TFLOPS` by device kind and compute dtype, or
@@ -21,10 +25,12 @@ downloaded or tokenized. It reports:
 - `others_cores`: how many CPU cores other processes kept busy during the timed steps (Linux),
   because on a shared machine every number here depends on it.
 
-`--torch` runs the PyTorch reference (`benchmarks/torch_ref.py`, nanoGPT's architecture in eager
-float32; needs the `bench` extra) *side by side*: both are compiled/warmed up, then timed in
-alternating rounds (`--rounds`; default: step by step) so that background load hits both alike,
-and the report gives the speed-up. `--runs=N` benchmarks a vectorized sweep of N runs of the config
+`--torch` runs the PyTorch reference (`benchmarks/torch_ref.py`, nanoGPT's architecture; needs
+the `bench` extra) *side by side*: both are compiled/warmed up, then timed in alternating rounds
+(`--rounds`; default: step by step) so that background load hits both alike, and the report
+gives the speed-up, step by step and back to back. `--torch_mode`: `eager` (the CPU comparator)
+or `compile` (`torch.compile` and fused AdamW: the GPU comparator); `auto` (default) picks by the
+device. Where the config computes in bfloat16, the reference runs under bfloat16 autocast. `--runs=N` benchmarks a vectorized sweep of N runs of the config
 (`steps.Program` with R runs: stacked states, per-run learning rates).
 
 Results print as a table; `--json_out` appends one JSON object per measurement (with device,
@@ -44,7 +50,7 @@ def main(argv):
   del argv
   F = flags.FLAGS
   rows = run(_CONFIG.value, steps=F.steps, warmup=F.warmup, rounds=F.rounds, torch=F.torch,
-             runs=F.runs, peak=F.peak_tflops or None, variants=F.variant, quiet_s=F.wait_quiet)
+             torch_mode=F.torch_mode, runs=F.runs, peak=F.peak_tflops or None, variants=F.variant, quiet_s=F.wait_quiet)
   e = rows[0]["env"]
   print(f"{e['devices']}× {e['device_kind']} ({e['platform']}); host {e['host_cpu']}, "
         f"{e['host_cores']} cores; {', '.join(f'{k} {v}' for k, v in e['versions'].items())}")
@@ -52,9 +58,11 @@ def main(argv):
   print(table(rows))
   for r in rows:
     if "speedup_vs_torch" in r:
-      print(f"actlab{variant_tag(r)} / torch tokens/s: {r['speedup_vs_torch']:.2f}×")
+      print(f"actlab{variant_tag(r)} / torch tokens/s: {r['speedup_vs_torch']:.2f}× step by step, "
+            f"{r['queued_speedup_vs_torch']:.2f}× back to back")
     if "speedup_vs_base" in r:
-      print(f"[{r['variant']}] / base tokens/s: {r['speedup_vs_base']:.2f}×")
+      print(f"[{r['variant']}] / base tokens/s: {r['speedup_vs_base']:.2f}× step by step, "
+            f"{r['queued_speedup_vs_base']:.2f}× back to back")
   if F.markdown:
     print(markdown_rows(rows, F.label))
   if F.json_out:
@@ -77,6 +85,9 @@ if __name__ == "__main__":
                             "side, e.g. --variant=model.loss_impl=plain (repeatable; "
                             "comma-separated overrides)")
   flags.DEFINE_bool("torch", False, "also time the PyTorch reference, side by side")
+  flags.DEFINE_enum("torch_mode", "auto", ["auto", "eager", "compile"], "the PyTorch reference: "
+                    "eager, or torch.compile with fused AdamW; auto = compile on a GPU, eager on "
+                    "a CPU")
   flags.DEFINE_integer("runs", 1, "vectorized runs per step (steps.Program); 1 = a plain run")
   flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s of all devices together (overrides the table)")
   flags.DEFINE_string("json_out", "", "append the results as JSON lines to this file")

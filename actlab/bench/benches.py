@@ -1,7 +1,9 @@
 """What is timed. A bench has a `name`; `setup(warmup)` compiles and warms up (returning
-`compile_s`, `warmup_s`), `timed(n)` runs n steps (returning their `times` and this process's
-`cpu` seconds) and `memory()` reports what it knows of memory. `JaxBench` is actlab's training
-step, `TorchBench` the PyTorch reference in a worker process."""
+`compile_s`, `warmup_s`), `timed(n)` runs n steps, each waited for (returning their `times` and
+this process's `cpu` seconds), `queued(n)` runs n steps back to back as the training loop queues
+them, with one wait at the end (returning their `wall` time), and `memory()` reports what it
+knows of memory. `JaxBench` is actlab's training step, `TorchBench` the PyTorch reference in a
+worker process."""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ class JaxBench:
     t0 = time.perf_counter()
     self.compiled = program.train_step.lower(state, batch).compile()
     compile_s = time.perf_counter() - t0
-    self.state, self.batch = state, batch
+    self.state, self.batch, self.sync_each_step = state, batch, program.plan.sync_each_step
     t0 = time.perf_counter()
     for _ in range(max(1, warmup)):
       self.state, metrics = self.compiled(self.state, self.batch)
@@ -62,6 +64,15 @@ class JaxBench:
         times.append(time.perf_counter() - t0)
     return {"times": times, "cpu": w.cpu}
 
+  def queued(self, n: int) -> dict:
+    with Window() as w:
+      for _ in range(n):
+        self.state, metrics = self.compiled(self.state, self.batch)
+        if self.sync_each_step:  # simulated CPU devices: see parallel.Plan.sync_each_step
+          jax.block_until_ready(metrics)
+      jax.block_until_ready((self.state, metrics))
+    return {"wall": w.wall}
+
   def memory(self) -> dict:
     out = {}
     stats = jax.local_devices()[0].memory_stats() or {}
@@ -77,14 +88,22 @@ class JaxBench:
     return out
 
 
-class TorchBench:
-  """The PyTorch reference in a worker process (benchmarks/torch_ref.py --worker)."""
-  name = "PyTorch eager (nanoGPT)"
+TORCH_MODES = ("eager", "compile")
 
-  def __init__(self, config: ml_collections.ConfigDict):
+
+class TorchBench:
+  """The PyTorch reference in a worker process (benchmarks/torch_ref.py --worker): eager, or
+  `torch.compile`d with fused AdamW (the GPU comparator), on `device` ("cpu" or "cuda"), in
+  bfloat16 autocast where the config computes in bfloat16."""
+
+  def __init__(self, config: ml_collections.ConfigDict, mode: str = "eager",
+               device: str = "cpu"):
     c = config
-    if not tasks.get(c).CAUSAL or c.model.dtype != "float32" or c.model.norm != "pre":
-      raise ValueError("--torch compares the float32 pre-LN decoder (causal LM) only")
+    if not tasks.get(c).CAUSAL or c.model.norm != "pre":
+      raise ValueError("--torch compares the pre-LN decoder (causal LM) only")
+    if mode not in TORCH_MODES:
+      raise ValueError(f"--torch_mode={mode!r}: choose one of {', '.join(TORCH_MODES)}")
+    self.name = f"PyTorch {mode} (nanoGPT)"
     self.script = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "torch_ref.py"
     if not self.script.exists():
       raise FileNotFoundError(f"{self.script} not found: --torch needs a source checkout")
@@ -95,6 +114,7 @@ class TorchBench:
         "gated_match_params": c.model.gated_match_params, "seq_len": c.data.seq_len,
         "batch": c.train.batch_size, "lr": c.optim.lr, "b1": c.optim.b1, "b2": c.optim.b2,
         "eps": c.optim.eps, "weight_decay": c.optim.weight_decay, "clip_norm": c.optim.clip_norm,
+        "compile": mode == "compile", "device": device, "dtype": c.model.dtype,
     }
 
   def setup(self, warmup: int) -> dict:
@@ -103,6 +123,7 @@ class TorchBench:
     self.info = self._ask(json.dumps(self.spec))
     if warmup > 1:
       self._ask(f"run {warmup - 1}")
+    # torch.compile compiles on the first step, which setup_s includes.
     return {"compile_s": None, "warmup_s": self.info["setup_s"]}
 
   def _ask(self, line: str) -> dict:
@@ -116,6 +137,9 @@ class TorchBench:
 
   def timed(self, n: int) -> dict:
     return self._ask(f"run {n}")
+
+  def queued(self, n: int) -> dict:
+    return self._ask(f"queue {n}")
 
   def memory(self) -> dict:
     return {}

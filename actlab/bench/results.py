@@ -21,6 +21,7 @@ def summarize(name: str, config, res: dict, setup: dict, memory: dict, runs: int
   fl = flops_lib.for_config(c, tokenizer_vocab(c))
   tflops = fl.total * tokens / step / 1e12
   wall = res.get("wall") or float(times.sum())
+  queued = res["queued_s"]
   return {
       "impl": name, "runs": runs, "step_ms": step * 1e3,
       "step_ms_p10": float(np.percentile(times, 10)) * 1e3,
@@ -28,6 +29,8 @@ def summarize(name: str, config, res: dict, setup: dict, memory: dict, runs: int
       "tokens_per_step": tokens, "tokens_per_s": tokens / step,
       "flops_per_token": fl.total, "tflops": tflops,
       "mfu": (tflops / peak) if peak else None, "peak_tflops": peak, "peak_source": peak_source,
+      "queued_step_ms": queued * 1e3, "queued_tokens_per_s": tokens / queued,
+      "queued_mfu": (fl.total * tokens / queued / 1e12 / peak) if peak else None,
       "cpu_s_per_step": res["cpu"] / len(times),
       "others_cores": max(0.0, res["busy"] / wall) if res.get("busy_known") else None,
       **setup, **memory,
@@ -57,15 +60,17 @@ def _fmt(x, spec):
 
 
 def table(rows: list[dict]) -> str:
-  head = ("| impl | runs | compile s | step ms (p10–p90) | tokens/s | GFLOP/token | TFLOP/s | MFU "
-          "| mem GB | CPU s/step | others' cores |")
+  head = ("| impl | runs | compile s | step ms (p10–p90) | tokens/s | back to back: ms/step, "
+          "tokens/s, MFU | GFLOP/token | TFLOP/s | MFU | mem GB | CPU s/step | others' cores |")
   lines = [head, "|---" * (head.count("|") - 1) + "|"]
   for r in rows:
     mem = r.get("peak_memory_gb", r.get("compiled_memory_gb"))
     lines.append(
         f"| {r['impl']}{variant_tag(r)} | {r['runs']} | {_fmt(r.get('compile_s'), '.1f')} | "
         f"{r['step_ms']:.1f} ({r['step_ms_p10']:.0f}–{r['step_ms_p90']:.0f}) | "
-        f"{r['tokens_per_s']:,.0f} | {r['flops_per_token'] / 1e9:.4f} | {r['tflops']:.3f} | "
+        f"{r['tokens_per_s']:,.0f} | {r['queued_step_ms']:.1f}, {r['queued_tokens_per_s']:,.0f}, "
+        f"{_fmt(r['queued_mfu'] and 100 * r['queued_mfu'], '.1f')}{'%' if r['queued_mfu'] else ''}"
+        f" | {r['flops_per_token'] / 1e9:.4f} | {r['tflops']:.3f} | "
         f"{_fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} | "
         f"{_fmt(mem, '.2f')} | {r['cpu_s_per_step']:.2f} | {_fmt(r['others_cores'], '.2f')} |")
   return "\n".join(lines)
@@ -81,7 +86,8 @@ def markdown_rows(rows: list[dict], label: str = "") -> str:
               else f"CPU: {e['host_cpu']}, {e['host_cores']} cores"
               + (f" as {e['devices']} XLA devices" if e["devices"] > 1 else ""))
     mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] else "—"
-    speed = f" ({r['speedup_vs_torch']:.2f}× torch)" if "speedup_vs_torch" in r else ""
+    speed = (f" ({r['speedup_vs_torch']:.2f}× torch; back to back {r['queued_step_ms']:.1f} ms, "
+             f"{r['queued_speedup_vs_torch']:.2f}×)" if "speedup_vs_torch" in r else "")
     out.append(
         f"| {device} | {r['impl']}{' ×%d runs' % r['runs'] if r['runs'] > 1 else ''}"
         f"{variant_tag(r)} | "

@@ -1,6 +1,7 @@
 """Timing on a shared machine: `Window` measures a stretch of code (wall time, this process's CPU
 time, other processes' busy cores), `wait_quiet` waits for the others to leave the CPU, and
-`side_by_side` times several benches in alternating rounds so that their load hits all alike."""
+`side_by_side` times several benches in alternating rounds so that their load hits all alike,
+step by step (latency) and `back_to_back` (throughput, as the training loop queues steps)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,18 @@ def side_by_side(benches, steps: int, rounds: int) -> list[dict]:
         # The worker's own CPU shows up in the machine's busy time: subtract it as well.
         o["busy"] += w.busy - res["cpu"] - (w.cpu if benches[i].name.startswith("PyTorch") else 0)
   return out
+
+
+def back_to_back(benches, steps: int, rounds: int) -> list[dict]:
+  """Times `steps` steps of every bench queued back to back, one wait per round, in `rounds`
+  alternating rounds (ABBA): the throughput the training loop gets, which does not wait for a
+  step before it queues the next. Returns each bench's `queued_s` per step."""
+  per_round = max(1, -(-steps // rounds))
+  walls = [[] for _ in benches]
+  for r in range(rounds):
+    order = list(range(len(benches)))
+    if r % 2:
+      order.reverse()
+    for i in order:
+      walls[i].append(benches[i].queued(per_round)["wall"] / per_round)
+  return [{"queued_s": float(sorted(w)[len(w) // 2])} for w in walls]
