@@ -6,35 +6,65 @@ the tokenizer's files, which `transformers` loads with `from_pretrained` (docs/h
 A decoder becomes `GPT2LMHeadModel`, an encoder `BertForMaskedLM` (task mlm) or
 `BertForSequenceClassification` (task classify); the padded vocabulary rows are dropped. What
 GPT-2 or BERT cannot express (a gated FFN, another LayerNorm placement, ...) is refused in one
-line (models/hf_checkpoint.py); the tokenizer's files: models/hf_tokenizer.py. Needs the `hf` extra: pip install -e ".[hf]".
+line (models/hf_checkpoint.py); the tokenizer's files: models/hf_tokenizer.py. The exported
+config.json says which step of how many the run had reached and whether it finished (its `actlab`
+entry). `--out` must be new, empty or an earlier export, never in a run directory. Needs the `hf`
+extra (transformers, safetensors; no torch): pip install -e ".[hf]".
 """
 
 import importlib.util
+import os
 import pathlib
 
 from absl import flags, logging
 
 from actlab import errors, tasks, train
+from actlab import workdir as workdir_lib
 from actlab.models import hf_checkpoint, hf_tokenizer
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained model.")
-_OUT = flags.DEFINE_string("out", None, "Directory to write the Hugging Face model into.")
+_OUT = flags.DEFINE_string("out", None, "Directory to write the Hugging Face model into: new, "
+                           "empty, or one an earlier export wrote.")
 flags.mark_flags_as_required(["workdir", "out"])
+
+
+def check_out(out: pathlib.Path) -> None:
+  """Refuses an `--out` that is a file, is or lies inside a run directory, or holds anything but
+  an earlier export (`hf_checkpoint.exported`), before anything is read or written."""
+  workdir_lib.check_usable(out, "--out")
+  resolved = out.resolve()
+  for path in (resolved, *resolved.parents):
+    if workdir_lib.is_run(path):
+      where = "is" if path == resolved else f"lies inside {path}, which is"
+      raise errors.UserError(f"--out {out} {where} a run directory; export into a new or empty "
+                             "directory outside it")
+  if out.is_dir() and any(out.iterdir()) and not hf_checkpoint.exported(out):
+    raise errors.UserError(f"--out {out} holds files that actlab.export did not write; give a "
+                           "new or empty directory, or one an earlier export wrote")
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found"
   missing = [m for m in ("transformers", "safetensors", "tokenizers")
              if importlib.util.find_spec(m) is None]
   if missing:
     raise errors.UserError(f"export needs {', '.join(missing)}: {hf_checkpoint.INSTALL}")
-  config, tokenizer, _, params, step = train.load_run(pathlib.Path(_WORKDIR.value))
-  arch, out = tasks.get(config).HF, pathlib.Path(_OUT.value)
-  hf_checkpoint.write(out, config, arch, params, tokenizer.vocab_size, tokenizer.eot_id)
+  workdir, out = pathlib.Path(_WORKDIR.value), pathlib.Path(_OUT.value)
+  check_out(out)
+  config, tokenizer, _, params, step = train.load_run(workdir)
+  summary = workdir_lib.read_summary(workdir)  # Written when the run ended, or diverged.
+  status = summary["status"] if summary else None
+  run = {"exported_from": str(workdir.resolve()), "step": step, "steps": config.train.steps,
+         "finished": summary is not None, "status": status}
+  arch = tasks.get(config).HF
+  hf_checkpoint.write(out, config, arch, params, tokenizer.vocab_size, tokenizer.eot_id, run)
   hf_tokenizer.write(tokenizer, out, config.model.max_len)
-  print(f"wrote {out}: {arch.cls} from {_WORKDIR.value} step {step}, tokenizer {tokenizer.name}; "
-        f"load it with transformers.{arch.cls}.from_pretrained({str(out)!r})")
+  state = {None: " (unfinished)", "diverged": " (diverged)"}.get(status, "")
+  print(f"wrote {out}: {arch.cls} from {workdir} step {step} of {config.train.steps}{state}, "
+        f"tokenizer {tokenizer.name}; load it with "
+        f"transformers.{arch.cls}.from_pretrained({str(out)!r})")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ touching its files. Runs resume from their latest intact checkpoint (checkpoint.
 
 import contextlib
 import dataclasses
-import json
 import pathlib
 from typing import Callable, Sequence
 
@@ -109,10 +108,11 @@ def load_run(workdir: pathlib.Path):
   """A trained run's config, tokenizer (the copy in its directory; an older run's from the data
   dir), `steps.Steps` and latest parameters on one device, and their step (`actlab.sample`,
   `actlab.export`: one process, JAX's default device, whatever the run trained on)."""
-  path = workdir / "config.json"
-  if not path.exists():
-    raise WorkdirError(f"{workdir} holds no run (no config.json); train one with actlab.main")
-  config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  config = workdir_lib.run_config(workdir)
+  if config is None:
+    raise WorkdirError(f"{workdir} holds no run (no readable actlab config.json); train one with "
+                       "actlab.main")
+  config = ml_collections.ConfigDict(config)
   tokenizer = data.load_tokenizer(config, workdir_lib.tokenizer_dir(workdir))
   task = steps.Steps.create(config, tokenizer.vocab_size)
   checkpoints = Checkpoints(workdir / "checkpoints", 1, read_only=True)  # Creates nothing.

@@ -60,14 +60,27 @@ def tokenizer_dir(logdir_: pathlib.Path) -> pathlib.Path:
   return logdir_ / "tokenizer"
 
 
-def check_usable(workdir: pathlib.Path) -> None:
-  """Refuses a workdir that is a file or lies under one, before anything is written."""
+def run_config(workdir: pathlib.Path) -> dict | None:
+  """The run config in `workdir`/config.json (an actlab config: `model` and `train` sections),
+  or None (no config.json, an unreadable one, or another program's, e.g. an exported model's)."""
+  config = read_json(workdir / "config.json")
+  return config if config and {"model", "train"} <= config.keys() else None
+
+
+def is_run(path: pathlib.Path) -> bool:
+  """Whether `path` is a run directory: it holds an actlab config.json or checkpoints/."""
+  return run_config(path) is not None or (path / "checkpoints").is_dir()
+
+
+def check_usable(workdir: pathlib.Path, flag: str = "--workdir") -> None:
+  """Refuses a workdir (or another directory to write, given as `flag`) that is a file or lies
+  under one, before anything is written."""
   for path in (workdir, *workdir.parents):
     if path.exists():
       if not path.is_dir():
         where = "is" if path == workdir else f"lies under {path}, which is"
-        raise WorkdirError(f"--workdir {workdir} {where} a file, not a directory; "
-                           "choose another --workdir")
+        raise WorkdirError(f"{flag} {workdir} {where} a file, not a directory; "
+                           f"choose another {flag}")
       return
 
 

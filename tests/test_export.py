@@ -1,7 +1,9 @@
 """`actlab.export`: a run as a Hugging Face directory whose logits (through `transformers`) and
 tokenizer ids (through `AutoTokenizer`) are actlab's; what GPT-2 or BERT cannot express is one
-line."""
+line; `--out` never in a run or over another's files; export and import without torch."""
 
+import json
+import shutil
 import subprocess
 import sys
 
@@ -15,13 +17,14 @@ from actlab.data import tokenizer as tokenizers
 from actlab.models import hf_checkpoint, hf_tokenizer
 from conftest import REPO, SHARED_DATA, tiny
 from test_classify import tiny_encoder
+from test_resume import files
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
-torch = pytest.importorskip("torch", reason="the hf extra is not installed")
 pytest.importorskip("safetensors", reason="the hf extra is not installed")
 
 TEXT = "Once upon a time, Lily said: \"Don't go!\" — naïve café, 123 times.\n\nThe end."
 V = 257  # the byte tokenizer's; the model pads it to 320
+RUN = {"exported_from": "test", "step": 0, "steps": 0, "finished": False, "status": None}
 
 
 def perturbed_params(config, vocab_size, seed=0):
@@ -34,7 +37,14 @@ def perturbed_params(config, vocab_size, seed=0):
                                    for x, k in zip(leaves, keys)])
 
 
-def hf_logits(directory, cls, tokens_BL, mask_BL=None):
+@pytest.fixture
+def torch():
+  """torch, for the tests that run a transformers model (export and import need none)."""
+  return pytest.importorskip("torch", reason="running a transformers model needs torch: pip "
+                             "install torch --index-url https://download.pytorch.org/whl/cpu")
+
+
+def hf_logits(torch, directory, cls, tokens_BL, mask_BL=None):
   model = getattr(transformers, cls).from_pretrained(directory)
   model.eval()
   kwargs = {} if mask_BL is None else {"attention_mask": torch.tensor(np.asarray(mask_BL, np.int64))}
@@ -44,20 +54,20 @@ def hf_logits(directory, cls, tokens_BL, mask_BL=None):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
-def test_decoder_logits_equal_gpt2(tmp_path, activation):
+def test_decoder_logits_equal_gpt2(tmp_path, torch, activation):
   c = tiny(activation)
   params = perturbed_params(c, V)
   tokens = np.random.default_rng(0).integers(0, V, (2, 32))
   ours = np.asarray(tasks.get(c).model(c, V).apply({"params": params}, tokens))
-  hf_checkpoint.write(tmp_path, c, tasks.causal_lm.HF, params, V, 256)
-  theirs = hf_logits(tmp_path, "GPT2LMHeadModel", tokens)
+  hf_checkpoint.write(tmp_path, c, tasks.causal_lm.HF, params, V, 256, RUN)
+  theirs = hf_logits(torch, tmp_path, "GPT2LMHeadModel", tokens)
   assert theirs.shape == (2, 32, V)  # the padded rows are dropped
   np.testing.assert_allclose(theirs, ours[..., :V], atol=1e-4, rtol=0)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["mlm", "classify"])
-def test_encoder_logits_equal_bert(tmp_path, task):
+def test_encoder_logits_equal_bert(tmp_path, torch, task):
   c = tiny_encoder(task)
   vocab = 300
   params = perturbed_params(c, vocab)
@@ -65,8 +75,8 @@ def test_encoder_logits_equal_bert(tmp_path, task):
   mask = np.arange(32)[None] < np.array([[32], [20]])  # the second row ends in padding
   tokens[~mask] = 0
   ours = np.asarray(tasks.get(c).model(c, vocab).apply({"params": params}, tokens, mask))
-  hf_checkpoint.write(tmp_path, c, tasks.TASKS[task].HF, params, vocab, 3)
-  theirs = hf_logits(tmp_path, tasks.TASKS[task].HF.cls, tokens, mask)
+  hf_checkpoint.write(tmp_path, c, tasks.TASKS[task].HF, params, vocab, 3, RUN)
+  theirs = hf_logits(torch, tmp_path, tasks.TASKS[task].HF.cls, tokens, mask)
   if task == "mlm":
     ours, theirs = ours[mask][:, :vocab], theirs[mask]  # padding positions are not predicted
   np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
@@ -130,20 +140,32 @@ def test_gpt2_merges_are_openais():
   assert ours == [m for m in theirs if m]
 
 
+# `python -c NO_TORCH <module> <flags>` runs the module with `import torch` failing.
+NO_TORCH = ("import runpy, sys; sys.modules['torch'] = None; "
+            "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
 def export_cli(workdir, out):
-  return subprocess.run([sys.executable, "-m", "actlab.export", f"--workdir={workdir}",
+  """The export CLI, without torch."""
+  return subprocess.run([sys.executable, "-c", NO_TORCH, "actlab.export", f"--workdir={workdir}",
                          f"--out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A finished tiny decoder run that kept two checkpoints."""
+  workdir = tmp_path_factory.mktemp("trained")
+  train.run(tiny(**{"train.steps": 8, "train.checkpoint_every": 4}), workdir)
+  return workdir
+
+
 @pytest.mark.slow
-def test_export_cli_of_a_trained_decoder(tmp_path):
+def test_export_cli_of_a_trained_decoder(trained, tmp_path, torch):
   """A few steps of training, exported through the CLI: transformers' logits are actlab's, and
-  its loss is actlab's less the padded rows' share. A gated FFN is refused in one line."""
-  c = tiny(**{"train.steps": 8})
-  train.run(c, tmp_path / "run")
-  result = export_cli(tmp_path / "run", tmp_path / "hf")
+  its loss is actlab's less the padded rows' share."""
+  result = export_cli(trained, tmp_path / "hf")
   assert result.returncode == 0, result.stderr
-  config, _, task, params, _ = train.load_run(tmp_path / "run")
+  config, _, task, params, _ = train.load_run(trained)
   tokens = np.random.default_rng(0).integers(0, V, (2, 33))
   ours = np.asarray(task.model.apply({"params": params}, tokens[:, :-1]))
   model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf")
@@ -159,8 +181,75 @@ def test_export_cli_of_a_trained_decoder(tmp_path):
   share = np.mean(jax.nn.logsumexp(ours, -1) - jax.nn.logsumexp(ours[..., :V], -1))
   np.testing.assert_allclose(loss - hf_loss, share, atol=1e-4)
 
+
+@pytest.mark.slow
+def test_export_cli_refuses_a_gated_ffn_in_one_line(tmp_path):
   gated = tiny("swiglu", **{"train.steps": 8})
   train.run(gated, tmp_path / "gated")
   refused = export_cli(tmp_path / "gated", tmp_path / "hf_gated")
   assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
   assert "gated FFN" in refused.stderr and not (tmp_path / "hf_gated").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where, message", [
+    ("workdir", "is a run directory"),
+    ("inside the workdir", "lies inside {trained}, which is a run directory"),
+    ("another run", "is a run directory"),
+    ("foreign", "holds files that actlab.export did not write")])
+def test_export_refuses_an_out_in_a_run_or_over_other_files(trained, tmp_path, where, message):
+  """One line, exit code 2, nothing written: --out is the workdir, lies inside it, is another
+  run's directory, or holds files that are not an earlier export's."""
+  shutil.copytree(trained, tmp_path / "another run")
+  (tmp_path / "foreign").mkdir()
+  (tmp_path / "foreign" / "notes.txt").write_text("mine")
+  out = {"workdir": trained, "inside the workdir": trained / "hf"}.get(where, tmp_path / where)
+  before = [files(trained), files(tmp_path)]
+  result = export_cli(trained, out)
+  assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+  message = message.format(trained=trained.resolve())
+  assert result.stderr.startswith(f"error: --out {out} {message}"), result.stderr
+  assert [files(trained), files(tmp_path)] == before
+
+
+@pytest.mark.slow
+def test_export_says_which_step_of_how_many_and_may_redo_its_own_output(trained, tmp_path):
+  """An unfinished run (no summary.json; killed after its first checkpoint), a finished and a
+  diverged one, exported into the same directory: the line and config.json's `actlab` entry say
+  which step of how many, and whether the run finished. An export is refused as --workdir."""
+  config = json.loads((trained / "config.json").read_text())
+  every, steps = config["train"]["checkpoint_every"], config["train"]["steps"]
+  unfinished, diverged, out = tmp_path / "unfinished", tmp_path / "diverged", tmp_path / "hf"
+  shutil.copytree(trained, unfinished)
+  (unfinished / "summary.json").unlink()
+  shutil.rmtree(unfinished / "checkpoints" / str(steps))
+  shutil.copytree(trained, diverged)
+  summary = json.loads((trained / "summary.json").read_text())
+  (diverged / "summary.json").write_text(json.dumps({**summary, "status": "diverged"}))
+  for workdir, step, state, status in [(unfinished, every, " (unfinished)", None),
+                                       (trained, steps, "", summary["status"]),
+                                       (diverged, steps, " (diverged)", "diverged")]:
+    result = export_cli(workdir, out)
+    assert result.returncode == 0, result.stderr
+    assert f"from {workdir} step {step} of {steps}{state}, tokenizer" in result.stdout
+    assert json.loads((out / "config.json").read_text())["actlab"] == {
+        "exported_from": str(workdir.resolve()), "step": step, "steps": steps,
+        "finished": status is not None, "status": status}
+  again = export_cli(out, tmp_path / "again")  # An export is no run.
+  assert again.returncode == 2 and "holds no run" in again.stderr, again.stderr
+
+
+@pytest.mark.slow
+def test_import_of_an_export_needs_no_torch(trained, tmp_path, monkeypatch):
+  """`train.init_from=hf:` an export (written without torch, `export_cli`), with `import torch`
+  failing, gives the run's own logits."""
+  assert export_cli(trained, tmp_path).returncode == 0
+  monkeypatch.setitem(sys.modules, "torch", None)
+  config, _, task, params, _ = train.load_run(trained)
+  config.train.init_from = f"hf:{tmp_path}"
+  source = train.init_from_config(config, V)
+  imported = train.pretrained_params(config, source, task.init(1).params, V)
+  tokens = np.random.default_rng(0).integers(0, V, (2, 32))
+  ours, theirs = (np.asarray(task.model.apply({"params": p}, tokens)[..., :V])
+                  for p in (params, imported))
+  np.testing.assert_allclose(theirs, ours, atol=1e-6, rtol=0)

@@ -1,6 +1,7 @@
-"""`train.init_from=hf:DIR`: a local GPT-2 or BERT directory (tiny random models written by
-`transformers`, no network) initialises the actlab model: the same logits when the activation is
-the checkpoint's, a run that trains, and one line for what cannot map."""
+"""`train.init_from=hf:DIR`: a local GPT-2 or BERT directory (tiny random models, no network: a
+GPT-2 exported without torch, a BERT written by `transformers`) initialises the actlab model: the
+same logits as transformers' when the activation is the checkpoint's, a run that trains, and one
+line for what cannot map. Only the comparisons with transformers' logits need torch."""
 
 import json
 import subprocess
@@ -10,39 +11,25 @@ import numpy as np
 import pytest
 
 from actlab import errors, steps, tasks, train
+from actlab.models import hf_checkpoint
 from conftest import REPO, tiny
 from test_classify import tiny_encoder
+from test_export import RUN, perturbed_params, torch  # noqa: F401 -- torch: the fixture
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
-torch = pytest.importorskip("torch", reason="the hf extra is not installed")
 pytest.importorskip("safetensors", reason="the hf extra is not installed")
 
 V = 257  # the byte tokenizer's (the tiny decoder's); padded to 320
 
 
-def save(model, directory, seed=0, bin_file=False):
-  """`model` with noise on every weight (LayerNorms and biases are not 1 and 0), saved as
-  safetensors (save_pretrained) or as an older pytorch_model.bin."""
-  torch.manual_seed(seed)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(0.1 * torch.randn_like(p))
-  model.eval()
-  if bin_file:
-    model.config.save_pretrained(directory)
-    torch.save(model.state_dict(), directory / "pytorch_model.bin")
-  else:
-    model.save_pretrained(directory)
-  return model
-
-
 @pytest.fixture(scope="module")
 def gpt2_dir(tmp_path_factory):
+  """A tiny GPT-2 (2 layers, d_model 32, 48 positions, "gelu_new") with noise on every weight,
+  exported without torch."""
   directory = tmp_path_factory.mktemp("gpt2")
-  config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_inner=64, n_positions=48,
-                                   vocab_size=V, activation_function="gelu_new",
-                                   bos_token_id=256, eos_token_id=256)
-  return directory, save(transformers.GPT2LMHeadModel(config), directory)
+  c = tiny("gelu_tanh", **{"model.max_len": 48})
+  hf_checkpoint.write(directory, c, tasks.causal_lm.HF, perturbed_params(c, V), V, 256, RUN)
+  return directory
 
 
 def imported(config, vocab_size):
@@ -55,26 +42,32 @@ def imported(config, vocab_size):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
-def test_gpt2_logits_equal_after_import(gpt2_dir, scan):
-  directory, hf_model = gpt2_dir
+def test_gpt2_logits_equal_after_import(gpt2_dir, torch, scan):
   c = tiny("gelu_tanh", **{"model.scan_layers": scan})
-  c.train.init_from = f"hf:{directory}"  # (decoder configs have no such field yet)
+  c.train.init_from = f"hf:{gpt2_dir}"
   model, params = imported(c, V)
   tokens = np.random.default_rng(0).integers(0, V, (2, 32))
   ours = np.asarray(model.apply({"params": params}, tokens))
+  hf_model = transformers.GPT2LMHeadModel.from_pretrained(gpt2_dir).eval()
   with torch.no_grad():
     theirs = hf_model(torch.tensor(tokens)).logits.numpy()
   np.testing.assert_allclose(ours[..., :V], theirs, atol=1e-4, rtol=0)
 
 
 @pytest.mark.slow
-def test_bert_logits_equal_after_import_from_pytorch_bin(tmp_path):
-  """BertForMaskedLM saved as pytorch_model.bin, with a smaller vocabulary (padded) and more
-  positions (cut) than the model."""
+def test_bert_logits_equal_after_import_from_pytorch_bin(tmp_path, torch):
+  """BertForMaskedLM with noise on every weight, saved as pytorch_model.bin, with a smaller
+  vocabulary (padded) and more positions (cut) than the model."""
   config = transformers.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2,
                                    num_attention_heads=2, intermediate_size=64,
                                    max_position_embeddings=64, layer_norm_eps=1e-12)
-  hf_model = save(transformers.BertForMaskedLM(config), tmp_path, bin_file=True)
+  hf_model = transformers.BertForMaskedLM(config).eval()
+  torch.manual_seed(0)
+  with torch.no_grad():
+    for p in hf_model.parameters():
+      p.add_(0.1 * torch.randn_like(p))
+  config.save_pretrained(tmp_path)
+  torch.save(hf_model.state_dict(), tmp_path / "pytorch_model.bin")
   c = tiny_encoder("mlm", **{"train.init_from": f"hf:{tmp_path}"})
   model, params = imported(c, 2048)
   tokens = np.random.default_rng(0).integers(5, 300, (2, 32))
@@ -97,17 +90,17 @@ def test_bert_logits_equal_after_import_from_pytorch_bin(tmp_path):
 ])
 def test_what_cannot_map_is_one_line(gpt2_dir, overrides, match):
   c = tiny(**overrides)
-  c.train.init_from = f"hf:{gpt2_dir[0]}"
+  c.train.init_from = f"hf:{gpt2_dir}"
   with pytest.raises(errors.UserError, match=match):
     train.init_from_config(c, V)
 
 
 def test_wrong_architecture_vocabulary_or_directory_is_one_line(gpt2_dir, tmp_path):
-  c = tiny_encoder("mlm", **{"train.init_from": f"hf:{gpt2_dir[0]}"})
+  c = tiny_encoder("mlm", **{"train.init_from": f"hf:{gpt2_dir}"})
   with pytest.raises(errors.UserError,
                      match=r"is a 'gpt2' model; this run starts from bert \(BertForMaskedLM\)"):
     train.init_from_config(c, 2048)
-  big = json.loads((gpt2_dir[0] / "config.json").read_text()) | {"vocab_size": 50257}
+  big = json.loads((gpt2_dir / "config.json").read_text()) | {"vocab_size": 50257}
   (tmp_path / "config.json").write_text(json.dumps(big))
   c = tiny()
   c.train.init_from = f"hf:{tmp_path}"
@@ -121,7 +114,7 @@ def test_wrong_architecture_vocabulary_or_directory_is_one_line(gpt2_dir, tmp_pa
 @pytest.mark.slow
 def test_a_run_from_gpt2_trains_with_another_activation(gpt2_dir, tmp_path, capsys):
   c = tiny("relu", **{"train.steps": 8, "optim.warmup_steps": 2, "train.log_every": 1})
-  c.train.init_from = f"hf:{gpt2_dir[0]}"
+  c.train.init_from = f"hf:{gpt2_dir}"
   summary = train.run(c, tmp_path)
   out = capsys.readouterr().out
   assert "the FFN activation is the config's, 'relu' (the checkpoint's: 'gelu_new')" in out
@@ -136,7 +129,7 @@ def test_a_run_from_gpt2_trains_with_another_activation(gpt2_dir, tmp_path, caps
 def test_cli_size_mismatch_is_one_line(gpt2_dir, tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "actlab.main", "--config=configs/encoder.py:smoke",
-       f"--workdir={tmp_path / 'run'}", f"--config.train.init_from=hf:{gpt2_dir[0]}"],
+       f"--workdir={tmp_path / 'run'}", f"--config.train.init_from=hf:{gpt2_dir}"],
       cwd=REPO, capture_output=True, text=True, timeout=300)
   assert result.returncode == 2, result.stderr
   assert result.stderr.strip().splitlines()[-1].startswith("error: train.init_from=hf:")

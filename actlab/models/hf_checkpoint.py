@@ -2,7 +2,9 @@
 `write` exports a run's parameters as GPT-2 (`GPT2LMHeadModel`) or BERT (`BertForMaskedLM`,
 `BertForSequenceClassification`) for `from_pretrained`; `read` checks and loads one for
 `train.init_from=hf:DIR`. What cannot map is refused in one line (`UserError`) saying what would.
-The parameter names are hf.py's (BERT) and hf_gpt2.py's.
+The parameter names are hf.py's (BERT) and hf_gpt2.py's. Neither needs torch (only an old
+pytorch_model.bin does): weights go through `safetensors.numpy`, config.json through
+transformers' config classes (or plain JSON).
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import NamedTuple
 import numpy as np
 
 from actlab import activations
+from actlab import workdir as workdir_lib
 from actlab.errors import UserError
 from actlab.models import hf, hf_gpt2
 
-INSTALL = 'pip install -e ".[hf]"'  # transformers, safetensors, torch
+INSTALL = 'pip install -e ".[hf]"'  # transformers, safetensors
+EXPORTED = "actlab"  # the config.json entry of an export: where from, step, steps, finished, status
 
 
 class Architecture(NamedTuple):
@@ -98,17 +102,23 @@ def state_dict(params, arch: Architecture, vocab_size: int) -> dict[str, np.ndar
 
 
 def write(directory: pathlib.Path, config, arch: Architecture, params, vocab_size: int,
-          eot_id: int) -> None:
-  """`config.json` and `model.safetensors` of the run's model in `directory`."""
+          eot_id: int, run: dict) -> None:
+  """`config.json` (with `run`, what the run was, as its `EXPORTED` entry) and
+  `model.safetensors` of the run's model in `directory`. config.json comes first: a directory
+  that an interrupted export left is still recognised as an export's (`exported`)."""
   import transformers
   from safetensors.numpy import save_file
 
   fields = hf_config(config, arch, vocab_size, eot_id)
-  hf_cfg = transformers.AutoConfig.for_model(**fields)
-  directory.mkdir(parents=True, exist_ok=True)
+  transformers.AutoConfig.for_model(**fields, **{EXPORTED: run}).save_pretrained(directory)
   save_file(state_dict(params, arch, vocab_size), str(directory / "model.safetensors"),
             metadata={"format": "pt"})
-  hf_cfg.save_pretrained(directory)
+
+
+def exported(directory: pathlib.Path) -> bool:
+  """Whether `directory` holds a config.json that `write` wrote (it has the `EXPORTED` entry)."""
+  cfg = workdir_lib.read_json(directory / "config.json") or {}
+  return isinstance(cfg.get(EXPORTED), dict) and "exported_from" in cfg[EXPORTED]
 
 
 # --- Import -------------------------------------------------------------------------------------
@@ -177,7 +187,8 @@ def _weights(directory: pathlib.Path, where: str) -> dict[str, np.ndarray]:
     try:
       import torch
     except ImportError:
-      raise UserError(f"{where}: reading pytorch_model.bin needs torch: {INSTALL}") from None
+      raise UserError(f"{where}: reading pytorch_model.bin needs torch: pip install torch "
+                      "--index-url https://download.pytorch.org/whl/cpu") from None
     state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
     return {k: v.float().numpy() for k, v in state.items()}
   raise UserError(f"{where}: no model.safetensors or pytorch_model.bin")
