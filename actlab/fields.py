@@ -1,5 +1,6 @@
 """Every config field with its default and its comment, grouped by section:
-`python -m actlab.config` (or `python -m actlab.fields`).
+`python -m actlab.config` (or `python -m actlab.fields`); with `--config=FILE[:arg]` (and
+`--config.<section>.<field>=<value>` overrides) it prints that config as it resolves instead.
 
 The comments are the ones beside each field in `config.base()` and `config.encoder()`, read from
 their source, and fields that take an activation list the names of `actlab.activations`, so this
@@ -10,9 +11,8 @@ has are marked `[encoder]`; `--config.<section>.<field>=<value>` overrides any o
 
 import inspect
 import re
-import sys
 
-from actlab import activations
+from actlab import activations, errors
 from actlab import config as config_lib
 
 _SECTION = re.compile(r"^\s*(?:c\.(\w+) = )?(\w+) = (?:ml_collections\.ConfigDict\(\)|c\.(\w+))")
@@ -71,11 +71,24 @@ def listing() -> str:
 
 
 def main() -> None:
-  print("Every config field: its default (the decoder's, config.base()), the encoder's where it "
-        "differs, and what it does.\nOverride any with --config.<section>.<field>=<value>.\n")
-  print(listing())
+  """The command line: every field (`listing`), or with --config the config it resolves to, as
+  JSON (what a run writes to its config.json)."""
+  config = errors.define_config_file(
+      "config", "Config file to print as it resolves, e.g. configs/x.py:smoke (without it: "
+      "every field with its default and meaning).")
+
+  def show(argv):
+    del argv
+    if config.value is not None:
+      print(config.value.to_json(indent=2))
+      return
+    print("Every config field: its default (the decoder's, config.base()), the encoder's where "
+          "it differs, and what it does.\nOverride any with --config.<section>.<field>=<value>; "
+          "print a config as it resolves with --config=FILE[:arg].\n")
+    print(listing())
+
+  errors.run(show)
 
 
 if __name__ == "__main__":
   main()
-  sys.exit(0)

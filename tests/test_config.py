@@ -378,3 +378,18 @@ def test_activation_fields_list_the_names_of_the_registry():
   pooler = words("model.pooler_activation")
   assert set(activations.NAMES) - gated <= pooler and not gated & pooler
 
+
+@pytest.mark.slow
+def test_python_m_actlab_config_prints_the_config_a_file_resolves_to():
+  """`python -m actlab.config --config=FILE:arg --config.<field>=...` prints that config as JSON
+  (as a run's config.json holds it); a field that does not exist is one line."""
+  cli = lambda *args: subprocess.run([sys.executable, "-m", "actlab.config", *args], cwd=REPO,
+                                     capture_output=True, text=True, timeout=120)
+  args = [f"--config={REPO / REFERENCE}:smoke", "--config.optim.lr=0.002"]
+  out = cli(*args)
+  assert out.returncode == 0, out.stderr
+  printed = json.loads(out.stdout)
+  assert printed == json.loads(load(*args).to_json()) and printed["optim"]["lr"] == 0.002
+  bad = cli(f"--config={REFERENCE}", "--config.optim.lrr=0.002")
+  assert bad.returncode == 2 and bad.stdout == "" and bad.stderr == (
+      "error: --config.optim.lrr: optim has no field 'lrr'; did you mean 'optim.lr'?\n")
