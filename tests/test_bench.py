@@ -5,6 +5,9 @@ tests/test_model_execution.py."""
 
 import importlib.util
 import math
+import os
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -75,6 +78,19 @@ def test_bench_run_reports_every_field(tiny_config):
   assert row.startswith("| CPU") and row.count("|") == 13
   # No peak for a CPU: no MFU claimed.
   assert bench.run(tiny_config, steps=1, warmup=1)[0]["mfu"] is None
+
+
+@pytest.mark.slow
+def test_bench_command_shows_no_tpu_probe_line():
+  """JAX probes for a TPU wherever JAX_PLATFORMS lets it choose, and logs the failure at INFO,
+  which absl shows: `python -m actlab.bench` drops that one line."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  proc = subprocess.run([sys.executable, "-m", "actlab.bench",
+                         f"--config={REPO / 'tests' / 'tiny_config.py'}", "--steps=1",
+                         "--warmup=0"], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert "backend 'tpu'" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.slow
