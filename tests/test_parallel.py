@@ -15,7 +15,7 @@ import jax
 import pytest
 
 from actlab import config as config_lib, parallel
-from conftest import production_env, tiny
+from conftest import CPU_ONLY, production_env, tiny
 
 HERE = pathlib.Path(__file__).parent
 TOL = 1e-6
@@ -25,7 +25,7 @@ def four_device_env() -> dict:
   """This environment with 4 simulated CPU devices, compiling as real runs do (conftest.py
   compiles faster for the other tests): the cases compare 4 devices with 1 at the numerics of
   real runs, which is what their bound is about."""
-  return production_env("--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  return production_env("--xla_force_host_platform_device_count=4")
 
 
 def run_case(tmp_path_factory, case: str) -> dict:
@@ -83,7 +83,7 @@ def test_cpu_devices_setting_splits_the_host(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "actlab.bench", f"--config={HERE / 'tiny_config.py'}",
        "--config.parallel.cpu_devices=4", "--steps=2", "--warmup=1", f"--json_out={out}"],
-      capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+      capture_output=True, text=True, timeout=600, env={**os.environ, **CPU_ONLY})
   assert proc.returncode == 0, proc.stderr[-3000:]
   (row,) = [json.loads(l) for l in out.read_text().splitlines()]
   assert row["env"]["devices"] == 4 and "cpu_devices=4" in row["config"]
