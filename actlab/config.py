@@ -233,6 +233,6 @@ def override(config: ml_collections.ConfigDict,
   return config
 
 
-if __name__ == "__main__":  # python -m actlab.config: every field, its default and its comment
+if __name__ == "__main__":  # python -m actlab.config: every field (or --config=FILE: that config)
   from actlab import fields
   fields.main()

@@ -1,16 +1,18 @@
 """Every config field with its default and its comment, grouped by section:
-`python -m actlab.config` (or `python -m actlab.fields`).
+`python -m actlab.config` (or `python -m actlab.fields`); with `--config=FILE[:arg]` (and
+`--config.<section>.<field>=<value>` overrides) it prints that config as it resolves instead.
 
 The comments are the ones beside each field in `config.base()` and `config.encoder()`, read from
-their source, so this listing cannot drift from the code; the defaults are the built configs'.
-Fields only the encoder has are marked `[encoder]`; `--config.<section>.<field>=<value>`
-overrides any of them (README, "Running experiments").
+their source, and fields that take an activation list the names of `actlab.activations`, so this
+listing cannot drift from the code; the defaults are the built configs'. Fields only the encoder
+has are marked `[encoder]`; `--config.<section>.<field>=<value>` overrides any of them (README,
+"Running experiments").
 """
 
 import inspect
 import re
-import sys
 
+from actlab import activations, errors
 from actlab import config as config_lib
 
 _SECTION = re.compile(r"^\s*(?:c\.(\w+) = )?(\w+) = (?:ml_collections\.ConfigDict\(\)|c\.(\w+))")
@@ -39,9 +41,17 @@ def comments() -> dict[str, str]:
   return out
 
 
+def names() -> dict[str, str]:
+  """{"section.field": the names it accepts} for the fields that take an activation, from the
+  registry (`actlab.activations`): the FFN takes any, the pooler a plain one."""
+  plain = ", ".join(n for n in activations.NAMES if not activations.get(n).gated)
+  return {"model.activation": f"{plain}; gated (GLU): {', '.join(activations.GATE_BASE)}",
+          "model.pooler_activation": plain}
+
+
 def listing() -> str:
   decoder, encoder = config_lib.base().to_dict(), config_lib.encoder().to_dict()
-  notes = comments()
+  notes, accepted = comments(), names()
   order = list(notes) + [f"{s}.{f}" for s in encoder for f in encoder[s]]  # source order first
   lines, section = [], None
   for key in dict.fromkeys(order):
@@ -55,15 +65,30 @@ def listing() -> str:
     lines.append(f"  {key} = {mine.get(field, value)!r}{tag}")
     if notes.get(key):
       lines.append(f"      {notes[key]}")
+    if key in accepted:
+      lines.append(f"      one of: {accepted[key]}")
   return "\n".join(lines).lstrip("\n")
 
 
 def main() -> None:
-  print("Every config field: its default (the decoder's, config.base()), the encoder's where it "
-        "differs, and what it does.\nOverride any with --config.<section>.<field>=<value>.\n")
-  print(listing())
+  """The command line: every field (`listing`), or with --config the config it resolves to, as
+  JSON (what a run writes to its config.json)."""
+  config = errors.define_config_file(
+      "config", "Config file to print as it resolves, e.g. configs/x.py:smoke (without it: "
+      "every field with its default and meaning).")
+
+  def show(argv):
+    del argv
+    if config.value is not None:
+      print(config.value.to_json(indent=2))
+      return
+    print("Every config field: its default (the decoder's, config.base()), the encoder's where "
+          "it differs, and what it does.\nOverride any with --config.<section>.<field>=<value>; "
+          "print a config as it resolves with --config=FILE[:arg].\n")
+    print(listing())
+
+  errors.run(show)
 
 
 if __name__ == "__main__":
   main()
-  sys.exit(0)

@@ -1,9 +1,26 @@
-"""Shared fixtures: a tiny decoder config on the embedded corpus; session data and XLA caches."""
+"""Shared fixtures: a tiny decoder config on the embedded corpus; session data and XLA caches;
+the set-up for a CPU or a GPU host (`GPUS`)."""
 
 import os
 import pathlib
 import tempfile
 
+from actlab import workers  # Imports no JAX: nothing below may start a backend.
+
+
+def gpus() -> list[str]:
+  """The GPUs the tests run on, found without starting CUDA (`actlab.workers`: /dev/nvidia*,
+  CUDA_VISIBLE_DEVICES): none where JAX_PLATFORMS puts another platform first, so that
+  `JAX_PLATFORMS=cpu pytest` runs the suite on the CPU of a GPU host."""
+  first = os.environ.get("JAX_PLATFORMS", "").split(",")[0]
+  return workers._gpus() if first in ("", "cuda", "gpu") else []
+
+
+GPUS = gpus()
+# Subprocesses whose claim is about XLA:CPU (simulated devices, bitwise results, CPU workers) run
+# on the CPU on any host: JAX_PLATFORMS for JAX, an empty CUDA_VISIBLE_DEVICES for
+# `actlab.sweep --workers`, which otherwise hands each worker a GPU.
+CPU_ONLY = {"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
 # One token cache for the whole session (and for subprocesses the tests start).
 os.environ.setdefault("ACTLAB_DATA_DIR", tempfile.mkdtemp(prefix="actlab-test-data-"))
 # One persistent XLA compilation cache likewise: tests build the same tiny programs many times
@@ -30,10 +47,30 @@ def _xla_knows(flag: str) -> bool:
   return False
 
 
+def _add_xla_flags(*flags: str) -> None:
+  os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
+
+
 FAST_COMPILE = ["--xla_backend_optimization_level=0"] + [
     f"--{flag}=false" for flag in ["xla_cpu_use_fusion_emitters"] if _xla_knows(flag)]
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *FAST_COMPILE]).strip()
+# On a GPU the tests compile as real runs do (level 0 is for XLA:CPU here; on XLA:GPU it would be
+# LLVM's -O0 for every kernel), and each pytest-xdist worker sees one GPU (worker k GPU k mod their
+# number): the tests assume one device, as on a CPU. A test process allocates GPU memory as it needs
+# it rather than 75% of it at once, so that the workers and their subprocesses share the GPU;
+# float32 matmuls run in float32 rather than TF32 (XLA:GPU's default: a 10-bit mantissa), so that
+# the tests' float32 tolerances mean what they do on a CPU; and XLA's deterministic GPU ops (no
+# atomics, no timed autotuning) keep their bitwise claims (a step is pure, a resumed run equals an
+# uninterrupted one) true on a GPU as on a CPU.
+if GPUS:
+  if "PYTEST_XDIST_WORKER" in os.environ:  # "gw<k>"; the parent leaves it to them
+    worker = int(os.environ["PYTEST_XDIST_WORKER"][2:])
+    os.environ["CUDA_VISIBLE_DEVICES"] = GPUS[worker % len(GPUS)]
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "float32")
+  if "xla_gpu_deterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
+    _add_xla_flags("--xla_gpu_deterministic_ops=true")
+elif "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  _add_xla_flags(*FAST_COMPILE)
 
 import ml_collections  # noqa: E402 -- after the environment above
 import pytest  # noqa: E402
@@ -43,11 +80,22 @@ from tiny_config import get_config as tiny_config_file  # noqa: E402
 
 
 def production_env(*xla_flags: str, **variables: str) -> dict:
-  """This environment with XLA compiling as in real runs (not `FAST_COMPILE`), plus `xla_flags`
-  and `variables`: for subprocesses whose claim depends on the compiled code, e.g. that results
-  are bitwise the same on any number of threads, or equal across device counts to 1e-6."""
+  """This environment with XLA:CPU compiling as in real runs (not `FAST_COMPILE`), on the CPU on
+  any host (`CPU_ONLY`), plus `xla_flags` and `variables`: for subprocesses whose claim depends
+  on the code XLA:CPU compiles, e.g. that results are bitwise the same on any number of threads,
+  or equal across (simulated) device counts to 1e-6."""
   kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE]
-  return {**os.environ, "XLA_FLAGS": " ".join([*kept, *xla_flags]), **variables}
+  return {**os.environ, **CPU_ONLY, "XLA_FLAGS": " ".join([*kept, *xla_flags]), **variables}
+
+
+def pytest_xdist_auto_num_workers(config):
+  """`-n auto` (pyproject.toml) on a GPU host: two workers per GPU (one compiles while the other
+  runs; more would share a GPU's memory and time for nothing), at most one per CPU. Elsewhere
+  (None) pytest-xdist's own choice, one per core; PYTEST_XDIST_AUTO_NUM_WORKERS wins on both."""
+  del config
+  if gpus() and not os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+    return min(2 * len(gpus()), len(os.sched_getaffinity(0)))
+  return None
 
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -5,7 +5,10 @@ tests/test_model_execution.py."""
 
 import importlib.util
 import math
+import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -64,7 +67,11 @@ def test_mfu_is_achieved_over_peak_flops_of_all_devices(tiny_config, monkeypatch
 # --- The harness end to end -------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_bench_run_reports_every_field(tiny_config):
+def test_bench_run_reports_every_field(tiny_config, monkeypatch):
+  """On a CPU (as it reports itself: the step may run on a GPU here)."""
+  environment = bench.environment
+  monkeypatch.setattr(bench, "environment",
+                      lambda: {**environment(), "platform": "cpu", "device_kind": "cpu"})
   rows = bench.run(tiny_config, steps=2, warmup=1, peak=1.0)
   (r,) = rows
   assert r["tokens_per_step"] == 8 * 32 and r["tokens_per_s"] > 0 and r["compile_s"] > 0
@@ -79,6 +86,19 @@ def test_bench_run_reports_every_field(tiny_config):
   assert row.startswith("| CPU") and row.count("|") == 13
   # No peak for a CPU: no MFU claimed.
   assert bench.run(tiny_config, steps=1, warmup=1)[0]["mfu"] is None
+
+
+@pytest.mark.slow
+def test_bench_command_shows_no_tpu_probe_line():
+  """JAX probes for a TPU wherever JAX_PLATFORMS lets it choose, and logs the failure at INFO,
+  which absl shows: `python -m actlab.bench` drops that one line."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  proc = subprocess.run([sys.executable, "-m", "actlab.bench",
+                         f"--config={REPO / 'tests' / 'tiny_config.py'}", "--steps=1",
+                         "--warmup=0"], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert "backend 'tpu'" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ rewrites the snapshot.
 import functools
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from actlab import config as config_lib
-from actlab import errors, grid, models, sizes, tasks
+from actlab import activations, errors, grid, models, sizes, tasks
 from actlab.data import tokenizer as tokenizers
 from conftest import REPO, tiny
 
@@ -363,3 +364,32 @@ def test_every_field_is_listed_with_its_default_and_comment():
   helpfull = subprocess.run([sys.executable, "-m", "actlab.main", "--helpfull"],
                             capture_output=True, text=True, cwd=REPO, timeout=120).stdout
   assert "python -m actlab.config" in helpfull
+
+
+def test_activation_fields_list_the_names_of_the_registry():
+  """The listing names every activation for model.activation and the plain ones for the pooler,
+  as `actlab.activations` has them."""
+  from actlab import fields
+  listed = fields.listing()
+  words = lambda key: set(re.findall(r"\w+", re.search(
+      rf"^  {re.escape(key)} = .*(?:\n {{6}}.*)*", listed, re.M)[0]))  # its line and its notes
+  gated = {n for n in activations.NAMES if activations.get(n).gated}
+  assert set(activations.NAMES) <= words("model.activation")
+  pooler = words("model.pooler_activation")
+  assert set(activations.NAMES) - gated <= pooler and not gated & pooler
+
+
+@pytest.mark.slow
+def test_python_m_actlab_config_prints_the_config_a_file_resolves_to():
+  """`python -m actlab.config --config=FILE:arg --config.<field>=...` prints that config as JSON
+  (as a run's config.json holds it); a field that does not exist is one line."""
+  cli = lambda *args: subprocess.run([sys.executable, "-m", "actlab.config", *args], cwd=REPO,
+                                     capture_output=True, text=True, timeout=120)
+  args = [f"--config={REPO / REFERENCE}:smoke", "--config.optim.lr=0.002"]
+  out = cli(*args)
+  assert out.returncode == 0, out.stderr
+  printed = json.loads(out.stdout)
+  assert printed == json.loads(load(*args).to_json()) and printed["optim"]["lr"] == 0.002
+  bad = cli(f"--config={REFERENCE}", "--config.optim.lrr=0.002")
+  assert bad.returncode == 2 and bad.stdout == "" and bad.stderr == (
+      "error: --config.optim.lrr: optim has no field 'lrr'; did you mean 'optim.lr'?\n")

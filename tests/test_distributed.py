@@ -5,6 +5,7 @@ the same global batch on 2 devices. The same code path as a SLURM or TPU-pod job
 coordinator given by flags (`parallel.coordinator`, `num_processes`, `process_id`)."""
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -15,10 +16,11 @@ import numpy as np
 import pytest
 
 from actlab import train
-from conftest import REPO
+from conftest import CPU_ONLY, REPO
 from test_resume import rows, summary, wait_for_checkpoint
 
 STEPS = 200
+ENV = {**os.environ, **CPU_ONLY}  # JAX's CPU collectives: on a GPU host too
 
 
 def cli(workdir, *flags):
@@ -41,7 +43,8 @@ def start_two(workdir) -> list[subprocess.Popen]:
       cli(workdir, "--config.parallel.distributed=true", "--config.parallel.cpu_devices=1",
           f"--config.parallel.coordinator=localhost:{port}", "--config.parallel.num_processes=2",
           f"--config.parallel.process_id={i}"),
-      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+      cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in (0, 1)]
 
 
 def finish(procs) -> list[str]:
@@ -54,7 +57,7 @@ def finish(procs) -> list[str]:
 @pytest.mark.slow
 def test_two_processes_killed_and_resumed_equal_one_process_on_two_devices(tmp_path):
   reference, run = tmp_path / "one_process", tmp_path / "two_processes"
-  finish([subprocess.Popen(cli(reference, "--config.parallel.cpu_devices=2"), cwd=REPO,
+  finish([subprocess.Popen(cli(reference, "--config.parallel.cpu_devices=2"), cwd=REPO, env=ENV,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)])
 
   procs = start_two(run)

@@ -3,7 +3,8 @@
 longer be split into CPU devices or join a distributed run. Each runs in a fresh process under
 `GUARD`, which ends the process (exit 99, with the stack) when a backend is made before
 `parallel.initialize` has run, with `--config.parallel.cpu_devices=2`, and must use 2 devices.
-Sampling and export run on one device of one process, whatever the run trained on."""
+Sampling and export run on one device of one process, whatever the run trained on. CPU devices
+are a CPU property: on a GPU host too, these run on the CPU (`conftest.CPU_ONLY`)."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import CPU_ONLY, REPO
 
 GUARD = """
 import os, runpy, sys, traceback
@@ -42,7 +43,7 @@ def guarded(module: str, *args: str, guard: bool = True) -> subprocess.Completed
   command = ["-c", GUARD, module] if guard else ["-m", module]
   proc = subprocess.run([sys.executable, *command, *args], cwd=REPO,
                         capture_output=True, text=True, timeout=600,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                        env={**os.environ, **CPU_ONLY})
   assert proc.returncode == 0, f"{module}: exit {proc.returncode}\n{proc.stderr[-4000:]}"
   return proc
 
@@ -83,5 +84,5 @@ def test_bench_sets_up_devices_first(tmp_path):
 def test_the_guard_fails_a_process_that_asks_for_a_device_first(tmp_path):
   (tmp_path / "eager.py").write_text("import jax\njax.devices()\n")
   proc = subprocess.run([sys.executable, "-c", GUARD, "eager"], cwd=tmp_path, capture_output=True,
-                        text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                        text=True, timeout=120, env={**os.environ, **CPU_ONLY})
   assert proc.returncode == 99 and "before parallel.initialize" in proc.stderr

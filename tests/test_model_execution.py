@@ -145,7 +145,8 @@ def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tiny_config):
 
 
 def test_attention_auto_picks_cudnn_only_where_it_applies(monkeypatch):
-  assert execution.attention_impl("auto", jnp.bfloat16, 64) == "xla"  # CPU
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  assert execution.attention_impl("auto", jnp.bfloat16, 64) == "xla"
   assert execution.attention_impl("cudnn", jnp.float32, 64) == "cudnn"  # explicit wins
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert execution.attention_impl("auto", jnp.bfloat16, 64) == "cudnn"
@@ -156,9 +157,10 @@ def test_attention_auto_picks_cudnn_only_where_it_applies(monkeypatch):
 
 
 def test_attention_auto_falls_back_to_xla_when_cudnn_refuses(monkeypatch):
-  """On this CPU a forced "cudnn" choice fails at trace time; "auto" must then use XLA."""
+  """cuDNN refuses float32 (and any call where there is no cuDNN) at trace time: a forced
+  "cudnn" choice fails, and "auto" must then use XLA, on a CPU and a GPU alike."""
   r = np.random.default_rng(4)
-  q, k, v = (jnp.asarray(r.normal(size=(2, 2, 8, 16)), jnp.bfloat16) for _ in range(3))
+  q, k, v = (jnp.asarray(r.normal(size=(2, 2, 8, 16)), jnp.float32) for _ in range(3))
   attend = functools.partial(execution.attend, transformer.xla_attention, q, k, v, None,
                              causal=True)
   ref = attend(impl="xla")

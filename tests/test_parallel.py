@@ -24,7 +24,7 @@ def four_device_env() -> dict:
   """This environment with 4 simulated CPU devices, compiling as real runs do (conftest.py
   compiles faster for the other tests): the cases compare 4 devices with 1 at the numerics of
   real runs, which is what their bound is about."""
-  return production_env("--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  return production_env("--xla_force_host_platform_device_count=4")
 
 
 def run_case(tmp_path_factory, case: str) -> dict:

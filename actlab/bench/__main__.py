@@ -38,8 +38,10 @@ versions and the command line), `--markdown` prints rows for BENCHMARKS.md.
 """
 
 import json
+import logging
 
 from absl import flags
+from absl import logging as absl_logging
 
 from actlab import errors
 from actlab.bench import run
@@ -71,8 +73,18 @@ def main(argv):
         f.write(json.dumps({**r, "label": F.label}) + "\n")
 
 
+def _drop_tpu_probe_line() -> None:
+  """Drops the INFO line JAX logs when its probe for a TPU fails ("Unable to initialize backend
+  'tpu': ... libtpu.so ..."), as it does on every CPU or GPU host: absl shows INFO by default.
+  Only that record: a TPU that is present but unusable still gets JAX's warning, and every
+  other line, INFO included, stays."""
+  absl_logging.get_absl_handler().addFilter(lambda record: not (
+      record.levelno == logging.INFO
+      and record.getMessage().startswith("Unable to initialize backend 'tpu'")))
+
+
 if __name__ == "__main__":
-  flags.FLAGS.set_default("verbosity", -1)  # absl WARNING: no backend-probing INFO lines.
+  _drop_tpu_probe_line()
   _CONFIG = errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
   flags.mark_flags_as_required(["config"])
   flags.DEFINE_integer("steps", 20, "timed steps (after warm-up)")

@@ -1,0 +1,71 @@
+"""The suite's set-up for the host it runs on (conftest.py), checked on a CPU with a GPU faked
+through CUDA_VISIBLE_DEVICES: how many pytest-xdist workers, what a worker's environment holds,
+and that the subprocesses whose claims are about XLA:CPU run on the CPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import conftest
+from conftest import FAST_COMPILE, REPO, production_env
+from test_parallel import four_device_env
+
+
+def test_workers_are_two_per_gpu_and_one_per_core_without_one(monkeypatch):
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+  cores = len(os.sched_getaffinity(0))
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+  assert conftest.pytest_xdist_auto_num_workers(None) == min(2, cores)
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+  assert conftest.pytest_xdist_auto_num_workers(None) == min(16, cores)
+  monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")  # the user's number: xdist's to read
+  assert conftest.pytest_xdist_auto_num_workers(None) is None
+  monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS")
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # the suite on the CPU of a GPU host
+  assert conftest.pytest_xdist_auto_num_workers(None) is None
+  monkeypatch.delenv("JAX_PLATFORMS")
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: xdist's one per core
+  assert conftest.pytest_xdist_auto_num_workers(None) is None
+
+
+def worker_env(**variables: str) -> dict:
+  """The environment conftest.py gives a pytest-xdist worker (gw3) that starts with `variables`
+  (and no XLA_FLAGS, JAX_PLATFORMS or GPU settings of this process)."""
+  mine = ("XLA_FLAGS", "JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE",
+          "JAX_DEFAULT_MATMUL_PRECISION")
+  env = {k: v for k, v in os.environ.items() if k not in mine}
+  code = ("import json, os, sys; sys.path.insert(0, 'tests'); import conftest; "
+          "print(json.dumps(dict(os.environ)))")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, env={**env, "PYTEST_XDIST_WORKER": "gw3", **variables})
+  assert out.returncode == 0, out.stderr
+  return json.loads(out.stdout)
+
+
+@pytest.mark.slow
+def test_a_worker_compiles_fast_on_the_cpu_and_shares_one_gpu_as_real_runs_compile():
+  env = worker_env(CUDA_VISIBLE_DEVICES="0,1")
+  assert env["CUDA_VISIBLE_DEVICES"] == "1"  # gw3: worker 3 of GPUs 0 and 1
+  assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+  assert env["JAX_DEFAULT_MATMUL_PRECISION"] == "float32"
+  assert env["XLA_FLAGS"].split() == ["--xla_gpu_deterministic_ops=true"]
+  no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
+  pinned = {"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "0"}  # the CPU of a GPU host
+  for variables in (no_gpu, pinned):
+    env = worker_env(**variables)
+    assert env["XLA_FLAGS"].split() == FAST_COMPILE, variables
+    assert env.get("CUDA_VISIBLE_DEVICES") == variables.get("CUDA_VISIBLE_DEVICES"), variables
+    assert not {"XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_DEFAULT_MATMUL_PRECISION"} & set(env)
+
+
+def test_subprocesses_about_xla_cpu_run_on_the_cpu():
+  """The simulated devices and the real-run compile settings pin the CPU, and hide the GPUs
+  from `actlab.sweep --workers`."""
+  for env in (four_device_env(), production_env()):
+    assert env["JAX_PLATFORMS"] == "cpu" and env["CUDA_VISIBLE_DEVICES"] == ""
+    assert not set(FAST_COMPILE) & set(env["XLA_FLAGS"].split())
+  assert "--xla_force_host_platform_device_count=4" in four_device_env()["XLA_FLAGS"].split()
