@@ -3,12 +3,14 @@
     python benchmarks/profile_step.py configs/tinystories_gelu.py:smoke [overrides] [--trace]
 
 prints the median time of the jitted forward (the loss), forward + backward, optimizer update and
-whole train step on random tokens; with `--trace`, also a `jax.profiler` trace of 5 steps summed
-by what each XLA thunk computes (matmul by output shape, elementwise, reduction, exp).
+whole train step on random tokens, the step the loop runs on log steps (with the update and
+parameter norms) and on the others; with `--trace`, also a `jax.profiler` trace of 5 steps of
+each summed by what each XLA thunk computes (matmul by output shape, elementwise, reduction, exp).
 `overrides` is one comma-separated list, e.g. `model.loss_impl=plain,model.activation=relu`.
 """
 
 import collections
+import functools
 import gzip
 import json
 import pathlib
@@ -86,15 +88,19 @@ def main(argv) -> None:
     return out["loss_sum"] / out["count"]
 
   grads = jax.jit(jax.grad(loss))(state.params)
-  step = jax.jit(fns.train_step)
+  log_step = jax.jit(fns.train_step)
+  train_step = jax.jit(functools.partial(fns.train_step, diagnostics=False))
   for name, f, args in [
       ("forward (loss)", jax.jit(loss), (state.params,)),
       ("forward + backward", jax.jit(jax.value_and_grad(loss)), (state.params,)),
       ("optimizer update", jax.jit(fns.tx.update), (grads, state.opt_state, state.params)),
-      ("whole train step", step, (state, batch))]:
-    print(f"{name:20s} {median_ms(f, *args):8.1f} ms")
+      ("train step, logged", log_step, (state, batch)),
+      ("train step, not logged", train_step, (state, batch))]:
+    print(f"{name:22s} {median_ms(f, *args):8.1f} ms")
   if "--trace" in argv:
-    trace(step, state, batch)
+    for name, step in (("logged", log_step), ("not logged", train_step)):
+      print(f"-- train step, {name}")
+      trace(step, state, batch)
 
 
 if __name__ == "__main__":
