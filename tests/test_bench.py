@@ -13,7 +13,7 @@ import sys
 import jax
 import pytest
 
-from actlab import bench, flops, models, steps
+from actlab import bench, flops, models, parallel, steps
 from conftest import REPO
 
 PEAKS = dict(bench.PEAK_TFLOPS)
@@ -144,3 +144,10 @@ def test_torch_reference_runs_side_by_side_step_by_step_and_back_to_back(tiny_co
 def test_unknown_torch_mode_is_refused(tiny_config):
   with pytest.raises(ValueError, match="--torch_mode='jit'"):
     bench.TorchBench(tiny_config, "jit")
+
+
+def test_a_variant_cannot_change_the_process_devices(tiny_config):
+  """Devices are set up once per process: a variant with other CPU devices would silently time
+  the base config's devices, so it is refused."""
+  with pytest.raises(parallel.ParallelError, match="--variant=parallel.cpu_devices=2"):
+    bench.run(tiny_config, steps=1, warmup=1, variants=["parallel.cpu_devices=2"])

@@ -35,8 +35,13 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
   configs = [config] + [config_lib.override(config.copy_and_resolve_references(),
                                             config_lib.parse_overrides(v)) for v in variants]
   labels = [""] + list(variants)
-  for c in configs:
+  for c, label in zip(configs, labels):
     config_lib.validate(c)
+    for field in ("cpu_devices", "distributed"):
+      if c.parallel[field] != config.parallel[field]:
+        raise parallel.ParallelError(
+            f"--variant={label}: parallel.{field} sets up the process's devices, once; time it "
+            "in a separate actlab.bench run")
   parallel.initialize(config)  # Before the first device use (parallel.cpu_devices, hosts).
   env = environment()
   gpu = env["platform"] == "gpu"
