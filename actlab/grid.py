@@ -6,9 +6,7 @@ shard i of N (`select`), and `sweep.json`, the grid as `actlab.report` reads it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
-import operator
 import pathlib
 from typing import Any, Sequence
 
@@ -73,8 +71,8 @@ def with_flags(sweep: Sweep, base: ml_collections.ConfigDict,
       axis = "its seeds" if key == SEED_KEY else f"its axis {key!r}"
       raise config_lib.ConfigError(f"--config.{key}: the sweep varies {key} ({axis}); drop the "
                                    "flag, or the axis from the sweep file")
-  flagged = {k: functools.reduce(operator.getitem, k.split("."), base)
-             for k in overridden if k in sweep.fixed}
+  values = workdir_lib.dotted(base.to_dict())
+  flagged = {k: values[k] for k in overridden if k in sweep.fixed}
   lines = [f"sweep: --config.{k}={_fmt(v)} replaces the sweep's fixed {k}={_fmt(sweep.fixed[k])}"
            for k, v in flagged.items() if v != sweep.fixed[k]]
   return dataclasses.replace(sweep, fixed={**sweep.fixed, **flagged}), lines

@@ -214,11 +214,11 @@ def main(argv):
   worker = os.environ.get(workers.ENV)
   overridden = errors.override_keys("config")  # They win over the sweep's fixed values.
   workers.whole_lines()  # A parent's and its children's lines share one stream.
-  if FLAGS.workers > 1 and not worker:
-    if FLAGS.config.parallel.distributed:
-      raise errors.UserError("--workers=N starts N independent processes on this host; with "
-                             "parallel.distributed use --workers=1 (several hosts: --shard=i/N)")
-  else:  # Devices and hosts first (a --workers parent leaves them to its children).
+  parent = FLAGS.workers > 1 and not worker
+  if parent and FLAGS.config.parallel.distributed:
+    raise errors.UserError("--workers=N starts N independent processes on this host; with "
+                           "parallel.distributed use --workers=1 (several hosts: --shard=i/N)")
+  if not parent:  # Devices and hosts first (a --workers parent leaves them to its children).
     parallel.initialize(FLAGS.config)
   if worker:  # A child of `--workers`: its parent wrote sweep.json and reports the end.
     log = lambda message: _say(f"worker {worker}: {message}")

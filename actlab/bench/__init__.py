@@ -21,8 +21,8 @@ from actlab.bench.machine import PEAK_TFLOPS, environment, peak_tflops
 from actlab.bench.results import config_summary, markdown_rows, summarize, table
 from actlab.bench.timing import back_to_back, side_by_side, wait_quiet
 
-__all__ = ["JaxBench", "PEAK_TFLOPS", "TORCH_MODES", "TorchBench", "environment", "markdown_rows", "peak_tflops",
-           "run", "table"]
+__all__ = ["JaxBench", "PEAK_TFLOPS", "TORCH_MODES", "TorchBench", "environment", "markdown_rows",
+           "peak_tflops", "run", "table"]
 
 
 def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,

@@ -30,8 +30,9 @@ the `bench` extra) *side by side*: both are compiled/warmed up, then timed in al
 (`--rounds`; default: step by step) so that background load hits both alike, and the report
 gives the speed-up, step by step and back to back. `--torch_mode`: `eager` (the CPU comparator)
 or `compile` (`torch.compile` and fused AdamW: the GPU comparator); `auto` (default) picks by the
-device. Where the config computes in bfloat16, the reference runs under bfloat16 autocast. `--runs=N` benchmarks a vectorized sweep of N runs of the config
-(`steps.Program` with R runs: stacked states, per-run learning rates).
+device. Where the config computes in bfloat16, the reference runs under bfloat16 autocast.
+`--runs=N` benchmarks a vectorized sweep of N runs of the config (`steps.Program` with R runs:
+stacked states, per-run learning rates).
 
 Results print as a table; `--json_out` appends one JSON object per measurement (with device,
 versions and the command line), `--markdown` prints rows for BENCHMARKS.md.
@@ -52,7 +53,8 @@ def main(argv):
   del argv
   F = flags.FLAGS
   rows = run(_CONFIG.value, steps=F.steps, warmup=F.warmup, rounds=F.rounds, torch=F.torch,
-             torch_mode=F.torch_mode, runs=F.runs, peak=F.peak_tflops or None, variants=F.variant, quiet_s=F.wait_quiet)
+             torch_mode=F.torch_mode, runs=F.runs, peak=F.peak_tflops or None,
+             variants=F.variant, quiet_s=F.wait_quiet)
   e = rows[0]["env"]
   print(f"{e['devices']}× {e['device_kind']} ({e['platform']}); host {e['host_cpu']}, "
         f"{e['host_cores']} cores; {', '.join(f'{k} {v}' for k, v in e['versions'].items())}")

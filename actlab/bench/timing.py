@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import resource
+import statistics
 import time
 
 
@@ -52,29 +53,33 @@ def wait_quiet(max_wait_s: float, threshold: float = 0.2, window_s: float = 5.0)
       return load
 
 
+def _alternating(count: int, steps: int, rounds: int):
+  """(bench index, steps per round) in `rounds` alternating rounds over `count` benches, ABBA
+  order: every other round runs them backwards, so neither goes first every time."""
+  per_round = max(1, -(-steps // rounds))
+  for r in range(rounds):
+    order = range(count)
+    yield from ((i, per_round) for i in (reversed(order) if r % 2 else order))
+
+
 def side_by_side(benches, steps: int, rounds: int) -> list[dict]:
   """Times `steps` steps of every bench in `rounds` alternating rounds (ABBA order); with
   rounds = steps they alternate step by step, so that load from other processes, which comes
   and goes, hits all of them alike."""
-  per_round = max(1, -(-steps // rounds))
   out = [{"times": [], "cpu": 0.0, "wall": 0.0, "busy": 0.0, "busy_known": True}
          for _ in benches]
-  for r in range(rounds):
-    order = list(range(len(benches)))
-    if r % 2:
-      order.reverse()
-    for i in order:
-      with Window() as w:
-        res = benches[i].timed(per_round)
-      o = out[i]
-      o["times"] += res["times"]
-      o["cpu"] += res["cpu"]
-      o["wall"] += w.wall
-      if w.busy is None:
-        o["busy_known"] = False
-      else:
-        # The worker's own CPU shows up in the machine's busy time: subtract it as well.
-        o["busy"] += w.busy - res["cpu"] - (w.cpu if benches[i].name.startswith("PyTorch") else 0)
+  for i, per_round in _alternating(len(benches), steps, rounds):
+    with Window() as w:
+      res = benches[i].timed(per_round)
+    o = out[i]
+    o["times"] += res["times"]
+    o["cpu"] += res["cpu"]
+    o["wall"] += w.wall
+    if w.busy is None:
+      o["busy_known"] = False
+    else:
+      # The worker's own CPU shows up in the machine's busy time: subtract it as well.
+      o["busy"] += w.busy - res["cpu"] - (w.cpu if benches[i].name.startswith("PyTorch") else 0)
   return out
 
 
@@ -82,12 +87,7 @@ def back_to_back(benches, steps: int, rounds: int) -> list[dict]:
   """Times `steps` steps of every bench queued back to back, one wait per round, in `rounds`
   alternating rounds (ABBA): the throughput the training loop gets, which does not wait for a
   step before it queues the next. Returns each bench's `queued_s` per step."""
-  per_round = max(1, -(-steps // rounds))
   walls = [[] for _ in benches]
-  for r in range(rounds):
-    order = list(range(len(benches)))
-    if r % 2:
-      order.reverse()
-    for i in order:
-      walls[i].append(benches[i].queued(per_round)["wall"] / per_round)
-  return [{"queued_s": float(sorted(w)[len(w) // 2])} for w in walls]
+  for i, per_round in _alternating(len(benches), steps, rounds):
+    walls[i].append(benches[i].queued(per_round)["wall"] / per_round)
+  return [{"queued_s": statistics.median(w)} for w in walls]
