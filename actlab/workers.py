@@ -64,7 +64,7 @@ def _core(cpu: int) -> tuple[int, ...]:
     return (cpu,)
 
 
-def _gpus() -> list[str]:
+def visible_gpus() -> list[str]:
   """The GPUs to hand out: CUDA_VISIBLE_DEVICES' entries where it is set, else one per
   /dev/nvidia<i> (read without starting CUDA: the parent must not take GPU memory)."""
   visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -91,7 +91,7 @@ def plan(n: int) -> list[Worker]:
   if n > len(cpus):
     raise UserError(f"--workers={n}: this process may use {len(cpus)} CPU(s) ({ranges(cpus)}); "
                     f"use at most --workers={len(cpus)}")
-  gpus = _gpus()
+  gpus = visible_gpus()
   if gpus and n > len(gpus):
     raise UserError(f"--workers={n}: {len(gpus)} GPU(s) visible; use at most "
                     f"--workers={len(gpus)}, or set CUDA_VISIBLE_DEVICES= to train on CPUs")

@@ -13,7 +13,7 @@ def gpus() -> list[str]:
   CUDA_VISIBLE_DEVICES): none where JAX_PLATFORMS puts another platform first, so that
   `JAX_PLATFORMS=cpu pytest` runs the suite on the CPU of a GPU host."""
   first = os.environ.get("JAX_PLATFORMS", "").split(",")[0]
-  return workers._gpus() if first in ("", "cuda", "gpu") else []
+  return workers.visible_gpus() if first in ("", "cuda", "gpu") else []
 
 
 GPUS = gpus()
@@ -93,8 +93,9 @@ def pytest_xdist_auto_num_workers(config):
   runs; more would share a GPU's memory and time for nothing), at most one per CPU. Elsewhere
   (None) pytest-xdist's own choice, one per core; PYTEST_XDIST_AUTO_NUM_WORKERS wins on both."""
   del config
-  if gpus() and not os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-    return min(2 * len(gpus()), len(os.sched_getaffinity(0)))
+  found = gpus()
+  if found and not os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+    return min(2 * len(found), len(os.sched_getaffinity(0)))
   return None
 
 
