@@ -26,6 +26,16 @@ class UserError(Exception):
   exit_code = 2
 
 
+class DataError(UserError):
+  """A data problem the user can fix; the message says how. main prints it and exits non-zero."""
+
+
+def short_cause(e: BaseException, limit: int = 150) -> str:
+  """'TypeName: first words of the message', for error messages."""
+  msg = " ".join(str(e).split())
+  return f"{type(e).__name__}: {msg[:limit]}{'...' if len(msg) > limit else ''}"
+
+
 @contextlib.contextmanager
 def reported():
   """Turns a UserError into `error: <message>` on stderr and its exit code. The process ends at

@@ -18,9 +18,11 @@ import pathlib
 
 from absl import flags, logging
 
-from actlab import errors, tasks, train
-from actlab import workdir as workdir_lib
-from actlab.models import hf_checkpoint, hf_tokenizer
+from actlab import errors, tasks
+from actlab.data import hf_tokenizer
+from actlab.models import hf_checkpoint
+from actlab.run import train
+from actlab.run import workdir as workdir_lib
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained model.")
 _OUT = flags.DEFINE_string("out", None, "Directory to write the Hugging Face model into: new, "
@@ -30,7 +32,7 @@ flags.mark_flags_as_required(["workdir", "out"])
 
 def check_out(out: pathlib.Path) -> None:
   """Refuses an `--out` that is a file, is or lies inside a run directory, or holds anything but
-  an earlier export (`hf_checkpoint.exported`), before anything is read or written."""
+  an earlier export (`_exported`), before anything is read or written."""
   workdir_lib.check_usable(out, "--out")
   resolved = out.resolve()
   for path in (resolved, *resolved.parents):
@@ -38,9 +40,16 @@ def check_out(out: pathlib.Path) -> None:
       where = "is" if path == resolved else f"lies inside {path}, which is"
       raise errors.UserError(f"--out {out} {where} a run directory; export into a new or empty "
                              "directory outside it")
-  if out.is_dir() and any(out.iterdir()) and not hf_checkpoint.exported(out):
+  if out.is_dir() and any(out.iterdir()) and not _exported(out):
     raise errors.UserError(f"--out {out} holds files that actlab.export did not write; give a "
                            "new or empty directory, or one an earlier export wrote")
+
+
+def _exported(directory: pathlib.Path) -> bool:
+  """Whether `directory` holds a config.json that `hf_checkpoint.write` wrote (it has the
+  `EXPORTED` entry)."""
+  entry = (workdir_lib.read_json(directory / "config.json") or {}).get(hf_checkpoint.EXPORTED)
+  return isinstance(entry, dict) and "exported_from" in entry
 
 
 def main(argv):

@@ -52,7 +52,8 @@ def main():
 
   from actlab import data
   from actlab.data import cache, gpt2, synthetic, tinystories
-  from actlab.data import tokenizer as tokenizers
+  from actlab.data import tokenizer
+  from actlab.data import tokenizers
 
   if Path(args.text).is_file():
     texts = list(tinystories.parse_stories(args.text))
@@ -66,7 +67,7 @@ def main():
   print(f"threads: {args.threads} (of {os.cpu_count()} CPUs; load average {load:.1f} at start)")
   print("MB/s = MB of UTF-8 text per wall-clock second (per CPU-second in brackets)\n")
 
-  toks = {"byte": tokenizers.ByteTokenizer()}
+  toks = {"byte": tokenizer.ByteTokenizer()}
   try:
     gdir = args.gpt2_dir if Path(args.gpt2_dir, "encoder.json").is_file() else None
     toks["gpt2"] = gpt2.gpt2(gdir, threads=args.threads)

@@ -19,8 +19,10 @@ import time
 import jax
 import numpy as np
 
-from actlab import config as config_lib, errors, steps, tasks
+from actlab import errors, tasks
+from actlab import config as config_lib
 from actlab.bench.benches import tokenizer_vocab
+from actlab.run import steps
 
 
 def entry_ops(compiled_text: str) -> collections.Counter:

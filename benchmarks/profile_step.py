@@ -22,8 +22,10 @@ import time
 import jax
 import numpy as np
 
-from actlab import config as config_lib, errors, steps, tasks
+from actlab import errors, tasks
+from actlab import config as config_lib
 from actlab.bench.benches import tokenizer_vocab
+from actlab.run import steps
 
 
 def median_ms(f, *args, n: int = 20) -> float:

@@ -9,7 +9,7 @@ vectorized sweeps (`--config.sweep.vectorize=true`: one program per activation, 
 `:smoke` is the same grid on the tiny `sizes.SIZES["mini"]` setup, for a CPU comparison.
 """
 
-from actlab import sizes
+from actlab.config import sizes
 
 
 def get_sweep(arg=None):

@@ -1,7 +1,7 @@
 """BERT-style encoder with the `relu` FFN activation (pooler: tanh, `model.pooler_activation`).
 
 Variants: `:smoke` (embedded corpus), `:base` (BERT-base) or another encoder size of
-`actlab.sizes.SIZES`; `:classify`, `:smoke_classify`, `:base_classify` fine-tune (set
+`actlab.config.sizes.SIZES`; `:classify`, `:smoke_classify`, `:base_classify` fine-tune (set
 `--config.train.init_from=<MLM workdir>`).
 """
 

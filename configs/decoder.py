@@ -2,8 +2,8 @@
 
     python -m actlab.main --config=configs/decoder.py:size=smoke,act=swiglu --workdir=runs/x
 
-`size`: a decoder size of `actlab.sizes.SIZES` (default reference; also the first word alone,
-`decoder.py:smoke,act=swiglu`); `act`: a name from `actlab.activations.NAMES` (default gelu).
+`size`: a decoder size of `actlab.config.sizes.SIZES` (default reference; also the first word alone,
+`decoder.py:smoke,act=swiglu`); `act`: a name from `actlab.models.activations.NAMES` (default gelu).
 `configs/tinystories_<activation>.py:<size>` is the same config.
 """
 

@@ -1,6 +1,6 @@
 """Decoder on TinyStories with the `gelu` FFN activation.
 
-Variants: `:smoke` (embedded corpus) or another decoder size of `actlab.sizes.SIZES` (`:cpu`, ...).
+Variants: `:smoke` (embedded corpus) or another decoder size of `actlab.config.sizes.SIZES` (`:cpu`, ...).
 """
 
 from actlab import config

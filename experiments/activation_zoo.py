@@ -1,4 +1,4 @@
-"""Every activation in the registry (`actlab.activations.NAMES`) at one peak LR, 1e-3.
+"""Every activation in the registry (`actlab.models.activations.NAMES`) at one peak LR, 1e-3.
 
 Gated ones use the parameter-matched hidden width (model.gated_match_params). `:smoke` runs them
 on the tiny `sizes.SIZES["mini"]` setup with one seed. `:cpu` is the CPU study (RESULTS.md):
@@ -7,7 +7,8 @@ model at LRs {1e-3, 3e-3, 1e-2} around the best, 3 seeds, GELU the baseline: doe
 gated-beats-plain ordering of Shazeer (2020, Table 1) show at this scale?
 """
 
-from actlab import activations, sizes
+from actlab.config import sizes
+from actlab.models import activations
 
 CPU_ACTIVATIONS = ["relu", "tanh", "elu", "gelu", "gelu_tanh", "silu", "relu2", "swiglu", "geglu",
                    "reglu"]

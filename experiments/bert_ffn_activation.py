@@ -23,7 +23,7 @@ with `--workers=2`. One LR, for time: it asks which activation learns MLM fastes
 each tolerates the LR.
 """
 
-from actlab import sizes
+from actlab.config import sizes
 
 ACTIVATIONS = ["gelu", "tanh", "relu", "swiglu"]
 

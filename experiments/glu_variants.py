@@ -7,7 +7,7 @@ counts. `:smoke` uses the tiny `sizes.SIZES["mini"]` setup with d_ff 384, whose 
 is exactly 2/3 of it.
 """
 
-from actlab import sizes
+from actlab.config import sizes
 
 PAIRS = [("relu", "reglu"), ("gelu", "geglu"), ("silu", "swiglu"), ("sigmoid", "glu"),
          ("identity", "bilinear")]

@@ -12,7 +12,7 @@ to past where both break (3e-4 … 1e-1, half-decades) × 5 seeds, GELU the repo
 for that tiny model; the reference LRs would all sit at or below its optimum.
 """
 
-from actlab import sizes
+from actlab.config import sizes
 
 CPU_LRS = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
 

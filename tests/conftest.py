@@ -5,11 +5,11 @@ import os
 import pathlib
 import tempfile
 
-from actlab import workers  # Imports no JAX: nothing below may start a backend.
+from actlab.sweep import workers  # Imports no JAX: nothing below may start a backend.
 
 
 def gpus() -> list[str]:
-  """The GPUs the tests run on, found without starting CUDA (`actlab.workers`: /dev/nvidia*,
+  """The GPUs the tests run on, found without starting CUDA (`actlab.sweep.workers`: /dev/nvidia*,
   CUDA_VISIBLE_DEVICES): none where JAX_PLATFORMS puts another platform first, so that
   `JAX_PLATFORMS=cpu pytest` runs the suite on the CPU of a GPU host."""
   first = os.environ.get("JAX_PLATFORMS", "").split(",")[0]

@@ -19,8 +19,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from actlab import parallel, steps, train  # noqa: E402
-from actlab.checkpoint import Checkpoints  # noqa: E402
+from actlab.run import parallel, steps, train  # noqa: E402
+from actlab.run.checkpoint import Checkpoints  # noqa: E402
 from conftest import tiny  # noqa: E402
 from tree_utils import state_bytes_per_device, tree_max_abs_diff  # noqa: E402
 

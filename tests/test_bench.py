@@ -13,7 +13,9 @@ import sys
 import jax
 import pytest
 
-from actlab import bench, flops, models, parallel, steps
+from actlab import bench, models
+from actlab.measure import flops
+from actlab.run import parallel, steps
 from conftest import REPO
 
 PEAKS = dict(bench.PEAK_TFLOPS)

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from actlab import data, models, tasks
 from actlab import config as config_lib
-from actlab import data, models, steps, tasks, train
-from actlab.data import classify, synthetic
-from actlab.data import tokenizer as tokenizers
+from actlab.data import classify, synthetic, tokenizer
+from actlab.run import steps, train
 from actlab.tasks import mlm
 
 
@@ -43,7 +43,7 @@ def wordpiece():
 def test_wordpiece_special_tokens(wordpiece):
   tok = wordpiece
   assert tok.name == "wordpiece:2048" and 500 < tok.vocab_size <= 2048
-  ids = tokenizers.special_ids("wordpiece:2048")
+  ids = tokenizer.special_ids("wordpiece:2048")
   assert ids == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
   assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
   assert tok.eot_id == tok.sep_id                  # stories are separated by [SEP]
@@ -55,7 +55,7 @@ def test_wordpiece_special_tokens(wordpiece):
   assert squeeze(tok.decode(ids_)) == squeeze(text.lower())
   assert not set(tok.encode("[SEP] [MASK] [CLS] [PAD]")) & {0, 2, 3, 4}  # text, never special
   with pytest.raises(ValueError, match="wordpiece"):
-    tokenizers.special_ids("byte")
+    tokenizer.special_ids("byte")
 
 
 @pytest.mark.slow

@@ -22,9 +22,12 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
+from actlab import errors, models, tasks
 from actlab import config as config_lib
-from actlab import activations, errors, grid, models, sizes, tasks
-from actlab.data import tokenizer as tokenizers
+from actlab.config import sizes
+from actlab.data import tokenizer
+from actlab.models import activations
+from actlab.sweep import grid
 from conftest import REPO, tiny
 
 CONFIG_FILES = sorted((REPO / "configs").glob("*.py"))
@@ -240,7 +243,7 @@ def test_validate_gives_one_readable_line(field, value, message):
 @pytest.mark.parametrize("kind", ["decoder", "encoder"])
 def test_validate_reports_the_tokenizer_parser_message(spec, kind):
   with pytest.raises(ValueError) as parsed:
-    tokenizers.parse_spec(spec)
+    tokenizer.parse_spec(spec)
   c = getattr(config_lib, kind)("gelu", "smoke")
   c.data.tokenizer = spec
   with pytest.raises(config_lib.ConfigError) as validated:
@@ -347,14 +350,14 @@ if __name__ == "__main__":
 def test_every_field_is_listed_with_its_default_and_comment():
   """`python -m actlab.config` lists every field of both configs, and every field of `base()`
   carries the comment beside it in the source (the listing reads them: it cannot drift)."""
-  from actlab import fields
+  from actlab.config import fields
   listed = fields.listing()
   for c in (config_lib.base(), config_lib.encoder()):
     for section, values in c.to_dict().items():
       for name in values:
         assert f"  {section}.{name} = " in listed, f"{section}.{name}"
   notes = fields.comments()
-  assert notes["model.activation"] == "FFN activation: a name from actlab.activations.NAMES"
+  assert notes["model.activation"] == "FFN activation: a name from actlab.models.activations.NAMES"
   assert notes["model.loss_impl"].endswith("or \"plain\" (logits, then cross-entropy)")  # 2 lines
   assert "  data.mlm_prob = 0.15 [encoder]" in listed
   assert "  model.norm = 'pre' [encoder: 'post']" in listed
@@ -368,8 +371,8 @@ def test_every_field_is_listed_with_its_default_and_comment():
 
 def test_activation_fields_list_the_names_of_the_registry():
   """The listing names every activation for model.activation and the plain ones for the pooler,
-  as `actlab.activations` has them."""
-  from actlab import fields
+  as `actlab.models.activations` has them."""
+  from actlab.config import fields
   listed = fields.listing()
   words = lambda key: set(re.findall(r"\w+", re.search(
       rf"^  {re.escape(key)} = .*(?:\n {{6}}.*)*", listed, re.M)[0]))  # its line and its notes

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from actlab import data
-from actlab.data import cache, synthetic
-from actlab.data import tokenizer as tokenizers
+from actlab.data import cache, synthetic, tokenizer
 from conftest import data_config
 
 
@@ -125,7 +124,7 @@ TEXTS = ["Once upon a time there was a cat.", "The cat sat.\n\nIt was happy. Ã¢â
 
 
 def test_cache_partial_or_stale_is_rebuilt(tmp_path):
-  tok = tokenizers.ByteTokenizer()
+  tok = tokenizer.ByteTokenizer()
   path = tmp_path / "t" / "train.byte.bin"
   side = cache.sidecar_path(path)
   first = cache.build_or_open(path, lambda: TEXTS, tok, "src-A", progress=False)
@@ -157,7 +156,7 @@ def test_cache_partial_or_stale_is_rebuilt(tmp_path):
 
 def test_cache_overwritten_in_place_is_rebuilt(tmp_path, caplog):
   """Same size and mtime, other bytes: the checksum catches it, the tokens are rebuilt."""
-  tok = tokenizers.ByteTokenizer()
+  tok = tokenizer.ByteTokenizer()
   path = tmp_path / "train.byte.bin"
   cache.build_or_open(path, lambda: TEXTS, tok, "src", progress=False)
   fresh = cache.encode_to_array(tok, TEXTS, np.dtype(np.uint16))
@@ -179,7 +178,7 @@ def test_cache_overwritten_in_place_is_rebuilt(tmp_path, caplog):
 
 
 def test_cache_without_checksum_is_rebuilt_once(tmp_path, caplog):
-  tok = tokenizers.ByteTokenizer()
+  tok = tokenizer.ByteTokenizer()
   path = tmp_path / "train.byte.bin"
   cache.build_or_open(path, lambda: TEXTS, tok, "src", progress=False)
   side = cache.sidecar_path(path)
@@ -195,7 +194,7 @@ def test_cache_without_checksum_is_rebuilt_once(tmp_path, caplog):
 
 
 def test_interrupted_build_leaves_no_cache(tmp_path):
-  tok = tokenizers.ByteTokenizer()
+  tok = tokenizer.ByteTokenizer()
   path = tmp_path / "train.byte.bin"
 
   def exploding():

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import train
+from actlab.run import train
 from conftest import CPU_ONLY, REPO
 from test_resume import rows, summary, wait_for_checkpoint
 

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import config as config_lib
 from actlab import models, tasks
+from actlab import config as config_lib
 from actlab.models.spec import Spec
 from actlab.models.transformer import Attention, Block, FeedForward, layer_norm
 
@@ -220,7 +220,7 @@ def test_block_order(norm):
 @pytest.mark.slow
 def test_pooler_activation(encoder):
   """pooled = act(dense(h[CLS])): identity gives the dense output, tanh and gelu act on it."""
-  from actlab import activations
+  from actlab.models import activations
   _, params = encoder
   t = tokens((2, 8))
   pooled = {name: jax.jit(models.Encoder(SPEC, head="all", pooler_activation=name).apply)(

@@ -1,4 +1,4 @@
-"""The evaluators a config chooses (actlab/evaluators.py), and what each adds to a row."""
+"""The evaluators a config chooses (actlab/measure/evaluators.py), and what each adds to a row."""
 
 import functools
 
@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import evaluators, steps
+from actlab.measure import evaluators
+from actlab.run import steps
 from conftest import tiny
 
 

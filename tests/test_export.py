@@ -11,10 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import errors, steps, tasks, train
-from actlab.data import synthetic
-from actlab.data import tokenizer as tokenizers
-from actlab.models import hf_checkpoint, hf_tokenizer
+from actlab import errors, tasks
+from actlab.data import hf_tokenizer, synthetic, tokenizers
+from actlab.models import hf_checkpoint
+from actlab.run import steps, train
 from conftest import REPO, SHARED_DATA, tiny
 from test_classify import tiny_encoder
 from test_resume import files

@@ -1,12 +1,14 @@
-"""FLOPs per token (actlab/flops.py): hand counts, the real parameter tree, and XLA's own count."""
+"""FLOPs per token (actlab/measure/flops.py): hand counts, the real parameter tree, and XLA's own count."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from actlab import models
 from actlab import config as config_lib
-from actlab import flops, models, steps
+from actlab.measure import flops
+from actlab.run import steps
 from conftest import tiny
 
 

@@ -9,7 +9,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from actlab import config as config_lib
-from actlab import grid
+from actlab.sweep import grid
 from conftest import REPO
 
 SUITE = REPO / "benchmarks" / "gpu_suite.sh"

@@ -5,7 +5,11 @@ import re
 import jax
 import pytest
 
-from actlab import activations, config as config_lib, errors, grid, models, steps, sweep
+from actlab import errors, models, sweep
+from actlab import config as config_lib
+from actlab.models import activations
+from actlab.run import steps
+from actlab.sweep import grid
 from conftest import REPO, tiny
 
 EXPERIMENTS = REPO / "experiments"

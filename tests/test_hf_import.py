@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from actlab import errors, steps, tasks, train
+from actlab import errors, tasks
 from actlab.models import hf_checkpoint
+from actlab.run import steps, train
 from conftest import REPO, tiny
 from test_classify import tiny_encoder
 from test_export import RUN, perturbed_params, torch  # noqa: F401 -- torch: the fixture

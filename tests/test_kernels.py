@@ -1,4 +1,4 @@
-"""The fused LM-head cross-entropy (actlab/kernels.py) against the plain one: values, gradients,
+"""The fused LM-head cross-entropy (actlab/models/kernels.py) against the plain one: values, gradients,
 second order, vmap, bfloat16, chunking, and inside the decoder's loss."""
 
 import jax
@@ -7,7 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import kernels, steps
+from actlab.models import kernels
+from actlab.run import steps
 
 
 def plain_xent_sum(h, E, t, w=None):

@@ -11,8 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import config as config_lib, data, evaluators, metrics, models, steps
+from actlab import data, models
+from actlab import config as config_lib
+from actlab.measure import evaluators, metrics
 from actlab.models import transformer
+from actlab.run import steps
 from conftest import tiny
 
 
@@ -37,7 +40,7 @@ def pooled(task, params, batches, act_stats: bool = True) -> dict:
 
 
 def _captured(task, params, batch):
-  """The FFNStats per layer and the Dense outputs, straight from Flax (no actlab.metrics code)."""
+  """The FFNStats per layer and the Dense outputs, straight from Flax (no actlab.measure.metrics code)."""
   _, state = task.model.apply({"params": params}, batch[:, :-1], mutable=["stats", "intermediates"],
                               capture_intermediates=True)
   stats = state["stats"]

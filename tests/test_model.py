@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import activations, config as config_lib, models, tasks
-from actlab.models import transformer
+from actlab import models, tasks
+from actlab import config as config_lib
+from actlab.models import activations, transformer
 from actlab.models.spec import Spec
 from conftest import tiny
 

@@ -10,8 +10,11 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import config as config_lib, evaluators, histogram, sizes, steps
+from actlab import config as config_lib
+from actlab.config import sizes
+from actlab.measure import evaluators, histogram
 from actlab.models import execution, hf, transformer
+from actlab.run import steps
 
 
 def relative_error(a, b):

@@ -13,7 +13,8 @@ import sys
 import jax
 import pytest
 
-from actlab import config as config_lib, parallel
+from actlab import config as config_lib
+from actlab.run import parallel
 from conftest import production_env, tiny
 
 HERE = pathlib.Path(__file__).parent

@@ -2,7 +2,7 @@
 
 import sys
 
-from actlab import provenance
+from actlab.run import provenance
 from conftest import tiny
 
 

@@ -16,8 +16,12 @@ import sys
 import numpy as np
 import pytest
 
-from actlab import report, report_csv, report_load, report_series, stats
+from actlab import report
 from actlab.errors import UserError
+from actlab.measure import stats
+from actlab.report import load as report_load
+from actlab.report import series as report_series
+from actlab.report import to_csv as report_csv
 from conftest import REPO
 
 ACTS, LRS, SEEDS = ["relu", "gelu"], [1e-4, 1e-3, 3e-3], [0, 1, 2]
@@ -284,7 +288,7 @@ def test_a_grid_without_an_lr_axis_compares_activations_only(tmp_path):
   assert "## Largest stable LR" not in text and "## LR sensitivity" not in text
 
 
-# --- The plots' numbers (actlab.report_series) ------------------------------------------------
+# --- The plots' numbers (actlab.report.series) ------------------------------------------------
 
 
 def _run(act, lr, seed, rows, final=None, status="stable"):

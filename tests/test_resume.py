@@ -18,9 +18,10 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import loop, sample, steps, sweep, train
-from actlab.checkpoint import Checkpoints
+from actlab import sample, sweep
 from actlab.errors import UserError
+from actlab.run import loop, steps, train
+from actlab.run.checkpoint import Checkpoints
 from conftest import REPO, tiny
 from test_workdir import hold_lock
 

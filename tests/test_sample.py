@@ -10,11 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import data, sample, tasks, train
-from actlab import workdir as workdir_lib
-from actlab.data import synthetic
-from actlab.data import saved_tokenizer
-from actlab.data import tokenizer as tokenizers
+from actlab import data, sample, tasks
+from actlab.data import synthetic, tokenizers
+from actlab.run import train
+from actlab.run import workdir as workdir_lib
 from conftest import REPO, SHARED_DATA, tiny
 
 TEXT = "Once upon a time, Lily said: \"Don't!\" — naïve café 123 <|endoftext|> end."
@@ -99,16 +98,16 @@ def test_saved_tokenizer_gives_the_same_ids(tmp_path):
   sample_text = TEXT + " " + " ".join(list(synthetic.texts("validation"))[:20])
   for tok in saved_tokenizers(tmp_path):
     directory = tmp_path / "run" / tok.name.replace(":", "")
-    assert saved_tokenizer.load(directory) is None
-    saved_tokenizer.save(tok, directory)
-    again = saved_tokenizer.load(directory)
+    assert tokenizers.load(directory) is None
+    tokenizers.save(tok, directory)
+    again = tokenizers.load(directory)
     assert (again.name, again.fingerprint, again.vocab_size, again.eot_id) == (
         tok.name, tok.fingerprint, tok.vocab_size, tok.eot_id)
     ids = tok.encode(sample_text)
     assert again.encode(sample_text) == ids and again.decode(ids) == tok.decode(ids)
   (directory / next(iter(tok.files()))).write_bytes(b"x")
   with pytest.raises(data.DataError, match="differs from the tokenizer saved"):
-    saved_tokenizer.load(directory)
+    tokenizers.load(directory)
 
 
 @pytest.mark.slow
@@ -118,7 +117,7 @@ def test_sampling_needs_only_the_run_directory(tmp_path):
   c = tiny(**{"data.tokenizer": "bpe:300", "train.steps": 10})
   train.run(c, tmp_path / "run")
   shutil.copytree(tmp_path / "run", tmp_path / "copy")
-  assert (workdir_lib.tokenizer_dir(tmp_path / "copy") / saved_tokenizer.MANIFEST).is_file()
+  assert (workdir_lib.tokenizer_dir(tmp_path / "copy") / tokenizers.MANIFEST).is_file()
   empty = tmp_path / "empty_data"
   empty.mkdir()
   env = {**os.environ, "ACTLAB_DATA_DIR": str(empty)}

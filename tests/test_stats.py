@@ -1,4 +1,4 @@
-"""actlab.stats: t quantiles, the paired comparison and its verdict, the MDD, "not learned", and
+"""actlab.measure.stats: t quantiles, the paired comparison and its verdict, the MDD, "not learned", and
 the rules over a sweep's runs (largest stable LR, pairing by seed), against scipy where it has
 the answer and against hand-computed numbers otherwise."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from actlab import stats
+from actlab.measure import stats
 
 A = [2.31, 2.52, 2.18, 2.44]  # hand-made final val losses of four seeds; B is A's baseline
 B = [2.40, 2.60, 2.21, 2.56]  # d = A − B = [-0.09, -0.08, -0.03, -0.12]

@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import errors, grid, progress, steps, sweep, train, workers
-from actlab.checkpoint import Checkpoints
+from actlab import errors, sweep
+from actlab.run import progress, steps, train
+from actlab.run.checkpoint import Checkpoints
+from actlab.sweep import grid, workers
 from conftest import REPO, production_env, tiny
 
 EXPERIMENTS = REPO / "experiments"
@@ -265,7 +267,7 @@ def test_children_sharing_a_pipe_under_pythonunbuffered_write_whole_lines():
   """Under `python -u` print writes a message and its newline in two calls; the children of
   `--workers` printing to their parent's pipe spliced their lines (a CI failure) until the
   sweep's processes called workers.whole_lines()."""
-  child = ("import sys\nfrom actlab import workers\nworkers.whole_lines()\n"
+  child = ("import sys\nfrom actlab.sweep import workers\nworkers.whole_lines()\n"
            "for i in range(3000):\n"
            "  print(f'child {sys.argv[1]} line {i}', flush=True)\n"
            "  print(f'child {sys.argv[1]} error {i}', file=sys.stderr, flush=True)\n")

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from actlab import data
-from actlab.data import gpt2
-from actlab.data import tokenizer as tokenizers
+from actlab.data import gpt2, tokenizer, tokenizers
 from conftest import data_config
 
 SHARED = (Path(__file__).parents[1] / ".." / "shared" / "data").resolve()
@@ -26,12 +25,12 @@ make_config = data_config
 
 
 def test_parse_spec():
-  assert tokenizers.parse_spec("byte") == ("byte", None)
-  assert tokenizers.parse_spec("gpt2") == ("gpt2", None)
-  assert tokenizers.parse_spec("bpe:4096") == ("bpe", 4096)
+  assert tokenizer.parse_spec("byte") == ("byte", None)
+  assert tokenizer.parse_spec("gpt2") == ("gpt2", None)
+  assert tokenizer.parse_spec("bpe:4096") == ("bpe", 4096)
   for bad in ("bpe", "bpe:", "bpe:100", "bpe:x", "gpt-2", "", "BYTE"):
     with pytest.raises(ValueError, match="byte"):
-      tokenizers.parse_spec(bad)
+      tokenizer.parse_spec(bad)
 
 
 def test_byte_tokenizer():
@@ -139,7 +138,7 @@ DOCS = ["Once upon a time.", "", " leading space", "trailing space ", "\n\nnew\n
 def test_encode_docs_equals_one_by_one(tmp_path, literal_eot):
   """The cache's fast path (texts joined at <|endoftext|>) must equal encoding one by one."""
   docs = DOCS + (["a literal <|endoftext|> inside"] if literal_eot else [])
-  toks = [tokenizers.ByteTokenizer(),
+  toks = [tokenizer.ByteTokenizer(),
           tokenizers.get("bpe:320", directory=tmp_path, train_texts=lambda: DOCS * 20)]
   if (GPT2_DIR / "encoder.json").is_file():
     toks.append(gpt2.gpt2(GPT2_DIR, threads=2))

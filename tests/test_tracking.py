@@ -1,4 +1,4 @@
-"""Trackers (actlab/tracking.py): FFN pre-activation histograms (actlab/histogram.py) in
+"""Trackers (actlab/run/tracking.py): FFN pre-activation histograms (actlab/measure/histogram.py) in
 TensorBoard, Weights & Biases in offline mode, and a sweep's TensorBoard HParams table."""
 
 import json
@@ -11,8 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import config as config_lib, histogram, tracking, train
-from actlab import workdir as workdir_lib
+from actlab import config as config_lib
+from actlab.measure import histogram
+from actlab.run import tracking, train
+from actlab.run import workdir as workdir_lib
 from conftest import tiny
 
 
@@ -222,7 +224,7 @@ def test_tensorboard_does_not_import_torch(tmp_path):
   TensorBoard writer keeps it out, and torch still imports afterwards."""
   pytest.importorskip("torch", reason="torch is not installed: nothing to keep out")
   code = ("import sys, pathlib\n"
-          "from actlab import tracking\n"
+          "from actlab.run import tracking\n"
           "w = tracking.TensorBoard(pathlib.Path(sys.argv[1]))\n"
           "w.write({'step': 1, 'train_loss': 2.5}); w.close()\n"
           "print('torch' in sys.modules)\n"

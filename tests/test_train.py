@@ -11,7 +11,9 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import data, evaluators, optim, steps, train
+from actlab import data
+from actlab.measure import evaluators
+from actlab.run import optim, steps, train
 from conftest import tiny
 
 

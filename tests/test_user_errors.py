@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from actlab import errors, grid, train
+from actlab import errors
+from actlab.run import train
+from actlab.sweep import grid
 from conftest import REPO, tiny
 
 GELU = "configs/tinystories_gelu.py"

@@ -9,8 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import steps, sweep, train
-from actlab.checkpoint import Checkpoints
+from actlab import sweep
+from actlab.run import steps, train
+from actlab.run.checkpoint import Checkpoints
 from conftest import tiny
 from tree_utils import tree_max_abs_diff
 

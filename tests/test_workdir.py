@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from actlab import metrics_log, workdir
+from actlab.run import metrics_log, workdir
 from conftest import tiny
 
 HOLD = ("import fcntl, sys, time\n"

@@ -15,11 +15,11 @@ import jax
 import ml_collections
 
 from actlab import config as config_lib
-from actlab import parallel
-from actlab.bench.benches import TORCH_MODES, JaxBench, TorchBench
+from actlab.bench.benches import JaxBench, TORCH_MODES, TorchBench
 from actlab.bench.machine import PEAK_TFLOPS, environment, peak_tflops
 from actlab.bench.results import config_summary, markdown_rows, summarize, table
 from actlab.bench.timing import back_to_back, side_by_side, wait_quiet
+from actlab.run import parallel
 
 __all__ = ["JaxBench", "PEAK_TFLOPS", "TORCH_MODES", "TorchBench", "environment", "markdown_rows",
            "peak_tflops", "run", "table"]

@@ -16,7 +16,7 @@ downloaded or tokenized. It reports:
   the training loop queues them (no wait between steps, one at the end of each round; median
   over rounds): throughput, where `step_ms` is latency. On a GPU the difference is the host's
   dispatch time that the device no longer waits for;
-- `tokens_per_s` = batch · seq_len / step time; `flops_per_token` from `actlab.flops` (6·N for
+- `tokens_per_s` = batch · seq_len / step time; `flops_per_token` from `actlab.measure.flops` (6·N for
   the matmuls plus attention, the PaLM convention) and `tflops` = their product;
 - `mfu` = tflops / the device's peak, from `PEAK_TFLOPS` by device kind and compute dtype, or
   `--peak_tflops`; none is claimed where the peak is unknown (CPUs);

@@ -17,16 +17,17 @@ import time
 import jax
 import ml_collections
 
-from actlab import models, steps, tasks
+from actlab import models, tasks
 from actlab.bench.timing import Window
-from actlab.data import tokenizer as tokenizers
+from actlab.data import tokenizer
+from actlab.run import steps
 
 
 def tokenizer_vocab(config: ml_collections.ConfigDict) -> int:
   """The tokenizer's vocabulary size from its name alone (no files): what the model pads."""
   if config.model.vocab_size:
     return config.model.vocab_size
-  kind, size = tokenizers.parse_spec(config.data.tokenizer)
+  kind, size = tokenizer.parse_spec(config.data.tokenizer)
   return size or {"byte": 257, "gpt2": 50257}[kind]
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from actlab import flops as flops_lib
 from actlab import models, tasks
 from actlab.bench.benches import tokenizer_vocab
+from actlab.measure import flops as flops_lib
 
 
 def summarize(name: str, config, res: dict, setup: dict, memory: dict, runs: int,

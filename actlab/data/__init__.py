@@ -39,23 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-from actlab.errors import UserError
-
-
-class DataError(UserError):
-  """A data problem the user can fix; the message says how. main prints it and exits non-zero."""
-
-
-def short_cause(e: BaseException, limit: int = 150) -> str:
-  """'TypeName: first words of the message', for error messages."""
-  msg = " ".join(str(e).split())
-  return f"{type(e).__name__}: {msg[:limit]}{'...' if len(msg) > limit else ''}"
-
-
-# Imported after DataError and short_cause: the submodules import them from here.
-from actlab.data import cache, corpora, gpt2, saved_tokenizer  # noqa: E402
-from actlab.data import tokenizer as tokenizers  # noqa: E402
-from actlab.data.tokenizer import Tokenizer  # noqa: E402
+from actlab.data import cache, corpora, gpt2, tokenizer, tokenizers
+from actlab.data.tokenizer import Tokenizer
+from actlab.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -170,9 +156,9 @@ def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
 
 def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
   """The config's tokenizer without its corpus: the copy in `saved` (a run directory's, written
-  by `saved_tokenizer.save`) if there is one, else the data dir's (a trained BPE or WordPiece must be
+  by `tokenizers.save`) if there is one, else the data dir's (a trained BPE or WordPiece must be
   there already)."""
-  tok = saved_tokenizer.load(saved) if saved else None
+  tok = tokenizers.load(saved) if saved else None
   if tok is not None:
     return tok
   root = data_dir(config.data.dir)
@@ -222,7 +208,7 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
 
   # Tokenizers that need no corpus come first, so a missing GPT-2 file is reported before a
   # multi-GB download.
-  tok = None if tokenizers.parse_spec(spec)[0] in ("bpe", "wordpiece") else get_tokenizer()
+  tok = None if tokenizer.parse_spec(spec)[0] in ("bpe", "wordpiece") else get_tokenizer()
   # One process at a time prepares a corpus, trains a BPE or builds a cache (parallel sweep
   # cells share the data dir); the others wait, then open what the first one built. The corpus
   # is opened even when the caches exist: its fingerprint validates them (for TinyStories, the
@@ -231,7 +217,7 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
     tok = tok or get_tokenizer()
     if labelled:  # Labelled examples (the classify task), tokenized like the corpus.
       from actlab.data import classify
-      return classify.load(config, tok, tokenizers.special_ids(spec), root)
+      return classify.load(config, tok, tokenizer.special_ids(spec), root)
     arrays = {}
     for split in ("train", "validation"):
       path = root / "tokens" / key / f"{split}.{_tok_file_tag(tok)}.bin"

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from actlab.data import DataError
 from actlab.data.tokenizer import Tokenizer
+from actlab.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actlab.data import DataError
+from actlab.errors import DataError
 
 SOURCES = ("synthetic/hero_gender", "glue/sst2")
 NUM_CLASSES = {"synthetic/hero_gender": 2, "glue/sst2": 2}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from actlab.data import DataError, short_cause
 from actlab.data.tokenizer import DEFAULT_THREADS, EOT_TEXT, Tokenizer
+from actlab.errors import DataError, short_cause
 
 GPT2_FILES = ("encoder.json", "vocab.bpe")
 RANKS_FILE = "gpt2.tiktoken"  # a saved copy (saved_tokenizer.save): tiktoken's "<base64 token> <rank>" lines

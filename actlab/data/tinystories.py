@@ -38,7 +38,8 @@ from pathlib import Path
 
 import tensorflow_datasets as tfds
 
-from actlab.data import DataError, provenance, short_cause
+from actlab.data import provenance
+from actlab.errors import DataError, short_cause
 
 log = logging.getLogger(__name__)
 

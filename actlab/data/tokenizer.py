@@ -27,12 +27,12 @@ import hashlib
 import itertools
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from actlab.data import DataError
+from actlab.errors import DataError
 
 EOT_TEXT = "<|endoftext|>"
 
@@ -264,38 +264,3 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
     return "wordpiece", size
   raise ValueError(f"unknown tokenizer {spec!r}; choose 'byte', 'gpt2', 'bpe:<size>' (e.g. "
                    "'bpe:4096') or 'wordpiece:<size>'")
-
-
-def get(
-  spec: str,
-  *,
-  directory: str | os.PathLike,
-  train_texts: Callable[[], Iterable[str]] | None = None,
-  gpt2_dir: str | os.PathLike | None = None,
-  threads: int = DEFAULT_THREADS,
-) -> Tokenizer:
-  """Build or load the tokenizer named by ``spec``.
-
-  directory: where a trained BPE or WordPiece is stored (``<directory>/bpe-<size>.json``,
-    ``<directory>/wordpiece-<size>.json``); the caller keys
-    it by corpus/version.
-  train_texts: a callable returning an iterable of training texts, needed only the first time
-    a ``bpe:<size>`` tokenizer is built (at most BPE_TRAIN_MAX_CHARS characters are read).
-  gpt2_dir: a directory with encoder.json + vocab.bpe for an offline GPT-2.
-  """
-  kind, size = parse_spec(spec)
-  if kind == "byte":
-    return ByteTokenizer()
-  if kind == "gpt2":
-    from actlab.data.gpt2 import gpt2  # imported here: actlab.data.gpt2 imports this module
-    return gpt2(gpt2_dir, threads)
-  path = Path(directory) / f"{kind}-{size}.json"
-  name = f"{kind}:{size}"
-  cls = HFWordPieceTokenizer if kind == "wordpiece" else HFBPETokenizer
-  if path.is_file():
-    return cls.load(path, name)
-  if train_texts is None:
-    raise ValueError(f"{spec}: no saved tokenizer at {path} and no train_texts to train one")
-  tok = cls.train(train_texts(), size, name)
-  tok.save(path)
-  return tok

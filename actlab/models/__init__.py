@@ -5,8 +5,7 @@ parameter names in hf.py; parameter counting here."""
 import jax
 import numpy as np
 
-from actlab import activations
-from actlab.models import hf
+from actlab.models import activations, hf
 from actlab.models.encoder import Encoder
 from actlab.models.execution import Execution
 from actlab.models.spec import Spec, ffn_width, pad_vocab

@@ -6,7 +6,7 @@ classify tasks (actlab/tasks/).
 import flax.linen as nn
 import jax.numpy as jnp
 
-from actlab import activations
+from actlab.models import activations
 from actlab.models.execution import Execution
 from actlab.models.spec import Spec
 from actlab.models.transformer import dense, embed, layer_norm, stack, tied_logits

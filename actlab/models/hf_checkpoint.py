@@ -15,10 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from actlab import activations
-from actlab import workdir as workdir_lib
 from actlab.errors import UserError
-from actlab.models import hf, hf_gpt2
+from actlab.models import activations, hf, hf_gpt2
 
 INSTALL = 'pip install -e ".[hf]"'  # transformers, safetensors
 EXPORTED = "actlab"  # the config.json entry of an export: where from, step, steps, finished, status
@@ -113,12 +111,6 @@ def write(directory: pathlib.Path, config, arch: Architecture, params, vocab_siz
   transformers.AutoConfig.for_model(**fields, **{EXPORTED: run}).save_pretrained(directory)
   save_file(state_dict(params, arch, vocab_size), str(directory / "model.safetensors"),
             metadata={"format": "pt"})
-
-
-def exported(directory: pathlib.Path) -> bool:
-  """Whether `directory` holds a config.json that `write` wrote (it has the `EXPORTED` entry)."""
-  cfg = workdir_lib.read_json(directory / "config.json") or {}
-  return isinstance(cfg.get(EXPORTED), dict) and "exported_from" in cfg[EXPORTED]
 
 
 # --- Import -------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import dataclasses
 
 import ml_collections
 
-from actlab import activations
+from actlab.models import activations
 from actlab.models.execution import config_fields
 
 

@@ -8,7 +8,7 @@ Shape suffixes: B batch, L sequence (T: the keys' positions), D d_model, H heads
 F FFN hidden width, V vocabulary, P masked positions, C classes.
 
 Applied with the "stats" collection mutable (`apply(..., stats=True)`), every block also sows one
-`FFNStats` and one `AttentionStats`, the typed values actlab.metrics reduces; otherwise nothing
+`FFNStats` and one `AttentionStats`, the typed values actlab.measure.metrics reduces; otherwise nothing
 extra is computed.
 """
 
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from actlab import activations
+from actlab.models import activations
 from actlab.models.execution import Execution, attend, transformed_stack
 from actlab.models.spec import Spec
 

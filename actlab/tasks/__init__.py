@@ -17,7 +17,7 @@ A task module defines:
 - `dataset(config)`: training batches `train_batch(step)` and fixed `val_batches()`;
 - `random_batch(config, vocab_size, seed)`: a batch of the right form for benchmarks;
 - `chance_loss(config, vocab_size)`: the loss of predicting uniformly (ln of the outputs);
-- `head_matmul_params(config, vocab_size)`: the head's matrix entries per token (actlab.flops);
+- `head_matmul_params(config, vocab_size)`: the head's matrix entries per token (actlab.measure.flops);
 - `unigram_loss(config, dataset)`: the val loss of a unigram model of the training tokens, where it is
   comparable with the task's loss (else None): the report's "not learned" bar;
 - `CAUSAL`: it predicts the next token (`actlab.sample` continues text; the PyTorch reference
@@ -35,20 +35,6 @@ import ml_collections
 from actlab.tasks import causal_lm, classify, mlm
 
 TASKS = {"causal_lm": causal_lm, "mlm": mlm, "classify": classify}
-
-
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError (one line) unless the config names a task and has the fields its model
-  needs (`config.validate` calls this)."""
-  from actlab.validation import check
-  m = config.model
-  check(m.kind in ("decoder", "encoder"), f"model.kind={m.kind!r}: choose 'decoder' or 'encoder'")
-  if m.kind == "decoder":
-    check(m.get("task", "lm") == "lm",
-          f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
-  else:
-    mlm.check_encoder(config)
-    check(m.task in ("mlm", "classify"), f"model.task={m.task!r}: choose 'mlm' or 'classify'")
 
 
 def name(config: ml_collections.ConfigDict) -> str:

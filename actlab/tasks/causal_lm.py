@@ -5,7 +5,8 @@ import math
 
 import numpy as np
 
-from actlab import data, kernels, models
+from actlab import data, models
+from actlab.models import kernels
 from actlab.models.hf_checkpoint import Architecture
 
 CAUSAL = True
@@ -19,7 +20,7 @@ def model(config, vocab_size: int):
 
 def fused_loss(model, params, batch_BL1, rng, train: bool, stats: bool = False) -> dict:
   """`models.next_token_loss` without the [B, L, V] logits in memory: the tied head and the
-  cross-entropy in chunks of positions (actlab.kernels; equal in tests/test_kernels.py)."""
+  cross-entropy in chunks of positions (actlab.models.kernels; equal in tests/test_kernels.py)."""
   inputs_BL, targets_BL = batch_BL1[:, :-1], batch_BL1[:, 1:]
   h_BLD, sown = models.apply(model, params, inputs_BL, train=train, rngs={"dropout": rng},
                              stats=stats, method="hidden")

@@ -11,9 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from actlab import activations, data, models
-from actlab.data import classify as classify_data
-from actlab.data import tokenizer as tokenizers
+from actlab import data, models
+from actlab.data import tokenizer
 from actlab.models.hf_checkpoint import Architecture
 
 CAUSAL = False
@@ -35,45 +34,9 @@ class Specials(NamedTuple):
     return (self.pad, self.cls, self.sep, self.mask)
 
 
-ENCODER_FIELDS = ("model.task", "model.pooler_activation", "model.type_vocab_size",
-                  "model.num_classes", "data.mlm_prob", "data.mlm_mask_frac",
-                  "data.mlm_random_frac", "data.classify")
-
-
-def check_encoder(config) -> None:
-  """The encoder's fields (`config.encoder`), for both its tasks (mlm, classify): a config
-  switches between them by `model.task` alone."""
-  from actlab.validation import ConfigError, check, tokenizer_kind
-  m, d = config.model, config.data
-  missing = [f for f in ENCODER_FIELDS if f.split(".")[1] not in config[f.split(".")[0]]]
-  check(not missing, f"model.kind='encoder' needs the encoder's fields ({', '.join(missing)} "
-        "missing): start from configs/bert_<activation>.py (config.encoder)")
-  try:
-    pooler = activations.get(m.pooler_activation)
-  except ValueError as e:
-    raise ConfigError(f"model.pooler_activation: {e}") from None
-  check(not pooler.gated, f"model.pooler_activation={m.pooler_activation!r} is gated; the pooler "
-        "takes a plain activation (tanh, gelu, identity, ...)")
-  check(m.type_vocab_size > 0, f"model.type_vocab_size={m.type_vocab_size} must be positive")
-  check(m.num_classes >= 2, f"model.num_classes={m.num_classes} must be at least 2")
-  check(tokenizer_kind(d.tokenizer) == "wordpiece",
-        f"data.tokenizer={d.tokenizer!r}: the encoder needs [CLS], [SEP], [MASK] and [PAD]; "
-        "use 'wordpiece:<vocab size>'")
-  check(d.seq_len >= 3, f"data.seq_len={d.seq_len}: an encoder sequence needs [CLS], a token "
-        "and [SEP]")
-  check(0.0 < d.mlm_prob < 1.0, f"data.mlm_prob={d.mlm_prob} must be in (0, 1)")
-  check(d.mlm_mask_frac >= 0 and d.mlm_random_frac >= 0
-        and d.mlm_mask_frac + d.mlm_random_frac <= 1.0,
-        f"data.mlm_mask_frac={d.mlm_mask_frac} and data.mlm_random_frac={d.mlm_random_frac} must "
-        "be >= 0 with a sum <= 1")
-  check(d.classify in classify_data.SOURCES,
-        f"data.classify={d.classify!r}: choose one of "
-        + ", ".join(map(repr, classify_data.SOURCES)))
-
-
 def specials_of(config) -> Specials:
   """The special-token ids of the config's (WordPiece) tokenizer."""
-  return Specials(**tokenizers.special_ids(config.data.tokenizer))
+  return Specials(**tokenizer.special_ids(config.data.tokenizer))
 
 
 def model(config, vocab_size: int):

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from actlab import activations, models, tasks
+from actlab import models, tasks
+from actlab.models import activations
 
 
 @dataclasses.dataclass(frozen=True)

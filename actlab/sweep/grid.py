@@ -12,9 +12,9 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from actlab import config as config_lib
 from actlab import errors
-from actlab import workdir as workdir_lib
+from actlab import config as config_lib
+from actlab.run import workdir as workdir_lib
 
 SEED_KEY = "train.seed"
 

@@ -20,12 +20,13 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from actlab import metrics_log, models, provenance, steps, tasks, tracking
-from actlab import metrics as metrics_lib
-from actlab import workdir as workdir_lib
-from actlab.checkpoint import Checkpoints
+from actlab import models, tasks
 from actlab.errors import UserError
-from actlab.histogram import Histogram
+from actlab.measure import metrics as metrics_lib
+from actlab.measure.histogram import Histogram
+from actlab.run import metrics_log, provenance, steps, tracking
+from actlab.run import workdir as workdir_lib
+from actlab.run.checkpoint import Checkpoints
 
 
 class StopRequest:

@@ -24,7 +24,8 @@ from typing import Any, Mapping, Sequence
 import jax
 import ml_collections
 
-from actlab import data, histogram, metrics, models
+from actlab import data, models
+from actlab.measure import histogram, metrics
 
 
 @dataclasses.dataclass(frozen=True)

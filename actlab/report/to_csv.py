@@ -14,8 +14,8 @@ import io
 import pathlib
 from typing import Sequence
 
-from actlab import workdir
-from actlab.stats import SEED_KEY, Run, finite, group_keys
+from actlab.measure.stats import Run, SEED_KEY, finite, group_keys
+from actlab.run import workdir
 
 SUMMARY_COLUMNS = ("initial_val_loss", "best_val_loss", "final_val_loss", "final_train_loss",
                    "train_val_gap", "act_zero_frac", "dead_units", "act_mean", "act_std",

@@ -1,4 +1,4 @@
-"""The numbers the report's plots draw (`actlab.plots` only draws them): pure functions of a
+"""The numbers the report's plots draw (`actlab.report.plots` only draws them): pure functions of a
 sweep's runs, and the series' colours.
 
 - `band`: a curve as the mean over the seeds of a group with a ± 1 sd band, at the steps where
@@ -20,8 +20,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from actlab import stats
-from actlab.stats import LR_KEY, Run, finite
+from actlab.measure import stats
+from actlab.measure.stats import LR_KEY, Run, finite
 
 LAYER_STATS = ("dead_units", "act_zero_frac", "act_mean")
 _LINE_STYLES = ("-", "--", ":", "-.")

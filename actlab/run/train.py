@@ -17,13 +17,14 @@ import flax
 import jax
 import ml_collections
 
+from actlab import data, models, tasks
 from actlab import config as config_lib
-from actlab import data, loop, models, parallel, steps, tasks
-from actlab import workdir as workdir_lib
-from actlab.checkpoint import Checkpoints
-from actlab.data import saved_tokenizer
+from actlab.data import tokenizers
 from actlab.models import execution, hf_checkpoint
-from actlab.workdir import WorkdirError, logdir
+from actlab.run import loop, parallel, steps
+from actlab.run import workdir as workdir_lib
+from actlab.run.checkpoint import Checkpoints
+from actlab.run.workdir import WorkdirError, logdir
 
 
 # Fields that must agree between a run and the run it is initialised from (`train.init_from`).
@@ -179,8 +180,8 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
       return summaries if all(summaries) else _one_by_one(configs, workdirs, cache, log)
     for c, w in zip(configs, workdirs):
       workdir_lib.write_config(logdir(w), c)
-      if saved_tokenizer.load(workdir_lib.tokenizer_dir(logdir(w))) is None:
-        saved_tokenizer.save(dataset.tokenizer, workdir_lib.tokenizer_dir(logdir(w)))
+      if tokenizers.load(workdir_lib.tokenizer_dir(logdir(w))) is None:
+        tokenizers.save(dataset.tokenizer, workdir_lib.tokenizer_dir(logdir(w)))
     # Committed to the program's shardings like a restored checkpoint, so that fresh and resumed
     # runs (and the cells of a sweep) hit the same compiled functions instead of compiling twice.
     state = program.start(configs)

@@ -1,17 +1,20 @@
-"""A tokenizer saved with a run (`<workdir>/tokenizer/`): its defining files and a manifest with
-their SHA-256, so that sampling and export need nothing but the run directory, and a changed
-file is refused instead of silently giving other ids."""
+"""A tokenizer by its spec (`get`: built, trained or loaded), and the one saved with a run
+(`<workdir>/tokenizer/`): its defining files and a manifest with their SHA-256, so that sampling
+and export need nothing but the run directory, and a changed file is refused instead of silently
+giving other ids."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from actlab.data import DataError
-from actlab.data.tokenizer import (ByteTokenizer, HFBPETokenizer, HFWordPieceTokenizer, Tokenizer,
-                                   parse_spec, write_atomic)
-
+from actlab.data import gpt2
+from actlab.data.tokenizer import (DEFAULT_THREADS, ByteTokenizer, HFBPETokenizer,
+                                   HFWordPieceTokenizer, Tokenizer, parse_spec, write_atomic)
+from actlab.errors import DataError
 
 MANIFEST = "actlab_tokenizer.json"  # in a saved tokenizer's directory: its name and checksums
 
@@ -44,12 +47,45 @@ def load(directory: Path) -> Tokenizer | None:
   if kind == "byte":
     tok = ByteTokenizer()
   elif kind == "gpt2":
-    from actlab.data.gpt2 import gpt2_saved  # imported here: actlab.data.gpt2 imports tokenizer.py
-    tok = gpt2_saved(directory)
+    tok = gpt2.gpt2_saved(directory)
   else:
     cls = HFWordPieceTokenizer if kind == "wordpiece" else HFBPETokenizer
     tok = cls.load(directory / "tokenizer.json", meta["name"])
   if tok.fingerprint != meta["fingerprint"]:
     raise DataError(f"the tokenizer in {directory} is {tok.fingerprint}, saved as "
                     f"{meta['fingerprint']}; restore it from a copy of the run directory")
+  return tok
+
+
+def get(
+  spec: str,
+  *,
+  directory: str | os.PathLike,
+  train_texts: Callable[[], Iterable[str]] | None = None,
+  gpt2_dir: str | os.PathLike | None = None,
+  threads: int = DEFAULT_THREADS,
+) -> Tokenizer:
+  """Build or load the tokenizer named by ``spec``.
+
+  directory: where a trained BPE or WordPiece is stored (``<directory>/bpe-<size>.json``,
+    ``<directory>/wordpiece-<size>.json``); the caller keys
+    it by corpus/version.
+  train_texts: a callable returning an iterable of training texts, needed only the first time
+    a ``bpe:<size>`` tokenizer is built (at most BPE_TRAIN_MAX_CHARS characters are read).
+  gpt2_dir: a directory with encoder.json + vocab.bpe for an offline GPT-2.
+  """
+  kind, size = parse_spec(spec)
+  if kind == "byte":
+    return ByteTokenizer()
+  if kind == "gpt2":
+    return gpt2.gpt2(gpt2_dir, threads)
+  path = Path(directory) / f"{kind}-{size}.json"
+  name = f"{kind}:{size}"
+  cls = HFWordPieceTokenizer if kind == "wordpiece" else HFBPETokenizer
+  if path.is_file():
+    return cls.load(path, name)
+  if train_texts is None:
+    raise ValueError(f"{spec}: no saved tokenizer at {path} and no train_texts to train one")
+  tok = cls.train(train_texts(), size, name)
+  tok.save(path)
   return tok

@@ -16,7 +16,7 @@ import sys
 import jax
 import ml_collections
 
-from actlab import workdir
+from actlab.run import workdir
 
 
 PACKAGES = ("actlab", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")

@@ -1,13 +1,15 @@
 """`validate(config)`: every field's range and the fields' consistency, checked before anything
 compiles or is written; the first problem found raises `ConfigError` with one readable line that
-says what to fix. Each task checks its own fields (`tasks.validate`)."""
+says what to fix."""
 
 import importlib.util
 
 import ml_collections
 
-from actlab import activations, errors
-from actlab.data import tokenizer as tokenizers
+from actlab import errors
+from actlab.data import tokenizer
+from actlab.data import classify as classify_data
+from actlab.models import activations
 
 WANDB_MODES = ("", "online", "offline", "disabled")  # metrics.wandb_mode
 
@@ -30,16 +32,15 @@ def check(ok: bool, message: str) -> None:
 def tokenizer_kind(spec: str) -> str:
   """"bpe" for "bpe:4096" (`tokenizer.parse_spec`); its ValueError becomes a ConfigError."""
   try:
-    return tokenizers.parse_spec(spec)[0]
+    return tokenizer.parse_spec(spec)[0]
   except ValueError as e:
     raise ConfigError(f"data.tokenizer: {e}") from None
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raises ConfigError (one readable line) for the first inconsistency found."""
-  from actlab import tasks  # Imported here: the tasks check their own fields with `check`
   m, o, t, d = c.model, c.optim, c.train, c.data
-  tasks.validate(c)
+  _check_task(c)
   try:
     activations.get(m.activation)
   except ValueError as e:
@@ -105,3 +106,50 @@ def validate(c: ml_collections.ConfigDict) -> None:
          'pip install -e ".[wandb]"')
   check(d.tinystories_version in ("v1", "v2"),
          f"data.tinystories_version={d.tinystories_version!r}: choose 'v1' or 'v2'")
+
+
+def _check_task(config: ml_collections.ConfigDict) -> None:
+  """The config names a task and has the fields its model needs."""
+  m = config.model
+  check(m.kind in ("decoder", "encoder"), f"model.kind={m.kind!r}: choose 'decoder' or 'encoder'")
+  if m.kind == "decoder":
+    check(m.get("task", "lm") == "lm",
+          f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
+  else:
+    _check_encoder(config)
+    check(m.task in ("mlm", "classify"), f"model.task={m.task!r}: choose 'mlm' or 'classify'")
+
+
+ENCODER_FIELDS = ("model.task", "model.pooler_activation", "model.type_vocab_size",
+                  "model.num_classes", "data.mlm_prob", "data.mlm_mask_frac",
+                  "data.mlm_random_frac", "data.classify")
+
+
+def _check_encoder(config) -> None:
+  """The encoder's fields (`config.encoder`), for both its tasks (mlm, classify): a config
+  switches between them by `model.task` alone."""
+  m, d = config.model, config.data
+  missing = [f for f in ENCODER_FIELDS if f.split(".")[1] not in config[f.split(".")[0]]]
+  check(not missing, f"model.kind='encoder' needs the encoder's fields ({', '.join(missing)} "
+        "missing): start from configs/bert_<activation>.py (config.encoder)")
+  try:
+    pooler = activations.get(m.pooler_activation)
+  except ValueError as e:
+    raise ConfigError(f"model.pooler_activation: {e}") from None
+  check(not pooler.gated, f"model.pooler_activation={m.pooler_activation!r} is gated; the pooler "
+        "takes a plain activation (tanh, gelu, identity, ...)")
+  check(m.type_vocab_size > 0, f"model.type_vocab_size={m.type_vocab_size} must be positive")
+  check(m.num_classes >= 2, f"model.num_classes={m.num_classes} must be at least 2")
+  check(tokenizer_kind(d.tokenizer) == "wordpiece",
+        f"data.tokenizer={d.tokenizer!r}: the encoder needs [CLS], [SEP], [MASK] and [PAD]; "
+        "use 'wordpiece:<vocab size>'")
+  check(d.seq_len >= 3, f"data.seq_len={d.seq_len}: an encoder sequence needs [CLS], a token "
+        "and [SEP]")
+  check(0.0 < d.mlm_prob < 1.0, f"data.mlm_prob={d.mlm_prob} must be in (0, 1)")
+  check(d.mlm_mask_frac >= 0 and d.mlm_random_frac >= 0
+        and d.mlm_mask_frac + d.mlm_random_frac <= 1.0,
+        f"data.mlm_mask_frac={d.mlm_mask_frac} and data.mlm_random_frac={d.mlm_random_frac} must "
+        "be >= 0 with a sum <= 1")
+  check(d.classify in classify_data.SOURCES,
+        f"data.classify={d.classify!r}: choose one of "
+        + ", ".join(map(repr, classify_data.SOURCES)))

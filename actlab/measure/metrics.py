@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from actlab import models
-from actlab.stats import finite  # also metrics.finite: one definition, pure numpy
+from actlab.measure.stats import finite  # also metrics.finite: one definition, pure numpy
 
 STATUSES = ("stable", "unstable", "diverged")
 TAIL_FRACTION = 0.1  # summary `grad_norm` / `final_train_loss`: mean over the last 10% of steps

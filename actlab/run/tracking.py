@@ -19,9 +19,9 @@ from typing import Any, Mapping, Sequence
 import jax
 import ml_collections
 
-from actlab import workdir as workdir_lib
 from actlab.errors import UserError
-from actlab.histogram import Histogram
+from actlab.measure.histogram import Histogram
+from actlab.run import workdir as workdir_lib
 
 WANDB_INSTALL = 'pip install -e ".[wandb]"'
 STATUS_CODES = {"stable": 0.0, "unstable": 1.0, "diverged": 2.0}  # HParams: the verdict as a number

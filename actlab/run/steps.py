@@ -25,10 +25,10 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from actlab import optim, parallel, tasks
-from actlab import evaluators as evaluators_lib
-from actlab import workdir
+from actlab import tasks
 from actlab.errors import UserError
+from actlab.measure import evaluators as evaluators_lib
+from actlab.run import optim, parallel, workdir
 
 
 @flax.struct.dataclass

@@ -1,9 +1,9 @@
 """Every config field with its default and its comment, grouped by section:
-`python -m actlab.config` (or `python -m actlab.fields`); with `--config=FILE[:arg]` (and
+`python -m actlab.config` (or `python -m actlab.config.fields`); with `--config=FILE[:arg]` (and
 `--config.<section>.<field>=<value>` overrides) it prints that config as it resolves instead.
 
 The comments are the ones beside each field in `config.base()` and `config.encoder()`, read from
-their source, and fields that take an activation list the names of `actlab.activations`, so this
+their source, and fields that take an activation list the names of `actlab.models.activations`, so this
 listing cannot drift from the code; the defaults are the built configs'. Fields only the encoder
 has are marked `[encoder]`; `--config.<section>.<field>=<value>` overrides any of them (README,
 "Running experiments").
@@ -12,8 +12,9 @@ has are marked `[encoder]`; `--config.<section>.<field>=<value>` overrides any o
 import inspect
 import re
 
-from actlab import activations, errors
+from actlab import errors
 from actlab import config as config_lib
+from actlab.models import activations
 
 _SECTION = re.compile(r"^\s*(?:c\.(\w+) = )?(\w+) = (?:ml_collections\.ConfigDict\(\)|c\.(\w+))")
 _FIELD = re.compile(r"^\s*(\w+)\.(\w+) = .*?(?:#\s*(.*))?$")
@@ -43,7 +44,7 @@ def comments() -> dict[str, str]:
 
 def names() -> dict[str, str]:
   """{"section.field": the names it accepts} for the fields that take an activation, from the
-  registry (`actlab.activations`): the FFN takes any, the pooler a plain one."""
+  registry (`actlab.models.activations`): the FFN takes any, the pooler a plain one."""
   plain = ", ".join(n for n in activations.NAMES if not activations.get(n).gated)
   return {"model.activation": f"{plain}; gated (GLU): {', '.join(activations.GATE_BASE)}",
           "model.pooler_activation": plain}
@@ -88,7 +89,3 @@ def main() -> None:
     print(listing())
 
   errors.run(show)
-
-
-if __name__ == "__main__":
-  main()

@@ -18,9 +18,9 @@ import json
 import pathlib
 from typing import Sequence
 
-from actlab import metrics_log, workdir
 from actlab.errors import UserError
-from actlab.stats import LR_KEY, SEED_KEY, Run
+from actlab.measure.stats import LR_KEY, Run, SEED_KEY
+from actlab.run import metrics_log, workdir
 
 _COMPLETE = {"done": 0, "incomplete": 1, "missing": 2}
 

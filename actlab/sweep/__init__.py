@@ -26,7 +26,7 @@ cells another process is training are skipped (each cell's workdir has a lock), 
 sweeps can share one directory.
 
 `--workers=N` trains N cells at once on this host: N child sweeps, each pinned to its share of the
-CPUs (and to one GPU where there are GPUs), take the cells as they come free (`actlab.workers`).
+CPUs (and to one GPU where there are GPUs), take the cells as they come free (`actlab.sweep.workers`).
 `--shard=i/N` trains only cells i, i + N, i + 2N, … of the grid, so N jobs with i = 0 … N-1 cover
 every cell once; a shard started twice is harmless (the locks). A SLURM job array
 (`sbatch --array=0-<N-1>`, indices from 0) runs
@@ -53,10 +53,13 @@ from typing import Callable, Sequence
 
 import ml_collections
 
-from actlab import errors, metrics, parallel, progress, steps, tracking, train, workers
-from actlab.grid import (SEED_KEY, Cell, cells, load, parse_shard, select, with_flags,
-                         write_manifest)
-from actlab import workdir as workdir_lib
+from actlab import errors
+from actlab.measure import metrics
+from actlab.run import parallel, progress, steps, tracking, train
+from actlab.sweep import workers
+from actlab.sweep.grid import (SEED_KEY, Cell, cells, load, parse_shard, select, with_flags,
+                               write_manifest)
+from actlab.run import workdir as workdir_lib
 
 def _say(message: str) -> None:
   print(message, flush=True)
@@ -248,16 +251,3 @@ def main(argv):
   print(f"sweep done in {time.perf_counter() - t0:.0f} s: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())
         + f"; report: python -m actlab.report {FLAGS.workdir}")
-
-
-if __name__ == "__main__":
-  from absl import flags
-  errors.define_config_file("config", "Base config file, e.g. configs/x.py.")
-  flags.DEFINE_string("sweep", None, "Sweep file[:arg], e.g. experiments/x.py:smoke.")
-  flags.DEFINE_string("workdir", None, "Sweep directory: one subdirectory per cell.")
-  flags.DEFINE_integer("workers", 1, "Cells trained at once on this host, each in a child "
-                       "process with its share of the CPUs (or one GPU).", lower_bound=1)
-  flags.DEFINE_string("shard", "0/1", "i/N: train only cells i, i+N, i+2N, ... (a job array: "
-                      "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT).")
-  flags.mark_flags_as_required(["config", "sweep", "workdir"])
-  errors.run(main)

@@ -2,16 +2,16 @@
 val loss with 95% t intervals, the logged curves of `CURVES` as mean ± sd bands over seeds, and
 the per-layer activation statistics. One colour (and line style) per combination of the axes
 other than the LR and the seed, the same in every plot. The numbers drawn are computed in
-`actlab.report_series`; this module only draws them."""
+`actlab.report.series`; this module only draws them."""
 
 from __future__ import annotations
 
 import math
 import pathlib
 
-from actlab import report_series as series
-from actlab import stats
-from actlab.stats import LR_KEY, finite
+from actlab.measure import stats
+from actlab.measure.stats import LR_KEY, finite
+from actlab.report import series
 
 FOREST_MAX_LRS = 3  # the forest plot is drawn for sweeps with at most this many LRs
 _MARKERS = "osD^v<>ph*"

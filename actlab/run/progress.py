@@ -15,7 +15,7 @@ import pathlib
 import time
 from typing import Callable, Mapping, Sequence
 
-from actlab import workdir as workdir_lib
+from actlab.run import workdir as workdir_lib
 
 
 def duration(seconds: float) -> str:

@@ -4,9 +4,9 @@
 The grid comes from the sweep's `sweep.json` (written by `actlab.sweep`), so cells that have not
 run yet are listed as missing; without it, every subdirectory with a `config.json` is a cell and
 the axes are the config fields that differ between them. Several directories are merged into one
-grid, each run counted once (`actlab.report_load`). Works on a partly finished sweep; torn or
+grid, each run counted once (`actlab.report.load`). Works on a partly finished sweep; torn or
 unfinished runs are marked, never fatal. This module renders tables; what it computes is in
-`actlab.stats`, the plots in `actlab.plots`. Sections (definitions in docs/metrics.md §8, §9):
+`actlab.measure.stats`, the plots in `actlab.report.plots`. Sections (definitions in docs/metrics.md §8, §9):
 
 - **Results**: per combination of the axes but the seed (LR first, rows ordered by it, as in
   docs/reference.md §2.2), mean ± sd over seeds of the final val loss, val acc, Dead %, dead
@@ -20,20 +20,23 @@ unfinished runs are marked, never fatal. This module renders tables; what it com
 - **LR sensitivity** (Wortsman et al. 2023): `stats.sensitivity`, mean ± sd over seeds.
 - **Plots**; **Runs**: every cell's status, "not learned" when its final val loss ≥ its summary's
   `unigram_loss` (`stats.learned`), final val loss, the verdict's reasons, what is unreadable;
-  the same runs with their numbers in `runs.csv` (`actlab.report_csv`).
+  the same runs with their numbers in `runs.csv` (`actlab.report.to_csv`).
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 from typing import Sequence
 
-from actlab import plots, report_csv, report_load, stats, workdir
 from actlab.errors import UserError, reported
-from actlab.metrics import STATUSES
-from actlab.stats import LR_KEY, Run, finite
+from actlab.measure import stats
+from actlab.measure.metrics import STATUSES
+from actlab.measure.stats import LR_KEY, Run, finite
+from actlab.report import plots
+from actlab.report import load as report_load
+from actlab.report import to_csv as report_csv
+from actlab.run import workdir
 
 HEADERS = {"optim.lr": "LR", "model.activation": "activation"}
 
@@ -235,7 +238,3 @@ def main(argv: Sequence[str]) -> int:
     path = write(args.workdirs, args.baseline, args.out)
   print(f"wrote {path}, {path.parent / 'runs.csv'} and {path.parent / 'plots'}/")
   return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main(sys.argv))

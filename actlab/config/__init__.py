@@ -1,7 +1,7 @@
 """The default config (every field, documented), the builders of the shipped config files at the
-sizes of actlab/sizes.py, and the one override parser; `validate(config)` is validation.py's.
+sizes of actlab/config/sizes.py, and the one override parser; `validate(config)` is validation.py's.
 
-Config files in `configs/` start from `decoder` or `encoder` (`base()` at a size of `actlab.sizes.SIZES`) and
+Config files in `configs/` start from `decoder` or `encoder` (`base()` at a size of `actlab.config.sizes.SIZES`) and
 change only what their experiment varies; `validate` runs before anything compiles and raises
 `ConfigError` with one readable line.
 """
@@ -12,9 +12,9 @@ from typing import Any, Mapping
 import ml_collections
 
 from actlab import errors
-from actlab.sizes import (CLASSIFY_SETTINGS, DECODER_SIZES, ENCODER_PREFIX, ENCODER_SIZES,
-                          SIZES)
-from actlab.validation import ConfigError, check, choices, validate
+from actlab.config.sizes import (CLASSIFY_SETTINGS, DECODER_SIZES, ENCODER_PREFIX,
+                                 ENCODER_SIZES, SIZES)
+from actlab.config.validation import ConfigError, check, choices, validate
 
 __all__ = ["ConfigError", "base", "decoder", "encoder", "override", "parse_arg", "parse_overrides",
            "validate"]
@@ -26,7 +26,7 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
 
   c.model = m = ml_collections.ConfigDict()
   m.kind = "decoder"            # "decoder" (GPT, causal LM) or "encoder" (BERT, MLM)
-  m.activation = activation     # FFN activation: a name from actlab.activations.NAMES
+  m.activation = activation     # FFN activation: a name from actlab.models.activations.NAMES
   m.num_layers = 6
   m.d_model = 384
   m.num_heads = 6
@@ -40,7 +40,7 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   m.dtype = "float32"           # compute dtype: "float32" or "bfloat16" (params stay float32)
   m.attention_impl = "xla"      # jax.nn.dot_product_attention implementation: "xla", "cudnn", "auto"
   m.loss_impl = "fused"         # decoder LM head + loss: "fused" (chunked, no [B, L, V] logits in
-                                # memory; actlab.kernels) or "plain" (logits, then cross-entropy)
+                                # memory; actlab.models.kernels) or "plain" (logits, then cross-entropy)
   m.scan_layers = False         # nn.scan over the blocks: compile time independent of depth
                                 # (params under "blocks" with a layer axis; another random init)
   m.remat = "none"              # recompute activations in the backward pass to save memory:
@@ -84,12 +84,12 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
                                 # evaluation, for TensorBoard / W&B (not metrics.jsonl); 0 = off
   mt.ffn_hist_range = 8.0       # its bins span [-ffn_hist_range, ffn_hist_range], plus under-
                                 # and overflow counts
-  # The stability verdict (actlab.metrics.verdict), applied to the logged loss curves:
+  # The stability verdict (actlab.measure.metrics.verdict), applied to the logged loss curves:
   mt.spike_rel = 0.1            # spike: a post-warm-up train loss > (1 + spike_rel) · best before
   mt.final_gap_rel = 0.05       # unstable if final val loss > (1 + final_gap_rel) · best val loss
   mt.uniform_frac = 1.0         # diverged if final val loss >= uniform_frac · ln(vocab or classes)
 
-  c.parallel = par = ml_collections.ConfigDict()  # devices and hosts; see actlab/parallel.py
+  c.parallel = par = ml_collections.ConfigDict()  # devices and hosts; see actlab/run/parallel.py
   par.mode = "dp"               # "dp": batch split, state replicated; "fsdp": state split too
   par.distributed = False       # several processes: jax.distributed.initialize() (below, else
                                 # JAX_* variables or the cluster: TPU pod, SLURM, Open MPI)
@@ -231,8 +231,3 @@ def override(config: ml_collections.ConfigDict,
       raise ConfigError(f"{key}={value!r}: expected {type(node[field]).__name__}, got "
                         f"{type(value).__name__}") from None
   return config
-
-
-if __name__ == "__main__":  # python -m actlab.config: every field (or --config=FILE: that config)
-  from actlab import fields
-  fields.main()

@@ -1,0 +1,107 @@
+"""The package's architecture, read from its imports: at most 14 entries under actlab/, every
+import pointing down the layers of docs/design.md §2, and no import cycles between modules."""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "actlab"
+
+# docs/design.md §2, lowest first: a module may import its own package and the layers below it.
+LAYERS = (("errors",), ("models", "data"), ("config",), ("tasks",), ("measure",), ("run",),
+          ("sweep", "report", "bench"), ("main", "sample", "export"))
+RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
+
+
+def modules() -> dict[str, pathlib.Path]:
+  out = {}
+  for path in PACKAGE.rglob("*.py"):
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+  return out
+
+
+def imports(name: str, path: pathlib.Path, known) -> set[str]:
+  """The actlab modules `name` imports, at its top or inside functions."""
+  package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                        + ([base] if base else []))
+      found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+  return {m for m in found if m in known and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+  known = modules()
+  return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def layer(module: str) -> str:
+  return module.split(".")[1] if "." in module else ""
+
+
+def test_the_tree_has_at_most_14_entries():
+  entries = [p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"]
+  assert len(entries) <= 14, sorted(entries)
+
+
+def test_every_entry_has_a_layer():
+  assert {p.stem for p in PACKAGE.iterdir() if p.name not in ("__pycache__", "__init__.py")} \
+      == set(RANK)
+
+
+def test_imports_point_down_the_layers():
+  wrong = [f"{m} imports {d}" for m, deps in graph().items() for d in deps
+           if layer(m) and layer(d) != layer(m) and RANK[layer(d)] >= RANK[layer(m)]]
+  assert not wrong, wrong
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+  """Each cycle found by a depth-first search (one per back edge)."""
+  found, state, stack = [], {}, []
+
+  def visit(m):
+    state[m] = "open"
+    stack.append(m)
+    for d in sorted(g.get(m, ())):
+      if state.get(d) == "open":
+        found.append(stack[stack.index(d):] + [d])
+      elif d not in state:
+        visit(d)
+    stack.pop()
+    state[m] = "done"
+
+  for m in sorted(g):
+    if m not in state:
+      visit(m)
+  return found
+
+
+def test_no_import_cycles():
+  # A package's __init__ importing its own submodules is how a package exposes them; a
+  # submodule importing its package's __init__ back would close a cycle and is caught here.
+  assert cycles(graph()) == []
+
+
+@pytest.mark.parametrize("g, expected", [
+    ({"a": {"b"}, "b": {"a"}}, [["a", "b", "a"]]),
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+])
+def test_the_cycle_finder_can_fail(g, expected):
+  assert cycles(g) == expected
+
+
+def test_the_layer_check_reads_imports_inside_functions(tmp_path):
+  """A lazy import counts: it is still a dependency, and the reason devices were once set up
+  late (a `run` module touched JAX from a function the entry points called first)."""
+  path = tmp_path / "m.py"
+  path.write_text("def f():\n  from actlab.run import train\n")
+  assert imports("actlab.models.m", path, {"actlab.run.train", "actlab.run"}) \
+      == {"actlab.run.train"}
