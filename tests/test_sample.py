@@ -117,7 +117,7 @@ def test_sampling_needs_only_the_run_directory(tmp_path):
   c = tiny(**{"data.tokenizer": "bpe:300", "train.steps": 10})
   train.run(c, tmp_path / "run")
   shutil.copytree(tmp_path / "run", tmp_path / "copy")
-  assert (workdir_lib.tokenizer_dir(tmp_path / "copy") / tokenizers.MANIFEST).is_file()
+  assert (workdir_lib.RunDir.open(tmp_path / "copy").tokenizer / tokenizers.MANIFEST).is_file()
   empty = tmp_path / "empty_data"
   empty.mkdir()
   env = {**os.environ, "ACTLAB_DATA_DIR": str(empty)}
@@ -127,7 +127,7 @@ def test_sampling_needs_only_the_run_directory(tmp_path):
   assert result.returncode == 0, result.stderr
   assert result.stdout.startswith("Once upon")
   assert list(empty.iterdir()) == []
-  shutil.rmtree(workdir_lib.tokenizer_dir(tmp_path / "copy"))  # An older run: the data dir's.
+  shutil.rmtree(workdir_lib.RunDir.open(tmp_path / "copy").tokenizer)  # An older run: the data dir's.
   old = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
   assert old.returncode == 0, old.stderr
   missing = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180,

@@ -103,15 +103,15 @@ def test_workdir_that_is_a_file_is_refused(tmp_path):
 
 
 def test_only_what_changes_the_math_identifies_a_run(tmp_path):
-  c = tiny()
-  workdir.write_config(tmp_path, c)
+  c, run_dir = tiny(), workdir.RunDir.open(tmp_path)
+  run_dir.write_config(c)
   for key, value in [("train.progress", True), ("metrics.tensorboard", False),
                      ("train.keep_checkpoints", 9), ("parallel.cpu_devices", 2),
                      ("data.dir", "/elsewhere"), ("sweep.vectorize", True)]:
     other = tiny(**{key: value})
-    workdir.check_config(tmp_path, other)
+    run_dir.check_config(other)
   with pytest.raises(workdir.WorkdirError, match=r"optim.lr: 0.003 → 0.001"):
-    workdir.check_config(tmp_path, tiny(**{"optim.lr": 1e-3}))
+    run_dir.check_config(tiny(**{"optim.lr": 1e-3}))
 
 
 def test_disk_full_is_found_in_the_cause_chain(tmp_path):
@@ -154,7 +154,8 @@ def test_a_config_written_before_a_field_was_added_is_the_same_run(tmp_path):
   old = json.loads(c.to_json())
   del old["train"]["init_from"]
   (tmp_path / "config.json").write_text(json.dumps(old))
-  workdir.check_config(tmp_path, c)
+  run_dir = workdir.RunDir.open(tmp_path)
+  run_dir.check_config(c)
   c.train.init_from = "hf:/models/gpt2"
   with pytest.raises(workdir.WorkdirError, match=r"train.init_from: '' → 'hf:/models/gpt2'"):
-    workdir.check_config(tmp_path, c)
+    run_dir.check_config(c)

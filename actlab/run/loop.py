@@ -10,7 +10,6 @@ says which step.
 import concurrent.futures
 import contextlib
 import dataclasses
-import pathlib
 import signal
 import time
 from typing import Any
@@ -69,7 +68,7 @@ class Lane:
   Everything here but the files and trackers is kept in each checkpoint (`meta`), so a resumed
   lane continues where it stopped."""
   config: ml_collections.ConfigDict
-  logdir: pathlib.Path
+  run_dir: workdir_lib.RunDir
   dataset: Any            # the run's own training batches (its seed)
   checkpoints: Checkpoints
   log: metrics_log.MetricsLog
@@ -83,14 +82,13 @@ class Lane:
   summary: dict | None = None  # set by `finish`: the writers get it when they close
 
   @classmethod
-  def open(cls, config: ml_collections.ConfigDict, workdir: pathlib.Path, dataset,
+  def open(cls, config: ml_collections.ConfigDict, run_dir: workdir_lib.RunDir, dataset,
            ckpts: Checkpoints, start: int, meta: dict | None) -> "Lane":
-    """The run of `config` in `workdir`, resuming at `start` with the restored checkpoint's
+    """The run of `config` in `run_dir`, resuming at `start` with the restored checkpoint's
     `meta` (None for a fresh run)."""
-    meta = meta or {}
-    path = workdir_lib.logdir(workdir)
+    meta, path = meta or {}, run_dir.logdir
     segments = provenance.append_segment(path, provenance.segment(config, start))
-    return cls(config, path, dataset, ckpts,
+    return cls(config, run_dir, dataset, ckpts,
                metrics_log.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
                tracking.open_writers(config, path, start, segments), segments,
                _device_rows(meta.get("pending", [])), list(meta.get("rates", [])),
@@ -143,7 +141,7 @@ class Lane:
         **({"vectorized_runs": runs} if runs > 1 else {}),
     })
     summary["provenance"] = self.segments
-    workdir_lib.write_json(self.logdir / "summary.json", summary)
+    workdir_lib.write_json(self.run_dir.logdir / "summary.json", summary)
     self.summary = summary
     return summary
 

@@ -24,7 +24,7 @@ from actlab.models import execution, hf_checkpoint
 from actlab.run import loop, parallel, steps
 from actlab.run import workdir as workdir_lib
 from actlab.run.checkpoint import Checkpoints
-from actlab.run.workdir import WorkdirError, logdir
+from actlab.run.workdir import RunDir, WorkdirError
 
 
 # Fields that must agree between a run and the run it is initialised from (`train.init_from`).
@@ -113,10 +113,10 @@ def load_run(workdir: pathlib.Path):
   if config is None:
     raise WorkdirError(f"{workdir} holds no run (no readable actlab config.json); train one with "
                        "actlab.main")
-  config = ml_collections.ConfigDict(config)
-  tokenizer = data.load_tokenizer(config, workdir_lib.tokenizer_dir(workdir))
+  config, run_dir = ml_collections.ConfigDict(config), RunDir.open(workdir)
+  tokenizer = data.load_tokenizer(config, run_dir.tokenizer)
   task = steps.Steps.create(config, tokenizer.vocab_size)
-  checkpoints = Checkpoints(workdir / "checkpoints", 1, read_only=True)  # Creates nothing.
+  checkpoints = Checkpoints(run_dir.checkpoints, 1, read_only=True)  # Creates nothing.
   try:
     # On this process's first device, whatever devices and hosts the run trained on.
     one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -131,17 +131,11 @@ def load_run(workdir: pathlib.Path):
   return config, tokenizer, task, state.params, step
 
 
-def open_checkpoints(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Checkpoints:
-  """The run's checkpoints, written by all hosts together (Orbax)."""
-  return Checkpoints(workdir / "checkpoints", config.train.keep_checkpoints)
-
-
-def finished(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict | None:
-  """The summary of the run of `config` in `workdir` if it has ended (trained to the end or
-  diverged), else None; raises if the workdir holds another run."""
-  path = logdir(workdir)
-  workdir_lib.check_config(path, config)
-  return workdir_lib.read_summary(path)
+def finished(config: ml_collections.ConfigDict, run_dir: RunDir) -> dict | None:
+  """The summary of the run of `config` in `run_dir` if it has ended (trained to the end or
+  diverged), else None; raises if the directory holds another run."""
+  run_dir.check_config(config)
+  return run_dir.summary()
 
 
 def run(config: ml_collections.ConfigDict, workdir, cache: dict | None = None) -> dict:
@@ -152,40 +146,44 @@ def run(config: ml_collections.ConfigDict, workdir, cache: dict | None = None) -
 
 def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
               cache: dict | None = None, log: Callable[[str], None] = print) -> list[dict]:
-  """Trains (or resumes) the runs `configs[i]` in `workdirs[i]` as one program and returns their
-  summaries, in order. Runs that cannot share one program's steps (at different steps, some
-  finished, or fine-tuning from a checkpoint) train one after another instead."""
-  configs, workdirs = list(configs), [pathlib.Path(w) for w in workdirs]
-  parallel.initialize(configs[0])  # Before anything asks JAX for a device (`logdir` does).
-  for c, w in zip(configs, workdirs):
+  """Trains (or resumes) the runs `configs[i]` in `workdirs[i]` (paths or `RunDir`s) as one
+  program and returns their summaries, in order. Runs that cannot share one program's steps (at
+  different steps, some finished, or fine-tuning from a checkpoint) train one after another
+  instead."""
+  configs = list(configs)
+  parallel.initialize(configs[0])  # Before anything asks JAX for a device (`RunDir.open` does).
+  run_dirs = [RunDir.open(w) for w in workdirs]
+  for c, r in zip(configs, run_dirs):
     config_lib.validate(c)
-    workdir_lib.check_usable(w)
+    workdir_lib.check_usable(r.root)
   steps.check_group(configs)
-  summaries = [finished(c, w) for c, w in zip(configs, workdirs)]
+  summaries = [finished(c, r) for c, r in zip(configs, run_dirs)]
   if all(s is not None for s in summaries):
     return summaries
   if len(configs) > 1 and (any(summaries) or configs[0].train.init_from):
-    return _one_by_one(configs, workdirs, cache, log)
+    return _one_by_one(configs, run_dirs, cache, log)
   c0 = configs[0]
   dataset = tasks.get(c0).dataset(c0)
   vocab_size = dataset.tokenizer.vocab_size
   program = steps.program(c0, vocab_size, len(configs), cache)  # Checks the devices.
   source = init_from_config(c0, vocab_size) if c0.train.init_from else None
   with contextlib.ExitStack() as held:
-    for w in workdirs:
-      held.enter_context(workdir_lib.Lock(logdir(w)))
-    held.enter_context(workdir_lib.full_disk_reported(workdirs[0]))
-    summaries = [finished(c, w) for c, w in zip(configs, workdirs)]  # Again, now they are ours.
+    for r in run_dirs:
+      held.enter_context(r.lock())
+    held.enter_context(workdir_lib.full_disk_reported(run_dirs[0].root))
+    summaries = [finished(c, r) for c, r in zip(configs, run_dirs)]  # Again, now they are ours.
     if any(s is not None for s in summaries):
-      return summaries if all(summaries) else _one_by_one(configs, workdirs, cache, log)
-    for c, w in zip(configs, workdirs):
-      workdir_lib.write_config(logdir(w), c)
-      if tokenizers.load(workdir_lib.tokenizer_dir(logdir(w))) is None:
-        tokenizers.save(dataset.tokenizer, workdir_lib.tokenizer_dir(logdir(w)))
+      return summaries if all(summaries) else _one_by_one(configs, run_dirs, cache, log)
+    for c, r in zip(configs, run_dirs):
+      r.write_config(c)
+      if tokenizers.load(r.tokenizer) is None:
+        tokenizers.save(dataset.tokenizer, r.tokenizer)
     # Committed to the program's shardings like a restored checkpoint, so that fresh and resumed
     # runs (and the cells of a sweep) hit the same compiled functions instead of compiling twice.
     state = program.start(configs)
-    checkpoints = [open_checkpoints(c, w) for c, w in zip(configs, workdirs)]
+    # Written by all hosts together (Orbax).
+    checkpoints = [Checkpoints(r.checkpoints, c.train.keep_checkpoints)
+                   for c, r in zip(configs, run_dirs)]
     try:
       like = program.run_like()
       restored = [ck.restore_latest(like) for ck in checkpoints]
@@ -195,15 +193,15 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
     starts = {r[0] if r else 0 for r in restored}
     if len(starts) > 1:
       _close(checkpoints)
-      return _one_by_one(configs, workdirs, cache, log)
+      return _one_by_one(configs, run_dirs, cache, log)
     (start,) = starts
     if start:
       state = program.stack([r[1] for r in restored], like=state)
     elif source is not None:  # The trunk from another run (e.g. MLM), or GPT-2 / BERT.
       state = state.replace(params=pretrained_params(c0, source, state.params, vocab_size))
-    lanes = [loop.Lane.open(c, w, dataclasses.replace(dataset, seed=int(c.train.seed)), ck,
+    lanes = [loop.Lane.open(c, d, dataclasses.replace(dataset, seed=int(c.train.seed)), ck,
                             start, r[2] if r else None)
-             for c, w, ck, r in zip(configs, workdirs, checkpoints, restored)]
+             for c, d, ck, r in zip(configs, run_dirs, checkpoints, restored)]
     return loop.train_lanes(program, lanes, state, start, vocab_size)
 
 
@@ -212,7 +210,7 @@ def _close(checkpoints: list[Checkpoints]) -> None:
     ck.close()
 
 
-def _one_by_one(configs, workdirs, cache, log) -> list[dict]:
+def _one_by_one(configs, run_dirs, cache, log) -> list[dict]:
   log("runs at different steps (or finished, or fine-tuning from a checkpoint): training them "
       "one after another")
-  return [run(c, w, cache) for c, w in zip(configs, workdirs)]
+  return [run(c, r, cache) for c, r in zip(configs, run_dirs)]

@@ -10,7 +10,7 @@
                        (metrics_log.py)
       summary.json     written when the run ends: a readable one means "done"
       checkpoints/     Orbax; each step also holds its metrics rows and checksums (checkpoint.py)
-      tokenizer/       the run's tokenizer, saved at the start (data/saved_tokenizer.py), so that
+      tokenizer/       the run's tokenizer, saved at the start (data/tokenizers.py), so that
                        sampling and export need nothing but the run directory
 
 Small files are written whole or not at all (`write_json`: temp file, fsync, rename), so a crash
@@ -20,6 +20,7 @@ or a full disk never leaves a half-written config or summary behind.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import errno
 import fcntl
@@ -48,16 +49,62 @@ RUNTIME_FIELDS = ("parallel.", "sweep.", "train.progress", "train.keep_checkpoin
                   "data.manual_dir", "data.gpt2_dir")
 
 
-def logdir(workdir: pathlib.Path) -> pathlib.Path:
-  """Where this process writes a run's files. Several hosts: process 0 writes them, the others
-  keep their (identical) logs beside them in process_<i>/ (the checkpoints are shared)."""
-  i = jax.process_index()
-  return workdir / f"process_{i}" if i else workdir
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+  """A run directory, opened once when a run (or a sweep cell) starts and handed down: `root`
+  holds the checkpoints every process shares; `logdir` is where this process writes its files
+  (the root, or for process i of several hosts `process_<i>/`, its identical log beside process
+  0's). Open it after devices are set up: which process this is comes from JAX."""
+  root: pathlib.Path
+  logdir: pathlib.Path
 
+  @classmethod
+  def open(cls, workdir: "RunDir | str | os.PathLike") -> "RunDir":
+    if isinstance(workdir, RunDir):
+      return workdir
+    root, i = pathlib.Path(workdir), jax.process_index()
+    return cls(root, root / f"process_{i}" if i else root)
 
-def tokenizer_dir(logdir_: pathlib.Path) -> pathlib.Path:
-  """Where the run keeps its tokenizer (`data.saved_tokenizer.save`, `data.load_tokenizer`)."""
-  return logdir_ / "tokenizer"
+  def __fspath__(self) -> str:  # A RunDir stands for its directory: pathlib.Path(run_dir) works.
+    return str(self.root)
+
+  @property
+  def checkpoints(self) -> pathlib.Path:
+    return self.root / "checkpoints"
+
+  @property
+  def tokenizer(self) -> pathlib.Path:
+    """The run's tokenizer (`data.tokenizers.save`), so that sampling and export need nothing
+    but the run directory."""
+    return self.logdir / "tokenizer"
+
+  def lock(self) -> "Lock":
+    return Lock(self.logdir)
+
+  def summary(self, warn: bool = True) -> dict | None:
+    return read_summary(self.logdir, warn)
+
+  def check_config(self, config: ml_collections.ConfigDict) -> None:
+    """Raises unless the directory is unused or holds a run of the same config (RUNTIME_FIELDS
+    aside); writes nothing."""
+    path = self.logdir / "config.json"
+    if not path.exists():
+      return
+    old = read_json(path)
+    if old is None:
+      raise WorkdirError(f"{path} is unreadable; move it aside only if you know which config "
+                         "this run used, or choose another --workdir")
+    diffs = identity_diffs(old, json.loads(config.to_json()))
+    if diffs:
+      raise WorkdirError(
+          f"{self.logdir} holds a run with a different config ({'; '.join(diffs)}); "
+          "rerun with the same config to resume, or choose another --workdir")
+
+  def write_config(self, config: ml_collections.ConfigDict) -> None:
+    """config.json, once: a resumed run keeps the one it started with."""
+    path = self.logdir / "config.json"
+    if not path.exists():
+      write_text(path, config.to_json(indent=2) + "\n")
 
 
 def run_config(workdir: pathlib.Path) -> dict | None:
@@ -217,32 +264,8 @@ def identity_diffs(old: dict, new: dict) -> list[str]:
   return [d for d in diff_configs(old, new) if not d.startswith(RUNTIME_FIELDS)]
 
 
-def check_config(logdir_: pathlib.Path, config: ml_collections.ConfigDict) -> None:
-  """Raises unless the workdir is unused or holds a run of the same config (RUNTIME_FIELDS
-  aside); writes nothing."""
-  path = logdir_ / "config.json"
-  if not path.exists():
-    return
-  old = read_json(path)
-  if old is None:
-    raise WorkdirError(f"{path} is unreadable; move it aside only if you know which config this "
-                       "run used, or choose another --workdir")
-  diffs = identity_diffs(old, json.loads(config.to_json()))
-  if diffs:
-    raise WorkdirError(
-        f"{logdir_} holds a run with a different config ({'; '.join(diffs)}); "
-        "rerun with the same config to resume, or choose another --workdir")
-
-
 def now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def write_config(logdir_: pathlib.Path, config: ml_collections.ConfigDict) -> None:
-  """config.json, once: a resumed run keeps the one it started with."""
-  path = logdir_ / "config.json"
-  if not path.exists():
-    write_text(path, config.to_json(indent=2) + "\n")
 
 
 def dotted(d: dict, prefix: str = "") -> dict:

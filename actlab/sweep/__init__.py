@@ -83,10 +83,10 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
   `sweep.vectorize` the unfinished ones train together as one program (`train.run_group`, at
   most `sweep.max_runs` at a time), otherwise one after another. Each cell that ends is reported
   to `progress_`."""
-  summaries = {}
-  todo = []
+  summaries, todo = {}, []
+  run_dirs = {cell.name: workdir_lib.RunDir.open(workdir / cell.name) for cell in group_}
   for cell in group_:
-    summary = workdir_lib.read_summary(train.logdir(workdir / cell.name))
+    summary = run_dirs[cell.name].summary()
     if summary is not None:
       log(f"{cell.name}: done before ({summary.get('status')}), skipped")
       summaries[cell.name] = summary
@@ -100,12 +100,12 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
       while todo and len(chunk) < size:
         cell = todo.pop(0)
         try:
-          held.enter_context(workdir_lib.Lock(train.logdir(workdir / cell.name)))
+          held.enter_context(run_dirs[cell.name].lock())
         except workdir_lib.Lock.Busy as e:
           if not workers.sibling(e.holder):  # Another worker's cell: its parent reports it.
             log(f"{cell.name}: skipped: {e}")
           continue
-        summary = workdir_lib.read_summary(train.logdir(workdir / cell.name))
+        summary = run_dirs[cell.name].summary()
         if summary is None:
           chunk.append(cell)
         else:  # Finished by another process since the check above.
@@ -117,7 +117,7 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
         break
       if len(chunk) > 1:
         log(f"sweep: {len(chunk)} cells as one program (vectorized ×{len(chunk)})")
-      done = train.run_group([c.config for c in chunk], [workdir / c.name for c in chunk],
+      done = train.run_group([c.config for c in chunk], [run_dirs[c.name] for c in chunk],
                              cache=cache, log=log)
       for cell, summary in zip(chunk, done):
         summaries[cell.name] = summary
