@@ -30,7 +30,7 @@ differentiable at 0 with ELU'(0) = 1 = `jax.grad(jax.nn.elu)(0)`. Every `grad` a
 `jax.grad(fn)` everywhere, z = 0 included (checked by the tests). Grads use σ(−z) for 1 − σ(z)
 so that they stay accurate where σ ≈ 1.
 
-`python -m actlab.models.activations` prints `value_table()`: correct 4-place values of Φ, exact and tanh
+`python -m actlab.models` prints `value_table()`: correct 4-place values of Φ, exact and tanh
 GELU, GELU' and ELU at the reference inputs (GELU' is negative for z < −0.7518).
 """
 
@@ -152,7 +152,3 @@ def value_table(zs=(-3, -1, 0, 0.5, 1, 3)) -> str:
     cells = [f"{round(float(c[i]), 4) + 0.0:.4f}" for c in cols]
     lines.append(f"| {zi:g} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
-
-
-if __name__ == "__main__":
-  print(value_table())
