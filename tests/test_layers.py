@@ -105,3 +105,15 @@ def test_the_layer_check_reads_imports_inside_functions(tmp_path):
   path.write_text("def f():\n  from actlab.run import train\n")
   assert imports("actlab.models.m", path, {"actlab.run.train", "actlab.run"}) \
       == {"actlab.run.train"}
+
+
+def test_the_readme_and_the_design_notes_name_every_entry():
+  """The README's Layout and docs/design.md §2 describe the tree as it is."""
+  repo = PACKAGE.parent
+  layout = (repo / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+  design = (repo / "docs" / "design.md").read_text().split("## §2", 1)[1].split("\n## ", 1)[0]
+  for entry in sorted(RANK):
+    name = f"{entry}.py" if (PACKAGE / f"{entry}.py").exists() else f"{entry}/"
+    assert name in layout, f"README.md's Layout does not name actlab/{name}"
+    assert f"`actlab/{name}" in design or f"{name}`" in design, \
+        f"docs/design.md §2 does not name actlab/{name}"
