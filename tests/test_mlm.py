@@ -175,3 +175,73 @@ def test_masked_lm_accuracy_counts_right_predictions_at_selected_positions_only(
   assert int(right["correct"]) == int(right["count"])
   assert int(wrong["correct"]) == 0
   assert int(row_0_right["correct"]) == round(0.15 * 30)
+
+
+class IidTokens:
+  """A stand-in Dataset: validation windows of i.i.d. tokens drawn from a known unigram `u`."""
+
+  def __init__(self, u, windows=400, length=33, seed=0):
+    self.log_u = np.log(u)
+    # One batch: every batch of an evaluation gets the same mask (one fixed key).
+    self.batches = [np.random.default_rng(seed).choice(len(u), size=(windows, length), p=u)]
+    self.tokenizer = type("Tok", (), {"vocab_size": len(u)})
+
+  def val_batches(self):
+    return self.batches
+
+  def unigram_log_probs(self, exclude=()):
+    return self.log_u
+
+
+def mlm_config(mask_frac=0.8, random_frac=0.1):
+  import ml_collections
+  return ml_collections.ConfigDict({"data": {
+      "tokenizer": "wordpiece:300", "mlm_prob": 0.15, "mlm_mask_frac": mask_frac,
+      "mlm_random_frac": random_frac}})
+
+
+def skewed_unigram(vocab=12):
+  """Specials 0-4 never occur; the ordinary tokens 5.. have skewed frequencies."""
+  u = np.zeros(vocab)
+  u[5:] = np.arange(vocab - 5, 0, -1, dtype=float)
+  return u / u.sum()
+
+
+def test_copy_loss_is_the_context_free_predictors_and_below_the_unigram():
+  """The posterior p(target = x | visible x) that `copy_loss` uses equals the frequency with
+  which masking leaves x's own token there, counted over many draws; with BERT's 10% kept the
+  copy predictor beats the unigram, and with every selection [MASK]ed it is the unigram."""
+  u = skewed_unigram()
+  ds = IidTokens(u, windows=20000)
+  inputs, targets = mlm._eval_selections(mlm_config(), ds, mlm.specials_of(mlm_config()))
+  keep, r, n = 0.1, 0.1, len(u) - 5
+  for x in (5, 11):  # a frequent and a rare token
+    seen = inputs == x
+    predicted = (keep * u[x] + r * u[x] / n) / (keep * u[x] + r / n)  # kept, or drawn again
+    np.testing.assert_allclose((targets[seen] == x).mean(), predicted, atol=0.03)
+  # Its loss is the conditional entropy of the target given the visible token, estimated here
+  # from the same selections (a plug-in estimate: 12 tokens, ~100k selections).
+  joint = np.zeros((len(u), len(u)))
+  np.add.at(joint, (inputs, targets), 1)
+  conditional = joint / joint.sum(1, keepdims=True).clip(1)
+  plug_in = -np.log(conditional[inputs, targets]).mean()
+  np.testing.assert_allclose(mlm.copy_loss(mlm_config(), ds), plug_in, atol=0.005)
+  small = IidTokens(u)
+  assert mlm.copy_loss(mlm_config(), small) < mlm.unigram_loss(mlm_config(), small) - 0.05
+  np.testing.assert_allclose(mlm.copy_loss(mlm_config(1.0, 0.0), small),
+                             mlm.unigram_loss(mlm_config(1.0, 0.0), small), rtol=1e-12)
+
+
+def test_mask_positions_are_scored_apart():
+  """`mask_*` sums count exactly the selected positions whose input is [MASK]."""
+  windows = jnp.asarray(np.random.default_rng(2).integers(5, 261, (8, 33)), jnp.int32)
+  out = mlm.loss(Oracle(), {"answers": mlm.encoder_sequences(windows, SPECIALS)}, windows,
+                 jax.random.PRNGKey(0), False, specials=SPECIALS, vocab_size=261)
+  (inputs, positions, _, weights), _ = mlm.masked_batch(
+      jax.random.PRNGKey(0), windows, SPECIALS, 261, 0.15, 0.8, 0.1)
+  masked = np.asarray(weights) & (np.take_along_axis(np.asarray(inputs), np.asarray(positions), 1)
+                                  == SPECIALS.mask)
+  assert 0 < int(out["mask_count"]) == masked.sum() < int(out["count"])
+  assert int(out["mask_correct"]) == masked.sum()  # the oracle is right everywhere
+  np.testing.assert_allclose(float(out["mask_loss_sum"]) / masked.sum(),
+                             float(out["loss_sum"]) / float(out["count"]), rtol=1e-5)

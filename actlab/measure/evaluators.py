@@ -3,7 +3,7 @@ docs/metrics.md).
 
 | evaluator | chosen by | reads | metrics-row keys |
 |---|---|---|---|
-| `Loss` | always | the validation batches | `val_loss`, `val_accuracy` (objectives that count `correct`) |
+| `Loss` | always | the validation batches | `val_loss`, `val_accuracy` (objectives that count `correct`); MLM also `val_mask_loss`, `val_mask_accuracy` (the positions whose input is [MASK]) |
 | `ActivationStats` | `metrics.act_stats` | the same forward pass, its sown `FFNStats`/`AttentionStats` | `act_zero_frac`, `dead_units`, `act_mean`, `act_std`, `attn_logit_max` (and `/layer_<i>`) |
 | `PreactHistogram` | `metrics.ffn_hist_bins` > 0 and a tracker on (TensorBoard or W&B) | the same forward pass, its sown `FFNStats.z` | `ffn_preact/layer_<i>`: a `histogram.Histogram`, for the trackers only (not metrics.jsonl) |
 | `Sharpness` | 0 < `metrics.sharpness_every` ≤ `train.steps` | training batch 0 of seed 0 | `sharpness` |
@@ -35,13 +35,17 @@ class Loss:
   sown = False
 
   def read(self, out: Mapping) -> dict:
-    return {k: out[k] for k in ("loss_sum", "count", "correct") if k in out}
+    return {k: v for k, v in out.items() if k != "sown"}
 
   def pool(self, outs: Sequence[Mapping]) -> dict[str, float]:
-    count = sum(o["count"] for o in outs)
-    result = {"val_loss": float(sum(o["loss_sum"] for o in outs) / count)}
-    if "correct" in outs[0]:
-      result["val_accuracy"] = float(sum(o["correct"] for o in outs) / count)
+    total = lambda key: sum(o[key] for o in outs)
+    result = {}
+    for prefix in ("", "mask_"):  # mask_: the MLM's positions whose input is [MASK]
+      if f"{prefix}count" in outs[0] and total(f"{prefix}count"):
+        count = total(f"{prefix}count")
+        result[f"val_{prefix}loss"] = float(total(f"{prefix}loss_sum") / count)
+        if f"{prefix}correct" in outs[0]:
+          result[f"val_{prefix}accuracy"] = float(total(f"{prefix}correct") / count)
     return result
 
 

@@ -106,7 +106,8 @@ def masked_batch(rng, batch_BL1, specials: Specials, vocab_size: int, prob: floa
 def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
          specials: Specials, vocab_size: int, prob: float = 0.15, mask_frac: float = 0.8,
          random_frac: float = 0.1) -> dict:
-  """MLM cross-entropy (nats) and accuracy over the selected positions only.
+  """MLM cross-entropy (nats) and accuracy over the selected positions only, and apart over
+  those whose input is [MASK] (`mask_*`: where the visible token cannot be copied).
 
   The mask comes from `rng` (the step's key in training, a fixed key in evaluation, so
   `val_loss` uses the same mask at every evaluation); dropout gets an independent key.
@@ -118,8 +119,10 @@ def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
                                   rngs={"dropout": dropout_key}, stats=stats)
   losses_BP = optax.softmax_cross_entropy_with_integer_labels(logits_BPV, targets_BP)
   correct_BP = (logits_BPV.argmax(-1) == targets_BP) & weights_BP
+  masked_BP = weights_BP & (jnp.take_along_axis(inputs_BL, positions_BP, 1) == specials.mask)
   out = {"loss_sum": jnp.sum(losses_BP * weights_BP), "count": weights_BP.sum(),
-         "correct": correct_BP.sum()}
+         "correct": correct_BP.sum(), "mask_loss_sum": jnp.sum(losses_BP * masked_BP),
+         "mask_count": masked_BP.sum(), "mask_correct": (correct_BP & masked_BP).sum()}
   return out if sown is None else {**out, "sown": sown}
 
 
@@ -153,17 +156,44 @@ def head_matmul_params(config, vocab_size: int) -> float:
   return (m.d_model * m.d_model + V * m.d_model) * max_predictions(L, config.data.mlm_prob) / L
 
 
+def _eval_selections(config, dataset, specials: Specials):
+  """(inputs, targets) at every selected position of the evaluation's fixed mask
+  (`data.VAL_SEED`): the visible token and the one to predict, as `val_loss` sees them."""
+  d, inputs, targets = config.data, [], []
+  for batch_BL1 in dataset.val_batches():
+    (inputs_BL, positions_BP, targets_BP, weights_BP), _ = masked_batch(
+        jax.random.PRNGKey(data.VAL_SEED), jnp.asarray(batch_BL1), specials,
+        dataset.tokenizer.vocab_size, d.mlm_prob, d.mlm_mask_frac, d.mlm_random_frac)
+    weights_BP = np.asarray(weights_BP)
+    inputs.append(np.take_along_axis(np.asarray(inputs_BL), np.asarray(positions_BP), 1)[weights_BP])
+    targets.append(np.asarray(targets_BP)[weights_BP])
+  return np.concatenate(inputs), np.concatenate(targets)
+
+
 def unigram_loss(config, dataset) -> float:
   """The val loss of predicting each masked token from the training tokens' unigram frequencies
   over the tokens masking may select ([UNK] too; [PAD], [CLS], [SEP], [MASK] never are): the
   same targets as `val_loss`, the selections of the evaluation's fixed mask
   (`data.VAL_SEED`). A run that ends no better has learned nothing beyond token frequencies."""
-  d, specials = config.data, specials_of(config)
+  specials = specials_of(config)
   log_p = dataset.unigram_log_probs(exclude=specials.unmaskable)
-  targets = []
-  for batch_BL1 in dataset.val_batches():
-    (_, _, targets_BP, weights_BP), _ = masked_batch(
-        jax.random.PRNGKey(data.VAL_SEED), jnp.asarray(batch_BL1), specials,
-        dataset.tokenizer.vocab_size, d.mlm_prob, d.mlm_mask_frac, d.mlm_random_frac)
-    targets.append(np.asarray(targets_BP)[np.asarray(weights_BP)])
-  return float(-log_p[np.concatenate(targets)].mean())
+  return float(-log_p[_eval_selections(config, dataset, specials)[1]].mean())
+
+
+def copy_loss(config, dataset) -> float:
+  """The val loss of the best predictor that sees only the token at the selected position, not
+  its context: at [MASK], the unigram u; at a visible token x (kept with probability
+  c = 1 − mask_frac − random_frac, else a uniform random one of the N ordinary tokens, with
+  probability r = random_frac), the posterior p(t | x) = (c·u(x)·[t = x] + r·u(t)/N) /
+  (c·u(x) + r/N). With BERT's 10% kept it beats the unigram: an encoder must end below this
+  loss to have used any context (docs/metrics.md)."""
+  d, specials = config.data, specials_of(config)
+  log_u = dataset.unigram_log_probs(exclude=specials.unmaskable)
+  inputs, targets = _eval_selections(config, dataset, specials)
+  keep, r = 1.0 - d.mlm_mask_frac - d.mlm_random_frac, d.mlm_random_frac
+  n = dataset.tokenizer.vocab_size - len(Specials._fields)  # the ordinary tokens
+  visible = inputs != specials.mask
+  x, t = inputs[visible], targets[visible]
+  u_x, u_t = np.exp(log_u[x]), np.exp(log_u[t])
+  posterior = (keep * u_x * (t == x) + r * u_t / n) / (keep * u_x + r / n)
+  return float((-log_u[targets[~visible]].sum() - np.log(posterior).sum()) / len(targets))
