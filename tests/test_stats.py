@@ -29,6 +29,51 @@ def test_t_quantile_refuses_what_it_does_not_know():
   assert stats.t_quantile(0.9, 50) == pytest.approx(sps.t.ppf(0.9, 50), abs=2e-6)
 
 
+def test_t_cdf_closed_forms_symmetry_and_scipy():
+  for t in [-1e6, -30.0, -4.3, -1.0, -0.2, 0.0, 0.3, 1.0, 2.9, 12.7, 1e4]:
+    assert stats.t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)  # Cauchy
+    assert stats.t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(t * t + 2)), abs=1e-12)
+    for df in [1, 2, 3, 4, 7, 19, 30, 120, 1e5]:
+      assert stats.t_cdf(t, df) + stats.t_cdf(-t, df) == pytest.approx(1.0, abs=1e-14)
+      assert stats.t_cdf(t, df) == pytest.approx(sps.t.cdf(t, df), abs=1e-10), (t, df)
+      tail = sps.t.cdf(-abs(t), df)  # small tails to relative precision, not just absolute
+      assert stats.t_cdf(-abs(t), df) == pytest.approx(tail, rel=1e-9, abs=1e-300), (t, df)
+  assert stats.t_cdf(stats.t_quantile(0.975, 4), 4) == pytest.approx(0.975, abs=1e-6)
+  assert (stats.t_cdf(math.inf, 3), stats.t_cdf(-math.inf, 3)) == (1.0, 0.0)
+  assert math.isnan(stats.t_cdf(math.nan, 3))
+  with pytest.raises(ValueError, match="df must be > 0"):
+    stats.t_cdf(1.0, 0)
+
+
+def _holm_sequential(p, alpha):
+  """Holm (1979) as a procedure: step through the p-values from the smallest, reject the i-th
+  (0-based) while p ≤ α/(K − i), stop at the first that is not."""
+  rejected = set()
+  for i, j in enumerate(sorted(range(len(p)), key=lambda j: p[j])):
+    if p[j] > alpha / (len(p) - i):
+      break
+    rejected.add(j)
+  return rejected
+
+
+def test_holm_hand_example_and_sequential_procedure():
+  # Sorted: 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04 → max so far 0.06.
+  np.testing.assert_allclose(stats.holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
+  np.testing.assert_allclose(stats.holm([0.5, 0.9]), [1.0, 1.0])      # capped at 1
+  np.testing.assert_allclose(stats.holm([np.nan, 0.02, 0.5]), [np.nan, 0.04, 0.5])  # K = 2
+  assert stats.holm([]).size == 0 and stats.holm([0.03]).tolist() == [0.03]
+  rng = np.random.default_rng(0)
+  for k in [1, 2, 3, 5, 12]:
+    for _ in range(200):
+      p = rng.uniform(0, 0.1, k) ** rng.uniform(0.5, 2)
+      adj = stats.holm(p)
+      assert np.all(adj >= p) and np.all(adj <= 1)
+      order = np.argsort(p)
+      assert np.all(np.diff(adj[order]) >= 0)                          # monotone in p
+      for alpha in [0.01, 0.05, 0.1]:
+        assert set(np.flatnonzero(adj <= alpha)) == _holm_sequential(p, alpha)
+
+
 def test_paired_interval_matches_scipy_and_hand_numbers():
   p = stats.paired_difference(A, B)
   d = np.subtract(A, B)

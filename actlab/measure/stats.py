@@ -67,6 +67,57 @@ T_TABLE = {  # p -> t_{p, df} for df = 1..30
 }
 
 
+def _betainc(a: float, b: float, x: float) -> float:
+  """The regularized incomplete beta function I_x(a, b), 0 ≤ x ≤ 1, by its continued fraction
+  (modified Lentz), on the side of x where the fraction converges fast."""
+  if x <= 0.0 or x >= 1.0:
+    return 0.0 if x <= 0.0 else 1.0
+  if x > (a + 1) / (a + b + 2):
+    return 1.0 - _betainc(b, a, 1.0 - x)
+  tiny = 1e-300
+  front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                   + a * math.log(x) + b * math.log1p(-x)) / a
+  c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+  d = 1.0 / (d if abs(d) > tiny else tiny)
+  f = d
+  for m in range(1, 10_000):
+    for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+      d = 1.0 + num * d
+      d = 1.0 / (d if abs(d) > tiny else tiny)
+      c = 1.0 + num / c
+      c = c if abs(c) > tiny else tiny
+      f *= c * d
+    if abs(c * d - 1.0) < 1e-15:
+      return front * f
+  raise ArithmeticError(f"_betainc({a}, {b}, {x}): continued fraction did not converge")
+
+
+def t_cdf(t: float, df: float) -> float:
+  """P(T ≤ t) for Student's t with `df` > 0 degrees of freedom: the tail P(T ≤ −|t|) is
+  ½·I_{df/(df+t²)}(df/2, ½) (`_betainc`), computed directly so small tails keep their digits."""
+  if df <= 0:
+    raise ValueError(f"t_cdf: df must be > 0, got {df}")
+  if math.isnan(t):
+    return math.nan
+  tail = 0.5 * _betainc(df / 2, 0.5, 1.0 / (1.0 + t * t / df)) if math.isfinite(t) else 0.0
+  return tail if t < 0 else 1.0 - tail
+
+
+def holm(p: Sequence[float]) -> np.ndarray:
+  """Holm's step-down adjusted p-values of a family: with the K finite p-values sorted
+  p₍₁₎ ≤ … ≤ p₍K₎, p̃₍ᵢ₎ = max over j ≤ i of min(1, (K − j + 1)·p₍ⱼ₎), in the input's order.
+  Rejecting where p̃ ≤ α is Holm's procedure at familywise error α. NaN (no test) stays NaN and
+  is not counted in K."""
+  p = np.asarray(p, np.float64)
+  out = np.full(p.shape, np.nan)
+  idx = np.flatnonzero(~np.isnan(p))
+  order = idx[np.argsort(p[idx], kind="stable")]
+  k = order.size
+  out[order] = np.maximum.accumulate(np.minimum(1.0, (k - np.arange(k)) * p[order]))
+  return out
+
+
 def t_quantile(p: float, df: int) -> float:
   """The p-quantile of Student's t with `df` degrees of freedom: the table for df ≤ 30 (p 0.975
   or 0.80 only), the Cornish–Fisher expansion beyond (any p)."""
