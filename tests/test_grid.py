@@ -105,6 +105,10 @@ def test_reference_grid_and_smoke_variants_load():
     grid.load(f"{EXPERIMENTS}/relu_vs_gelu_lr.py:nope")
   zoo = grid.load(f"{EXPERIMENTS}/activation_zoo.py")
   assert zoo.axes["model.activation"] == list(activations.NAMES)
+  assert grid.load(f"{EXPERIMENTS}/activation_zoo.py:cpu").pairs == [
+      ["swiglu", "silu"], ["geglu", "gelu"], ["reglu", "relu"]]
+  glu = grid.load(f"{EXPERIMENTS}/glu_variants.py")
+  assert all(activations.get(g).gated and not activations.get(p).gated for g, p in glu.pairs)
 
 
 def test_glu_variants_are_parameter_matched():
