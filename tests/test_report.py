@@ -15,7 +15,6 @@ import sys
 
 import numpy as np
 import pytest
-from scipy import stats as sps
 
 from actlab import report
 from actlab.errors import UserError
@@ -314,6 +313,7 @@ VERDICT_DIFF = {"lower": [-0.30, -0.31, -0.29], "same": [0.001, 0.003, 0.002],
 
 @pytest.mark.slow
 def test_each_verdict_with_a_margin_and_named_pairs_end_to_end(tmp_path):
+  sps = pytest.importorskip("scipy.stats")
   acts = ["base", "lower", "same", "noisy"]
   loss = lambda act, seed: 2.0 + 0.3 * seed + (VERDICT_DIFF[act][seed] if act != "base" else 0)
   _fake_sweep(tmp_path, np.random.default_rng(7), acts=acts,
