@@ -4,7 +4,8 @@ Gated ones use the parameter-matched hidden width (model.gated_match_params). `:
 on the tiny `sizes.SIZES["mini"]` setup with one seed. `:cpu` is the CPU study (RESULTS.md):
 relu, tanh, elu, gelu, gelu_tanh, silu, relu2, swiglu, geglu, reglu on the `sizes.SIZES["cpu"]`
 model at LRs {1e-3, 3e-3, 1e-2} around the best, 3 seeds, GELU the baseline: does the
-gated-beats-plain ordering of Shazeer (2020, Table 1) show at this scale?
+gated-beats-plain ordering of Shazeer (2020, Table 1) show at this scale? Its report also compares
+each gated FFN with its plain activation (`pairs`: gated − plain).
 """
 
 from actlab.config import sizes
@@ -12,6 +13,7 @@ from actlab.models import activations
 
 CPU_ACTIVATIONS = ["relu", "tanh", "elu", "gelu", "gelu_tanh", "silu", "relu2", "swiglu", "geglu",
                    "reglu"]
+CPU_PAIRS = [["swiglu", "silu"], ["geglu", "gelu"], ["reglu", "relu"]]  # gated − plain
 
 
 def get_sweep(arg=None):
@@ -23,7 +25,8 @@ def get_sweep(arg=None):
     return {"description": "Activation zoo at matched parameters (CPU study: 0.94M parameters, "
                            "TinyStories, 200 steps)",
             "axes": {"model.activation": CPU_ACTIVATIONS, "optim.lr": [1e-3, 3e-3, 1e-2]},
-            "seeds": [0, 1, 2], "fixed": sizes.SIZES["cpu"], "baseline": "gelu"}
+            "seeds": [0, 1, 2], "fixed": sizes.SIZES["cpu"], "baseline": "gelu",
+            "pairs": CPU_PAIRS}
   if arg:
     raise ValueError(f"activation_zoo: unknown variant {arg!r}; use ':smoke', ':cpu' or nothing")
   return {"description": "Activation zoo at LR 1e-3", "axes": axes, "seeds": [0, 1, 2],

@@ -1,5 +1,6 @@
 """The grid of a sweep file: names, overrides, refusals, the shipped sweep files, shards."""
 
+import json
 import re
 
 import jax
@@ -68,6 +69,28 @@ def test_bad_sweeps_are_refused_before_anything_runs(bad, message):
     grid.cells(tiny(), grid.parse(bad))
 
 
+def test_pairs_and_equivalence_margin_are_checked_and_recorded(tmp_path):
+  acts = {"model.activation": ["relu", "reglu", "gelu", "geglu"], "optim.lr": [1e-3]}
+  s = grid.parse({"axes": acts, "pairs": [("reglu", "relu"), ["geglu", "gelu"]],
+                  "equivalence_margin": 1 / 50})
+  assert (s.pairs, s.equivalence_margin) == ([["reglu", "relu"], ["geglu", "gelu"]], 0.02)
+  grid.write_manifest(tmp_path, "x.py", s, grid.cells(tiny(), s))
+  manifest = json.loads((tmp_path / "sweep.json").read_text())
+  assert manifest["pairs"] == [["reglu", "relu"], ["geglu", "gelu"]]
+  assert manifest["equivalence_margin"] == 0.02
+  assert (grid.parse({"axes": acts}).pairs, grid.parse({"axes": acts}).equivalence_margin) == (
+      [], None)
+  for margin in [0, -0.1, float("nan"), float("inf"), "0.02", True]:
+    with pytest.raises(config_lib.ConfigError, match="equivalence_margin must be a number > 0"):
+      grid.parse({"axes": acts, "equivalence_margin": margin})
+  for pairs in [[("relu", "relu")], [("relu", "swish")], [("relu",)], ["relu"],
+                [("relu", "gelu", "geglu")]]:
+    with pytest.raises(config_lib.ConfigError, match="not two different values of the activat"):
+      grid.parse({"axes": acts, "pairs": pairs})
+  with pytest.raises(config_lib.ConfigError, match=r"\['gelu', 'relu'\] is given twice"):
+    grid.parse({"axes": acts, "pairs": [("relu", "gelu"), ("gelu", "relu")]})
+
+
 def test_reference_grid_and_smoke_variants_load():
   full = grid.load(f"{EXPERIMENTS}/relu_vs_gelu_lr.py")
   assert full.axes == {"model.activation": ["relu", "gelu"], "optim.lr": [1e-4, 1e-3, 3e-3]}
@@ -82,6 +105,10 @@ def test_reference_grid_and_smoke_variants_load():
     grid.load(f"{EXPERIMENTS}/relu_vs_gelu_lr.py:nope")
   zoo = grid.load(f"{EXPERIMENTS}/activation_zoo.py")
   assert zoo.axes["model.activation"] == list(activations.NAMES)
+  assert grid.load(f"{EXPERIMENTS}/activation_zoo.py:cpu").pairs == [
+      ["swiglu", "silu"], ["geglu", "gelu"], ["reglu", "relu"]]
+  glu = grid.load(f"{EXPERIMENTS}/glu_variants.py")
+  assert all(activations.get(g).gated and not activations.get(p).gated for g, p in glu.pairs)
 
 
 def test_glu_variants_are_parameter_matched():

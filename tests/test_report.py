@@ -215,17 +215,35 @@ def test_paired_comparisons_stability_and_not_learned_end_to_end(tmp_path):
               summary_for=_designed)
   text = report.write(tmp_path).read_text()
   pairs = _section(text, "Paired comparisons")
-  assert "| LR | A | B (baseline) | n | mean A − B | sd | 95% CI | verdict | MDD |" in pairs
+  assert "| LR | A | B | n | mean A − B | sd | 95% CI | p (Holm) | verdict | MDD |" in pairs
+  # The 95% CIs of gelu at 1e-3 and 3e-3 lie off 0 (unadjusted p 0.0202 and 0.0132), but the
+  # family has 8 comparisons (6 per LR, 2 at the best LRs): Holm's 8·0.0132 = 0.105 and
+  # 7·0.0202 = 0.141 exceed 0.05, so neither is resolved (before Holm both were).
   for row in [  # relu seed 2 is missing at 1e-4: two pairs there
-      "| 0.0001 | gelu | relu | 2 | -0.110 | 0.014 | [-0.237, +0.017] | not resolved | 0.141 |",
-      "| 0.0001 | tanh | relu | 2 | +0.200 | 0.141 | [-1.071, +1.471] | not resolved | 1.408 |",
-      "| 0.001 | gelu | relu | 3 | +0.200 | 0.050 | [+0.076, +0.324] | relu better | — |",
-      "| 0.001 | tanh | relu | 3 | +0.067 | 0.252 | [-0.558, +0.692] | not resolved | 0.779 |",
-      "| 0.003 | gelu | relu | 3 | -0.100 | 0.020 | [-0.150, -0.050] | gelu better | — |",
-      "| 0.003 | tanh | relu | 3 | +0.067 | 0.252 | [-0.558, +0.692] | not resolved | 0.779 |"]:
+      "| 0.0001 | gelu | relu | 2 | -0.110 | 0.014 | [-0.237, +0.017] | 0.346 | not resolved "
+      "| 0.141 |",
+      "| 0.0001 | tanh | relu | 2 | +0.200 | 0.141 | [-1.071, +1.471] | 1.000 | not resolved "
+      "| 1.408 |",
+      "| 0.001 | gelu | relu | 3 | +0.200 | 0.050 | [+0.076, +0.324] | 0.141 | not resolved "
+      "| 0.155 |",
+      "| 0.001 | tanh | relu | 3 | +0.067 | 0.252 | [-0.558, +0.692] | 1.000 | not resolved "
+      "| 0.779 |",
+      "| 0.003 | gelu | relu | 3 | -0.100 | 0.020 | [-0.150, -0.050] | 0.105 | not resolved "
+      "| 0.062 |",
+      "| 0.003 | tanh | relu | 3 | +0.067 | 0.252 | [-0.558, +0.692] | 1.000 | not resolved "
+      "| 0.779 |"]:
     assert row in pairs.splitlines(), (row, pairs)
   assert len([l for l in pairs.splitlines() if l.startswith("| 0.")]) == 6
   assert "(t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁)·sd/√n" in pairs
+  assert "**Family**: the 8 comparison(s) with n ≥ 2" in pairs
+  assert "states no `equivalence_margin`, so no comparison can be called equivalent" in pairs
+  # Best LRs chosen on seed 0 (relu 1e-3, gelu 3e-3: 2.0 vs 2.2 at 1e-3; tanh 1e-3), tested on
+  # seeds 1, 2: gelu − relu = [2.28 − 2.3, 2.97 − 2.6].
+  best = _section(text, "At each activation's best LR")
+  assert "chosen on seed(s) 0" in best and "compared on seed(s) 1, 2" in best
+  assert ("| gelu | 0.003 | relu | 0.001 | 2 | +0.175 | 0.276 | [-2.303, +2.653] | 1.000 | "
+          "not resolved | 2.746 |") in best.splitlines()
+  assert "| tanh | 0.001 | relu | 0.001 | 2 | -0.050 |" in best
 
   stable = _section(text, "Largest stable LR")
   assert "| relu | 0.001 | 0.003: 3 stable; 1 not learned |" in stable   # 1e-4: a seed missing
@@ -240,10 +258,11 @@ def test_paired_comparisons_stability_and_not_learned_end_to_end(tmp_path):
   manifest = json.loads((tmp_path / "sweep.json").read_text())
   (tmp_path / "sweep.json").write_text(json.dumps({**manifest, "baseline": "gelu"}))
   pairs = _section(report.write(tmp_path).read_text(), "Paired comparisons")
-  assert "| 0.003 | relu | gelu | 3 | +0.100 | 0.020 | [+0.050, +0.150] | gelu better | — |" in pairs
+  assert ("| 0.003 | relu | gelu | 3 | +0.100 | 0.020 | [+0.050, +0.150] | 0.105 | not resolved "
+          "| 0.062 |") in pairs
   pairs = _section(report.write(tmp_path, "tanh").read_text(), "Paired comparisons")
-  assert "| 0.001 | gelu | tanh | 3 | +0.133 | 0.225 | [-0.427, +0.693] | not resolved | 0.698 |" \
-      in pairs
+  assert ("| 0.001 | gelu | tanh | 3 | +0.133 | 0.225 | [-0.427, +0.693] | 1.000 | not resolved "
+          "| 0.698 |") in pairs
   with pytest.raises(UserError, match=r"baseline 'swish' is not one of the swept model.activation "
                      r"values \['relu', 'gelu', 'tanh'\]"):
     report.write(tmp_path, "swish")
@@ -282,10 +301,57 @@ def test_a_grid_without_an_lr_axis_compares_activations_only(tmp_path):
   pairs = _section(text, "Paired comparisons")
   d = [s[_name("relu", 1e-3, k)]["final_val_loss"] - s[_name("gelu", 1e-3, k)]["final_val_loss"]
        for k in SEEDS]
-  assert "| A | B (baseline) | n | mean A − B |" in pairs
+  assert "| A | B | n | mean A − B |" in pairs
   assert f"| relu | gelu | 3 | {np.mean(d):+.3f} | {np.std(d, ddof=1):.3f} | [" in pairs
-  assert "| tanh | gelu | 0 | — | — | — | not resolved | n < 2 |" in pairs  # not run yet
+  assert "| tanh | gelu | 0 | — | — | — | — | not resolved | n < 2 |" in pairs  # not run yet
   assert "## Largest stable LR" not in text and "## LR sensitivity" not in text
+
+
+VERDICT_DIFF = {"lower": [-0.30, -0.31, -0.29], "same": [0.001, 0.003, 0.002],
+                "noisy": [0.3, -0.2, 0.1]}  # against base, which is 2.0 + 0.3·seed
+
+
+@pytest.mark.slow
+def test_each_verdict_with_a_margin_and_named_pairs_end_to_end(tmp_path):
+  sps = pytest.importorskip("scipy.stats")
+  acts = ["base", "lower", "same", "noisy"]
+  loss = lambda act, seed: 2.0 + 0.3 * seed + (VERDICT_DIFF[act][seed] if act != "base" else 0)
+  _fake_sweep(tmp_path, np.random.default_rng(7), acts=acts,
+              summary_for=lambda act, lr, seed: {"final_val_loss": loss(act, seed)})
+  _only_lr(tmp_path, 1e-3)
+  manifest = json.loads((tmp_path / "sweep.json").read_text())
+  (tmp_path / "sweep.json").write_text(json.dumps(
+      {**manifest, "baseline": "base", "pairs": [["same", "lower"], ["lower", "base"]],
+       "equivalence_margin": 0.05}))
+  pairs = _section(report.write(tmp_path).read_text(), "Paired comparisons")
+  rows = [l for l in pairs.splitlines() if l.startswith("| ") and "---" not in l][1:]
+  compared = [("lower", "base"), ("same", "base"), ("noisy", "base"), ("same", "lower")]
+  assert [tuple(r.split(" | ")[:2]) for r in rows] == [(f"| {a}", b) for a, b in compared]
+  # Holm's adjusted p-values recomputed from scipy's paired t and one-sided tests.
+  d = {(a, b): np.array([loss(a, k) - loss(b, k) for k in SEEDS]) for a, b in compared}
+  p = stats.holm([sps.ttest_rel(d[c], np.zeros(3)).pvalue for c in compared])
+  tost = stats.holm([max(sps.ttest_1samp(d[c], -0.05, alternative="greater").pvalue,
+                         sps.ttest_1samp(d[c], 0.05, alternative="less").pvalue)
+                     for c in compared])
+  verdicts = ["lower better", "equivalent within ±0.05", "not resolved", "lower better"]
+  for row, c, pv, tv, verdict in zip(rows, compared, p, tost, verdicts):
+    fmt = lambda x: "<0.001" if x < 0.001 else f"{x:.3f}"
+    assert f" | {fmt(pv)} | {fmt(tv)} | {verdict} | " in row, (c, row)
+  assert p[1] > 0.05 and tost[1] < 0.05 and min(p[2], tost[2]) > 0.05
+  assert "**Family**: the 4 comparison(s) with n ≥ 2 in this table;" in pairs
+  assert "**equivalent within ±0.05** if both one-sided paired t tests against ±0.05" in pairs
+  assert "| MDD |" in pairs and "TOST p (Holm)" in pairs
+
+
+@pytest.mark.slow
+def test_best_lr_section_says_why_it_is_missing_with_one_seed(tmp_path):
+  _fake_sweep(tmp_path, np.random.default_rng(3))
+  manifest = json.loads((tmp_path / "sweep.json").read_text())
+  (tmp_path / "sweep.json").write_text(json.dumps(
+      {**manifest, "seeds": [0], "cells": [c for c in manifest["cells"]
+                                           if c["overrides"]["train.seed"] == 0]}))
+  best = _section(report.write(tmp_path).read_text(), "At each activation's best LR")
+  assert "*Not shown: with one seed there is none left to choose the LR on" in best
 
 
 # --- The plots' numbers (actlab.report.series) ------------------------------------------------
@@ -441,6 +507,18 @@ def test_merging_sweeps_counts_each_run_once(tmp_path):
   assert by["gelu", 1e-3, 1].state == "done"
   _, again, dups = report_load.load_many([a, a])  # a sweep given twice
   assert len(again) == 18 and len(dups) == 18
+  # Named pairs are united; equivalence margins must agree where stated.
+  for root, extra in [(a, {"pairs": [["gelu", "relu"]], "equivalence_margin": 0.02}),
+                      (b, {"pairs": [["relu", "gelu"], ["tanh", "gelu"]]})]:
+    m = json.loads((root / "sweep.json").read_text())
+    (root / "sweep.json").write_text(json.dumps({**m, **extra}))
+  manifest, _, _ = report_load.load_many([a, b])
+  assert manifest["pairs"] == [["gelu", "relu"], ["tanh", "gelu"]]
+  assert manifest["equivalence_margin"] == 0.02
+  m = json.loads((b / "sweep.json").read_text())
+  (b / "sweep.json").write_text(json.dumps({**m, "equivalence_margin": 0.05}))
+  with pytest.raises(UserError, match=r"state different equivalence margins \[0.02, 0.05\]"):
+    report_load.load_many([a, b])
 
 
 def _set_d_model(root, d_model):

@@ -17,8 +17,21 @@ the percentile interval is too narrow and covers the true difference well under 
 time. The t interval is exact when the differences are normal, and the standard choice at small
 n.
 
-**Verdict**, by rule: "A better" if the interval lies entirely below 0, "B better" if entirely
-above 0, "not resolved" otherwise, and always when n < 2 (no sd, no interval).
+**Tests and verdict** (`paired_difference`, `family`, `verdict`). The paired t test of "no
+difference" gives a two-sided p = 2·P(T ≤ −|d̄|/(s/√n)), T ~ t with n − 1 df (`t_cdf`). With an
+equivalence margin m > 0 stated in the sweep file before running, the two one-sided tests
+(TOST) of H₀: d ≤ −m and H₀: d ≥ m give p_equiv = max(P(T ≥ (d̄ + m)/se), P(T ≤ (d̄ − m)/se));
+p_equiv < α is the 90% interval lying inside (−m, m). Every comparison a report shows is one
+family (`family`): Holm's step-down method (`holm`) adjusts the p-values over it, and the TOST
+p-values separately, each at familywise error ALPHA = 0.05. Verdict: "A better" / "B better"
+when the adjusted p ≤ α (by the sign of d̄), else "equivalent" when the adjusted TOST p ≤ α,
+else "not resolved" (always when n < 2; never "equivalent" without a margin).
+
+**Best LR apart from the test** (`selection_split`, `chosen_lrs`): summaries hold no held-out
+loss (`best_val_loss` is measured on the same validation windows as `final_val_loss`), so the
+seeds are split: each activation's LR is the one with the lowest mean final val loss over the
+first ⌊n/2⌋ seeds (among the LRs where all of them have one), and the comparison at those LRs is
+paired over the other ⌈n/2⌉ seeds, so the LR is never chosen on the numbers that test it.
 
 **Minimum detectable difference** (`min_detectable`): the smallest true mean difference the same
 design (n seeds, the observed s) would resolve with 80% power at two-sided α = 0.05,
@@ -27,8 +40,9 @@ design (n seeds, the observed s) would resolve with 80% power at two-sided α = 
 
 the usual approximation with t quantiles; the exact power of the paired t test at d = MDD (if
 the true sd is s) is 73% at n = 2, 77% at n = 3, 79% at n = 5 and 80% from n ≈ 10. A "not
-resolved" with MDD m says: a difference smaller than about m could not reliably have been told
-apart from none with these seeds and this noise; it is not evidence that there is none.
+resolved" with MDD 0.08 says: a difference smaller than about 0.08 could not reliably have been
+told apart from none with these seeds and this noise; it is not evidence that there is none. It
+is for α = 0.05 unadjusted: under Holm the level is smaller and the reach shorter.
 
 **Not learned** (`learned`): a run that finished stable or unstable with final val loss ≥ its
 summary's `unigram_loss` did not learn; it never counts as stable (`Run.stable`). Summaries
@@ -40,7 +54,9 @@ learned; a missing or unfinished seed disqualifies the LR.
 
 **t quantiles** (`t_quantile`): a table of t₀.₉₇₅ and t₀.₈₀ for df 1..30 (6 decimals), and for
 df > 30 the Cornish–Fisher expansion of t around the normal quantile to 1/df³ (error < 2·10⁻⁶);
-tests/test_stats.py checks both against scipy.
+tests/test_stats.py checks both against scipy. The t CDF (`t_cdf`) is the regularized incomplete
+beta function by its continued fraction (relative error ~1e-10, tests: closed forms at df 1, 2
+and scipy).
 """
 
 from __future__ import annotations
@@ -53,7 +69,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 LR_KEY, SEED_KEY = "optim.lr", "train.seed"
-A_BETTER, B_BETTER, NOT_RESOLVED = "A better", "B better", "not resolved"
+A_BETTER, B_BETTER, EQUIVALENT, NOT_RESOLVED = "A better", "B better", "equivalent", "not resolved"
+ALPHA = 0.05  # each family's familywise error rate
 
 T_TABLE = {  # p -> t_{p, df} for df = 1..30
     0.975: (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004,
@@ -65,6 +82,57 @@ T_TABLE = {  # p -> t_{p, df} for df = 1..30
            0.863279, 0.862049, 0.860951, 0.859964, 0.859074, 0.858266, 0.857530, 0.856855,
            0.856236, 0.855665, 0.855137, 0.854647, 0.854192, 0.853767),
 }
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+  """The regularized incomplete beta function I_x(a, b), 0 ≤ x ≤ 1, by its continued fraction
+  (modified Lentz), on the side of x where the fraction converges fast."""
+  if x <= 0.0 or x >= 1.0:
+    return 0.0 if x <= 0.0 else 1.0
+  if x > (a + 1) / (a + b + 2):
+    return 1.0 - _betainc(b, a, 1.0 - x)
+  tiny = 1e-300
+  front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                   + a * math.log(x) + b * math.log1p(-x)) / a
+  c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+  d = 1.0 / (d if abs(d) > tiny else tiny)
+  f = d
+  for m in range(1, 10_000):
+    for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+      d = 1.0 + num * d
+      d = 1.0 / (d if abs(d) > tiny else tiny)
+      c = 1.0 + num / c
+      c = c if abs(c) > tiny else tiny
+      f *= c * d
+    if abs(c * d - 1.0) < 1e-15:
+      return front * f
+  raise ArithmeticError(f"_betainc({a}, {b}, {x}): continued fraction did not converge")
+
+
+def t_cdf(t: float, df: float) -> float:
+  """P(T ≤ t) for Student's t with `df` > 0 degrees of freedom: the tail P(T ≤ −|t|) is
+  ½·I_{df/(df+t²)}(df/2, ½) (`_betainc`), computed directly so small tails keep their digits."""
+  if df <= 0:
+    raise ValueError(f"t_cdf: df must be > 0, got {df}")
+  if math.isnan(t):
+    return math.nan
+  tail = 0.5 * _betainc(df / 2, 0.5, 1.0 / (1.0 + t * t / df)) if math.isfinite(t) else 0.0
+  return tail if t < 0 else 1.0 - tail
+
+
+def holm(p: Sequence[float]) -> np.ndarray:
+  """Holm's step-down adjusted p-values of a family: with the K finite p-values sorted
+  p₍₁₎ ≤ … ≤ p₍K₎, p̃₍ᵢ₎ = max over j ≤ i of min(1, (K − j + 1)·p₍ⱼ₎), in the input's order.
+  Rejecting where p̃ ≤ α is Holm's procedure at familywise error α. NaN (no test) stays NaN and
+  is not counted in K."""
+  p = np.asarray(p, np.float64)
+  out = np.full(p.shape, np.nan)
+  idx = np.flatnonzero(~np.isnan(p))
+  order = idx[np.argsort(p[idx], kind="stable")]
+  k = order.size
+  out[order] = np.maximum.accumulate(np.minimum(1.0, (k - np.arange(k)) * p[order]))
+  return out
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -89,8 +157,9 @@ class Paired:
   sd: float             # sample sd of the differences
   ci_low: float         # the 95% paired t interval of the mean difference
   ci_high: float
-  verdict: str          # A_BETTER, B_BETTER or NOT_RESOLVED
   mdd: float            # min_detectable(sd, n)
+  p: float              # two-sided p-value of the paired t test of a mean difference of 0
+  p_equiv: float        # TOST p-value for the margin (NaN without one)
 
 
 def min_detectable(sd: float, n: int) -> float:
@@ -99,22 +168,38 @@ def min_detectable(sd: float, n: int) -> float:
   return (t_quantile(0.975, n - 1) + t_quantile(0.80, n - 1)) * sd / math.sqrt(n)
 
 
-def paired_difference(a: Sequence[float], b: Sequence[float]) -> Paired:
-  """A against B from finite values paired by position (aᵢ and bᵢ share a seed); the verdict by
-  the rule in the module docstring (lower is better)."""
+def paired_difference(a: Sequence[float], b: Sequence[float],
+                      margin: float | None = None) -> Paired:
+  """A against B from finite values paired by position (aᵢ and bᵢ share a seed): the interval,
+  the MDD, the paired t test's two-sided p and, with an equivalence `margin` m > 0, the TOST
+  p = max(P(T ≥ (d̄ + m)/se), P(T ≤ (d̄ − m)/se)), se = sd/√n, T ~ t with n − 1 df. An sd of 0
+  makes each statistic ±∞ (or 0 where its numerator is 0)."""
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
   if a.ndim != 1 or a.shape != b.shape or not np.all(np.isfinite(a - b)):
     raise ValueError("paired_difference: a and b must be finite sequences of the same length")
+  if margin is not None and not (finite(margin) and margin > 0):
+    raise ValueError(f"paired_difference: the margin must be a finite number > 0, got {margin}")
   d = a - b
   n = d.size
   if n < 2:
     nan = math.nan
-    return Paired(n, float(d[0]) if n else nan, nan, nan, nan, NOT_RESOLVED, nan)
+    return Paired(n, float(d[0]) if n else nan, nan, nan, nan, nan, nan, nan)
   mean, sd = float(d.mean()), float(d.std(ddof=1))
-  half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
-  low, high = mean - half, mean + half
-  verdict = A_BETTER if high < 0 else B_BETTER if low > 0 else NOT_RESOLVED
-  return Paired(n, mean, sd, low, high, verdict, min_detectable(sd, n))
+  se, df = sd / math.sqrt(n), n - 1
+  tstat = lambda x: x / se if se > 0 else math.copysign(math.inf, x) if x else 0.0
+  half = t_quantile(0.975, df) * se
+  p = 2 * t_cdf(-abs(tstat(mean)), df)
+  p_equiv = (math.nan if margin is None else
+             max(t_cdf(-tstat(mean + margin), df), t_cdf(tstat(mean - margin), df)))
+  return Paired(n, mean, sd, mean - half, mean + half, min_detectable(sd, n), p, p_equiv)
+
+
+def verdict(mean: float, p_holm: float, p_equiv_holm: float, alpha: float = ALPHA) -> str:
+  """A_BETTER / B_BETTER (lower is better) when the adjusted test of no difference rejects at
+  `alpha`, else EQUIVALENT when the adjusted TOST rejects, else NOT_RESOLVED (NaN never rejects)."""
+  if p_holm <= alpha:
+    return A_BETTER if mean < 0 else B_BETTER
+  return EQUIVALENT if p_equiv_holm <= alpha else NOT_RESOLVED
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float | None]:
@@ -224,19 +309,106 @@ def pivot(manifest: Mapping, runs: Sequence[Run], axis: str) -> dict[tuple, dict
           for key, group in groups(manifest, runs, keys).items()}
 
 
-def comparisons(manifest: Mapping, runs: Sequence[Run], baseline) -> list[tuple]:
-  """(values of the other axes, A, B = `baseline`, `paired_difference`) for every activation
-  A ≠ B at every LR and combination of the other axes, paired by seed over the seeds where both
-  runs have a finite final val loss."""
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """One paired comparison of the report's family, with its Holm-adjusted p-values and verdict."""
+  key: tuple            # the other axes' values: `pivot`'s keys per LR, else of `best_lr_keys`
+  a: Any
+  b: Any
+  lr_a: Any             # at each one's best LR: the LRs chosen on the selection seeds; else None
+  lr_b: Any
+  paired: Paired
+  p_holm: float
+  p_equiv_holm: float
+  verdict: str
+
+
+def compared_pairs(manifest: Mapping, baseline) -> list[tuple]:
+  """(A, B) for every activation A ≠ `baseline` against B = `baseline` (grid order), then the
+  manifest's `pairs` that are not already among them (in either order)."""
   axis = activation_axis(manifest)
-  out = []
-  for key, cells in pivot(manifest, runs, axis).items():
+  out = [(a, baseline) for a in (manifest["axes"][axis] if axis else []) if a != baseline]
+  for a, b in manifest.get("pairs") or []:
+    if (a, b) not in out and (b, a) not in out:
+      out.append((a, b))
+  return out
+
+
+def _paired_by_seed(loss_a: Mapping, loss_b: Mapping, seeds: Sequence, margin) -> Paired:
+  """`paired_difference` over the `seeds` where both {seed: final val loss or None} have one."""
+  both = [s for s in seeds if loss_a.get(s) is not None and loss_b.get(s) is not None]
+  return paired_difference([loss_a[s] for s in both], [loss_b[s] for s in both], margin)
+
+
+def selection_split(seeds: Sequence) -> tuple[list, list]:
+  """The grid's seeds split in two for the best-LR comparison: the first ⌊n/2⌋ choose each
+  activation's LR, the other ⌈n/2⌉ test it."""
+  half = len(seeds) // 2
+  return list(seeds[:half]), list(seeds[half:])
+
+
+def best_lr_keys(manifest: Mapping) -> list[str]:
+  """The axes a best-LR comparison is at: all but the activation, the LR and the seed."""
+  axis = activation_axis(manifest)
+  return [k for k in other_axes(manifest) if k != axis]
+
+
+def chosen_lrs(manifest: Mapping, runs: Sequence[Run], seeds: Sequence) -> dict[tuple, Any]:
+  """Per combination of the non-LR axes (`pivot` over the LR): the LR with the lowest mean final
+  val loss over `seeds`, among the LRs where every one of `seeds` has a final val loss (a
+  diverged, unfinished or missing run rules its LR out); None if no LR qualifies."""
+  out = {}
+  for key, cells in pivot(manifest, runs, LR_KEY).items():
+    means = {}
+    for lr in manifest["axes"][LR_KEY]:
+      loss = [cells[lr, s].value("final_val_loss") if (lr, s) in cells else None for s in seeds]
+      if seeds and all(x is not None for x in loss):
+        means[lr] = float(np.mean(loss))
+    out[key] = min(means, key=means.get) if means else None
+  return out
+
+
+def family(manifest: Mapping, runs: Sequence[Run], baseline
+           ) -> tuple[list[Comparison], list[Comparison]]:
+  """The report's family of paired comparisons of final val loss (lower is better), each pair
+  of `compared_pairs` paired by seed over the seeds where both runs have a finite value:
+
+  - per LR: at every LR and combination of the other axes (`pivot` over the activation), over
+    all seeds;
+  - at each one's best LR (an LR axis of ≥ 2 values and ≥ 2 seeds): A and B each at the LR
+    `chosen_lrs` picks on the first half of the seeds, compared on the other half
+    (`selection_split`), so the LR is not chosen on the numbers that test it.
+
+  Holm (`holm`) adjusts the two-sided p-values over all of them, and separately the TOST
+  p-values when the manifest has an `equivalence_margin`; `verdict` at ALPHA."""
+  axis, margin = activation_axis(manifest), manifest.get("equivalence_margin")
+  pairs = compared_pairs(manifest, baseline) if axis else []
+  raw = []  # (per LR?, key, a, b, lr_a, lr_b, Paired)
+  for key, cells in pivot(manifest, runs, axis).items() if pairs else ():
     loss = {k: r.value("final_val_loss") for k, r in cells.items()}
-    for a in [v for v in manifest["axes"][axis] if v != baseline]:
-      seeds = [s for s in manifest["seeds"]
-               if loss.get((a, s)) is not None and loss.get((baseline, s)) is not None]
-      out.append((key, a, baseline, paired_difference([loss[a, s] for s in seeds],
-                                                      [loss[baseline, s] for s in seeds])))
+    at = lambda act: {s: loss.get((act, s)) for s in manifest["seeds"]}
+    for a, b in pairs:
+      raw.append((True, key, a, b, None, None,
+                  _paired_by_seed(at(a), at(b), manifest["seeds"], margin)))
+  select, test = selection_split(manifest["seeds"])
+  if pairs and len(manifest["axes"].get(LR_KEY, [])) > 1 and select:
+    lrs, cells = chosen_lrs(manifest, runs, select), pivot(manifest, runs, LR_KEY)
+    i = other_axes(manifest).index(axis)
+    by_rest: dict[tuple, dict] = {}
+    for key, lr in lrs.items():
+      loss = {s: cells[key][lr, s].value("final_val_loss") if (lr, s) in cells[key] else None
+              for s in test} if lr is not None else {}
+      by_rest.setdefault(key[:i] + key[i + 1:], {})[key[i]] = (lr, loss)
+    for rest, acts in by_rest.items():
+      for a, b in pairs:
+        (lr_a, loss_a), (lr_b, loss_b) = acts.get(a, (None, {})), acts.get(b, (None, {}))
+        raw.append((False, rest, a, b, lr_a, lr_b, _paired_by_seed(loss_a, loss_b, test, margin)))
+  p_holm = holm([c[-1].p for c in raw])
+  p_equiv_holm = holm([c[-1].p_equiv for c in raw])
+  out = ([], [])
+  for (per_lr, *fields, paired), p, q in zip(raw, p_holm, p_equiv_holm):
+    out[not per_lr].append(Comparison(*fields, paired, float(p), float(q),
+                                      verdict(paired.mean, p, q)))
   return out
 
 

@@ -12,10 +12,13 @@ unfinished runs are marked, never fatal. This module renders tables; what it com
   docs/reference.md §2.2), mean ± sd over seeds of the final val loss, val acc, Dead %, dead
   units, act mean, grad norm, sharpness, params; status counts, "not learned" included.
 - **Paired comparisons**: at each LR, each activation A against the baseline B (`--baseline`,
-  else the manifest's `baseline`, else the grid's first activation), paired by seed: n, mean and
-  sd of d = A − B, the 95% paired t interval, the verdict (A better if the interval lies below 0,
-  B better if above, else not resolved) and, when not resolved, the minimum detectable difference
-  (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁)·sd/√n (`stats.paired_difference`).
+  else the manifest's `baseline`, else the grid's first activation), then the sweep file's
+  `pairs`, paired by seed: n, mean and sd of d = A − B, the 95% paired t interval, the p-value
+  Holm-adjusted over the report's family, the TOST p-value (with an `equivalence_margin`), the
+  verdict (A better, B better, equivalent within ±m, not resolved) and, when not resolved, the
+  minimum detectable difference (`stats.family`).
+- **At each activation's best LR**: the same comparisons with each activation at the LR chosen
+  on the first half of the seeds, tested on the other half (`stats.chosen_lrs`).
 - **Largest stable LR** per activation: every seed stable and learned (`stats.largest_stable_lr`).
 - **LR sensitivity** (Wortsman et al. 2023): `stats.sensitivity`, mean ± sd over seeds.
 - **Plots**; **Runs**: every cell's status, "not learned" when its final val loss ≥ its summary's
@@ -106,20 +109,70 @@ def pick_baseline(manifest, given: str | None = None) -> str | None:
   return base
 
 
-def comparison_table(manifest, runs, base: str | None) -> str:
-  if base is None:
+def _p(p: float) -> str:
+  return "—" if not finite(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def comparison_table(manifest, comparisons: Sequence[stats.Comparison], keys: Sequence[str],
+                     best_lr: bool = False) -> str:
+  """One row per comparison: the values of `keys`, A and B (with each one's chosen LR when
+  `best_lr`), n, mean and sd of A − B, the 95% CI, the Holm-adjusted p-values (TOST's only with
+  a margin), the verdict and, when not resolved, the MDD."""
+  if not comparisons:
     return ""
+  margin = manifest.get("equivalence_margin")
   num = lambda x, fmt="+.3f": "—" if not finite(x) else format(x, fmt)
+  lr = lambda x: [stats.fmt_value(x) if x is not None else "—"] if best_lr else []
+  equivalent = {stats.EQUIVALENT: f"equivalent within ±{margin:g}"} if margin else {}
   rows = []
-  for key, a, b, p in stats.comparisons(manifest, runs, base):
-    verdict = {stats.A_BETTER: f"{a} better", stats.B_BETTER: f"{b} better"}.get(p.verdict,
-                                                                                p.verdict)
-    mdd = ("n < 2" if p.n < 2 else num(p.mdd, ".3f")) if p.verdict == stats.NOT_RESOLVED else "—"
-    rows.append([*map(stats.fmt_value, (*key, a, b)), str(p.n), num(p.mean), num(p.sd, ".3f"),
-                 "—" if p.n < 2 else f"[{num(p.ci_low)}, {num(p.ci_high)}]", verdict, mdd])
-  keys = [k for k in stats.group_keys(manifest) if k != stats.activation_axis(manifest)]
-  return _table([*map(_header, keys), "A", "B (baseline)", "n", "mean A − B", "sd", "95% CI",
-                 "verdict", "MDD"], rows) if rows else ""
+  for c in comparisons:
+    p = c.paired
+    verdict = {stats.A_BETTER: f"{c.a} better", stats.B_BETTER: f"{c.b} better",
+               **equivalent}.get(c.verdict, c.verdict)
+    mdd = ("n < 2" if p.n < 2 else num(p.mdd, ".3f")) if c.verdict == stats.NOT_RESOLVED else "—"
+    rows.append([*map(stats.fmt_value, c.key), stats.fmt_value(c.a), *lr(c.lr_a),
+                 stats.fmt_value(c.b), *lr(c.lr_b), str(p.n), num(p.mean), num(p.sd, ".3f"),
+                 "—" if p.n < 2 else f"[{num(p.ci_low)}, {num(p.ci_high)}]", _p(c.p_holm),
+                 *([_p(c.p_equiv_holm)] if margin else []), verdict, mdd])
+  return _table([*map(_header, keys), "A", *(["LR A"] if best_lr else []), "B",
+                 *(["LR B"] if best_lr else []), "n", "mean A − B", "sd", "95% CI", "p (Holm)",
+                 *(["TOST p (Holm)"] if margin else []), "verdict", "MDD"], rows)
+
+
+def comparison_texts(manifest, per_lr, best) -> tuple[str, str]:
+  """The rules above the per-LR and the best-LR comparison tables."""
+  margin = manifest.get("equivalence_margin")
+  k = sum(finite(c.p_holm) for c in [*per_lr, *best])
+  tables = "this table" + (" and *At each activation's best LR*" if best else "")
+  equiv = (f"**equivalent within ±{margin:g}** if both one-sided paired t tests against "
+           f"±{margin:g} nats reject (TOST, p = the larger one-sided p; unadjusted this is the 90% CI lying "
+           f"inside (−{margin:g}, {margin:g})), the margin being the sweep file's "
+           "`equivalence_margin`, stated before running; "
+           if margin else "")
+  no_margin = ("" if margin else " The sweep file states no `equivalence_margin`, so no "
+               "comparison can be called equivalent: \"not resolved\" does not mean equal.")
+  per_lr_text = (
+      "Final val loss of A minus that of B at the same LR (and values of the other axes), paired "
+      "by seed over the seeds where both finished with a finite value: n pairs, mean and sd of "
+      "the differences, 95% paired t interval d̄ ± t₀.₉₇₅,ₙ₋₁·sd/√n (not adjusted). Pairs: each "
+      "activation against the baseline B, then the sweep file's `pairs`. **Family**: the "
+      f"{k} comparison(s) with n ≥ 2 in {tables}; the paired t tests' two-sided p-values are "
+      "adjusted by Holm's step-down method over the family" + (", and the TOST p-values "
+      "likewise, separately" if margin else "") + " (familywise error ≤ 0.05 each). Verdict: "
+      "**A better** / **B better** if the adjusted p ≤ 0.05 (by the sign of the difference); "
+      + equiv + "else **not resolved** (always when n < 2)." + no_margin + " MDD, when not "
+      "resolved: the smallest difference these seeds resolve with 80% power at two-sided "
+      "α = 0.05 without adjustment, (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁)·sd/√n (docs/metrics.md §9).")
+  select, test = stats.selection_split(manifest["seeds"])
+  best_text = (
+      f"A and B each at its own best LR, chosen on seed(s) {', '.join(map(str, select))} (the "
+      "lowest mean final val loss among the LRs where each of them finished with a value) and "
+      f"compared on seed(s) {', '.join(map(str, test))}, paired by seed, with the same columns, "
+      "family and rules as *Paired comparisons*. The runs record no held-out loss to choose "
+      "on (`best_val_loss` is measured on the same validation windows as `final_val_loss`), so "
+      "the seeds are split: choosing the LR on the numbers that then test it would favour "
+      "whichever activation's noise happened to be lowest.")
+  return per_lr_text, best_text
 
 
 def stability_table(manifest, runs) -> str:
@@ -177,6 +230,13 @@ def write(roots, baseline: str | None = None, out=None) -> pathlib.Path:
   manifest, runs, duplicates = report_load.load_many(roots)
   out.mkdir(parents=True, exist_ok=True)
   base = pick_baseline(manifest, baseline)
+  per_lr, best = stats.family(manifest, runs, base)
+  per_lr_text, best_text = comparison_texts(manifest, per_lr, best)
+  axis = stats.activation_axis(manifest)
+  keys_per_lr = [k for k in stats.group_keys(manifest) if k != axis]
+  best_missing = ("*Not shown: with one seed there is none left to choose the LR on apart from "
+                  "the seeds that test it.*" if per_lr and len(manifest["seeds"]) < 2
+                  and len(manifest["axes"].get(LR_KEY, [])) > 1 else "")
   done = sum(r.state == "done" for r in runs)
   unchecked = sum(r.learned is None and r.value("final_val_loss") is not None for r in runs)
   sections = [  # (title, text, table): a section whose table is empty is left out
@@ -186,14 +246,10 @@ def write(roots, baseline: str | None = None, out=None) -> pathlib.Path:
        "the validation windows at the last evaluation; grad norm = mean pre-clipping gradient "
        "norm over the last 10% of steps; status by the rule in docs/metrics.md §6; not learned: "
        "final val loss ≥ the unigram loss.", results_table(manifest, runs)),
-      ("Paired comparisons",
-       "Final val loss of A minus that of the baseline B at the same LR, paired by seed over the "
-       "seeds where both finished with a finite value: n pairs, mean and sd of the differences, "
-       "95% paired t interval d̄ ± t₀.₉₇₅,ₙ₋₁·sd/√n. Verdict: A better if the interval lies below "
-       "0, B better if above 0, else not resolved (always when n < 2). MDD, when not resolved: "
-       "the smallest difference these seeds resolve with 80% power at two-sided α = 0.05, "
-       "(t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁)·sd/√n (docs/metrics.md §9).",
-       comparison_table(manifest, runs, base)),
+      ("Paired comparisons", per_lr_text, comparison_table(manifest, per_lr, keys_per_lr)),
+      ("At each activation's best LR", best_text,
+       comparison_table(manifest, best, stats.best_lr_keys(manifest), best_lr=True)
+       or best_missing),
       ("Largest stable LR",
        "The largest swept LR at which every seed of the grid finished stable and learned (final "
        "val loss below the unigram loss); the status counts one LR up say why it is not higher."
@@ -202,7 +258,9 @@ def write(roots, baseline: str | None = None, out=None) -> pathlib.Path:
       ("LR sensitivity",
        "Mean over the swept LRs of the final val loss minus the best one, a diverged run "
        "counting as the loss at initialisation (Wortsman et al. 2023); lower is more robust. "
-       "Mean ± sd over seeds.", sensitivity_table(manifest, runs)),
+       "Mean ± sd over seeds. The best LR here describes all seeds; it is not the one the "
+       "best-LR comparisons test (those choose on half of the seeds).",
+       sensitivity_table(manifest, runs)),
   ]
   lines = [f"# {manifest.get('description') or 'Sweep report'}", "",
            f"Sweep `{manifest['sweep']}`: {done} of {len(runs)} runs finished"

@@ -9,7 +9,9 @@ the seeds are the union too. Every other config field (RUNTIME_FIELDS aside) mus
 the directories, else they are not the same experiment and the merge is refused naming the field.
 A run is then identified by its axis values and seed, i.e. by its resolved config: the same run
 held by two directories (a copied cell, a sweep given twice) counts once, the most complete copy
-(finished, else logged, else missing) of the first directory holding it.
+(finished, else logged, else missing) of the first directory holding it. The sweeps' named
+`pairs` are united; the equivalence margins they state must be one (or none), else the merge is
+refused: a margin is fixed before the runs, not picked among several afterwards.
 """
 
 from __future__ import annotations
@@ -123,6 +125,14 @@ def load_many(roots: Sequence) -> tuple[dict, list[Run], list[str]]:
       merged[key] = run
   runs = list(merged.values())
   values = lambda k: list(dict.fromkeys(r.overrides[k] for r in runs))
+  margins = {m["equivalence_margin"] for m, _ in loaded if m.get("equivalence_margin")}
+  if len(margins) > 1:
+    raise UserError(f"cannot merge {', '.join(map(str, roots))}: their sweep files state "
+                    f"different equivalence margins {sorted(margins)}; report them separately")
+  pairs = []
+  for a, b in (p for m, _ in loaded for p in m.get("pairs") or []):
+    if [a, b] not in pairs and [b, a] not in pairs:
+      pairs.append([a, b])
   manifest = {
       "sweep": " + ".join(m["sweep"] for m, _ in loaded),
       "description": next((m["description"] for m, _ in loaded if m.get("description")), ""),
@@ -131,5 +141,6 @@ def load_many(roots: Sequence) -> tuple[dict, list[Run], list[str]]:
                list(dict.fromkeys([*(v for m, _ in loaded for v in m["axes"].get(k, [])),
                                    *values(k)])) for k in axes},
       "baseline": next((m["baseline"] for m, _ in loaded if m.get("baseline")), None),
+      "pairs": pairs, "equivalence_margin": next(iter(margins), None),
   }
   return manifest, runs, duplicates

@@ -14,6 +14,7 @@ import ml_collections
 
 from actlab import errors
 from actlab import config as config_lib
+from actlab.measure import stats
 from actlab.run import workdir as workdir_lib
 
 SEED_KEY = "train.seed"
@@ -26,6 +27,8 @@ class Sweep:
   fixed: dict[str, Any]             # overrides applied to every cell before the axes
   description: str = ""
   baseline: str | None = None       # the report's baseline activation (default: the first)
+  pairs: list = dataclasses.field(default_factory=list)  # [A, B]: also compared, A − B, per LR
+  equivalence_margin: float | None = None  # nats of final val loss, stated before running
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +47,14 @@ def load(spec: str) -> Sweep:
     raise config_lib.ConfigError(f"sweep {spec!r}: {e}") from None
 
 
+KEYS = ("axes", "seeds", "fixed", "description", "baseline", "pairs", "equivalence_margin")
+
+
 def parse(d: dict) -> Sweep:
   """Checks a `get_sweep` result and turns it into a Sweep."""
-  unknown = set(d) - {"axes", "seeds", "fixed", "description", "baseline"}
+  unknown = set(d) - set(KEYS)
   if unknown:
-    raise config_lib.ConfigError(f"sweep: unknown keys {sorted(unknown)}; "
-                                 "use axes, seeds, fixed, description, baseline")
+    raise config_lib.ConfigError(f"sweep: unknown keys {sorted(unknown)}; use {', '.join(KEYS)}")
   axes = {k: list(v) for k, v in d.get("axes", {}).items()}
   seeds = [int(s) for s in d.get("seeds", [0])]
   for key, values in {**axes, SEED_KEY: seeds}.items():
@@ -57,8 +62,30 @@ def parse(d: dict) -> Sweep:
       raise config_lib.ConfigError(f"sweep axis {key!r} needs distinct values, got {values}")
   if SEED_KEY in axes:
     raise config_lib.ConfigError(f"sweep: give seeds as 'seeds', not as the axis {SEED_KEY!r}")
+  margin = d.get("equivalence_margin")
+  if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
+                             or not stats.finite(margin) or margin <= 0):
+    raise config_lib.ConfigError(f"sweep: equivalence_margin must be a number > 0 (nats of "
+                                 f"final val loss), got {margin!r}")
   return Sweep(axes, seeds, dict(d.get("fixed", {})), d.get("description", ""),
-               d.get("baseline"))
+               d.get("baseline"), _pairs(axes, d.get("pairs", [])),
+               None if margin is None else float(margin))
+
+
+def _pairs(axes: dict[str, list], pairs) -> list[list]:
+  """The sweep's `pairs` as [A, B] lists: two different values of the activation axis each
+  (`stats.activation_axis`), no pair twice (in either order)."""
+  axis = stats.activation_axis({"axes": axes})
+  out = []
+  for pair in pairs:
+    pair = list(pair) if isinstance(pair, (list, tuple)) else [pair]
+    if len(pair) != 2 or pair[0] == pair[1] or any(v not in axes.get(axis, []) for v in pair):
+      raise config_lib.ConfigError(f"sweep: pairs: {pair!r} is not two different values of the "
+                                   f"activation axis {axis!r}")
+    if pair in out or pair[::-1] in out:
+      raise config_lib.ConfigError(f"sweep: pairs: {pair!r} is given twice")
+    out.append(pair)
+  return out
 
 
 def with_flags(sweep: Sweep, base: ml_collections.ConfigDict,
@@ -131,5 +158,6 @@ def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Seque
   workdir.mkdir(parents=True, exist_ok=True)
   manifest = {"sweep": spec, "description": sweep.description, "axes": sweep.axes,
               "seeds": sweep.seeds, "fixed": sweep.fixed, "baseline": sweep.baseline,
+              "pairs": sweep.pairs, "equivalence_margin": sweep.equivalence_margin,
               "cells": [{"name": c.name, "overrides": c.overrides} for c in cells_]}
   workdir_lib.write_json(workdir / "sweep.json", manifest)
