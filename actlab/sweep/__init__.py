@@ -11,7 +11,9 @@ A sweep file defines `get_sweep(arg=None)` returning a dict:
      "seeds": [0, 1, 2],                      # the `train.seed` axis, always last
      "fixed": {"train.steps": 150, ...},      # optional: overrides applied to every cell
      "description": "...",                    # optional: the report's heading
-     "baseline": "gelu"}                      # optional: the report compares the others to it
+     "baseline": "gelu",                      # optional: the report compares the others to it
+     "pairs": [["swiglu", "gelu"]],           # optional: more activation pairs to compare
+     "equivalence_margin": 0.02}              # optional: nats; "equivalent" needs it (TOST)
 
 The grid is the product of the axes (in the order given) and the seeds, on top of `--config`. A
 `--config.<field>=` flag wins over the sweep's fixed value of that field (a line says so, and
