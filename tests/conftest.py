@@ -118,7 +118,7 @@ def data_config(data_dir, batch_size: int = 8, **data_overrides):
   c = ml_collections.ConfigDict()
   c.train = ml_collections.ConfigDict(dict(batch_size=batch_size, seed=1337, progress=False))
   c.data = ml_collections.ConfigDict(dict(
-      source="synthetic", tokenizer="byte", dir=str(data_dir), seq_len=32, val_batches=3,
+      source="synthetic", tokenizer="byte", dir=str(data_dir), seq_len=32, val_batches=3, test_batches=0,
       tinystories_version="v2", manual_dir="", gpt2_dir=""))
   c.data.update(data_overrides)
   return c

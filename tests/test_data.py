@@ -283,3 +283,20 @@ def test_concurrent_loads_build_each_cache_once(tmp_path, monkeypatch):
   assert cache.build_count == before + 2  # train and validation, once each
   for r in results[1:]:
     np.testing.assert_array_equal(r.train_batch(0), results[0].train_batch(0))
+
+
+def test_test_windows_are_held_out_from_the_validation_windows():
+  """With data.test_batches the validation windows keep the split's first half and the test
+  windows take its second, sharing no token; without, the validation windows are as before."""
+  val = np.arange(1000, dtype=np.uint16)
+  common = dict(tokenizer=types.SimpleNamespace(vocab_size=1000), train_tokens=val, val_tokens=val,
+                seq_len=9, batch_size=4, seed=0, num_val_batches=2)
+  before = data.Dataset(**common)
+  np.testing.assert_array_equal(before.val_starts(), np.linspace(0, 990, 8).round())
+  held = data.Dataset(**common, num_test_batches=3)
+  val_tokens = np.concatenate(held.val_batches()).ravel()
+  test_tokens = np.concatenate(held.val_batches(test=True)).ravel()
+  assert len(held.val_batches()) == 2 and len(held.val_batches(test=True)) == 3
+  assert val_tokens.max() < 500 <= test_tokens.min() and test_tokens.max() == 999
+  with pytest.raises(data.DataError, match="in each half"):
+    data.Dataset(**{**common, "val_tokens": val[:15]}, num_test_batches=1)

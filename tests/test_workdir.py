@@ -148,11 +148,13 @@ def test_disk_full_in_orbaxs_tensorstore_error_is_found(tmp_path):
 
 
 def test_a_config_written_before_a_field_was_added_is_the_same_run(tmp_path):
-  """Decoder configs gained `train.init_from` (default ""): a run written without it resumes;
-  a different value is another run."""
+  """Configs gained the fields of `workdir.ADDED_FIELDS` (e.g. `train.init_from`, default ""):
+  a run written without them resumes; a different value is another run."""
   c = tiny()
   old = json.loads(c.to_json())
-  del old["train"]["init_from"]
+  for section, field in workdir.ADDED_FIELDS:
+    assert c[section][field] == workdir.ADDED_FIELDS[section, field]  # today's default
+    del old[section][field]
   (tmp_path / "config.json").write_text(json.dumps(old))
   run_dir = workdir.RunDir.open(tmp_path)
   run_dir.check_config(c)

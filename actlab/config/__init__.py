@@ -111,6 +111,9 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   d.tokenizer = "gpt2"          # "gpt2", "byte", "bpe:<vocab size>" or "wordpiece:<vocab size>"
   d.seq_len = 128               # training window length; must be <= model.max_len
   d.val_batches = 8             # fixed validation windows = val_batches · batch_size
+  d.test_batches = 0            # > 0: held-out test windows (test_batches · batch_size) from
+                                # the validation split's second half, scored once at the end
+                                # (final_test_loss); the validation windows keep the first half
   d.dir = ""                    # cache root; "" means $ACTLAB_DATA_DIR or ~/.cache/actlab
   d.tinystories_version = "v2"  # "v2" (GPT-4 stories) or "v1"
   d.manual_dir = ""             # offline TinyStories files; "" means <data dir>/manual/tiny_stories

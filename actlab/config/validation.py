@@ -90,6 +90,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(d.seq_len <= m.max_len,
          f"data.seq_len={d.seq_len} is longer than model.max_len={m.max_len}")
   check(d.val_batches > 0, f"data.val_batches={d.val_batches} must be positive")
+  check(d.test_batches >= 0, f"data.test_batches={d.test_batches} must be >= 0 (0 = no test split)")
   mt = c.metrics
   check(mt.sharpness_every >= 0,
          f"metrics.sharpness_every={mt.sharpness_every} must be >= 0 (0 = off)")

@@ -67,14 +67,18 @@ class Dataset:
   batch_size: int
   seed: int
   num_val_batches: int
+  num_test_batches: int = 0  # > 0: the validation split's second half is held out for them
 
   def __post_init__(self):
     window = self.seq_len + 1
+    halves = 2 if self.num_test_batches else 1
     for name, toks in (("training", self.train_tokens), ("validation", self.val_tokens)):
-      if toks.ndim != 1 or toks.shape[0] < window:
+      if toks.ndim != 1 or toks.shape[0] < window * (halves if name == "validation" else 1):
         raise DataError(
             f"the {name} split has {toks.shape[0]:,} tokens, fewer than one window of "
-            f"seq_len + 1 = {window}; use a shorter data.seq_len or a larger corpus.")
+            f"seq_len + 1 = {window}" + (" in each half (data.test_batches)" if halves > 1 and
+                                         name == "validation" else "")
+            + "; use a shorter data.seq_len or a larger corpus.")
     if self.seed < 0:
       raise ValueError(f"seed must be non-negative, got {self.seed}")
 
@@ -92,15 +96,20 @@ class Dataset:
     starts = rng.integers(0, high + 1, size=self.batch_size, dtype=np.int64)
     return self._gather(self.train_tokens, starts)
 
-  def val_starts(self) -> np.ndarray:
-    """The fixed validation window starts: num_val_batches · batch_size, evenly spaced."""
-    n = self.num_val_batches * self.batch_size
-    last = self.val_tokens.shape[0] - self.window
-    return np.linspace(0, last, n).round().astype(np.int64)
+  def val_starts(self, test: bool = False) -> np.ndarray:
+    """The fixed validation window starts, num_val_batches · batch_size evenly spaced over the
+    validation split; with test batches, over its first half, and the test windows' (`test`)
+    over its second half, so that no token is in both."""
+    tokens = self.val_tokens.shape[0]
+    lo, hi = (0, tokens) if not self.num_test_batches else (tokens // 2, tokens) if test else (
+        0, tokens // 2)
+    n = (self.num_test_batches if test else self.num_val_batches) * self.batch_size
+    return np.linspace(lo, hi - self.window, n).round().astype(np.int64)
 
-  def val_batches(self) -> list[np.ndarray]:
-    """num_val_batches arrays of int32 [batch_size, seq_len + 1]; identical at every call."""
-    starts = self.val_starts().reshape(self.num_val_batches, self.batch_size)
+  def val_batches(self, test: bool = False) -> list[np.ndarray]:
+    """num_val_batches (`test`: num_test_batches) arrays of int32 [batch_size, seq_len + 1];
+    identical at every call."""
+    starts = self.val_starts(test).reshape(-1, self.batch_size)
     return [self._gather(self.val_tokens, s) for s in starts]
 
   def unigram_log_probs(self, exclude: Sequence[int] = ()) -> np.ndarray:
@@ -234,6 +243,7 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
       batch_size=int(config.train.batch_size),
       seed=int(config.train.seed),
       num_val_batches=int(config.data.val_batches),
+      num_test_batches=int(config.data.test_batches),
   )
   n_windows = ds.num_val_batches * ds.batch_size
   if n_windows * ds.window > ds.val_tokens.shape[0]:
