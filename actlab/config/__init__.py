@@ -37,6 +37,8 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   m.dropout = 0.0
   m.norm = "pre"                # "pre" (GPT-2) or "post" (BERT) LayerNorm placement
   m.norm_eps = 1e-5             # LayerNorm epsilon (GPT-2 1e-5, BERT 1e-12)
+  m.qk_norm = False             # qk-layernorm: LayerNorm of queries and keys over the head dim
+                                # before q·k (Wortsman et al. 2023); no Hugging Face export
   m.dtype = "float32"           # compute dtype: "float32" or "bfloat16" (params stay float32)
   m.attention_impl = "xla"      # jax.nn.dot_product_attention implementation: "xla", "cudnn", "auto"
   m.loss_impl = "fused"         # decoder LM head + loss: "fused" (chunked, no [B, L, V] logits in

@@ -52,6 +52,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(m.vocab_size >= 0, f"model.vocab_size={m.vocab_size} must be >= 0 (0 = tokenizer's)")
   check(0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be in [0, 1)")
   check(m.norm in ("pre", "post"), f"model.norm={m.norm!r}: choose 'pre' or 'post'")
+  check(isinstance(m.qk_norm, bool), f"model.qk_norm={m.qk_norm!r} must be true or false")
   check(m.dtype in ("float32", "bfloat16"),
          f"model.dtype={m.dtype!r}: choose 'float32' or 'bfloat16'")
   check(m.attention_impl in ("xla", "cudnn", "auto"),

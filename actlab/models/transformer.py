@@ -150,7 +150,10 @@ class HeadsDense(nn.Module):
 
 class Attention(nn.Module):
   """Multi-head self-attention: query, key, value and out projections of [D, D] (BERT/GPT-2),
-  heads-major (B, H, L, K) in between; with `decode`, a key/value cache."""
+  heads-major (B, H, L, K) in between; with `decode`, a key/value cache. With `spec.qk_norm`,
+  queries and keys pass a LayerNorm over the head dim K (`query_norm`, `key_norm`: one scale and
+  bias of [K] each, shared by the heads) before q·k (qk-layernorm: Dehghani et al. 2023,
+  Wortsman et al. 2023)."""
   spec: Spec
   causal: bool
   execution: Execution = Execution()
@@ -161,6 +164,9 @@ class Attention(nn.Module):
     s, ex = self.spec, self.execution
     q_BHLK, k_BHLK, v_BHLK = (HeadsDense(s, ex, split=True, name=name)(x_BLD)
                               for name in ("query", "key", "value"))
+    if s.qk_norm:
+      q_BHLK = layer_norm(s, ex, "query_norm")(q_BHLK)
+      k_BHLK = layer_norm(s, ex, "key_norm")(k_BHLK)
     mask = None if mask_BL is None else mask_BL[:, None, None, :]
     causal = self.causal
     if decode:
