@@ -57,6 +57,9 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   o.eps = 1e-8
   o.weight_decay = 0.1          # decoupled (AdamW); matrices and embeddings only
   o.clip_norm = 1.0             # clip_by_global_norm threshold; 0 disables clipping
+  o.z_loss = 0.0                # z-loss coefficient (PaLM): training adds z_loss · mean (log Z)²
+                                # over the predicted positions, log Z = logsumexp of the output
+                                # logits; train_loss and val_loss stay the cross-entropy
 
   c.train = t = ml_collections.ConfigDict()
   t.steps = 5000
