@@ -19,6 +19,9 @@ Definitions in full: docs/metrics.md (§4 activation statistics, §5 sharpness, 
   | `attn_logit_max` | largest pre-softmax attention logit q·k/√K (visible positions) | max |
 
   The per-layer values are logged as `<key>/layer_<i>`, layers numbered from the input.
+- Training stability, on log steps (`stability`, traced in the train step): the training
+  forward's largest attention logit and mean output logZ; `interval` makes a row of the per-step
+  metrics since the previous one (with `grad_norm_max` over every step).
 - `sharpness`: the largest-magnitude eigenvalue of the Hessian of the training loss on one fixed
   training batch (no dropout), by `sharpness_iters` steps of power iteration on Hessian-vector
   products (`jax.jvp` of `jax.grad`) from a fixed random start.
