@@ -218,7 +218,9 @@ def test_qk_norm_off_by_default_leaves_the_model_unchanged():
   has_norms = lambda p: any("query_norm" in jax.tree_util.keystr(path)
                             for path, _ in jax.tree_util.tree_leaves_with_path(p))
   assert not has_norms(params)
-  assert has_norms(init(tiny(**{"model.qk_norm": True}))[1])
+  qk_model, qk_params = init(tiny(**{"model.qk_norm": True}))
+  assert has_norms(qk_params)
+  assert models.count_params(qk_params)["total"] == models.param_count(qk_model.spec)
   encoder = config_lib.encoder("gelu", "smoke")
   encoder.model.qk_norm = True
   assert has_norms(init(encoder, vocab=300)[1])
