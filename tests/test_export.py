@@ -86,6 +86,7 @@ def test_encoder_logits_equal_bert(tmp_path, torch, task):
     ({"model.activation": "swiglu"}, "gated FFN .* cannot express; use a plain activation"),
     ({"model.activation": "elu"}, "no activation equal to actlab's 'elu'"),
     ({"model.norm": "post"}, "GPT2LMHeadModel is pre-LN .* train with model.norm='pre'"),
+    ({"model.qk_norm": True}, "qk_norm=True .* GPT2LMHeadModel cannot express"),
 ])
 def test_what_gpt2_cannot_express_is_one_line(overrides, match):
   with pytest.raises(errors.UserError, match=match):
@@ -95,6 +96,8 @@ def test_what_gpt2_cannot_express_is_one_line(overrides, match):
 def test_what_bert_cannot_express_is_one_line():
   with pytest.raises(errors.UserError, match="BertForMaskedLM is post-LN"):
     hf_checkpoint.hf_config(tiny_encoder("mlm", **{"model.norm": "pre"}), tasks.mlm.HF, 300, 3)
+  with pytest.raises(errors.UserError, match="qk_norm=True .* BertForMaskedLM cannot express"):
+    hf_checkpoint.hf_config(tiny_encoder("mlm", **{"model.qk_norm": True}), tasks.mlm.HF, 300, 3)
   with pytest.raises(errors.UserError, match="pooler is tanh"):
     hf_checkpoint.hf_config(tiny_encoder("classify", **{"model.pooler_activation": "gelu"}),
                             tasks.classify.HF, 300, 3)

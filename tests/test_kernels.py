@@ -35,7 +35,7 @@ def test_fused_xent_equals_plain(chunk, weighted):
   h, E, t, w = inputs()
   w = w if weighted else None
   ref, ref_g = jax.value_and_grad(plain_xent_sum, argnums=(0, 1))(h, E, t, w)
-  f = lambda h, E: kernels.xent_sum(h, E, t, w, chunk=chunk)
+  f = lambda h, E: kernels.xent_sum(h, E, t, w, chunk=chunk)["loss_sum"]
   val, g = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(h, E)
   assert abs(float(val - ref)) <= 1e-5 * abs(float(ref))
   assert relative_error(ref_g, g) <= 1e-5
@@ -48,22 +48,68 @@ def test_fused_xent_second_order_and_vmap():
   v = jax.tree.map(lambda x: jnp.ones_like(x) * 0.01, (h, E))
   hvp = lambda f: jax.jvp(jax.grad(lambda a: f(*a)), ((h, E),), (v,))[1]  # the sharpness HVP
   ref = hvp(lambda h, E: plain_xent_sum(h, E, t))
-  got = hvp(lambda h, E: kernels.xent_sum(h, E, t, chunk=2))
+  got = hvp(lambda h, E: kernels.xent_sum(h, E, t, chunk=2)["loss_sum"])
   assert relative_error(ref, got) <= 1e-5
   hs = jnp.stack([h, 2 * h])
-  per_run = jax.vmap(jax.grad(lambda h: kernels.xent_sum(h, E, t, chunk=4)))(hs)
+  per_run = jax.vmap(jax.grad(lambda h: kernels.xent_sum(h, E, t, chunk=4)["loss_sum"]))(hs)
   assert relative_error(jax.grad(lambda h: plain_xent_sum(h, E, t))(2 * h), per_run[1]) <= 1e-5
 
 
 @pytest.mark.slow
 def test_fused_xent_bfloat16_keeps_float32_statistics():
   h, E, t, _ = inputs(dtype=jnp.bfloat16)
-  val = kernels.xent_sum(h, E, t, chunk=4)
+  val = kernels.xent_sum(h, E, t, chunk=4)["loss_sum"]
   assert val.dtype == jnp.float32
   ref = plain_xent_sum(h, E, t)  # the same bf16 operands, float32 logits
   assert abs(float(val - ref)) <= 1e-5 * abs(float(ref))
-  g = jax.grad(lambda h, E: kernels.xent_sum(h, E, t), argnums=(0, 1))(h, E)
+  g = jax.grad(lambda h, E: kernels.xent_sum(h, E, t)["loss_sum"], argnums=(0, 1))(h, E)
   assert g[0].dtype == jnp.bfloat16 and g[1].dtype == jnp.float32
+
+
+def plain_sums(h, E, t, w, z_loss):
+  """`kernels.xent_sum`'s sums from the [B, L, V] logits, by autodiff."""
+  logits = jnp.einsum("bld,vd->blv", h, E.astype(h.dtype), preferred_element_type=jnp.float32)
+  logz = jax.nn.logsumexp(logits, axis=-1)
+  z_loss_sum = z_loss * (w * logz**2).sum()
+  return {"loss_sum": plain_xent_sum(h, E, t, w) + z_loss_sum, "z_loss_sum": z_loss_sum,
+          "logz_sum": jax.lax.stop_gradient((w * logz).sum())}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", [1, 8])
+def test_fused_z_loss_and_logz_equal_plain(chunk):
+  """With the z-loss and logZ on, every sum and the gradient of `loss_sum` (which now has the
+  factor 1 + 2·z_loss·logZ on the softmax) equal autodiff of the logits, to float32 rounding."""
+  h, E, t, w = inputs()
+  h = 3 * h  # logZ far from 0, so that the z-loss's gradient matters
+  ref = plain_sums(h, E, t, w, 1e-2)
+  ref_g = jax.grad(lambda h, E: plain_sums(h, E, t, w, 1e-2)["loss_sum"], argnums=(0, 1))(h, E)
+  f = lambda h, E: kernels.xent_sum(h, E, t, w, chunk=chunk, z_loss=1e-2, logz=True)
+  got = jax.jit(f)(h, E)
+  assert got.keys() == ref.keys()
+  for k in ref:
+    assert abs(float(got[k] - ref[k])) <= 1e-5 * abs(float(ref[k])), k
+  g = jax.jit(jax.grad(lambda h, E: f(h, E)["loss_sum"], argnums=(0, 1)))(h, E)
+  assert relative_error(ref_g, g) <= 1e-5
+  without = jax.grad(lambda h, E: plain_xent_sum(h, E, t, w), argnums=(0, 1))(h, E)
+  assert relative_error(without, g) > 1e-3  # the z-loss's gradient is there
+
+
+def test_z_loss_closed_form():
+  """h = the logits (E = I): logits (0, 0) and (ln 3, 0), both targets 0: logZ = ln 2 and ln 4,
+  CE = ln 2 and ln 4 − ln 3; the gradient of the first is softmax·(1 + 2c·logZ) − onehot."""
+  c = 0.1
+  h = jnp.asarray([[[0.0, 0.0], [np.log(3.0), 0.0]]], jnp.float32)
+  E, t = jnp.eye(2, dtype=jnp.float32), jnp.zeros((1, 2), jnp.int32)
+  got = kernels.xent_sum(h, E, t, z_loss=c, logz=True)
+  logz = np.log([2.0, 4.0])
+  np.testing.assert_allclose(float(got["z_loss_sum"]), c * np.sum(logz**2), rtol=1e-6)
+  np.testing.assert_allclose(float(got["logz_sum"]), np.sum(logz), rtol=1e-6)
+  np.testing.assert_allclose(float(got["loss_sum"]),
+                             np.log(2) + np.log(4) - np.log(3) + c * np.sum(logz**2), rtol=1e-6)
+  dh = jax.grad(lambda h: kernels.xent_sum(h, E, t, z_loss=c)["loss_sum"])(h)
+  factor = 1 + 2 * c * np.log(2)
+  np.testing.assert_allclose(dh[0, 0], [0.5 * factor - 1, 0.5 * factor], rtol=1e-6)
 
 
 def test_chunk_length_divides_and_fits():
@@ -76,15 +122,27 @@ def test_chunk_length_divides_and_fits():
 
 
 @pytest.mark.slow
-def test_decoder_loss_impls_agree(tiny_config):
+@pytest.mark.parametrize("z_loss", [0.0, 1e-3])
+def test_decoder_loss_impls_agree(tiny_config, z_loss):
+  """The decoder's plain and fused losses: the same sums (with the z-loss, `z_loss_sum`; with
+  `stats`, `logz_sum`) and gradients."""
   c = tiny_config
+  c.optim.z_loss = z_loss
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
   out = {}
   for impl in ("plain", "fused"):
     c.model.loss_impl = impl
     step_fns = steps.Steps.create(c, 257)
     params = jax.jit(step_fns.init)(0).params
-    f = lambda p: step_fns.objective(step_fns.model, p, batch, jax.random.PRNGKey(0), train=True)
-    out[impl] = jax.jit(jax.value_and_grad(lambda p: f(p)["loss_sum"]))(params)
-  assert abs(float(out["plain"][0] - out["fused"][0])) <= 1e-5 * float(out["plain"][0])
-  assert relative_error(out["plain"][1], out["fused"][1]) <= 1e-5
+    def f(p):
+      o = step_fns.objective(step_fns.model, p, batch, jax.random.PRNGKey(0), train=True,
+                             stats=True)
+      return o["loss_sum"], o
+    out[impl] = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+  ((plain, plain_out), plain_g), ((fused, fused_out), fused_g) = out["plain"], out["fused"]
+  assert abs(float(plain - fused)) <= 1e-5 * float(plain)
+  assert relative_error(plain_g, fused_g) <= 1e-5
+  keys = {"z_loss_sum", "logz_sum"} if z_loss else {"logz_sum"}
+  assert keys <= plain_out.keys() and keys <= fused_out.keys()
+  for k in keys:
+    assert abs(float(plain_out[k] - fused_out[k])) <= 1e-5 * abs(float(plain_out[k])), k

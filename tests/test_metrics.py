@@ -261,6 +261,23 @@ def test_summarize_tail_means_and_last_evaluation():
   assert s["act_zero_frac"] == 0.7 and s["act_mean"] is None and s["sharpness"] is None
 
 
+def test_a_row_keeps_the_largest_grad_norm_of_its_interval_and_the_summary_of_the_run():
+  """`interval`: the last step's values, train_loss and z_loss as means, `grad_norm_max` over
+  every step (not only the row's last); `summarize`: the largest finite one of the run."""
+  per_step = [{"train_loss": 2.0, "z_loss": 0.1, "grad_norm": 1.0, "lr": 0.1},
+              {"train_loss": 4.0, "z_loss": 0.3, "grad_norm": 7.5, "lr": 0.2},
+              {"train_loss": 3.0, "z_loss": 0.2, "grad_norm": 2.0, "lr": 0.3}]
+  row = metrics.interval(per_step)
+  assert row == {"train_loss": 3.0, "z_loss": pytest.approx(0.2), "grad_norm": 2.0, "lr": 0.3,
+                 "grad_norm_max": 7.5}
+  assert "z_loss" not in metrics.interval([{"train_loss": 1.0, "grad_norm": 1.0}])
+  rows = [{"step": 0, "val_loss": 5.0}, {"step": 10, **row},
+          {"step": 20, "train_loss": 2.0, "grad_norm": 1.0, "grad_norm_max": 3.0},
+          {"step": 30, "train_loss": None, "grad_norm": None, "grad_norm_max": None}]
+  assert metrics.summarize(rows, steps=30)["grad_norm_max"] == 7.5
+  assert metrics.summarize(rows[:1], steps=30)["grad_norm_max"] is None
+
+
 @pytest.mark.parametrize("field, value", [("sharpness_every", -1), ("sharpness_iters", 0),
                                           ("spike_rel", 0.0), ("final_gap_rel", -0.1),
                                           ("uniform_frac", 0.0)])

@@ -172,3 +172,55 @@ def test_hidden_is_the_tied_heads_input():
   assert h.shape == (2, 32, 32)
   np.testing.assert_allclose(model.apply({"params": params}, tokens),
                              h @ params["wte"]["embedding"].T, rtol=1e-5, atol=1e-5)
+
+
+def attention_and_input(qk_norm: bool, seed: int = 0):
+  """A tiny decoder's first attention layer, its parameters and an input [2, 8, D]."""
+  spec = Spec.from_config(tiny(**{"model.qk_norm": qk_norm}).model, 64)
+  attn = transformer.Attention(spec, causal=True)
+  x = jnp.asarray(np.random.default_rng(seed).normal(size=(2, 8, spec.d_model)), jnp.float32)
+  return spec, attn, attn.init(jax.random.PRNGKey(seed), x)["params"], x
+
+
+def test_qk_norm_normalises_queries_and_keys_over_the_head_dim():
+  """qk-layernorm: `query_norm` and `key_norm` of [K]; the output does not change when the
+  query and key projections are scaled (LayerNorm removes the scale), and every attention logit
+  of a unit-scale norm is at most √K (|LN(q)·LN(k)| ≤ K)."""
+  spec, attn, params, x = attention_and_input(qk_norm=True)
+  K = spec.d_model // spec.num_heads
+  assert {n: p["scale"].shape for n, p in params.items() if n.endswith("_norm")} == {
+      "query_norm": (K,), "key_norm": (K,)}
+  scaled = {**params, **{n: jax.tree.map(lambda a: 30.0 * a, params[n]) for n in ("query", "key")}}
+  np.testing.assert_allclose(attn.apply({"params": scaled}, x), attn.apply({"params": params}, x),
+                             atol=1e-5)
+  _, sown = transformer.apply(attn, scaled, x, stats=True)
+  assert float(sown["attention"][0].logit_max) <= np.sqrt(K)
+  _, plain_attn, plain_params, _ = attention_and_input(qk_norm=False)
+  _, plain_sown = transformer.apply(plain_attn, {**plain_params, **{
+      n: scaled[n] for n in ("query", "key")}}, x, stats=True)
+  assert float(plain_sown["attention"][0].logit_max) > np.sqrt(K)  # without it, the scale shows
+
+
+@pytest.mark.slow
+def test_qk_norm_off_by_default_leaves_the_model_unchanged():
+  """The default (`model.qk_norm` false) is the model without the field: the same parameters and
+  logits, bit for bit; the decoder and the encoder gain the norms only when it is on."""
+  c = tiny()
+  assert c.model.qk_norm is False
+  model, params = init(c)
+  without = tiny()
+  del without.model["qk_norm"]
+  model_without, params_without = init(without)
+  assert jax.tree.all(jax.tree.map(jnp.array_equal, params, params_without))
+  tokens = np.random.default_rng(1).integers(0, 257, (2, 32))
+  assert jnp.array_equal(model.apply({"params": params}, tokens),
+                         model_without.apply({"params": params_without}, tokens))
+  has_norms = lambda p: any("query_norm" in jax.tree_util.keystr(path)
+                            for path, _ in jax.tree_util.tree_leaves_with_path(p))
+  assert not has_norms(params)
+  qk_model, qk_params = init(tiny(**{"model.qk_norm": True}))
+  assert has_norms(qk_params)
+  assert models.count_params(qk_params)["total"] == models.param_count(qk_model.spec)
+  encoder = config_lib.encoder("gelu", "smoke")
+  encoder.model.qk_norm = True
+  assert has_norms(init(encoder, vocab=300)[1])

@@ -11,8 +11,10 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import data
-from actlab.measure import evaluators
+from actlab import config as config_lib
+from actlab import data, models
+from actlab.measure import evaluators, metrics
+from actlab.tasks import mlm
 from actlab.run import optim, steps, train
 from conftest import tiny
 
@@ -206,7 +208,7 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
   """Program.train_step (every step) and Program.log_step (the steps the loop logs) compute the
   same state (two compiled programs: XLA may round the update differently at the last bit); the
   log step adds the update and parameter norms as defined before the split: the norm of this
-  step's AdamW update and of the parameters after it."""
+  step's AdamW update and of the parameters after it; and the stability measures (only there)."""
   c = tiny()
   program = steps.Program.create(c, 257)
   batch = np.random.default_rng(0).integers(0, 257, (8, 33)).astype(np.int32)
@@ -215,7 +217,8 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
   logged, m_log = program.log_step(jax.device_put(old), batch)
   for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(logged)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-10)
-  assert set(m_log) - set(m_plain) == {"update_norm", "param_norm"}
+  assert set(m_log) - set(m_plain) == {"update_norm", "param_norm", "train_attn_logit_max",
+                                       "train_logz_mean"}
   for k in m_plain:
     np.testing.assert_allclose(m_plain[k], m_log[k], rtol=1e-6)
   _, m_ref = jax.jit(program.steps.train_step)(jax.device_put(old), batch)  # the definition
@@ -225,6 +228,83 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
                          old.params)
   np.testing.assert_allclose(m_log["param_norm"], optax.tree.norm(new_params), rtol=1e-6)
   np.testing.assert_allclose(m_log["update_norm"], optax.tree.norm(updates), rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [{}, {"model.loss_impl": "plain", "model.scan_layers": True},
+                                       {"model.kind": "encoder"}])
+def test_the_log_steps_stability_measures_are_those_of_its_training_forward(overrides):
+  """`train_attn_logit_max` is the largest pre-softmax attention logit of the step's training
+  forward (its key, so its dropout) over layers, `train_logz_mean` the mean logsumexp of its
+  output logits over the predicted positions: computed here from the model directly."""
+  encoder = overrides.pop("model.kind", None)
+  c = config_lib.encoder("gelu", "smoke") if encoder else tiny(**overrides)
+  c.model.dropout = 0.1
+  vocab = 300 if encoder else 257
+  step_fns = steps.Steps.create(c, vocab)
+  state = jax.jit(step_fns.init)(0)
+  batch = jnp.asarray(np.random.default_rng(0).integers(5, vocab, (c.train.batch_size,
+                                                                    c.data.seq_len + 1)), jnp.int32)
+  _, m = jax.jit(step_fns.train_step)(state, batch)
+  key = jax.random.fold_in(state.rng, state.step)
+  if encoder:
+    (inputs, positions, _, weights), dropout_key = mlm.masked_batch(
+        key, batch, mlm.specials_of(c), vocab, c.data.mlm_prob, c.data.mlm_mask_frac,
+        c.data.mlm_random_frac)
+    logits, sown = models.apply(step_fns.model, state.params, inputs, inputs != 0,
+                                masked_positions_BP=positions, train=True,
+                                rngs={"dropout": dropout_key}, stats=True)
+    logz = np.sum(jax.nn.logsumexp(logits, -1) * weights) / np.sum(weights)
+  else:
+    logits, sown = models.apply(step_fns.model, state.params, batch[:, :-1], train=True,
+                                rngs={"dropout": key}, stats=True)
+    logz = np.mean(jax.nn.logsumexp(logits, -1))
+  logit_max = max(float(s.logit_max) for s in metrics.per_layer(sown, models.AttentionStats))
+  np.testing.assert_allclose(float(m["train_attn_logit_max"]), logit_max, rtol=1e-5)
+  np.testing.assert_allclose(float(m["train_logz_mean"]), float(logz), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_z_loss_is_trained_but_logged_apart():
+  """With `optim.z_loss`, the step's `train_loss` is still the cross-entropy, `z_loss` is
+  z_loss · mean logZ² (both every step), and the gradient is that of their sum."""
+  c = tiny(**{"optim.z_loss": 0.05, "optim.warmup_steps": 0})
+  batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
+  step_fns = steps.Steps.create(c, 257)
+  state = jax.jit(step_fns.init)(0)
+  _, m = jax.jit(functools.partial(step_fns.train_step, diagnostics=False))(state, batch)
+  _, m_off = jax.jit(functools.partial(steps.Steps.create(tiny(**{"optim.warmup_steps": 0}), 257)
+                                       .train_step, diagnostics=False))(state, batch)
+  key = jax.random.fold_in(state.rng, state.step)
+  logits, _ = models.apply(step_fns.model, state.params, batch[:, :-1], train=True,
+                           rngs={"dropout": key})
+  np.testing.assert_allclose(float(m["z_loss"]),
+                             0.05 * float(np.mean(jax.nn.logsumexp(logits, -1) ** 2)), rtol=1e-5)
+  np.testing.assert_allclose(float(m["train_loss"]), float(m_off["train_loss"]), rtol=1e-6)
+  assert "z_loss" not in m_off
+  assert abs(float(m["grad_norm"]) - float(m_off["grad_norm"])) > 1e-6 * float(m_off["grad_norm"])
+
+
+@pytest.mark.slow
+def test_rows_keep_the_largest_grad_norm_of_every_step(tmp_path):
+  """`grad_norm_max` in a row is the largest `grad_norm` of the steps since the previous row, and
+  the summary's the run's largest: the run's steps retaken here one by one."""
+  c = tiny(**{"train.steps": 6, "train.log_every": 3, "train.eval_every": 6,
+              "train.checkpoint_every": 6, "optim.warmup_steps": 1, "optim.lr": 3e-2})
+  summary = train.run(c, tmp_path)
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
+  ds = data.load(c)
+  program = steps.Program.create(c, ds.tokenizer.vocab_size)
+  state, norms = program.start([c]), []
+  for k in range(c.train.steps):
+    state, m = program.train_step(state, program.put_batches([ds.train_batch(k)]))
+    norms.append(float(m["grad_norm"]))
+  assert [r["step"] for r in rows] == [3, 6]
+  for row, interval in zip(rows, (norms[:3], norms[3:])):
+    np.testing.assert_allclose(row["grad_norm_max"], max(interval), rtol=1e-5)
+    np.testing.assert_allclose(row["grad_norm"], interval[-1], rtol=1e-5)
+  assert max(norms[:3]) != norms[2] or max(norms[3:]) != norms[5]  # the max is not the last
+  np.testing.assert_allclose(summary["grad_norm_max"], max(norms), rtol=1e-5)
 
 
 @pytest.mark.slow

@@ -37,6 +37,8 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   m.dropout = 0.0
   m.norm = "pre"                # "pre" (GPT-2) or "post" (BERT) LayerNorm placement
   m.norm_eps = 1e-5             # LayerNorm epsilon (GPT-2 1e-5, BERT 1e-12)
+  m.qk_norm = False             # qk-layernorm: LayerNorm of queries and keys over the head dim
+                                # before q·k (Wortsman et al. 2023); no Hugging Face export
   m.dtype = "float32"           # compute dtype: "float32" or "bfloat16" (params stay float32)
   m.attention_impl = "xla"      # jax.nn.dot_product_attention implementation: "xla", "cudnn", "auto"
   m.loss_impl = "fused"         # decoder LM head + loss: "fused" (chunked, no [B, L, V] logits in
@@ -55,6 +57,9 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   o.eps = 1e-8
   o.weight_decay = 0.1          # decoupled (AdamW); matrices and embeddings only
   o.clip_norm = 1.0             # clip_by_global_norm threshold; 0 disables clipping
+  o.z_loss = 0.0                # z-loss coefficient (PaLM): training adds z_loss · mean (log Z)²
+                                # over the predicted positions, log Z = logsumexp of the output
+                                # logits; train_loss and val_loss stay the cross-entropy
 
   c.train = t = ml_collections.ConfigDict()
   t.steps = 5000

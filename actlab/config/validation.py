@@ -52,6 +52,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(m.vocab_size >= 0, f"model.vocab_size={m.vocab_size} must be >= 0 (0 = tokenizer's)")
   check(0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be in [0, 1)")
   check(m.norm in ("pre", "post"), f"model.norm={m.norm!r}: choose 'pre' or 'post'")
+  check(isinstance(m.qk_norm, bool), f"model.qk_norm={m.qk_norm!r} must be true or false")
   check(m.dtype in ("float32", "bfloat16"),
          f"model.dtype={m.dtype!r}: choose 'float32' or 'bfloat16'")
   check(m.attention_impl in ("xla", "cudnn", "auto"),
@@ -81,6 +82,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(0.0 <= o.b1 < 1.0 and 0.0 <= o.b2 < 1.0, f"optim.b1={o.b1}, b2={o.b2} must be in [0, 1)")
   check(o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay} must be >= 0")
   check(o.clip_norm >= 0, f"optim.clip_norm={o.clip_norm} must be >= 0 (0 disables)")
+  check(o.z_loss >= 0, f"optim.z_loss={o.z_loss} must be >= 0 (0 = off)")
   check(isinstance(t.init_from, str),
         "train.init_from must be a workdir path, hf:<Hugging Face model directory>, or ''")
   check(d.source in ("tinystories", "synthetic"),

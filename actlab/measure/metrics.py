@@ -19,6 +19,9 @@ Definitions in full: docs/metrics.md (§4 activation statistics, §5 sharpness, 
   | `attn_logit_max` | largest pre-softmax attention logit q·k/√K (visible positions) | max |
 
   The per-layer values are logged as `<key>/layer_<i>`, layers numbered from the input.
+- Training stability, on log steps (`stability`, traced in the train step): the training
+  forward's largest attention logit and mean output logZ; `interval` makes a row of the per-step
+  metrics since the previous one (with `grad_norm_max` over every step).
 - `sharpness`: the largest-magnitude eigenvalue of the Hessian of the training loss on one fixed
   training batch (no dropout), by `sharpness_iters` steps of power iteration on Hessian-vector
   products (`jax.jvp` of `jax.grad`) from a fixed random start.
@@ -78,6 +81,16 @@ def batch_sums(sown) -> dict:
     })
   attn = [stats.logit_max for stats in per_layer(sown, models.AttentionStats)]
   return {"ffn": ffn, "attn_logit_max": attn}
+
+
+def stability(out: Mapping) -> dict:
+  """The training forward's instability measures (Wortsman et al. 2023), from an objective's
+  output with `stats` (traced, in the log step): `train_attn_logit_max`, the largest
+  pre-softmax attention logit over layers (the sown `AttentionStats`), and `train_logz_mean`,
+  the mean over predicted positions of the output logits' logZ (`logz_sum` / `count`)."""
+  logit_max = [s.logit_max for s in per_layer(out["sown"], models.AttentionStats)]
+  return {"train_attn_logit_max": jnp.max(jnp.stack(logit_max)),
+          "train_logz_mean": out["logz_sum"] / out["count"]}
 
 
 def pool(batches: Sequence[Mapping]) -> dict[str, float]:
@@ -152,6 +165,22 @@ def top_hessian_eigenvalue(loss_fn: Callable, params, key: jax.Array, num_iters:
 def jsonable(row: Mapping[str, Any]) -> dict:
   """A metrics row with non-finite numbers as None (null), so metrics.jsonl stays strict JSON."""
   return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in row.items()}
+
+
+# Per-step metrics a row averages over the steps since the previous row (the rest: the last step's).
+INTERVAL_MEANS = ("train_loss", "z_loss")
+
+
+def interval(steps: Sequence[Mapping]) -> dict[str, float]:
+  """A row's training metrics from the per-step metrics of the steps since the previous row (in
+  order): the last step's values, the means of `INTERVAL_MEANS`, and `grad_norm_max`, the
+  largest `grad_norm` of them all (every step measures it; NaN if one is NaN)."""
+  row = {k: float(v) for k, v in steps[-1].items()}
+  for key in INTERVAL_MEANS:
+    if key in row:
+      row[key] = float(np.mean([s[key] for s in steps]))
+  row["grad_norm_max"] = float(np.max([s["grad_norm"] for s in steps]))
+  return row
 
 
 # A run has diverged where one of these is non-finite. Every step measures the loss and the
@@ -237,8 +266,9 @@ def summarize(rows: Sequence[Mapping], steps: int) -> dict:
   `final_val_loss` is the last finite one (likewise `*_val_accuracy`, present only for
   objectives that measure accuracy: MLM, classification); activation statistics come from the
   last evaluation that has them; `grad_norm` and `final_train_loss` average the rows in the last
-  10% of the steps that were run (one batch is noisy); `sharpness_max` is the largest estimate
-  after step 0.
+  10% of the steps that were run (one batch is noisy); `grad_norm_max` is the largest finite
+  `grad_norm` of any step (rows' `grad_norm_max`); `sharpness_max` is the largest estimate after
+  step 0.
   """
   vals = [r["val_loss"] for r in rows if finite(r.get("val_loss"))]
   last_step = rows[-1]["step"] if rows else 0
@@ -256,6 +286,8 @@ def summarize(rows: Sequence[Mapping], steps: int) -> dict:
       "best_val_loss": min(vals) if vals else None,
       "final_train_loss": mean("train_loss"),
       "grad_norm": mean("grad_norm"),
+      "grad_norm_max": max((r["grad_norm_max"] for r in rows if finite(r.get("grad_norm_max"))),
+                           default=None),
       "sharpness": sharp[-1] if sharp else None,
       "sharpness_max": max((r["sharpness"] for r in rows
                             if r["step"] > 0 and finite(r.get("sharpness"))), default=None),

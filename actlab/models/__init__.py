@@ -9,10 +9,12 @@ from actlab.models import activations, hf
 from actlab.models.encoder import Encoder
 from actlab.models.execution import Execution
 from actlab.models.spec import Spec, ffn_width, pad_vocab
-from actlab.models.transformer import AttentionStats, Decoder, FFNStats, apply, next_token_loss
+from actlab.models.transformer import (AttentionStats, Decoder, FFNStats, apply, logit_sums,
+                                       next_token_loss, with_logit_sums)
 
 __all__ = ["AttentionStats", "Decoder", "Encoder", "Execution", "FFNStats", "Spec", "apply",
-           "count_params", "ffn_width", "hf", "next_token_loss", "pad_vocab", "param_count"]
+           "count_params", "ffn_width", "hf", "logit_sums", "next_token_loss", "pad_vocab",
+           "param_count", "with_logit_sums"]
 
 
 def count_params(params) -> dict[str, int]:
@@ -30,7 +32,7 @@ def param_count(spec: Spec, head: str = "lm", type_vocab_size: int = 2,
   D, V, P, F = spec.d_model, spec.vocab_size, spec.max_len, spec.ffn_width
   gated = activations.get(spec.activation).gated
   ln = 2 * D
-  attention = 4 * (D * D + D)
+  attention = 4 * (D * D + D) + (4 * D // spec.num_heads if spec.qk_norm else 0)
   ffn = (3 if gated else 2) * D * F + (2 if gated else 1) * F + D
   blocks = spec.num_layers * (attention + ffn + 2 * ln)
   if head == "lm":

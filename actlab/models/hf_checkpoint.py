@@ -48,7 +48,8 @@ REQUIRED = {"gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_id
 
 
 def _check_architecture(config, arch: Architecture, doing: str) -> None:
-  """UserError unless the config's model has `arch`'s FFN (plain) and LayerNorm placement."""
+  """UserError unless the config's model has `arch`'s FFN (plain), LayerNorm placement and
+  attention (no qk-layernorm)."""
   m = config.model
   cls, norm = arch.cls, arch.norm
   act = activations.get(m.activation)
@@ -59,6 +60,9 @@ def _check_architecture(config, arch: Architecture, doing: str) -> None:
   if m.norm != norm:
     raise UserError(f"{doing}: {cls} is {norm}-LN and this model is model.norm={m.norm!r}; "
                     f"train with model.norm={norm!r}")
+  if m.get("qk_norm", False):
+    raise UserError(f"{doing}: model.qk_norm=True normalises queries and keys, which {cls} "
+                    "cannot express; train with model.qk_norm=False")
 
 
 # --- Export -------------------------------------------------------------------------------------

@@ -11,6 +11,11 @@ batch 32 × 128 tokens. `xent_sum` computes the same sum in chunks of positions 
   `w·(softmax − onehot)` while the chunk's logits are still in cache and multiplies it straight
   into dh (= g·E) and dE (+= gᵀ·h). The backward pass only scales both by the incoming cotangent.
 
+With a z-loss coefficient (`optim.z_loss`), the sum gains z_loss · logZ² per position (logZ the
+log-sum-exp it computes anyway) and the softmax gradient the factor (1 + 2·z_loss·logZ); on
+request it also sums logZ itself (the output-logit scale a log step records). Both stay scalars
+per chunk: still nothing of size B·L·V.
+
 So the head costs its three matmuls and nothing of size B·L·V ever reaches memory. Chunks run
 along the sequence axis, so a batch sharded over devices (data parallelism) stays sharded.
 Arithmetic is the plain path's: logits and softmax statistics in float32 (also when h is
@@ -49,9 +54,15 @@ def chunk_length(batch: int, length: int, vocab: int, budget: int | None = None)
   return best
 
 
-def xent_sum(h_BLD, embedding_VD, targets_BL, weights_BL=None, *, chunk: int | None = None):
-  """Σ_b,l w_bl · (logsumexp(h_bl·Eᵀ) − h_bl·E_{t_bl}): the summed next-token cross-entropy
-  of an LM head tied to `embedding_VD` (float32 parameters; cast to h's dtype for the matmuls).
+def xent_sum(h_BLD, embedding_VD, targets_BL, weights_BL=None, *, chunk: int | None = None,
+             z_loss: float = 0.0, logz: bool = False) -> dict:
+  """The sums of an LM head tied to `embedding_VD` (float32 parameters; cast to h's dtype for
+  the matmuls), with logZ_bl = logsumexp(h_bl·Eᵀ) and w the position weights:
+
+  - `loss_sum` = Σ_b,l w_bl · (logZ_bl − h_bl·E_{t_bl} + z_loss · logZ_bl²): the summed
+    next-token cross-entropy, plus PaLM's z-loss when `z_loss` > 0; the one differentiated sum;
+  - `z_loss_sum` = z_loss · Σ w·logZ² (only when `z_loss` > 0): the z-loss part of `loss_sum`;
+  - `logz_sum` = Σ w·logZ (only with `logz`): the output logits' scale.
 
   `weights_BL` (optional, not differentiated) weighs each position (0 drops it). `chunk` is the
   number of positions per chunk (a divisor of L); default from `chunk_length`.
@@ -63,7 +74,9 @@ def xent_sum(h_BLD, embedding_VD, targets_BL, weights_BL=None, *, chunk: int | N
     raise ValueError(f"chunk={chunk} does not divide the sequence length {L}")
   if weights_BL is None:
     weights_BL = jnp.ones((B, L), jnp.float32)
-  return _xent(h_BLD, embedding_VD, targets_BL, weights_BL.astype(jnp.float32), chunk)
+  sums = _xent(h_BLD, embedding_VD, targets_BL, weights_BL.astype(jnp.float32), chunk,
+               float(z_loss), logz)
+  return {k: v if k == "loss_sum" else jax.lax.stop_gradient(v) for k, v in sums.items()}
 
 
 def _split(x, chunk):
@@ -77,51 +90,74 @@ def _merge(x):
   return jnp.swapaxes(x, 0, 1).reshape(B, n * c, *x.shape[3:])
 
 
-def _chunk_stats(h, E, t, w):
-  """exp(logits − max) (f32) of one chunk, its row sums [B, Lc, 1] and the weighted loss sum.
-  (Keeping exp(·) for the gradient measured faster than recomputing it from the logits.)"""
+def _chunk_stats(h, E, t, w, z_loss, logz):
+  """exp(logits − max) (f32) of one chunk, its row sums and logZ ([B, Lc, 1] each) and the
+  chunk's `xent_sum` sums. (Keeping exp(·) for the gradient measured faster than recomputing it from
+  the logits.)"""
   logits = jnp.einsum("bld,vd->blv", h, E.astype(h.dtype), preferred_element_type=jnp.float32)
   m = jax.lax.stop_gradient(logits.max(-1, keepdims=True))
   p = jnp.exp(logits - m)
   s = p.sum(-1, keepdims=True)
   target = jnp.take_along_axis(logits, t[..., None], axis=-1)
-  return p, s, (w * (jnp.log(s) + m - target)[..., 0]).sum()
+  logz_BL1 = jnp.log(s) + m
+  sums = {"loss_sum": (w * (logz_BL1 - target)[..., 0]).sum()}
+  if z_loss:
+    sums["z_loss_sum"] = z_loss * (w * jnp.square(logz_BL1[..., 0])).sum()
+    sums["loss_sum"] = sums["loss_sum"] + sums["z_loss_sum"]
+  if logz:
+    sums["logz_sum"] = (w * logz_BL1[..., 0]).sum()
+  return p, s, logz_BL1, sums
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _xent(h, E, t, w, chunk):
+def _zeros(z_loss, logz) -> dict:
+  """The running sums of `_chunk_stats`, at zero."""
+  keys = ["loss_sum"] + ["z_loss_sum"] * bool(z_loss) + ["logz_sum"] * logz
+  return {k: jnp.zeros((), jnp.float32) for k in keys}
+
+
+def _add(a: dict, b: dict) -> dict:
+  return {k: a[k] + b[k] for k in a}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _xent(h, E, t, w, chunk, z_loss, logz):
   def body(total, xs):
     hc, tc, wc = xs
-    return total + _chunk_stats(hc, E, tc, wc)[2], None
-  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),
+    return _add(total, _chunk_stats(hc, E, tc, wc, z_loss, logz)[3]), None
+  total, _ = jax.lax.scan(body, _zeros(z_loss, logz),
                           (_split(h, chunk), _split(t, chunk), _split(w, chunk)))
   return total
 
 
-def _xent_fwd(h, E, t, w, chunk):
+def _xent_fwd(h, E, t, w, chunk, z_loss, logz):
   V = E.shape[0]
   Ec = E.astype(h.dtype)
 
   def body(carry, xs):
     total, dEt = carry
     hc, tc, wc = xs
-    p, s, loss = _chunk_stats(hc, E, tc, wc)
+    p, s, logz_BL1, sums = _chunk_stats(hc, E, tc, wc, z_loss, logz)
     onehot = jnp.arange(V, dtype=tc.dtype) == tc[..., None]
-    g = (wc[..., None] * (p / s - onehot)).astype(h.dtype)          # d loss / d logits
+    w_BL1, softmax = wc[..., None], p / s
+    if z_loss:  # d(z_loss · logZ²)/d logits = 2 · z_loss · logZ · softmax
+      softmax = softmax * (1 + 2 * z_loss * logz_BL1)
+    g = (w_BL1 * (softmax - onehot)).astype(h.dtype)                  # d loss_sum / d logits
     dh = jnp.einsum("blv,vd->bld", g, Ec, preferred_element_type=jnp.float32)
     # dEᵀ (D × V), not dE: g stays in its [tokens, V] layout (hᵀ is the small operand to
     # transpose); one transpose of the sum at the end instead of one of g per chunk (-4% time).
     dEt = dEt + jnp.einsum("bld,blv->dv", hc, g, preferred_element_type=jnp.float32)
-    return (total + loss, dEt), dh.astype(h.dtype)
+    return (_add(total, sums), dEt), dh.astype(h.dtype)
 
   (total, dEt), dh = jax.lax.scan(
-      body, (jnp.zeros((), jnp.float32), jnp.zeros(E.shape[::-1], jnp.float32)),
+      body, (_zeros(z_loss, logz), jnp.zeros(E.shape[::-1], jnp.float32)),
       (_split(h, chunk), _split(t, chunk), _split(w, chunk)))
   return total, (_merge(dh), dEt.T.astype(E.dtype), t, w)
 
 
-def _xent_bwd(chunk, residuals, g):
+def _xent_bwd(chunk, z_loss, logz, residuals, g):
+  """Only `loss_sum` is differentiated (`xent_sum` stops the gradient of the other sums)."""
   dh, dE, t, w = residuals
+  g = g["loss_sum"]
   return ((g * dh).astype(dh.dtype), (g * dE).astype(dE.dtype),
           np.zeros(t.shape, jax.dtypes.float0), jnp.zeros_like(w))
 

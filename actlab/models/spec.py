@@ -24,6 +24,7 @@ class Spec:
   norm: str = "pre"             # "pre" (GPT-2: x + f(LN(x))) or "post" (BERT: LN(x + f(x)))
   norm_eps: float = 1e-5
   gated_match_params: bool = True
+  qk_norm: bool = False         # LayerNorm of queries and keys over the head dim before q·k
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "Spec":

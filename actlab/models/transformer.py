@@ -150,7 +150,10 @@ class HeadsDense(nn.Module):
 
 class Attention(nn.Module):
   """Multi-head self-attention: query, key, value and out projections of [D, D] (BERT/GPT-2),
-  heads-major (B, H, L, K) in between; with `decode`, a key/value cache."""
+  heads-major (B, H, L, K) in between; with `decode`, a key/value cache. With `spec.qk_norm`,
+  queries and keys pass a LayerNorm over the head dim K (`query_norm`, `key_norm`: one scale and
+  bias of [K] each, shared by the heads) before q·k (qk-layernorm: Dehghani et al. 2023,
+  Wortsman et al. 2023)."""
   spec: Spec
   causal: bool
   execution: Execution = Execution()
@@ -161,6 +164,9 @@ class Attention(nn.Module):
     s, ex = self.spec, self.execution
     q_BHLK, k_BHLK, v_BHLK = (HeadsDense(s, ex, split=True, name=name)(x_BLD)
                               for name in ("query", "key", "value"))
+    if s.qk_norm:
+      q_BHLK = layer_norm(s, ex, "query_norm")(q_BHLK)
+      k_BHLK = layer_norm(s, ex, "key_norm")(k_BHLK)
     mask = None if mask_BL is None else mask_BL[:, None, None, :]
     causal = self.causal
     if decode:
@@ -290,16 +296,43 @@ def apply(model: nn.Module, params, *args, stats: bool = False, **kwargs):
   return out, state["stats"]
 
 
-# --- The decoder's loss -------------------------------------------------------------------------
+# --- Losses ------------------------------------------------------------------------------------
+
+
+def logit_sums(logits_NV, weights_N=None, *, z_loss: float = 0.0, logz: bool = False) -> dict:
+  """What the losses add to the cross-entropy from the output logits' logZ = logsumexp (nats),
+  summed over the predicted positions with weights w (default 1): `z_loss_sum` = z_loss · Σ
+  w·logZ² (PaLM's z-loss, when `z_loss` > 0) and, with `logz`, `logz_sum` = Σ w·logZ (not
+  differentiated). `logits_NV` and `weights_N` share their leading axes. The fused head computes
+  the same (kernels.xent_sum)."""
+  out = {}
+  if z_loss or logz:
+    logz_N = jax.nn.logsumexp(logits_NV, axis=-1)
+    weights_N = jnp.ones(logz_N.shape) if weights_N is None else weights_N
+  if z_loss:
+    out["z_loss_sum"] = z_loss * jnp.sum(weights_N * jnp.square(logz_N))
+  if logz:
+    out["logz_sum"] = jax.lax.stop_gradient(jnp.sum(weights_N * logz_N))
+  return out
+
+
+def with_logit_sums(out: dict, sums: dict, sown) -> dict:
+  """A loss's `out` with `logit_sums` (the z-loss term added to `loss_sum`) and what was sown."""
+  if "z_loss_sum" in sums:
+    out = {**out, "loss_sum": out["loss_sum"] + sums["z_loss_sum"]}
+  out = {**out, **sums}
+  return out if sown is None else {**out, "sown": sown}
 
 
 def next_token_loss(model: Decoder, params, batch_BL1, rng, train: bool,
-                    stats: bool = False) -> dict:
+                    stats: bool = False, *, z_loss: float = 0.0) -> dict:
   """Next-token cross-entropy (nats), summed over every position of windows of L+1 tokens: the
-  model reads tokens 0…L−1 and predicts 1…L (with `stats`, also what the blocks sowed)."""
+  model reads tokens 0…L−1 and predicts 1…L. In training `loss_sum` adds the z-loss
+  (`logit_sums`; `z_loss_sum` its part); with `stats`, the output also has what the blocks sowed
+  and `logz_sum`."""
   inputs_BL, targets_BL = batch_BL1[:, :-1], batch_BL1[:, 1:]
   logits_BLV, sown = apply(model, params, inputs_BL, train=train, rngs={"dropout": rng},
                            stats=stats)
   losses_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
-  out = {"loss_sum": losses_BL.sum(), "count": losses_BL.size}
-  return out if sown is None else {**out, "sown": sown}
+  sums = logit_sums(logits_BLV, z_loss=z_loss if train else 0.0, logz=stats)
+  return with_logit_sums({"loss_sum": losses_BL.sum(), "count": losses_BL.size}, sums, sown)

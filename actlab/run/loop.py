@@ -247,8 +247,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
         lane.train_time += elapsed
         # Each run's rate as it experiences it: its tokens over the loop's wall time.
         lane.rates.append(len(fetched) * tokens_per_step / elapsed)
-        row = {"step": lane.diverged_at or done, **{k: float(v) for k, v in rows[-1].items()},
-               "train_loss": float(np.mean([x["train_loss"] for x in rows])),
+        row = {"step": lane.diverged_at or done, **metrics_lib.interval(rows),
                "tokens_per_sec": lane.rates[-1]}
         if evaluate_now and lane.diverged_at is None:
           row.update(evals[r])

@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from actlab import tasks
 from actlab.errors import UserError
 from actlab.measure import evaluators as evaluators_lib
+from actlab.measure import metrics as metrics_lib
 from actlab.run import optim, parallel, workdir
 
 
@@ -69,16 +70,18 @@ class Steps:
   def train_step(self, state: TrainState, batch,
                  diagnostics: bool = True) -> tuple[TrainState, dict]:
     """One optimizer step; pure, so it runs under `jax.jit` with the state donated. Every step
-    measures its loss, learning rate and gradient norm (the clipping's, computed once); with
+    measures its loss (the cross-entropy: the z-loss, when on, is minimised too but logged
+    apart as `z_loss`), learning rate and gradient norm (the clipping's, computed once); with
     `diagnostics` (static: the loop's log steps) also the update and parameter norms, which
-    cost a reduction per array and are logged only there."""
+    cost a reduction per array, and the training forward's stability measures (its largest
+    attention logit and mean logZ: `metrics.stability`), all logged only there."""
     key = jax.random.fold_in(state.rng, state.step)
 
     def loss_fn(params):
-      out = self.objective(self.model, params, batch, key, train=True)
+      out = self.objective(self.model, params, batch, key, train=True, stats=diagnostics)
       return out["loss_sum"] / out["count"], out
 
-    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (loss, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {
@@ -87,8 +90,12 @@ class Steps:
                                   state.opt_state, state.step),
         "grad_norm": optax.tree.norm(grads),
     }
+    if "z_loss_sum" in out:
+      metrics.update(train_loss=(out["loss_sum"] - out["z_loss_sum"]) / out["count"],
+                     z_loss=out["z_loss_sum"] / out["count"])
     if diagnostics:
-      metrics.update(update_norm=optax.tree.norm(updates), param_norm=optax.tree.norm(params))
+      metrics.update(update_norm=optax.tree.norm(updates), param_norm=optax.tree.norm(params),
+                     **metrics_lib.stability(out))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 

@@ -252,7 +252,8 @@ def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
 
 # Fields a config gained after runs were written with it: a config.json without one had this value.
 ADDED_FIELDS = {("train", "init_from"): "",  # decoders since 0.1.0 (encoders always had it)
-                ("data", "test_batches"): 0}
+                ("data", "test_batches"): 0, ("model", "qk_norm"): False,
+                ("optim", "z_loss"): 0.0}
 
 
 def identity_diffs(old: dict, new: dict) -> list[str]:

@@ -13,7 +13,9 @@ A task module defines:
 - `model(config, vocab_size) -> nn.Module`;
 - `objective(config, vocab_size) -> (model, params, batch, rng, train, stats=False) ->
   {"loss_sum", "count"}` (sums, so that evaluation pools exactly over batches; `"correct"` too
-  where accuracy applies; with `stats`, `"sown"`: the statistics of `models.apply`);
+  where accuracy applies; with `stats`, `"sown"`: the statistics of `models.apply`, and
+  `"logz_sum"`; in training with `optim.z_loss` > 0, `loss_sum` includes the z-loss and
+  `"z_loss_sum"` is that part: `models.logit_sums`);
 - `dataset(config)`: training batches `train_batch(step)` and fixed `val_batches()`;
 - `random_batch(config, vocab_size, seed)`: a batch of the right form for benchmarks;
 - `chance_loss(config, vocab_size)`: the loss of predicting uniformly (ln of the outputs);

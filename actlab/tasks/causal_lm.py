@@ -1,6 +1,7 @@
 """Causal language modelling with the decoder: next-token cross-entropy over windows of L+1
 tokens (`models.next_token_loss`, beside the model), or its fused variant (`fused_loss`)."""
 
+import functools
 import math
 
 import numpy as np
@@ -18,19 +19,23 @@ def model(config, vocab_size: int):
   return models.Decoder(models.Spec.from_config(m, vocab_size), models.Execution.from_config(m))
 
 
-def fused_loss(model, params, batch_BL1, rng, train: bool, stats: bool = False) -> dict:
+def fused_loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
+               z_loss: float = 0.0) -> dict:
   """`models.next_token_loss` without the [B, L, V] logits in memory: the tied head and the
-  cross-entropy in chunks of positions (actlab.models.kernels; equal in tests/test_kernels.py)."""
+  cross-entropy (and z-loss, logZ) in chunks of positions (actlab.models.kernels; equal in
+  tests/test_kernels.py)."""
   inputs_BL, targets_BL = batch_BL1[:, :-1], batch_BL1[:, 1:]
   h_BLD, sown = models.apply(model, params, inputs_BL, train=train, rngs={"dropout": rng},
                              stats=stats, method="hidden")
-  out = {"loss_sum": kernels.xent_sum(h_BLD, params["wte"]["embedding"], targets_BL),
-         "count": targets_BL.size}
+  sums = kernels.xent_sum(h_BLD, params["wte"]["embedding"], targets_BL,
+                          z_loss=z_loss if train else 0.0, logz=stats)
+  out = {**sums, "count": targets_BL.size}
   return out if sown is None else {**out, "sown": sown}
 
 
 def objective(config, vocab_size: int):
-  return fused_loss if config.model.loss_impl == "fused" else models.next_token_loss
+  loss = fused_loss if config.model.loss_impl == "fused" else models.next_token_loss
+  return functools.partial(loss, z_loss=config.optim.get("z_loss", 0.0))
 
 
 def dataset(config):

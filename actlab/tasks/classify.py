@@ -26,9 +26,10 @@ def model(config, vocab_size: int):
 
 
 def loss(model, params, batch, rng, train: bool, stats: bool = False, *,
-         specials: Specials) -> dict:
+         specials: Specials, z_loss: float = 0.0) -> dict:
   """Sequence-classification cross-entropy and accuracy; `batch` holds `tokens` [B, L]
-  (`[CLS] text [SEP] [PAD]…`) and `labels` [B] (−1: a padding row, ignored)."""
+  (`[CLS] text [SEP] [PAD]…`) and `labels` [B] (−1: a padding row, ignored). In training with
+  the z-loss of the class logits, and with `stats` `logz_sum` (`models.logit_sums`)."""
   tokens_BL, labels_B = batch["tokens"], batch["labels"]
   logits_BC, sown = models.apply(model, params, tokens_BL, tokens_BL != specials.pad,
                                  train=train, rngs={"dropout": rng}, stats=stats)
@@ -36,11 +37,13 @@ def loss(model, params, batch, rng, train: bool, stats: bool = False, *,
   losses_B = optax.softmax_cross_entropy_with_integer_labels(logits_BC, jnp.maximum(labels_B, 0))
   out = {"loss_sum": jnp.sum(losses_B * valid_B), "count": valid_B.sum(),
          "correct": jnp.sum((logits_BC.argmax(-1) == labels_B) & valid_B)}
-  return out if sown is None else {**out, "sown": sown}
+  sums = models.logit_sums(logits_BC, valid_B, z_loss=z_loss if train else 0.0, logz=stats)
+  return models.with_logit_sums(out, sums, sown)
 
 
 def objective(config, vocab_size: int):
-  return functools.partial(loss, specials=specials_of(config))
+  return functools.partial(loss, specials=specials_of(config),
+                           z_loss=config.optim.get("z_loss", 0.0))
 
 
 def dataset(config):

@@ -105,9 +105,10 @@ def masked_batch(rng, batch_BL1, specials: Specials, vocab_size: int, prob: floa
 
 def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
          specials: Specials, vocab_size: int, prob: float = 0.15, mask_frac: float = 0.8,
-         random_frac: float = 0.1) -> dict:
-  """MLM cross-entropy (nats) and accuracy over the selected positions only, and apart over
-  those whose input is [MASK] (`mask_*`: where the visible token cannot be copied).
+         random_frac: float = 0.1, z_loss: float = 0.0) -> dict:
+  """MLM cross-entropy (nats) and accuracy over the selected positions only (in training with
+  the z-loss, and with `stats` `logz_sum`: `models.logit_sums`), and apart over those whose
+  input is [MASK] (`mask_*`: where the visible token cannot be copied).
 
   The mask comes from `rng` (the step's key in training, a fixed key in evaluation, so
   `val_loss` uses the same mask at every evaluation); dropout gets an independent key.
@@ -123,14 +124,15 @@ def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
   out = {"loss_sum": jnp.sum(losses_BP * weights_BP), "count": weights_BP.sum(),
          "correct": correct_BP.sum(), "mask_loss_sum": jnp.sum(losses_BP * masked_BP),
          "mask_count": masked_BP.sum(), "mask_correct": (correct_BP & masked_BP).sum()}
-  return out if sown is None else {**out, "sown": sown}
+  sums = models.logit_sums(logits_BPV, weights_BP, z_loss=z_loss if train else 0.0, logz=stats)
+  return models.with_logit_sums(out, sums, sown)
 
 
 def objective(config, vocab_size: int):
   d = config.data
   return functools.partial(loss, specials=specials_of(config), vocab_size=vocab_size,
                            prob=d.mlm_prob, mask_frac=d.mlm_mask_frac,
-                           random_frac=d.mlm_random_frac)
+                           random_frac=d.mlm_random_frac, z_loss=config.optim.get("z_loss", 0.0))
 
 
 def dataset(config):
