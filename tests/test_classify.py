@@ -148,6 +148,9 @@ def test_mlm_loss_falls_on_the_embedded_corpus(pretrained):
               "act_zero_frac/layer_1"):
     assert key in evals[-1], key
   assert json.loads((workdir / "config.json").read_text())["model"]["kind"] == "encoder"
+  # Scored apart at [MASK] inputs; the "learned" bar is the context-free copy predictor's.
+  assert 0 < evals[-1]["val_mask_accuracy"] and evals[-1]["val_mask_loss"] > 0
+  assert summary["copy_loss"] < summary["unigram_loss"]
 
 
 @pytest.mark.slow

@@ -287,3 +287,30 @@ def test_best_lr_is_chosen_on_the_selection_seeds_and_tested_on_the_others():
                              stats.holm([c.paired.p for c in per_lr + best]))
   one_seed = {**manifest, "seeds": [0]}                                 # nothing left to choose on
   assert stats.family(one_seed, runs, "gelu")[1] == []
+
+
+def test_an_encoders_bar_is_the_copy_predictors_loss():
+  """An MLM run between the copy predictor's loss and the unigram's did not use context."""
+  run = lambda final: stats.Run("r", {}, "done", {"status": "stable", "final_val_loss": final,
+                                                   "unigram_loss": 5.7, "copy_loss": 5.3})
+  assert run(5.4).learned is False and not run(5.4).stable
+  assert run(5.2).learned is True and run(5.2).stable
+
+
+def test_with_held_out_test_windows_every_seed_chooses_on_val_and_compares_on_test():
+  """Runs that scored data.test_batches: the LR is chosen on final_val_loss over all seeds and
+  the best-LR comparison is of final_test_loss, over all seeds too."""
+  final = {("relu", 1e-4): 2.6, ("relu", 1e-3): 2.0, ("relu", 1e-2): 2.3,
+           ("gelu", 1e-4): 2.9, ("gelu", 1e-3): 2.5, ("gelu", 1e-2): 2.2}
+  runs = [_run(a, lr, s, final=final[a, lr] + 0.01 * s)
+          for a in ["relu", "gelu"] for lr in LRS for s in SEEDS]
+  for r in runs:
+    r.summary["final_test_loss"] = r.summary["final_val_loss"] + 0.1 * (r.overrides["train.seed"]
+                                                                         + (r.name[0] == "r"))
+  manifest = _manifest(["relu", "gelu"])
+  assert stats.selection(manifest, runs) == (SEEDS, SEEDS, "final_test_loss")
+  (best,) = stats.family(manifest, runs, "gelu")[1]
+  assert (best.lr_a, best.lr_b, best.paired.n) == (1e-3, 1e-2, 3)
+  assert best.paired.mean == pytest.approx((2.0 + 0.1) - 2.2)  # test losses, not val
+  del runs[0].summary["final_test_loss"]                         # one run without: seed split
+  assert stats.selection(manifest, runs) == (*stats.selection_split(SEEDS), "final_val_loss")

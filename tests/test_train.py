@@ -169,7 +169,7 @@ def test_step_keys_differ_per_step_and_seed():
 
 @pytest.mark.slow
 def test_run_writes_workdir_contract(tmp_path):
-  c = tiny()
+  c = tiny(**{"data.test_batches": 1})
   c.train.steps = 30
   c.train.eval_every = 30
   summary = train.run(c, tmp_path)
@@ -189,6 +189,15 @@ def test_run_writes_workdir_contract(tmp_path):
   assert saved["unigram_loss"] < rows[0]["val_loss"]  # below ln(V): frequencies are learnable
   assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
                 if p.name.isdigit()) == [25, 30]
+  # The held-out test windows are scored once, at the end, by the same loss.
+  assert ["test_loss" in r for r in rows] == [False, False, False, True]
+  assert saved["final_test_loss"] == rows[-1]["test_loss"]
+  _, _, task, params, _ = train.load_run(tmp_path)
+  outs = [task.objective(task.model, params, jnp.asarray(b), jax.random.PRNGKey(data.VAL_SEED),
+                         train=False) for b in data.load(c).val_batches(test=True)]
+  direct = sum(float(o["loss_sum"]) for o in outs) / sum(float(o["count"]) for o in outs)
+  assert saved["final_test_loss"] == pytest.approx(direct, rel=1e-5)
+  assert saved["final_test_loss"] != saved["final_val_loss"]
 
 
 @pytest.mark.slow

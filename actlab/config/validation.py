@@ -121,6 +121,9 @@ def _check_task(config: ml_collections.ConfigDict) -> None:
   else:
     _check_encoder(config)
     check(m.task in ("mlm", "classify"), f"model.task={m.task!r}: choose 'mlm' or 'classify'")
+    check(m.task != "classify" or not config.data.test_batches,
+          "data.test_batches: classification scores the labelled validation split whole; "
+          "set data.test_batches=0")
 
 
 ENCODER_FIELDS = ("model.task", "model.pooler_activation", "model.type_vocab_size",

@@ -263,7 +263,9 @@ class Run:
 
   @property
   def learned(self) -> bool | None:
-    return learned(self.value("final_val_loss"), self.summary.get("unigram_loss"))
+    # The MLM's bar is the context-free copy predictor's loss, below the unigram's.
+    bar = self.summary.get("copy_loss", self.summary.get("unigram_loss"))
+    return learned(self.value("final_val_loss"), bar)
 
   @property
   def stable(self) -> bool:
@@ -347,6 +349,17 @@ def selection_split(seeds: Sequence) -> tuple[list, list]:
   return list(seeds[:half]), list(seeds[half:])
 
 
+def selection(manifest: Mapping, runs: Sequence[Run]) -> tuple[list, list, str]:
+  """(the seeds that choose each activation's LR, the seeds that test it, the loss tested): when
+  every finished run scored held-out test windows (`data.test_batches`), every seed chooses on
+  `final_val_loss` and the comparison is of `final_test_loss`; else the seeds are split
+  (`selection_split`) and `final_val_loss` does both."""
+  done = [r for r in runs if r.state == "done"]
+  if done and all("final_test_loss" in r.summary for r in done):
+    return list(manifest["seeds"]), list(manifest["seeds"]), "final_test_loss"
+  return (*selection_split(manifest["seeds"]), "final_val_loss")
+
+
 def best_lr_keys(manifest: Mapping) -> list[str]:
   """The axes a best-LR comparison is at: all but the activation, the LR and the seed."""
   axis = activation_axis(manifest)
@@ -376,8 +389,9 @@ def family(manifest: Mapping, runs: Sequence[Run], baseline
   - per LR: at every LR and combination of the other axes (`pivot` over the activation), over
     all seeds;
   - at each one's best LR (an LR axis of ≥ 2 values and ≥ 2 seeds): A and B each at the LR
-    `chosen_lrs` picks on the first half of the seeds, compared on the other half
-    (`selection_split`), so the LR is not chosen on the numbers that test it.
+    `chosen_lrs` picks on the validation loss, compared on the held-out test loss, or without
+    one on the other half of the seeds (`selection`), so the LR is not chosen on the numbers
+    that test it.
 
   Holm (`holm`) adjusts the two-sided p-values over all of them, and separately the TOST
   p-values when the manifest has an `equivalence_margin`; `verdict` at ALPHA."""
@@ -390,13 +404,13 @@ def family(manifest: Mapping, runs: Sequence[Run], baseline
     for a, b in pairs:
       raw.append((True, key, a, b, None, None,
                   _paired_by_seed(at(a), at(b), manifest["seeds"], margin)))
-  select, test = selection_split(manifest["seeds"])
+  select, test, tested = selection(manifest, runs)
   if pairs and len(manifest["axes"].get(LR_KEY, [])) > 1 and select:
     lrs, cells = chosen_lrs(manifest, runs, select), pivot(manifest, runs, LR_KEY)
     i = other_axes(manifest).index(axis)
     by_rest: dict[tuple, dict] = {}
     for key, lr in lrs.items():
-      loss = {s: cells[key][lr, s].value("final_val_loss") if (lr, s) in cells[key] else None
+      loss = {s: cells[key][lr, s].value(tested) if (lr, s) in cells[key] else None
               for s in test} if lr is not None else {}
       by_rest.setdefault(key[:i] + key[i + 1:], {})[key[i]] = (lr, loss)
     for rest, acts in by_rest.items():

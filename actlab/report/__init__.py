@@ -139,7 +139,7 @@ def comparison_table(manifest, comparisons: Sequence[stats.Comparison], keys: Se
                  *(["TOST p (Holm)"] if margin else []), "verdict", "MDD"], rows)
 
 
-def comparison_texts(manifest, per_lr, best) -> tuple[str, str]:
+def comparison_texts(manifest, runs, per_lr, best) -> tuple[str, str]:
   """The rules above the per-LR and the best-LR comparison tables."""
   margin = manifest.get("equivalence_margin")
   k = sum(finite(c.p_holm) for c in [*per_lr, *best])
@@ -163,15 +163,17 @@ def comparison_texts(manifest, per_lr, best) -> tuple[str, str]:
       + equiv + "else **not resolved** (always when n < 2)." + no_margin + " MDD, when not "
       "resolved: the smallest difference these seeds resolve with 80% power at two-sided "
       "α = 0.05 without adjustment, (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁)·sd/√n (docs/metrics.md §9).")
-  select, test = stats.selection_split(manifest["seeds"])
+  select, test, tested = stats.selection(manifest, runs)
+  seeds = lambda xs: f"seed(s) {', '.join(map(str, xs))}"
   best_text = (
-      f"A and B each at its own best LR, chosen on seed(s) {', '.join(map(str, select))} (the "
-      "lowest mean final val loss among the LRs where each of them finished with a value) and "
-      f"compared on seed(s) {', '.join(map(str, test))}, paired by seed, with the same columns, "
-      "family and rules as *Paired comparisons*. The runs record no held-out loss to choose "
-      "on (`best_val_loss` is measured on the same validation windows as `final_val_loss`), so "
-      "the seeds are split: choosing the LR on the numbers that then test it would favour "
-      "whichever activation's noise happened to be lowest.")
+      "A and B each at its own best LR (the lowest mean final val loss among the LRs where each "
+      "chosen seed finished with a value), paired by seed, with the same columns, family and "
+      "rules as *Paired comparisons*, the LR never chosen on the numbers that then test it: "
+      + ("chosen on the validation windows of every seed and compared on the held-out test "
+         "windows' final loss (`final_test_loss`, data.test_batches)." if tested != "final_val_loss"
+         else f"chosen on {seeds(select)} and compared on {seeds(test)}: the runs record no "
+         "held-out test loss (data.test_batches), so the seeds are split; choosing the LR on the "
+         "numbers that test it would favour whichever activation's noise happened to be lowest."))
   return per_lr_text, best_text
 
 
@@ -231,7 +233,7 @@ def write(roots, baseline: str | None = None, out=None) -> pathlib.Path:
   out.mkdir(parents=True, exist_ok=True)
   base = pick_baseline(manifest, baseline)
   per_lr, best = stats.family(manifest, runs, base)
-  per_lr_text, best_text = comparison_texts(manifest, per_lr, best)
+  per_lr_text, best_text = comparison_texts(manifest, runs, per_lr, best)
   axis = stats.activation_axis(manifest)
   keys_per_lr = [k for k in stats.group_keys(manifest) if k != axis]
   best_missing = ("*Not shown: with one seed there is none left to choose the LR on apart from "

@@ -21,6 +21,7 @@ import tqdm
 
 from actlab import models, tasks
 from actlab.errors import UserError
+from actlab.measure import evaluators
 from actlab.measure import metrics as metrics_lib
 from actlab.measure.histogram import Histogram
 from actlab.run import metrics_log, provenance, steps, tracking
@@ -122,6 +123,7 @@ class Lane:
     verdict = metrics_lib.verdict_for(self.log.rows, self.config,
                                       task.chance_loss(self.config, vocab_size))
     unigram = task.unigram_loss(self.config, self.dataset)
+    copy = task.copy_loss(self.config, self.dataset)
     steps = self.config.train.steps
     summary = metrics_lib.jsonable({
         "status": verdict["status"],
@@ -138,6 +140,7 @@ class Lane:
         "params_non_embedding": counts["non_embedding"],
         "vocab_size": vocab_size,
         **({"unigram_loss": unigram} if unigram is not None else {}),
+        **({"copy_loss": copy} if copy is not None else {}),
         **({"vectorized_runs": runs} if runs > 1 else {}),
     })
     summary["provenance"] = self.segments
@@ -163,6 +166,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
   plan = program.plan
   counts = models.count_params(program.run_part(state.params, 0))
   val_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches()]  # Placed once.
+  test_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches(test=True)]
   # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.
   sharpness_batch = (plan.shard_batch(dataclasses.replace(lanes[0].dataset, seed=0).train_batch(0))
                      if program.sharpness else None)
@@ -183,12 +187,19 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
   bar = tqdm.tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True,
                   disable=not t.progress or len(lanes) > 1)
 
-  def evaluate(params) -> list[dict]:
-    """Every lane's validation metrics, from one pass over the validation set."""
+  def evaluate(params, test: bool = False) -> list[dict]:
+    """Every lane's validation metrics, from one pass over the validation set; with `test`,
+    also its losses (and accuracies) on the held-out test windows, as `test_*`."""
     bar.set_description("evaluating")
     outs = jax.device_get([program.eval_step(params, b) for b in val_batches])
-    return [program.evaluators.pool([program.run_part(o, r) for o in outs])
-            for r in range(len(lanes))]
+    evals = [program.evaluators.pool([program.run_part(o, r) for o in outs])
+             for r in range(len(lanes))]
+    if test and test_batches:
+      outs = jax.device_get([program.eval_step(params, b) for b in test_batches])
+      for r, ev in enumerate(evals):
+        pooled = evaluators.Loss().pool([program.run_part(o, r)["loss"] for o in outs])
+        ev.update({"test_" + k.removeprefix("val_"): v for k, v in pooled.items()})
+    return evals
 
   def sharpness(params):
     bar.set_description("sharpness")
@@ -239,7 +250,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
         elif log_now:
           logged[r] = rows
       healthy = any(lanes[r].diverged_at is None for r in logged)
-      evals = evaluate(state.params) if evaluate_now and healthy else None
+      evals = evaluate(state.params, test=is_last) if evaluate_now and healthy else None
       sharp = sharpness(state.params) if sharpness_now and healthy else None
       bar.set_description("training", refresh=False)
       for r, rows in logged.items():

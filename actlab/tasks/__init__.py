@@ -22,6 +22,8 @@ A task module defines:
 - `head_matmul_params(config, vocab_size)`: the head's matrix entries per token (actlab.measure.flops);
 - `unigram_loss(config, dataset)`: the val loss of a unigram model of the training tokens, where it is
   comparable with the task's loss (else None): the report's "not learned" bar;
+- `copy_loss(config, dataset)`: where the input shows the token to predict (MLM), the loss of the
+  best predictor that uses nothing else (else None): then the "not learned" bar instead;
 - `CAUSAL`: it predicts the next token (`actlab.sample` continues text; the PyTorch reference
   of `actlab.bench` computes the same step);
 - `HF`: the transformers model it is (`models.hf_checkpoint.Architecture`), for `actlab.export`

@@ -58,6 +58,11 @@ def unigram_loss(config, dataset) -> float:
   return dataset.unigram_loss()
 
 
+def copy_loss(config, dataset) -> None:
+  """None: the decoder never sees the token it predicts, so it cannot copy it."""
+  return None
+
+
 def head_matmul_params(config, vocab_size: int) -> float:
   """The tied LM head, V·D at every position."""
   return models.pad_vocab(config.model.vocab_size or vocab_size) * config.model.d_model
