@@ -7,6 +7,14 @@ published setup: 6 layers, d_model 384, TinyStories, 5,000 steps).
 (0.94M parameters, BPE-4096) on TinyStories for 200 steps, relu, gelu × 6 peak LRs from too low
 to past where both break (3e-4 … 1e-1, half-decades) × 5 seeds, GELU the report's baseline.
 
+`:cpu_epoch`: the longest horizon the sample allows at this cost, and the stability question as
+Wortsman et al. (2023) ask it: the same model for one epoch of the sample (450 steps, warm-up 45,
+cosine to 10%), without gradient clipping (Adam largely undoes global-norm clipping), at peak LRs
+{3e-3 … 3e-1} up to where runs break, 3 seeds, with held-out test windows (the validation
+split's second half: the best-LR comparison chooses on validation and tests on them). Stated
+before running: the equivalence margin is 0.02 nats of final loss (about one seed sd of the
+200-step study), below which a difference between the activations would not change a choice.
+
 `:smoke`: the same question on the tiny `sizes.SIZES["mini"]` setup (embedded corpus, 150 steps,
 2 CPU cores, a few minutes). Its LRs {1e-4, 3e-3, 3e-2} span too low, near the best and too high
 for that tiny model; the reference LRs would all sit at or below its optimum.
@@ -15,6 +23,7 @@ for that tiny model; the reference LRs would all sit at or below its optimum.
 from actlab.config import sizes
 
 CPU_LRS = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+EPOCH_LRS = [3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
 
 
 def get_sweep(arg=None):
@@ -27,8 +36,17 @@ def get_sweep(arg=None):
                            "TinyStories, 200 steps)",
             "axes": {"model.activation": ["relu", "gelu"], "optim.lr": CPU_LRS},
             "seeds": [0, 1, 2, 3, 4], "fixed": sizes.SIZES["cpu"], "baseline": "gelu"}
+  if arg == "cpu_epoch":
+    return {"description": "ReLU vs GELU across learning rates to breaking, one epoch, no clipping "
+                           "(CPU study: 0.94M parameters, TinyStories sample)",
+            "axes": {"model.activation": ["relu", "gelu"], "optim.lr": EPOCH_LRS},
+            "seeds": [0, 1, 2], "baseline": "gelu", "equivalence_margin": 0.02,
+            "fixed": {**sizes.SIZES["cpu"], "train.steps": 450, "optim.warmup_steps": 45,
+                      "train.eval_every": 75, "train.checkpoint_every": 150,
+                      "optim.clip_norm": 0.0, "data.test_batches": 8}}
   if arg:
-    raise ValueError(f"relu_vs_gelu_lr: unknown variant {arg!r}; use ':smoke', ':cpu' or nothing")
+    raise ValueError(f"relu_vs_gelu_lr: unknown variant {arg!r}; use ':smoke', ':cpu', "
+                     "':cpu_epoch' or nothing")
   return {"description": "ReLU vs GELU across learning rates (docs/reference.md §2)",
           "axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-4, 1e-3, 3e-3]},
           "seeds": [0, 1, 2]}
