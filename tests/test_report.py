@@ -564,3 +564,24 @@ def test_cli_merges_several_sweeps_and_refuses_unmergeable_ones(tmp_path):
   out = cli(a, c, f"--out={tmp_path / 'no'}")
   assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
   assert out.stderr.startswith("error: cannot merge") and "model.d_model" in out.stderr
+
+
+def test_an_archive_holds_what_the_report_reads_and_reports_the_same(tmp_path):
+  """`--archive` copies sweep.json and each run's config, summary and log (no checkpoints):
+  the report written from the copy has the same tables as the one from the sweep."""
+  _fake_sweep(tmp_path / "sweep", np.random.default_rng(5), incomplete=(_name("gelu", 1e-3, 1),))
+  (tmp_path / "sweep" / _name("relu", 1e-4, 0) / "checkpoints").mkdir()
+  report.write([tmp_path / "sweep"])
+  out = subprocess.run([sys.executable, "-m", "actlab.report", str(tmp_path / "sweep"),
+                        f"--archive={tmp_path / 'results'}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  kept = sorted(str(p.relative_to(tmp_path / "results")) for p in (tmp_path / "results").rglob("*")
+                if p.is_file() and p.parent.name != "plots")
+  assert "sweep.json" in kept and not any("checkpoints" in k for k in kept)
+  assert sum(k.endswith("metrics.jsonl") for k in kept) == 18   # every run's log, unfinished too
+  body = lambda d: (d / "report.md").read_text().split("\n", 3)[3]  # after the "Written by" line
+  assert body(tmp_path / "results") == body(tmp_path / "sweep")
+  _fake_sweep(tmp_path / "other", np.random.default_rng(6), acts=("relu",))
+  with pytest.raises(UserError, match="holds the archive of another sweep"):
+    report.archive(tmp_path / "other", tmp_path / "results")

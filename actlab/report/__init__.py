@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import shutil
 from typing import Sequence
 
 from actlab.errors import UserError, reported
@@ -261,7 +262,7 @@ def write(roots, baseline: str | None = None, out=None) -> pathlib.Path:
        "Mean over the swept LRs of the final val loss minus the best one, a diverged run "
        "counting as the loss at initialisation (Wortsman et al. 2023); lower is more robust. "
        "Mean ± sd over seeds. The best LR here describes all seeds; it is not the one the "
-       "best-LR comparisons test (those choose on half of the seeds).",
+       "best-LR comparisons test (those choose it apart from the numbers they test).",
        sensitivity_table(manifest, runs)),
   ]
   lines = [f"# {manifest.get('description') or 'Sweep report'}", "",
@@ -284,6 +285,30 @@ def write(roots, baseline: str | None = None, out=None) -> pathlib.Path:
   return path
 
 
+ARCHIVED = ("config.json", "summary.json", "metrics.jsonl")  # what a report reads of a run
+
+
+def archive(root, out) -> pathlib.Path:
+  """Copies what a report reads of the sweep in `root` (its sweep.json; each cell's
+  `ARCHIVED` files, not its checkpoints, tokenizer or TensorBoard files) into `out`: per-run data
+  small enough to commit, from which `write(out)` makes the same report. Refuses an `out` that
+  holds another sweep."""
+  root, out = pathlib.Path(root), pathlib.Path(out)
+  manifest = workdir.read_json(root / "sweep.json")
+  if manifest is None:
+    raise UserError(f"{root} has no readable sweep.json: archive a sweep's --workdir")
+  held = workdir.read_json(out / "sweep.json")
+  if held is not None and held.get("cells") != manifest.get("cells"):
+    raise UserError(f"{out} holds the archive of another sweep; choose another --archive")
+  for cell in manifest["cells"]:
+    for name in ARCHIVED:
+      if (root / cell["name"] / name).is_file():
+        (out / cell["name"]).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / cell["name"] / name, out / cell["name"] / name)
+  workdir.write_json(out / "sweep.json", manifest)
+  return out
+
+
 def main(argv: Sequence[str]) -> int:
   parser = argparse.ArgumentParser(prog="python -m actlab.report", description="Sweep "
                                    "directories → report.md, runs.csv and plots/.")
@@ -293,8 +318,14 @@ def main(argv: Sequence[str]) -> int:
                       "required with several)")
   parser.add_argument("--baseline", help="the activation the others are compared against "
                       "(default: the manifest's `baseline`, else the grid's first activation)")
+  parser.add_argument("--archive", help="copy the sweep's per-run data (sweep.json; each run's "
+                      "config.json, summary.json, metrics.jsonl) here, and write the report "
+                      "from the copy (one sweep directory)")
   args = parser.parse_args(argv[1:])
   with reported():
-    path = write(args.workdirs, args.baseline, args.out)
+    if args.archive and len(args.workdirs) > 1:
+      raise UserError("--archive takes one sweep directory")
+    roots = [archive(args.workdirs[0], args.archive)] if args.archive else args.workdirs
+    path = write(roots, args.baseline, args.out)
   print(f"wrote {path}, {path.parent / 'runs.csv'} and {path.parent / 'plots'}/")
   return 0
