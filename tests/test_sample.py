@@ -66,22 +66,6 @@ def test_top_k_and_padding_are_respected():
   assert draws == {0, 1}
 
 
-@pytest.mark.slow
-def test_sample_cli(tmp_path):
-  c = tiny()
-  c.train.steps = 20
-  train.run(c, tmp_path)
-  result = subprocess.run(
-      [sys.executable, "-m", "actlab.sample", f"--workdir={tmp_path}", "--prompt=Once upon",
-       "--max_tokens=20", "--seed=3"], cwd=REPO, capture_output=True, text=True, timeout=180)
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.startswith("Once upon") and len(result.stdout) > len("Once upon")
-  bad = subprocess.run(
-      [sys.executable, "-m", "actlab.sample", f"--workdir={tmp_path}", "--max_tokens=500"],
-      cwd=REPO, capture_output=True, text=True, timeout=180)
-  assert bad.returncode == 2 and "--max_tokens must be between 1 and 31" in bad.stderr
-
-
 def saved_tokenizers(tmp_path):
   texts = lambda: list(synthetic.texts("train"))[:400]
   toks = [tokenizers.get("byte", directory=tmp_path),
@@ -112,8 +96,9 @@ def test_saved_tokenizer_gives_the_same_ids(tmp_path):
 
 @pytest.mark.slow
 def test_sampling_needs_only_the_run_directory(tmp_path):
-  """A run copied elsewhere samples with an empty data dir: its tokenizer is in tokenizer/. An
-  older run without that copy still samples when the data dir has its tokenizer."""
+  """The sampling CLI continues the prompt. A run copied elsewhere samples with an empty data dir:
+  its tokenizer is in tokenizer/. An older run without that copy still samples when the data dir
+  has its tokenizer. (The CLI's refusals: tests/test_user_errors.py.)"""
   c = tiny(**{"data.tokenizer": "bpe:300", "train.steps": 10})
   train.run(c, tmp_path / "run")
   shutil.copytree(tmp_path / "run", tmp_path / "copy")
@@ -125,7 +110,7 @@ def test_sampling_needs_only_the_run_directory(tmp_path):
              "--prompt=Once upon", "--max_tokens=10"]
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180, env=env)
   assert result.returncode == 0, result.stderr
-  assert result.stdout.startswith("Once upon")
+  assert result.stdout.startswith("Once upon") and len(result.stdout) > len("Once upon")
   assert list(empty.iterdir()) == []
   shutil.rmtree(workdir_lib.RunDir.open(tmp_path / "copy").tokenizer)  # An older run: the data dir's.
   old = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)

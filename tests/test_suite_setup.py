@@ -69,3 +69,10 @@ def test_subprocesses_about_xla_cpu_run_on_the_cpu():
     assert env["JAX_PLATFORMS"] == "cpu" and env["CUDA_VISIBLE_DEVICES"] == ""
     assert not set(FAST_COMPILE) & set(env["XLA_FLAGS"].split())
   assert "--xla_force_host_platform_device_count=4" in four_device_env()["XLA_FLAGS"].split()
+
+
+def test_the_longest_files_listed_first_are_files_of_the_suite():
+  """conftest.LONGEST_FIRST (pytest-xdist's order) names test files that exist, once each."""
+  names = [p.name for p in (REPO / "tests").glob("test_*.py")]
+  assert set(conftest.LONGEST_FIRST) <= set(names)
+  assert len(set(conftest.LONGEST_FIRST)) == len(conftest.LONGEST_FIRST)

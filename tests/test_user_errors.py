@@ -109,6 +109,13 @@ def test_sample_refuses_a_negative_temperature(tmp_path):
 
 
 @pytest.mark.slow
+def test_sample_refuses_more_new_tokens_than_the_context_holds(decoder_run):
+  assert run_cli("sample", f"--workdir={decoder_run}", "--max_tokens=500") == (
+      "error: the prompt takes 1 of the model's 32 positions; --max_tokens must be between 1 "
+      "and 31")
+
+
+@pytest.mark.slow
 def test_sample_refuses_a_prompt_longer_than_the_context(decoder_run):
   assert run_cli("sample", f"--workdir={decoder_run}", "--prompt=" + "x" * 40) == (
       "error: the prompt takes 41 tokens and the model's context is 32; shorten the prompt")
