@@ -255,10 +255,15 @@ class Run:
 
   def value(self, key: str) -> float | None:
     """A finite summary value of a finished, non-diverged run (a diverged run has no values at
-    the last step), else None; `initial_val_loss` of any finished run."""
+    the last step), else None; `initial_val_loss` of any finished run. `max:<row key>`: the
+    largest finite value of that metrics-row key over the run's rows."""
     finished = self.status in ("stable", "unstable")
     ok = finished or (key == "initial_val_loss" and self.state == "done")
-    v = self.summary.get(key) if ok else None
+    if key.startswith("max:"):
+      logged = [r[key[4:]] for r in self.rows if finite(r.get(key[4:]))]
+      v = max(logged) if ok and logged else None
+    else:
+      v = self.summary.get(key) if ok else None
     return v if finite(v) else None
 
   @property

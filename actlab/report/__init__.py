@@ -80,6 +80,11 @@ COLUMNS = [  # (header, summary key, scale, digits, suffix)
     ("act mean", "act_mean", 1.0, 3, ""),
     ("grad norm", "grad_norm", 1.0, 3, ""),
 ]
+STABILITY = [  # beside them where the runs measured them (docs/metrics.md §2): the run's largest
+    ("max grad norm", "grad_norm_max", 1.0, 2, ""),
+    ("max attn logit", "max:train_attn_logit_max", 1.0, 1, ""),
+    ("max log Z", "max:train_logz_mean", 1.0, 2, ""),
+]
 
 
 def results_table(manifest, runs) -> str:
@@ -87,6 +92,7 @@ def results_table(manifest, runs) -> str:
   columns = list(COLUMNS)
   if any(r.value("final_val_accuracy") is not None for r in runs):  # MLM, classification
     columns.insert(1, ("val acc", "final_val_accuracy", 100.0, 1, "%"))
+  columns += [c for c in STABILITY if any(r.value(c[1]) is not None for r in runs)]
   if any(r.value("sharpness_max") is not None for r in runs):
     columns.append(("sharpness", "sharpness_max", 1.0, 1, ""))
   if len({r.summary.get("params") for r in runs if r.state == "done"}) > 1:
@@ -247,8 +253,11 @@ def write(roots, baseline: str | None = None, out=None) -> pathlib.Path:
        "Mean ± sd over seeds. Dead % = `act_zero_frac` (FFN entries with z ≤ 0), dead units = "
        "units with z ≤ 0 on every validation token, act mean = mean FFN hidden activation, all on "
        "the validation windows at the last evaluation; grad norm = mean pre-clipping gradient "
-       "norm over the last 10% of steps; status by the rule in docs/metrics.md §6; not learned: "
-       "final val loss ≥ the unigram loss.", results_table(manifest, runs)),
+       "norm over the last 10% of steps; max grad norm, max attn logit, max log Z: the largest "
+       "over the run of every step's gradient norm, the training forward's largest attention "
+       "logit and its output logits' mean log Z (log steps; where measured); status by the rule "
+       "in docs/metrics.md §6; not learned: final val loss ≥ the unigram loss (MLM: the "
+       "context-free copy predictor's).", results_table(manifest, runs)),
       ("Paired comparisons", per_lr_text, comparison_table(manifest, per_lr, keys_per_lr)),
       ("At each activation's best LR", best_text,
        comparison_table(manifest, best, stats.best_lr_keys(manifest), best_lr=True)

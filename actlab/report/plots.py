@@ -191,6 +191,9 @@ CURVES = [  # (file, metrics key, y label, log y always (else by the data))
     ("act_zero_frac.png", "act_zero_frac", "act_zero_frac (z ≤ 0)", False),
     ("sharpness.png", "sharpness", "sharpness (top Hessian eigenvalue)", False),
     ("attn_logit_max.png", "attn_logit_max", "max attention logit", True),
+    ("train_attn_logit_max.png", "train_attn_logit_max", "max attention logit (training)", True),
+    ("train_logz_mean.png", "train_logz_mean", "mean log Z of the output logits", False),
+    ("grad_norm_max.png", "grad_norm_max", "max grad norm since the last row", True),
 ]
 
 BAND = ("*Curves: per group, the mean over its seeds (n per group in the panel title) with a ± 1 sd band, at "
