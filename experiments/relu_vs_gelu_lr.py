@@ -15,6 +15,10 @@ split's second half: the best-LR comparison chooses on validation and tests on t
 before running: the equivalence margin is 0.02 nats of final loss (about one seed sd of the
 200-step study), below which a difference between the activations would not change a choice.
 
+`:cpu_epoch_qknorm`: the same with qk-layernorm (`model.qk_norm`), which Wortsman et al. (2023)
+find removes attention-logit growth; `actlab.report` merges it with `:cpu_epoch` (qk_norm then
+an axis).
+
 `:smoke`: the same question on the tiny `sizes.SIZES["mini"]` setup (embedded corpus, 150 steps,
 2 CPU cores, a few minutes). Its LRs {1e-4, 3e-3, 3e-2} span too low, near the best and too high
 for that tiny model; the reference LRs would all sit at or below its optimum.
@@ -36,17 +40,20 @@ def get_sweep(arg=None):
                            "TinyStories, 200 steps)",
             "axes": {"model.activation": ["relu", "gelu"], "optim.lr": CPU_LRS},
             "seeds": [0, 1, 2, 3, 4], "fixed": sizes.SIZES["cpu"], "baseline": "gelu"}
-  if arg == "cpu_epoch":
-    return {"description": "ReLU vs GELU across learning rates to breaking, one epoch, no clipping "
-                           "(CPU study: 0.94M parameters, TinyStories sample)",
+  if arg in ("cpu_epoch", "cpu_epoch_qknorm"):
+    qk = arg.endswith("qknorm")
+    return {"description": "ReLU vs GELU across learning rates to breaking, one epoch, no clipping"
+                           + (", qk-layernorm" if qk else "")
+                           + " (CPU study: 0.94M parameters, TinyStories sample)",
             "axes": {"model.activation": ["relu", "gelu"], "optim.lr": EPOCH_LRS},
             "seeds": [0, 1, 2], "baseline": "gelu", "equivalence_margin": 0.02,
             "fixed": {**sizes.SIZES["cpu"], "train.steps": 450, "optim.warmup_steps": 45,
                       "train.eval_every": 75, "train.checkpoint_every": 150,
-                      "optim.clip_norm": 0.0, "data.test_batches": 8}}
+                      "optim.clip_norm": 0.0, "data.test_batches": 8,
+                      **({"model.qk_norm": True} if qk else {})}}
   if arg:
     raise ValueError(f"relu_vs_gelu_lr: unknown variant {arg!r}; use ':smoke', ':cpu', "
-                     "':cpu_epoch' or nothing")
+                     "':cpu_epoch', ':cpu_epoch_qknorm' or nothing")
   return {"description": "ReLU vs GELU across learning rates (docs/reference.md §2)",
           "axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-4, 1e-3, 3e-3]},
           "seeds": [0, 1, 2]}
