@@ -535,11 +535,25 @@ def test_sweeps_that_differ_in_a_fixed_setting_are_not_merged(tmp_path):
   _set_d_model(b, 128)
   with pytest.raises(UserError, match=rf"^cannot merge {re.escape(str(a))} and "
                      rf"{re.escape(str(b))}: their runs differ in model.d_model: 64 → 128, "
-                     "which neither sweeps as an axis; report them separately$"):
+                     "which neither sweeps as an axis; report them separately, or compare "
+                     "them along it with --axis=model.d_model$"):
     report_load.load_many([a, b])
   with pytest.raises(UserError, match="several sweep directories: say where the report goes "
                      "with --out=DIR"):
     report.write([a, b])
+
+
+def test_sweeps_that_fix_a_field_differently_merge_along_it_when_asked(tmp_path):
+  """`--axis=model.d_model`: the field becomes an axis, each run's value from its config."""
+  a, b = tmp_path / "a", tmp_path / "b"
+  _fake_sweep(a, np.random.default_rng(10))
+  _fake_sweep(b, np.random.default_rng(11))
+  _set_d_model(b, 128)
+  manifest, runs, duplicates = report_load.load_many([a, b], ["model.d_model"])
+  assert manifest["axes"]["model.d_model"] == [64, 128] and not duplicates
+  assert len(runs) == 36 and {r.overrides["model.d_model"] for r in runs} == {64, 128}
+  text = report.write([a, b], out=tmp_path / "both", axes=["model.d_model"]).read_text()
+  assert "--axis=model.d_model --out=" in text and "| d_model |" in text
 
 
 @pytest.mark.slow

@@ -229,14 +229,15 @@ def runs_table(runs) -> str:
   return _table(["run", "status", "val loss", "why"], rows)
 
 
-def write(roots, baseline: str | None = None, out=None) -> pathlib.Path:
+def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()) -> pathlib.Path:
   """Writes `<out>/report.md`, `<out>/runs.csv` and `<out>/plots/*.png` for the sweep directory
-  `roots` or several merged (`out` defaults to the only one); returns the report's path."""
+  `roots` or several merged (`out` defaults to the only one; `axes`: fields they fix at
+  different values, compared as axes: `report_load.load_many`); returns the report's path."""
   roots = [roots] if isinstance(roots, (str, pathlib.Path)) else list(roots)
   if out is None and len(roots) > 1:
     raise UserError("several sweep directories: say where the report goes with --out=DIR")
   out = pathlib.Path(out if out is not None else roots[0])
-  manifest, runs, duplicates = report_load.load_many(roots)
+  manifest, runs, duplicates = report_load.load_many(roots, axes)
   out.mkdir(parents=True, exist_ok=True)
   base = pick_baseline(manifest, baseline)
   per_lr, best = stats.family(manifest, runs, base)
@@ -282,7 +283,8 @@ def write(roots, baseline: str | None = None, out=None) -> pathlib.Path:
               f"and count once ({', '.join(duplicates[:3])}{', …' if len(duplicates) > 3 else ''}). "
               if duplicates else "")
            + f"Per-run numbers: `runs.csv`. Written by `python -m actlab.report "
-           f"{' '.join(map(str, roots))}" + (f" --out={out}`." if len(roots) > 1 else "`."), ""]
+           f"{' '.join(map(str, roots))}" + "".join(f" --axis={a}" for a in axes)
+           + (f" --out={out}`." if len(roots) > 1 else "`."), ""]
   for title, text, table in sections:
     if table:
       lines += [f"## {title}", "", text, "", table, ""]
@@ -327,6 +329,9 @@ def main(argv: Sequence[str]) -> int:
                       "required with several)")
   parser.add_argument("--baseline", help="the activation the others are compared against "
                       "(default: the manifest's `baseline`, else the grid's first activation)")
+  parser.add_argument("--axis", action="append", default=[], help="with several sweep "
+                      "directories: a field they fix at different values (e.g. model.qk_norm), "
+                      "compared as an axis (repeatable)")
   parser.add_argument("--archive", help="copy the sweep's per-run data (sweep.json; each run's "
                       "config.json, summary.json, metrics.jsonl) here, and write the report "
                       "from the copy (one sweep directory)")
@@ -335,6 +340,6 @@ def main(argv: Sequence[str]) -> int:
     if args.archive and len(args.workdirs) > 1:
       raise UserError("--archive takes one sweep directory")
     roots = [archive(args.workdirs[0], args.archive)] if args.archive else args.workdirs
-    path = write(roots, args.baseline, args.out)
+    path = write(roots, args.baseline, args.out, args.axis)
   print(f"wrote {path}, {path.parent / 'runs.csv'} and {path.parent / 'plots'}/")
   return 0

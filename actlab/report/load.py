@@ -92,19 +92,22 @@ def _check_mergeable(roots, configs: list[dict[str, dict]], axes: Sequence[str])
     first, first_rep = reps[0]
     diffs = workdir.identity_diffs(first_rep, rep)
     if diffs:
+      field = diffs[0].split(":")[0]
       raise UserError(f"cannot merge {first} and {root}: their runs differ in {diffs[0]}, which "
-                      "neither sweeps as an axis; report them separately")
+                      f"neither sweeps as an axis; report them separately, or compare them along "
+                      f"it with --axis={field}")
 
 
-def load_many(roots: Sequence) -> tuple[dict, list[Run], list[str]]:
+def load_many(roots: Sequence, also: Sequence[str] = ()) -> tuple[dict, list[Run], list[str]]:
   """`load` of every directory, merged (module docstring): the manifest, the runs, and the names
-  of the runs held by more than one directory (counted once)."""
+  of the runs held by more than one directory (counted once). `also`: fields the directories
+  fix at different values, taken as axes too (each run's value from its config)."""
   roots = [pathlib.Path(r) for r in roots]
   loaded = [load(r) for r in roots]
   if len(roots) == 1:
     return (*loaded[0], [])
   configs = [_configs(r) for r in roots]
-  axes = list(dict.fromkeys(k for m, _ in loaded for k in m["axes"]))
+  axes = list(dict.fromkeys([*(k for m, _ in loaded for k in m["axes"]), *also]))
   _check_mergeable(roots, configs, axes)
   merged: dict[tuple, Run] = {}
   duplicates = []
