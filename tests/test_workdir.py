@@ -156,6 +156,8 @@ def test_a_config_written_before_a_field_was_added_is_the_same_run(tmp_path):
     assert c[section][field] == workdir.ADDED_FIELDS[section, field]  # today's default
     del old[section][field]
   (tmp_path / "config.json").write_text(json.dumps(old))
+  read = workdir.run_config(tmp_path)  # what sample and export read: the fields of then filled in
+  assert all(read[s][f] == v for (s, f), v in workdir.ADDED_FIELDS.items())
   run_dir = workdir.RunDir.open(tmp_path)
   run_dir.check_config(c)
   c.train.init_from = "hf:/models/gpt2"

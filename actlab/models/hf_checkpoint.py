@@ -60,7 +60,7 @@ def _check_architecture(config, arch: Architecture, doing: str) -> None:
   if m.norm != norm:
     raise UserError(f"{doing}: {cls} is {norm}-LN and this model is model.norm={m.norm!r}; "
                     f"train with model.norm={norm!r}")
-  if m.get("qk_norm", False):
+  if m.qk_norm:
     raise UserError(f"{doing}: model.qk_norm=True normalises queries and keys, which {cls} "
                     "cannot express; train with model.qk_norm=False")
 

@@ -72,9 +72,7 @@ def load(root) -> tuple[dict, list[Run]]:
 def _blank(config: dict, keys: Sequence[str]) -> dict:
   """A copy of a nested config with the dotted `keys` set to None (they may differ) and the
   fields it predates (`workdir.ADDED_FIELDS`) at their value of then."""
-  out = json.loads(json.dumps(config))
-  for (section, field), value in workdir.ADDED_FIELDS.items():
-    out.setdefault(section, {}).setdefault(field, value)
+  out = json.loads(json.dumps(workdir.with_added_fields(config)))
   for key in keys:
     *path, last = key.split(".")
     node = out

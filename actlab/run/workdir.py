@@ -109,9 +109,10 @@ class RunDir:
 
 def run_config(workdir: pathlib.Path) -> dict | None:
   """The run config in `workdir`/config.json (an actlab config: `model` and `train` sections),
-  or None (no config.json, an unreadable one, or another program's, e.g. an exported model's)."""
+  with the fields it predates at their value of then (`with_added_fields`), or None (no
+  config.json, an unreadable one, or another program's, e.g. an exported model's)."""
   config = read_json(workdir / "config.json")
-  return config if config and {"model", "train"} <= config.keys() else None
+  return with_added_fields(config) if config and {"model", "train"} <= config.keys() else None
 
 
 def is_run(path: pathlib.Path) -> bool:
@@ -256,14 +257,19 @@ ADDED_FIELDS = {("train", "init_from"): "",  # decoders since 0.1.0 (encoders al
                 ("optim", "z_loss"): 0.0}
 
 
+def with_added_fields(config: dict) -> dict:
+  """A copy of a nested config dict with each ADDED_FIELDS field it lacks at its value of then."""
+  out = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
+  for (section, field), value in ADDED_FIELDS.items():
+    if isinstance(out.get(section), dict):
+      out[section].setdefault(field, value)
+  return out
+
+
 def identity_diffs(old: dict, new: dict) -> list[str]:
   """The differences that make `new` another run than `old` (RUNTIME_FIELDS do not; an
   ADDED_FIELDS field absent from `old` has its value of then)."""
-  old = {k: dict(v) if isinstance(v, dict) else v for k, v in old.items()}
-  for (section, field), value in ADDED_FIELDS.items():
-    if isinstance(old.get(section), dict):
-      old[section].setdefault(field, value)
-  return [d for d in diff_configs(old, new) if not d.startswith(RUNTIME_FIELDS)]
+  return [d for d in diff_configs(with_added_fields(old), new) if not d.startswith(RUNTIME_FIELDS)]
 
 
 def now() -> str:

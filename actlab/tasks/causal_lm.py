@@ -35,7 +35,7 @@ def fused_loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, 
 
 def objective(config, vocab_size: int):
   loss = fused_loss if config.model.loss_impl == "fused" else models.next_token_loss
-  return functools.partial(loss, z_loss=config.optim.get("z_loss", 0.0))
+  return functools.partial(loss, z_loss=config.optim.z_loss)
 
 
 def dataset(config):

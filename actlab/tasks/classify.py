@@ -43,7 +43,7 @@ def loss(model, params, batch, rng, train: bool, stats: bool = False, *,
 
 def objective(config, vocab_size: int):
   return functools.partial(loss, specials=specials_of(config),
-                           z_loss=config.optim.get("z_loss", 0.0))
+                           z_loss=config.optim.z_loss)
 
 
 def dataset(config):

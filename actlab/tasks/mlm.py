@@ -132,7 +132,7 @@ def objective(config, vocab_size: int):
   d = config.data
   return functools.partial(loss, specials=specials_of(config), vocab_size=vocab_size,
                            prob=d.mlm_prob, mask_frac=d.mlm_mask_frac,
-                           random_frac=d.mlm_random_frac, z_loss=config.optim.get("z_loss", 0.0))
+                           random_frac=d.mlm_random_frac, z_loss=config.optim.z_loss)
 
 
 def dataset(config):
