@@ -174,7 +174,7 @@ def test_mlm_unigram_loss_is_the_val_loss_of_a_unigram_model(pretrained, monkeyp
   assert summary["unigram_loss"] < np.log(ds.tokenizer.vocab_size - 4)  # frequencies help
   V = ds.tokenizer.vocab_size
   uniform = dataclasses.replace(ds, train_tokens=np.arange(V, dtype=ds.train_tokens.dtype))
-  assert mlm.unigram_loss(c, uniform) == pytest.approx(np.log(V - 4), rel=1e-12)
+  assert mlm.baselines(c, uniform)["unigram_loss"] == pytest.approx(np.log(V - 4), rel=1e-12)
 
 
 def classify_config(**overrides):

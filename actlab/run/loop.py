@@ -122,8 +122,6 @@ class Lane:
     task = tasks.get(self.config)
     verdict = metrics_lib.verdict_for(self.log.rows, self.config,
                                       task.chance_loss(self.config, vocab_size))
-    unigram = task.unigram_loss(self.config, self.dataset)
-    copy = task.copy_loss(self.config, self.dataset)
     steps = self.config.train.steps
     summary = metrics_lib.jsonable({
         "status": verdict["status"],
@@ -139,8 +137,7 @@ class Lane:
         "params": counts["total"],
         "params_non_embedding": counts["non_embedding"],
         "vocab_size": vocab_size,
-        **({"unigram_loss": unigram} if unigram is not None else {}),
-        **({"copy_loss": copy} if copy is not None else {}),
+        **task.baselines(self.config, self.dataset),
         **({"vectorized_runs": runs} if runs > 1 else {}),
     })
     summary["provenance"] = self.segments

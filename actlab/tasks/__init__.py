@@ -20,10 +20,10 @@ A task module defines:
 - `random_batch(config, vocab_size, seed)`: a batch of the right form for benchmarks;
 - `chance_loss(config, vocab_size)`: the loss of predicting uniformly (ln of the outputs);
 - `head_matmul_params(config, vocab_size)`: the head's matrix entries per token (actlab.measure.flops);
-- `unigram_loss(config, dataset)`: the val loss of a unigram model of the training tokens, where it is
-  comparable with the task's loss (else None): the report's "not learned" bar;
-- `copy_loss(config, dataset)`: where the input shows the token to predict (MLM), the loss of the
-  best predictor that uses nothing else (else None): then the "not learned" bar instead;
+- `baselines(config, dataset)`: summary entries, the val losses of predictors that use no
+  context, where they are comparable with the task's loss: `unigram_loss` (a unigram model of
+  the training tokens) and, where the input shows the token to predict (MLM), `copy_loss` (the
+  best predictor that uses nothing else); the lower is the report's "not learned" bar;
 - `CAUSAL`: it predicts the next token (`actlab.sample` continues text; the PyTorch reference
   of `actlab.bench` computes the same step);
 - `HF`: the transformers model it is (`models.hf_checkpoint.Architecture`), for `actlab.export`

@@ -52,15 +52,11 @@ def chance_loss(config, vocab_size: int) -> float:
   return math.log(vocab_size)
 
 
-def unigram_loss(config, dataset) -> float:
-  """The val loss of predicting every token from the training tokens' unigram frequencies
-  (`data.Dataset.unigram_loss`): a run that ends no better has not learned."""
-  return dataset.unigram_loss()
-
-
-def copy_loss(config, dataset) -> None:
-  """None: the decoder never sees the token it predicts, so it cannot copy it."""
-  return None
+def baselines(config, dataset) -> dict[str, float]:
+  """`unigram_loss`: the val loss of predicting every token from the training tokens' unigram
+  frequencies (`data.Dataset.unigram_loss`): a run that ends no better has not learned. (No
+  `copy_loss`: the decoder never sees the token it predicts.)"""
+  return {"unigram_loss": dataset.unigram_loss()}
 
 
 def head_matmul_params(config, vocab_size: int) -> float:

@@ -67,10 +67,6 @@ def head_matmul_params(config, vocab_size: int) -> float:
   return (m.d_model * m.d_model + m.d_model * m.num_classes) / L
 
 
-def unigram_loss(config, dataset) -> None:
-  """None: a unigram model's loss is not comparable with this task's."""
-  return None
-
-
-def copy_loss(config, dataset) -> None:
-  return None
+def baselines(config, dataset) -> dict[str, float]:
+  """None: a context-free predictor's loss is not comparable with this task's."""
+  return {}

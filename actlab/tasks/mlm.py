@@ -167,28 +167,25 @@ def _eval_selections(config, dataset, specials: Specials):
         jax.random.PRNGKey(data.VAL_SEED), jnp.asarray(batch_BL1), specials,
         dataset.tokenizer.vocab_size, d.mlm_prob, d.mlm_mask_frac, d.mlm_random_frac)
     weights_BP = np.asarray(weights_BP)
-    inputs.append(np.take_along_axis(np.asarray(inputs_BL), np.asarray(positions_BP), 1)[weights_BP])
+    visible_BP = np.take_along_axis(np.asarray(inputs_BL), np.asarray(positions_BP), 1)
+    inputs.append(visible_BP[weights_BP])
     targets.append(np.asarray(targets_BP)[weights_BP])
   return np.concatenate(inputs), np.concatenate(targets)
 
 
-def unigram_loss(config, dataset) -> float:
-  """The val loss of predicting each masked token from the training tokens' unigram frequencies
-  over the tokens masking may select ([UNK] too; [PAD], [CLS], [SEP], [MASK] never are): the
-  same targets as `val_loss`, the selections of the evaluation's fixed mask
-  (`data.VAL_SEED`). A run that ends no better has learned nothing beyond token frequencies."""
-  specials = specials_of(config)
-  log_p = dataset.unigram_log_probs(exclude=specials.unmaskable)
-  return float(-log_p[_eval_selections(config, dataset, specials)[1]].mean())
+def baselines(config, dataset) -> dict[str, float]:
+  """The val losses of two predictors that use no context, on the same targets as `val_loss`
+  (the selections of the evaluation's fixed mask, `data.VAL_SEED`), from u, the training tokens'
+  unigram frequencies over the tokens masking may select ([UNK] too; [PAD], [CLS], [SEP], [MASK]
+  never are):
 
-
-def copy_loss(config, dataset) -> float:
-  """The val loss of the best predictor that sees only the token at the selected position, not
-  its context: at [MASK], the unigram u; at a visible token x (kept with probability
-  c = 1 − mask_frac − random_frac, else a uniform random one of the N ordinary tokens, with
-  probability r = random_frac), the posterior p(t | x) = (c·u(x)·[t = x] + r·u(t)/N) /
-  (c·u(x) + r/N). With BERT's 10% kept it beats the unigram: an encoder must end below this
-  loss to have used any context (docs/metrics.md)."""
+  - `unigram_loss`: every masked token predicted by u;
+  - `copy_loss`: the best predictor that sees only the token at the selected position: at
+    [MASK], u; at a visible token x (kept with probability c = 1 − mask_frac − random_frac,
+    else a uniform random one of the N ordinary tokens, with probability r = random_frac), the
+    posterior p(t | x) = (c·u(x)·[t = x] + r·u(t)/N) / (c·u(x) + r/N). With BERT's 10% kept it
+    beats the unigram: an encoder must end below it to have used any context (docs/metrics.md).
+  """
   d, specials = config.data, specials_of(config)
   log_u = dataset.unigram_log_probs(exclude=specials.unmaskable)
   inputs, targets = _eval_selections(config, dataset, specials)
@@ -198,4 +195,6 @@ def copy_loss(config, dataset) -> float:
   x, t = inputs[visible], targets[visible]
   u_x, u_t = np.exp(log_u[x]), np.exp(log_u[t])
   posterior = (keep * u_x * (t == x) + r * u_t / n) / (keep * u_x + r / n)
-  return float((-log_u[targets[~visible]].sum() - np.log(posterior).sum()) / len(targets))
+  return {"unigram_loss": float(-log_u[targets].mean()),
+          "copy_loss": float((-log_u[targets[~visible]].sum() - np.log(posterior).sum())
+                             / len(targets))}
