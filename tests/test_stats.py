@@ -309,6 +309,8 @@ def test_with_held_out_test_windows_every_seed_chooses_on_val_and_compares_on_te
                                                                          + (r.name[0] == "r"))
   manifest = _manifest(["relu", "gelu"])
   assert stats.selection(manifest, runs) == (SEEDS, SEEDS, "final_test_loss")
+  diverged = _run("relu", 1e-1, 0, status="diverged")   # stopped before the test windows
+  assert stats.selection(manifest, [*runs, diverged])[2] == "final_test_loss"
   (best,) = stats.family(manifest, runs, "gelu")[1]
   assert (best.lr_a, best.lr_b, best.paired.n) == (1e-3, 1e-2, 3)
   assert best.paired.mean == pytest.approx((2.0 + 0.1) - 2.2)  # test losses, not val

@@ -27,11 +27,13 @@ p-values separately, each at familywise error ALPHA = 0.05. Verdict: "A better" 
 when the adjusted p ≤ α (by the sign of d̄), else "equivalent" when the adjusted TOST p ≤ α,
 else "not resolved" (always when n < 2; never "equivalent" without a margin).
 
-**Best LR apart from the test** (`selection_split`, `chosen_lrs`): summaries hold no held-out
-loss (`best_val_loss` is measured on the same validation windows as `final_val_loss`), so the
-seeds are split: each activation's LR is the one with the lowest mean final val loss over the
-first ⌊n/2⌋ seeds (among the LRs where all of them have one), and the comparison at those LRs is
-paired over the other ⌈n/2⌉ seeds, so the LR is never chosen on the numbers that test it.
+**Best LR apart from the test** (`selection`, `chosen_lrs`): each activation's LR is the one
+with the lowest mean final val loss (among the LRs where every choosing seed has one), and the
+comparison at those LRs is of a loss that did not choose it. Runs that scored held-out test
+windows (`data.test_batches`, `final_test_loss`) choose on every seed's validation loss and are
+compared on the test loss; otherwise (`best_val_loss` is measured on the same validation
+windows as `final_val_loss`) the seeds are split (`selection_split`): the first ⌊n/2⌋ choose,
+the other ⌈n/2⌉ are compared.
 
 **Minimum detectable difference** (`min_detectable`): the smallest true mean difference the same
 design (n seeds, the observed s) would resolve with 80% power at two-sided α = 0.05,
@@ -45,8 +47,9 @@ told apart from none with these seeds and this noise; it is not evidence that th
 is for α = 0.05 unadjusted: under Holm the level is smaller and the reach shorter.
 
 **Not learned** (`learned`): a run that finished stable or unstable with final val loss ≥ its
-summary's `unigram_loss` did not learn; it never counts as stable (`Run.stable`). Summaries
-without `unigram_loss` (older runs) are not checked.
+summary's `copy_loss` (MLM: the context-free predictor's), else its `unigram_loss`, did not
+learn; it never counts as stable (`Run.stable`). Summaries without either (older runs) are not
+checked.
 
 **Largest stable LR** (`largest_stable_lr`): per activation (and combination of the other axes),
 the largest swept LR at which every seed of the grid has a run that finished "stable" and
@@ -356,11 +359,12 @@ def selection_split(seeds: Sequence) -> tuple[list, list]:
 
 def selection(manifest: Mapping, runs: Sequence[Run]) -> tuple[list, list, str]:
   """(the seeds that choose each activation's LR, the seeds that test it, the loss tested): when
-  every finished run scored held-out test windows (`data.test_batches`), every seed chooses on
-  `final_val_loss` and the comparison is of `final_test_loss`; else the seeds are split
-  (`selection_split`) and `final_val_loss` does both."""
-  done = [r for r in runs if r.state == "done"]
-  if done and all("final_test_loss" in r.summary for r in done):
+  every run that finished with values scored held-out test windows (`data.test_batches`; a
+  diverged run stopped before them), every seed chooses on `final_val_loss` and the comparison
+  is of `final_test_loss`; else the seeds are split (`selection_split`) and `final_val_loss`
+  does both."""
+  scored = [r for r in runs if r.value("final_val_loss") is not None]
+  if scored and all(r.value("final_test_loss") is not None for r in scored):
     return list(manifest["seeds"]), list(manifest["seeds"]), "final_test_loss"
   return (*selection_split(manifest["seeds"]), "final_val_loss")
 
