@@ -101,8 +101,8 @@ class Dataset:
     validation split; with test batches, over its first half, and the test windows' (`test`)
     over its second half, so that no token is in both."""
     tokens = self.val_tokens.shape[0]
-    lo, hi = (0, tokens) if not self.num_test_batches else (tokens // 2, tokens) if test else (
-        0, tokens // 2)
+    half = tokens // 2 if self.num_test_batches else tokens  # where the validation windows end
+    lo, hi = (half, tokens) if test else (0, half)
     n = (self.num_test_batches if test else self.num_val_batches) * self.batch_size
     return np.linspace(lo, hi - self.window, n).round().astype(np.int64)
 
