@@ -17,8 +17,9 @@ unfinished runs are marked, never fatal. This module renders tables; what it com
   Holm-adjusted over the report's family, the TOST p-value (with an `equivalence_margin`), the
   verdict (A better, B better, equivalent within ±m, not resolved) and, when not resolved, the
   minimum detectable difference (`stats.family`).
-- **At each activation's best LR**: the same comparisons with each activation at the LR chosen
-  on the first half of the seeds, tested on the other half (`stats.chosen_lrs`).
+- **At each activation's best LR**: the same comparisons with each activation at its chosen LR,
+  chosen on the validation loss and compared on the held-out test loss, or without one chosen on
+  the first half of the seeds and compared on the other half (`stats.selection`).
 - **Largest stable LR** per activation: every seed stable and learned (`stats.largest_stable_lr`).
 - **LR sensitivity** (Wortsman et al. 2023): `stats.sensitivity`, mean ± sd over seeds.
 - **Plots**; **Runs**: every cell's status, "not learned" when its final val loss ≥ its summary's
