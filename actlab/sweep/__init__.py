@@ -58,10 +58,10 @@ import ml_collections
 from actlab import errors
 from actlab.measure import metrics
 from actlab.run import parallel, progress, steps, tracking, train
+from actlab.run import workdir as workdir_lib
 from actlab.sweep import workers
 from actlab.sweep.grid import (SEED_KEY, Cell, cells, load, parse_shard, select, with_flags,
                                write_manifest)
-from actlab.run import workdir as workdir_lib
 
 def _say(message: str) -> None:
   print(message, flush=True)
