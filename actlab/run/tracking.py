@@ -23,7 +23,6 @@ from actlab.errors import UserError
 from actlab.measure.histogram import Histogram
 from actlab.run import workdir as workdir_lib
 
-WANDB_INSTALL = 'pip install -e ".[wandb]"'
 STATUS_CODES = {"stable": 0.0, "unstable": 1.0, "diverged": 2.0}  # HParams: the verdict as a number
 
 
