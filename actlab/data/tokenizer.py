@@ -120,16 +120,20 @@ class HFBPETokenizer(Tokenizer):
 
   def __init__(self, tok, name: str, path: Path | None = None):
     self._tok = tok
-    # Encode a literal "<|endoftext|>" in story text as text, like tiktoken's encode_ordinary.
+    # A literal "<|endoftext|>" (WordPiece: "[SEP]") in a text is text, like encode_ordinary.
     tok.encode_special_tokens = True
     self.name = name
     self.path = path
     self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    self.eot_id = self._eot_id(tok)
+    self._fp = hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest()[:16]
+
+  def _eot_id(self, tok) -> int:
     eot = tok.token_to_id(EOT_TEXT)
     if eot is None:
-      raise DataError(f"BPE tokenizer {path or name} has no {EOT_TEXT} token; delete it to retrain.")
-    self.eot_id = int(eot)
-    self._fp = hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest()[:16]
+      raise DataError(f"BPE tokenizer {self.path or self.name} has no {EOT_TEXT} token; delete it "
+                      "to retrain.")
+    return int(eot)
 
   @property
   def fingerprint(self) -> str:
@@ -194,19 +198,14 @@ def special_ids(spec: str) -> dict[str, int]:
 class HFWordPieceTokenizer(HFBPETokenizer):
   """BERT-style uncased WordPiece from Hugging Face ``tokenizers``; see ``special_ids``."""
 
-  def __init__(self, tok, name: str, path: Path | None = None):
-    self._tok = tok
-    tok.encode_special_tokens = True  # "[SEP]" in a text is text, not the special id
-    self.name = name
-    self.path = path
-    self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+  def _eot_id(self, tok) -> int:
     ids = [tok.token_to_id(t) for t in WORDPIECE_SPECIALS]
     if ids != list(range(len(WORDPIECE_SPECIALS))):
-      raise DataError(f"WordPiece tokenizer {path or name} does not have {' '.join(WORDPIECE_SPECIALS)}"
-                      f" at ids 0-4 (it has {ids}); delete it to retrain.")
+      raise DataError(f"WordPiece tokenizer {self.path or self.name} does not have "
+                      f"{' '.join(WORDPIECE_SPECIALS)} at ids 0-4 (it has {ids}); delete it to "
+                      "retrain.")
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
-    self.eot_id = self.sep_id
-    self._fp = hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest()[:16]
+    return self.sep_id
 
   @classmethod
   def train(cls, texts: Iterable[str], vocab_size: int, name: str) -> "HFWordPieceTokenizer":
@@ -240,8 +239,7 @@ def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:
       return
 
 
-_BPE_RE = re.compile(r"^bpe:(\d+)$")
-_WORDPIECE_RE = re.compile(r"^wordpiece:(\d+)$")
+_SIZED_RE = re.compile(r"^(bpe|wordpiece):(\d+)$")
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
@@ -250,17 +248,13 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
   reports its ValueError as ``data.tokenizer: <message>``)."""
   if spec in ("byte", "gpt2"):
     return spec, None
-  m = _BPE_RE.match(spec or "")
+  m = _SIZED_RE.match(spec or "")
   if m:
-    size = int(m.group(1))
-    if size < 257:
+    kind, size = m.group(1), int(m.group(2))
+    if kind == "bpe" and size < 257:
       raise ValueError(f"tokenizer {spec!r}: BPE size must be at least 257 (256 bytes + <|endoftext|>)")
-    return "bpe", size
-  m = _WORDPIECE_RE.match(spec or "")
-  if m:
-    size = int(m.group(1))
-    if size <= len(WORDPIECE_SPECIALS):
+    if kind == "wordpiece" and size <= len(WORDPIECE_SPECIALS):
       raise ValueError(f"tokenizer {spec!r}: WordPiece size must exceed the 5 special tokens")
-    return "wordpiece", size
+    return kind, size
   raise ValueError(f"unknown tokenizer {spec!r}; choose 'byte', 'gpt2', 'bpe:<size>' (e.g. "
                    "'bpe:4096') or 'wordpiece:<size>'")
