@@ -153,10 +153,6 @@ def _gpt2_dir(config_dir: str, root: Path) -> str | None:
   return None
 
 
-def _tok_file_tag(tok: Tokenizer) -> str:
-  return tok.name.replace(":", "")  # "bpe:4096" -> "bpe4096"
-
-
 def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
   return tokenizers.get(
       config.data.tokenizer, directory=root / "tokenizers" / corpora.key(config),
@@ -229,7 +225,7 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
       return classify.load(config, tok, tokenizer.special_ids(spec), root)
     arrays = {}
     for split in ("train", "validation"):
-      path = root / "tokens" / key / f"{split}.{_tok_file_tag(tok)}.bin"
+      path = root / "tokens" / key / f"{split}.{tok.name.replace(':', '')}.bin"  # e.g. bpe4096
       c = corpus()
       arrays[split] = cache.build_or_open(
           path, lambda s=split: c.texts(s), tok, c.source_id(split),

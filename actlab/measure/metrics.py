@@ -32,7 +32,7 @@ Definitions in full: docs/metrics.md (§4 activation statistics, §5 sharpness, 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -189,11 +189,10 @@ def interval(steps: Sequence[Mapping]) -> dict[str, float]:
 DIVERGED_IF_NONFINITE = ("train_loss", "grad_norm", "param_norm", "val_loss")
 
 
-def first_nonfinite(rows: Sequence[Mapping], keys: Iterable[str] = DIVERGED_IF_NONFINITE):
-  """Index of the first row with a non-finite value under one of `keys`, or None."""
-  keys = tuple(keys)
+def first_nonfinite(rows: Sequence[Mapping]):
+  """Index of the first row with a non-finite `DIVERGED_IF_NONFINITE` value, or None."""
   for i, row in enumerate(rows):
-    if any(k in row and not finite(float(row[k])) for k in keys):
+    if any(k in row and not finite(float(row[k])) for k in DIVERGED_IF_NONFINITE):
       return i
   return None
 

@@ -146,7 +146,6 @@ class Plan:
     return jax.tree.map(put, batch)
 
 
-
 def _process_rows(mesh: Mesh, size: int) -> slice:
   """The rows of a batch of `size` that this process's devices hold (contiguous in the mesh)."""
   devices = list(mesh.devices.flat)

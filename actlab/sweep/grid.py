@@ -15,9 +15,8 @@ import ml_collections
 from actlab import errors
 from actlab import config as config_lib
 from actlab.measure import stats
+from actlab.measure.stats import SEED_KEY, fmt_value
 from actlab.run import workdir as workdir_lib
-
-SEED_KEY = "train.seed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,18 +99,14 @@ def with_flags(sweep: Sweep, base: ml_collections.ConfigDict,
                                    "flag, or the axis from the sweep file")
   values = workdir_lib.dotted(base.to_dict())
   flagged = {k: values[k] for k in overridden if k in sweep.fixed}
-  lines = [f"sweep: --config.{k}={_fmt(v)} replaces the sweep's fixed {k}={_fmt(sweep.fixed[k])}"
-           for k, v in flagged.items() if v != sweep.fixed[k]]
+  lines = [f"sweep: --config.{k}={fmt_value(v)} replaces the sweep's fixed "
+           f"{k}={fmt_value(sweep.fixed[k])}" for k, v in flagged.items() if v != sweep.fixed[k]]
   return dataclasses.replace(sweep, fixed={**sweep.fixed, **flagged}), lines
 
 
 def _short_names(keys: Sequence[str]) -> dict[str, str]:
   last = [k.rsplit(".", 1)[-1] for k in keys]
   return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
-
-
-def _fmt(value) -> str:
-  return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def cells(base: ml_collections.ConfigDict, sweep: Sweep) -> list[Cell]:
@@ -121,7 +116,7 @@ def cells(base: ml_collections.ConfigDict, sweep: Sweep) -> list[Cell]:
   out = []
   for values in itertools.product(*sweep.axes.values(), sweep.seeds):
     overrides = dict(zip(keys, values))
-    name = ",".join(f"{short[k]}={_fmt(v)}" for k, v in overrides.items())
+    name = ",".join(f"{short[k]}={fmt_value(v)}" for k, v in overrides.items())
     try:
       config = config_lib.override(base.copy_and_resolve_references(),
                                    {**sweep.fixed, **overrides})
