@@ -118,16 +118,8 @@ def encode_to_array(tokenizer: Tokenizer, texts: list[str], dtype: np.dtype) -> 
   return tokenizer.encode_docs(texts, dtype)
 
 
-def build(
-    path: Path,
-    texts: Iterable[str],
-    tokenizer: Tokenizer,
-    source_id: str,
-    *,
-    num_texts: int | None = None,
-    desc: str = "",
-    progress: bool = True,
-) -> dict:
+def build(path: Path, texts: Iterable[str], tokenizer: Tokenizer, source_id: str, *,
+          num_texts: int | None = None, desc: str = "", progress: bool = True) -> dict:
   """Tokenize ``texts`` into ``path`` (atomically) and write the sidecar; returns the sidecar."""
   global build_count
   from tqdm.auto import tqdm
@@ -170,16 +162,9 @@ def build(
   return meta
 
 
-def build_or_open(
-    path: Path,
-    texts: Callable[[], Iterable[str]],
-    tokenizer: Tokenizer,
-    source_id: str,
-    *,
-    num_texts: int | None = None,
-    desc: str = "",
-    progress: bool = True,
-) -> np.memmap:
+def build_or_open(path: Path, texts: Callable[[], Iterable[str]], tokenizer: Tokenizer,
+                  source_id: str, *, num_texts: int | None = None, desc: str = "",
+                  progress: bool = True) -> np.memmap:
   """The cached tokens at ``path``, building them from ``texts()`` if absent or not current.
 
   source_id: a string that changes whenever the source texts change (e.g. a content hash, or

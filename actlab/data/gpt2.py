@@ -79,23 +79,16 @@ def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -
   d = Path(directory).expanduser()
   missing = [f for f in GPT2_FILES if not (d / f).is_file()]
   if missing:
-    raise DataError(
-      f"GPT-2 tokenizer directory {d} lacks {' and '.join(missing)}. It must hold OpenAI's "
-      f"GPT-2 files encoder.json and vocab.bpe "
-      f"(https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/<file>)."
-    )
+    raise DataError(f"GPT-2 tokenizer directory {d} lacks {' and '.join(missing)}. It must hold "
+                    "OpenAI's GPT-2 files encoder.json and vocab.bpe "
+                    "(https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/<file>).")
   try:
     ranks = data_gym_to_mergeable_bpe_ranks(
-      vocab_bpe_file=str(d / "vocab.bpe"),
-      encoder_json_file=str(d / "encoder.json"),
-      vocab_bpe_hash=GPT2_HASHES["vocab.bpe"],
-      encoder_json_hash=GPT2_HASHES["encoder.json"],
-    )
+        vocab_bpe_file=str(d / "vocab.bpe"), encoder_json_file=str(d / "encoder.json"),
+        vocab_bpe_hash=GPT2_HASHES["vocab.bpe"], encoder_json_hash=GPT2_HASHES["encoder.json"])
   except Exception as e:
-    raise DataError(
-      f"GPT-2 files in {d} are not OpenAI's encoder.json / vocab.bpe ({short_cause(e)}). "
-      f"Replace them with the originals."
-    ) from e
+    raise DataError(f"GPT-2 files in {d} are not OpenAI's encoder.json / vocab.bpe "
+                    f"({short_cause(e)}). Replace them with the originals.") from e
   return _from_ranks(ranks, threads)
 
 
@@ -112,10 +105,8 @@ def _from_ranks(ranks: dict[bytes, int], threads: int) -> TiktokenTokenizer:
     from tiktoken_ext.openai_public import r50k_pat_str as pat
   except Exception:  # pragma: no cover - depends on the tiktoken version
     pat = _GPT2_PAT_FALLBACK
-  enc = tiktoken.Encoding(
-    name="gpt2", pat_str=pat, mergeable_ranks=ranks, special_tokens={EOT_TEXT: 50256},
-    explicit_n_vocab=50257,
-  )
+  enc = tiktoken.Encoding(name="gpt2", pat_str=pat, mergeable_ranks=ranks,
+                          special_tokens={EOT_TEXT: 50256}, explicit_n_vocab=50257)
   return TiktokenTokenizer(enc, "gpt2", threads)
 
 

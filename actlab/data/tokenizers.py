@@ -57,19 +57,13 @@ def load(directory: Path) -> Tokenizer | None:
   return tok
 
 
-def get(
-  spec: str,
-  *,
-  directory: str | os.PathLike,
-  train_texts: Callable[[], Iterable[str]] | None = None,
-  gpt2_dir: str | os.PathLike | None = None,
-  threads: int = DEFAULT_THREADS,
-) -> Tokenizer:
+def get(spec: str, *, directory: str | os.PathLike,
+        train_texts: Callable[[], Iterable[str]] | None = None,
+        gpt2_dir: str | os.PathLike | None = None, threads: int = DEFAULT_THREADS) -> Tokenizer:
   """Build or load the tokenizer named by ``spec``.
 
   directory: where a trained BPE or WordPiece is stored (``<directory>/bpe-<size>.json``,
-    ``<directory>/wordpiece-<size>.json``); the caller keys
-    it by corpus/version.
+    ``<directory>/wordpiece-<size>.json``); the caller keys it by corpus/version.
   train_texts: a callable returning an iterable of training texts, needed only the first time
     a ``bpe:<size>`` tokenizer is built (at most BPE_TRAIN_MAX_CHARS characters are read).
   gpt2_dir: a directory with encoder.json + vocab.bpe for an offline GPT-2.
