@@ -49,10 +49,8 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
     torch_mode = "compile" if gpu else "eager"
   benches = [JaxBench(c, runs) for c in configs] + (
       [TorchBench(config, torch_mode, "cuda" if gpu else "cpu")] if torch else [])
-  setups = []
   try:
-    for b in benches:
-      setups.append(b.setup(warmup))
+    setups = [b.setup(warmup) for b in benches]
     several = len(benches) > 1
     if quiet_s:
       wait_quiet(quiet_s)

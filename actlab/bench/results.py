@@ -46,8 +46,7 @@ def config_summary(c) -> str:
           + (" scan" if m.scan_layers else "")
           + (f" remat={m.remat}" if m.remat != "none" else "")
           + f" {c.parallel.mode}"
-          + (f" cpu_devices={c.parallel.cpu_devices}"
-             if c.parallel.cpu_devices else ""))
+          + (f" cpu_devices={c.parallel.cpu_devices}" if c.parallel.cpu_devices else ""))
 
 
 def variant_tag(row: dict) -> str:

@@ -231,16 +231,10 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
           path, lambda s=split: c.texts(s), tok, c.source_id(split),
           num_texts=c.num_texts(split), desc=f"tokenizing {key} {split} ({tok.name})",
           progress=progress)
-  ds = Dataset(
-      tokenizer=tok,
-      train_tokens=arrays["train"],
-      val_tokens=arrays["validation"],
-      seq_len=int(config.data.seq_len),
-      batch_size=int(config.train.batch_size),
-      seed=int(config.train.seed),
-      num_val_batches=int(config.data.val_batches),
-      num_test_batches=int(config.data.test_batches),
-  )
+  ds = Dataset(tokenizer=tok, train_tokens=arrays["train"], val_tokens=arrays["validation"],
+               seq_len=int(config.data.seq_len), batch_size=int(config.train.batch_size),
+               seed=int(config.train.seed), num_val_batches=int(config.data.val_batches),
+               num_test_batches=int(config.data.test_batches))
   n_windows = ds.num_val_batches * ds.batch_size
   if n_windows * ds.window > ds.val_tokens.shape[0]:
     log.warning("validation split has %d tokens: its %d windows of %d tokens overlap",

@@ -157,12 +157,9 @@ class HFBPETokenizer(Tokenizer):
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-      vocab_size=vocab_size,
-      special_tokens=[EOT_TEXT],
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-      show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TEXT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
     tok.train_from_iterator(_cap_chars(texts, BPE_TRAIN_MAX_CHARS), trainer=trainer)
     return cls(tok, name)
 

@@ -134,19 +134,15 @@ def get(name: str) -> Activation:
   try:
     return _REGISTRY[name]
   except KeyError:
-    raise ValueError(
-        f"unknown activation {name!r}; valid names: {', '.join(sorted(_REGISTRY))}"
-    ) from None
+    raise ValueError(f"unknown activation {name!r}; valid names: "
+                     f"{', '.join(sorted(_REGISTRY))}") from None
 
 
 def value_table(zs=(-3, -1, 0, 0.5, 1, 3)) -> str:
   """Markdown table of Φ, exact GELU, tanh GELU, GELU' and ELU at `zs` (4 decimals)."""
   z = jnp.asarray(zs, jnp.float32)
   cols = [normal_cdf(z), gelu(z), gelu_tanh(z), gelu_grad(z), elu(z)]
-  lines = [
-      "| z | Φ(z) | GELU exact | GELU tanh | GELU'(z) | ELU |",
-      "|---|---|---|---|---|---|",
-  ]
+  lines = ["| z | Φ(z) | GELU exact | GELU tanh | GELU'(z) | ELU |", "|---|---|---|---|---|---|"]
   for i, zi in enumerate(zs):
     # `+ 0.0` turns a rounded -0.0 into 0.0 so no cell reads "-0.0000".
     cells = [f"{round(float(c[i]), 4) + 0.0:.4f}" for c in cols]

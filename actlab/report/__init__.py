@@ -55,8 +55,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
   return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def _cell(runs: Sequence[Run], key: str, n_seeds: int, scale: float = 1.0, digits: int = 3,
-          suffix: str = "") -> str:
+def _cell(runs: Sequence[Run], key: str, n_seeds: int, scale: float, digits: int,
+          suffix: str) -> str:
   values = [r.value(key) * scale for r in runs if r.value(key) is not None]
   if not values:
     return "—"

@@ -92,7 +92,7 @@ def _reason(e: BaseException) -> str:
 
 class Checkpoints:
   """A run's checkpoint directory. `read_only` (sampling, fine-tuning from another run): nothing
-  is created, moved or written."""
+  is created, moved or written. As a context manager, closed at the end of the `with` block."""
 
   def __init__(self, directory, keep: int, read_only: bool = False):
     self.directory = pathlib.Path(directory).absolute()
@@ -169,3 +169,9 @@ class Checkpoints:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+  def __enter__(self) -> "Checkpoints":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()

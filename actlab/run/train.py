@@ -57,12 +57,9 @@ def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
   if diffs:
     raise WorkdirError(f"train.init_from={str(source)!r} is a different model or tokenizer: "
                        + "; ".join(diffs))
-  checkpoints = Checkpoints(source / "checkpoints", 1, read_only=True)
-  try:
+  with Checkpoints(source / "checkpoints", 1, read_only=True) as checkpoints:
     if checkpoints.latest_step() is None:
       raise WorkdirError(f"train.init_from={str(source)!r} has no checkpoint yet")
-  finally:
-    checkpoints.close()
   return ml_collections.ConfigDict(old)
 
 
@@ -71,13 +68,10 @@ def source_arrays(config: ml_collections.ConfigDict, source, like, vocab_size: i
   the per-layer parameters `like`."""
   if not isinstance(source, ml_collections.ConfigDict):  # A Hugging Face state dict.
     return hf_checkpoint.arrays(source, tasks.get(config).HF, like), config.train.init_from
-  checkpoints = Checkpoints(pathlib.Path(config.train.init_from) / "checkpoints", 1,
-                            read_only=True)
-  try:
+  with Checkpoints(pathlib.Path(config.train.init_from) / "checkpoints", 1,
+                   read_only=True) as checkpoints:
     old_like = jax.eval_shape(steps.Steps.create(source, vocab_size).init, 0, source.optim.lr)
     step, restored, _ = checkpoints.restore_latest(old_like)
-  finally:
-    checkpoints.close()
   flat = flax.traverse_util.flatten_dict(
       execution.per_layer_layout(flax.core.unfreeze(restored.params)))
   return flat, f"{config.train.init_from} step {step}"
@@ -116,15 +110,12 @@ def load_run(workdir: pathlib.Path):
   config, run_dir = ml_collections.ConfigDict(config), RunDir.open(workdir)
   tokenizer = data.load_tokenizer(config, run_dir.tokenizer)
   task = steps.Steps.create(config, tokenizer.vocab_size)
-  checkpoints = Checkpoints(run_dir.checkpoints, 1, read_only=True)  # Creates nothing.
-  try:
+  with Checkpoints(run_dir.checkpoints, 1, read_only=True) as checkpoints:  # Creates nothing.
     # On this process's first device, whatever devices and hosts the run trained on.
     one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     restored = checkpoints.restore_latest(jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device),
         jax.eval_shape(task.init, 0)))
-  finally:
-    checkpoints.close()
   if restored is None:
     raise WorkdirError(f"{workdir}/checkpoints holds no checkpoint yet")
   step, state, _ = restored

@@ -74,8 +74,7 @@ class RunDir:
 
   @property
   def tokenizer(self) -> pathlib.Path:
-    """The run's tokenizer (`data.tokenizers.save`), so that sampling and export need nothing
-    but the run directory."""
+    """The run's tokenizer (`data.tokenizers.save`; the module docstring says why)."""
     return self.logdir / "tokenizer"
 
   def lock(self) -> "Lock":
