@@ -104,8 +104,7 @@ class ByteTokenizer(Tokenizer):
     for i in ids:
       i = int(i)
       if i == self.eot_id:
-        parts.append(buf.decode("utf-8", errors="replace"))
-        parts.append(EOT_TEXT)
+        parts += [buf.decode("utf-8", errors="replace"), EOT_TEXT]
         buf = bytearray()
       elif 0 <= i < 256:
         buf.append(i)
@@ -143,8 +142,7 @@ class HFBPETokenizer(Tokenizer):
     return self._tok.encode(text, add_special_tokens=False).ids
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
-    return [e.ids for e in encs]
+    return [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
 
   def decode(self, ids: Iterable[int]) -> str:
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -71,13 +71,12 @@ def plot_val_vs_lr(manifest, runs, path: pathlib.Path) -> bool:
   return _save(fig, [ax], path, "final val loss (nats)")
 
 
-def _panels(n: int, width: float = 4.2, height: float = 3.4, sharey=True):
-  """A figure with n panels, at most three per row; returns it and the n axes used."""
+def _panels(n: int):
+  """A figure with n panels sharing y, at most three per row; returns it and the n axes used."""
   import matplotlib.pyplot as plt
   cols = min(n, 3)
   rows = math.ceil(n / cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
-                           sharey=sharey)
+  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False, sharey=True)
   flat = list(axes.flat)
   for ax in flat[n:]:
     ax.set_visible(False)

@@ -125,10 +125,10 @@ class Plan:
     Parameters and their AdamW moments share shapes, hence shardings."""
     return jax.tree.map(lambda x: self.leaf_sharding(np.shape(x)), abstract_state)
 
-  def check_batch(self, batch_size: int, what: str = "train.batch_size") -> None:
+  def check_batch(self, batch_size: int) -> None:
     if batch_size % self.num_devices:
       raise ParallelError(
-          f"{what}={batch_size} does not split across {self.num_devices} devices; use a "
+          f"train.batch_size={batch_size} does not split across {self.num_devices} devices; use a "
           f"multiple of {self.num_devices}")
 
   def shard_batch(self, batch, stacked: bool = False) -> Any:

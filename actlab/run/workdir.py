@@ -80,8 +80,8 @@ class RunDir:
   def lock(self) -> "Lock":
     return Lock(self.logdir)
 
-  def summary(self, warn: bool = True) -> dict | None:
-    return read_summary(self.logdir, warn)
+  def summary(self) -> dict | None:
+    return read_summary(self.logdir)
 
   def check_config(self, config: ml_collections.ConfigDict) -> None:
     """Raises unless the directory is unused or holds a run of the same config (RUNTIME_FIELDS
@@ -182,12 +182,6 @@ def read_summary(logdir_: pathlib.Path, warn: bool = True) -> dict | None:
 _held: dict[pathlib.Path, list] = {}  # lock path -> [open file, depth]: this process's locks
 
 
-def _holder(info: dict) -> str:
-  if not info:
-    return "another process"
-  return f"pid {info.get('pid')} on {info.get('host')} (since {info.get('since')})"
-
-
 class Lock:
   """An exclusive lock on a workdir for as long as the `with` block runs.
 
@@ -217,8 +211,10 @@ class Lock:
     except BlockingIOError:
       f.close()
       holder = read_json(self.path) or {}
-      raise Lock.Busy(f"{self.path.parent} is in use by {_holder(holder)}; wait for that run "
-                      "to end (or stop it), or choose another --workdir", holder) from None
+      who = (f"pid {holder.get('pid')} on {holder.get('host')} (since {holder.get('since')})"
+             if holder else "another process")
+      raise Lock.Busy(f"{self.path.parent} is in use by {who}; wait for that run to end (or stop "
+                      "it), or choose another --workdir", holder) from None
     f.seek(0)
     f.truncate()
     f.write(json.dumps({"pid": os.getpid(), "parent": os.getppid(), "host": socket.gethostname(),
