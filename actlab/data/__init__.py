@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -198,13 +199,7 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
   root = data_dir(config.data.dir)
   if progress is None:
     progress = config.train.progress
-  opened: list[corpora.Corpus] = []
-
-  def corpus() -> corpora.Corpus:  # opened on first use
-    if not opened:
-      opened.append(corpora.open_corpus(config, root))
-    return opened[0]
-
+  corpus = functools.cache(lambda: corpora.open_corpus(config, root))  # opened on first use
   key = corpora.key(config)
   spec = config.data.tokenizer
 

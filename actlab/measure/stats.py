@@ -297,7 +297,7 @@ def fmt_value(v) -> str:
 
 def activation_axis(manifest: Mapping) -> str | None:
   """The compared axis: the first named `*activation`, else the first but the LR and the seed."""
-  others = [k for k in group_keys(manifest) if k != LR_KEY]
+  others = other_axes(manifest)
   return next((k for k in others if k.endswith("activation")), others[0] if others else None)
 
 

@@ -165,11 +165,10 @@ def plan(config, devices=None) -> Plan:
     raise ParallelError(f"parallel.mode={mode!r}: choose one of {', '.join(map(repr, MODES))}")
   if devices is None:
     devices = jax.devices()
-    count = par.num_devices
-    if count:
-      if count > len(devices):
-        raise ParallelError(f"parallel.num_devices={count}, but only {len(devices)} devices exist")
-      devices = devices[:count]
+    count = par.num_devices  # 0: all
+    if count > len(devices):
+      raise ParallelError(f"parallel.num_devices={count}, but only {len(devices)} devices exist")
+    devices = devices[:count or None]
   devices = list(devices)
   p = Plan(Mesh(np.array(devices), (AXIS,)), mode, par.fsdp_min_size)
   p.check_batch(config.train.batch_size)
