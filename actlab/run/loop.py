@@ -107,9 +107,6 @@ class Lane:
     self.checkpoints.save(step, state, {"rows": self.log.rows, "pending": _host_rows(pending),
                                         "rates": self.rates, "train_time": self.train_time})
 
-  def close(self) -> None:
-    self.checkpoints.close()  # Waits for the checkpoint being written (and raises its error).
-
   def close_writers(self) -> None:
     """Closes the trackers, with the summary if the run ended (`finish`), whatever one raises."""
     with contextlib.ExitStack() as closing:
@@ -287,8 +284,8 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
     prefetch.shutdown(wait=True)
     stop.restore()
     with contextlib.ExitStack() as closing:  # Every lane, whatever one of them raises.
-      for lane in lanes:
-        closing.callback(lane.close)
+      for lane in lanes:  # Waits for the checkpoint being written (and raises its error).
+        closing.callback(lane.checkpoints.close)
 
   if stopped_at is not None:
     saved = {lane.checkpoints.latest_step() for lane in lanes if not lane.stopped}
