@@ -5,7 +5,7 @@ import os
 import pathlib
 import tempfile
 
-from actlab.sweep import workers  # Imports no JAX: nothing below may start a backend.
+from actlab.sweep import workers  # Imports JAX (starts no backend): see `jax.config` below.
 
 
 def gpus() -> list[str]:
@@ -71,6 +71,17 @@ if GPUS:
     _add_xla_flags("--xla_gpu_deterministic_ops=true")
 elif "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   _add_xla_flags(*FAST_COMPILE)
+
+# JAX read its configuration from the environment when `actlab.sweep` imported it, before the
+# settings above: this process takes them here (its subprocesses from the environment). XLA_FLAGS
+# and CUDA_VISIBLE_DEVICES are read later, when a backend starts.
+import jax  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+if "JAX_DEFAULT_MATMUL_PRECISION" in os.environ:
+  jax.config.update("jax_default_matmul_precision", os.environ["JAX_DEFAULT_MATMUL_PRECISION"])
 
 import ml_collections  # noqa: E402 -- after the environment above
 import pytest  # noqa: E402

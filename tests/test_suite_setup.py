@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 import conftest
@@ -38,12 +39,19 @@ def worker_env(**variables: str) -> dict:
   mine = ("XLA_FLAGS", "JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE",
           "JAX_DEFAULT_MATMUL_PRECISION")
   env = {k: v for k, v in os.environ.items() if k not in mine}
-  code = ("import json, os, sys; sys.path.insert(0, 'tests'); import conftest; "
-          "print(json.dumps(dict(os.environ)))")
+  code = ("import json, os, sys; sys.path.insert(0, 'tests'); import conftest, jax; "
+          "print(json.dumps(dict(os.environ))); "
+          "print(json.dumps([jax.config.jax_compilation_cache_dir, "
+          "jax.config.jax_persistent_cache_min_compile_time_secs, "
+          "jax.config.jax_default_matmul_precision]))")
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                        timeout=120, env={**env, "PYTEST_XDIST_WORKER": "gw3", **variables})
   assert out.returncode == 0, out.stderr
-  return json.loads(out.stdout)
+  environment, (cache_dir, min_compile_secs, precision) = map(json.loads, out.stdout.splitlines())
+  # JAX, imported before conftest set these, uses them: one compilation cache for the session.
+  assert cache_dir == environment["JAX_COMPILATION_CACHE_DIR"] and min_compile_secs == 0
+  assert precision == environment.get("JAX_DEFAULT_MATMUL_PRECISION")
+  return environment
 
 
 @pytest.mark.slow
@@ -76,3 +84,9 @@ def test_the_longest_files_listed_first_are_files_of_the_suite():
   names = [p.name for p in (REPO / "tests").glob("test_*.py")]
   assert set(conftest.LONGEST_FIRST) <= set(names)
   assert len(set(conftest.LONGEST_FIRST)) == len(conftest.LONGEST_FIRST)
+
+
+def test_this_process_compiles_into_the_sessions_cache():
+  """The tests' own JAX, imported before conftest.py set the cache up, uses it."""
+  assert jax.config.jax_compilation_cache_dir == os.environ["JAX_COMPILATION_CACHE_DIR"]
+  assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
