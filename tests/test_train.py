@@ -1,9 +1,13 @@
 """Training: optimizer, pure step, loss falls, overfitting, workdir files and contracts."""
 
+import contextlib
 import functools
+import io
 import itertools
 import json
 import re
+import shutil
+import types
 
 import jax
 import jax.numpy as jnp
@@ -167,32 +171,55 @@ def test_step_keys_differ_per_step_and_seed():
   assert float(m_a["train_loss"]) != float(m_d["train_loss"])
 
 
+def run_config(sharpness_every: int):
+  """The runs of `runs`: 30 steps of the tiny decoder, the test windows scored at the end, the
+  bar on, sharpness estimated every `sharpness_every` steps."""
+  return tiny(**{"data.test_batches": 1, "train.steps": 30, "train.eval_every": 30,
+                 "train.progress": True, "metrics.sharpness_every": sharpness_every,
+                 "metrics.sharpness_iters": 2})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """`train.run` of `run_config(30)`, which estimates sharpness at steps 0 and 30, and of
+  `run_config(31)`, too short for an estimate after step 0, by sharpness_every: each with its
+  config, workdir, summary, metrics.jsonl rows, stdout, stderr, and the compiled programs
+  (`cache`, for `steps.program`)."""
+  cache, out = {}, {}
+  for every in (30, 31):
+    c, workdir = run_config(every), tmp_path_factory.mktemp(f"sharpness_every_{every}")
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+      summary = train.run(c, workdir, cache=cache)
+    rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    out[every] = types.SimpleNamespace(config=c, workdir=workdir, summary=summary, rows=rows,
+                                       out=stdout.getvalue(), err=stderr.getvalue(), cache=cache)
+  return out
+
+
 @pytest.mark.slow
-def test_run_writes_workdir_contract(tmp_path):
-  c = tiny(**{"data.test_batches": 1})
-  c.train.steps = 30
-  c.train.eval_every = 30
-  summary = train.run(c, tmp_path)
-  assert json.loads((tmp_path / "config.json").read_text()) == json.loads(c.to_json())
-  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+def test_run_writes_workdir_contract(runs):
+  run = runs[30]
+  c, workdir, rows, summary = run.config, run.workdir, run.rows, run.summary
+  assert json.loads((workdir / "config.json").read_text()) == json.loads(c.to_json())
   assert [r["step"] for r in rows] == [0, 10, 20, 30]
   for r in rows[1:]:
     assert {"train_loss", "lr", "grad_norm", "tokens_per_sec"} <= set(r)
   assert "val_loss" in rows[0] and "val_loss" in rows[-1]
   assert rows[-1]["val_loss"] < rows[0]["val_loss"]
-  saved = json.loads((tmp_path / "summary.json").read_text())
+  saved = json.loads((workdir / "summary.json").read_text())
   assert saved == summary
   assert saved["final_val_loss"] == rows[-1]["val_loss"]
   assert saved["best_val_loss"] == min(rows[0]["val_loss"], rows[-1]["val_loss"])
   assert saved["params_non_embedding"] < saved["params"]
   assert saved["unigram_loss"] == pytest.approx(data.load(c).unigram_loss())  # the "learned" bar
   assert saved["unigram_loss"] < rows[0]["val_loss"]  # below ln(V): frequencies are learnable
-  assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
                 if p.name.isdigit()) == [25, 30]
   # The held-out test windows are scored once, at the end, by the same loss.
   assert ["test_loss" in r for r in rows] == [False, False, False, True]
   assert saved["final_test_loss"] == rows[-1]["test_loss"]
-  _, _, task, params, _ = train.load_run(tmp_path)
+  _, _, task, params, _ = train.load_run(workdir)
   outs = [task.objective(task.model, params, jnp.asarray(b), jax.random.PRNGKey(data.VAL_SEED),
                          train=False) for b in data.load(c).val_batches(test=True)]
   direct = sum(float(o["loss_sum"]) for o in outs) / sum(float(o["count"]) for o in outs)
@@ -201,16 +228,58 @@ def test_run_writes_workdir_contract(tmp_path):
 
 
 @pytest.mark.slow
-def test_different_config_on_used_workdir_is_refused(tmp_path):
-  c = tiny()
-  c.train.steps = 10
-  train.run(c, tmp_path)
-  before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+def test_different_config_on_used_workdir_is_refused(runs, tmp_path):
+  """A run's workdir (a copy of one of `runs`) refuses another config, naming what differs, and
+  is left as it was."""
+  workdir = shutil.copytree(runs[31].workdir, tmp_path / "run")
+  before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+  c = run_config(31)
   c.optim.lr = 1e-4
   c.model.activation = "relu"
   with pytest.raises(train.WorkdirError, match=r"model.activation: 'gelu' → 'relu'.*optim.lr"):
-    train.run(c, tmp_path)
-  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+    train.run(c, workdir)
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
+
+
+@pytest.mark.slow
+def test_rows_keep_the_largest_grad_norm_of_every_step(runs):
+  """`grad_norm_max` in a row is the largest `grad_norm` of the steps since the previous row, and
+  the summary's the run's largest: the run's steps retaken here one by one (by its program)."""
+  run = runs[31]
+  c = run.config
+  ds = data.load(c)
+  program = steps.program(c, ds.tokenizer.vocab_size, cache=run.cache)
+  state, norms = program.start([c]), []
+  for k in range(c.train.steps):
+    state, m = program.train_step(state, program.put_batches([ds.train_batch(k)]))
+    norms.append(float(m["grad_norm"]))
+  rows = run.rows[1:]
+  assert [r["step"] for r in rows] == [10, 20, 30]
+  intervals = [norms[:10], norms[10:20], norms[20:]]
+  for row, interval in zip(rows, intervals):
+    np.testing.assert_allclose(row["grad_norm_max"], max(interval), rtol=1e-5)
+    np.testing.assert_allclose(row["grad_norm"], interval[-1], rtol=1e-5)
+  assert any(max(interval) != interval[-1] for interval in intervals)  # the max is not the last
+  np.testing.assert_allclose(run.summary["grad_norm_max"], max(norms), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_bar_says_what_the_run_does_and_a_run_too_short_for_sharpness_skips_it(runs):
+  """The bar's description names the step-0 evaluation and sharpness estimate while they run,
+  then training. A run of fewer steps than `metrics.sharpness_every` estimates no sharpness, not
+  even at step 0, and says so; its other numbers are those of a run that does."""
+  for every, described in ((30, ["evaluating", "sharpness", "training"]),
+                           (31, ["evaluating", "training", "evaluating"])):
+    bar = [d for d, _ in itertools.groupby(re.findall(r"(\w+):\s+\d+%", runs[every].err))]
+    assert bar[:3] == described, runs[every].err
+  assert [r["step"] for r in runs[30].rows if "sharpness" in r] == [0, 30]
+  assert not any("sharpness" in r for r in runs[31].rows)
+  note = ("actlab: no sharpness estimates: metrics.sharpness_every (31) is more than train.steps "
+          "(30), so none would follow step 0's (docs/metrics.md §5)\n")
+  assert note in runs[31].out and "sharpness" not in runs[30].out
+  strip = lambda rs: [{k: v for k, v in r.items() if k not in ("sharpness", "tokens_per_sec")}
+                      for r in rs]
+  assert strip(runs[31].rows) == strip(runs[30].rows)
 
 
 def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it():
@@ -292,54 +361,3 @@ def test_z_loss_is_trained_but_logged_apart():
   np.testing.assert_allclose(float(m["train_loss"]), float(m_off["train_loss"]), rtol=1e-6)
   assert "z_loss" not in m_off
   assert abs(float(m["grad_norm"]) - float(m_off["grad_norm"])) > 1e-6 * float(m_off["grad_norm"])
-
-
-@pytest.mark.slow
-def test_rows_keep_the_largest_grad_norm_of_every_step(tmp_path):
-  """`grad_norm_max` in a row is the largest `grad_norm` of the steps since the previous row, and
-  the summary's the run's largest: the run's steps retaken here one by one."""
-  c = tiny(**{"train.steps": 6, "train.log_every": 3, "train.eval_every": 6,
-              "train.checkpoint_every": 6, "optim.warmup_steps": 1, "optim.lr": 3e-2})
-  summary = train.run(c, tmp_path)
-  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
-  ds = data.load(c)
-  program = steps.Program.create(c, ds.tokenizer.vocab_size)
-  state, norms = program.start([c]), []
-  for k in range(c.train.steps):
-    state, m = program.train_step(state, program.put_batches([ds.train_batch(k)]))
-    norms.append(float(m["grad_norm"]))
-  assert [r["step"] for r in rows] == [3, 6]
-  for row, interval in zip(rows, (norms[:3], norms[3:])):
-    np.testing.assert_allclose(row["grad_norm_max"], max(interval), rtol=1e-5)
-    np.testing.assert_allclose(row["grad_norm"], interval[-1], rtol=1e-5)
-  assert max(norms[:3]) != norms[2] or max(norms[3:]) != norms[5]  # the max is not the last
-  np.testing.assert_allclose(summary["grad_norm_max"], max(norms), rtol=1e-5)
-
-
-@pytest.mark.slow
-def test_the_bar_says_what_the_run_does_and_a_run_too_short_for_sharpness_skips_it(tmp_path,
-                                                                                    capsys):
-  """The bar's description names the step-0 evaluation and sharpness estimate while they run,
-  then training. A run of fewer steps than `metrics.sharpness_every` estimates no sharpness, not
-  even at step 0, and says so; its other numbers are those of a run that does."""
-  rows, said = {}, {}
-  for every in (4, 5):
-    c = tiny(**{"train.steps": 4, "train.log_every": 2, "train.eval_every": 2,
-                "train.checkpoint_every": 4, "train.progress": True,
-                "optim.warmup_steps": 2, "metrics.sharpness_every": every,
-                "metrics.sharpness_iters": 2})
-    train.run(c, tmp_path / str(every))
-    said[every] = capsys.readouterr()
-    rows[every] = [json.loads(l) for l in (tmp_path / str(every) / "metrics.jsonl").read_text()
-                   .splitlines()]
-    bar = [d for d, _ in itertools.groupby(re.findall(r"(\w+):\s+\d+%", said[every].err))]
-    assert bar[:3] == (["evaluating", "sharpness", "training"] if every == 4 else
-                       ["evaluating", "training", "evaluating"]), said[every].err
-  assert [r["step"] for r in rows[4] if "sharpness" in r] == [0, 4]
-  assert not any("sharpness" in r for r in rows[5])
-  note = ("actlab: no sharpness estimates: metrics.sharpness_every (5) is more than train.steps "
-          "(4), so none would follow step 0's (docs/metrics.md §5)\n")
-  assert note in said[5].out and "sharpness" not in said[4].out
-  strip = lambda rs: [{k: v for k, v in r.items() if k not in ("sharpness", "tokens_per_sec")}
-                      for r in rs]
-  assert strip(rows[5]) == strip(rows[4])
