@@ -106,20 +106,35 @@ def val_loss(eval_step, params, dataset) -> float:
 
 
 @pytest.fixture(scope="module")
-def task_and_data():
-  c = tiny()
-  ds = data.load(c)
-  return steps.Steps.create(c, ds.tokenizer.vocab_size), ds
+def dataset():
+  return data.load(tiny())
+
+
+@pytest.fixture(scope="module")
+def compiled():
+  """The step functions of this module's tests, each compiled once: (config, vocab size) → the
+  config's `steps.Program` (its init, `train_step`, `log_step`), its `Steps`, and `reference`:
+  `Steps.train_step` as defined (with diagnostics, donating nothing), jitted."""
+  made = {}
+
+  def get(config, vocab_size=257):
+    key = steps.compile_key(config, vocab_size)
+    if key not in made:
+      program = steps.Program.create(config, vocab_size)
+      made[key] = types.SimpleNamespace(program=program, steps=program.steps,
+                                        reference=jax.jit(program.steps.train_step))
+    return made[key]
+  return get
 
 
 @pytest.mark.slow
-def test_train_step_is_pure(task_and_data):
-  task, ds = task_and_data
-  step = jax.jit(task.train_step)
-  state = jax.jit(task.init)(0)
-  batch = ds.train_batch(0)
-  jit_state, jit_metrics = step(state, batch)
-  again_state, _ = step(state, batch)  # same input → same output, input untouched
+def test_train_step_is_pure(compiled, dataset):
+  c = tiny()
+  fns = compiled(c)
+  state = fns.program.start([c])
+  batch = dataset.train_batch(0)
+  jit_state, jit_metrics = fns.reference(state, batch)
+  again_state, _ = fns.reference(state, batch)  # same input → same output, input untouched
   for a, b in zip(jax.tree.leaves(jit_state), jax.tree.leaves(again_state)):
     np.testing.assert_array_equal(a, b)
   assert int(jit_state.step) == 1 and int(state.step) == 0
@@ -128,44 +143,43 @@ def test_train_step_is_pure(task_and_data):
 
 
 @pytest.mark.slow
-def test_loss_falls_over_50_steps(task_and_data):
-  task, ds = task_and_data
-  step = jax.jit(task.train_step, donate_argnums=0)
-  eval_step = jax.jit(functools.partial(LOSS.validation_step, task))
-  state = jax.jit(task.init)(0)
-  before = val_loss(eval_step, state.params, ds)
+def test_loss_falls_over_50_steps(compiled, dataset):
+  c = tiny()
+  program = compiled(c).program
+  eval_step = jax.jit(functools.partial(LOSS.validation_step, program.steps))
+  state = program.start([c])
+  before = val_loss(eval_step, state.params, dataset)
   for k in range(50):
-    state, _ = step(state, ds.train_batch(k))
-  after = val_loss(eval_step, state.params, ds)
+    state, _ = program.train_step(state, dataset.train_batch(k))
+  after = val_loss(eval_step, state.params, dataset)
   assert after < before - 1.0, (before, after)
 
 
 @pytest.mark.slow
-def test_overfits_one_batch(task_and_data):
-  _, ds = task_and_data
+def test_overfits_one_batch(dataset):
   c = tiny(**{"model.d_model": 64, "model.d_ff": 256, "optim.lr": 1e-2, "train.steps": 100,
               "train.batch_size": 4})
-  task = steps.Steps.create(c, ds.tokenizer.vocab_size)
+  task = steps.Steps.create(c, dataset.tokenizer.vocab_size)
   step = jax.jit(task.train_step, donate_argnums=0)
   state = jax.jit(task.init)(0)
-  batch = ds.train_batch(0)[:4]
+  batch = dataset.train_batch(0)[:4]
   for _ in range(100):
     state, metrics = step(state, batch)
   assert float(metrics["train_loss"]) < 0.3
 
 
 @pytest.mark.slow
-def test_step_keys_differ_per_step_and_seed():
-  """Dropout masks come from fold_in(rng, step): different per step, same for same (seed, step)."""
-  c = tiny(**{"model.dropout": 0.5})
-  task = steps.Steps.create(c, 257)
+def test_step_keys_differ_per_step_and_seed(compiled):
+  """Dropout masks come from fold_in(rng, step): different per step, same for same (seed, step).
+  (The dropout of the stability measures' test: one compile for both.)"""
+  c = tiny(**{"model.dropout": 0.1})
+  fns = compiled(c)
   batch = np.ones((8, 33), np.int32)
-  step = jax.jit(task.train_step)
-  s0 = jax.jit(task.init)(0)
-  _, m_a = step(s0, batch)
-  _, m_b = step(s0, batch)
-  _, m_c = step(s0.replace(step=jnp.int32(1)), batch)
-  _, m_d = step(jax.jit(task.init)(1).replace(params=s0.params), batch)
+  s0 = fns.program.init(0, c.optim.lr)
+  _, m_a = fns.reference(s0, batch)
+  _, m_b = fns.reference(s0, batch)
+  _, m_c = fns.reference(s0.replace(step=jnp.int32(1)), batch)
+  _, m_d = fns.reference(fns.program.init(1, c.optim.lr).replace(params=s0.params), batch)
   assert float(m_a["train_loss"]) == float(m_b["train_loss"])
   assert float(m_a["train_loss"]) != float(m_c["train_loss"])
   assert float(m_a["train_loss"]) != float(m_d["train_loss"])
@@ -282,13 +296,14 @@ def test_the_bar_says_what_the_run_does_and_a_run_too_short_for_sharpness_skips_
   assert strip(runs[31].rows) == strip(runs[30].rows)
 
 
-def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it():
+def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(compiled):
   """Program.train_step (every step) and Program.log_step (the steps the loop logs) compute the
   same state (two compiled programs: XLA may round the update differently at the last bit); the
   log step adds the update and parameter norms as defined before the split: the norm of this
   step's AdamW update and of the parameters after it; and the stability measures (only there)."""
   c = tiny()
-  program = steps.Program.create(c, 257)
+  fns = compiled(c)
+  program = fns.program
   batch = np.random.default_rng(0).integers(0, 257, (8, 33)).astype(np.int32)
   old = jax.device_get(program.init(0, c.optim.lr))
   plain, m_plain = program.train_step(jax.device_put(old), batch)
@@ -299,7 +314,7 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
                                        "train_logz_mean"}
   for k in m_plain:
     np.testing.assert_allclose(m_plain[k], m_log[k], rtol=1e-6)
-  _, m_ref = jax.jit(program.steps.train_step)(jax.device_put(old), batch)  # the definition
+  _, m_ref = fns.reference(jax.device_put(old), batch)  # the definition
   assert {k: float(v) for k, v in m_ref.items()} == {k: float(v) for k, v in m_log.items()}
   new_params = jax.device_get(logged.params)
   updates = jax.tree.map(lambda new, prev: np.float64(new) - np.float64(prev), new_params,
@@ -311,7 +326,7 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides", [{}, {"model.loss_impl": "plain", "model.scan_layers": True},
                                        {"model.kind": "encoder"}])
-def test_the_log_steps_stability_measures_are_those_of_its_training_forward(overrides):
+def test_the_log_steps_stability_measures_are_those_of_its_training_forward(overrides, compiled):
   """`train_attn_logit_max` is the largest pre-softmax attention logit of the step's training
   forward (its key, so its dropout) over layers, `train_logz_mean` the mean logsumexp of its
   output logits over the predicted positions: computed here from the model directly."""
@@ -319,23 +334,22 @@ def test_the_log_steps_stability_measures_are_those_of_its_training_forward(over
   c = config_lib.encoder("gelu", "smoke") if encoder else tiny(**overrides)
   c.model.dropout = 0.1
   vocab = 300 if encoder else 257
-  step_fns = steps.Steps.create(c, vocab)
-  state = jax.jit(step_fns.init)(0)
+  fns = compiled(c, vocab)
+  state = fns.program.init(0, c.optim.lr)
   batch = jnp.asarray(np.random.default_rng(0).integers(5, vocab, (c.train.batch_size,
                                                                     c.data.seq_len + 1)), jnp.int32)
-  _, m = jax.jit(step_fns.train_step)(state, batch)
+  _, m = fns.reference(state, batch)
   key = jax.random.fold_in(state.rng, state.step)
+  forward = jax.jit(functools.partial(models.apply, fns.steps.model, train=True, stats=True))
   if encoder:
     (inputs, positions, _, weights), dropout_key = mlm.masked_batch(
         key, batch, mlm.specials_of(c), vocab, c.data.mlm_prob, c.data.mlm_mask_frac,
         c.data.mlm_random_frac)
-    logits, sown = models.apply(step_fns.model, state.params, inputs, inputs != 0,
-                                masked_positions_BP=positions, train=True,
-                                rngs={"dropout": dropout_key}, stats=True)
+    logits, sown = forward(state.params, inputs, inputs != 0, masked_positions_BP=positions,
+                           rngs={"dropout": dropout_key})
     logz = np.sum(jax.nn.logsumexp(logits, -1) * weights) / np.sum(weights)
   else:
-    logits, sown = models.apply(step_fns.model, state.params, batch[:, :-1], train=True,
-                                rngs={"dropout": key}, stats=True)
+    logits, sown = forward(state.params, batch[:, :-1], rngs={"dropout": key})
     logz = np.mean(jax.nn.logsumexp(logits, -1))
   logit_max = max(float(s.logit_max) for s in metrics.per_layer(sown, models.AttentionStats))
   np.testing.assert_allclose(float(m["train_attn_logit_max"]), logit_max, rtol=1e-5)
@@ -343,18 +357,17 @@ def test_the_log_steps_stability_measures_are_those_of_its_training_forward(over
 
 
 @pytest.mark.slow
-def test_z_loss_is_trained_but_logged_apart():
+def test_z_loss_is_trained_but_logged_apart(compiled):
   """With `optim.z_loss`, the step's `train_loss` is still the cross-entropy, `z_loss` is
   z_loss · mean logZ² (both every step), and the gradient is that of their sum."""
-  c = tiny(**{"optim.z_loss": 0.05, "optim.warmup_steps": 0})
+  c = tiny(**{"optim.z_loss": 0.05})
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
-  step_fns = steps.Steps.create(c, 257)
-  state = jax.jit(step_fns.init)(0)
-  _, m = jax.jit(functools.partial(step_fns.train_step, diagnostics=False))(state, batch)
-  _, m_off = jax.jit(functools.partial(steps.Steps.create(tiny(**{"optim.warmup_steps": 0}), 257)
-                                       .train_step, diagnostics=False))(state, batch)
+  fns, off = compiled(c), compiled(tiny())
+  state = jax.device_get(fns.program.init(0, c.optim.lr))
+  _, m = fns.program.train_step(jax.device_put(state), batch)
+  _, m_off = off.program.train_step(jax.device_put(state), batch)
   key = jax.random.fold_in(state.rng, state.step)
-  logits, _ = models.apply(step_fns.model, state.params, batch[:, :-1], train=True,
+  logits, _ = models.apply(fns.steps.model, state.params, batch[:, :-1], train=True,
                            rngs={"dropout": key})
   np.testing.assert_allclose(float(m["z_loss"]),
                              0.05 * float(np.mean(jax.nn.logsumexp(logits, -1) ** 2)), rtol=1e-5)
