@@ -157,8 +157,9 @@ def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tiny_config):
   _, ref_metrics = jax.jit(ref_steps.train_step)(state, batch)
   c.model.dtype = "bfloat16"
   step_fns = steps.Steps.create(c, 257)
-  hidden = step_fns.model.apply({"params": state.params}, batch[:, :-1], method="hidden")
-  logits = step_fns.model.apply({"params": state.params}, batch[:, :-1])
+  hidden, logits = (jax.eval_shape(functools.partial(step_fns.model.apply, method=method),
+                                   {"params": state.params}, batch[:, :-1])
+                    for method in ("hidden", None))
   assert hidden.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
   new, metrics = jax.jit(step_fns.train_step)(state, batch)
   dtypes = {x.dtype for x in jax.tree.leaves((new.params, new.opt_state))}
