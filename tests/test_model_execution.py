@@ -15,6 +15,7 @@ from actlab.config import sizes
 from actlab.measure import evaluators, histogram
 from actlab.models import execution, hf, transformer
 from actlab.run import steps
+from conftest import tiny
 
 
 def relative_error(a, b):
@@ -35,18 +36,41 @@ def tiny_encoder():
                              {**tiny, "data.seq_len": 32, "model.dropout": 0.0})
 
 
+def config_of(kind):
+  return tiny() if kind == "decoder" else tiny_encoder()
+
+
+@pytest.fixture(scope="module")
+def references():
+  """kind ("decoder", "encoder") → the initial parameters of its tiny config, a batch, and their
+  loss and gradients by the per-layer model without remat: once for all the tests of a kind."""
+  made = {}
+
+  def get(kind):
+    if kind not in made:
+      c = config_of(kind)
+      batch = jnp.asarray(np.random.default_rng(1).integers(0, 257, (8, 33)), jnp.int32)
+      params = jax.jit(steps.Steps.create(c, 257).init)(0).params
+      made[kind] = params, batch, loss_and_grads(c, params, batch)
+    return made[kind]
+  return get
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["decoder", "encoder"])
-@pytest.mark.parametrize("remat", ["none", "full", "dots"])
-def test_scan_and_remat_compute_the_same_function(tiny_config, remat, kind):
-  c = tiny_config if kind == "decoder" else tiny_encoder()
-  batch = jnp.asarray(np.random.default_rng(1).integers(0, 257, (8, 33)), jnp.int32)
-  params = jax.jit(steps.Steps.create(c, 257).init)(0).params
-  ref = loss_and_grads(c, params, batch)
+@pytest.mark.parametrize("remat, kind", [("none", "decoder"), ("full", "decoder"),
+                                         ("dots", "decoder"), ("full", "encoder")])
+def test_scan_and_remat_compute_the_same_function(references, remat, kind):
+  """Each remat policy, then scan over layers too, computes the reference's loss and gradients.
+  The policies and the scan are the decoder's and the encoder's shared code
+  (execution.transformed_stack): every policy on the decoder; the encoder (no causal mask, a
+  padding mask through remat and scan, BERT's names) under one."""
+  c = config_of(kind)
+  params, batch, ref = references(kind)
   c.model.remat = remat
-  got = loss_and_grads(c, params, batch)
-  assert abs(float(got[0] - ref[0])) <= 1e-6 * float(ref[0])
-  assert relative_error(ref[1], got[1]) <= 1e-6
+  if remat != "none":  # Else this model is the reference's.
+    got = loss_and_grads(c, params, batch)
+    assert abs(float(got[0] - ref[0])) <= 1e-6 * float(ref[0])
+    assert relative_error(ref[1], got[1]) <= 1e-6
   c.model.scan_layers = True
   scan_params = execution.scanned_layout(params)
   like = jax.eval_shape(steps.Steps.create(c, 257).init, 0).params
@@ -102,16 +126,14 @@ def test_remat_marks_every_block_for_recomputation(tiny_config):
 
 
 @pytest.mark.slow
-def test_scanned_model_sows_statistics_per_layer(tiny_config):
-  c = tiny_config
+def test_scanned_model_sows_statistics_per_layer(references):
+  c = config_of("decoder")
   batch = jnp.asarray(np.random.default_rng(2).integers(0, 257, (8, 33)), jnp.int32)
   out = {}
   for scan in (False, True):
     c.model.scan_layers = scan
     step_fns = steps.Steps.create(c, 257)
-    params = jax.jit(step_fns.init)(0).params
-    if scan:
-      params = execution.scanned_layout(out[False][1])
+    params = execution.scanned_layout(out[False][1]) if scan else references("decoder")[0]
     evals = evaluators.Evaluators.create(c)
     stats = jax.jit(functools.partial(evals.validation_step, step_fns))(params, batch)
     out[scan] = (evals.pool([jax.device_get(stats)]), params)
@@ -135,8 +157,9 @@ def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tiny_config):
   _, ref_metrics = jax.jit(ref_steps.train_step)(state, batch)
   c.model.dtype = "bfloat16"
   step_fns = steps.Steps.create(c, 257)
-  hidden = step_fns.model.apply({"params": state.params}, batch[:, :-1], method="hidden")
-  logits = step_fns.model.apply({"params": state.params}, batch[:, :-1])
+  hidden, logits = (jax.eval_shape(functools.partial(step_fns.model.apply, method=method),
+                                   {"params": state.params}, batch[:, :-1])
+                    for method in ("hidden", None))
   assert hidden.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
   new, metrics = jax.jit(step_fns.train_step)(state, batch)
   dtypes = {x.dtype for x in jax.tree.leaves((new.params, new.opt_state))}

@@ -1,9 +1,13 @@
 """Training: optimizer, pure step, loss falls, overfitting, workdir files and contracts."""
 
+import contextlib
 import functools
+import io
 import itertools
 import json
 import re
+import shutil
+import types
 
 import jax
 import jax.numpy as jnp
@@ -102,20 +106,35 @@ def val_loss(eval_step, params, dataset) -> float:
 
 
 @pytest.fixture(scope="module")
-def task_and_data():
-  c = tiny()
-  ds = data.load(c)
-  return steps.Steps.create(c, ds.tokenizer.vocab_size), ds
+def dataset():
+  return data.load(tiny())
+
+
+@pytest.fixture(scope="module")
+def compiled():
+  """The step functions of this module's tests, each compiled once: (config, vocab size) → the
+  config's `steps.Program` (its init, `train_step`, `log_step`), its `Steps`, and `reference`:
+  `Steps.train_step` as defined (with diagnostics, donating nothing), jitted."""
+  made = {}
+
+  def get(config, vocab_size=257):
+    key = steps.compile_key(config, vocab_size)
+    if key not in made:
+      program = steps.Program.create(config, vocab_size)
+      made[key] = types.SimpleNamespace(program=program, steps=program.steps,
+                                        reference=jax.jit(program.steps.train_step))
+    return made[key]
+  return get
 
 
 @pytest.mark.slow
-def test_train_step_is_pure(task_and_data):
-  task, ds = task_and_data
-  step = jax.jit(task.train_step)
-  state = jax.jit(task.init)(0)
-  batch = ds.train_batch(0)
-  jit_state, jit_metrics = step(state, batch)
-  again_state, _ = step(state, batch)  # same input → same output, input untouched
+def test_train_step_is_pure(compiled, dataset):
+  c = tiny()
+  fns = compiled(c)
+  state = fns.program.start([c])
+  batch = dataset.train_batch(0)
+  jit_state, jit_metrics = fns.reference(state, batch)
+  again_state, _ = fns.reference(state, batch)  # same input → same output, input untouched
   for a, b in zip(jax.tree.leaves(jit_state), jax.tree.leaves(again_state)):
     np.testing.assert_array_equal(a, b)
   assert int(jit_state.step) == 1 and int(state.step) == 0
@@ -124,75 +143,97 @@ def test_train_step_is_pure(task_and_data):
 
 
 @pytest.mark.slow
-def test_loss_falls_over_50_steps(task_and_data):
-  task, ds = task_and_data
-  step = jax.jit(task.train_step, donate_argnums=0)
-  eval_step = jax.jit(functools.partial(LOSS.validation_step, task))
-  state = jax.jit(task.init)(0)
-  before = val_loss(eval_step, state.params, ds)
+def test_loss_falls_over_50_steps(compiled, dataset):
+  c = tiny()
+  program = compiled(c).program
+  eval_step = jax.jit(functools.partial(LOSS.validation_step, program.steps))
+  state = program.start([c])
+  before = val_loss(eval_step, state.params, dataset)
   for k in range(50):
-    state, _ = step(state, ds.train_batch(k))
-  after = val_loss(eval_step, state.params, ds)
+    state, _ = program.train_step(state, dataset.train_batch(k))
+  after = val_loss(eval_step, state.params, dataset)
   assert after < before - 1.0, (before, after)
 
 
 @pytest.mark.slow
-def test_overfits_one_batch(task_and_data):
-  _, ds = task_and_data
+def test_overfits_one_batch(dataset):
   c = tiny(**{"model.d_model": 64, "model.d_ff": 256, "optim.lr": 1e-2, "train.steps": 100,
               "train.batch_size": 4})
-  task = steps.Steps.create(c, ds.tokenizer.vocab_size)
+  task = steps.Steps.create(c, dataset.tokenizer.vocab_size)
   step = jax.jit(task.train_step, donate_argnums=0)
   state = jax.jit(task.init)(0)
-  batch = ds.train_batch(0)[:4]
+  batch = dataset.train_batch(0)[:4]
   for _ in range(100):
     state, metrics = step(state, batch)
   assert float(metrics["train_loss"]) < 0.3
 
 
 @pytest.mark.slow
-def test_step_keys_differ_per_step_and_seed():
-  """Dropout masks come from fold_in(rng, step): different per step, same for same (seed, step)."""
-  c = tiny(**{"model.dropout": 0.5})
-  task = steps.Steps.create(c, 257)
+def test_step_keys_differ_per_step_and_seed(compiled):
+  """Dropout masks come from fold_in(rng, step): different per step, same for same (seed, step).
+  (The dropout of the stability measures' test: one compile for both.)"""
+  c = tiny(**{"model.dropout": 0.1})
+  fns = compiled(c)
   batch = np.ones((8, 33), np.int32)
-  step = jax.jit(task.train_step)
-  s0 = jax.jit(task.init)(0)
-  _, m_a = step(s0, batch)
-  _, m_b = step(s0, batch)
-  _, m_c = step(s0.replace(step=jnp.int32(1)), batch)
-  _, m_d = step(jax.jit(task.init)(1).replace(params=s0.params), batch)
+  s0 = fns.program.init(0, c.optim.lr)
+  _, m_a = fns.reference(s0, batch)
+  _, m_b = fns.reference(s0, batch)
+  _, m_c = fns.reference(s0.replace(step=jnp.int32(1)), batch)
+  _, m_d = fns.reference(fns.program.init(1, c.optim.lr).replace(params=s0.params), batch)
   assert float(m_a["train_loss"]) == float(m_b["train_loss"])
   assert float(m_a["train_loss"]) != float(m_c["train_loss"])
   assert float(m_a["train_loss"]) != float(m_d["train_loss"])
 
 
+def run_config(sharpness_every: int):
+  """The runs of `runs`: 30 steps of the tiny decoder, the test windows scored at the end, the
+  bar on, sharpness estimated every `sharpness_every` steps."""
+  return tiny(**{"data.test_batches": 1, "train.steps": 30, "train.eval_every": 30,
+                 "train.progress": True, "metrics.sharpness_every": sharpness_every,
+                 "metrics.sharpness_iters": 2})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """`train.run` of `run_config(30)`, which estimates sharpness at steps 0 and 30, and of
+  `run_config(31)`, too short for an estimate after step 0, by sharpness_every: each with its
+  config, workdir, summary, metrics.jsonl rows, stdout, stderr, and the compiled programs
+  (`cache`, for `steps.program`)."""
+  cache, out = {}, {}
+  for every in (30, 31):
+    c, workdir = run_config(every), tmp_path_factory.mktemp(f"sharpness_every_{every}")
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+      summary = train.run(c, workdir, cache=cache)
+    rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    out[every] = types.SimpleNamespace(config=c, workdir=workdir, summary=summary, rows=rows,
+                                       out=stdout.getvalue(), err=stderr.getvalue(), cache=cache)
+  return out
+
+
 @pytest.mark.slow
-def test_run_writes_workdir_contract(tmp_path):
-  c = tiny(**{"data.test_batches": 1})
-  c.train.steps = 30
-  c.train.eval_every = 30
-  summary = train.run(c, tmp_path)
-  assert json.loads((tmp_path / "config.json").read_text()) == json.loads(c.to_json())
-  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+def test_run_writes_workdir_contract(runs):
+  run = runs[30]
+  c, workdir, rows, summary = run.config, run.workdir, run.rows, run.summary
+  assert json.loads((workdir / "config.json").read_text()) == json.loads(c.to_json())
   assert [r["step"] for r in rows] == [0, 10, 20, 30]
   for r in rows[1:]:
     assert {"train_loss", "lr", "grad_norm", "tokens_per_sec"} <= set(r)
   assert "val_loss" in rows[0] and "val_loss" in rows[-1]
   assert rows[-1]["val_loss"] < rows[0]["val_loss"]
-  saved = json.loads((tmp_path / "summary.json").read_text())
+  saved = json.loads((workdir / "summary.json").read_text())
   assert saved == summary
   assert saved["final_val_loss"] == rows[-1]["val_loss"]
   assert saved["best_val_loss"] == min(rows[0]["val_loss"], rows[-1]["val_loss"])
   assert saved["params_non_embedding"] < saved["params"]
   assert saved["unigram_loss"] == pytest.approx(data.load(c).unigram_loss())  # the "learned" bar
   assert saved["unigram_loss"] < rows[0]["val_loss"]  # below ln(V): frequencies are learnable
-  assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
                 if p.name.isdigit()) == [25, 30]
   # The held-out test windows are scored once, at the end, by the same loss.
   assert ["test_loss" in r for r in rows] == [False, False, False, True]
   assert saved["final_test_loss"] == rows[-1]["test_loss"]
-  _, _, task, params, _ = train.load_run(tmp_path)
+  _, _, task, params, _ = train.load_run(workdir)
   outs = [task.objective(task.model, params, jnp.asarray(b), jax.random.PRNGKey(data.VAL_SEED),
                          train=False) for b in data.load(c).val_batches(test=True)]
   direct = sum(float(o["loss_sum"]) for o in outs) / sum(float(o["count"]) for o in outs)
@@ -201,25 +242,68 @@ def test_run_writes_workdir_contract(tmp_path):
 
 
 @pytest.mark.slow
-def test_different_config_on_used_workdir_is_refused(tmp_path):
-  c = tiny()
-  c.train.steps = 10
-  train.run(c, tmp_path)
-  before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+def test_different_config_on_used_workdir_is_refused(runs, tmp_path):
+  """A run's workdir (a copy of one of `runs`) refuses another config, naming what differs, and
+  is left as it was."""
+  workdir = shutil.copytree(runs[31].workdir, tmp_path / "run")
+  before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+  c = run_config(31)
   c.optim.lr = 1e-4
   c.model.activation = "relu"
   with pytest.raises(train.WorkdirError, match=r"model.activation: 'gelu' → 'relu'.*optim.lr"):
-    train.run(c, tmp_path)
-  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+    train.run(c, workdir)
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
 
 
-def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it():
+@pytest.mark.slow
+def test_rows_keep_the_largest_grad_norm_of_every_step(runs):
+  """`grad_norm_max` in a row is the largest `grad_norm` of the steps since the previous row, and
+  the summary's the run's largest: the run's steps retaken here one by one (by its program)."""
+  run = runs[31]
+  c = run.config
+  ds = data.load(c)
+  program = steps.program(c, ds.tokenizer.vocab_size, cache=run.cache)
+  state, norms = program.start([c]), []
+  for k in range(c.train.steps):
+    state, m = program.train_step(state, program.put_batches([ds.train_batch(k)]))
+    norms.append(float(m["grad_norm"]))
+  rows = run.rows[1:]
+  assert [r["step"] for r in rows] == [10, 20, 30]
+  intervals = [norms[:10], norms[10:20], norms[20:]]
+  for row, interval in zip(rows, intervals):
+    np.testing.assert_allclose(row["grad_norm_max"], max(interval), rtol=1e-5)
+    np.testing.assert_allclose(row["grad_norm"], interval[-1], rtol=1e-5)
+  assert any(max(interval) != interval[-1] for interval in intervals)  # the max is not the last
+  np.testing.assert_allclose(run.summary["grad_norm_max"], max(norms), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_bar_says_what_the_run_does_and_a_run_too_short_for_sharpness_skips_it(runs):
+  """The bar's description names the step-0 evaluation and sharpness estimate while they run,
+  then training. A run of fewer steps than `metrics.sharpness_every` estimates no sharpness, not
+  even at step 0, and says so; its other numbers are those of a run that does."""
+  for every, described in ((30, ["evaluating", "sharpness", "training"]),
+                           (31, ["evaluating", "training", "evaluating"])):
+    bar = [d for d, _ in itertools.groupby(re.findall(r"(\w+):\s+\d+%", runs[every].err))]
+    assert bar[:3] == described, runs[every].err
+  assert [r["step"] for r in runs[30].rows if "sharpness" in r] == [0, 30]
+  assert not any("sharpness" in r for r in runs[31].rows)
+  note = ("actlab: no sharpness estimates: metrics.sharpness_every (31) is more than train.steps "
+          "(30), so none would follow step 0's (docs/metrics.md §5)\n")
+  assert note in runs[31].out and "sharpness" not in runs[30].out
+  strip = lambda rs: [{k: v for k, v in r.items() if k not in ("sharpness", "tokens_per_sec")}
+                      for r in rs]
+  assert strip(runs[31].rows) == strip(runs[30].rows)
+
+
+def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(compiled):
   """Program.train_step (every step) and Program.log_step (the steps the loop logs) compute the
   same state (two compiled programs: XLA may round the update differently at the last bit); the
   log step adds the update and parameter norms as defined before the split: the norm of this
   step's AdamW update and of the parameters after it; and the stability measures (only there)."""
   c = tiny()
-  program = steps.Program.create(c, 257)
+  fns = compiled(c)
+  program = fns.program
   batch = np.random.default_rng(0).integers(0, 257, (8, 33)).astype(np.int32)
   old = jax.device_get(program.init(0, c.optim.lr))
   plain, m_plain = program.train_step(jax.device_put(old), batch)
@@ -230,7 +314,7 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
                                        "train_logz_mean"}
   for k in m_plain:
     np.testing.assert_allclose(m_plain[k], m_log[k], rtol=1e-6)
-  _, m_ref = jax.jit(program.steps.train_step)(jax.device_put(old), batch)  # the definition
+  _, m_ref = fns.reference(jax.device_put(old), batch)  # the definition
   assert {k: float(v) for k, v in m_ref.items()} == {k: float(v) for k, v in m_log.items()}
   new_params = jax.device_get(logged.params)
   updates = jax.tree.map(lambda new, prev: np.float64(new) - np.float64(prev), new_params,
@@ -242,7 +326,7 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides", [{}, {"model.loss_impl": "plain", "model.scan_layers": True},
                                        {"model.kind": "encoder"}])
-def test_the_log_steps_stability_measures_are_those_of_its_training_forward(overrides):
+def test_the_log_steps_stability_measures_are_those_of_its_training_forward(overrides, compiled):
   """`train_attn_logit_max` is the largest pre-softmax attention logit of the step's training
   forward (its key, so its dropout) over layers, `train_logz_mean` the mean logsumexp of its
   output logits over the predicted positions: computed here from the model directly."""
@@ -250,23 +334,22 @@ def test_the_log_steps_stability_measures_are_those_of_its_training_forward(over
   c = config_lib.encoder("gelu", "smoke") if encoder else tiny(**overrides)
   c.model.dropout = 0.1
   vocab = 300 if encoder else 257
-  step_fns = steps.Steps.create(c, vocab)
-  state = jax.jit(step_fns.init)(0)
+  fns = compiled(c, vocab)
+  state = fns.program.init(0, c.optim.lr)
   batch = jnp.asarray(np.random.default_rng(0).integers(5, vocab, (c.train.batch_size,
                                                                     c.data.seq_len + 1)), jnp.int32)
-  _, m = jax.jit(step_fns.train_step)(state, batch)
+  _, m = fns.reference(state, batch)
   key = jax.random.fold_in(state.rng, state.step)
+  forward = jax.jit(functools.partial(models.apply, fns.steps.model, train=True, stats=True))
   if encoder:
     (inputs, positions, _, weights), dropout_key = mlm.masked_batch(
         key, batch, mlm.specials_of(c), vocab, c.data.mlm_prob, c.data.mlm_mask_frac,
         c.data.mlm_random_frac)
-    logits, sown = models.apply(step_fns.model, state.params, inputs, inputs != 0,
-                                masked_positions_BP=positions, train=True,
-                                rngs={"dropout": dropout_key}, stats=True)
+    logits, sown = forward(state.params, inputs, inputs != 0, masked_positions_BP=positions,
+                           rngs={"dropout": dropout_key})
     logz = np.sum(jax.nn.logsumexp(logits, -1) * weights) / np.sum(weights)
   else:
-    logits, sown = models.apply(step_fns.model, state.params, batch[:, :-1], train=True,
-                                rngs={"dropout": key}, stats=True)
+    logits, sown = forward(state.params, batch[:, :-1], rngs={"dropout": key})
     logz = np.mean(jax.nn.logsumexp(logits, -1))
   logit_max = max(float(s.logit_max) for s in metrics.per_layer(sown, models.AttentionStats))
   np.testing.assert_allclose(float(m["train_attn_logit_max"]), logit_max, rtol=1e-5)
@@ -274,72 +357,20 @@ def test_the_log_steps_stability_measures_are_those_of_its_training_forward(over
 
 
 @pytest.mark.slow
-def test_z_loss_is_trained_but_logged_apart():
+def test_z_loss_is_trained_but_logged_apart(compiled):
   """With `optim.z_loss`, the step's `train_loss` is still the cross-entropy, `z_loss` is
   z_loss · mean logZ² (both every step), and the gradient is that of their sum."""
-  c = tiny(**{"optim.z_loss": 0.05, "optim.warmup_steps": 0})
+  c = tiny(**{"optim.z_loss": 0.05})
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
-  step_fns = steps.Steps.create(c, 257)
-  state = jax.jit(step_fns.init)(0)
-  _, m = jax.jit(functools.partial(step_fns.train_step, diagnostics=False))(state, batch)
-  _, m_off = jax.jit(functools.partial(steps.Steps.create(tiny(**{"optim.warmup_steps": 0}), 257)
-                                       .train_step, diagnostics=False))(state, batch)
+  fns, off = compiled(c), compiled(tiny())
+  state = jax.device_get(fns.program.init(0, c.optim.lr))
+  _, m = fns.program.train_step(jax.device_put(state), batch)
+  _, m_off = off.program.train_step(jax.device_put(state), batch)
   key = jax.random.fold_in(state.rng, state.step)
-  logits, _ = models.apply(step_fns.model, state.params, batch[:, :-1], train=True,
-                           rngs={"dropout": key})
+  logits, _ = jax.jit(functools.partial(models.apply, fns.steps.model, train=True))(
+      state.params, batch[:, :-1], rngs={"dropout": key})
   np.testing.assert_allclose(float(m["z_loss"]),
                              0.05 * float(np.mean(jax.nn.logsumexp(logits, -1) ** 2)), rtol=1e-5)
   np.testing.assert_allclose(float(m["train_loss"]), float(m_off["train_loss"]), rtol=1e-6)
   assert "z_loss" not in m_off
   assert abs(float(m["grad_norm"]) - float(m_off["grad_norm"])) > 1e-6 * float(m_off["grad_norm"])
-
-
-@pytest.mark.slow
-def test_rows_keep_the_largest_grad_norm_of_every_step(tmp_path):
-  """`grad_norm_max` in a row is the largest `grad_norm` of the steps since the previous row, and
-  the summary's the run's largest: the run's steps retaken here one by one."""
-  c = tiny(**{"train.steps": 6, "train.log_every": 3, "train.eval_every": 6,
-              "train.checkpoint_every": 6, "optim.warmup_steps": 1, "optim.lr": 3e-2})
-  summary = train.run(c, tmp_path)
-  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
-  ds = data.load(c)
-  program = steps.Program.create(c, ds.tokenizer.vocab_size)
-  state, norms = program.start([c]), []
-  for k in range(c.train.steps):
-    state, m = program.train_step(state, program.put_batches([ds.train_batch(k)]))
-    norms.append(float(m["grad_norm"]))
-  assert [r["step"] for r in rows] == [3, 6]
-  for row, interval in zip(rows, (norms[:3], norms[3:])):
-    np.testing.assert_allclose(row["grad_norm_max"], max(interval), rtol=1e-5)
-    np.testing.assert_allclose(row["grad_norm"], interval[-1], rtol=1e-5)
-  assert max(norms[:3]) != norms[2] or max(norms[3:]) != norms[5]  # the max is not the last
-  np.testing.assert_allclose(summary["grad_norm_max"], max(norms), rtol=1e-5)
-
-
-@pytest.mark.slow
-def test_the_bar_says_what_the_run_does_and_a_run_too_short_for_sharpness_skips_it(tmp_path,
-                                                                                    capsys):
-  """The bar's description names the step-0 evaluation and sharpness estimate while they run,
-  then training. A run of fewer steps than `metrics.sharpness_every` estimates no sharpness, not
-  even at step 0, and says so; its other numbers are those of a run that does."""
-  rows, said = {}, {}
-  for every in (4, 5):
-    c = tiny(**{"train.steps": 4, "train.log_every": 2, "train.eval_every": 2,
-                "train.checkpoint_every": 4, "train.progress": True,
-                "optim.warmup_steps": 2, "metrics.sharpness_every": every,
-                "metrics.sharpness_iters": 2})
-    train.run(c, tmp_path / str(every))
-    said[every] = capsys.readouterr()
-    rows[every] = [json.loads(l) for l in (tmp_path / str(every) / "metrics.jsonl").read_text()
-                   .splitlines()]
-    bar = [d for d, _ in itertools.groupby(re.findall(r"(\w+):\s+\d+%", said[every].err))]
-    assert bar[:3] == (["evaluating", "sharpness", "training"] if every == 4 else
-                       ["evaluating", "training", "evaluating"]), said[every].err
-  assert [r["step"] for r in rows[4] if "sharpness" in r] == [0, 4]
-  assert not any("sharpness" in r for r in rows[5])
-  note = ("actlab: no sharpness estimates: metrics.sharpness_every (5) is more than train.steps "
-          "(4), so none would follow step 0's (docs/metrics.md §5)\n")
-  assert note in said[5].out and "sharpness" not in said[4].out
-  strip = lambda rs: [{k: v for k, v in r.items() if k not in ("sharpness", "tokens_per_sec")}
-                      for r in rs]
-  assert strip(rows[5]) == strip(rows[4])
