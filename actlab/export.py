@@ -77,7 +77,8 @@ def main(argv):
   print(write(pathlib.Path(flags.FLAGS.workdir), pathlib.Path(flags.FLAGS.out)))
 
 
-if __name__ == "__main__":  # Not on import: they would clash with actlab.sample's (tests import both).
+if __name__ == "__main__":
+  # The flags, not on import: --workdir would clash with actlab.sample's (tests import both).
   flags.DEFINE_string("workdir", None, "Run directory of a trained model.")
   flags.DEFINE_string("out", None, "Directory to write the Hugging Face model into: new, empty, "
                       "or one an earlier export wrote.")
