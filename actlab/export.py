@@ -3,6 +3,8 @@ the tokenizer's files, which `transformers` loads with `from_pretrained` (docs/h
 
   python -m actlab.export --workdir=runs/gelu --out=hf/gelu
 
+or `write(workdir, out)` from Python.
+
 A decoder becomes `GPT2LMHeadModel`, an encoder `BertForMaskedLM` (task mlm) or
 `BertForSequenceClassification` (task classify); the padded vocabulary rows are dropped. What
 GPT-2 or BERT cannot express (a gated FFN, another LayerNorm placement, ...) is refused in one
@@ -23,12 +25,6 @@ from actlab.data import hf_tokenizer
 from actlab.models import hf_checkpoint
 from actlab.run import train
 from actlab.run import workdir as workdir_lib
-
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained model.")
-_OUT = flags.DEFINE_string("out", None, "Directory to write the Hugging Face model into: new, "
-                           "empty, or one an earlier export wrote.")
-flags.mark_flags_as_required(["workdir", "out"])
-
 
 def check_out(out: pathlib.Path) -> None:
   """Refuses an `--out` that is a file, is or lies inside a run directory, or holds anything but
@@ -52,15 +48,13 @@ def _exported(directory: pathlib.Path) -> bool:
   return isinstance(entry, dict) and "exported_from" in entry
 
 
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.WARNING)
-  os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found"
+def write(workdir: pathlib.Path, out: pathlib.Path) -> str:
+  """Writes the run in `workdir` into `out` (`check_out`); returns the line that says what was
+  written, from which step of how many, and how to load it."""
   missing = [m for m in ("transformers", "safetensors", "tokenizers")
              if importlib.util.find_spec(m) is None]
   if missing:
     raise errors.UserError(f"export needs {', '.join(missing)}: {hf_checkpoint.INSTALL}")
-  workdir, out = pathlib.Path(_WORKDIR.value), pathlib.Path(_OUT.value)
   check_out(out)
   config, tokenizer, _, params, step = train.load_run(workdir)
   summary = workdir_lib.read_summary(workdir)  # Written when the run ended, or diverged.
@@ -71,10 +65,22 @@ def main(argv):
   hf_checkpoint.write(out, config, arch, params, tokenizer.vocab_size, tokenizer.eot_id, run)
   hf_tokenizer.write(tokenizer, out, config.model.max_len)
   state = {None: " (unfinished)", "diverged": " (diverged)"}.get(status, "")
-  print(f"wrote {out}: {arch.cls} from {workdir} step {step} of {config.train.steps}{state}, "
-        f"tokenizer {tokenizer.name}; load it with "
-        f"transformers.{arch.cls}.from_pretrained({str(out)!r})")
+  return (f"wrote {out}: {arch.cls} from {workdir} step {step} of {config.train.steps}{state}, "
+          f"tokenizer {tokenizer.name}; load it with "
+          f"transformers.{arch.cls}.from_pretrained({str(out)!r})")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found"
+  print(write(pathlib.Path(flags.FLAGS.workdir), pathlib.Path(flags.FLAGS.out)))
 
 
 if __name__ == "__main__":
+  # The flags, not on import: --workdir would clash with actlab.sample's (tests import both).
+  flags.DEFINE_string("workdir", None, "Run directory of a trained model.")
+  flags.DEFINE_string("out", None, "Directory to write the Hugging Face model into: new, empty, "
+                      "or one an earlier export wrote.")
+  flags.mark_flags_as_required(["workdir", "out"])
   errors.run(main)

@@ -62,32 +62,39 @@ def make_generate(model, vocab_size: int, max_new: int, temperature: float, top_
   return generate
 
 
+def continue_prompt(workdir: pathlib.Path, prompt: str, max_tokens: int | None,
+                    temperature: float, top_k: int, seed: int) -> str:
+  """`prompt` and what the run in `workdir` continues it with: `max_tokens` new tokens (None:
+  up to the model's context), or fewer where it ends the text."""
+  config, tokenizer, task, params, _ = load_run(workdir)
+  if not tasks.get(config).CAUSAL:
+    raise errors.UserError(f"sampling needs a causal LM (decoder) run; {workdir} is "
+                           f"{tasks.name(config)!r}")
+  if top_k > tokenizer.vocab_size:
+    raise errors.UserError(f"--top_k={top_k} must be between 0 and the vocabulary size "
+                           f"{tokenizer.vocab_size}")
+  tokens = [tokenizer.eot_id] + tokenizer.encode(prompt)
+  room = config.model.max_len - len(tokens)
+  if room < 1:
+    raise errors.UserError(f"the prompt takes {len(tokens)} tokens and the model's context is "
+                           f"{config.model.max_len}; shorten the prompt")
+  max_new = room if max_tokens is None else max_tokens
+  if not 0 < max_new <= room:
+    raise errors.UserError(
+        f"the prompt takes {len(tokens)} of the model's {config.model.max_len} positions; "
+        f"--max_tokens must be between 1 and {room}")
+  generate = make_generate(task.model, tokenizer.vocab_size, max_new, temperature, top_k)
+  new = generate(params, jnp.asarray([tokens]), jax.random.PRNGKey(seed))[0].tolist()
+  if tokenizer.eot_id in new:
+    new = new[:new.index(tokenizer.eot_id)]
+  return prompt + tokenizer.decode(new)
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  config, tokenizer, task, params, step = load_run(pathlib.Path(_WORKDIR.value))
-  if not tasks.get(config).CAUSAL:
-    raise errors.UserError(f"sampling needs a causal LM (decoder) run; {_WORKDIR.value} is "
-                           f"{tasks.name(config)!r}")
-  if _TOP_K.value > tokenizer.vocab_size:
-    raise errors.UserError(f"--top_k={_TOP_K.value} must be between 0 and the vocabulary size "
-                           f"{tokenizer.vocab_size}")
-  prompt = [tokenizer.eot_id] + tokenizer.encode(_PROMPT.value)
-  room = config.model.max_len - len(prompt)
-  if room < 1:
-    raise errors.UserError(f"the prompt takes {len(prompt)} tokens and the model's context is "
-                           f"{config.model.max_len}; shorten the prompt")
-  max_new = room if _MAX_TOKENS.value is None else _MAX_TOKENS.value
-  if not 0 < max_new <= room:
-    raise errors.UserError(
-        f"the prompt takes {len(prompt)} of the model's {config.model.max_len} positions; "
-        f"--max_tokens must be between 1 and {room}")
-  generate = make_generate(task.model, tokenizer.vocab_size, max_new, _TEMPERATURE.value,
-                           _TOP_K.value)
-  tokens = generate(params, jnp.asarray([prompt]), jax.random.PRNGKey(_SEED.value))[0].tolist()
-  if tokenizer.eot_id in tokens:
-    tokens = tokens[:tokens.index(tokenizer.eot_id)]
-  print(_PROMPT.value + tokenizer.decode(tokens))
+  print(continue_prompt(pathlib.Path(_WORKDIR.value), _PROMPT.value, _MAX_TOKENS.value,
+                        _TEMPERATURE.value, _TOP_K.value, _SEED.value))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 longer be split into CPU devices or join a distributed run. Each runs in a fresh process under
 `GUARD`, which ends the process (exit 99, with the stack) when a backend is made before
 `parallel.initialize` has run, with `--config.parallel.cpu_devices=2`, and must use 2 devices.
-Sampling and export run on one device of one process, whatever the run trained on. CPU devices
-are a CPU property: on a GPU host too, these run on the CPU (`conftest.CPU_ONLY`)."""
+Sampling and export run on one device of one process (this one), whatever the run trained on.
+CPU devices are a CPU property: on a GPU host too, the entry points run on the CPU
+(`conftest.CPU_ONLY`)."""
 
 import json
 import os
@@ -13,6 +14,7 @@ import sys
 
 import pytest
 
+from actlab import export, sample
 from conftest import CPU_ONLY, REPO
 
 GUARD = """
@@ -58,10 +60,10 @@ def test_main_sets_up_devices_first_and_its_run_samples_and_exports_on_one(tmp_p
   run = tmp_path / "run"
   guarded("actlab.main", TINY, TWO_DEVICES, *SHORT, f"--workdir={run}")
   assert devices_recorded(run) == 2
-  guarded("actlab.sample", f"--workdir={run}", "--max_tokens=4", guard=False)
+  sample.continue_prompt(run, "", 4, 0.8, 40, 0)  # in this process, on one device
   pytest.importorskip("transformers")
   pytest.importorskip("safetensors")
-  guarded("actlab.export", f"--workdir={run}", f"--out={tmp_path / 'hf'}", guard=False)
+  export.write(run, tmp_path / "hf")
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import errors, tasks
+from actlab import errors, export, tasks
 from actlab.data import hf_tokenizer, synthetic, tokenizers
 from actlab.models import hf_checkpoint
 from actlab.run import steps, train
@@ -162,16 +162,24 @@ def trained(tmp_path_factory):
   return workdir
 
 
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+  """`trained` exported through the CLI, without torch: its directory."""
+  out = tmp_path_factory.mktemp("exported")
+  result = export_cli(trained, out)
+  assert result.returncode == 0, result.stderr
+  assert f"wrote {out}: GPT2LMHeadModel from {trained} step 8 of 8, tokenizer" in result.stdout
+  return out
+
+
 @pytest.mark.slow
-def test_export_cli_of_a_trained_decoder(trained, tmp_path, torch):
+def test_export_cli_of_a_trained_decoder(trained, exported, torch):
   """A few steps of training, exported through the CLI: transformers' logits are actlab's, and
   its loss is actlab's less the padded rows' share."""
-  result = export_cli(trained, tmp_path / "hf")
-  assert result.returncode == 0, result.stderr
   config, _, task, params, _ = train.load_run(trained)
   tokens = np.random.default_rng(0).integers(0, V, (2, 33))
   ours = np.asarray(task.model.apply({"params": params}, tokens[:, :-1]))
-  model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf")
+  model = transformers.GPT2LMHeadModel.from_pretrained(exported)
   with torch.no_grad():
     logits = model(torch.tensor(tokens[:, :-1])).logits
     hf_loss = float(torch.nn.functional.cross_entropy(logits.reshape(-1, V),
@@ -186,12 +194,21 @@ def test_export_cli_of_a_trained_decoder(trained, tmp_path, torch):
 
 
 @pytest.mark.slow
-def test_export_cli_refuses_a_gated_ffn_in_one_line(tmp_path):
-  gated = tiny("swiglu", **{"train.steps": 8})
-  train.run(gated, tmp_path / "gated")
-  refused = export_cli(tmp_path / "gated", tmp_path / "hf_gated")
-  assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
-  assert "gated FFN" in refused.stderr and not (tmp_path / "hf_gated").exists()
+def test_export_cli_refuses_what_gpt2_cannot_express_in_one_line(trained, tmp_path):
+  """hf_checkpoint's refusal (`test_what_gpt2_cannot_express_is_one_line`) through the CLI, once
+  the run and transformers are loaded: one line, exit code 2, nothing written. The run is
+  `trained` relabelled model.activation='elu': gelu's parameters, but no transformers activation
+  equals it."""
+  relabelled = tmp_path / "elu"
+  shutil.copytree(trained, relabelled)
+  config = json.loads((relabelled / "config.json").read_text())
+  config["model"]["activation"] = "elu"
+  (relabelled / "config.json").write_text(json.dumps(config))
+  refused = export_cli(relabelled, tmp_path / "hf")
+  assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+  assert refused.stderr.startswith("error: export: transformers has no activation equal to "
+                                   "actlab's 'elu'"), refused.stderr
+  assert not (tmp_path / "hf").exists()
 
 
 @pytest.mark.slow
@@ -201,17 +218,17 @@ def test_export_cli_refuses_a_gated_ffn_in_one_line(tmp_path):
     ("another run", "is a run directory"),
     ("foreign", "holds files that actlab.export did not write")])
 def test_export_refuses_an_out_in_a_run_or_over_other_files(trained, tmp_path, where, message):
-  """One line, exit code 2, nothing written: --out is the workdir, lies inside it, is another
-  run's directory, or holds files that are not an earlier export's."""
+  """Nothing written: --out is the workdir, lies inside it, is another run's directory, or holds
+  files that are not an earlier export's."""
   shutil.copytree(trained, tmp_path / "another run")
   (tmp_path / "foreign").mkdir()
   (tmp_path / "foreign" / "notes.txt").write_text("mine")
   out = {"workdir": trained, "inside the workdir": trained / "hf"}.get(where, tmp_path / where)
   before = [files(trained), files(tmp_path)]
-  result = export_cli(trained, out)
-  assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+  with pytest.raises(errors.UserError) as refused:
+    export.write(trained, out)
   message = message.format(trained=trained.resolve())
-  assert result.stderr.startswith(f"error: --out {out} {message}"), result.stderr
+  assert str(refused.value).startswith(f"--out {out} {message}"), refused.value
   assert [files(trained), files(tmp_path)] == before
 
 
@@ -232,24 +249,21 @@ def test_export_says_which_step_of_how_many_and_may_redo_its_own_output(trained,
   for workdir, step, state, status in [(unfinished, every, " (unfinished)", None),
                                        (trained, steps, "", summary["status"]),
                                        (diverged, steps, " (diverged)", "diverged")]:
-    result = export_cli(workdir, out)
-    assert result.returncode == 0, result.stderr
-    assert f"from {workdir} step {step} of {steps}{state}, tokenizer" in result.stdout
+    assert f"from {workdir} step {step} of {steps}{state}, tokenizer" in export.write(workdir, out)
     assert json.loads((out / "config.json").read_text())["actlab"] == {
         "exported_from": str(workdir.resolve()), "step": step, "steps": steps,
         "finished": status is not None, "status": status}
-  again = export_cli(out, tmp_path / "again")  # An export is no run.
-  assert again.returncode == 2 and "holds no run" in again.stderr, again.stderr
+  with pytest.raises(errors.UserError, match="holds no run"):  # An export is no run.
+    export.write(out, tmp_path / "again")
 
 
 @pytest.mark.slow
-def test_import_of_an_export_needs_no_torch(trained, tmp_path, monkeypatch):
-  """`train.init_from=hf:` an export (written without torch, `export_cli`), with `import torch`
+def test_import_of_an_export_needs_no_torch(trained, exported, monkeypatch):
+  """`train.init_from=hf:` an export (written without torch, `exported`), with `import torch`
   failing, gives the run's own logits."""
-  assert export_cli(trained, tmp_path).returncode == 0
   monkeypatch.setitem(sys.modules, "torch", None)
   config, _, task, params, _ = train.load_run(trained)
-  config.train.init_from = f"hf:{tmp_path}"
+  config.train.init_from = f"hf:{exported}"
   source = train.init_from_config(config, V)
   imported = train.pretrained_params(config, source, task.init(1).params, V)
   tokens = np.random.default_rng(0).integers(0, V, (2, 32))
