@@ -1,6 +1,9 @@
 """Nothing lost, nothing silently wrong: exact resume after SIGKILL and SIGTERM (log included),
 torn logs rebuilt, corrupt checkpoints detected, finished runs untouched, the workdir lock, a
-full disk, and refused runs that leave nothing behind."""
+full disk, and refused runs that leave nothing behind.
+
+The runs in this process share one compile cache (`compiled`): a resume here continues a run of
+another process, which loads the same programs from the persistent XLA cache (tests/conftest.py)."""
 
 import contextlib
 import hashlib
@@ -26,7 +29,7 @@ from conftest import REPO, tiny
 from test_workdir import hold_lock
 
 CONFIG_FILE = str(REPO / "tests" / "tiny_config.py")
-STEPS = 300
+STEPS = 100
 WALL_CLOCK = {"tokens_per_sec", "wall_time_sec", "train_time_sec", "provenance"}
 
 
@@ -47,13 +50,14 @@ def start(workdir, *flags):
 
 
 def wait_for_checkpoint(proc, workdir, step, timeout=240):
-  """Polls until Orbax has finalised checkpoint `step` (the tmp dir is renamed at the end)."""
+  """Polls until Orbax has finalised checkpoint `step` (the tmp dir is renamed at the end). The
+  next save waits for that, so the run is then at most `checkpoint_every` steps further."""
   path = pathlib.Path(workdir) / "checkpoints" / str(step)
   deadline = time.time() + timeout
   while not path.exists():
     assert proc.poll() is None, proc.stdout.read()
     assert time.time() < deadline, "no checkpoint in time"
-    time.sleep(0.05)
+    time.sleep(0.01)
 
 
 def rows(workdir, wall_clock: bool = False) -> list[dict]:
@@ -88,29 +92,42 @@ def files(workdir) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def compiled():
+  """One compile cache for the runs of this process (`steps.program`)."""
+  return {}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, compiled):
   """The uninterrupted run that the interrupted ones must equal."""
   workdir = tmp_path_factory.mktemp("reference")
-  train.run(long_config(), workdir)
+  train.run(long_config(), workdir, cache=compiled)
   return workdir
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_is_exact_and_a_second_process_is_locked_out(reference, tmp_path):
+def test_sigkill_then_resume_is_exact_and_a_second_process_is_locked_out(reference, compiled,
+                                                                         tmp_path, capsys):
+  """The CLI run is stopped (SIGSTOP) after its step-20 checkpoint: it holds its workdir, and a
+  run of this process is refused, naming it; then SIGKILL, and this process resumes the run."""
   resumed = tmp_path / "resumed"
   proc = start(resumed)
-  wait_for_checkpoint(proc, resumed, 40)
-  second = subprocess.run(cli(resumed), cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert second.returncode == 2
-  assert re.fullmatch(rf"error: {resumed} is in use by pid {proc.pid} on \S+ \(since \S+\); wait "
-                      r"for that run to end \(or stop it\), or choose another --workdir\n",
-                      second.stderr), second.stderr
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
+  try:
+    wait_for_checkpoint(proc, resumed, 20)
+    proc.send_signal(signal.SIGSTOP)
+    with pytest.raises(UserError) as refused:
+      train.run(long_config(), resumed, cache=compiled)
+    assert re.fullmatch(rf"{resumed} is in use by pid {proc.pid} on \S+ \(since \S+\); wait for "
+                        r"that run to end \(or stop it\), or choose another --workdir",
+                        str(refused.value)), refused.value
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  assert proc.returncode == -signal.SIGKILL, proc.stdout.read()  # killed mid-run, not finished
   assert not (resumed / "summary.json").exists()
-  result = subprocess.run(cli(resumed), cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stderr
-  assert "resuming at step" in result.stdout
+  capsys.readouterr()
+  train.run(long_config(), resumed, cache=compiled)
+  assert "resuming at step" in capsys.readouterr().out
 
   a, b = final_params(reference), final_params(resumed)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -122,11 +139,12 @@ def test_sigkill_then_resume_is_exact_and_a_second_process_is_locked_out(referen
 
 
 @pytest.mark.slow
-def test_sigterm_saves_the_step_it_stopped_at_and_resumes_exactly(reference, tmp_path):
+def test_sigterm_saves_the_step_it_stopped_at_and_resumes_exactly(reference, compiled, tmp_path,
+                                                                   capsys):
   proc = start(tmp_path)
   wait_for_checkpoint(proc, tmp_path, 20)
-  time.sleep(0.3)  # Most likely between log steps (every 7): the partial window must survive.
-  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(signal.SIGTERM)  # Most likely between log steps (every 7): the partial window
+  # of rows since the last one must survive.
   out, _ = proc.communicate(timeout=120)
   assert proc.returncode == 128 + signal.SIGTERM, out
   stopped_at = int(re.search(r"after step (\d+); checkpoint of step \1 saved", out).group(1))
@@ -134,16 +152,16 @@ def test_sigterm_saves_the_step_it_stopped_at_and_resumes_exactly(reference, tmp
   assert not (tmp_path / "summary.json").exists()
   assert all(r["step"] <= stopped_at for r in rows(tmp_path))
 
-  result = subprocess.run(cli(tmp_path), cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stderr
-  assert f"resuming at step {stopped_at}" in result.stdout
+  capsys.readouterr()
+  train.run(long_config(), tmp_path, cache=compiled)
+  assert f"resuming at step {stopped_at}" in capsys.readouterr().out
   assert rows(tmp_path) == rows(reference)
   assert summary(tmp_path) == summary(reference)
 
 
 @pytest.mark.slow
-def test_a_signal_during_a_log_step_still_saves_the_step_it_stops_at(short_run, tmp_path,
-                                                                     monkeypatch):
+def test_a_signal_during_a_log_step_still_saves_the_step_it_stops_at(short_run, compiled,
+                                                                     tmp_path, monkeypatch):
   """The race a sweep hit: SIGTERM arrives while the loop writes a log row (host work between
   deciding whether to save and deciding whether to stop). The loop must not stop unsaved."""
   write = loop.Lane.write
@@ -155,18 +173,18 @@ def test_a_signal_during_a_log_step_still_saves_the_step_it_stops_at(short_run, 
 
   monkeypatch.setattr(loop.Lane, "write", write_then_signal)
   with pytest.raises(loop.Interrupted, match=r"after step (\d+); checkpoint of step \1 saved"):
-    train.run(tiny(), tmp_path)
+    train.run(tiny(), tmp_path, cache=compiled)
   assert checkpoint_steps(tmp_path) == [11]
   monkeypatch.setattr(loop.Lane, "write", write)
-  train.run(tiny(), tmp_path)
+  train.run(tiny(), tmp_path, cache=compiled)
   assert rows(tmp_path) == rows(short_run) and summary(tmp_path) == summary(short_run)
 
 
 @pytest.fixture(scope="module")
-def short_run(tmp_path_factory):
+def short_run(tmp_path_factory, compiled):
   """A finished 50-step run (checkpoints at 25 and 50); tests work on copies of it."""
   workdir = tmp_path_factory.mktemp("short")
-  train.run(tiny(), workdir)
+  train.run(tiny(), workdir, cache=compiled)
   return workdir
 
 
@@ -178,14 +196,14 @@ def crashed_copy(short_run, dest) -> pathlib.Path:
 
 
 @pytest.mark.slow
-def test_torn_log_is_rebuilt_from_the_checkpoint(short_run, tmp_path, capsys):
+def test_torn_log_is_rebuilt_from_the_checkpoint(short_run, compiled, tmp_path, capsys):
   work = crashed_copy(short_run, tmp_path / "w")
   shutil.rmtree(work / "checkpoints" / "50")  # Killed after logging step 50, before its save.
   lines = (work / "metrics.jsonl").read_text().splitlines()
   lines[1] = lines[1][:20] + lines[2]  # A row torn in the middle of the file,
   lines[-1] = lines[-1][:len(lines[-1]) // 2]  # and the last one cut mid-write.
   (work / "metrics.jsonl").write_text("\n".join(lines))
-  train.run(tiny(), work)
+  train.run(tiny(), work, cache=compiled)
   err = capsys.readouterr().err
   assert "rebuilt from the checkpoint of step 25: 2 row(s) after step 25 dropped, " \
          "2 unreadable line(s) dropped, 1 row(s) restored" in err
@@ -195,8 +213,8 @@ def test_torn_log_is_rebuilt_from_the_checkpoint(short_run, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_corrupt_latest_checkpoint_is_moved_aside_and_the_previous_one_used(short_run, tmp_path,
-                                                                            capsys):
+def test_corrupt_latest_checkpoint_is_moved_aside_and_the_previous_one_used(short_run, compiled,
+                                                                            tmp_path, capsys):
   work = crashed_copy(short_run, tmp_path / "w")
   data = max((work / "checkpoints" / "50" / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
   raw = bytearray(data.read_bytes())
@@ -204,7 +222,7 @@ def test_corrupt_latest_checkpoint_is_moved_aside_and_the_previous_one_used(shor
   data.write_bytes(bytes(raw))
   before = sorted(p.relative_to(work / "checkpoints" / "50")
                   for p in (work / "checkpoints" / "50").rglob("*"))
-  train.run(tiny(), work)
+  train.run(tiny(), work, cache=compiled)
   err = capsys.readouterr().err
   assert re.search(r"checkpoint .*/checkpoints/50 (does not match its checksums|could not be "
                    r"read).*; moved aside to .*/checkpoints.corrupt/50; using step 25", err), err
@@ -248,11 +266,13 @@ def test_finished_run_is_reported_and_its_files_untouched(short_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_unreadable_summary_means_the_run_is_finished_again(short_run, tmp_path, capsys):
+def test_unreadable_summary_means_the_run_is_finished_again(short_run, compiled, tmp_path,
+                                                            capsys):
   work = tmp_path / "w"
   shutil.copytree(short_run, work)
   (work / "summary.json").write_text("")  # What a crash mid-write used to leave.
-  assert train.run(tiny(), work)["final_val_loss"] == summary(short_run)["final_val_loss"]
+  assert train.run(tiny(), work, cache=compiled)["final_val_loss"] == \
+      summary(short_run)["final_val_loss"]
   assert "summary.json is unreadable; treating the run as not finished" in capsys.readouterr().err
   assert summary(work) == summary(short_run)
   assert rows(work, True) == rows(short_run, True)
@@ -294,16 +314,15 @@ def test_sampling_reads_a_workdir_without_writing_to_it(short_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_sweeps_share_the_cells(tmp_path):
-  spec = tmp_path / "grid.py"
+def test_two_sweeps_share_the_cells(compiled, tmp_path):
+  spec = tmp_path / "grid.py"  # Cells of tiny() itself: the program `short_run` compiled.
   spec.write_text("def get_sweep(arg=None):\n"
-                  "  return {'axes': {'optim.lr': [1e-3, 3e-3]}, 'seeds': [0],\n"
-                  "          'fixed': {'train.steps': 10, 'train.checkpoint_every': 10}}\n")
+                  "  return {'axes': {'optim.lr': [1e-3, 3e-3]}, 'seeds': [0]}\n")
   root = tmp_path / "sweep"
   holder = hold_lock(root / "lr=0.003,seed=0" / ".lock")  # Another sweep trains this cell.
   said = []
   try:
-    results = sweep.run(tiny(), str(spec), root, log=said.append)
+    results = sweep.run(tiny(), str(spec), root, log=said.append, cache=compiled)
   finally:
     holder.kill()
     holder.wait()
@@ -311,7 +330,7 @@ def test_two_sweeps_share_the_cells(tmp_path):
   assert any(s.startswith("lr=0.003,seed=0: skipped: ") and "in use by pid 4242" in s
              for s in said), said
   assert not (root / "lr=0.003,seed=0" / "metrics.jsonl").exists()
-  assert list(sweep.run(tiny(), str(spec), root, log=said.append)) == [
+  assert list(sweep.run(tiny(), str(spec), root, log=said.append, cache=compiled)) == [
       "lr=0.001,seed=0", "lr=0.003,seed=0"]
 
 
@@ -330,8 +349,8 @@ def small_disk(path: pathlib.Path, size: str):
 @pytest.mark.slow
 def test_full_disk_is_one_line_and_the_checkpoints_stay_intact(tmp_path):
   with small_disk(tmp_path / "disk", "1200k") as disk:
-    result = subprocess.run(cli(disk / "run", "--config.train.checkpoint_every=5",
-                                "--config.train.steps=100"),
+    # The program of `reference` (STEPS): loaded from the persistent XLA cache, not compiled.
+    result = subprocess.run(cli(disk / "run", "--config.train.checkpoint_every=5"),
                             cwd=REPO, capture_output=True, text=True, timeout=180)
     assert result.returncode == 2, result.stdout + result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
@@ -339,8 +358,7 @@ def test_full_disk_is_one_line_and_the_checkpoints_stay_intact(tmp_path):
                     "same command", result.stderr), result.stderr
     saved = checkpoint_steps(disk / "run")
     assert saved
-    c = tiny(**{"train.steps": 100, "train.checkpoint_every": 5, "train.log_every": 7})
-    like = steps.Steps.create(c, 257).init(0)
+    like = steps.Steps.create(long_config(), 257).init(0)
     ck = Checkpoints(disk / "run" / "checkpoints", 3, read_only=True)
     assert ck.restore_latest(like)[0] == saved[-1]  # intact: checksums match
     ck.close()
