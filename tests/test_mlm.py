@@ -161,13 +161,12 @@ class Oracle:
     return 10.0 * jax.nn.one_hot(answers_BP, 320)
 
 
-@pytest.mark.slow
 def test_masked_lm_accuracy_counts_right_predictions_at_selected_positions_only():
   windows = jnp.asarray(np.random.default_rng(1).integers(5, 261, (4, 33)), jnp.int32)
   tokens = mlm.encoder_sequences(windows, SPECIALS)
-  score = lambda answers: mlm.loss(Oracle(), {"answers": answers}, windows,
-                                   jax.random.PRNGKey(0), False, specials=SPECIALS,
-                                   vocab_size=261)
+  score = jax.jit(lambda answers: mlm.loss(Oracle(), {"answers": answers}, windows,
+                                           jax.random.PRNGKey(0), False, specials=SPECIALS,
+                                           vocab_size=261))
   right, wrong, row_0_right = score(tokens), score(tokens + 1), score(tokens.at[1:].add(1))
   # Each row has unused prediction slots (weight 0); right answers there must not count.
   assert mlm.max_predictions(32, 0.15) > round(0.15 * 30)
@@ -235,10 +234,11 @@ def test_copy_loss_is_the_context_free_predictors_and_below_the_unigram():
 def test_mask_positions_are_scored_apart():
   """`mask_*` sums count exactly the selected positions whose input is [MASK]."""
   windows = jnp.asarray(np.random.default_rng(2).integers(5, 261, (8, 33)), jnp.int32)
-  out = mlm.loss(Oracle(), {"answers": mlm.encoder_sequences(windows, SPECIALS)}, windows,
-                 jax.random.PRNGKey(0), False, specials=SPECIALS, vocab_size=261)
-  (inputs, positions, _, weights), _ = mlm.masked_batch(
-      jax.random.PRNGKey(0), windows, SPECIALS, 261, 0.15, 0.8, 0.1)
+  out = jax.jit(lambda w: mlm.loss(Oracle(), {"answers": mlm.encoder_sequences(w, SPECIALS)}, w,
+                                   jax.random.PRNGKey(0), False, specials=SPECIALS,
+                                   vocab_size=261))(windows)
+  (inputs, positions, _, weights), _ = jax.jit(lambda w: mlm.masked_batch(
+      jax.random.PRNGKey(0), w, SPECIALS, 261, 0.15, 0.8, 0.1))(windows)
   masked = np.asarray(weights) & (np.take_along_axis(np.asarray(inputs), np.asarray(positions), 1)
                                   == SPECIALS.mask)
   assert 0 < int(out["mask_count"]) == masked.sum() < int(out["count"])
