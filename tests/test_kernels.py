@@ -9,6 +9,7 @@ import pytest
 
 from actlab.models import kernels
 from actlab.run import steps
+from conftest import tiny
 
 
 def plain_xent_sum(h, E, t, w=None):
@@ -121,9 +122,15 @@ def test_chunk_length_divides_and_fits():
     kernels.xent_sum(*inputs()[:3], chunk=3)
 
 
+@pytest.fixture(scope="module")
+def decoder_params():
+  """The tiny decoder's initial parameters (the same for either loss and any z-loss)."""
+  return jax.jit(steps.Steps.create(tiny(), 257).init)(0).params
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("z_loss", [0.0, 1e-3])
-def test_decoder_loss_impls_agree(tiny_config, z_loss):
+def test_decoder_loss_impls_agree(tiny_config, decoder_params, z_loss):
   """The decoder's plain and fused losses: the same sums (with the z-loss, `z_loss_sum`; with
   `stats`, `logz_sum`) and gradients."""
   c = tiny_config
@@ -133,12 +140,11 @@ def test_decoder_loss_impls_agree(tiny_config, z_loss):
   for impl in ("plain", "fused"):
     c.model.loss_impl = impl
     step_fns = steps.Steps.create(c, 257)
-    params = jax.jit(step_fns.init)(0).params
     def f(p):
       o = step_fns.objective(step_fns.model, p, batch, jax.random.PRNGKey(0), train=True,
                              stats=True)
       return o["loss_sum"], o
-    out[impl] = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+    out[impl] = jax.jit(jax.value_and_grad(f, has_aux=True))(decoder_params)
   ((plain, plain_out), plain_g), ((fused, fused_out), fused_g) = out["plain"], out["fused"]
   assert abs(float(plain - fused)) <= 1e-5 * float(plain)
   assert relative_error(plain_g, fused_g) <= 1e-5
