@@ -116,6 +116,7 @@ def refusal(workdir, prompt="", max_tokens=None, top_k=40):
   return str(raised.value)
 
 
+@pytest.mark.slow  # the module's trained run
 def test_sample_refuses_top_k_above_the_vocabulary(decoder_run):
   assert refusal(decoder_run, top_k=1000) == (
       "--top_k=1000 must be between 0 and the vocabulary size 257")
@@ -126,11 +127,13 @@ def test_sample_refuses_a_negative_temperature(tmp_path):
   assert "--temperature=-1" in line and "non-negative" in line
 
 
+@pytest.mark.slow  # the module's trained run
 def test_sample_refuses_more_new_tokens_than_the_context_holds(decoder_run):
   assert refusal(decoder_run, max_tokens=500) == (
       "the prompt takes 1 of the model's 32 positions; --max_tokens must be between 1 and 31")
 
 
+@pytest.mark.slow  # the module's trained run
 def test_sample_refuses_a_prompt_longer_than_the_context(decoder_run):
   assert refusal(decoder_run, prompt="x" * 40) == (
       "the prompt takes 41 tokens and the model's context is 32; shorten the prompt")
