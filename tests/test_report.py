@@ -154,9 +154,7 @@ def test_without_manifest_axes_are_inferred_and_cli_works(tmp_path):
   manifest, runs = report_load.load(tmp_path)
   assert manifest["axes"] == {"model.activation": ["gelu", "relu"], "optim.lr": LRS}
   assert manifest["seeds"] == SEEDS and len(runs) == 18
-  out = subprocess.run([sys.executable, "-m", "actlab.report", str(tmp_path), "--baseline=relu"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert out.returncode == 0, out.stderr
+  assert report.main(["actlab.report", str(tmp_path), "--baseline=relu"]) == 0  # the CLI's main
   text = (tmp_path / "report.md").read_text()
   vals = [s[_name("relu", 1e-4, k)]["final_val_loss"] for k in SEEDS]
   assert _fmt(vals) in _row(text, "relu", 1e-4)
@@ -165,11 +163,11 @@ def test_without_manifest_axes_are_inferred_and_cli_works(tmp_path):
   assert f"| 0.001 | gelu | relu | 3 | {np.mean(d):+.3f} | {np.std(d, ddof=1):.3f} | [" in text
   with pytest.raises(UserError, match="nothing does not exist: not a sweep directory"):
     report_load.load(tmp_path / "nothing")
-  out = subprocess.run([sys.executable, "-m", "actlab.report", str(tmp_path / "plots")],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert out.returncode == 2 and out.stderr == (
-      f"error: {tmp_path / 'plots'} has no sweep.json and no */config.json: not a sweep "
-      "directory (the --workdir of actlab.sweep)\n")
+  # The CLI prints it as one line, exit code 2 (as in test_cli_merges_several_sweeps_...).
+  with pytest.raises(UserError, match=f"^{re.escape(str(tmp_path / 'plots'))} has no sweep.json "
+                     r"and no \*/config.json: not a sweep directory \(the --workdir of "
+                     r"actlab.sweep\)$"):
+    report.write(tmp_path / "plots")
 
 
 @pytest.mark.slow
@@ -562,10 +560,8 @@ def test_cli_merges_several_sweeps_and_refuses_unmergeable_ones(tmp_path):
   _fake_sweep(a, np.random.default_rng(12))
   _fake_sweep(b, np.random.default_rng(13), acts=["tanh", "gelu"])
   _only_lr(b, 1e-3)
-  cli = lambda *args: subprocess.run([sys.executable, "-m", "actlab.report", *map(str, args)],
-                                     cwd=REPO, capture_output=True, text=True, timeout=120)
-  out = cli(a, b, f"--out={tmp_path / 'both'}", "--baseline=gelu")
-  assert out.returncode == 0, out.stderr
+  assert report.main(["actlab.report", str(a), str(b), f"--out={tmp_path / 'both'}",
+                      "--baseline=gelu"]) == 0
   text = (tmp_path / "both" / "report.md").read_text()
   assert "21 of 21 runs finished" in text
   assert "3 run(s) were in more than one directory with the same config and count once" in text
@@ -575,7 +571,10 @@ def test_cli_merges_several_sweeps_and_refuses_unmergeable_ones(tmp_path):
   assert not (a / "report.md").exists()
   _fake_sweep(c, np.random.default_rng(14), acts=["tanh"])
   _set_d_model(c, 128)
-  out = cli(a, c, f"--out={tmp_path / 'no'}")
+  # A refusal, in a process of its own: one line on stderr and exit code 2.
+  out = subprocess.run([sys.executable, "-m", "actlab.report", str(a), str(c),
+                        f"--out={tmp_path / 'no'}"], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
   assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
   assert out.stderr.startswith("error: cannot merge") and "model.d_model" in out.stderr
 
@@ -586,10 +585,8 @@ def test_an_archive_holds_what_the_report_reads_and_reports_the_same(tmp_path):
   _fake_sweep(tmp_path / "sweep", np.random.default_rng(5), incomplete=(_name("gelu", 1e-3, 1),))
   (tmp_path / "sweep" / _name("relu", 1e-4, 0) / "checkpoints").mkdir()
   report.write([tmp_path / "sweep"])
-  out = subprocess.run([sys.executable, "-m", "actlab.report", str(tmp_path / "sweep"),
-                        f"--archive={tmp_path / 'results'}"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert out.returncode == 0, out.stderr
+  assert report.main(["actlab.report", str(tmp_path / "sweep"),
+                      f"--archive={tmp_path / 'results'}"]) == 0
   kept = sorted(str(p.relative_to(tmp_path / "results")) for p in (tmp_path / "results").rglob("*")
                 if p.is_file() and p.parent.name != "plots")
   assert "sweep.json" in kept and not any("checkpoints" in k for k in kept)
