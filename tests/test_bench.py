@@ -48,22 +48,47 @@ def test_unknown_device_or_dtype_has_no_peak():
   assert bench.peak_tflops("Tesla V100-SXM2-16GB", "float16")[0] == PEAKS["V100"]["float16"]
 
 
-@pytest.mark.slow
+class FixedTimes:
+  """A bench whose step takes 4 ms timed and 2 ms queued: `bench.run`'s arithmetic, no compile."""
+  name = "actlab (JAX)"
+
+  def __init__(self, config, runs=1):
+    del config, runs
+
+  def setup(self, warmup):
+    return {"compile_s": 1.0, "warmup_s": 0.1}
+
+  def timed(self, n):
+    return {"times": [4e-3] * n, "cpu": 0.0}
+
+  def queued(self, n):
+    return {"wall": 2e-3 * n}
+
+  def memory(self):
+    return {}
+
+
 def test_mfu_is_achieved_over_peak_flops_of_all_devices(tiny_config, monkeypatch):
   """On a device kind of the table, `bench.run` takes that entry's peak for the compute dtype,
-  times the device count (3, pretended: the step runs on this CPU), and MFU = FLOPs per token ·
-  tokens per step / step time / peak."""
+  times the device count (3, pretended), and MFU = FLOPs per token · tokens per step / step time
+  / peak, step by step and back to back; on a CPU (no peak) it claims no MFU."""
   environment = bench.environment
   monkeypatch.setattr(bench, "environment",
                       lambda: {**environment(), "device_kind": "NVIDIA H100 PCIe"})
   monkeypatch.setattr(bench.jax, "device_count", lambda: 3)
-  (r,) = bench.run(tiny_config, steps=1, warmup=1)
+  monkeypatch.setattr(bench, "JaxBench", FixedTimes)
+  (r,) = bench.run(tiny_config, steps=2, warmup=1)
   dtype = tiny_config.model.dtype
   assert r["peak_tflops"] == PEAKS["H100 PCIe"][dtype] * 3
   assert r["peak_source"] == f"H100 PCIe {dtype} dense peak"
-  achieved = r["flops_per_token"] * r["tokens_per_step"] / (r["step_ms"] / 1e3) / 1e12
-  assert r["tflops"] == pytest.approx(achieved, rel=1e-9)
-  assert r["mfu"] == pytest.approx(achieved / r["peak_tflops"], rel=1e-9)
+  per_step = flops.for_config(tiny_config, 257).total * 8 * 32
+  assert (r["step_ms"], r["queued_step_ms"]) == (pytest.approx(4.0), pytest.approx(2.0))
+  assert r["tflops"] == pytest.approx(per_step / 4e-3 / 1e12, rel=1e-9)
+  assert r["mfu"] == pytest.approx(per_step / 4e-3 / 1e12 / r["peak_tflops"], rel=1e-9)
+  assert r["queued_mfu"] == pytest.approx(per_step / 2e-3 / 1e12 / r["peak_tflops"], rel=1e-9)
+  monkeypatch.setattr(bench, "environment", lambda: {**environment(), "device_kind": "cpu"})
+  (r,) = bench.run(tiny_config, steps=2, warmup=1)
+  assert r["peak_tflops"] is None and r["mfu"] is None and r["queued_mfu"] is None
 
 
 # --- The harness end to end -------------------------------------------------------------------
@@ -86,8 +111,6 @@ def test_bench_run_reports_every_field(tiny_config, monkeypatch):
   assert "actlab.bench" in r["env"]["command"]
   row = bench.markdown_rows(rows)
   assert row.startswith("| CPU") and row.count("|") == 13
-  # No peak for a CPU: no MFU claimed.
-  assert bench.run(tiny_config, steps=1, warmup=1)[0]["mfu"] is None
 
 
 @pytest.mark.slow
