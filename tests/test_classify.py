@@ -198,7 +198,7 @@ def test_classification_trains_above_chance_and_fine_tunes_from_mlm(pretrained, 
   assert len(cache) == 1
   # The trunk starts from the MLM checkpoint; the pooler and classifier are new.
   vocab = summary["vocab_size"]
-  fresh = steps.program(c, vocab, cache=cache).init(c.train.seed, c.optim.lr).params
+  fresh = steps.program(c, vocab, cache=cache).start([c]).params  # as train.run: no compile
   params = train.pretrained_params(c, train.init_from_config(c), fresh, vocab)
   mlm = train.Checkpoints(mlm_dir / "checkpoints", 3)
   like = jax.eval_shape(steps.Steps.create(tiny_encoder(), vocab).init, 0, 1e-3)
