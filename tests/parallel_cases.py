@@ -106,7 +106,7 @@ def case_checkpoint(tmp):
   ck.save(2, state4, {})  # its checksums must hold on 2 and 1 devices too
   ck.close()
   saved = jax.device_get(state4)  # the next step donates state4
-  _, after4, m4 = run_on(c4, devs, bs[2:], state4)
+  after4, m4 = take_steps(fns4, state4, bs[2:])
   out = {}
   for name, c, d in (("dp2", config("dp"), devs[:2]), ("single", config("dp"), devs[:1])):
     fns = steps.Program.create(c, VOCAB, plan=parallel.plan(c, d))
@@ -134,11 +134,11 @@ def case_run(tmp):
   tmp = pathlib.Path(tmp)
   kw = {"train.steps": 6, "train.log_every": 2, "train.eval_every": 3,
         "train.checkpoint_every": 3, "metrics.tensorboard": False}
-  rows = {}
+  rows, cache = {}, {}  # The resume on 1 device reuses the programs of the 1-device run.
   for name, mode, n in (("single", "dp", 1), ("fsdp", "fsdp", 4)):
     c = config(mode, **kw)
     c.parallel.num_devices = n
-    train.run(c, tmp / name)
+    train.run(c, tmp / name, cache)
     rows[name] = [json.loads(l) for l in (tmp / name / "metrics.jsonl").read_text().splitlines()]
   def diff(a, b):
     return max(abs(x[k] - y[k]) / max(1.0, abs(x[k])) for x, y in zip(a, b) for k in x
@@ -150,7 +150,7 @@ def case_run(tmp):
   (tmp / "resume" / "summary.json").unlink()
   c1 = config("dp", **kw)
   c1.parallel.num_devices = 1
-  train.run(c1, tmp / "resume")
+  train.run(c1, tmp / "resume", cache)
   resumed = [json.loads(l) for l in (tmp / "resume" / "metrics.jsonl").read_text().splitlines()]
   out["resume"] = diff(rows["single"], resumed)
   out["resume_steps"] = [r["step"] for r in resumed]

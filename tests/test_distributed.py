@@ -19,14 +19,16 @@ from actlab.run import train
 from conftest import CPU_ONLY, REPO
 from test_resume import rows, summary, wait_for_checkpoint
 
-STEPS = 60  # killed after its first checkpoint (step 20): 40 steps to go, some 0.15 s each
+STEPS = 40
+CHECKPOINT = 10  # Killed once it exists: then at step 2 * CHECKPOINT at most (the next save
+# waits for it), with STEPS - 2 * CHECKPOINT = 20 steps to go, some 0.15 s each.
 ENV = {**os.environ, **CPU_ONLY}  # JAX's CPU collectives: on a GPU host too
 
 
 def cli(workdir, *flags):
   return [sys.executable, "-m", "actlab.main", f"--config={REPO / 'tests' / 'tiny_config.py'}",
           f"--workdir={workdir}", f"--config.train.steps={STEPS}",
-          "--config.train.checkpoint_every=20", "--config.train.log_every=10",
+          f"--config.train.checkpoint_every={CHECKPOINT}", "--config.train.log_every=10",
           "--config.train.eval_every=50", *flags]
 
 
@@ -61,7 +63,7 @@ def test_two_processes_killed_and_resumed_equal_one_process_on_two_devices(tmp_p
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)])
 
   procs = start_two(run)
-  wait_for_checkpoint(procs[0], run, 20)
+  wait_for_checkpoint(procs[0], run, CHECKPOINT)
   for p in procs:
     p.send_signal(signal.SIGKILL)
     p.wait()
