@@ -58,10 +58,8 @@ def get_sweep(arg=None):
                               " (CPU study: 0.94M parameters, TinyStories sample)"),
             "axes": {"model.activation": ["relu", "gelu"], "optim.lr": EPOCH_LRS},
             "seeds": [0, 1, 2], "baseline": "gelu", "equivalence_margin": 0.02,
-            "fixed": {**sizes.SIZES["cpu"], "train.steps": 450, "optim.warmup_steps": 45,
-                      "train.eval_every": 75, "train.checkpoint_every": 150,
-                      "optim.clip_norm": 0.0, "data.test_batches": 8,
-                      **({"model.qk_norm": True} if qk else {}), **width}}
+            "fixed": {**sizes.SIZES["cpu_epoch"], **({"model.qk_norm": True} if qk else {}),
+                      **width}}
   if arg:
     raise ValueError(f"relu_vs_gelu_lr: unknown variant {arg!r}; use ':smoke', ':cpu', "
                      "':cpu_epoch', ':cpu_epoch_qknorm' or nothing")

@@ -55,6 +55,11 @@ SIZES = {
     # 16 x 128 tokens (410k tokens, about half an epoch of the sample); a few minutes a run on
     # one core. No peak LR: each study varies its own.
     "cpu": {**_CPU, "data.tokenizer": "bpe:4096"},
+    # The one-epoch CPU studies (experiments/*.py:cpu_epoch): "cpu" for 450 steps (one epoch of
+    # the sample, 45 warm-up), without gradient clipping, with held-out test windows.
+    "cpu_epoch": {**_CPU, "data.tokenizer": "bpe:4096", "train.steps": 450,
+                  "optim.warmup_steps": 45, "train.eval_every": 75, "train.checkpoint_every": 150,
+                  "optim.clip_norm": 0.0, "data.test_batches": 8},
     # The reference study (docs/reference.md §2), `base()` itself: 30,013,440 parameters
     # (10,696,704 without wte).
     "reference": {"data.tokenizer": "gpt2", "data.seq_len": 128,
