@@ -173,11 +173,12 @@ def override_keys(name: str) -> list[str]:
   return [match[2] for match in map(pattern.match, argv) if match]
 
 
-def define_config_file(name: str, help_string: str) -> flags.FlagHolder:
+def define_config_file(name: str, help_string: str,
+                       flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagHolder:
   """`config_flags.DEFINE_config_file(name)` (no default) with `_ConfigFileParser`'s errors; its
   help (`--helpfull`) names the listing of every field."""
   help_string += (f" Override any field with --{name}.<section>.<field>=<value>; every field, its "
                   "default and meaning: python -m actlab.config.")
-  holder = config_flags.DEFINE_config_file(name, None, help_string)
-  flags.FLAGS[name].parser = _ConfigFileParser(name)
+  holder = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values)
+  flag_values[name].parser = _ConfigFileParser(name)
   return holder

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 from absl import flags
-from ml_collections import config_flags
 
 from actlab import errors, sample
 from actlab.run import train
@@ -29,12 +28,11 @@ def run_cli(module, *args):
 
 
 def parse_config(monkeypatch, *args):
-  """The UserError or flag error of parsing `args` as actlab.main parses `--config` (a fresh
-  FlagValues with `errors.define_config_file`'s parser); its message."""
+  """The UserError or flag error of parsing `args` as actlab.main parses `--config`
+  (`errors.define_config_file`, on a fresh FlagValues); its message."""
   monkeypatch.setattr(sys, "argv", ["main", *args])  # `errors.override_keys` reads sys.argv
   values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, flag_values=values)
-  values["config"].parser = errors._ConfigFileParser("config")
+  errors.define_config_file("config", "", flag_values=values)
   with pytest.raises((errors.UserError, flags.Error)) as raised:
     values(sys.argv)
   return str(raised.value)
