@@ -68,5 +68,5 @@ def head_matmul_params(config, vocab_size: int) -> float:
 
 
 def baselines(config, dataset) -> dict[str, float]:
-  """None: a context-free predictor's loss is not comparable with this task's."""
+  """None (an empty dict): a context-free predictor's loss is not comparable with this task's."""
   return {}
