@@ -346,6 +346,18 @@ def small_disk(path: pathlib.Path, size: str):
     subprocess.run(["umount", "-l", str(path)], check=True)
 
 
+def test_a_checkpoint_keeps_its_meta_as_it_was_when_saved(tmp_path):
+  """The save runs on in the background while the loop appends rows: the checkpoint must hold
+  the rows of its step, not those logged after it (a resumed log would repeat them)."""
+  rows = [{"step": 0, "val_loss": 5.0}]
+  with Checkpoints(tmp_path, 3) as ck:
+    ck.save(20, {"w": jax.numpy.ones(3)}, {"rows": rows})
+    rows.append({"step": 21, "train_loss": 4.0})
+  with Checkpoints(tmp_path, 3, read_only=True) as ck:
+    _, meta = ck.restore(20, {"w": jax.numpy.ones(3)})
+  assert meta["rows"] == [{"step": 0, "val_loss": 5.0}]
+
+
 @pytest.mark.slow
 def test_full_disk_is_one_line_and_the_checkpoints_stay_intact(tmp_path):
   with small_disk(tmp_path / "disk", "1200k") as disk:

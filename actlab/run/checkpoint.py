@@ -13,6 +13,7 @@ used; when none can be restored nothing is moved and `CheckpointError` says so.
 
 from __future__ import annotations
 
+import copy
 import logging
 import pathlib
 import sys
@@ -107,9 +108,10 @@ class Checkpoints:
     return self._manager.latest_step()
 
   def save(self, step: int, state, meta: dict) -> None:
-    """Starts an asynchronous save of `state` with `meta` and the state's checksums (the device →
-    host copy happens before this returns)."""
-    meta = {**meta, "checksums": checksums(state)}
+    """Starts an asynchronous save of `state` with `meta` and the state's checksums. Both are
+    copied before this returns (the state to the host, `meta` deeply): the caller may go on
+    changing its lists while the files are written."""
+    meta = {**copy.deepcopy(meta), "checksums": checksums(state)}
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
 
