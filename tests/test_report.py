@@ -20,11 +20,25 @@ from actlab import report
 from actlab.errors import UserError
 from actlab.measure import stats
 from actlab.report import load as report_load
+from actlab.report import plots
 from actlab.report import series as report_series
 from actlab.report import to_csv as report_csv
 from conftest import REPO
 
 ACTS, LRS, SEEDS = ["relu", "gelu"], [1e-4, 1e-3, 3e-3], [0, 1, 2]
+
+
+@pytest.fixture(autouse=True)
+def no_plots_unless_drawn(request, monkeypatch):
+  """Drawing is most of this file's time: the plots are drawn only in the tests that check them
+  (those that ask for `drawn`); elsewhere the report's Plots section stays empty."""
+  if "drawn" not in request.fixturenames:
+    monkeypatch.setattr(plots, "write", lambda manifest, runs, directory: [])
+
+
+@pytest.fixture
+def drawn():
+  """The report draws its plots (see `no_plots_unless_drawn`)."""
 
 
 def _name(act, lr, seed):
@@ -93,7 +107,7 @@ def _fmt(values, digits=3, scale=1.0):
 
 
 @pytest.mark.slow
-def test_table_means_status_counts_and_missing_cells(tmp_path):
+def test_table_means_status_counts_and_missing_cells(tmp_path, drawn):
   rng = np.random.default_rng(0)
   missing = {_name("relu", 1e-3, 2)}
   incomplete = {_name("gelu", 1e-4, 0)}
@@ -128,7 +142,7 @@ def test_table_means_status_counts_and_missing_cells(tmp_path):
 
 
 @pytest.mark.slow
-def test_lr_sensitivity_follows_wortsman_definition(tmp_path):
+def test_lr_sensitivity_follows_wortsman_definition(tmp_path, drawn):
   rng = np.random.default_rng(1)
   diverged = {_name("gelu", 3e-3, 0)}
   s = _fake_sweep(tmp_path, rng, diverged=diverged, sharpness=True)
@@ -164,10 +178,11 @@ def test_without_manifest_axes_are_inferred_and_cli_works(tmp_path):
   with pytest.raises(UserError, match="nothing does not exist: not a sweep directory"):
     report_load.load(tmp_path / "nothing")
   # The CLI prints it as one line, exit code 2 (as in test_cli_merges_several_sweeps_...).
-  with pytest.raises(UserError, match=f"^{re.escape(str(tmp_path / 'plots'))} has no sweep.json "
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(UserError, match=f"^{re.escape(str(tmp_path / 'empty'))} has no sweep.json "
                      r"and no \*/config.json: not a sweep directory \(the --workdir of "
                      r"actlab.sweep\)$"):
-    report.write(tmp_path / "plots")
+    report.write(tmp_path / "empty")
 
 
 @pytest.mark.slow
@@ -555,7 +570,7 @@ def test_sweeps_that_fix_a_field_differently_merge_along_it_when_asked(tmp_path)
 
 
 @pytest.mark.slow
-def test_cli_merges_several_sweeps_and_refuses_unmergeable_ones(tmp_path):
+def test_cli_merges_several_sweeps_and_refuses_unmergeable_ones(tmp_path, drawn):
   a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
   _fake_sweep(a, np.random.default_rng(12))
   _fake_sweep(b, np.random.default_rng(13), acts=["tanh", "gelu"])
