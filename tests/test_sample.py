@@ -1,20 +1,19 @@
-"""Decoding with the key/value cache equals the full forward pass; the sampling CLI works."""
+"""Decoding with the key/value cache equals the full forward pass; the sampling CLI's main samples
+a run directory alone."""
 
-import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl import flags
 
 from actlab import data, sample, tasks
 from actlab.data import synthetic, tokenizers
 from actlab.run import train
 from actlab.run import workdir as workdir_lib
-from conftest import REPO, SHARED_DATA, tiny
+from conftest import SHARED_DATA, tiny
 
 TEXT = "Once upon a time, Lily said: \"Don't!\" — naïve café 123 <|endoftext|> end."
 
@@ -95,11 +94,11 @@ def test_saved_tokenizer_gives_the_same_ids(tmp_path):
 
 
 @pytest.mark.slow
-def test_sampling_needs_only_the_run_directory(tmp_path, monkeypatch):
-  """The sampling CLI continues the prompt. A run copied elsewhere samples with an empty data dir:
-  its tokenizer is in tokenizer/. An older run without that copy still samples when the data dir
-  has its tokenizer, and is refused without it. (The CLI's refusals in one line:
-  tests/test_user_errors.py.)"""
+def test_sampling_needs_only_the_run_directory(tmp_path, monkeypatch, capsys):
+  """A run copied elsewhere samples with an empty data dir (the CLI's main, with its flags): its
+  tokenizer is in tokenizer/. An older run without that copy still samples when the data dir has
+  its tokenizer, and is refused without it. (The CLI's refusals, in one line and a non-zero exit
+  from a process of its own: tests/test_user_errors.py.)"""
   c = tiny(**{"data.tokenizer": "bpe:300", "train.steps": 10})
   train.run(c, tmp_path / "run")
   copy = tmp_path / "copy"
@@ -107,12 +106,16 @@ def test_sampling_needs_only_the_run_directory(tmp_path, monkeypatch):
   assert (workdir_lib.RunDir.open(copy).tokenizer / tokenizers.MANIFEST).is_file()
   empty = tmp_path / "empty_data"
   empty.mkdir()
-  result = subprocess.run([sys.executable, "-m", "actlab.sample", f"--workdir={copy}",
-                           "--prompt=Once upon", "--max_tokens=10"], cwd=REPO,
-                          capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "ACTLAB_DATA_DIR": str(empty)})
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.startswith("Once upon") and len(result.stdout) > len("Once upon")
+  capsys.readouterr()
+  with monkeypatch.context() as patched:  # The CLI's main, with its flags, in this process.
+    patched.setenv("ACTLAB_DATA_DIR", str(empty))
+    flags.FLAGS(["sample", f"--workdir={copy}", "--prompt=Once upon", "--max_tokens=10"])
+    try:
+      sample.main([])
+    finally:
+      flags.FLAGS.unparse_flags()
+  text = capsys.readouterr().out
+  assert text.startswith("Once upon") and len(text) > len("Once upon\n")
   assert list(empty.iterdir()) == []
   shutil.rmtree(workdir_lib.RunDir.open(copy).tokenizer)  # An older run: the data dir's.
   continue_copy = lambda: sample.continue_prompt(copy, "Once upon", 10, 0.8, 40, 0)
