@@ -120,12 +120,11 @@ def pytest_xdist_auto_num_workers(config):
 # long test handed out last (as xdist's own order, by number of tests, does) keeps one worker busy
 # alone for its whole length. Files not listed follow in collection order.
 LONGEST_FIRST = [
-    "test_sweep.py", "test_train.py", "test_resume.py", "test_distributed.py", "test_export.py",
-    "test_classify.py", "test_bench.py", "test_vectorized.py", "test_model_execution.py",
-    "test_report.py", "test_entry_points.py", "test_parallel_run.py", "test_sample.py",
-    "test_model.py", "test_encoder.py", "test_parallel.py", "test_hf_import.py",
-    "test_parallel_vectorized.py", "test_parallel_checkpoint.py", "test_kernels.py",
-    "test_user_errors.py", "test_tracking.py", "test_mlm.py"]
+    "test_train.py", "test_resume.py", "test_sweep.py", "test_distributed.py", "test_parallel.py",
+    "test_classify.py", "test_export.py", "test_bench.py", "test_vectorized.py",
+    "test_model_execution.py", "test_entry_points.py", "test_sample.py", "test_model.py",
+    "test_encoder.py", "test_mlm.py", "test_kernels.py", "test_hf_import.py", "test_tracking.py",
+    "test_user_errors.py", "test_config.py", "test_report.py", "test_metrics.py"]
 
 
 def pytest_configure(config):

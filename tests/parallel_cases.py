@@ -1,10 +1,9 @@
 """Multi-device cases for tests/test_parallel.py, run in a subprocess with 4 simulated CPU devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=4 must be set before JAX starts, so these cannot
 run inside the pytest process). `python tests/parallel_cases.py <tmpdir> <case> ...` prints one
-JSON line per case with the measured differences; the tests assert on them. The tests start one
-process per case (tests/test_parallel*.py), side by side under pytest-xdist; what two cases compile
-alike comes from the session's persistent XLA cache. Every step is waited for: in jaxlib 0.10.2
-simulated-device collectives can deadlock when many steps are queued.
+JSON line per case with the measured differences; tests/test_parallel.py runs every case in one
+process and asserts on them. Every step is waited for: in jaxlib 0.10.2 simulated-device
+collectives can deadlock when many steps are queued.
 """
 
 import json

@@ -1,9 +1,8 @@
 """Data parallelism and FSDP on 4 simulated CPU devices equal one device (≤ 1e-6), and
-checkpoints move between device counts. The cases live in tests/parallel_cases.py and run in a
+checkpoints move between device counts. The cases live in tests/parallel_cases.py and run in one
 subprocess: the device count must be fixed before JAX starts, and a hung collective must not
-hang the test run (each case has a timeout). One subprocess per case, and the cases' tests in
-their own files (test_parallel_*.py), so that pytest-xdist (`--dist loadfile`) runs them side by
-side; the session's persistent XLA cache (conftest.py) shares what they compile alike."""
+hang the test run (the subprocess has a timeout). One process for all the cases: the suite keeps
+both cores busy, and a process per case would only add its start-up and tracing."""
 
 import json
 import pathlib
@@ -19,6 +18,7 @@ from conftest import production_env, tiny
 
 HERE = pathlib.Path(__file__).parent
 TOL = 1e-6
+CASES = ("step", "checkpoint", "run", "vectorized")
 
 
 def four_device_env() -> dict:
@@ -28,10 +28,12 @@ def four_device_env() -> dict:
   return production_env("--xla_force_host_platform_device_count=4")
 
 
-def run_case(tmp_path_factory, case: str) -> dict:
-  """One case of tests/parallel_cases.py, run in a subprocess with 4 CPU devices."""
-  tmp = tmp_path_factory.mktemp(f"parallel_{case}")
-  proc = subprocess.run([sys.executable, str(HERE / "parallel_cases.py"), str(tmp), case],
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+  """Every case of tests/parallel_cases.py, run in one subprocess with 4 CPU devices: case → what
+  it measured."""
+  tmp = tmp_path_factory.mktemp("parallel")
+  proc = subprocess.run([sys.executable, str(HERE / "parallel_cases.py"), str(tmp), *CASES],
                         env=four_device_env(), capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = {}
@@ -39,25 +41,13 @@ def run_case(tmp_path_factory, case: str) -> dict:
     if line.startswith("RESULT "):
       name, _, result = line[len("RESULT "):].partition(" ")
       out[name] = json.loads(result)
-  assert set(out) == {case}, proc.stdout[-3000:]
-  return out[case]
-
-
-def case_results(case: str):
-  """A module-scoped fixture named `results`: what `run_case` returns for `case`. Each case's
-  tests have a file of their own, so that pytest-xdist runs the cases side by side."""
-  @pytest.fixture(scope="module")
-  def results(tmp_path_factory) -> dict:
-    return run_case(tmp_path_factory, case)
-  return results
-
-
-results = case_results("step")
+  assert set(out) == set(CASES), proc.stdout[-3000:]
+  return out
 
 
 @pytest.mark.slow
 def test_dp_and_fsdp_steps_equal_one_device(results):
-  r = results
+  r = results["step"]
   assert r["devices"] == 4
   for mode in ("dp", "fsdp"):
     assert r[mode]["metrics"] <= TOL, r
@@ -73,6 +63,36 @@ def test_dp_and_fsdp_steps_equal_one_device(results):
   assert r["fsdp"]["embedding_spec"] == "P('data', None)"
   assert r["fsdp"]["moment_spec"] == "P('data', None)"
   assert r["fsdp"]["state_bytes_per_device"] < 0.3 * r["state_bytes_single"]
+
+
+@pytest.mark.slow
+def test_checkpoints_restore_across_device_counts(results):
+  """Saved by FSDP on 4 devices, restored bit-exactly on 2 and 1; the next step equals 4's."""
+  r = results["checkpoint"]
+  for name, devices in (("dp2", 2), ("single", 1)):
+    assert r[name]["restored"] == 0.0, r          # bit-exact, whatever the layout
+    assert r[name]["devices"] == devices
+    assert r[name]["step"] == 3
+    assert r[name]["next_step_metrics"] <= TOL, r
+    assert r[name]["next_step_params"] <= TOL, r
+
+
+@pytest.mark.slow
+def test_train_run_on_four_devices_and_resume_on_one(results):
+  """`train.run` on 4 devices (FSDP) equals 1 device, and resumes on 1."""
+  r = results["run"]
+  assert r["steps"] == [0, 2, 3, 4, 6]
+  assert r["fsdp"] <= TOL, r
+  assert r["resume_steps"] == r["steps"] and r["resume"] <= TOL, r
+
+
+@pytest.mark.slow
+def test_vectorized_group_on_four_devices(results):
+  """A vectorized group of 2 runs on 4 devices (DP, FSDP) equals 1 device."""
+  r = results["vectorized"]
+  for mode in ("dp", "fsdp"):
+    assert r[mode]["params"] <= TOL and r[mode]["metrics"] <= TOL, r
+    assert r[mode]["runs_differ"] > 1e-3, r
 
 
 def test_cpu_devices_after_jax_started_is_refused():
