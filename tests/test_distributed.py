@@ -19,8 +19,8 @@ from actlab.run import train
 from conftest import CPU_ONLY, REPO
 from test_resume import rows, summary, wait_for_checkpoint
 
-STEPS = 30
-CHECKPOINT = 10  # Killed once it exists: then at step 2 * CHECKPOINT at most (the next save
+STEPS = 20
+CHECKPOINT = 5  # Killed once it exists: then at step 2 * CHECKPOINT at most (the next save
 # waits for it), with STEPS - 2 * CHECKPOINT = 10 steps to go, some 0.15 s each.
 ENV = {**os.environ, **CPU_ONLY}  # JAX's CPU collectives: on a GPU host too
 
