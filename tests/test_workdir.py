@@ -1,10 +1,12 @@
 """The run directory: the lock, atomic files, the tolerant metrics reader, identity, a full disk."""
 
+import fcntl
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -40,6 +42,25 @@ def test_lock_refuses_a_second_process_naming_the_holder(tmp_path):
     assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
     assert info["parent"] == os.getppid()  # workers.sibling: another worker's cell
 
+
+
+def test_a_lock_taken_a_moment_ago_names_its_holder(tmp_path):
+  """The holder writes who it is just after it takes the lock: a process that finds the lock in
+  that moment waits for the name (a sweep's worker tells its siblings' cells apart by it)."""
+  path = tmp_path / ".lock"
+  with open(path, "a") as held:
+    fcntl.flock(held, fcntl.LOCK_EX)  # Another open file: a second holder even in this process.
+    later = threading.Timer(0.2, lambda: (held.write('{"pid": 4242, "host": "node7", '
+                                                     '"since": "then"}'), held.flush()))
+    later.start()
+    try:
+      with pytest.raises(workdir.Lock.Busy) as busy:
+        with workdir.Lock(tmp_path):
+          pass
+    finally:
+      later.join()
+  assert busy.value.holder.get("pid") == 4242, busy.value
+  assert "in use by pid 4242 on node7 (since then)" in str(busy.value)
 
 def test_lock_is_reentrant_within_a_process(tmp_path):
   with workdir.Lock(tmp_path):

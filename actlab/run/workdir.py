@@ -30,6 +30,7 @@ import pathlib
 import re
 import socket
 import sys
+import time
 from typing import Any, Iterator
 
 import jax
@@ -210,7 +211,7 @@ class Lock:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       f.close()
-      holder = read_json(self.path) or {}
+      holder = self._holder()
       who = (f"pid {holder.get('pid')} on {holder.get('host')} (since {holder.get('since')})"
              if holder else "another process")
       raise Lock.Busy(f"{self.path.parent} is in use by {who}; wait for that run to end (or stop "
@@ -222,6 +223,14 @@ class Lock:
     f.flush()
     _held[self.path] = [f, 1]
     return self
+
+  def _holder(self, wait_s: float = 2.0) -> dict:
+    """What the lock file says of its holder. A holder writes it just after taking the lock, so
+    an empty or half-written file is read again for up to `wait_s` before it counts as unknown."""
+    deadline = time.monotonic() + wait_s
+    while not (holder := read_json(self.path)) and time.monotonic() < deadline:
+      time.sleep(0.01)
+    return holder or {}
 
   def __exit__(self, *exc) -> None:
     entry = _held[self.path]
