@@ -29,7 +29,7 @@ from conftest import REPO, tiny
 from test_workdir import hold_lock
 
 CONFIG_FILE = str(REPO / "tests" / "tiny_config.py")
-STEPS = 100
+STEPS = 60
 WALL_CLOCK = {"tokens_per_sec", "wall_time_sec", "train_time_sec", "provenance"}
 
 
