@@ -234,8 +234,9 @@ def test_run_writes_workdir_contract(runs):
   assert ["test_loss" in r for r in rows] == [False, False, False, True]
   assert saved["final_test_loss"] == rows[-1]["test_loss"]
   _, _, task, params, _ = train.load_run(workdir)
-  outs = [task.objective(task.model, params, jnp.asarray(b), jax.random.PRNGKey(data.VAL_SEED),
-                         train=False) for b in data.load(c).val_batches(test=True)]
+  objective = jax.jit(lambda b: task.objective(task.model, params, b,
+                                               jax.random.PRNGKey(data.VAL_SEED), train=False))
+  outs = [objective(jnp.asarray(b)) for b in data.load(c).val_batches(test=True)]
   direct = sum(float(o["loss_sum"]) for o in outs) / sum(float(o["count"]) for o in outs)
   assert saved["final_test_loss"] == pytest.approx(direct, rel=1e-5)
   assert saved["final_test_loss"] != saved["final_val_loss"]
