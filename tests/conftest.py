@@ -34,9 +34,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # jaxlib has them, with XLA:CPU's classic fusion emitters (a further third off the compile time
 # at level 0) and its machine code generated in one piece rather than split for parallel threads
 # (with two pytest workers on two cores, the threads only add overhead: 214-218 s for the suite
-# against 228-236 s, 2026-11-23). Equivalence tests compare programs compiled alike, so their tolerances mean what
-# they did. XLA_FLAGS that set the level already are kept; the subprocesses the tests start
-# inherit them (`production_env` takes them out again).
+# against 228-236 s, 2026-11-23). Equivalence tests compare programs compiled alike, so their
+# tolerances mean what they did. XLA_FLAGS that set the level already are kept; the subprocesses
+# the tests start inherit them (`production_env` takes them out again).
 def _xla_knows(flag: str) -> bool:
   """Whether this jaxlib's XLA defines `flag` (an unknown flag in XLA_FLAGS aborts the process)."""
   import importlib.util

@@ -1,5 +1,7 @@
 """User mistakes on the command line: one `error:` line on stderr, exit code 2, no traceback
-(one subprocess per entry point shows it; the other refusals are checked in-process)."""
+(one subprocess per entry point shows it: main and sample here, sweep in tests/test_sweep.py,
+report in tests/test_report.py, export in tests/test_export.py; the other refusals are checked
+in-process)."""
 
 import re
 import subprocess
@@ -8,7 +10,7 @@ import sys
 import pytest
 from absl import flags
 
-from actlab import errors, sample
+from actlab import errors, sample, sweep
 from actlab.run import train
 from actlab.sweep import grid
 from conftest import REPO, tiny
@@ -138,12 +140,13 @@ def test_sample_refuses_a_prompt_longer_than_the_context(decoder_run):
 
 
 def test_broken_sweep_file_names_file_and_line(tmp_path):
-  """`actlab.sweep` refuses a sweep file with a syntax error in one line, before writing."""
+  """A sweep file with a syntax error is refused in one line, before the sweep writes anything
+  (the sweep command line's one-line form: tests/test_sweep.py, its bad --workers)."""
   bad = tmp_path / "bad_sweep.py"
   bad.write_text("def get_sweep(arg=None):\n  return {'seeds': [0]}}\n")
-  assert run_cli("sweep", "--config=tests/tiny_config.py", f"--sweep={bad}",
-                 f"--workdir={tmp_path / 'sweep'}").startswith(
-      f"error: sweep file {bad}:2: SyntaxError: ")
+  with pytest.raises(errors.UserError,
+                     match=rf"^sweep file {re.escape(str(bad))}:2: SyntaxError: "):
+    sweep.run(tiny(), str(bad), tmp_path / "sweep", log=lambda _: None)
   assert not (tmp_path / "sweep").exists()
 
 
