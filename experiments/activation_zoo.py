@@ -38,7 +38,7 @@ def get_sweep(arg=None):
             "seeds": [0, 1, 2], "fixed": sizes.SIZES["cpu_epoch"], "baseline": "gelu",
             "pairs": CPU_PAIRS, "equivalence_margin": 0.02}
   if arg:
-    raise ValueError(f"activation_zoo: unknown variant {arg!r}; use ':smoke', ':cpu', ':cpu_epoch' or "
-                     "nothing")
+    raise ValueError(f"activation_zoo: unknown variant {arg!r}; use ':smoke', ':cpu', "
+                     "':cpu_epoch' or nothing")
   return {"description": "Activation zoo at LR 1e-3", "axes": axes, "seeds": [0, 1, 2],
           "fixed": {"optim.lr": 1e-3}}

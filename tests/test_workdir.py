@@ -43,7 +43,6 @@ def test_lock_refuses_a_second_process_naming_the_holder(tmp_path):
     assert info["parent"] == os.getppid()  # workers.sibling: another worker's cell
 
 
-
 def test_a_lock_taken_a_moment_ago_names_its_holder(tmp_path):
   """The holder writes who it is just after it takes the lock: a process that finds the lock in
   that moment waits for the name (a sweep's worker tells its siblings' cells apart by it)."""
@@ -61,6 +60,7 @@ def test_a_lock_taken_a_moment_ago_names_its_holder(tmp_path):
       later.join()
   assert busy.value.holder.get("pid") == 4242, busy.value
   assert "in use by pid 4242 on node7 (since then)" in str(busy.value)
+
 
 def test_lock_is_reentrant_within_a_process(tmp_path):
   with workdir.Lock(tmp_path):
