@@ -1,8 +1,10 @@
 """Shared fixtures: a tiny decoder config on the embedded corpus; session data and XLA caches;
 the set-up for a CPU or a GPU host (`GPUS`)."""
 
+import atexit
 import os
 import pathlib
+import shutil
 import tempfile
 
 from actlab.sweep import workers  # Imports JAX (starts no backend): see `jax.config` below.
@@ -21,12 +23,23 @@ GPUS = gpus()
 # on the CPU on any host: JAX_PLATFORMS for JAX, an empty CUDA_VISIBLE_DEVICES for
 # `actlab.sweep --workers`, which otherwise hands each worker a GPU.
 CPU_ONLY = {"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def session_dir(variable: str, prefix: str) -> None:
+  """Sets `variable` to a new temporary directory unless it is set (pytest-xdist's workers and the
+  subprocesses the tests start inherit the session's), and removes the directory when this
+  process, which made it, exits: a run of the suite leaves nothing in /tmp but pytest's own."""
+  if variable not in os.environ:
+    os.environ[variable] = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, os.environ[variable], ignore_errors=True)
+
+
 # One token cache for the whole session (and for subprocesses the tests start).
-os.environ.setdefault("ACTLAB_DATA_DIR", tempfile.mkdtemp(prefix="actlab-test-data-"))
+session_dir("ACTLAB_DATA_DIR", "actlab-test-data-")
 # One persistent XLA compilation cache likewise: tests build the same tiny programs many times
 # (every `steps.Program` is a new jit), and subprocesses (resume after SIGKILL, simulated
 # devices) compile what an earlier process already did. Set before anything imports JAX.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="actlab-test-xla-"))
+session_dir("JAX_COMPILATION_CACHE_DIR", "actlab-test-xla-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # Compiling, not running, is most of the suite's time: its programs are tiny and run a few steps.
 # So the tests compile at XLA's backend optimisation level 0 (the same HLO, unoptimised machine

@@ -86,6 +86,25 @@ def test_the_longest_files_listed_first_are_files_of_the_suite():
   assert len(set(conftest.LONGEST_FIRST)) == len(conftest.LONGEST_FIRST)
 
 
+def test_the_session_removes_its_temporary_directories_and_a_worker_makes_none(tmp_path):
+  """The process that starts the session makes its token and XLA cache directories and removes
+  them when it exits; a worker (or a test's subprocess), which inherits them, makes none."""
+  session = ("ACTLAB_DATA_DIR", "JAX_COMPILATION_CACHE_DIR")
+  code = ("import json, os, sys; sys.path.insert(0, 'tests'); import conftest; "
+          f"print(json.dumps([os.path.isdir(os.environ[v]) and os.environ[v] for v in {session}]))")
+  env = {k: v for k, v in os.environ.items() if k not in session}
+  for inherited in ({}, {v: os.environ[v] for v in session}):
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120, env={**env, **inherited, "TMPDIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    made = json.loads(out.stdout)  # the directories it used, which existed while it ran
+    if inherited:
+      assert made == [inherited[v] for v in session]
+    else:
+      assert all(made) and {os.path.dirname(d) for d in made} == {str(tmp_path)}
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_this_process_compiles_into_the_sessions_cache():
   """The tests' own JAX, imported before conftest.py set the cache up, uses it."""
   assert jax.config.jax_compilation_cache_dir == os.environ["JAX_COMPILATION_CACHE_DIR"]
