@@ -17,6 +17,7 @@ import pytest
 
 from actlab.run import train
 from conftest import CPU_ONLY, REPO
+from test_entry_points import guarded
 from test_resume import rows, summary, wait_for_checkpoint
 
 STEPS = 20
@@ -25,8 +26,8 @@ CHECKPOINT = 5  # Killed once it exists: then at step 2 * CHECKPOINT at most (th
 ENV = {**os.environ, **CPU_ONLY}  # JAX's CPU collectives: on a GPU host too
 
 
-def cli(workdir, *flags):
-  return [sys.executable, "-m", "actlab.main", f"--config={REPO / 'tests' / 'tiny_config.py'}",
+def cli(workdir, *flags, main=(sys.executable, "-m", "actlab.main")):
+  return [*main, f"--config={REPO / 'tests' / 'tiny_config.py'}",
           f"--workdir={workdir}", f"--config.train.steps={STEPS}",
           f"--config.train.checkpoint_every={CHECKPOINT}", "--config.train.log_every=10",
           "--config.train.eval_every=50", *flags]
@@ -59,8 +60,11 @@ def finish(procs) -> list[str]:
 @pytest.mark.slow
 def test_two_processes_killed_and_resumed_equal_one_process_on_two_devices(tmp_path):
   reference, run = tmp_path / "one_process", tmp_path / "two_processes"
-  finish([subprocess.Popen(cli(reference, "--config.parallel.cpu_devices=2"), cwd=REPO, env=ENV,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)])
+  # Under test_entry_points' guard: main sets up its 2 devices before anything asks for one.
+  finish([subprocess.Popen(cli(reference, "--config.parallel.cpu_devices=2",
+                               main=guarded("actlab.main")),
+                           cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)])
 
   procs = start_two(run)
   wait_for_checkpoint(procs[0], run, CHECKPOINT)
@@ -76,9 +80,12 @@ def test_two_processes_killed_and_resumed_equal_one_process_on_two_devices(tmp_p
   assert not (run / "process_1" / "checkpoints").exists()
   segments = json.loads((run / "provenance.json").read_text())["segments"]
   assert [(s["process_count"], s["device_count"]) for s in segments] == [(2, 2)] * 2
+  (segment,) = json.loads((reference / "provenance.json").read_text())["segments"]
+  assert (segment["process_count"], segment["device_count"]) == (1, 2)
   assert rows(run) == rows(run / "process_1") == rows(reference)
   assert summary(run) == summary(reference)
-  # The parameters too, read as sampling and export read them: on this process's one device.
+  # The parameters too, read as sampling and export read them (`train.load_run`): on this
+  # process's one device, whatever the run trained on.
   (_, _, _, params, step), (*_, reference_params, _) = map(train.load_run, (run, reference))
   assert step == STEPS
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(reference_params)):

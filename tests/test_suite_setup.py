@@ -33,12 +33,19 @@ def test_workers_are_two_per_gpu_and_one_per_core_without_one(monkeypatch):
   assert conftest.pytest_xdist_auto_num_workers(None) is None
 
 
-def worker_env(**variables: str) -> dict:
+SESSION_DIRS = ("ACTLAB_DATA_DIR", "JAX_COMPILATION_CACHE_DIR")  # conftest.session_dir's
+
+
+def worker_env(tmp_path, starts_session: bool = False, **variables: str) -> dict:
   """The environment conftest.py gives a pytest-xdist worker (gw3) that starts with `variables`
-  (and no XLA_FLAGS, JAX_PLATFORMS or GPU settings of this process)."""
+  (and no XLA_FLAGS, JAX_PLATFORMS or GPU settings of this process), with TMPDIR at `tmp_path`.
+  It inherits the session's directories, and makes none; or, if it `starts_session` (as the
+  process that runs pytest does), makes them and removes them when it exits."""
   mine = ("XLA_FLAGS", "JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE",
-          "JAX_DEFAULT_MATMUL_PRECISION")
+          "JAX_DEFAULT_MATMUL_PRECISION", *(SESSION_DIRS if starts_session else ()))
   env = {k: v for k, v in os.environ.items() if k not in mine}
+  tmp_path.mkdir(exist_ok=True)
+  env["TMPDIR"] = str(tmp_path)
   code = ("import json, os, sys; sys.path.insert(0, 'tests'); import conftest, jax; "
           "print(json.dumps(dict(os.environ))); "
           "print(json.dumps([jax.config.jax_compilation_cache_dir, "
@@ -48,6 +55,10 @@ def worker_env(**variables: str) -> dict:
                        timeout=120, env={**env, "PYTEST_XDIST_WORKER": "gw3", **variables})
   assert out.returncode == 0, out.stderr
   environment, (cache_dir, min_compile_secs, precision) = map(json.loads, out.stdout.splitlines())
+  assert list(tmp_path.iterdir()) == []  # nothing left behind
+  for variable in SESSION_DIRS:
+    assert (os.path.dirname(environment[variable]) == str(tmp_path) if starts_session
+            else environment[variable] == os.environ[variable])
   # JAX, imported before conftest set these, uses them: one compilation cache for the session.
   assert cache_dir == environment["JAX_COMPILATION_CACHE_DIR"] and min_compile_secs == 0
   assert precision == environment.get("JAX_DEFAULT_MATMUL_PRECISION")
@@ -55,8 +66,8 @@ def worker_env(**variables: str) -> dict:
 
 
 @pytest.mark.slow
-def test_a_worker_compiles_fast_on_the_cpu_and_shares_one_gpu_as_real_runs_compile():
-  env = worker_env(CUDA_VISIBLE_DEVICES="0,1")
+def test_a_worker_compiles_fast_on_the_cpu_and_shares_one_gpu_as_real_runs_compile(tmp_path):
+  env = worker_env(tmp_path / "session", starts_session=True, CUDA_VISIBLE_DEVICES="0,1")
   assert env["CUDA_VISIBLE_DEVICES"] == "1"  # gw3: worker 3 of GPUs 0 and 1
   assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
   assert env["JAX_DEFAULT_MATMUL_PRECISION"] == "float32"
@@ -64,7 +75,7 @@ def test_a_worker_compiles_fast_on_the_cpu_and_shares_one_gpu_as_real_runs_compi
   no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
   pinned = {"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "0"}  # the CPU of a GPU host
   for variables in (no_gpu, pinned):
-    env = worker_env(**variables)
+    env = worker_env(tmp_path / "worker", **variables)
     assert env["XLA_FLAGS"].split() == FAST_COMPILE, variables
     assert env.get("CUDA_VISIBLE_DEVICES") == variables.get("CUDA_VISIBLE_DEVICES"), variables
     assert not {"XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_DEFAULT_MATMUL_PRECISION"} & set(env)
@@ -84,25 +95,6 @@ def test_the_longest_files_listed_first_are_files_of_the_suite():
   names = [p.name for p in (REPO / "tests").glob("test_*.py")]
   assert set(conftest.LONGEST_FIRST) <= set(names)
   assert len(set(conftest.LONGEST_FIRST)) == len(conftest.LONGEST_FIRST)
-
-
-def test_the_session_removes_its_temporary_directories_and_a_worker_makes_none(tmp_path):
-  """The process that starts the session makes its token and XLA cache directories and removes
-  them when it exits; a worker (or a test's subprocess), which inherits them, makes none."""
-  session = ("ACTLAB_DATA_DIR", "JAX_COMPILATION_CACHE_DIR")
-  code = ("import json, os, sys; sys.path.insert(0, 'tests'); import conftest; "
-          f"print(json.dumps([os.path.isdir(os.environ[v]) and os.environ[v] for v in {session}]))")
-  env = {k: v for k, v in os.environ.items() if k not in session}
-  for inherited in ({}, {v: os.environ[v] for v in session}):
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         timeout=120, env={**env, **inherited, "TMPDIR": str(tmp_path)})
-    assert out.returncode == 0, out.stderr
-    made = json.loads(out.stdout)  # the directories it used, which existed while it ran
-    if inherited:
-      assert made == [inherited[v] for v in session]
-    else:
-      assert all(made) and {os.path.dirname(d) for d in made} == {str(tmp_path)}
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_this_process_compiles_into_the_sessions_cache():

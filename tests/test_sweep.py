@@ -24,6 +24,7 @@ from actlab.run import progress, steps, train
 from actlab.run.checkpoint import Checkpoints
 from actlab.sweep import grid, workers
 from conftest import REPO, production_env, tiny
+from test_entry_points import guarded
 
 EXPERIMENTS = REPO / "experiments"
 
@@ -399,10 +400,10 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
                   "                    'train.eval_every': 10, 'metrics.sharpness_every': 0}}\n")
   one, two = tmp_path / "one", tmp_path / "two"
 
-  def run(workdir, n, timeout=600):
+  def run(workdir, n, timeout=600, command=(sys.executable, "-m", "actlab.sweep")):
     """`actlab.sweep --workers=n` at real runs' compile settings, which the claim is about
     (conftest.production_env), with a flag that wins over a fixed value of the sweep."""
-    return subprocess.run([sys.executable, "-m", "actlab.sweep", f"--config={CONFIG_FILE}",
+    return subprocess.run([*command, f"--config={CONFIG_FILE}",
                            f"--sweep={spec}", f"--workdir={workdir}", f"--workers={n}",
                            "--config.train.checkpoint_every=5"],
                           cwd=REPO, env=production_env(), capture_output=True, text=True,
@@ -411,7 +412,8 @@ def test_two_workers_train_each_cell_once_with_the_results_of_one_process(tmp_pa
   replaced = ("sweep: --config.train.checkpoint_every=5 replaces the sweep's fixed "
               "train.checkpoint_every=10\n")
 
-  alone = run(one, 1)
+  # Under test_entry_points' guard: the sweep sets up devices before anything asks for one.
+  alone = run(one, 1, command=guarded("actlab.sweep"))
   assert alone.returncode == 0, alone.stdout + alone.stderr
   reference = re.findall(r"^\[\d/2\] (\S+): stable, val loss", alone.stdout, re.M)
   assert len(reference) == 2, alone.stdout
