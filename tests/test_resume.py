@@ -29,19 +29,23 @@ from conftest import REPO, tiny
 from test_workdir import hold_lock
 
 CONFIG_FILE = str(REPO / "tests" / "tiny_config.py")
-STEPS = 60
+STEPS = 50  # tiny()'s: its compiled programs (the schedule is in them; the cadences are not)
+KILL_AFTER = 15  # The signal follows checkpoint 15, so comes at step 30 at most (the save at 30
+# waits for 15's), with 20 steps to go.
 WALL_CLOCK = {"tokens_per_sec", "wall_time_sec", "train_time_sec", "provenance"}
 
 
 def cli(workdir, *flags):
-  """The CLI run of `long_config`."""
+  """The CLI run of `cli_config`."""
   return [sys.executable, "-m", "actlab.main", f"--config={CONFIG_FILE}", f"--workdir={workdir}",
-          f"--config.train.steps={STEPS}", "--config.train.checkpoint_every=20",
+          f"--config.train.steps={STEPS}", f"--config.train.checkpoint_every={KILL_AFTER}",
           "--config.train.log_every=7", *flags]
 
 
-def long_config():
-  return tiny(**{"train.steps": STEPS, "train.checkpoint_every": 20, "train.log_every": 7})
+def cli_config():
+  """The config of `cli`'s run: `tiny()` logging every 7 steps, a checkpoint every KILL_AFTER."""
+  return tiny(**{"train.steps": STEPS, "train.checkpoint_every": KILL_AFTER,
+                 "train.log_every": 7})
 
 
 def start(workdir, *flags):
@@ -101,22 +105,22 @@ def compiled():
 def reference(tmp_path_factory, compiled):
   """The uninterrupted run that the interrupted ones must equal."""
   workdir = tmp_path_factory.mktemp("reference")
-  train.run(long_config(), workdir, cache=compiled)
+  train.run(cli_config(), workdir, cache=compiled)
   return workdir
 
 
 @pytest.mark.slow
 def test_sigkill_then_resume_is_exact_and_a_second_process_is_locked_out(reference, compiled,
                                                                          tmp_path, capsys):
-  """The CLI run is stopped (SIGSTOP) after its step-20 checkpoint: it holds its workdir, and a
+  """The CLI run is stopped (SIGSTOP) after its first checkpoint: it holds its workdir, and a
   run of this process is refused, naming it; then SIGKILL, and this process resumes the run."""
   resumed = tmp_path / "resumed"
   proc = start(resumed)
   try:
-    wait_for_checkpoint(proc, resumed, 20)
+    wait_for_checkpoint(proc, resumed, KILL_AFTER)
     proc.send_signal(signal.SIGSTOP)
     with pytest.raises(UserError) as refused:
-      train.run(long_config(), resumed, cache=compiled)
+      train.run(cli_config(), resumed, cache=compiled)
     assert re.fullmatch(rf"{resumed} is in use by pid {proc.pid} on \S+ \(since \S+\); wait for "
                         r"that run to end \(or stop it\), or choose another --workdir",
                         str(refused.value)), refused.value
@@ -126,7 +130,7 @@ def test_sigkill_then_resume_is_exact_and_a_second_process_is_locked_out(referen
   assert proc.returncode == -signal.SIGKILL, proc.stdout.read()  # killed mid-run, not finished
   assert not (resumed / "summary.json").exists()
   capsys.readouterr()
-  train.run(long_config(), resumed, cache=compiled)
+  train.run(cli_config(), resumed, cache=compiled)
   assert "resuming at step" in capsys.readouterr().out
 
   a, b = final_params(reference), final_params(resumed)
@@ -142,18 +146,18 @@ def test_sigkill_then_resume_is_exact_and_a_second_process_is_locked_out(referen
 def test_sigterm_saves_the_step_it_stopped_at_and_resumes_exactly(reference, compiled, tmp_path,
                                                                    capsys):
   proc = start(tmp_path)
-  wait_for_checkpoint(proc, tmp_path, 20)
+  wait_for_checkpoint(proc, tmp_path, KILL_AFTER)
   proc.send_signal(signal.SIGTERM)  # Most likely between log steps (every 7): the partial window
   # of rows since the last one must survive.
   out, _ = proc.communicate(timeout=120)
   assert proc.returncode == 128 + signal.SIGTERM, out
   stopped_at = int(re.search(r"after step (\d+); checkpoint of step \1 saved", out).group(1))
-  assert stopped_at > 20 and checkpoint_steps(tmp_path)[-1] == stopped_at
+  assert KILL_AFTER < stopped_at < STEPS and checkpoint_steps(tmp_path)[-1] == stopped_at
   assert not (tmp_path / "summary.json").exists()
   assert all(r["step"] <= stopped_at for r in rows(tmp_path))
 
   capsys.readouterr()
-  train.run(long_config(), tmp_path, cache=compiled)
+  train.run(cli_config(), tmp_path, cache=compiled)
   assert f"resuming at step {stopped_at}" in capsys.readouterr().out
   assert rows(tmp_path) == rows(reference)
   assert summary(tmp_path) == summary(reference)
@@ -238,7 +242,7 @@ def test_no_restorable_checkpoint_is_one_line_and_nothing_is_moved(short_run, tm
     for f in (work / "checkpoints" / str(step) / "state").rglob("d/*"):
       f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])  # truncated array data
   before = files(work)
-  result = subprocess.run(cli(work, "--config.train.steps=50", "--config.train.log_every=10",
+  result = subprocess.run(cli(work, "--config.train.log_every=10",
                               "--config.train.checkpoint_every=25"),
                           cwd=REPO, capture_output=True, text=True, timeout=120)
   assert result.returncode == 2, result.stderr
@@ -255,7 +259,7 @@ def test_finished_run_is_reported_and_its_files_untouched(short_run, tmp_path):
   work = tmp_path / "w"
   shutil.copytree(short_run, work)
   before = files(work)
-  result = subprocess.run(cli(work, "--config.train.steps=50", "--config.train.log_every=10",
+  result = subprocess.run(cli(work, "--config.train.log_every=10",
                               "--config.train.checkpoint_every=25"),
                           cwd=REPO, capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr
@@ -370,7 +374,7 @@ def test_full_disk_is_one_line_and_the_checkpoints_stay_intact(tmp_path):
                     "same command", result.stderr), result.stderr
     saved = checkpoint_steps(disk / "run")
     assert saved
-    like = steps.Steps.create(long_config(), 257).init(0)
+    like = steps.Steps.create(cli_config(), 257).init(0)
     ck = Checkpoints(disk / "run" / "checkpoints", 3, read_only=True)
     assert ck.restore_latest(like)[0] == saved[-1]  # intact: checksums match
     ck.close()
