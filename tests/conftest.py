@@ -67,8 +67,9 @@ def _add_xla_flags(*flags: str) -> None:
 
 
 FAST_COMPILE = ["--xla_backend_optimization_level=0"] + [
-    f"--{flag}=false" for flag in ["xla_cpu_use_fusion_emitters"] if _xla_knows(flag)] + [
-    f"--{flag}=1" for flag in ["xla_cpu_parallel_codegen_split_count"] if _xla_knows(flag)]
+    f"--{flag}={value}" for flag, value in [("xla_cpu_use_fusion_emitters", "false"),
+                                            ("xla_cpu_parallel_codegen_split_count", "1")]
+    if _xla_knows(flag)]
 # On a GPU the tests compile as real runs do (level 0 is for XLA:CPU here; on XLA:GPU it would be
 # LLVM's -O0 for every kernel), and each pytest-xdist worker sees one GPU (worker k GPU k mod their
 # number): the tests assume one device, as on a CPU. A test process allocates GPU memory as it needs
@@ -135,9 +136,10 @@ def pytest_xdist_auto_num_workers(config):
 LONGEST_FIRST = [
     "test_train.py", "test_resume.py", "test_sweep.py", "test_distributed.py", "test_parallel.py",
     "test_classify.py", "test_export.py", "test_bench.py", "test_vectorized.py",
-    "test_model_execution.py", "test_entry_points.py", "test_sample.py", "test_model.py",
-    "test_encoder.py", "test_mlm.py", "test_kernels.py", "test_hf_import.py", "test_tracking.py",
-    "test_user_errors.py", "test_config.py", "test_report.py", "test_metrics.py"]
+    "test_model_execution.py", "test_sample.py", "test_model.py", "test_encoder.py",
+    "test_mlm.py", "test_kernels.py", "test_hf_import.py", "test_tracking.py",
+    "test_user_errors.py", "test_config.py", "test_report.py", "test_metrics.py",
+    "test_entry_points.py"]
 
 
 def pytest_configure(config):
