@@ -29,7 +29,7 @@ from conftest import REPO, tiny
 from test_workdir import hold_lock
 
 CONFIG_FILE = str(REPO / "tests" / "tiny_config.py")
-STEPS = 50  # tiny()'s: its compiled programs (the schedule is in them; the cadences are not)
+STEPS = tiny().train.steps  # 50: tiny()'s compiled programs (the schedule is in them)
 KILL_AFTER = 15  # The signal follows checkpoint 15, so comes at step 30 at most (the save at 30
 # waits for 15's), with 20 steps to go.
 WALL_CLOCK = {"tokens_per_sec", "wall_time_sec", "train_time_sec", "provenance"}
