@@ -104,6 +104,7 @@ import ml_collections  # noqa: E402 -- after the environment above
 import pytest  # noqa: E402
 
 from actlab import config as config_lib  # noqa: E402
+from actlab.config import sizes  # noqa: E402
 from tiny_config import get_config as tiny_config_file  # noqa: E402
 
 
@@ -161,6 +162,15 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 def tiny(activation: str = "gelu", **overrides):
   """tests/tiny_config.py with `section.field` overrides (`config.override`)."""
   return config_lib.override(tiny_config_file(activation), overrides)
+
+
+def tiny_encoder(task: str = "mlm", **overrides):
+  """The encoder's smoke config (`task` "mlm" or "classify") at the tiny decoder's model shape and
+  context, with `section.field` overrides."""
+  shape = {k: v for k, v in sizes.SIZES["tiny"].items()
+           if k.startswith("model.") or k == "data.seq_len"}
+  smoke = config_lib.encoder("gelu", "smoke_classify" if task == "classify" else "smoke")
+  return config_lib.override(smoke, {**shape, **overrides})
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import conftest
 from actlab import data, models, tasks
 from actlab import config as config_lib
 from actlab.data import classify, synthetic, tokenizer
@@ -20,18 +21,11 @@ from actlab.tasks import mlm
 
 
 def tiny_encoder(task="mlm", **overrides):
-  """A 2-layer, d_model 32 encoder on the embedded corpus (WordPiece 2048)."""
-  c = config_lib.encoder("gelu", "smoke_classify" if task == "classify" else "smoke")
-  c.model.update(num_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=32)
-  c.optim.update(lr=3e-3, warmup_steps=5)
-  c.train.update(steps=60, batch_size=16, log_every=10, eval_every=30, checkpoint_every=30,
-                 progress=False)
-  c.data.update(seq_len=32, val_batches=2)
-  c.metrics.tensorboard = False
-  for key, value in overrides.items():
-    section, field = key.split(".")
-    c[section][field] = value
-  return c
+  """conftest's tiny encoder on the embedded corpus (WordPiece 2048), trained 60 steps."""
+  return conftest.tiny_encoder(task, **{
+      "optim.lr": 3e-3, "optim.warmup_steps": 5, "train.steps": 60, "train.batch_size": 16,
+      "train.log_every": 10, "train.eval_every": 30, "train.checkpoint_every": 30,
+      "train.progress": False, "data.val_batches": 2, "metrics.tensorboard": False, **overrides})
 
 
 @pytest.fixture(scope="module")

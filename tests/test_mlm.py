@@ -180,7 +180,8 @@ class IidTokens:
   """A stand-in Dataset: validation windows of i.i.d. tokens drawn from a known unigram `u`."""
 
   def __init__(self, u, windows=400, length=33, seed=0):
-    self.log_u = np.log(u)
+    with np.errstate(divide="ignore"):  # the specials' probability 0: log -inf
+      self.log_u = np.log(u)
     # One batch: every batch of an evaluation gets the same mask (one fixed key).
     self.batches = [np.random.default_rng(seed).choice(len(u), size=(windows, length), p=u)]
     self.tokenizer = type("Tok", (), {"vocab_size": len(u)})

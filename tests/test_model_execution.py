@@ -11,11 +11,10 @@ import optax
 import pytest
 
 from actlab import config as config_lib
-from actlab.config import sizes
 from actlab.measure import evaluators, histogram
 from actlab.models import execution, hf, transformer
 from actlab.run import steps
-from conftest import tiny
+from conftest import tiny, tiny_encoder
 
 
 def relative_error(a, b):
@@ -29,15 +28,8 @@ def loss_and_grads(c, params, batch):
   return jax.jit(jax.value_and_grad(f))(params)
 
 
-def tiny_encoder():
-  """The encoder (MLM) at the tests' tiny size, without dropout."""
-  tiny = {k: v for k, v in sizes.SIZES["tiny"].items() if k.startswith("model.")}
-  return config_lib.override(config_lib.encoder("gelu", "smoke"),
-                             {**tiny, "data.seq_len": 32, "model.dropout": 0.0})
-
-
 def config_of(kind):
-  return tiny() if kind == "decoder" else tiny_encoder()
+  return tiny() if kind == "decoder" else tiny_encoder(**{"model.dropout": 0.0})
 
 
 @pytest.fixture(scope="module")

@@ -10,22 +10,14 @@ import pytest
 
 from actlab import config as config_lib
 from actlab import tasks
-from conftest import tiny
+from conftest import tiny, tiny_encoder
 
 INTERFACE = ("model", "objective", "dataset", "random_batch", "chance_loss",
              "head_matmul_params", "CAUSAL")
 
 
-def tiny_encoder(task="mlm"):
-  c = config_lib.encoder("gelu", "smoke_classify" if task == "classify" else "smoke")
-  c.model.update(d_model=32, num_heads=2, d_ff=64, max_len=32)
-  c.data.seq_len = 32
-  c.train.batch_size = 4
-  return c
-
-
-CONFIGS = {"causal_lm": lambda: tiny(), "mlm": tiny_encoder,
-           "classify": lambda: tiny_encoder("classify")}
+CONFIGS = {"causal_lm": lambda: tiny(), "mlm": lambda: tiny_encoder(**{"train.batch_size": 4}),
+           "classify": lambda: tiny_encoder("classify", **{"train.batch_size": 4})}
 
 
 def test_every_task_has_the_whole_interface():

@@ -20,7 +20,7 @@ from actlab import data, models
 from actlab.measure import evaluators, metrics
 from actlab.tasks import mlm
 from actlab.run import optim, steps, train
-from conftest import tiny
+from conftest import tiny, tiny_encoder
 
 
 def test_schedule_warmup_then_cosine_to_min():
@@ -332,7 +332,7 @@ def test_the_log_steps_stability_measures_are_those_of_its_training_forward(over
   forward (its key, so its dropout) over layers, `train_logz_mean` the mean logsumexp of its
   output logits over the predicted positions: computed here from the model directly."""
   encoder = overrides.pop("model.kind", None)
-  c = config_lib.encoder("gelu", "smoke") if encoder else tiny(**overrides)
+  c = tiny_encoder() if encoder else tiny(**overrides)
   c.model.dropout = 0.1
   vocab = 300 if encoder else 257
   fns = compiled(c, vocab)
