@@ -14,7 +14,6 @@ import pytest
 
 import conftest
 from actlab import data, models, tasks
-from actlab import config as config_lib
 from actlab.data import classify, synthetic, tokenizer
 from actlab.run import steps, train
 from actlab.tasks import mlm

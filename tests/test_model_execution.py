@@ -10,7 +10,6 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import config as config_lib
 from actlab.measure import evaluators, histogram
 from actlab.models import execution, hf, transformer
 from actlab.run import steps

@@ -15,7 +15,6 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import config as config_lib
 from actlab import data, models
 from actlab.measure import evaluators, metrics
 from actlab.tasks import mlm
