@@ -17,6 +17,7 @@ assert "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from actlab.run import parallel, steps, train  # noqa: E402
@@ -43,17 +44,17 @@ def batches(c, n, seed=0):
 def take_steps(fns, state, bs):
   out = []
   for b in bs:
-    state, m = fns.log_step(state, fns.plan.shard_batch(b))  # every metric, norms included
-    out.append(jax.device_get(jax.block_until_ready(m)))
+    state, m = fns.log_step(state, fns.put_batches([b]))  # every metric, norms included
+    out.append(jax.device_get(steps.run_part(jax.block_until_ready(m), 0)))
   return state, out
 
 
 def run_on(c, devices, bs, state=None):
   fns = steps.Program.create(c, VOCAB, plan=parallel.plan(c, devices))
   if state is None:
-    state = fns.init(0, c.optim.lr)
+    state = fns.init(np.array([0]), np.array([c.optim.lr], np.float32))
   else:
-    state = jax.device_put(state, fns.plan.state_shardings(state))
+    state = fns.stack([state])
   return fns, *take_steps(fns, state, bs)
 
 
@@ -76,19 +77,20 @@ def case_step(tmp):
   for mode in ("dp", "fsdp"):
     c = config(mode)
     fns, state, got = run_on(c, devs, bs)
+    run_spec = lambda x: str(P(*x.sharding.spec[1:]))  # one run's: after the run axis
     emb = state.params["wte"]["embedding"]
     mu = state.opt_state.inner_state[1][0].mu["wte"]["embedding"]
     out[mode] = {
         "metrics": metric_diff(ref, got),
         "params": tree_max_abs_diff(ref_state.params, state.params),
         "opt_state": tree_max_abs_diff(ref_state.opt_state, state.opt_state),
-        "embedding_spec": str(emb.sharding.spec), "moment_spec": str(mu.sharding.spec),
+        "embedding_spec": run_spec(emb), "moment_spec": run_spec(mu),
         "embedding_devices": len(emb.sharding.device_set),
         "state_bytes_per_device": state_bytes_per_device(state),
         "batch_spec": str(fns.plan.shard_batch(bs[0]).sharding.spec),
         "eval": relative_diff(
-            float(fns.eval_step(state.params, fns.plan.shard_batch(bs[0]))["loss"]["loss_sum"]),
-            float(fns1.eval_step(ref_state.params, bs[0])["loss"]["loss_sum"])),
+            float(fns.eval_step(state.params, fns.plan.shard_batch(bs[0]))["loss"]["loss_sum"][0]),
+            float(fns1.eval_step(ref_state.params, bs[0])["loss"]["loss_sum"][0])),
     }
   out["state_bytes_single"] = state_bytes_per_device(ref_state)
   return out
@@ -102,26 +104,25 @@ def case_checkpoint(tmp):
   bs = batches(c4, 3)
   fns4, state4, _ = run_on(c4, devs, bs[:2])
   ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
-  ck.save(2, state4, {})  # its checksums must hold on 2 and 1 devices too
+  ck.save(2, steps.run_part(state4, 0), {})  # its checksums must hold on 2 and 1 devices too
   ck.close()
-  saved = jax.device_get(state4)  # the next step donates state4
+  saved = jax.device_get(steps.run_part(state4, 0))  # the next step donates state4
   after4, m4 = take_steps(fns4, state4, bs[2:])
   out = {}
   for name, c, d in (("dp2", config("dp"), devs[:2]), ("single", config("dp"), devs[:1])):
     fns = steps.Program.create(c, VOCAB, plan=parallel.plan(c, d))
-    like = fns.init(1, c.optim.lr)  # a different seed: everything must come from the checkpoint
     ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
-    restored, _ = ck.restore(2, like)
+    restored, _ = ck.restore(2, fns.run_like())  # abstract: everything from the checkpoint
     ck.close()
     restored_diff = tree_max_abs_diff(saved, restored)
     devices = len(restored.params["wte"]["embedding"].sharding.device_set)
-    state, m = take_steps(fns, restored, bs[2:])  # donates `restored`
+    state, m = take_steps(fns, fns.stack([restored]), bs[2:])
     out[name] = {
         "restored": restored_diff,
         "devices": devices,
         "next_step_metrics": metric_diff(m4, m),
         "next_step_params": tree_max_abs_diff(after4.params, state.params),
-        "step": int(state.step),
+        "step": int(state.step[0]),
     }
   return out
 

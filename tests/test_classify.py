@@ -192,7 +192,8 @@ def test_classification_trains_above_chance_and_fine_tunes_from_mlm(pretrained, 
   # The trunk starts from the MLM checkpoint; the pooler and classifier are new.
   vocab = summary["vocab_size"]
   fresh = steps.program(c, vocab, cache=cache).start([c]).params  # as train.run: no compile
-  params = train.pretrained_params(c, train.init_from_config(c), fresh, vocab)
+  params = steps.run_part(train.pretrained_params(c, train.init_from_config(c), fresh, vocab), 0)
+  fresh = steps.run_part(fresh, 0)
   mlm = train.Checkpoints(mlm_dir / "checkpoints", 3)
   like = jax.eval_shape(steps.Steps.create(tiny_encoder(), vocab).init, 0, 1e-3)
   restored = mlm.restore(60, like)[0].params

@@ -112,8 +112,8 @@ def dataset():
 @pytest.fixture(scope="module")
 def compiled():
   """The step functions of this module's tests, each compiled once: (config, vocab size) → the
-  config's `steps.Program` (its init, `train_step`, `log_step`), its `Steps`, and `reference`:
-  `Steps.train_step` as defined (with diagnostics, donating nothing), jitted."""
+  config's `steps.Program` (its init, `train_step`, `log_step`), its `Steps`, and one run's
+  `init` and `reference`: `Steps.train_step` as defined (with diagnostics, donating nothing), jitted."""
   made = {}
 
   def get(config, vocab_size=257):
@@ -121,6 +121,7 @@ def compiled():
     if key not in made:
       program = steps.Program.create(config, vocab_size)
       made[key] = types.SimpleNamespace(program=program, steps=program.steps,
+                                        init=jax.jit(program.steps.init),
                                         reference=jax.jit(program.steps.train_step))
     return made[key]
   return get
@@ -130,7 +131,7 @@ def compiled():
 def test_train_step_is_pure(compiled, dataset):
   c = tiny()
   fns = compiled(c)
-  state = fns.program.start([c])
+  state = steps.run_part(fns.program.start([c]), 0)
   batch = dataset.train_batch(0)
   jit_state, jit_metrics = fns.reference(state, batch)
   again_state, _ = fns.reference(state, batch)  # same input → same output, input untouched
@@ -147,10 +148,10 @@ def test_loss_falls_over_50_steps(compiled, dataset):
   program = compiled(c).program
   eval_step = jax.jit(functools.partial(LOSS.validation_step, program.steps))
   state = program.start([c])
-  before = val_loss(eval_step, state.params, dataset)
+  before = val_loss(eval_step, steps.run_part(state.params, 0), dataset)
   for k in range(50):
-    state, _ = program.train_step(state, dataset.train_batch(k))
-  after = val_loss(eval_step, state.params, dataset)
+    state, _ = program.train_step(state, program.put_batches([dataset.train_batch(k)]))
+  after = val_loss(eval_step, steps.run_part(state.params, 0), dataset)
   assert after < before - 1.0, (before, after)
 
 
@@ -174,11 +175,11 @@ def test_step_keys_differ_per_step_and_seed(compiled):
   c = tiny(**{"model.dropout": 0.1})
   fns = compiled(c)
   batch = np.ones((8, 33), np.int32)
-  s0 = fns.program.init(0, c.optim.lr)
+  s0 = fns.init(0, c.optim.lr)
   _, m_a = fns.reference(s0, batch)
   _, m_b = fns.reference(s0, batch)
   _, m_c = fns.reference(s0.replace(step=jnp.int32(1)), batch)
-  _, m_d = fns.reference(fns.program.init(1, c.optim.lr).replace(params=s0.params), batch)
+  _, m_d = fns.reference(fns.init(1, c.optim.lr).replace(params=s0.params), batch)
   assert float(m_a["train_loss"]) == float(m_b["train_loss"])
   assert float(m_a["train_loss"]) != float(m_c["train_loss"])
   assert float(m_a["train_loss"]) != float(m_d["train_loss"])
@@ -266,7 +267,7 @@ def test_rows_keep_the_largest_grad_norm_of_every_step(runs):
   state, norms = program.start([c]), []
   for k in range(c.train.steps):
     state, m = program.train_step(state, program.put_batches([ds.train_batch(k)]))
-    norms.append(float(m["grad_norm"]))
+    norms.append(float(m["grad_norm"][0]))
   rows = run.rows[1:]
   assert [r["step"] for r in rows] == [10, 20, 30]
   intervals = [norms[:10], norms[10:20], norms[20:]]
@@ -305,18 +306,20 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
   fns = compiled(c)
   program = fns.program
   batch = np.random.default_rng(0).integers(0, 257, (8, 33)).astype(np.int32)
-  old = jax.device_get(program.init(0, c.optim.lr))
-  plain, m_plain = program.train_step(jax.device_put(old), batch)
-  logged, m_log = program.log_step(jax.device_put(old), batch)
+  old = jax.device_get(program.start([c]))
+  batch = program.put_batches([batch])
+  plain, m_plain = program.train_step(jax.device_put(old, program.shardings), batch)
+  logged, m_log = program.log_step(jax.device_put(old, program.shardings), batch)
+  old, m_log = steps.run_part(old, 0), steps.run_part(m_log, 0)
   for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(logged)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-10)
   assert set(m_log) - set(m_plain) == {"update_norm", "param_norm", "train_attn_logit_max",
                                        "train_logz_mean"}
   for k in m_plain:
     np.testing.assert_allclose(m_plain[k], m_log[k], rtol=1e-6)
-  _, m_ref = fns.reference(jax.device_put(old), batch)  # the definition
+  _, m_ref = fns.reference(old, steps.run_part(batch, 0))  # the definition
   assert {k: float(v) for k, v in m_ref.items()} == {k: float(v) for k, v in m_log.items()}
-  new_params = jax.device_get(logged.params)
+  new_params = jax.device_get(steps.run_part(logged.params, 0))
   updates = jax.tree.map(lambda new, prev: np.float64(new) - np.float64(prev), new_params,
                          old.params)
   np.testing.assert_allclose(m_log["param_norm"], optax.tree.norm(new_params), rtol=1e-6)
@@ -335,7 +338,7 @@ def test_the_log_steps_stability_measures_are_those_of_its_training_forward(over
   c.model.dropout = 0.1
   vocab = 300 if encoder else 257
   fns = compiled(c, vocab)
-  state = fns.program.init(0, c.optim.lr)
+  state = fns.init(0, c.optim.lr)
   batch = jnp.asarray(np.random.default_rng(0).integers(5, vocab, (c.train.batch_size,
                                                                     c.data.seq_len + 1)), jnp.int32)
   _, m = fns.reference(state, batch)
@@ -363,9 +366,10 @@ def test_z_loss_is_trained_but_logged_apart(compiled):
   c = tiny(**{"optim.z_loss": 0.05})
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
   fns, off = compiled(c), compiled(tiny())
-  state = jax.device_get(fns.program.init(0, c.optim.lr))
-  _, m = fns.program.train_step(jax.device_put(state), batch)
-  _, m_off = off.program.train_step(jax.device_put(state), batch)
+  state = jax.device_get(fns.init(0, c.optim.lr))
+  one_run = lambda program: steps.run_part(
+      program.train_step(program.stack([state]), program.put_batches([batch]))[1], 0)
+  m, m_off = one_run(fns.program), one_run(off.program)
   key = jax.random.fold_in(state.rng, state.step)
   logits, _ = jax.jit(functools.partial(models.apply, fns.steps.model, train=True))(
       state.params, batch[:, :-1], rngs={"dropout": key})

@@ -156,18 +156,17 @@ def train_lanes(program: steps.Program, lanes: list[Lane], state, start: int,
 def _train(program: steps.Program, lanes: list[Lane], state, start: int,
            vocab_size: int) -> list[dict]:
   config = lanes[0].config
-  t, sharp_ev = config.train, program.evaluators.sharpness
-  plan = program.plan
-  counts = models.count_params(program.run_part(state.params, 0))
+  t, plan, evaluators_ = config.train, program.plan, program.evaluators
+  counts = models.count_params(program.run_like().params)
   val_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches()]  # Placed once.
   test_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches(test=True)]
   # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.
   sharpness_batch = (plan.shard_batch(dataclasses.replace(lanes[0].dataset, seed=0).train_batch(0))
-                     if program.sharpness else None)
+                     if program.sharpness_step else None)
   tokens_per_step = t.batch_size * config.data.seq_len
 
   print(start_line(lanes, counts, start), flush=True)
-  if config.metrics.sharpness_every and sharp_ev is None:
+  if config.metrics.sharpness_every and evaluators_.sharpness is None:
     print(f"actlab: no sharpness estimates: metrics.sharpness_every "
           f"({config.metrics.sharpness_every}) is more than train.steps ({t.steps}), so none "
           "would follow step 0's (docs/metrics.md §5)", flush=True)
@@ -186,30 +185,69 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
     also its losses (and accuracies) on the held-out test windows, as `test_*`."""
     bar.set_description("evaluating")
     outs = jax.device_get([program.eval_step(params, b) for b in val_batches])
-    evals = [program.evaluators.pool([program.run_part(o, r) for o in outs])
-             for r in range(len(lanes))]
+    evals = [evaluators_.pool(steps.run_part(outs, r)) for r in range(len(lanes))]
     if test and test_batches:
-      outs = jax.device_get([program.eval_step(params, b) for b in test_batches])
+      outs = jax.device_get([program.eval_step(params, b)["loss"] for b in test_batches])
       for r, ev in enumerate(evals):
-        pooled = evaluators.Loss().pool([program.run_part(o, r)["loss"] for o in outs])
+        pooled = evaluators.Loss().pool(steps.run_part(outs, r))
         ev.update({"test_" + k.removeprefix("val_"): v for k, v in pooled.items()})
     return evals
 
-  def sharpness(params):
+  def sharpness(params) -> np.ndarray:
     bar.set_description("sharpness")
-    return jax.device_get(program.sharpness(params, sharpness_batch))
+    return jax.device_get(program.sharpness_step(params, sharpness_batch))
 
-  pending = []
-  stopped_at = None  # the step a signal stopped the loop at
+  def fetch_rows(done: int, pending: list, log_now: bool) -> tuple[dict, dict]:
+    """Each running lane's step metrics since its last row (`pending` fetched to the host: the
+    loop's only host sync), and those it logs now: up to its first non-finite step, if any."""
+    fetched = jax.device_get(pending)
+    since_row, logged = {}, {}
+    for r, lane in enumerate(lanes):
+      if lane.stopped:
+        continue
+      rows = since_row[r] = lane.carried + [steps.run_part(x, r) for x in fetched]
+      bad = metrics_lib.first_nonfinite(rows)
+      if bad is not None:  # Log the rows up to the first bad step, then stop.
+        lane.diverged_at, logged[r] = done - len(rows) + bad + 1, rows[:bad + 1]
+      elif log_now:
+        logged[r] = rows
+    return since_row, logged
+
+  def write_rows(done: int, logged: dict, steps_: int, elapsed: float, evals=None,
+                 sharp=None) -> None:
+    """The rows of `logged` (`fetch_rows`) with evaluations and sharpness where due; a lane that
+    diverged stops: no more rows, no more checkpoints (its last good one stays the latest)."""
+    for r, rows in logged.items():
+      lane = lanes[r]
+      lane.train_time += elapsed
+      # Each run's rate as it experiences it: its tokens over the loop's wall time.
+      lane.rates.append(steps_ * tokens_per_step / elapsed)
+      row = {"step": lane.diverged_at or done, **metrics_lib.interval(rows),
+             "tokens_per_sec": lane.rates[-1]}
+      if evals is not None and lane.diverged_at is None:
+        row.update(evals[r])
+        if not metrics_lib.finite(row["val_loss"]):
+          lane.diverged_at = done
+      if sharp is not None and lane.diverged_at is None:
+        row["sharpness"] = float(sharp[r])
+      lane.write(row)
+      lane.carried = []
+      bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{lane.rates[-1]:,.0f}",
+                      refresh=False)
+      bar.update(steps_)
+    for lane in lanes:
+      lane.stopped |= lane.diverged_at is not None
+
+  pending = []        # the device metrics of the steps since the last row
+  row_due = None      # (step, its pending): a row written once the next step is under way
+  stopped_at = None   # the step a signal stopped the loop at
   try:
     if start == 0:
       evals = evaluate(state.params)
-      sharp = sharpness(state.params) if program.sharpness else None
+      sharp = sharpness(state.params) if program.sharpness_step else None
       for r, lane in enumerate(lanes):
-        row = {"step": 0, **evals[r]}
-        if sharp is not None:
-          row["sharpness"] = float(program.run_part(sharp, r))
-        lane.write(row)
+        lane.write({"step": 0, **evals[r], **({} if sharp is None else
+                                                {"sharpness": float(sharp[r])})})
     bar.set_description("training")
     t0 = wall0 = time.perf_counter()
     next_batch = fetch(start)
@@ -220,58 +258,39 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
       done = step + 1
       is_last = done == t.steps
       evaluate_now = done % t.eval_every == 0 or is_last
-      sharpness_now = sharp_ev is not None and done % sharp_ev.every == 0
+      sharpness_now = evaluators_.sharpness is not None and done % evaluators_.sharpness.every == 0
       log_now = done % t.log_every == 0 or evaluate_now or sharpness_now
       state, metrics = (program.log_step if log_now else program.train_step)(state, batch)
       if plan.sync_each_step:  # simulated CPU devices: see parallel.Plan.sync_each_step
         jax.block_until_ready(metrics)
       pending.append(metrics)
+      if row_due is not None:  # The last row's metrics, fetched while this step runs.
+        _, logged = fetch_rows(row_due[0], row_due[1], True)
+        now = time.perf_counter()
+        write_rows(row_due[0], logged, len(row_due[1]), now - t0)
+        row_due, t0 = None, now
+        if all(lane.stopped for lane in lanes):
+          break
       stopping = stop.signum is not None  # Read once: a signal during the host work below
       # is acted on after the next step, never between deciding to save and stopping.
       save_now = done % t.checkpoint_every == 0 or is_last or stopping
       if not (log_now or save_now):
         continue
-      fetched = jax.device_get(pending)  # The loop's only host sync: log and save steps.
+      if not (save_now or evaluate_now or sharpness_now):  # Nothing needs this step's state.
+        row_due, pending = (done, pending), []
+        continue
+      since_row, logged = fetch_rows(done, pending, log_now)
       elapsed = time.perf_counter() - t0
-      since_row, logged = {}, {}  # lane -> its step metrics since its last row; those to log now
-      for r, lane in enumerate(lanes):
-        if lane.stopped:
-          continue
-        rows = since_row[r] = lane.carried + [program.run_part(x, r) for x in fetched]
-        bad = metrics_lib.first_nonfinite(rows)
-        if bad is not None:  # Log the rows up to the first bad step, then stop.
-          lane.diverged_at, logged[r] = done - len(rows) + bad + 1, rows[:bad + 1]
-        elif log_now:
-          logged[r] = rows
       healthy = any(lanes[r].diverged_at is None for r in logged)
       evals = evaluate(state.params, test=is_last) if evaluate_now and healthy else None
       sharp = sharpness(state.params) if sharpness_now and healthy else None
       bar.set_description("training", refresh=False)
-      for r, rows in logged.items():
-        lane = lanes[r]
-        lane.train_time += elapsed
-        # Each run's rate as it experiences it: its tokens over the loop's wall time.
-        lane.rates.append(len(fetched) * tokens_per_step / elapsed)
-        row = {"step": lane.diverged_at or done, **metrics_lib.interval(rows),
-               "tokens_per_sec": lane.rates[-1]}
-        if evaluate_now and lane.diverged_at is None:
-          row.update(evals[r])
-          if not metrics_lib.finite(row["val_loss"]):
-            lane.diverged_at = done
-        if sharpness_now and lane.diverged_at is None:
-          row["sharpness"] = float(program.run_part(sharp, r))
-        lane.write(row)
-        lane.carried = []
-        bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{lane.rates[-1]:,.0f}",
-                        refresh=False)
-        bar.update(len(fetched))
+      write_rows(done, logged, len(pending), elapsed, evals, sharp)
       if log_now:
         pending = []
       for r, lane in enumerate(lanes):
-        if lane.diverged_at is not None:
-          lane.stopped = True  # The last good checkpoint stays the latest one.
-        elif save_now:
-          lane.save(done, program.run_part(state, r), [] if log_now else since_row[r])
+        if save_now and not lane.stopped:
+          lane.save(done, steps.run_part(state, r), [] if log_now else since_row[r])
       if all(lane.stopped for lane in lanes):
         break
       if stopping:

@@ -1,13 +1,13 @@
 """The pure step functions of a config, and their compiled program for R ≥ 1 runs.
 
-`Steps` holds what the steps close over (model, objective, optimizer) and defines the pure
-`train_step(state, batch) -> (state, metrics)`. `Program` jits it, and the device steps of the
-config's evaluators (evaluators.py: validation loss, activation statistics, sharpness), with
-explicit shardings (parallel.py) for R runs that differ only in `optim.lr` and
-`train.seed`: both live in the train state, not in the compiled code (`optim.py` keeps the peak
-LR in the optimizer state; the seed makes the initial parameters, the key and the batches). One
-run (R = 1) is the plain jitted step; R > 1 runs are R states stacked on a leading axis and one
-`jax.vmap` of the same step (tests/test_vectorized.py: equal to R single runs, ≤ 1e-6).
+`Steps` holds what the steps close over (model, objective, optimizer) and defines one run's pure
+`init(seed, peak_lr)` and `train_step(state, batch) -> (state, metrics)`. `Program` compiles them
+for R runs of one config: the R states stacked on a leading run axis, one `jax.vmap` of the step,
+jitted with explicit shardings (parallel.py). One run is R = 1 of the same program. The runs may
+differ in `optim.lr` and `train.seed`: both live in the state, not in the compiled code
+(`optim.py` keeps the peak LR in the optimizer state; the seed makes the initial parameters, the
+key and the batches), so a sweep's cells share one compiled program
+(tests/test_vectorized.py: R runs equal R single runs, ≤ 1e-6).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class TrainState:
 
 @dataclasses.dataclass(frozen=True)
 class Steps:
-  """Everything the steps close over: the task's model and objective, and the optimizer."""
+  """Everything one run's steps close over: the task's model and objective, and the optimizer."""
   model: flax.linen.Module
   tx: optax.GradientTransformation
   objective: Any
@@ -101,57 +101,47 @@ class Steps:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-  """`Steps` jitted for `runs` runs of one config (their LRs and seeds may differ). With R > 1
-  the state, metrics and results have a leading run axis (unsplit: data parallelism splits each
-  run's batch, FSDP each run's arrays as it would one run's); the validation and sharpness
-  batches are shared by all runs."""
+  """`Steps` jitted for R runs of one config (their LRs and seeds may differ): states, metrics
+  and device results have a leading run axis of R (unsplit: data parallelism splits each run's
+  batch, FSDP each run's arrays, as for one run); the validation and sharpness batches are
+  shared by the runs."""
   steps: Steps
   plan: parallel.Plan
   runs: int
-  init: Callable        # (seeds, peak_lrs) -> TrainState: scalars, or [R] arrays for R > 1
+  shardings: TrainState  # of the stacked state
+  init: Callable        # ([R] seeds, [R] peak LRs) -> TrainState
   train_step: Callable  # (state, batch) -> (state, metrics); donates the state
   log_step: Callable    # the same step with `diagnostics`: for the steps the loop logs
   evaluators: evaluators_lib.Evaluators
   eval_step: Callable   # (params, batch) -> the validation evaluators' device values
-  sharpness: Callable | None  # (params, batch) -> top Hessian eigenvalue(s); None when off
+  sharpness_step: Callable | None  # (params, batch) -> top Hessian eigenvalues; None when off
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
              plan: parallel.Plan | None = None) -> "Program":
     steps = Steps.create(config, vocab_size)
     plan = plan or parallel.plan(config)
-    one_run = plan.state_shardings(jax.eval_shape(steps.init, 0, 1.0))
+    state = jax.tree.map(lambda s: NamedSharding(plan.mesh, P(None, *s.spec)),
+                         plan.state_shardings(jax.eval_shape(steps.init, 0, 1.0)))
+    batch, shared_batch = plan.batch_sharding(2, stacked=True), plan.batch_sharding(1)
     evaluators = evaluators_lib.Evaluators.create(config)
-    eval_step = functools.partial(evaluators.validation_step, steps)
-    sharpness = evaluators.sharpness and functools.partial(evaluators.sharpness, steps)
-    shared_batch = plan.batch_sharding(1)  # A prefix: every array of a batch, split on axis 0.
-    train_step = functools.partial(steps.train_step, diagnostics=False)
-    log_step = steps.train_step
-    if runs == 1:
-      state, batch = one_run, shared_batch
-      init = steps.init
-    else:
-      state = jax.tree.map(lambda s: NamedSharding(plan.mesh, P(None, *s.spec)), one_run)
-      batch = plan.batch_sharding(2, stacked=True)
-      init, train_step, log_step = map(jax.vmap, (steps.init, train_step, log_step))
-      eval_step = jax.vmap(eval_step, in_axes=(0, None))
-      sharpness = sharpness and jax.vmap(sharpness, in_axes=(0, None))
-    jit_step = functools.partial(jax.jit, donate_argnums=0, in_shardings=(state, batch),
-                                 out_shardings=(state, plan.replicated))
-    return cls(steps, plan, runs,
-               init=jax.jit(init, out_shardings=state),
-               train_step=jit_step(train_step),
-               log_step=jit_step(log_step),
+    jit_step = lambda diagnostics: jax.jit(
+        jax.vmap(functools.partial(steps.train_step, diagnostics=diagnostics)),
+        donate_argnums=0, in_shardings=(state, batch), out_shardings=(state, plan.replicated))
+    on_params = lambda fn: jax.jit(jax.vmap(functools.partial(fn, steps), in_axes=(0, None)),
+                                   in_shardings=(state.params, shared_batch))
+    sharpness = evaluators.sharpness
+    return cls(steps, plan, runs, state,
+               init=jax.jit(jax.vmap(steps.init), out_shardings=state),
+               train_step=jit_step(False), log_step=jit_step(True),
                evaluators=evaluators,
-               eval_step=jax.jit(eval_step, in_shardings=(state.params, shared_batch)),
-               sharpness=sharpness and jax.jit(sharpness,
-                                               in_shardings=(state.params, shared_batch)))
+               eval_step=on_params(evaluators.validation_step),
+               sharpness_step=sharpness and on_params(sharpness))
 
   def start(self, configs: Sequence[ml_collections.ConfigDict]) -> TrainState:
     """The initial state of the runs of `configs` (their seeds and peak LRs)."""
-    seeds = np.array([c.train.seed for c in configs])
-    lrs = np.array([c.optim.lr for c in configs], np.float32)
-    return self.init(seeds[0], lrs[0]) if self.runs == 1 else self.init(seeds, lrs)
+    return self.init(np.array([c.train.seed for c in configs]),
+                     np.array([c.optim.lr for c in configs], np.float32))
 
   def run_like(self) -> TrainState:
     """One run's state as abstract arrays with its shardings: what a checkpoint restores into."""
@@ -159,20 +149,21 @@ class Program:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         shape, self.plan.state_shardings(shape))
 
-  def stack(self, states: Sequence[TrainState], like: TrainState) -> TrainState:
-    """Restored run states as this program's state, placed like `like` (a state of it)."""
-    state = states[0] if self.runs == 1 else jax.tree.map(lambda *xs: jnp.stack(xs), *states)
-    return jax.device_put(state, jax.tree.map(lambda x: x.sharding, like))
+  def stack(self, states: Sequence[TrainState]) -> TrainState:
+    """Single runs' states (restored checkpoints) as this program's state: stacked in host memory
+    where this process holds them whole (no XLA program to compile at a resume), else by XLA."""
+    stack = lambda *xs: (np.stack(jax.device_get(xs)) if all(x.is_fully_addressable for x in xs)
+                         else jnp.stack(xs))
+    return jax.device_put(jax.tree.map(stack, *states), self.shardings)
 
   def put_batches(self, batches: list) -> Any:
-    """One host batch per run → the devices (stacked for R > 1)."""
-    if self.runs == 1:
-      return self.plan.shard_batch(batches[0])
-    return self.plan.shard_batch(np.stack(batches), stacked=True)
+    """One host batch per run → the devices, stacked."""
+    return self.plan.shard_batch(jax.tree.map(lambda *xs: np.stack(xs), *batches), stacked=True)
 
-  def run_part(self, tree: Any, r: int) -> Any:
-    """Run r's part of a state or result."""
-    return tree if self.runs == 1 else jax.tree.map(lambda x: x[r], tree)
+
+def run_part(tree: Any, r: int) -> Any:
+  """Run r's part of a stacked tree: a state, metrics or device results."""
+  return jax.tree.map(lambda x: x[r], tree)
 
 
 class GroupError(UserError, ValueError):

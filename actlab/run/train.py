@@ -1,7 +1,7 @@
 """Trains runs in their workdirs: `run(config, workdir)` one run, `run_group` R runs of one
-config that differ only in `optim.lr` and `train.seed`, as one program (`steps.Program`), each
+config that differ only in `optim.lr` and `train.seed` as one program (`steps.Program`), each
 in its own workdir with its own log, checkpoints and summary (what `actlab.sweep` does with
-`sweep.vectorize`).
+`sweep.vectorize`). One run is R = 1 of the same path.
 
 Everything that can refuse a run (config, devices, data, `train.init_from`, the workdirs' configs
 and owners) is checked before anything is written. A finished run returns its summary without
@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import flax
 import jax
 import ml_collections
+import numpy as np
 
 from actlab import data, models, tasks
 from actlab import config as config_lib
@@ -78,21 +79,22 @@ def source_arrays(config: ml_collections.ConfigDict, source, like, vocab_size: i
 
 
 def pretrained_params(config: ml_collections.ConfigDict, source, params, vocab_size: int):
-  """`params` with every parameter that `source` (`init_from_config`'s: a workdir's latest
-  intact checkpoint, or a Hugging Face state dict) has under the same path and shape (for an
-  MLM → classification run: the embeddings and blocks; the pooler and classifier keep their
-  fresh initialisation, the MLM head is dropped)."""
-  flat_old, where = source_arrays(config, source, execution.per_layer_layout(params), vocab_size)
+  """The runs' stacked `params` with every parameter that `source` (`init_from_config`'s: a
+  workdir's latest intact checkpoint, or a Hugging Face state dict) has under the same path and
+  shape (for an MLM → classification run: the embeddings and blocks; the pooler and classifier
+  keep each run's fresh initialisation, the MLM head is dropped)."""
+  one_run = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), params)
+  flat_old, where = source_arrays(config, source, execution.per_layer_layout(one_run), vocab_size)
   if "blocks" in params and any(k[0].startswith("block_") for k in flat_old):
     flat_old = flax.traverse_util.flatten_dict(
         execution.scanned_layout(flax.traverse_util.unflatten_dict(flat_old)))
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
-  copied = [k for k, v in flat.items() if k in flat_old and flat_old[k].shape == v.shape]
+  copied = [k for k, v in flat.items() if k in flat_old and flat_old[k].shape == v.shape[1:]]
   if not copied:
     raise WorkdirError(f"train.init_from={config.train.init_from!r}: no parameter matches this "
                        "model's")
   for k in copied:
-    flat[k] = jax.device_put(flat_old[k], flat[k].sharding)
+    flat[k] = jax.device_put(np.broadcast_to(flat_old[k], flat[k].shape), flat[k].sharding)
   fresh = sorted({k[0] for k in flat if k not in copied})
   print(f"actlab: initialised {len(copied)} of {len(flat)} parameter arrays from {where}"
         + (f"; new: {', '.join(fresh)}" if fresh else ""), flush=True)
@@ -109,17 +111,17 @@ def load_run(workdir: pathlib.Path):
                        "actlab.main")
   config, run_dir = ml_collections.ConfigDict(config), RunDir.open(workdir)
   tokenizer = data.load_tokenizer(config, run_dir.tokenizer)
-  task = steps.Steps.create(config, tokenizer.vocab_size)
+  run_steps = steps.Steps.create(config, tokenizer.vocab_size)
   with Checkpoints(run_dir.checkpoints, 1, read_only=True) as checkpoints:  # Creates nothing.
     # On this process's first device, whatever devices and hosts the run trained on.
     one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     restored = checkpoints.restore_latest(jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device),
-        jax.eval_shape(task.init, 0)))
+        jax.eval_shape(run_steps.init, 0)))
   if restored is None:
     raise WorkdirError(f"{workdir}/checkpoints holds no checkpoint yet")
   step, state, _ = restored
-  return config, tokenizer, task, state.params, step
+  return config, tokenizer, run_steps, state.params, step
 
 
 def finished(config: ml_collections.ConfigDict, run_dir: RunDir) -> dict | None:
@@ -137,10 +139,9 @@ def run(config: ml_collections.ConfigDict, workdir, cache: dict | None = None) -
 
 def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
               cache: dict | None = None, log: Callable[[str], None] = print) -> list[dict]:
-  """Trains (or resumes) the runs `configs[i]` in `workdirs[i]` (paths or `RunDir`s) as one
-  program and returns their summaries, in order. Runs that cannot share one program's steps (at
-  different steps, some finished, or fine-tuning from a checkpoint) train one after another
-  instead."""
+  """Trains (or resumes) the runs `configs[i]` in `workdirs[i]` (paths or `RunDir`s) and returns
+  their summaries, in order. The unfinished runs that resume at the same step train as one
+  program (R states stacked); runs at another step train after them as another."""
   configs = list(configs)
   parallel.initialize(configs[0])  # Before anything asks JAX for a device (`RunDir.open` does).
   run_dirs = [RunDir.open(w) for w in workdirs]
@@ -148,60 +149,44 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
     config_lib.validate(c)
     workdir_lib.check_usable(r.root)
   steps.check_group(configs)
-  summaries = [finished(c, r) for c, r in zip(configs, run_dirs)]
-  if all(s is not None for s in summaries):
-    return summaries
-  if len(configs) > 1 and (any(summaries) or configs[0].train.init_from):
-    return _one_by_one(configs, run_dirs, cache, log)
+  if all(finished(c, r) is not None for c, r in zip(configs, run_dirs)):
+    return [r.summary() for r in run_dirs]
   c0 = configs[0]
   dataset = tasks.get(c0).dataset(c0)
   vocab_size = dataset.tokenizer.vocab_size
-  program = steps.program(c0, vocab_size, len(configs), cache)  # Checks the devices.
+  like = steps.program(c0, vocab_size, 1, cache).run_like()  # Checks the devices.
   source = init_from_config(c0, vocab_size) if c0.train.init_from else None
   with contextlib.ExitStack() as held:
     for r in run_dirs:
       held.enter_context(r.lock())
     held.enter_context(workdir_lib.full_disk_reported(run_dirs[0].root))
     summaries = [finished(c, r) for c, r in zip(configs, run_dirs)]  # Again, now they are ours.
-    if any(s is not None for s in summaries):
-      return summaries if all(summaries) else _one_by_one(configs, run_dirs, cache, log)
-    for c, r in zip(configs, run_dirs):
+    by_start = {}  # start step -> [(run index, its Checkpoints, its restored checkpoint)]
+    for i, (c, r) in enumerate(zip(configs, run_dirs)):
+      if summaries[i] is not None:
+        continue
       r.write_config(c)
       if tokenizers.load(r.tokenizer) is None:
         tokenizers.save(dataset.tokenizer, r.tokenizer)
-    # Committed to the program's shardings like a restored checkpoint, so that fresh and resumed
-    # runs (and the cells of a sweep) hit the same compiled functions instead of compiling twice.
-    state = program.start(configs)
-    # Written by all hosts together (Orbax).
-    checkpoints = [Checkpoints(r.checkpoints, c.train.keep_checkpoints)
-                   for c, r in zip(configs, run_dirs)]
-    try:
-      like = program.run_like()
-      restored = [ck.restore_latest(like) for ck in checkpoints]
-    except BaseException:
-      _close(checkpoints)
-      raise
-    starts = {r[0] if r else 0 for r in restored}
-    if len(starts) > 1:
-      _close(checkpoints)
-      return _one_by_one(configs, run_dirs, cache, log)
-    (start,) = starts
-    if start:
-      state = program.stack([r[1] for r in restored], like=state)
-    elif source is not None:  # The trunk from another run (e.g. MLM), or GPT-2 / BERT.
-      state = state.replace(params=pretrained_params(c0, source, state.params, vocab_size))
-    lanes = [loop.Lane.open(c, d, dataclasses.replace(dataset, seed=int(c.train.seed)), ck,
-                            start, r[2] if r else None)
-             for c, d, ck, r in zip(configs, run_dirs, checkpoints, restored)]
-    return loop.train_lanes(program, lanes, state, start, vocab_size)
-
-
-def _close(checkpoints: list[Checkpoints]) -> None:
-  for ck in checkpoints:
-    ck.close()
-
-
-def _one_by_one(configs, run_dirs, cache, log) -> list[dict]:
-  log("runs at different steps (or finished, or fine-tuning from a checkpoint): training them "
-      "one after another")
-  return [run(c, r, cache) for c, r in zip(configs, run_dirs)]
+      checkpoints = held.enter_context(Checkpoints(r.checkpoints, c.train.keep_checkpoints))
+      restored = checkpoints.restore_latest(like)
+      by_start.setdefault(restored[0] if restored else 0, []).append((i, checkpoints, restored))
+    if len(by_start) > 1 or (len(configs) > 1 and any(summaries)):
+      log(f"runs at steps {sorted(by_start)} (or finished): training them by start step, one "
+          "after another")
+    for start, members in sorted(by_start.items()):
+      program = steps.program(c0, vocab_size, len(members), cache)
+      group = [configs[i] for i, _, _ in members]
+      if start:
+        state = program.stack([restored[1] for _, _, restored in members])
+      else:
+        state = program.start(group)
+      if not start and source is not None:  # The trunk from another run (e.g. MLM), or GPT-2 / BERT.
+        state = state.replace(params=pretrained_params(c0, source, state.params, vocab_size))
+      lanes = [loop.Lane.open(c, run_dirs[i], dataclasses.replace(dataset, seed=int(c.train.seed)),
+                              ck, start, restored[2] if restored else None)
+               for c, (i, ck, restored) in zip(group, members)]
+      for (i, _, _), summary in zip(members, loop.train_lanes(program, lanes, state, start,
+                                                              vocab_size)):
+        summaries[i] = summary
+  return summaries
