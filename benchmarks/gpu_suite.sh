@@ -3,7 +3,7 @@
 # --label switched on or off against the baseline, or actlab side by side with PyTorch
 # (--torch: torch.compile with fused AdamW on a GPU), step by step and back to back.
 # Needs: pip install -e '.[cuda]'. For the six-run study also TinyStories + the GPT-2 BPE files
-# (see README: data). Output: markdown rows on stdout, JSON lines in $OUT.
+# (see docs/data.md). Output: markdown rows on stdout, JSON lines in $OUT.
 set -euo pipefail
 OUT=${OUT:-benchmarks/results_gpu.jsonl}
 B="python -m actlab.bench --json_out=$OUT --markdown --steps=30 --warmup=5"

@@ -1,4 +1,4 @@
-"""Where a config's train step spends its time (BENCHMARKS.md, "Small models"):
+"""Where a config's train step spends its time (BENCHMARKS.md, "Where the smoke step goes"):
 
     python benchmarks/profile_step.py configs/tinystories_gelu.py:smoke [overrides] [--trace]
 

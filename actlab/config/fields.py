@@ -5,8 +5,8 @@
 The comments are the ones beside each field in `config.base()` and `config.encoder()`, read from
 their source, and fields that take an activation list the names of `actlab.models.activations`, so this
 listing cannot drift from the code; the defaults are the built configs'. Fields only the encoder
-has are marked `[encoder]`; `--config.<section>.<field>=<value>` overrides any of them (README,
-"Running experiments").
+has are marked `[encoder]`; `--config.<section>.<field>=<value>` overrides any of them (docs/running.md,
+"One run").
 """
 
 import inspect

@@ -2,7 +2,7 @@
 (the trackers that also receive the rows are in tracking.py).
 
 Definitions in full: docs/metrics.md (§4 activation statistics, §5 sharpness, §6 the verdict,
-§7 the summary); the README summarises them for users.
+§7 the summary).
 
 - Activation statistics are taken at evaluation time on the FFN hidden layer — `h` in `W₂·h` —
   over every (token, unit) entry of the fixed validation windows, per layer and then over layers.

@@ -53,7 +53,7 @@ def segment(config: ml_collections.ConfigDict, start_step: int) -> dict:
       "start_step": start_step, "started": workdir.now(), **_code(),
       "device_kind": devices[0].device_kind, "device_count": len(devices),
       # XLA:CPU splits reductions over its threads, one per CPU this process may use: float32
-      # results differ in rounding between CPU counts (README, "Using all the hardware").
+      # results differ in rounding between CPU counts (docs/sweeps.md, "Using all the hardware").
       "cpus": len(os.sched_getaffinity(0)),
       "process_count": jax.process_count(), "host": socket.gethostname(),
       "command": [sys.executable, *sys.argv],
