@@ -1,72 +1,14 @@
 """The sweep report's statistics: pure functions of numbers and of a sweep's runs as read by
-`actlab.report` (numpy only; no IO, no plotting). Definitions also in docs/metrics.md §8, §9.
-
-**Paired comparison** (`paired_difference`). A seed fixes the initialisation stream and the
-batches for every activation and LR, so at one LR two activations A and B are compared seed by
-seed: dᵢ = aᵢ − bᵢ (final val loss; lower is better) over the n seeds where both have a value.
-The seed-to-seed variation the two runs share cancels in dᵢ. With d̄ the mean and s the sample
-standard deviation (n − 1) of the dᵢ, the 95% confidence interval of the mean difference is the
-paired t interval
-
-    d̄ ± t₀.₉₇₅,ₙ₋₁ · s/√n.
-
-Why t and not a bootstrap: with 3–5 seeds a bootstrap has only a handful of distinct resamples
-(10 for n = 3, 35 for n = 4, 126 for n = 5); the resampled means spread by √((n − 1)/n)·s/√n and
-make no allowance for s itself being estimated from n values (what t's heavier tails add), so
-the percentile interval is too narrow and covers the true difference well under 95% of the
-time. The t interval is exact when the differences are normal, and the standard choice at small
-n.
-
-**Tests and verdict** (`paired_difference`, `family`, `verdict`). The paired t test of "no
-difference" gives a two-sided p = 2·P(T ≤ −|d̄|/(s/√n)), T ~ t with n − 1 df (`t_cdf`). With an
-equivalence margin m > 0 stated in the sweep file before running, the two one-sided tests
-(TOST) of H₀: d ≤ −m and H₀: d ≥ m give p_equiv = max(P(T ≥ (d̄ + m)/se), P(T ≤ (d̄ − m)/se));
-p_equiv < α is the 90% interval lying inside (−m, m). Every comparison a report shows is one
-family (`family`): Holm's step-down method (`holm`) adjusts the p-values over it, and the TOST
-p-values separately, each at familywise error ALPHA = 0.05. Verdict: "A better" / "B better"
-when the adjusted p ≤ α (by the sign of d̄), else "equivalent" when the adjusted TOST p ≤ α,
-else "not resolved" (always when n < 2; never "equivalent" without a margin).
-
-**Best LR apart from the test** (`selection`, `chosen_lrs`): each activation's LR is the one
-with the lowest mean final val loss (among the LRs where every choosing seed has one), and the
-comparison at those LRs is of a loss that did not choose it. Runs that scored held-out test
-windows (`data.test_batches`, `final_test_loss`) choose on every seed's validation loss and are
-compared on the test loss; otherwise (`best_val_loss` is measured on the same validation
-windows as `final_val_loss`) the seeds are split (`selection_split`): the first ⌊n/2⌋ choose,
-the other ⌈n/2⌉ are compared.
-
-**Minimum detectable difference** (`min_detectable`): the smallest true mean difference the same
-design (n seeds, the observed s) would resolve with 80% power at two-sided α = 0.05,
-
-    MDD = (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁) · s/√n,
-
-the usual approximation with t quantiles; the exact power of the paired t test at d = MDD (if
-the true sd is s) is 73% at n = 2, 77% at n = 3, 79% at n = 5 and 80% from n ≈ 10. A "not
-resolved" with MDD 0.08 says: a difference smaller than about 0.08 could not reliably have been
-told apart from none with these seeds and this noise; it is not evidence that there is none. It
-is for α = 0.05 unadjusted: under Holm the level is smaller and the reach shorter.
-
-**Not learned** (`learned`): a run that finished stable or unstable with final val loss ≥ its
-summary's `copy_loss` (MLM: the context-free predictor's), else its `unigram_loss`, did not
-learn; it never counts as stable (`Run.stable`). Summaries without either (older runs) are not
-checked.
-
-**Largest stable LR** (`largest_stable_lr`): per activation (and combination of the other axes),
-the largest swept LR at which every seed of the grid has a run that finished "stable" and
-learned; a missing or unfinished seed disqualifies the LR.
-
-**t quantiles** (`t_quantile`): a table of t₀.₉₇₅ and t₀.₈₀ for df 1..30 (6 decimals), and for
-df > 30 the Cornish–Fisher expansion of t around the normal quantile to 1/df³ (error < 2·10⁻⁶);
-tests/test_stats.py checks both against scipy. The t CDF (`t_cdf`) is the regularized incomplete
-beta function by its continued fraction (relative error ~1e-10, tests: closed forms at df 1, 2
-and scipy).
+`actlab.report` (numpy and scipy.stats; no IO, no plotting). What they compute and why (the paired
+t interval rather than a bootstrap, the tests, Holm's family, the verdicts, the MDD and its power,
+the best LR chosen apart from the numbers that test it, "not learned", the largest stable LR):
+docs/metrics.md §8, §9.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -74,54 +16,6 @@ import numpy as np
 LR_KEY, SEED_KEY = "optim.lr", "train.seed"
 A_BETTER, B_BETTER, EQUIVALENT, NOT_RESOLVED = "A better", "B better", "equivalent", "not resolved"
 ALPHA = 0.05  # each family's familywise error rate
-
-T_TABLE = {  # p -> t_{p, df} for df = 1..30
-    0.975: (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004,
-            2.262157, 2.228139, 2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905,
-            2.109816, 2.100922, 2.093024, 2.085963, 2.079614, 2.073873, 2.068658, 2.063899,
-            2.059539, 2.055529, 2.051831, 2.048407, 2.045230, 2.042272),
-    0.80: (1.376382, 1.060660, 0.978472, 0.940965, 0.919544, 0.905703, 0.896030, 0.888890,
-           0.883404, 0.879058, 0.875530, 0.872609, 0.870152, 0.868055, 0.866245, 0.864667,
-           0.863279, 0.862049, 0.860951, 0.859964, 0.859074, 0.858266, 0.857530, 0.856855,
-           0.856236, 0.855665, 0.855137, 0.854647, 0.854192, 0.853767),
-}
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-  """The regularized incomplete beta function I_x(a, b), 0 ≤ x ≤ 1, by its continued fraction
-  (modified Lentz), on the side of x where the fraction converges fast."""
-  if x <= 0.0 or x >= 1.0:
-    return 0.0 if x <= 0.0 else 1.0
-  if x > (a + 1) / (a + b + 2):
-    return 1.0 - _betainc(b, a, 1.0 - x)
-  tiny = 1e-300
-  front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                   + a * math.log(x) + b * math.log1p(-x)) / a
-  c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
-  d = 1.0 / (d if abs(d) > tiny else tiny)
-  f = d
-  for m in range(1, 10_000):
-    for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-      d = 1.0 + num * d
-      d = 1.0 / (d if abs(d) > tiny else tiny)
-      c = 1.0 + num / c
-      c = c if abs(c) > tiny else tiny
-      f *= c * d
-    if abs(c * d - 1.0) < 1e-15:
-      return front * f
-  raise ArithmeticError(f"_betainc({a}, {b}, {x}): continued fraction did not converge")
-
-
-def t_cdf(t: float, df: float) -> float:
-  """P(T ≤ t) for Student's t with `df` > 0 degrees of freedom: the tail P(T ≤ −|t|) is
-  ½·I_{df/(df+t²)}(df/2, ½) (`_betainc`), computed directly so small tails keep their digits."""
-  if df <= 0:
-    raise ValueError(f"t_cdf: df must be > 0, got {df}")
-  if math.isnan(t):
-    return math.nan
-  tail = 0.5 * _betainc(df / 2, 0.5, 1.0 / (1.0 + t * t / df)) if math.isfinite(t) else 0.0
-  return tail if t < 0 else 1.0 - tail
 
 
 def holm(p: Sequence[float]) -> np.ndarray:
@@ -136,20 +30,6 @@ def holm(p: Sequence[float]) -> np.ndarray:
   k = order.size
   out[order] = np.maximum.accumulate(np.minimum(1.0, (k - np.arange(k)) * p[order]))
   return out
-
-
-def t_quantile(p: float, df: int) -> float:
-  """The p-quantile of Student's t with `df` degrees of freedom: the table for df ≤ 30 (p 0.975
-  or 0.80 only), the Cornish–Fisher expansion beyond (any p)."""
-  if df < 1:
-    raise ValueError(f"t_quantile: df must be ≥ 1, got {df}")
-  if df <= len(T_TABLE[0.975]):
-    if p not in T_TABLE:
-      raise ValueError(f"t_quantile: p={p} is tabulated for df ≤ 30 only as {list(T_TABLE)}")
-    return T_TABLE[p][df - 1]
-  z = statistics.NormalDist().inv_cdf(p)
-  return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-          + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +48,8 @@ class Paired:
 def min_detectable(sd: float, n: int) -> float:
   """MDD = (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁) · sd/√n: the true mean difference a paired t test on n
   pairs with this sd detects with 80% power at two-sided α = 0.05 (n ≥ 2)."""
-  return (t_quantile(0.975, n - 1) + t_quantile(0.80, n - 1)) * sd / math.sqrt(n)
+  from scipy import stats as sps  # not at the top: ~1 s to import, and training imports stats
+  return float(sps.t.ppf(0.975, n - 1) + sps.t.ppf(0.80, n - 1)) * sd / math.sqrt(n)
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float],
@@ -177,6 +58,7 @@ def paired_difference(a: Sequence[float], b: Sequence[float],
   the MDD, the paired t test's two-sided p and, with an equivalence `margin` m > 0, the TOST
   p = max(P(T ≥ (d̄ + m)/se), P(T ≤ (d̄ − m)/se)), se = sd/√n, T ~ t with n − 1 df. An sd of 0
   makes each statistic ±∞ (or 0 where its numerator is 0)."""
+  from scipy import stats as sps  # not at the top: ~1 s to import, and training imports stats
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
   if a.ndim != 1 or a.shape != b.shape or not np.all(np.isfinite(a - b)):
     raise ValueError("paired_difference: a and b must be finite sequences of the same length")
@@ -190,10 +72,10 @@ def paired_difference(a: Sequence[float], b: Sequence[float],
   mean, sd = float(d.mean()), float(d.std(ddof=1))
   se, df = sd / math.sqrt(n), n - 1
   tstat = lambda x: x / se if se > 0 else math.copysign(math.inf, x) if x else 0.0
-  half = t_quantile(0.975, df) * se
-  p = 2 * t_cdf(-abs(tstat(mean)), df)
+  half = float(sps.t.ppf(0.975, df)) * se
+  p = float(2 * sps.t.sf(abs(tstat(mean)), df))
   p_equiv = (math.nan if margin is None else
-             max(t_cdf(-tstat(mean + margin), df), t_cdf(tstat(mean - margin), df)))
+             float(max(sps.t.sf(tstat(mean + margin), df), sps.t.cdf(tstat(mean - margin), df))))
   return Paired(n, mean, sd, mean - half, mean + half, min_detectable(sd, n), p, p_equiv)
 
 
