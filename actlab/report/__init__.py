@@ -16,10 +16,10 @@ unfinished runs are marked, never fatal. This module renders tables; what it com
   `pairs`, paired by seed: n, mean and sd of d = A − B, the 95% paired t interval, the p-value
   Holm-adjusted over the report's family, the TOST p-value (with an `equivalence_margin`), the
   verdict (A better, B better, equivalent within ±m, not resolved) and, when not resolved, the
-  minimum detectable difference (`stats.family`).
+  minimum detectable difference (`comparisons.family`).
 - **At each activation's best LR**: the same comparisons with each activation at its chosen LR,
   chosen on the validation loss and compared on the held-out test loss, or without one chosen on
-  the first half of the seeds and compared on the other half (`stats.selection`).
+  the first half of the seeds and compared on the other half (`comparisons.selection`).
 - **Largest stable LR** per activation: every seed stable and learned (`stats.largest_stable_lr`).
 - **LR sensitivity** (Wortsman et al. 2023): `stats.sensitivity`, mean ± sd over seeds.
 - **Plots**; **Runs**: every cell's status, "not learned" when its final val loss ≥ its summary's
@@ -35,7 +35,7 @@ import shutil
 from typing import Sequence
 
 from actlab.errors import UserError, reported
-from actlab.measure import stats
+from actlab.measure import comparisons, stats
 from actlab.measure.metrics import STATUSES
 from actlab.measure.stats import LR_KEY, Run, finite
 from actlab.report import plots
@@ -121,23 +121,24 @@ def _p(p: float) -> str:
   return "—" if not finite(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def comparison_table(manifest, comparisons: Sequence[stats.Comparison], keys: Sequence[str],
+def comparison_table(manifest, compared: Sequence[comparisons.Comparison], keys: Sequence[str],
                      best_lr: bool = False) -> str:
   """One row per comparison: the values of `keys`, A and B (with each one's chosen LR when
   `best_lr`), n, mean and sd of A − B, the 95% CI, the Holm-adjusted p-values (TOST's only with
   a margin), the verdict and, when not resolved, the MDD."""
-  if not comparisons:
+  if not compared:
     return ""
   margin = manifest.get("equivalence_margin")
   num = lambda x, fmt="+.3f": "—" if not finite(x) else format(x, fmt)
   lr = lambda x: [stats.fmt_value(x) if x is not None else "—"] if best_lr else []
-  equivalent = {stats.EQUIVALENT: f"equivalent within ±{margin:g}"} if margin else {}
+  equivalent = {comparisons.EQUIVALENT: f"equivalent within ±{margin:g}"} if margin else {}
   rows = []
-  for c in comparisons:
+  for c in compared:
     p = c.paired
-    verdict = {stats.A_BETTER: f"{c.a} better", stats.B_BETTER: f"{c.b} better",
+    verdict = {comparisons.A_BETTER: f"{c.a} better", comparisons.B_BETTER: f"{c.b} better",
                **equivalent}.get(c.verdict, c.verdict)
-    mdd = ("n < 2" if p.n < 2 else num(p.mdd, ".3f")) if c.verdict == stats.NOT_RESOLVED else "—"
+    resolved = c.verdict != comparisons.NOT_RESOLVED
+    mdd = "—" if resolved else "n < 2" if p.n < 2 else num(p.mdd, ".3f")
     rows.append([*map(stats.fmt_value, c.key), stats.fmt_value(c.a), *lr(c.lr_a),
                  stats.fmt_value(c.b), *lr(c.lr_b), str(p.n), num(p.mean), num(p.sd, ".3f"),
                  "—" if p.n < 2 else f"[{num(p.ci_low)}, {num(p.ci_high)}]", _p(c.p_holm),
@@ -171,7 +172,7 @@ def comparison_texts(manifest, runs, per_lr, best) -> tuple[str, str]:
       + equiv + "else **not resolved** (always when n < 2)." + no_margin + " MDD, when not "
       "resolved: the smallest difference these seeds resolve with 80% power at two-sided "
       "α = 0.05 without adjustment, (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁)·sd/√n (docs/metrics.md §9).")
-  select, test, tested = stats.selection(manifest, runs)
+  select, test, tested = comparisons.selection(manifest, runs)
   seeds = lambda xs: f"seed(s) {', '.join(map(str, xs))}"
   best_text = (
       "A and B each at its own best LR (the lowest mean final val loss among the LRs where each "
@@ -241,7 +242,7 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
   manifest, runs, duplicates = report_load.load_many(roots, axes)
   out.mkdir(parents=True, exist_ok=True)
   base = pick_baseline(manifest, baseline)
-  per_lr, best = stats.family(manifest, runs, base)
+  per_lr, best = comparisons.family(manifest, runs, base)
   per_lr_text, best_text = comparison_texts(manifest, runs, per_lr, best)
   axis = stats.activation_axis(manifest)
   keys_per_lr = [k for k in stats.group_keys(manifest) if k != axis]
@@ -262,7 +263,7 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
        "context-free copy predictor's).", results_table(manifest, runs)),
       ("Paired comparisons", per_lr_text, comparison_table(manifest, per_lr, keys_per_lr)),
       ("At each activation's best LR", best_text,
-       comparison_table(manifest, best, stats.best_lr_keys(manifest), best_lr=True)
+       comparison_table(manifest, best, comparisons.best_lr_keys(manifest), best_lr=True)
        or best_missing),
       ("Largest stable LR",
        "The largest swept LR at which every seed of the grid finished stable and learned (final "
