@@ -18,7 +18,7 @@ import pytest
 
 from actlab import report
 from actlab.errors import UserError
-from actlab.measure import stats
+from actlab.measure import comparisons, stats
 from actlab.report import load as report_load
 from actlab.report import plots
 from actlab.report import series as report_series
@@ -342,8 +342,8 @@ def test_each_verdict_with_a_margin_and_named_pairs_end_to_end(tmp_path):
   assert [tuple(r.split(" | ")[:2]) for r in rows] == [(f"| {a}", b) for a, b in compared]
   # Holm's adjusted p-values recomputed from scipy's paired t and one-sided tests.
   d = {(a, b): np.array([loss(a, k) - loss(b, k) for k in SEEDS]) for a, b in compared}
-  p = stats.holm([sps.ttest_rel(d[c], np.zeros(3)).pvalue for c in compared])
-  tost = stats.holm([max(sps.ttest_1samp(d[c], -0.05, alternative="greater").pvalue,
+  p = comparisons.holm([sps.ttest_rel(d[c], np.zeros(3)).pvalue for c in compared])
+  tost = comparisons.holm([max(sps.ttest_1samp(d[c], -0.05, alternative="greater").pvalue,
                          sps.ttest_1samp(d[c], 0.05, alternative="less").pvalue)
                      for c in compared])
   verdicts = ["lower better", "equivalent within ±0.05", "not resolved", "lower better"]

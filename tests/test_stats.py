@@ -1,58 +1,17 @@
-"""actlab.measure.stats: t quantiles and CDF, Holm's adjustment, the paired comparison, its tests
+"""actlab.measure.comparisons and stats: Holm's adjustment, the paired comparison, its tests
 (paired t, TOST) and verdicts over a family, the MDD, "not learned", and the rules over a sweep's
-runs (largest stable LR, pairing by seed, the best LR chosen on other seeds), against closed forms
-and hand-computed numbers, and against scipy where it has the answer (skipped without scipy)."""
+runs (largest stable LR, pairing by seed, the best LR chosen on other seeds), against hand-computed
+numbers and against scipy where it has the answer."""
 
 import math
 
 import numpy as np
 import pytest
-from actlab.measure import stats
+from actlab.measure import comparisons, stats
+from scipy import stats as sps
 
 A = [2.31, 2.52, 2.18, 2.44]  # hand-made final val losses of four seeds; B is A's baseline
 B = [2.40, 2.60, 2.21, 2.56]  # d = A − B = [-0.09, -0.08, -0.03, -0.12]
-
-
-@pytest.fixture
-def sps():
-  """scipy.stats, a test dependency only: the tests that compare with it skip without it."""
-  return pytest.importorskip("scipy.stats")
-
-
-@pytest.mark.parametrize("p", [0.975, 0.80])
-def test_t_table_and_expansion_match_scipy(p, sps):
-  for df in [*range(1, 31), 31, 40, 60, 120, 1000]:
-    assert stats.t_quantile(p, df) == pytest.approx(sps.t.ppf(p, df), abs=2e-6), df
-  assert stats.t_quantile(p, 2) == {0.975: 4.302653, 0.80: 1.060660}[p]
-
-
-def test_t_quantile_refuses_what_it_does_not_know(sps):
-  with pytest.raises(ValueError, match="tabulated for df ≤ 30 only"):
-    stats.t_quantile(0.9, 5)
-  with pytest.raises(ValueError, match="df must be ≥ 1"):
-    stats.t_quantile(0.975, 0)
-  assert stats.t_quantile(0.9, 50) == pytest.approx(sps.t.ppf(0.9, 50), abs=2e-6)
-
-
-def test_t_cdf_closed_forms_and_symmetry():
-  for t in [-1e6, -30.0, -4.3, -1.0, -0.2, 0.0, 0.3, 1.0, 2.9, 12.7, 1e4]:
-    assert stats.t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)  # Cauchy
-    assert stats.t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(t * t + 2)), abs=1e-12)
-    for df in [1, 2, 3, 4, 7, 19, 30, 120, 1e5]:
-      assert stats.t_cdf(t, df) + stats.t_cdf(-t, df) == pytest.approx(1.0, abs=1e-14)
-  assert stats.t_cdf(stats.t_quantile(0.975, 4), 4) == pytest.approx(0.975, abs=1e-6)
-  assert (stats.t_cdf(math.inf, 3), stats.t_cdf(-math.inf, 3)) == (1.0, 0.0)
-  assert math.isnan(stats.t_cdf(math.nan, 3))
-  with pytest.raises(ValueError, match="df must be > 0"):
-    stats.t_cdf(1.0, 0)
-
-
-def test_t_cdf_matches_scipy_small_tails_included(sps):
-  for t in [-1e6, -30.0, -4.3, -1.0, -0.2, 0.0, 0.3, 1.0, 2.9, 12.7, 1e4]:
-    for df in [1, 2, 3, 4, 7, 19, 30, 120, 1e5]:
-      assert stats.t_cdf(t, df) == pytest.approx(sps.t.cdf(t, df), abs=1e-10), (t, df)
-      tail = sps.t.cdf(-abs(t), df)  # small tails to relative precision, not just absolute
-      assert stats.t_cdf(-abs(t), df) == pytest.approx(tail, rel=1e-9, abs=1e-300), (t, df)
 
 
 def _holm_sequential(p, alpha):
@@ -68,15 +27,15 @@ def _holm_sequential(p, alpha):
 
 def test_holm_hand_example_and_sequential_procedure():
   # Sorted: 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04 → max so far 0.06.
-  np.testing.assert_allclose(stats.holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
-  np.testing.assert_allclose(stats.holm([0.5, 0.9]), [1.0, 1.0])      # capped at 1
-  np.testing.assert_allclose(stats.holm([np.nan, 0.02, 0.5]), [np.nan, 0.04, 0.5])  # K = 2
-  assert stats.holm([]).size == 0 and stats.holm([0.03]).tolist() == [0.03]
+  np.testing.assert_allclose(comparisons.holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
+  np.testing.assert_allclose(comparisons.holm([0.5, 0.9]), [1.0, 1.0])      # capped at 1
+  np.testing.assert_allclose(comparisons.holm([np.nan, 0.02, 0.5]), [np.nan, 0.04, 0.5])  # K = 2
+  assert comparisons.holm([]).size == 0 and comparisons.holm([0.03]).tolist() == [0.03]
   rng = np.random.default_rng(0)
   for k in [1, 2, 3, 5, 12]:
     for _ in range(200):
       p = rng.uniform(0, 0.1, k) ** rng.uniform(0.5, 2)
-      adj = stats.holm(p)
+      adj = comparisons.holm(p)
       assert np.all(adj >= p) and np.all(adj <= 1)
       order = np.argsort(p)
       assert np.all(np.diff(adj[order]) >= 0)                          # monotone in p
@@ -84,8 +43,8 @@ def test_holm_hand_example_and_sequential_procedure():
         assert set(np.flatnonzero(adj <= alpha)) == _holm_sequential(p, alpha)
 
 
-def test_paired_interval_matches_scipy_and_hand_numbers(sps):
-  p = stats.paired_difference(A, B)
+def test_paired_interval_matches_scipy_and_hand_numbers():
+  p = comparisons.paired_difference(A, B)
   d = np.subtract(A, B)
   ci = sps.ttest_rel(A, B).confidence_interval(0.95)
   assert p.n == 4
@@ -97,31 +56,31 @@ def test_paired_interval_matches_scipy_and_hand_numbers(sps):
   assert (round(p.ci_low, 4), round(p.ci_high, 4)) == (-0.1395, -0.0205)
 
 
-def test_p_values_match_scipy_and_tost_is_the_90_percent_interval_inside_the_margin(sps):
-  p = stats.paired_difference(A, B, margin=0.15)
+def test_p_values_match_scipy_and_tost_is_the_90_percent_interval_inside_the_margin():
+  p = comparisons.paired_difference(A, B, margin=0.15)
   assert p.p == pytest.approx(sps.ttest_rel(A, B).pvalue, rel=1e-9)
   d = np.subtract(A, B)
   lower = sps.ttest_1samp(d, -0.15, alternative="greater").pvalue     # H0: mean ≤ −m
   upper = sps.ttest_1samp(d, 0.15, alternative="less").pvalue         # H0: mean ≥ +m
   assert p.p_equiv == pytest.approx(max(lower, upper), rel=1e-9)
-  assert math.isnan(stats.paired_difference(A, B).p_equiv)           # no margin, no TOST
+  assert math.isnan(comparisons.paired_difference(A, B).p_equiv)           # no margin, no TOST
   for margin in [0.05, 0.1, 0.13, 0.15, 0.3]:                        # 90% CI [-0.124, -0.036]
     ci = sps.ttest_rel(A, B).confidence_interval(0.90)
     inside = -margin < ci.low and ci.high < margin
-    assert (stats.paired_difference(A, B, margin).p_equiv < 0.05) == inside, margin
-  flat = stats.paired_difference([2.1, 2.2], [2.0, 2.1], margin=0.2)  # sd 0: d = 0.1 exactly
+    assert (comparisons.paired_difference(A, B, margin).p_equiv < 0.05) == inside, margin
+  flat = comparisons.paired_difference([2.1, 2.2], [2.0, 2.1], margin=0.2)  # sd 0: d = 0.1 exactly
   assert (flat.p, flat.p_equiv) == (0.0, 0.0)
-  assert stats.paired_difference([2.0, 2.2], [2.0, 2.2], margin=0.1).p == 1.0
+  assert comparisons.paired_difference([2.0, 2.2], [2.0, 2.2], margin=0.1).p == 1.0
   with pytest.raises(ValueError, match="margin must be a finite number > 0"):
-    stats.paired_difference(A, B, margin=0.0)
+    comparisons.paired_difference(A, B, margin=0.0)
 
 
 def test_verdict_rule():
-  assert stats.verdict(-0.1, 0.01, math.nan) == stats.A_BETTER
-  assert stats.verdict(+0.1, 0.05, 0.01) == stats.B_BETTER          # the difference test first
-  assert stats.verdict(+0.01, 0.2, 0.04) == stats.EQUIVALENT
-  assert stats.verdict(+0.01, 0.2, 0.06) == stats.NOT_RESOLVED
-  assert stats.verdict(math.nan, math.nan, math.nan) == stats.NOT_RESOLVED
+  assert comparisons.verdict(-0.1, 0.01, math.nan) == comparisons.A_BETTER
+  assert comparisons.verdict(+0.1, 0.05, 0.01) == comparisons.B_BETTER  # the difference test first
+  assert comparisons.verdict(+0.01, 0.2, 0.04) == comparisons.EQUIVALENT
+  assert comparisons.verdict(+0.01, 0.2, 0.06) == comparisons.NOT_RESOLVED
+  assert comparisons.verdict(math.nan, math.nan, math.nan) == comparisons.NOT_RESOLVED
 
 
 def _family(diffs, margin=None, acts=None):
@@ -133,43 +92,43 @@ def _family(diffs, margin=None, acts=None):
                                                                         else 0.0)})
           for a in acts for s in SEEDS]
   manifest = {"axes": {"model.activation": acts}, "seeds": SEEDS, "equivalence_margin": margin}
-  per_lr, best = stats.family(manifest, runs, "base")
+  per_lr, best = comparisons.family(manifest, runs, "base")
   assert best == []                                                  # no LR axis
   return {c.a: c for c in per_lr}
 
 
 def test_family_verdicts_each_case_and_holm():
   spread = lambda mu, delta: [mu - delta, mu, mu + delta]
-  cases = {"lower": (spread(-0.1, 0.01), stats.A_BETTER),
-           "higher": (spread(0.1, 0.01), stats.B_BETTER),
-           "same": (spread(0.005, 0.005), stats.EQUIVALENT),        # 90% CI inside ±0.05
-           "noisy": (spread(0.02, 0.1), stats.NOT_RESOLVED)}
+  cases = {"lower": (spread(-0.1, 0.01), comparisons.A_BETTER),
+           "higher": (spread(0.1, 0.01), comparisons.B_BETTER),
+           "same": (spread(0.005, 0.005), comparisons.EQUIVALENT),        # 90% CI inside ±0.05
+           "noisy": (spread(0.02, 0.1), comparisons.NOT_RESOLVED)}
   for act, (d, want) in cases.items():
     (c,) = _family({act: d}, margin=0.05).values()                    # a family of one
     assert (c.verdict, c.p_holm) == (want, pytest.approx(c.paired.p)), act
   # Without a margin nothing is ever "equivalent".
-  assert _family({"same": cases["same"][0]})["same"].verdict == stats.NOT_RESOLVED
+  assert _family({"same": cases["same"][0]})["same"].verdict == comparisons.NOT_RESOLVED
   # Holm: two comparisons each resolved alone (p < 0.05, 95% CI off 0) are not both resolved
   # in a family of two when both p > 0.025.
   d1, d2 = spread(0.1, 0.035), spread(0.1, 0.032)
   for d in (d1, d2):
     alone = _family({"x": d})["x"]
     assert 0.025 < alone.paired.p < 0.05 and alone.paired.ci_low > 0
-    assert alone.verdict == stats.B_BETTER
+    assert alone.verdict == comparisons.B_BETTER
   both = _family({"x": d1, "y": d2})
   p = sorted(c.paired.p for c in both.values())
   assert [both["x"].p_holm, both["y"].p_holm] == pytest.approx([max(2 * p[0], p[1])] * 2)
-  assert {c.verdict for c in both.values()} == {stats.NOT_RESOLVED}
+  assert {c.verdict for c in both.values()} == {comparisons.NOT_RESOLVED}
 
 
-def test_mdd_formula_and_its_power(sps):
+def test_mdd_formula_and_its_power():
   # n = 3, sd = 0.1: (t₀.₉₇₅,₂ + t₀.₈₀,₂)·0.1/√3 = (4.302653 + 1.060660)·0.1/1.7320508
-  assert stats.min_detectable(0.1, 3) == pytest.approx(0.309651, abs=1e-6)
-  p = stats.paired_difference([2.0, 2.3, 2.6], [2.1, 2.1, 2.5])
+  assert comparisons.min_detectable(0.1, 3) == pytest.approx(0.309651, abs=1e-6)
+  p = comparisons.paired_difference([2.0, 2.3, 2.6], [2.1, 2.1, 2.5])
   assert p.mdd == pytest.approx((sps.t.ppf(0.975, 2) + sps.t.ppf(0.8, 2)) * p.sd / math.sqrt(3))
   for n, power in [(3, 0.766), (5, 0.791), (30, 0.800)]:
     # The paired t test's exact power at a true difference of one MDD (sd known = s).
-    crit, nc = sps.t.ppf(0.975, n - 1), stats.min_detectable(1.0, n) * math.sqrt(n)
+    crit, nc = sps.t.ppf(0.975, n - 1), comparisons.min_detectable(1.0, n) * math.sqrt(n)
     exact = sps.nct.sf(crit, n - 1, nc) + sps.nct.cdf(-crit, n - 1, nc)
     assert exact == pytest.approx(power, abs=1e-3)
 
@@ -239,12 +198,12 @@ def test_per_lr_comparisons_pair_by_seed_and_drop_unfinished_pairs():
   runs[[r.name for r in runs].index("relu,0.001,1")].summary["status"] = "diverged"
   runs[[r.name for r in runs].index("tanh,0.01,2")].state = "incomplete"
   manifest = {**_manifest(["relu", "gelu", "tanh"]), "pairs": [["tanh", "gelu"], ["relu", "gelu"]]}
-  out, _ = stats.family(manifest, runs, "relu")
+  out, _ = comparisons.family(manifest, runs, "relu")
   got = {(c.key, c.a, c.b): c.paired for c in out}
   pairs = [("gelu", "relu"), ("tanh", "relu"), ("tanh", "gelu")]  # relu-gelu is gelu-relu: once
   assert list(got) == [((lr,), a, b) for lr in LRS for a, b in pairs]  # LR order, then the pairs
   full = got[(1e-4,), "gelu", "relu"]
-  ref = stats.paired_difference([2.4, 2.7, 2.1], [2.5, 2.9, 2.2])
+  ref = comparisons.paired_difference([2.4, 2.7, 2.1], [2.5, 2.9, 2.2])
   assert full.n == 3 and full.mean == pytest.approx(ref.mean) and full.p == pytest.approx(ref.p)
   assert got[(1e-3,), "gelu", "relu"].n == 2                 # relu seed 1 diverged: pair dropped
   assert got[(1e-3,), "gelu", "relu"].mean == pytest.approx(-0.1)
@@ -254,9 +213,9 @@ def test_per_lr_comparisons_pair_by_seed_and_drop_unfinished_pairs():
 
 
 def test_selection_split():
-  assert stats.selection_split([0, 1, 2]) == ([0], [1, 2])
-  assert stats.selection_split([3, 4, 5, 6, 7]) == ([3, 4], [5, 6, 7])
-  assert stats.selection_split([0]) == ([], [0])
+  assert comparisons.selection_split([0, 1, 2]) == ([0], [1, 2])
+  assert comparisons.selection_split([3, 4, 5, 6, 7]) == ([3, 4], [5, 6, 7])
+  assert comparisons.selection_split([0]) == ([], [0])
 
 
 def test_best_lr_is_chosen_on_the_selection_seeds_and_tested_on_the_others():
@@ -272,21 +231,21 @@ def test_best_lr_is_chosen_on_the_selection_seeds_and_tested_on_the_others():
                status="diverged" if (a, lr, s) == ("tanh", 1e-3, 0) else "stable")
           for a in ["relu", "gelu", "tanh"] for lr in LRS for s in SEEDS]
   manifest = _manifest(["relu", "gelu", "tanh"])
-  assert stats.chosen_lrs(manifest, runs, [0]) == {("relu",): 1e-3, ("gelu",): 1e-2,
-                                                   ("tanh",): 1e-4}
-  assert stats.chosen_lrs(manifest, runs, [1, 2])[("relu",)] == 1e-2   # what the test seeds say
-  assert stats.chosen_lrs(manifest, runs, [])[("relu",)] is None
-  per_lr, best = stats.family(manifest, runs, "gelu")
+  assert comparisons.chosen_lrs(manifest, runs, [0]) == {("relu",): 1e-3, ("gelu",): 1e-2,
+                                                         ("tanh",): 1e-4}
+  assert comparisons.chosen_lrs(manifest, runs, [1, 2])[("relu",)] == 1e-2  # the test seeds' say
+  assert comparisons.chosen_lrs(manifest, runs, [])[("relu",)] is None
+  per_lr, best = comparisons.family(manifest, runs, "gelu")
   assert len(per_lr) == 6 and [(c.key, c.a, c.b, c.lr_a, c.lr_b) for c in best] == [
       ((), "relu", "gelu", 1e-3, 1e-2), ((), "tanh", "gelu", 1e-4, 1e-2)]
-  ref = stats.paired_difference([2.5, 2.4], [2.3, 2.25])              # seeds 1, 2 only
+  ref = comparisons.paired_difference([2.5, 2.4], [2.3, 2.25])              # seeds 1, 2 only
   assert best[0].paired.n == 2 and best[0].paired.mean == pytest.approx(ref.mean)
   assert best[0].paired.p == pytest.approx(ref.p)
   # Holm over all 8: per-LR and best-LR comparisons are one family.
   np.testing.assert_allclose([c.p_holm for c in per_lr + best],
-                             stats.holm([c.paired.p for c in per_lr + best]))
+                             comparisons.holm([c.paired.p for c in per_lr + best]))
   one_seed = {**manifest, "seeds": [0]}                                 # nothing left to choose on
-  assert stats.family(one_seed, runs, "gelu")[1] == []
+  assert comparisons.family(one_seed, runs, "gelu")[1] == []
 
 
 def test_an_encoders_bar_is_the_copy_predictors_loss():
@@ -308,11 +267,12 @@ def test_with_held_out_test_windows_every_seed_chooses_on_val_and_compares_on_te
     r.summary["final_test_loss"] = r.summary["final_val_loss"] + 0.1 * (r.overrides["train.seed"]
                                                                          + (r.name[0] == "r"))
   manifest = _manifest(["relu", "gelu"])
-  assert stats.selection(manifest, runs) == (SEEDS, SEEDS, "final_test_loss")
+  assert comparisons.selection(manifest, runs) == (SEEDS, SEEDS, "final_test_loss")
   diverged = _run("relu", 1e-1, 0, status="diverged")   # stopped before the test windows
-  assert stats.selection(manifest, [*runs, diverged])[2] == "final_test_loss"
-  (best,) = stats.family(manifest, runs, "gelu")[1]
+  assert comparisons.selection(manifest, [*runs, diverged])[2] == "final_test_loss"
+  (best,) = comparisons.family(manifest, runs, "gelu")[1]
   assert (best.lr_a, best.lr_b, best.paired.n) == (1e-3, 1e-2, 3)
   assert best.paired.mean == pytest.approx((2.0 + 0.1) - 2.2)  # test losses, not val
   del runs[0].summary["final_test_loss"]                         # one run without: seed split
-  assert stats.selection(manifest, runs) == (*stats.selection_split(SEEDS), "final_val_loss")
+  assert comparisons.selection(manifest, runs) == (*comparisons.selection_split(SEEDS),
+                                                   "final_val_loss")

@@ -19,6 +19,7 @@ import re
 from typing import Mapping, Sequence
 
 import numpy as np
+from scipy import stats as sps
 
 from actlab.measure import stats
 from actlab.measure.stats import LR_KEY, Run, finite
@@ -119,7 +120,7 @@ def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
     mean = float(values[0]) if n else math.nan
     return mean, math.nan, math.nan
   mean, sd = stats.mean_sd(values)
-  half = stats.t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+  half = float(sps.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
   return mean, mean - half, mean + half
 
 

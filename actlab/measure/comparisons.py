@@ -1,0 +1,202 @@
+"""The report's paired comparisons (docs/metrics.md §9): the paired t interval and tests (t test,
+TOST against an equivalence margin), the minimum detectable difference, Holm's adjustment over the
+report's family and the verdicts; which pairs are compared, on which seeds and at which LR (each
+activation's best, chosen apart from the numbers that test it). Pure functions of numbers and of
+a sweep's runs (`actlab.measure.stats`); the t distribution is scipy's."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+from actlab.measure.stats import LR_KEY, Run, activation_axis, finite, other_axes, pivot
+
+A_BETTER, B_BETTER, EQUIVALENT, NOT_RESOLVED = "A better", "B better", "equivalent", "not resolved"
+ALPHA = 0.05  # each family's familywise error rate
+
+
+def holm(p: Sequence[float]) -> np.ndarray:
+  """Holm's step-down adjusted p-values of a family: with the K finite p-values sorted
+  p₍₁₎ ≤ … ≤ p₍K₎, p̃₍ᵢ₎ = max over j ≤ i of min(1, (K − j + 1)·p₍ⱼ₎), in the input's order.
+  Rejecting where p̃ ≤ α is Holm's procedure at familywise error α. NaN (no test) stays NaN and
+  is not counted in K."""
+  p = np.asarray(p, np.float64)
+  out = np.full(p.shape, np.nan)
+  idx = np.flatnonzero(~np.isnan(p))
+  order = idx[np.argsort(p[idx], kind="stable")]
+  k = order.size
+  out[order] = np.maximum.accumulate(np.minimum(1.0, (k - np.arange(k)) * p[order]))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Paired:
+  """A paired comparison of A against B; NaN where undefined (mean: n = 0; the rest: n < 2)."""
+  n: int
+  mean: float           # d̄, the mean of A − B
+  sd: float             # sample sd of the differences
+  ci_low: float         # the 95% paired t interval of the mean difference
+  ci_high: float
+  mdd: float            # min_detectable(sd, n)
+  p: float              # two-sided p-value of the paired t test of a mean difference of 0
+  p_equiv: float        # TOST p-value for the margin (NaN without one)
+
+
+def min_detectable(sd: float, n: int) -> float:
+  """MDD = (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁) · sd/√n: the true mean difference a paired t test on n
+  pairs with this sd detects with 80% power at two-sided α = 0.05 (n ≥ 2)."""
+  return float(sps.t.ppf(0.975, n - 1) + sps.t.ppf(0.80, n - 1)) * sd / math.sqrt(n)
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float],
+                      margin: float | None = None) -> Paired:
+  """A against B from finite values paired by position (aᵢ and bᵢ share a seed): the interval,
+  the MDD, the paired t test's two-sided p and, with an equivalence `margin` m > 0, the TOST
+  p = max(P(T ≥ (d̄ + m)/se), P(T ≤ (d̄ − m)/se)), se = sd/√n, T ~ t with n − 1 df. An sd of 0
+  makes each statistic ±∞ (or 0 where its numerator is 0)."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  if a.ndim != 1 or a.shape != b.shape or not np.all(np.isfinite(a - b)):
+    raise ValueError("paired_difference: a and b must be finite sequences of the same length")
+  if margin is not None and not (finite(margin) and margin > 0):
+    raise ValueError(f"paired_difference: the margin must be a finite number > 0, got {margin}")
+  d = a - b
+  n = d.size
+  if n < 2:
+    nan = math.nan
+    return Paired(n, float(d[0]) if n else nan, nan, nan, nan, nan, nan, nan)
+  mean, sd = float(d.mean()), float(d.std(ddof=1))
+  se, df = sd / math.sqrt(n), n - 1
+  tstat = lambda x: x / se if se > 0 else math.copysign(math.inf, x) if x else 0.0
+  half = float(sps.t.ppf(0.975, df)) * se
+  p = float(2 * sps.t.sf(abs(tstat(mean)), df))
+  p_equiv = (math.nan if margin is None else
+             float(max(sps.t.sf(tstat(mean + margin), df), sps.t.cdf(tstat(mean - margin), df))))
+  return Paired(n, mean, sd, mean - half, mean + half, min_detectable(sd, n), p, p_equiv)
+
+
+def verdict(mean: float, p_holm: float, p_equiv_holm: float, alpha: float = ALPHA) -> str:
+  """A_BETTER / B_BETTER (lower is better) when the adjusted test of no difference rejects at
+  `alpha`, else EQUIVALENT when the adjusted TOST rejects, else NOT_RESOLVED (NaN never rejects)."""
+  if p_holm <= alpha:
+    return A_BETTER if mean < 0 else B_BETTER
+  return EQUIVALENT if p_equiv_holm <= alpha else NOT_RESOLVED
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """One paired comparison of the report's family, with its Holm-adjusted p-values and verdict."""
+  key: tuple            # the other axes' values: `pivot`'s keys per LR, else of `best_lr_keys`
+  a: Any
+  b: Any
+  lr_a: Any             # at each one's best LR: the LRs chosen on the selection seeds; else None
+  lr_b: Any
+  paired: Paired
+  p_holm: float
+  p_equiv_holm: float
+  verdict: str
+
+
+def compared_pairs(manifest: Mapping, baseline) -> list[tuple]:
+  """(A, B) for every activation A ≠ `baseline` against B = `baseline` (grid order), then the
+  manifest's `pairs` that are not already among them (in either order)."""
+  axis = activation_axis(manifest)
+  out = [(a, baseline) for a in (manifest["axes"][axis] if axis else []) if a != baseline]
+  for a, b in manifest.get("pairs") or []:
+    if (a, b) not in out and (b, a) not in out:
+      out.append((a, b))
+  return out
+
+
+def _paired_by_seed(loss_a: Mapping, loss_b: Mapping, seeds: Sequence, margin) -> Paired:
+  """`paired_difference` over the `seeds` where both {seed: final val loss or None} have one."""
+  both = [s for s in seeds if loss_a.get(s) is not None and loss_b.get(s) is not None]
+  return paired_difference([loss_a[s] for s in both], [loss_b[s] for s in both], margin)
+
+
+def selection_split(seeds: Sequence) -> tuple[list, list]:
+  """The grid's seeds split in two for the best-LR comparison: the first ⌊n/2⌋ choose each
+  activation's LR, the other ⌈n/2⌉ test it."""
+  half = len(seeds) // 2
+  return list(seeds[:half]), list(seeds[half:])
+
+
+def selection(manifest: Mapping, runs: Sequence[Run]) -> tuple[list, list, str]:
+  """(the seeds that choose each activation's LR, the seeds that test it, the loss tested): when
+  every run that finished with values scored held-out test windows (`data.test_batches`; a
+  diverged run stopped before them), every seed chooses on `final_val_loss` and the comparison
+  is of `final_test_loss`; else the seeds are split (`selection_split`) and `final_val_loss`
+  does both."""
+  scored = [r for r in runs if r.value("final_val_loss") is not None]
+  if scored and all(r.value("final_test_loss") is not None for r in scored):
+    return list(manifest["seeds"]), list(manifest["seeds"]), "final_test_loss"
+  return (*selection_split(manifest["seeds"]), "final_val_loss")
+
+
+def best_lr_keys(manifest: Mapping) -> list[str]:
+  """The axes a best-LR comparison is at: all but the activation, the LR and the seed."""
+  axis = activation_axis(manifest)
+  return [k for k in other_axes(manifest) if k != axis]
+
+
+def chosen_lrs(manifest: Mapping, runs: Sequence[Run], seeds: Sequence) -> dict[tuple, Any]:
+  """Per combination of the non-LR axes (`pivot` over the LR): the LR with the lowest mean final
+  val loss over `seeds`, among the LRs where every one of `seeds` has a final val loss (a
+  diverged, unfinished or missing run rules its LR out); None if no LR qualifies."""
+  out = {}
+  for key, cells in pivot(manifest, runs, LR_KEY).items():
+    means = {}
+    for lr in manifest["axes"][LR_KEY]:
+      loss = [cells[lr, s].value("final_val_loss") if (lr, s) in cells else None for s in seeds]
+      if seeds and all(x is not None for x in loss):
+        means[lr] = float(np.mean(loss))
+    out[key] = min(means, key=means.get) if means else None
+  return out
+
+
+def family(manifest: Mapping, runs: Sequence[Run], baseline
+           ) -> tuple[list[Comparison], list[Comparison]]:
+  """The report's family of paired comparisons of final val loss (lower is better), each pair
+  of `compared_pairs` paired by seed over the seeds where both runs have a finite value:
+
+  - per LR: at every LR and combination of the other axes (`pivot` over the activation), over
+    all seeds;
+  - at each one's best LR (an LR axis of ≥ 2 values and ≥ 2 seeds): A and B each at the LR
+    `chosen_lrs` picks on the validation loss, compared on the held-out test loss, or without
+    one on the other half of the seeds (`selection`), so the LR is not chosen on the numbers
+    that test it.
+
+  Holm (`holm`) adjusts the two-sided p-values over all of them, and separately the TOST
+  p-values when the manifest has an `equivalence_margin`; `verdict` at ALPHA."""
+  axis, margin = activation_axis(manifest), manifest.get("equivalence_margin")
+  pairs = compared_pairs(manifest, baseline) if axis else []
+  raw = []  # (per LR?, key, a, b, lr_a, lr_b, Paired)
+  for key, cells in pivot(manifest, runs, axis).items() if pairs else ():
+    loss = {k: r.value("final_val_loss") for k, r in cells.items()}
+    at = lambda act: {s: loss.get((act, s)) for s in manifest["seeds"]}
+    for a, b in pairs:
+      raw.append((True, key, a, b, None, None,
+                  _paired_by_seed(at(a), at(b), manifest["seeds"], margin)))
+  select, test, tested = selection(manifest, runs)
+  if pairs and len(manifest["axes"].get(LR_KEY, [])) > 1 and select:
+    lrs, cells = chosen_lrs(manifest, runs, select), pivot(manifest, runs, LR_KEY)
+    i = other_axes(manifest).index(axis)
+    by_rest: dict[tuple, dict] = {}
+    for key, lr in lrs.items():
+      loss = {s: cells[key][lr, s].value(tested) if (lr, s) in cells[key] else None
+              for s in test} if lr is not None else {}
+      by_rest.setdefault(key[:i] + key[i + 1:], {})[key[i]] = (lr, loss)
+    for rest, acts in by_rest.items():
+      for a, b in pairs:
+        (lr_a, loss_a), (lr_b, loss_b) = acts.get(a, (None, {})), acts.get(b, (None, {}))
+        raw.append((False, rest, a, b, lr_a, lr_b, _paired_by_seed(loss_a, loss_b, test, margin)))
+  p_holm = holm([c[-1].p for c in raw])
+  p_equiv_holm = holm([c[-1].p_equiv for c in raw])
+  out = ([], [])
+  for (per_lr, *fields, paired), p, q in zip(raw, p_holm, p_equiv_holm):
+    out[not per_lr].append(Comparison(*fields, paired, float(p), float(q),
+                                      verdict(paired.mean, p, q)))
+  return out
