@@ -163,3 +163,31 @@ def test_sweep_file_raising_in_get_sweep_names_file_and_line(tmp_path):
   bad.write_text("def get_sweep(arg=None):\n  return {'axes': AXES}\n")
   with pytest.raises(errors.UserError, match=rf"^sweep file {re.escape(str(bad))}:2: NameError: name 'AXES'"):
     grid.load(str(bad))
+
+
+GLOBAL_STATE = """
+import logging, sys, tempfile
+import jax, orbax.checkpoint
+from absl import app, flags
+from ml_collections import config_flags
+
+def state():
+  filters = {n: list(logging.getLogger(n).filters) for n in ("", "absl", "asyncio")}
+  return sys.unraisablehook, filters, {name: flags.FLAGS[name].parser for name in flags.FLAGS}
+
+before = state()
+from actlab import errors
+from actlab.run import checkpoint
+assert state() == before, ("import", before, state())
+with checkpoint.Checkpoints(tempfile.mkdtemp(), 1):
+  assert state() != before, "no filter while a Checkpoints is open"
+assert state() == before, ("closed", before, state())
+"""
+
+
+def test_imports_change_no_global_state():
+  """Importing actlab.errors and actlab.run.checkpoint installs no log filter, unraisable hook or
+  flag parser; Checkpoints drops Orbax's noise only while it is open."""
+  result = subprocess.run([sys.executable, "-c", GLOBAL_STATE], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 0, result.stderr

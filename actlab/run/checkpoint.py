@@ -57,33 +57,44 @@ def checksums(tree) -> dict[str, str]:
   return {p: f"{int(a):08x}{int(b):08x}" for p, (a, b) in zip(paths, jax.device_get(_sums(tree)))}
 
 
-class _OrbaxLogsDropped(logging.Filter):
+class _OrbaxNoise(logging.Filter):
   """Orbax logs every failed read or write of a checkpoint with tracebacks, from its threads
   (thousands of lines for one damaged file, or a full disk), asyncio adds its own, and a read-only
-  manager warns that it is read-only. What matters reaches the caller as an exception, which
-  actlab says in one line (`CheckpointError`; a full disk in workdir.py): the logs are dropped.
+  manager warns that it is read-only; after a failed read, tensorstore's callbacks still post to
+  Orbax's closed event loop and report a traceback each as unraisable (from C++ threads). What
+  matters reaches the caller as an exception, which actlab says in one line (`CheckpointError`; a
+  full disk in workdir.py): the rest is dropped while a Checkpoints is open (`_drop_noise`).
   Orbax's INFO logs stay available with --verbosity=0."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     return not (record.levelno >= logging.WARNING
                 and ("/orbax/" in record.pathname or record.name == "asyncio"))
 
-
-for _name in ("absl", "asyncio"):
-  logging.getLogger(_name).addFilter(_OrbaxLogsDropped())
-
-
-def _closed_loop_errors_dropped(hook):
-  """After a failed read, tensorstore's callbacks still post to Orbax's closed event loop and
-  report a traceback each as unraisable (from C++ threads); they carry no news."""
-  def unraisablehook(unraisable):
+  def unraisablehook(self, unraisable) -> None:
     value = unraisable.exc_value
     if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
-      hook(unraisable)
-  return unraisablehook
+      self.hook_outside(unraisable)
 
 
-sys.unraisablehook = _closed_loop_errors_dropped(sys.unraisablehook)
+_NOISE = _OrbaxNoise()
+_NOISY_LOGGERS = ("absl", "asyncio")
+_open_checkpoints = 0
+
+
+def _drop_noise(opened: bool) -> None:
+  """Counts a Checkpoints opened or closed: `_NOISE` filters the loggers and wraps
+  `sys.unraisablehook` from when the first opens until the last closes, nothing else."""
+  global _open_checkpoints
+  _open_checkpoints += 1 if opened else -1
+  if opened and _open_checkpoints == 1:
+    _NOISE.hook_outside, sys.unraisablehook = sys.unraisablehook, _NOISE.unraisablehook
+    for name in _NOISY_LOGGERS:
+      logging.getLogger(name).addFilter(_NOISE)
+  elif not opened and _open_checkpoints == 0:
+    for name in _NOISY_LOGGERS:
+      logging.getLogger(name).removeFilter(_NOISE)
+    if sys.unraisablehook == _NOISE.unraisablehook:  # Unless replaced since (pytest does).
+      sys.unraisablehook = _NOISE.hook_outside
 
 
 def _reason(e: BaseException) -> str:
@@ -101,8 +112,14 @@ class Checkpoints:
     options = (ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
                                             save_interval_steps=0) if read_only else
                ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
-    self._manager = ocp.CheckpointManager(self.directory, item_names=("state", "meta"),
-                                          options=options)
+    _drop_noise(opened=True)  # Before the manager: a read-only one warns as it starts.
+    try:
+      self._manager = ocp.CheckpointManager(self.directory, item_names=("state", "meta"),
+                                            options=options)
+    except BaseException:
+      _drop_noise(opened=False)
+      raise
+    self._open = True
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -169,8 +186,14 @@ class Checkpoints:
     return dest
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+    if not self._open:
+      return
+    self._open = False
+    try:
+      self._manager.wait_until_finished()
+      self._manager.close()
+    finally:
+      _drop_noise(opened=False)
 
   def __enter__(self) -> "Checkpoints":
     return self
