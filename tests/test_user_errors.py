@@ -31,12 +31,12 @@ def run_cli(module, *args):
 
 def parse_config(monkeypatch, *args):
   """The UserError or flag error of parsing `args` as actlab.main parses `--config`
-  (`errors.define_config_file`, on a fresh FlagValues); its message."""
-  monkeypatch.setattr(sys, "argv", ["main", *args])  # `errors.override_keys` reads sys.argv
+  (`errors.define_config_file` on a fresh FlagValues, `errors.parse_flags`); its message."""
+  monkeypatch.setattr(sys, "argv", ["main", *args])  # config_flags reads its overrides there
   values = flags.FlagValues()
   errors.define_config_file("config", "", flag_values=values)
   with pytest.raises((errors.UserError, flags.Error)) as raised:
-    values(sys.argv)
+    errors.parse_flags(sys.argv, values)
   return str(raised.value)
 
 

@@ -57,44 +57,26 @@ def checksums(tree) -> dict[str, str]:
   return {p: f"{int(a):08x}{int(b):08x}" for p, (a, b) in zip(paths, jax.device_get(_sums(tree)))}
 
 
-class _OrbaxNoise(logging.Filter):
+class _OrbaxLogsDropped(logging.Filter):
   """Orbax logs every failed read or write of a checkpoint with tracebacks, from its threads
   (thousands of lines for one damaged file, or a full disk), asyncio adds its own, and a read-only
-  manager warns that it is read-only; after a failed read, tensorstore's callbacks still post to
-  Orbax's closed event loop and report a traceback each as unraisable (from C++ threads). What
-  matters reaches the caller as an exception, which actlab says in one line (`CheckpointError`; a
-  full disk in workdir.py): the rest is dropped while a Checkpoints is open (`_drop_noise`).
-  Orbax's INFO logs stay available with --verbosity=0."""
+  manager warns that it is read-only. What matters reaches the caller as an exception, which
+  actlab says in one line (`CheckpointError`; a full disk in workdir.py): the logs are dropped
+  while a Checkpoints is open. Orbax's INFO logs stay available with --verbosity=0."""
+
+  LOGGERS = ("absl", "asyncio")
 
   def filter(self, record: logging.LogRecord) -> bool:
     return not (record.levelno >= logging.WARNING
                 and ("/orbax/" in record.pathname or record.name == "asyncio"))
 
-  def unraisablehook(self, unraisable) -> None:
-    value = unraisable.exc_value
-    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
-      self.hook_outside(unraisable)
+  def install(self) -> None:
+    for name in self.LOGGERS:
+      logging.getLogger(name).addFilter(self)
 
-
-_NOISE = _OrbaxNoise()
-_NOISY_LOGGERS = ("absl", "asyncio")
-_open_checkpoints = 0
-
-
-def _drop_noise(opened: bool) -> None:
-  """Counts a Checkpoints opened or closed: `_NOISE` filters the loggers and wraps
-  `sys.unraisablehook` from when the first opens until the last closes, nothing else."""
-  global _open_checkpoints
-  _open_checkpoints += 1 if opened else -1
-  if opened and _open_checkpoints == 1:
-    _NOISE.hook_outside, sys.unraisablehook = sys.unraisablehook, _NOISE.unraisablehook
-    for name in _NOISY_LOGGERS:
-      logging.getLogger(name).addFilter(_NOISE)
-  elif not opened and _open_checkpoints == 0:
-    for name in _NOISY_LOGGERS:
-      logging.getLogger(name).removeFilter(_NOISE)
-    if sys.unraisablehook == _NOISE.unraisablehook:  # Unless replaced since (pytest does).
-      sys.unraisablehook = _NOISE.hook_outside
+  def remove(self) -> None:
+    for name in self.LOGGERS:
+      logging.getLogger(name).removeFilter(self)
 
 
 def _reason(e: BaseException) -> str:
@@ -112,12 +94,13 @@ class Checkpoints:
     options = (ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
                                             save_interval_steps=0) if read_only else
                ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
-    _drop_noise(opened=True)  # Before the manager: a read-only one warns as it starts.
+    self._logs_dropped = _OrbaxLogsDropped()
+    self._logs_dropped.install()  # Before the manager: a read-only one warns as it starts.
     try:
       self._manager = ocp.CheckpointManager(self.directory, item_names=("state", "meta"),
                                             options=options)
     except BaseException:
-      _drop_noise(opened=False)
+      self._logs_dropped.remove()
       raise
     self._open = True
 
@@ -193,7 +176,7 @@ class Checkpoints:
       self._manager.wait_until_finished()
       self._manager.close()
     finally:
-      _drop_noise(opened=False)
+      self._logs_dropped.remove()
 
   def __enter__(self) -> "Checkpoints":
     return self
