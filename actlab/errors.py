@@ -56,23 +56,14 @@ def run(main) -> None:
   process it runs, unraisable errors of callbacks posted to a closed event loop are dropped:
   after a failed checkpoint read, tensorstore's threads still post to Orbax's, a traceback each,
   until the process ends (after the one-line error); they carry no news."""
-  sys.unraisablehook = _closed_loop_errors_dropped(sys.unraisablehook)
-  app.run(_reporting(main), flags_parser=_reporting(parse_flags))
 
-
-def _reporting(function):
-  def reporting(argv):
-    with reported():
-      return function(argv)
-  return reporting
-
-
-def _closed_loop_errors_dropped(hook):
-  def unraisablehook(unraisable):
+  def unraisablehook(unraisable, hook=sys.unraisablehook):
     value = unraisable.exc_value
     if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
       hook(unraisable)
-  return unraisablehook
+
+  sys.unraisablehook = unraisablehook
+  app.run(reported()(main), flags_parser=reported()(parse_flags))
 
 
 def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
@@ -155,21 +146,10 @@ def _dotted_fields(config: ml_collections.ConfigDict, prefix: str = ""):
       yield prefix + name
 
 
-def load_config(spec: str) -> ml_collections.ConfigDict:
-  """The config of a config file flag's value, `path[:arg]` (`get_config(arg)`, as config_flags
-  calls it); a UserError for a missing or broken file (`call_file`) or one that returns no
-  ConfigDict."""
-  path, colon, arg = spec.partition(":")
-  config = call_file(path, "get_config", *([arg] if colon else []), kind="config")
-  if not isinstance(config, ml_collections.ConfigDict):
-    raise UserError(f"config file {path!r}: get_config returned {type(config).__name__}, "
-                    "not a ConfigDict")
-  return config
-
-
 def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
-  """Loads the file of each config file flag in `argv` and checks its `--<name>.<key>` overrides:
-  a UserError for a missing or broken file or a key that names no field.
+  """Loads the file of each config file flag in `argv`, `path[:arg]`, as config_flags does
+  (`get_config(arg)`), and checks its `--<name>.<key>` overrides: a UserError for a missing or
+  broken file, or a key that names no field.
 
   config_flags, which parses them next, fails on these with bare exceptions and tracebacks from
   inside absl's parsing, where no public hook reaches, and it reads the overrides from the
@@ -182,7 +162,11 @@ def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
     unparsed = as_string(argv, known_only=True)[1:]
     if as_string[name].value is None:
       continue
-    config = load_config(as_string[name].value)
+    path, colon, arg = as_string[name].value.partition(":")
+    config = call_file(path, "get_config", *([arg] if colon else []), kind="config")
+    if not isinstance(config, ml_collections.ConfigDict):
+      raise UserError(f"config file {path!r}: get_config returned {type(config).__name__}, "
+                      "not a ConfigDict")
     for arg in unparsed:
       flag = arg.split("=", 1)[0].lstrip("-")
       key = next((flag[len(p):] for p in (f"{name}.", f"no{name}.") if flag.startswith(p)), None)

@@ -182,12 +182,17 @@ assert state() == before, ("import", before, state())
 with checkpoint.Checkpoints(tempfile.mkdtemp(), 1):
   assert state() != before, "no filter while a Checkpoints is open"
 assert state() == before, ("closed", before, state())
+errors.define_config_file("config", "")
+plain = flags.FlagValues()
+config_flags.DEFINE_config_file("config", flag_values=plain)
+assert type(flags.FLAGS["config"].parser) is type(plain["config"].parser), "config_flags' parser"
 """
 
 
 def test_imports_change_no_global_state():
   """Importing actlab.errors and actlab.run.checkpoint installs no log filter, unraisable hook or
-  flag parser; Checkpoints drops Orbax's noise only while it is open."""
+  flag parser; Checkpoints filters Orbax's logs only while it is open; the config file flag keeps
+  config_flags' parser."""
   result = subprocess.run([sys.executable, "-c", GLOBAL_STATE], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
   assert result.returncode == 0, result.stderr

@@ -102,7 +102,6 @@ class Checkpoints:
     except BaseException:
       self._logs_dropped.remove()
       raise
-    self._open = True
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -169,9 +168,6 @@ class Checkpoints:
     return dest
 
   def close(self) -> None:
-    if not self._open:
-      return
-    self._open = False
     try:
       self._manager.wait_until_finished()
       self._manager.close()
