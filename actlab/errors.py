@@ -167,10 +167,10 @@ def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
     if not isinstance(config, ml_collections.ConfigDict):
       raise UserError(f"config file {path!r}: get_config returned {type(config).__name__}, "
                       "not a ConfigDict")
-    for arg in unparsed:
-      flag = arg.split("=", 1)[0].lstrip("-")
+    for given in unparsed:
+      flag = given.split("=", 1)[0].lstrip("-")
       key = next((flag[len(p):] for p in (f"{name}.", f"no{name}.") if flag.startswith(p)), None)
-      if arg.startswith("-") and key and (problem := unknown_field(config, key)):
+      if given.startswith("-") and key and (problem := unknown_field(config, key)):
         raise UserError(f"--{name}.{key}: {problem}")
 
 
