@@ -2,7 +2,8 @@
 
 Command-line tools start with `errors.run(main)` and define a config file flag with
 `errors.define_config_file`: then mistakes in the flags (an unknown flag or `--config.<field>`, a
-bad value, a missing or broken config file) are reported like a UserError raised by `main`.
+bad value, a missing or broken config file) are reported like a UserError raised by `main`
+(`parse_flags`).
 """
 
 import contextlib
@@ -10,7 +11,6 @@ import difflib
 import importlib.util
 import os
 import pathlib
-import re
 import sys
 import traceback
 
@@ -18,7 +18,7 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-flags.disclaim_key_flags()  # A flag `define_config_file` defines belongs to its caller (--helpshort).
+flags.disclaim_key_flags()  # The flag `define_config_file` defines is its caller's (--helpshort).
 
 
 class UserError(Exception):
@@ -52,22 +52,28 @@ def reported():
 
 
 def run(main) -> None:
-  """`app.run(main)`, with a UserError in flag parsing or in `main` reported by `reported`."""
+  """`app.run(main)` with `parse_flags`, a UserError in either reported by `reported`. For the
+  process it runs, unraisable errors of callbacks posted to a closed event loop are dropped:
+  after a failed checkpoint read, tensorstore's threads still post to Orbax's, a traceback each,
+  until the process ends (after the one-line error); they carry no news."""
 
-  def reported_main(argv):
-    with reported():
-      return main(argv)
+  def unraisablehook(unraisable, hook=sys.unraisablehook):
+    value = unraisable.exc_value
+    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+      hook(unraisable)
 
-  app.run(reported_main, flags_parser=_parse_flags)
+  sys.unraisablehook = unraisablehook
+  app.run(reported()(main), flags_parser=reported()(parse_flags))
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with its errors (an unknown or missing flag, a bad value) as UserErrors."""
-  with reported():
-    try:
-      return flags.FLAGS(argv)
-    except flags.Error as e:
-      raise UserError(f"{e} (see --helpshort)") from None
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+  """absl's parsing of `argv` after `check_config_files`, its errors (an unknown or missing flag,
+  a bad value) as UserErrors."""
+  check_config_files(argv, flag_values)
+  try:
+    return flag_values(argv)
+  except flags.Error as e:
+    raise UserError(f"{e} (see --helpshort)") from None
 
 
 def _closest(word: str, choices) -> str | None:
@@ -140,45 +146,43 @@ def _dotted_fields(config: ml_collections.ConfigDict, prefix: str = ""):
       yield prefix + name
 
 
-class _ConfigFileParser(flags.ArgumentParser):
-  """Parses `--<name>=path[:arg]` as config_flags' own parser does (`get_config(arg)`, then locks
-  the config), with UserErrors for a missing or broken file and for `--<name>.<key>` overrides
-  that name no field (config_flags fails on those with a traceback)."""
+def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
+  """Loads the file of each config file flag in `argv`, `path[:arg]`, as config_flags does
+  (`get_config(arg)`), and checks its `--<name>.<key>` overrides: a UserError for a missing or
+  broken file, or a key that names no field.
 
-  def __init__(self, name: str):
-    self.name = name
-
-  def flag_type(self) -> str:
-    return "config object"
-
-  def parse(self, spec: str) -> ml_collections.ConfigDict:
-    path, colon, arg = spec.partition(":")
+  config_flags, which parses them next, fails on these with bare exceptions and tracebacks from
+  inside absl's parsing, where no public hook reaches, and it reads the overrides from the
+  command line itself. So absl parses `argv` here first with each config flag as a plain string
+  (known_only): of the flags it leaves, those under `--<name>.` are the overrides."""
+  mine = [f.name for f in _config_file_flags if f.name in flag_values and flag_values[f.name] is f]
+  for name in mine:
+    as_string = flags.FlagValues()
+    flags.DEFINE_string(name, None, "", flag_values=as_string)
+    unparsed = as_string(argv, known_only=True)[1:]
+    if as_string[name].value is None:
+      continue
+    path, colon, arg = as_string[name].value.partition(":")
     config = call_file(path, "get_config", *([arg] if colon else []), kind="config")
     if not isinstance(config, ml_collections.ConfigDict):
       raise UserError(f"config file {path!r}: get_config returned {type(config).__name__}, "
                       "not a ConfigDict")
-    for key in override_keys(self.name):
-      problem = unknown_field(config, key)
-      if problem:
-        raise UserError(f"--{self.name}.{key}: {problem}")
-    config.lock()
-    return config
+    for given in unparsed:
+      flag = given.split("=", 1)[0].lstrip("-")
+      key = next((flag[len(p):] for p in (f"{name}.", f"no{name}.") if flag.startswith(p)), None)
+      if given.startswith("-") and key and (problem := unknown_field(config, key)):
+        raise UserError(f"--{name}.{key}: {problem}")
 
 
-def override_keys(name: str) -> list[str]:
-  """The keys of the `--<name>.<key>` overrides on the command line (those config_flags applies
-  to the config file's config): `--config.train.steps=30` → "train.steps"."""
-  pattern = re.compile(rf"-{{1,2}}(no)?{re.escape(name)}\.([^=]+)")
-  argv = flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False)
-  return [match[2] for match in map(pattern.match, argv) if match]
+_config_file_flags: list[flags.Flag] = []  # Those `define_config_file` defined.
 
 
 def define_config_file(name: str, help_string: str,
                        flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagHolder:
-  """`config_flags.DEFINE_config_file(name)` (no default) with `_ConfigFileParser`'s errors; its
-  help (`--helpfull`) names the listing of every field."""
+  """`config_flags.DEFINE_config_file(name)` (no default), whose mistakes `parse_flags` reports
+  in one line; its help (`--helpfull`) names the listing of every field."""
   help_string += (f" Override any field with --{name}.<section>.<field>=<value>; every field, its "
                   "default and meaning: python -m actlab.config.")
   holder = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values)
-  flag_values[name].parser = _ConfigFileParser(name)
+  _config_file_flags.append(flag_values[name])
   return holder

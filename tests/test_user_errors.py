@@ -31,12 +31,12 @@ def run_cli(module, *args):
 
 def parse_config(monkeypatch, *args):
   """The UserError or flag error of parsing `args` as actlab.main parses `--config`
-  (`errors.define_config_file`, on a fresh FlagValues); its message."""
-  monkeypatch.setattr(sys, "argv", ["main", *args])  # `errors.override_keys` reads sys.argv
+  (`errors.define_config_file` on a fresh FlagValues, `errors.parse_flags`); its message."""
+  monkeypatch.setattr(sys, "argv", ["main", *args])  # config_flags reads its overrides there
   values = flags.FlagValues()
   errors.define_config_file("config", "", flag_values=values)
   with pytest.raises((errors.UserError, flags.Error)) as raised:
-    values(sys.argv)
+    errors.parse_flags(sys.argv, values)
   return str(raised.value)
 
 
@@ -163,3 +163,36 @@ def test_sweep_file_raising_in_get_sweep_names_file_and_line(tmp_path):
   bad.write_text("def get_sweep(arg=None):\n  return {'axes': AXES}\n")
   with pytest.raises(errors.UserError, match=rf"^sweep file {re.escape(str(bad))}:2: NameError: name 'AXES'"):
     grid.load(str(bad))
+
+
+GLOBAL_STATE = """
+import logging, sys, tempfile
+import jax, orbax.checkpoint
+from absl import app, flags
+from ml_collections import config_flags
+
+def state():
+  filters = {n: list(logging.getLogger(n).filters) for n in ("", "absl", "asyncio")}
+  return sys.unraisablehook, filters, {name: flags.FLAGS[name].parser for name in flags.FLAGS}
+
+before = state()
+from actlab import errors
+from actlab.run import checkpoint
+assert state() == before, ("import", before, state())
+with checkpoint.Checkpoints(tempfile.mkdtemp(), 1):
+  assert state() != before, "no filter while a Checkpoints is open"
+assert state() == before, ("closed", before, state())
+errors.define_config_file("config", "")
+plain = flags.FlagValues()
+config_flags.DEFINE_config_file("config", flag_values=plain)
+assert type(flags.FLAGS["config"].parser) is type(plain["config"].parser), "config_flags' parser"
+"""
+
+
+def test_imports_change_no_global_state():
+  """Importing actlab.errors and actlab.run.checkpoint installs no log filter, unraisable hook or
+  flag parser; Checkpoints filters Orbax's logs only while it is open; the config file flag keeps
+  config_flags' parser."""
+  result = subprocess.run([sys.executable, "-c", GLOBAL_STATE], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 0, result.stderr

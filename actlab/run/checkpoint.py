@@ -61,29 +61,22 @@ class _OrbaxLogsDropped(logging.Filter):
   """Orbax logs every failed read or write of a checkpoint with tracebacks, from its threads
   (thousands of lines for one damaged file, or a full disk), asyncio adds its own, and a read-only
   manager warns that it is read-only. What matters reaches the caller as an exception, which
-  actlab says in one line (`CheckpointError`; a full disk in workdir.py): the logs are dropped.
-  Orbax's INFO logs stay available with --verbosity=0."""
+  actlab says in one line (`CheckpointError`; a full disk in workdir.py): the logs are dropped
+  while a Checkpoints is open. Orbax's INFO logs stay available with --verbosity=0."""
+
+  LOGGERS = ("absl", "asyncio")
 
   def filter(self, record: logging.LogRecord) -> bool:
     return not (record.levelno >= logging.WARNING
                 and ("/orbax/" in record.pathname or record.name == "asyncio"))
 
+  def install(self) -> None:
+    for name in self.LOGGERS:
+      logging.getLogger(name).addFilter(self)
 
-for _name in ("absl", "asyncio"):
-  logging.getLogger(_name).addFilter(_OrbaxLogsDropped())
-
-
-def _closed_loop_errors_dropped(hook):
-  """After a failed read, tensorstore's callbacks still post to Orbax's closed event loop and
-  report a traceback each as unraisable (from C++ threads); they carry no news."""
-  def unraisablehook(unraisable):
-    value = unraisable.exc_value
-    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
-      hook(unraisable)
-  return unraisablehook
-
-
-sys.unraisablehook = _closed_loop_errors_dropped(sys.unraisablehook)
+  def remove(self) -> None:
+    for name in self.LOGGERS:
+      logging.getLogger(name).removeFilter(self)
 
 
 def _reason(e: BaseException) -> str:
@@ -101,8 +94,14 @@ class Checkpoints:
     options = (ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
                                             save_interval_steps=0) if read_only else
                ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
-    self._manager = ocp.CheckpointManager(self.directory, item_names=("state", "meta"),
-                                          options=options)
+    self._logs_dropped = _OrbaxLogsDropped()
+    self._logs_dropped.install()  # Before the manager: a read-only one warns as it starts.
+    try:
+      self._manager = ocp.CheckpointManager(self.directory, item_names=("state", "meta"),
+                                            options=options)
+    except BaseException:
+      self._logs_dropped.remove()
+      raise
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -169,8 +168,11 @@ class Checkpoints:
     return dest
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self._manager.wait_until_finished()
+      self._manager.close()
+    finally:
+      self._logs_dropped.remove()
 
   def __enter__(self) -> "Checkpoints":
     return self

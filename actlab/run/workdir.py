@@ -1,17 +1,14 @@
 """The run directory: one owner at a time, what identifies the run, atomic files, a full disk.
 
     <workdir>/
-      .lock            held (flock) by the process training here; pid, parent pid, host and
-                       start inside
+      .lock            held (flock) by the process training here: its pid, parent, host, start
       config.json      the run's config, written once; a rerun must match it (`check_config`)
-      provenance.json  one segment per start of the process: versions, commit, devices, command
-                       (provenance.py)
-      metrics.jsonl    one row per log step; rebuilt from the checkpoint's copy on resume
-                       (metrics_log.py)
+      provenance.json  one segment per start: versions, commit, devices, command (provenance.py)
+      metrics.jsonl    one row per log step, rebuilt from the checkpoint on resume (metrics_log.py)
       summary.json     written when the run ends: a readable one means "done"
       checkpoints/     Orbax; each step also holds its metrics rows and checksums (checkpoint.py)
-      tokenizer/       the run's tokenizer, saved at the start (data/tokenizers.py), so that
-                       sampling and export need nothing but the run directory
+      tokenizer/       the run's tokenizer, saved at the start (data/tokenizers.py): sampling and
+                       export need nothing but the run directory
 
 Small files are written whole or not at all (`write_json`: temp file, fsync, rename), so a crash
 or a full disk never leaves a half-written config or summary behind.
@@ -96,9 +93,8 @@ class RunDir:
                          "this run used, or choose another --workdir")
     diffs = identity_diffs(old, json.loads(config.to_json()))
     if diffs:
-      raise WorkdirError(
-          f"{self.logdir} holds a run with a different config ({'; '.join(diffs)}); "
-          "rerun with the same config to resume, or choose another --workdir")
+      raise WorkdirError(f"{self.logdir} holds a run with a different config ({'; '.join(diffs)}); "
+                         "rerun with the same config to resume, or choose another --workdir")
 
   def write_config(self, config: ml_collections.ConfigDict) -> None:
     """config.json, once: a resumed run keeps the one it started with."""
@@ -123,22 +119,16 @@ def is_run(path: pathlib.Path) -> bool:
 def check_usable(workdir: pathlib.Path, flag: str = "--workdir") -> None:
   """Refuses a workdir (or another directory to write, given as `flag`) that is a file or lies
   under one, before anything is written."""
-  for path in (workdir, *workdir.parents):
-    if path.exists():
-      if not path.is_dir():
-        where = "is" if path == workdir else f"lies under {path}, which is"
-        raise WorkdirError(f"{flag} {workdir} {where} a file, not a directory; "
-                           f"choose another {flag}")
-      return
-
-
-# --- Atomic small files ---------------------------------------------------------------------
+  existing = next(path for path in (workdir, *workdir.parents) if path.exists())
+  if not existing.is_dir():
+    where = "is" if existing == workdir else f"lies under {existing}, which is"
+    raise WorkdirError(f"{flag} {workdir} {where} a file, not a directory; choose another {flag}")
 
 
 def write_text(path: pathlib.Path, text: str) -> None:
-  """Writes `path` whole or not at all: a temp file beside it, fsync, rename."""
-  tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")  # Unique on
-  # a shared file system too: several hosts' sweep shards write the same sweep.json.
+  """Writes `path` whole or not at all: a temp file beside it (named by host and pid: several
+  hosts' sweep shards write the same sweep.json), fsync, rename."""
+  tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
   try:
     with open(tmp, "w") as f:
       f.write(text)
@@ -167,29 +157,24 @@ def read_json(path: pathlib.Path) -> dict | None:
   return obj if isinstance(obj, dict) else None
 
 
-def read_summary(logdir_: pathlib.Path, warn: bool = True) -> dict | None:
+def read_summary(logdir: pathlib.Path, warn: bool = True) -> dict | None:
   """The run's summary.json if it is readable, else None: the run is not finished. An unreadable
   one (a crash while it was written by an older actlab, a disk error) is said in one line."""
-  path = logdir_ / "summary.json"
+  path = logdir / "summary.json"
   summary = read_json(path)
   if summary is None and path.exists() and warn:
     print(f"actlab: {path} is unreadable; treating the run as not finished", file=sys.stderr)
   return summary
 
 
-# --- The lock -------------------------------------------------------------------------------
-
-
 _held: dict[pathlib.Path, list] = {}  # lock path -> [open file, depth]: this process's locks
 
 
 class Lock:
-  """An exclusive lock on a workdir for as long as the `with` block runs.
-
-  `fcntl.flock` on `<workdir>/.lock`: the kernel releases it when the process dies, so a killed
-  run leaves no stale lock. Re-entrant within a process (a sweep holds a cell's lock while the
-  run inside takes it again). A second process gets `Busy` naming the holder.
-  """
+  """An exclusive lock on a workdir for as long as the `with` block runs: `fcntl.flock` on
+  `<workdir>/.lock`, which the kernel releases when the process dies (a killed run leaves no stale
+  lock). Re-entrant within a process (a sweep holds a cell's lock while the run inside takes it
+  again). A second process gets `Busy` naming the holder."""
 
   class Busy(WorkdirError):
     """Another process holds the workdir; `holder` is what its lock file says ({} if unknown)."""
@@ -216,8 +201,7 @@ class Lock:
              if holder else "another process")
       raise Lock.Busy(f"{self.path.parent} is in use by {who}; wait for that run to end (or stop "
                       "it), or choose another --workdir", holder) from None
-    f.seek(0)
-    f.truncate()
+    f.truncate(0)  # Mode "a+" writes at the end: now the start.
     f.write(json.dumps({"pid": os.getpid(), "parent": os.getppid(), "host": socket.gethostname(),
                         "since": now()}))
     f.flush()
@@ -240,9 +224,6 @@ class Lock:
       entry[0].close()  # Closing the file releases the lock.
 
 
-# --- Identity -------------------------------------------------------------------------------
-
-
 def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
   """Human-readable differences between two nested config dicts."""
   out = []
@@ -257,8 +238,7 @@ def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
 
 # Fields a config gained after runs were written with it: a config.json without one had this value.
 ADDED_FIELDS = {("train", "init_from"): "",  # decoders since 0.1.0 (encoders always had it)
-                ("data", "test_batches"): 0, ("model", "qk_norm"): False,
-                ("optim", "z_loss"): 0.0}
+                ("data", "test_batches"): 0, ("model", "qk_norm"): False, ("optim", "z_loss"): 0.0}
 
 
 def with_added_fields(config: dict) -> dict:
@@ -288,7 +268,7 @@ def dotted(d: dict, prefix: str = "") -> dict:
   return out
 
 
-_OS_ERROR_FULL = re.compile(r"\[os_error_code='(?:28|122)'\]")  # ENOSPC, EDQUOT in TensorStore's text
+_OS_ERROR_FULL = re.compile(r"\[os_error_code='(?:28|122)'\]")  # TensorStore's ENOSPC, EDQUOT
 
 
 def full_disk_path(e: BaseException, workdir: pathlib.Path) -> str | None:
@@ -313,7 +293,6 @@ def full_disk_reported(workdir: pathlib.Path) -> Iterator[None]:
     path = full_disk_path(e, workdir)
     if path is None:
       raise
-    raise WorkdirError(
-        f"no space left on device writing {path}; free some space and rerun "
-        "the same command: it resumes from the last complete checkpoint (checkpoints are "
-        "written whole or not at all)") from None
+    raise WorkdirError(f"no space left on device writing {path}; free some space and rerun the "
+                       "same command: it resumes from the last complete checkpoint (checkpoints "
+                       "are written whole or not at all)") from None

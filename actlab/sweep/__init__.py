@@ -211,13 +211,15 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
 def main(argv):
   del argv
   from absl import flags, logging
+  from ml_collections import config_flags
   FLAGS = flags.FLAGS
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
   t0 = time.perf_counter()
   workdir, shard = pathlib.Path(FLAGS.workdir), parse_shard(FLAGS.shard)
   worker = os.environ.get(workers.ENV)
-  overridden = errors.override_keys("config")  # They win over the sweep's fixed values.
+  # The keys of the --config.<key> flags: they win over the sweep's fixed values.
+  overridden = list(config_flags.get_override_values(FLAGS["config"]))
   workers.whole_lines()  # A parent's and its children's lines share one stream.
   parent = FLAGS.workers > 1 and not worker
   if parent and FLAGS.config.parallel.distributed:
