@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actlab.data import cache, corpora, gpt2, tokenizer, tokenizers
+from actlab.data import cache, corpora, gpt2, tokenizer, tokenizer_store
 from actlab.data.tokenizer import Tokenizer
 from actlab.errors import DataError
 
@@ -155,16 +155,16 @@ def _gpt2_dir(config_dir: str, root: Path) -> str | None:
 
 
 def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
-  return tokenizers.get(
+  return tokenizer_store.get(
       config.data.tokenizer, directory=root / "tokenizers" / corpora.key(config),
       train_texts=train_texts, gpt2_dir=_gpt2_dir(config.data.gpt2_dir, root))
 
 
 def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
   """The config's tokenizer without its corpus: the copy in `saved` (a run directory's, written
-  by `tokenizers.save`) if there is one, else the data dir's (a trained BPE or WordPiece must be
-  there already)."""
-  tok = tokenizers.load(saved) if saved else None
+  by `tokenizer_store.save`) if there is one, else the data dir's (a trained BPE or WordPiece
+  must be there already)."""
+  tok = tokenizer_store.load(saved) if saved else None
   if tok is not None:
     return tok
   root = data_dir(config.data.dir)

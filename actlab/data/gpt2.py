@@ -19,7 +19,8 @@ from actlab.data.tokenizer import DEFAULT_THREADS, EOT_TEXT, Tokenizer
 from actlab.errors import DataError, short_cause
 
 GPT2_FILES = ("encoder.json", "vocab.bpe")
-RANKS_FILE = "gpt2.tiktoken"  # a saved copy (saved_tokenizer.save): tiktoken's "<base64 token> <rank>" lines
+# A saved copy (tokenizer_store.save): tiktoken's "<base64 token> <rank>" lines.
+RANKS_FILE = "gpt2.tiktoken"
 # sha256 pinned by tiktoken for OpenAI's GPT-2 release files.
 GPT2_HASHES = {
   "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
@@ -93,7 +94,7 @@ def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -
 
 
 def gpt2_saved(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
-  """The GPT-2 encoding from the copy `TiktokenTokenizer.files` wrote (`saved_tokenizer.save`)."""
+  """The GPT-2 encoding from the copy `TiktokenTokenizer.files` wrote (`tokenizer_store.save`)."""
   lines = (Path(directory) / RANKS_FILE).read_bytes().splitlines()
   return _from_ranks({base64.b64decode(t): int(r) for t, r in (x.split() for x in lines)}, threads)
 

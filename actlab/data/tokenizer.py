@@ -1,6 +1,6 @@
 """Tokenizers behind one small interface.
 
-Specs accepted by :func:`get`:
+Specs (`tokenizer_store.get` builds, trains or loads a tokenizer by its spec):
 
 - ``"byte"``: UTF-8 bytes 0..255 plus an end-of-text id 256 (vocabulary 257).
 - ``"bpe:<size>"``: a byte-level BPE (Hugging Face ``tokenizers``) trained on the training

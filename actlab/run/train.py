@@ -19,7 +19,7 @@ import ml_collections
 
 from actlab import data, models, tasks
 from actlab import config as config_lib
-from actlab.data import tokenizers
+from actlab.data import tokenizer_store
 from actlab.models import execution, hf_checkpoint
 from actlab.run import loop, parallel, steps
 from actlab.run import workdir as workdir_lib
@@ -167,8 +167,8 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
       return summaries if all(summaries) else _one_by_one(configs, run_dirs, cache, log)
     for c, r in zip(configs, run_dirs):
       r.write_config(c)
-      if tokenizers.load(r.tokenizer) is None:
-        tokenizers.save(dataset.tokenizer, r.tokenizer)
+      if tokenizer_store.load(r.tokenizer) is None:
+        tokenizer_store.save(dataset.tokenizer, r.tokenizer)
     # Committed to the program's shardings like a restored checkpoint, so that fresh and resumed
     # runs (and the cells of a sweep) hit the same compiled functions instead of compiling twice.
     state = program.start(configs)

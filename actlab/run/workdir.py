@@ -10,7 +10,7 @@
                        (metrics_log.py)
       summary.json     written when the run ends: a readable one means "done"
       checkpoints/     Orbax; each step also holds its metrics rows and checksums (checkpoint.py)
-      tokenizer/       the run's tokenizer, saved at the start (data/tokenizers.py), so that
+      tokenizer/       the run's tokenizer, saved at the start (data/tokenizer_store.py), so that
                        sampling and export need nothing but the run directory
 
 Small files are written whole or not at all (`write_json`: temp file, fsync, rename), so a crash
@@ -75,7 +75,7 @@ class RunDir:
 
   @property
   def tokenizer(self) -> pathlib.Path:
-    """The run's tokenizer (`data.tokenizers.save`; the module docstring says why)."""
+    """The run's tokenizer (`data.tokenizer_store.save`; the module docstring says why)."""
     return self.logdir / "tokenizer"
 
   def lock(self) -> "Lock":

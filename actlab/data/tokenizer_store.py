@@ -1,7 +1,8 @@
 """A tokenizer by its spec (`get`: built, trained or loaded), and the one saved with a run
 (`<workdir>/tokenizer/`): its defining files and a manifest with their SHA-256, so that sampling
 and export need nothing but the run directory, and a changed file is refused instead of silently
-giving other ids."""
+giving other ids. Apart from tokenizer.py, the interface, because GPT-2's tokenizer (gpt2.py)
+builds on that interface and this module builds GPT-2's."""
 
 from __future__ import annotations
 
