@@ -149,24 +149,26 @@ class HFBPETokenizer(Tokenizer):
 
   @classmethod
   def train(cls, texts: Iterable[str], vocab_size: int, name: str) -> "HFBPETokenizer":
+    """Trained on at most BPE_TRAIN_MAX_CHARS characters of `texts`."""
+    tok, trainer = cls._untrained(vocab_size)
+    tok.train_from_iterator(_cap_chars(texts, BPE_TRAIN_MAX_CHARS), trainer=trainer)
+    return cls(tok, name)
+
+  @staticmethod
+  def _untrained(vocab_size: int):
+    """The Hugging Face tokenizer before training, and its trainer."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TEXT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(_cap_chars(texts, BPE_TRAIN_MAX_CHARS), trainer=trainer)
-    return cls(tok, name)
+    return tok, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TEXT],
+                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                    show_progress=False)
 
   def files(self) -> dict[str, bytes]:
     return {"tokenizer.json": self._tok.to_str().encode("utf-8")}
-
-  def save(self, path: Path) -> None:
-    self.path = Path(path)
-    write_atomic(self.path, self.files()["tokenizer.json"])
 
   @classmethod
   def load(cls, path: Path, name: str) -> "HFBPETokenizer":
@@ -202,8 +204,8 @@ class HFWordPieceTokenizer(HFBPETokenizer):
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
     return self.sep_id
 
-  @classmethod
-  def train(cls, texts: Iterable[str], vocab_size: int, name: str) -> "HFWordPieceTokenizer":
+  @staticmethod
+  def _untrained(vocab_size: int):
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -211,18 +213,8 @@ class HFWordPieceTokenizer(HFBPETokenizer):
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(
-      vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIALS), show_progress=False)
-    tok.train_from_iterator(_cap_chars(texts, BPE_TRAIN_MAX_CHARS), trainer=trainer)
-    return cls(tok, name)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-  """Writes `data` to `path` whole or not at all (temp file, rename)."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-  tmp.write_bytes(data)
-  os.replace(tmp, path)
+    return tok, trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIALS), show_progress=False)
 
 
 def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:
