@@ -71,15 +71,14 @@ class Dataset:
   num_test_batches: int = 0  # > 0: the validation split's second half is held out for them
 
   def __post_init__(self):
-    window = self.seq_len + 1
-    halves = 2 if self.num_test_batches else 1
-    for name, toks in (("training", self.train_tokens), ("validation", self.val_tokens)):
-      if toks.ndim != 1 or toks.shape[0] < window * (halves if name == "validation" else 1):
-        raise DataError(
-            f"the {name} split has {toks.shape[0]:,} tokens, fewer than one window of "
-            f"seq_len + 1 = {window}" + (" in each half (data.test_batches)" if halves > 1 and
-                                         name == "validation" else "")
-            + "; use a shorter data.seq_len or a larger corpus.")
+    val_parts = 2 if self.num_test_batches else 1  # the test windows take the second half
+    for name, toks, parts in (("training", self.train_tokens, 1),
+                              ("validation", self.val_tokens, val_parts)):
+      if toks.ndim != 1 or toks.shape[0] < self.window * parts:
+        each_half = " in each half (data.test_batches)" if parts > 1 else ""
+        raise DataError(f"the {name} split has {toks.shape[0]:,} tokens, fewer than one window of "
+                        f"seq_len + 1 = {self.window}{each_half}; use a shorter data.seq_len or a "
+                        "larger corpus.")
     if self.seed < 0:
       raise ValueError(f"seed must be non-negative, got {self.seed}")
 
