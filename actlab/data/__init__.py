@@ -17,12 +17,12 @@
   labelled examples (``config.data.classify``) with the same interface instead.
 
 Data dir: ``config.data.dir``, else ``$ACTLAB_DATA_DIR``, else ``~/.cache/actlab``. Inside it:
-``tfds/`` (prepared TFDS data; prepared again when a manual file changes),
-``manual/tiny_stories/`` (offline TinyStories files), ``gpt2/`` (optional: offline
-``encoder.json`` + ``vocab.bpe``, used when neither
-``config.data.gpt2_dir`` nor ``$ACTLAB_GPT2_DIR`` is set), ``tokenizers/<corpus>/bpe-<size>.json``
-(trained BPEs; ``wordpiece-<size>.json`` likewise), ``manual/glue_sst2/`` (optional: offline
-SST-2 ``train.tsv`` + ``dev.tsv``), ``tokens/<corpus>/`` (token caches), ``locks/`` (one build at a time).
+``tfds/`` (prepared TFDS data; prepared again when a manual file changes), ``manual/tiny_stories/``
+(offline TinyStories files), ``manual/glue_sst2/`` (optional: offline SST-2 ``train.tsv`` +
+``dev.tsv``), ``gpt2/`` (optional: offline ``encoder.json`` + ``vocab.bpe``, used when neither
+``config.data.gpt2_dir`` nor ``$ACTLAB_GPT2_DIR`` is set), ``tokenizers/<corpus>/`` (trained
+``bpe-<size>.json`` and ``wordpiece-<size>.json``), ``tokens/<corpus>/`` (token caches),
+``locks/`` (one build at a time).
 
 Problems a user can fix (missing files, no network, corrupt downloads) raise ``DataError``
 with one message saying what to do.
@@ -114,7 +114,8 @@ class Dataset:
 
   def unigram_log_probs(self, exclude: Sequence[int] = ()) -> np.ndarray:
     """log p(v) of the training tokens' unigram distribution, add-one smoothed over the
-    tokenizer's vocabulary less the ids in `exclude` (which get −inf): p(v) = (n_v + 1) / (N + V)."""
+    tokenizer's vocabulary less the ids in `exclude` (which get −inf):
+    p(v) = (n_v + 1) / (N + V)."""
     vocab = self.tokenizer.vocab_size
     counts = np.zeros(vocab, dtype=np.int64)
     for lo in range(0, self.train_tokens.shape[0], _COUNT_CHUNK):

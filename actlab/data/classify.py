@@ -168,7 +168,7 @@ def examples(name: str, root: Path) -> dict[str, tuple[list[str], list[int]]]:
 
 
 def load(config, tokenizer, specials: dict, root: Path) -> ClassifyDataset:
-  """The classification dataset of `config.data.classify`, tokenized with the encoder's tokenizer."""
+  """The classification dataset of `config.data.classify`, in the encoder's tokens."""
   name, seq_len = config.data.classify, int(config.data.seq_len)
   if config.model.num_classes != NUM_CLASSES[name]:
     raise DataError(f"data.classify={name!r} has {NUM_CLASSES[name]} classes but "

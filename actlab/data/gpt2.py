@@ -112,7 +112,8 @@ def _from_ranks(ranks: dict[bytes, int], threads: int) -> TiktokenTokenizer:
   return TiktokenTokenizer(enc, "gpt2", threads)
 
 
-def gpt2(gpt2_dir: str | os.PathLike | None = None, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
+def gpt2(gpt2_dir: str | os.PathLike | None = None,
+         threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
   """GPT-2: offline from ``gpt2_dir`` when given, else ``tiktoken.get_encoding('gpt2')``."""
   if gpt2_dir:
     return gpt2_offline(gpt2_dir, threads)

@@ -6,8 +6,7 @@ Specs (`tokenizer_store.get` builds, trains or loads a tokenizer by its spec):
 - ``"bpe:<size>"``: a byte-level BPE (Hugging Face ``tokenizers``) trained on the training
   split's texts, with ``<|endoftext|>`` as its only special token. Saved as JSON and reloaded.
 - ``"gpt2"``: OpenAI's GPT-2 encoding through ``tiktoken`` (50,257 ids, ``<|endoftext|>`` =
-  50256). Built offline from ``encoder.json`` + ``vocab.bpe`` when a directory holding them is
-  given, else fetched by ``tiktoken`` (network, or its own cache); see ``actlab.data.gpt2``.
+  50256), offline from its release files or fetched (``actlab.data.gpt2``).
 - ``"wordpiece:<size>"``: BERT's WordPiece (uncased: lower-cased, accents stripped; Hugging Face
   ``tokenizers``) trained on the training split's texts, for the encoder. Its special tokens are
   ``[PAD] [UNK] [CLS] [SEP] [MASK]`` at ids 0-4 in every vocabulary (``special_ids``), and
@@ -177,7 +176,8 @@ class HFBPETokenizer(Tokenizer):
     try:
       tok = HFTokenizer.from_file(str(path))
     except Exception as e:  # corrupt / truncated JSON
-      raise DataError(f"cannot read BPE tokenizer {path} ({e}); delete it and rerun to retrain.") from e
+      raise DataError(f"cannot read BPE tokenizer {path} ({e}); delete it and rerun to "
+                      "retrain.") from e
     return cls(tok, name, path)
 
 
@@ -239,7 +239,8 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
   if m:
     kind, size = m.group(1), int(m.group(2))
     if kind == "bpe" and size < 257:
-      raise ValueError(f"tokenizer {spec!r}: BPE size must be at least 257 (256 bytes + <|endoftext|>)")
+      raise ValueError(f"tokenizer {spec!r}: BPE size must be at least 257 (256 bytes + "
+                       "<|endoftext|>)")
     if kind == "wordpiece" and size <= len(WORDPIECE_SPECIALS):
       raise ValueError(f"tokenizer {spec!r}: WordPiece size must exceed the 5 special tokens")
     return kind, size
