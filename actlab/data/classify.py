@@ -34,8 +34,8 @@ import numpy as np
 
 from actlab.errors import DataError
 
-SOURCES = ("synthetic/hero_gender", "glue/sst2")
 NUM_CLASSES = {"synthetic/hero_gender": 2, "glue/sst2": 2}
+SOURCES = tuple(NUM_CLASSES)
 SST2_URL = "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip"
 
 
@@ -143,8 +143,8 @@ def _sst2_tfds(tfds_dir: Path) -> dict[str, tuple[list[str], list[int]]]:
           "data.classify='synthetic/hero_gender' (the ':smoke_classify' variant).") from e
     builder.download_and_prepare()
   out = {}
-  for split, name in (("train", "train"), ("validation", "validation")):
-    source = builder.as_data_source(split=name)
+  for split in ("train", "validation"):
+    source = builder.as_data_source(split=split)
     records = source[:] if len(source) else []
     out[split] = ([r["sentence"].decode() if isinstance(r["sentence"], bytes) else r["sentence"]
                    for r in records], [int(r["label"]) for r in records])
