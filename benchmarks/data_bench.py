@@ -5,7 +5,7 @@
 Defaults use the reference sample beside the repository (../shared/data: TinyStories train.txt
 and the GPT-2 files); without it, the synthetic corpus and (if reachable) tiktoken's GPT-2.
 Reports, per tokenizer: encode throughput of the story texts (tokenizer.encode_batch, with
---threads threads), and the full cache-chunk path (cache.encode_to_array -> encode_docs: encode +
+--threads threads), and the full cache-chunk path (Tokenizer.encode_docs: encode +
 flatten + eot insertion), in MB/s of wall time and of CPU time (the machine may be shared). Then the median time of Dataset.train_batch for a 32 x 129 batch drawn from the
 memory-mapped GPT-2 (or byte) cache, and of Dataset.val_batches().
 """
@@ -53,7 +53,7 @@ def main():
   from actlab import data
   from actlab.data import cache, gpt2, synthetic, tinystories
   from actlab.data import tokenizer
-  from actlab.data import tokenizers
+  from actlab.data import tokenizer_store
 
   if Path(args.text).is_file():
     texts = list(tinystories.parse_stories(args.text))
@@ -75,7 +75,7 @@ def main():
     print(f"gpt2: skipped ({str(e).splitlines()[0]})")
   with tempfile.TemporaryDirectory() as tmp:
     t = time.perf_counter()
-    toks[f"bpe:{args.bpe_size}"] = tokenizers.get(
+    toks[f"bpe:{args.bpe_size}"] = tokenizer_store.get(
         f"bpe:{args.bpe_size}", directory=tmp, train_texts=lambda: texts)
     print(f"bpe:{args.bpe_size}: trained on the corpus in {time.perf_counter() - t:.1f} s")
     print()
@@ -84,8 +84,8 @@ def main():
     for name, tok in toks.items():
       dtype = cache.token_dtype(tok.vocab_size)
       enc = best_of(lambda: tok.encode_batch(texts), args.repeats)
-      full = best_of(lambda: cache.encode_to_array(tok, texts, dtype), args.repeats)
-      n = cache.encode_to_array(tok, texts, dtype).size
+      full = best_of(lambda: tok.encode_docs(texts, dtype), args.repeats)
+      n = tok.encode_docs(texts, dtype).size
       cols = [f"{mb / w:.1f} ({mb / max(c, 1e-9):.1f})" for w, c in (enc, full)]
       print(f"{name:<12} {tok.vocab_size:>7,} {n:>10,} {cols[0]:>20} {cols[1]:>20}")
 

@@ -159,7 +159,7 @@ def test_cache_overwritten_in_place_is_rebuilt(tmp_path, caplog):
   tok = tokenizer.ByteTokenizer()
   path = tmp_path / "train.byte.bin"
   cache.build_or_open(path, lambda: TEXTS, tok, "src", progress=False)
-  fresh = cache.encode_to_array(tok, TEXTS, np.dtype(np.uint16))
+  fresh = tok.encode_docs(TEXTS, np.dtype(np.uint16))
   stat = path.stat()
   with open(path, "r+b") as f:
     f.write(np.arange(5, dtype=np.uint16).tobytes())

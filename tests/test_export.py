@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from actlab import errors, export, tasks
-from actlab.data import hf_tokenizer, synthetic, tokenizers
+from actlab.data import hf_tokenizer, synthetic, tokenizer_store
 from actlab.models import hf_checkpoint
 from actlab.run import steps, train
 from conftest import REPO, SHARED_DATA, tiny
@@ -105,11 +105,11 @@ def test_what_bert_cannot_express_is_one_line():
 
 def actlab_tokenizers(tmp_path):
   texts = lambda: list(synthetic.texts("train"))[:400]
-  toks = [tokenizers.get("byte", directory=tmp_path),
-          tokenizers.get("bpe:300", directory=tmp_path, train_texts=texts),
-          tokenizers.get("wordpiece:300", directory=tmp_path, train_texts=texts)]
+  toks = [tokenizer_store.get("byte", directory=tmp_path),
+          tokenizer_store.get("bpe:300", directory=tmp_path, train_texts=texts),
+          tokenizer_store.get("wordpiece:300", directory=tmp_path, train_texts=texts)]
   if (SHARED_DATA / "gpt2" / "encoder.json").is_file():  # else gpt2 is left out (no network)
-    toks.append(tokenizers.get("gpt2", directory=tmp_path, gpt2_dir=SHARED_DATA / "gpt2"))
+    toks.append(tokenizer_store.get("gpt2", directory=tmp_path, gpt2_dir=SHARED_DATA / "gpt2"))
   return toks
 
 
@@ -135,7 +135,7 @@ def test_autotokenizer_gives_actlab_ids(tmp_path):
 def test_gpt2_merges_are_openais():
   if not (SHARED_DATA / "gpt2" / "vocab.bpe").is_file():
     pytest.skip("../shared/data/gpt2 is absent")
-  tok = tokenizers.get("gpt2", directory="unused", gpt2_dir=SHARED_DATA / "gpt2")
+  tok = tokenizer_store.get("gpt2", directory="unused", gpt2_dir=SHARED_DATA / "gpt2")
   symbol = hf_tokenizer.bytes_to_unicode()
   ours = [" ".join("".join(symbol[b] for b in part) for part in m)
           for m in hf_tokenizer.merges_of(tok.mergeable_ranks())]

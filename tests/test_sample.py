@@ -10,7 +10,7 @@ import pytest
 from absl import flags
 
 from actlab import data, sample, tasks
-from actlab.data import synthetic, tokenizers
+from actlab.data import synthetic, tokenizer_store
 from actlab.run import train
 from actlab.run import workdir as workdir_lib
 from conftest import SHARED_DATA, tiny
@@ -67,11 +67,11 @@ def test_top_k_and_padding_are_respected():
 
 def saved_tokenizers(tmp_path):
   texts = lambda: list(synthetic.texts("train"))[:400]
-  toks = [tokenizers.get("byte", directory=tmp_path),
-          tokenizers.get("bpe:300", directory=tmp_path, train_texts=texts),
-          tokenizers.get("wordpiece:300", directory=tmp_path, train_texts=texts)]
+  toks = [tokenizer_store.get("byte", directory=tmp_path),
+          tokenizer_store.get("bpe:300", directory=tmp_path, train_texts=texts),
+          tokenizer_store.get("wordpiece:300", directory=tmp_path, train_texts=texts)]
   if (SHARED_DATA / "gpt2" / "encoder.json").is_file():
-    toks.append(tokenizers.get("gpt2", directory=tmp_path, gpt2_dir=SHARED_DATA / "gpt2"))
+    toks.append(tokenizer_store.get("gpt2", directory=tmp_path, gpt2_dir=SHARED_DATA / "gpt2"))
   return toks
 
 
@@ -81,16 +81,16 @@ def test_saved_tokenizer_gives_the_same_ids(tmp_path):
   sample_text = TEXT + " " + " ".join(list(synthetic.texts("validation"))[:20])
   for tok in saved_tokenizers(tmp_path):
     directory = tmp_path / "run" / tok.name.replace(":", "")
-    assert tokenizers.load(directory) is None
-    tokenizers.save(tok, directory)
-    again = tokenizers.load(directory)
+    assert tokenizer_store.load(directory) is None
+    tokenizer_store.save(tok, directory)
+    again = tokenizer_store.load(directory)
     assert (again.name, again.fingerprint, again.vocab_size, again.eot_id) == (
         tok.name, tok.fingerprint, tok.vocab_size, tok.eot_id)
     ids = tok.encode(sample_text)
     assert again.encode(sample_text) == ids and again.decode(ids) == tok.decode(ids)
   (directory / next(iter(tok.files()))).write_bytes(b"x")
   with pytest.raises(data.DataError, match="differs from the tokenizer saved"):
-    tokenizers.load(directory)
+    tokenizer_store.load(directory)
 
 
 @pytest.mark.slow
@@ -103,7 +103,7 @@ def test_sampling_needs_only_the_run_directory(tmp_path, monkeypatch, capsys):
   train.run(c, tmp_path / "run")
   copy = tmp_path / "copy"
   shutil.copytree(tmp_path / "run", copy)
-  assert (workdir_lib.RunDir.open(copy).tokenizer / tokenizers.MANIFEST).is_file()
+  assert (workdir_lib.RunDir.open(copy).tokenizer / tokenizer_store.MANIFEST).is_file()
   empty = tmp_path / "empty_data"
   empty.mkdir()
   capsys.readouterr()

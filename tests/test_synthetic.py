@@ -3,6 +3,7 @@
 import collections
 import hashlib
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -66,6 +67,13 @@ def test_deterministic_across_processes_and_hash_seeds(train, validation):
     assert there == here, f"corpus differs in a fresh process (PYTHONHASHSEED={hash_seed})"
 
 
+def test_the_grammar_ships_in_the_wheel():
+  """pyproject.toml names synthetic_grammar.json as package data, so installs hold it."""
+  pyproject = (pathlib.Path(__file__).parent.parent / "pyproject.toml").read_text()
+  package_data = pyproject.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
+  assert '"synthetic_grammar.json"' in package_data
+
+
 def test_returns_a_fresh_list():
   a = synthetic.texts("validation")
   a.clear()
@@ -117,7 +125,7 @@ def test_pronouns_match_the_hero(train, validation):
 
 
 def test_entities_are_referred_back(train):
-  objects = [noun for noun, _ in synthetic._OBJECTS]
+  objects = [noun for noun, _ in synthetic._GRAMMAR["objects"]]
   for story in train[::11]:
     hero = _hero(story)
     assert len(re.findall(rf"\b{hero}\b", story)) >= 2, story

@@ -17,12 +17,12 @@
   labelled examples (``config.data.classify``) with the same interface instead.
 
 Data dir: ``config.data.dir``, else ``$ACTLAB_DATA_DIR``, else ``~/.cache/actlab``. Inside it:
-``tfds/`` (prepared TFDS data; prepared again when a manual file changes),
-``manual/tiny_stories/`` (offline TinyStories files), ``gpt2/`` (optional: offline
-``encoder.json`` + ``vocab.bpe``, used when neither
-``config.data.gpt2_dir`` nor ``$ACTLAB_GPT2_DIR`` is set), ``tokenizers/<corpus>/bpe-<size>.json``
-(trained BPEs; ``wordpiece-<size>.json`` likewise), ``manual/glue_sst2/`` (optional: offline
-SST-2 ``train.tsv`` + ``dev.tsv``), ``tokens/<corpus>/`` (token caches), ``locks/`` (one build at a time).
+``tfds/`` (prepared TFDS data; prepared again when a manual file changes), ``manual/tiny_stories/``
+(offline TinyStories files), ``manual/glue_sst2/`` (optional: offline SST-2 ``train.tsv`` +
+``dev.tsv``), ``gpt2/`` (optional: offline ``encoder.json`` + ``vocab.bpe``, used when neither
+``config.data.gpt2_dir`` nor ``$ACTLAB_GPT2_DIR`` is set), ``tokenizers/<corpus>/`` (trained
+``bpe-<size>.json`` and ``wordpiece-<size>.json``), ``tokens/<corpus>/`` (token caches),
+``locks/`` (one build at a time).
 
 Problems a user can fix (missing files, no network, corrupt downloads) raise ``DataError``
 with one message saying what to do.
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actlab.data import cache, corpora, gpt2, tokenizer, tokenizers
+from actlab.data import cache, corpora, gpt2, tokenizer, tokenizer_store
 from actlab.data.tokenizer import Tokenizer
 from actlab.errors import DataError
 
@@ -71,15 +71,14 @@ class Dataset:
   num_test_batches: int = 0  # > 0: the validation split's second half is held out for them
 
   def __post_init__(self):
-    window = self.seq_len + 1
-    halves = 2 if self.num_test_batches else 1
-    for name, toks in (("training", self.train_tokens), ("validation", self.val_tokens)):
-      if toks.ndim != 1 or toks.shape[0] < window * (halves if name == "validation" else 1):
-        raise DataError(
-            f"the {name} split has {toks.shape[0]:,} tokens, fewer than one window of "
-            f"seq_len + 1 = {window}" + (" in each half (data.test_batches)" if halves > 1 and
-                                         name == "validation" else "")
-            + "; use a shorter data.seq_len or a larger corpus.")
+    val_parts = 2 if self.num_test_batches else 1  # the test windows take the second half
+    for name, toks, parts in (("training", self.train_tokens, 1),
+                              ("validation", self.val_tokens, val_parts)):
+      if toks.ndim != 1 or toks.shape[0] < self.window * parts:
+        each_half = " in each half (data.test_batches)" if parts > 1 else ""
+        raise DataError(f"the {name} split has {toks.shape[0]:,} tokens, fewer than one window of "
+                        f"seq_len + 1 = {self.window}{each_half}; use a shorter data.seq_len or a "
+                        "larger corpus.")
     if self.seed < 0:
       raise ValueError(f"seed must be non-negative, got {self.seed}")
 
@@ -115,7 +114,8 @@ class Dataset:
 
   def unigram_log_probs(self, exclude: Sequence[int] = ()) -> np.ndarray:
     """log p(v) of the training tokens' unigram distribution, add-one smoothed over the
-    tokenizer's vocabulary less the ids in `exclude` (which get −inf): p(v) = (n_v + 1) / (N + V)."""
+    tokenizer's vocabulary less the ids in `exclude` (which get −inf):
+    p(v) = (n_v + 1) / (N + V)."""
     vocab = self.tokenizer.vocab_size
     counts = np.zeros(vocab, dtype=np.int64)
     for lo in range(0, self.train_tokens.shape[0], _COUNT_CHUNK):
@@ -155,16 +155,16 @@ def _gpt2_dir(config_dir: str, root: Path) -> str | None:
 
 
 def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
-  return tokenizers.get(
+  return tokenizer_store.get(
       config.data.tokenizer, directory=root / "tokenizers" / corpora.key(config),
       train_texts=train_texts, gpt2_dir=_gpt2_dir(config.data.gpt2_dir, root))
 
 
 def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
   """The config's tokenizer without its corpus: the copy in `saved` (a run directory's, written
-  by `tokenizers.save`) if there is one, else the data dir's (a trained BPE or WordPiece must be
-  there already)."""
-  tok = tokenizers.load(saved) if saved else None
+  by `tokenizer_store.save`) if there is one, else the data dir's (a trained BPE or WordPiece
+  must be there already)."""
+  tok = tokenizer_store.load(saved) if saved else None
   if tok is not None:
     return tok
   root = data_dir(config.data.dir)

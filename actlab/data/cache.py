@@ -113,11 +113,6 @@ def _chunks(texts: Iterable[str], max_chars: int) -> Iterable[list[str]]:
     yield chunk
 
 
-def encode_to_array(tokenizer: Tokenizer, texts: list[str], dtype: np.dtype) -> np.ndarray:
-  """Tokens of ``texts``, each followed by ``eot_id``, as one flat array."""
-  return tokenizer.encode_docs(texts, dtype)
-
-
 def build(path: Path, texts: Iterable[str], tokenizer: Tokenizer, source_id: str, *,
           num_texts: int | None = None, desc: str = "", progress: bool = True) -> dict:
   """Tokenize ``texts`` into ``path`` (atomically) and write the sidecar; returns the sidecar."""
@@ -138,7 +133,7 @@ def build(path: Path, texts: Iterable[str], tokenizer: Tokenizer, source_id: str
   try:
     with open(tmp, "wb") as f:
       for chunk in _chunks(texts, CHUNK_CHARS):
-        arr = encode_to_array(tokenizer, chunk, dtype)
+        arr = tokenizer.encode_docs(chunk, dtype)
         block = arr.tobytes()
         f.write(block)
         digest.update(block)

@@ -34,8 +34,8 @@ import numpy as np
 
 from actlab.errors import DataError
 
-SOURCES = ("synthetic/hero_gender", "glue/sst2")
 NUM_CLASSES = {"synthetic/hero_gender": 2, "glue/sst2": 2}
+SOURCES = tuple(NUM_CLASSES)
 SST2_URL = "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip"
 
 
@@ -66,10 +66,10 @@ class ClassifyDataset:
   def val_batches(self, test: bool = False) -> list[dict[str, np.ndarray]]:
     """The whole validation split in order; the last batch padded with label −1 rows. No test
     split (`test`: none; `config.validate` refuses data.test_batches here)."""
+    if test:
+      return []
     n, B = len(self.val_labels), self.batch_size
     batches = []
-    if test:
-      return batches
     for start in range(0, n, B):
       tokens, labels = self.val_tokens[start:start + B], self.val_labels[start:start + B]
       if len(labels) < B:
@@ -143,8 +143,8 @@ def _sst2_tfds(tfds_dir: Path) -> dict[str, tuple[list[str], list[int]]]:
           "data.classify='synthetic/hero_gender' (the ':smoke_classify' variant).") from e
     builder.download_and_prepare()
   out = {}
-  for split, name in (("train", "train"), ("validation", "validation")):
-    source = builder.as_data_source(split=name)
+  for split in ("train", "validation"):
+    source = builder.as_data_source(split=split)
     records = source[:] if len(source) else []
     out[split] = ([r["sentence"].decode() if isinstance(r["sentence"], bytes) else r["sentence"]
                    for r in records], [int(r["label"]) for r in records])
@@ -168,7 +168,7 @@ def examples(name: str, root: Path) -> dict[str, tuple[list[str], list[int]]]:
 
 
 def load(config, tokenizer, specials: dict, root: Path) -> ClassifyDataset:
-  """The classification dataset of `config.data.classify`, tokenized with the encoder's tokenizer."""
+  """The classification dataset of `config.data.classify`, in the encoder's tokens."""
   name, seq_len = config.data.classify, int(config.data.seq_len)
   if config.model.num_classes != NUM_CLASSES[name]:
     raise DataError(f"data.classify={name!r} has {NUM_CLASSES[name]} classes but "

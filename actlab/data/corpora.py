@@ -23,33 +23,22 @@ class Corpus:
 
 
 class Synthetic(Corpus):
+  """The embedded stories (synthetic.py), fingerprinted by their SHA-256."""
+
   key = "synthetic"
 
-  def __init__(self):
-    from actlab.data import synthetic
-    self._mod = synthetic
-    self._texts: dict[str, list[str]] = {}
-    self._ids: dict[str, str] = {}
-
-  def _get(self, split: str) -> list[str]:
-    if split not in self._texts:
-      self._texts[split] = list(self._mod.texts(split))
-    return self._texts[split]
-
   def texts(self, split):
-    return self._get(split)
+    from actlab.data import synthetic
+    return synthetic.texts(split)
 
   def num_texts(self, split):
-    return len(self._get(split))
+    return len(self.texts(split))
 
   def source_id(self, split):
-    if split not in self._ids:
-      h = hashlib.sha256()
-      for t in self._get(split):
-        h.update(t.encode("utf-8"))
-        h.update(b"\0")
-      self._ids[split] = f"synthetic/{split}:sha256={h.hexdigest()[:16]}"
-    return self._ids[split]
+    h = hashlib.sha256()
+    for t in self.texts(split):
+      h.update(t.encode("utf-8") + b"\0")
+    return f"synthetic/{split}:sha256={h.hexdigest()[:16]}"
 
 
 def key(config) -> str:

@@ -19,7 +19,10 @@ from actlab.data.tokenizer import DEFAULT_THREADS, EOT_TEXT, Tokenizer
 from actlab.errors import DataError, short_cause
 
 GPT2_FILES = ("encoder.json", "vocab.bpe")
-RANKS_FILE = "gpt2.tiktoken"  # a saved copy (saved_tokenizer.save): tiktoken's "<base64 token> <rank>" lines
+_GPT2_FILES_HELP = ("OpenAI's GPT-2 files encoder.json and vocab.bpe "
+                   "(https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/<file>)")
+# A saved copy (tokenizer_store.save): tiktoken's "<base64 token> <rank>" lines.
+RANKS_FILE = "gpt2.tiktoken"
 # sha256 pinned by tiktoken for OpenAI's GPT-2 release files.
 GPT2_HASHES = {
   "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
@@ -80,8 +83,7 @@ def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -
   missing = [f for f in GPT2_FILES if not (d / f).is_file()]
   if missing:
     raise DataError(f"GPT-2 tokenizer directory {d} lacks {' and '.join(missing)}. It must hold "
-                    "OpenAI's GPT-2 files encoder.json and vocab.bpe "
-                    "(https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/<file>).")
+                    f"{_GPT2_FILES_HELP}.")
   try:
     ranks = data_gym_to_mergeable_bpe_ranks(
         vocab_bpe_file=str(d / "vocab.bpe"), encoder_json_file=str(d / "encoder.json"),
@@ -93,7 +95,7 @@ def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -
 
 
 def gpt2_saved(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
-  """The GPT-2 encoding from the copy `TiktokenTokenizer.files` wrote (`saved_tokenizer.save`)."""
+  """The GPT-2 encoding from the copy `TiktokenTokenizer.files` wrote (`tokenizer_store.save`)."""
   lines = (Path(directory) / RANKS_FILE).read_bytes().splitlines()
   return _from_ranks({base64.b64decode(t): int(r) for t, r in (x.split() for x in lines)}, threads)
 
@@ -110,17 +112,8 @@ def _from_ranks(ranks: dict[bytes, int], threads: int) -> TiktokenTokenizer:
   return TiktokenTokenizer(enc, "gpt2", threads)
 
 
-def _gpt2_unavailable(cause: BaseException) -> DataError:
-  return DataError(
-      f"The GPT-2 tokenizer is not available: tiktoken could not fetch it ({short_cause(cause)}).\n"
-      "Fix: put OpenAI's GPT-2 files encoder.json and vocab.bpe "
-      "(https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/<file>) in a directory and "
-      "point config.data.gpt2_dir or the environment variable ACTLAB_GPT2_DIR at it (or put them in "
-      "<data dir>/gpt2); or use a ':smoke' config (synthetic data, byte tokenizer), which needs no "
-      "downloads.")
-
-
-def gpt2(gpt2_dir: str | os.PathLike | None = None, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
+def gpt2(gpt2_dir: str | os.PathLike | None = None,
+         threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
   """GPT-2: offline from ``gpt2_dir`` when given, else ``tiktoken.get_encoding('gpt2')``."""
   if gpt2_dir:
     return gpt2_offline(gpt2_dir, threads)
@@ -129,5 +122,9 @@ def gpt2(gpt2_dir: str | os.PathLike | None = None, threads: int = DEFAULT_THREA
   try:
     enc = tiktoken.get_encoding("gpt2")
   except Exception as e:  # no network, proxy, blocked host ...
-    raise _gpt2_unavailable(e) from e
+    raise DataError(
+        f"The GPT-2 tokenizer is not available: tiktoken could not fetch it ({short_cause(e)}).\n"
+        f"Fix: put {_GPT2_FILES_HELP} in a directory and point config.data.gpt2_dir or the "
+        "environment variable ACTLAB_GPT2_DIR at it (or put them in <data dir>/gpt2); or use a "
+        "':smoke' config (synthetic data, byte tokenizer), which needs no downloads.") from e
   return TiktokenTokenizer(enc, "gpt2", threads)

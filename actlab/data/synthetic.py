@@ -3,8 +3,9 @@
 A small story grammar in the style of TinyStories -- a named child (with consistent gendered
 pronouns), a trait, a place, a treasured object, and a small plot (setup -> problem -> event ->
 resolution -> feeling/moral), with quoted dialogue -- expanded from fixed numpy
-``default_rng`` seeds. It exists so that smoke runs work on any machine without downloads or
-data files. It is NOT TinyStories and is much more regular than real text.
+``default_rng`` seeds; its words and templates ship with the package
+(``synthetic_grammar.json``). It exists so that smoke runs work on any machine without
+downloads. It is NOT TinyStories and is much more regular than real text.
 
 Sizes: 6,000 ``"train"`` stories (about 3.3 MB) and 600 ``"validation"`` stories (about
 0.3 MB), each one paragraph of roughly 300-700 ASCII characters. Every story is distinct, and no
@@ -17,7 +18,9 @@ Generating both splits takes about 0.2 s on one core; results are cached (lru_ca
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
+from importlib import resources
 
 import numpy as np
 
@@ -33,379 +36,39 @@ _UNIFORMS_PER_STORY = 48  # fixed block per story, so each story consumes the sa
 _CHUNK = 512
 _MIN_CHARS, _MAX_CHARS = 300, 700  # the rare story outside this range is skipped
 
-# ----------------------------------------------------------------------------------- lexicon
 
-GIRL_NAMES = (
-    "Lily", "Mia", "Sara", "Emma", "Lucy", "Anna", "Zoe", "Ella", "Ruby", "Rosie", "Daisy",
-    "Molly", "Chloe", "Grace", "Hannah", "Amy", "Kate", "Nora", "Ivy", "Maya", "Lola", "Bella",
-    "Susie", "Jenny", "Poppy", "Clara", "Olive", "Hazel", "Tina", "Wendy",
-)
-BOY_NAMES = (
-    "Tom", "Ben", "Max", "Jack", "Leo", "Sam", "Tim", "Finn", "Jake", "Oscar", "Noah", "Theo",
-    "Billy", "Danny", "Eli", "Henry", "Luke", "Ollie", "Toby", "Milo", "Ryan", "Joe", "Peter",
-    "Harry", "Adam", "Owen", "Charlie", "Bobby", "Kevin", "Zack",
-)
+def _frozen(value):
+  """JSON lists as tuples, recursively: the grammar is constant."""
+  if isinstance(value, list):
+    return tuple(_frozen(v) for v in value)
+  if isinstance(value, dict):
+    return {k: _frozen(v) for k, v in value.items()}
+  return value
+
+
+# The lexicon and the templates, in synthetic_grammar.json. Places are (place, preposition for
+# "at the place"); objects (object, what you do with it: "it" is the object); helpers (first
+# mention, later reference, how the hero addresses them), {his} being the hero's pronoun; fears
+# (fear, what happens, how it turns out). Helpers are never referred to by a gendered pronoun, so
+# every he/she in a story is the hero. Templates are formatted with the story's slots (_story);
+# {He} etc. are capitalised. "setup_short" is a one-sentence setup that also introduces the
+# object, used instead of an "intro" and an "object" line. A plot is a tuple of stages, each a
+# tuple of variants ("" skips the stage); its last two stages (a feeling, a moral) are pooled, so
+# a story closes with one line from either. Plots whose "helpers" are "people" (broken, gift) take
+# a person helper; share's {friend} is a second child, never a pronoun.
+_GRAMMAR = _frozen(json.loads(
+    resources.files(__package__).joinpath("synthetic_grammar.json").read_text("utf-8")))
+
+GIRL_NAMES = _GRAMMAR["girl_names"]
+BOY_NAMES = _GRAMMAR["boy_names"]
 _PRONOUNS = {
     "girl": {"he": "she", "him": "her", "his": "her", "himself": "herself"},
     "boy": {"he": "he", "him": "him", "his": "his", "himself": "himself"},
 }
-
-_TRAITS = (
-    "kind", "curious", "brave", "shy", "happy", "clever", "silly", "gentle", "cheerful",
-    "playful", "friendly", "careful", "busy", "helpful", "quiet", "funny", "smart", "sweet",
-    "bold", "polite", "thoughtful", "eager", "loving", "lively",
-)
-# (place, preposition used for "at the place")
-_PLACES = (
-    ("park", "at"), ("garden", "in"), ("beach", "at"), ("forest", "in"), ("backyard", "in"),
-    ("farm", "on"), ("lake", "by"), ("meadow", "in"), ("playground", "at"), ("hill", "on"),
-    ("river", "by"), ("town square", "in"), ("zoo", "at"), ("pond", "by"), ("field", "in"),
-    ("orchard", "in"), ("schoolyard", "in"), ("woods", "in"), ("harbor", "at"), ("valley", "in"),
-)
-# (object, what you do with it; "it" is the object)
-_OBJECTS = (
-    ("ball", "kick it high"), ("kite", "fly it in the wind"), ("teddy bear", "hug it tight"),
-    ("toy car", "race it on the ground"), ("doll", "dress it up"), ("hat", "wear it all day"),
-    ("book", "read it before bed"), ("toy boat", "sail it in the water"),
-    ("drum", "bang on it loudly"), ("balloon", "hold it by its string"),
-    ("shovel", "dig with it in the dirt"), ("puzzle", "put it together"),
-    ("toy train", "roll it along the floor"), ("blanket", "wrap it around like a cape"),
-    ("crayon box", "draw pictures with it"), ("jump rope", "skip with it"),
-    ("toy robot", "make it walk and beep"), ("frisbee", "throw it far"),
-    ("bucket", "fill it with sand"), ("whistle", "blow it loudly"),
-    ("toy plane", "zoom it through the air"), ("scarf", "wear it when it was cold"),
-    ("music box", "listen to its song"), ("wagon", "pull it down the path"),
-    ("stuffed bunny", "carry it everywhere"), ("spinning top", "spin it on the table"),
-    ("marble bag", "roll the marbles out of it"), ("little flag", "wave it in the air"),
-    ("bike", "ride it up and down the street"), ("yo-yo", "make it go up and down"),
-)
-_OBJ_ADJS = (
-    "red", "blue", "shiny", "soft", "big", "yellow", "green", "purple", "old", "new",
-    "striped", "sparkly", "orange", "pink", "small", "bright", "spotted", "silver", "golden",
-    "fluffy", "tiny", "brown",
-)
-_TIMES = (
-    "sunny day", "rainy morning", "windy afternoon", "warm summer day", "cold winter morning",
-    "bright morning", "quiet evening", "cloudy day", "fine spring day", "chilly autumn day",
-    "lazy Sunday", "busy Saturday",
-)
-# (first mention, later reference, how the hero addresses them). {his} is the hero's pronoun.
-# Helpers are never referred to by a gendered pronoun, so every he/she in a story is the hero.
-_HELPERS_PEOPLE = (
-    ("{his} mom", "Mom", "Mom"), ("{his} dad", "Dad", "Dad"),
-    ("{his} grandma", "Grandma", "Grandma"), ("{his} grandpa", "Grandpa", "Grandpa"),
-    ("{his} aunt Jill", "Aunt Jill", "Aunt Jill"), ("{his} uncle Bob", "Uncle Bob", "Uncle Bob"),
-    ("{his} best friend {friend}", "{friend}", "{friend}"),
-    ("{his} neighbor, Mrs. Brown", "Mrs. Brown", "Mrs. Brown"),
-    ("{his} teacher, Mr. Green", "Mr. Green", "Mr. Green"),
-)
-_HELPERS_ANIMALS = (
-    ("a friendly dog", "the dog", "dog"), ("a wise old owl", "the owl", "owl"),
-    ("a little bird", "the bird", "little bird"), ("a kind squirrel", "the squirrel", "squirrel"),
-    ("a big brown bear", "the bear", "bear"), ("a smart little fox", "the fox", "fox"),
-)
-_HELPERS = _HELPERS_PEOPLE + _HELPERS_ANIMALS
-_SIGHTS = (
-    "a pretty butterfly", "a funny green frog", "a big red truck", "a bird's nest",
-    "some ducks on the water", "a line of busy ants", "a rainbow in the sky",
-    "a snail on a leaf", "a boat far away", "a cloud shaped like a cat",
-)
-_HIDE_NOUNS = ("bench", "bushes", "big tree", "slide", "flowers", "rocks", "swings", "fence")
-_HIDE_SPOTS = (
-    "under a pile of leaves", "in the tall grass", "next to a sleeping cat",
-    "behind a big rock", "inside an old box", "under a wooden bench", "in a muddy puddle",
-    "near the gate",
-)
-_STUCK_SPOTS = (
-    "in a tall tree", "on top of the roof", "on a high fence", "in a thorny bush",
-    "on a high shelf", "on a big rock in the water",
-)
-# (fear, what happens, how it turns out)
-_FEARS = (
-    ("big dogs", "a big dog came running toward {him}",
-     "The dog only wanted to play. It wagged its tail and licked {name}'s hand."),
-    ("thunder", "the sky turned gray and the thunder went boom",
-     "Soon the storm passed, and a rainbow came out over {the_place}."),
-    ("the dark", "the sun went down and everything got dark",
-     "Then {name} saw little lights dancing in the air. They were fireflies!"),
-    ("bees", "a buzzing bee flew close to {his} face",
-     "The bee just flew to a flower and did not sting anyone."),
-    ("deep water", "a big wave splashed near {his} feet",
-     "{name} held on tight and found that the water was only up to {his} knees."),
-    ("loud noises", "a loud bang came from the road",
-     "It was only a truck dropping a box. Nobody was hurt."),
-    ("spiders", "a spider crawled onto {his} {obj}",
-     "The spider was tiny. It crawled away to make its web in a bush."),
-)
-_FOUND = (
-    "a shiny stone", "a red leaf", "a white feather", "a yellow flower", "a smooth shell",
-    "a pine cone", "a blue ribbon", "a round button", "a purple flower", "a tiny acorn",
-)
-_CRAFTS = ("necklace", "picture", "card", "little crown", "bracelet", "collage")
-
-# ----------------------------------------------------------------------------------- grammar
-# Every template is formatted with the story's slots (see _slots). {He} etc. are capitalised.
-
-_INTRO = (
-    "Once upon a time, there was {a_trait} {kid} named {name}. {He} lived near {the_place} "
-    "with {his} family.",
-    "There once was a little {kid} called {name}. {name} was very {trait} and loved to play "
-    "{at_place}.",
-    "{name} was {a_trait} {kid} who lived in a small house by {the_place}.",
-    "Once upon a time, in a little town, there lived a {kid} named {name}. Everyone liked {him} "
-    "because {he} was so {trait}.",
-    "Once there was {a_trait} {kid}. {His} name was {name}, and {his} favorite place was "
-    "{the_place}.",
-    "{name} was a {age}-year-old {kid}. {He} was {trait} and full of fun.",
-)
-_OBJECT = (
-    "{name} had {a_obj_adj} {obj} that {he} loved very much.",
-    "{His} favorite toy was {a_obj_adj} {obj}. {He} liked to {use} every day.",
-    "{name} loved {his} {obj_adj} {obj} more than anything. {He} took it everywhere.",
-    "Every day, {name} would take out {his} {obj_adj} {obj} and {use}.",
-    "{name} had a special {obj}. It was {obj_adj}, and {he} liked to {use}.",
-)
-
-# A setup in one sentence that also introduces the object (used instead of _INTRO + _OBJECT).
-_SETUP_SHORT = (
-    "Once upon a time, there was {a_trait} {kid} named {name} who had {a_obj_adj} {obj}.",
-    "{name} was {a_trait} {kid} with {a_obj_adj} {obj} that {he} loved very much.",
-    "There was once {a_trait} little {kid} named {name} who loved {his} {obj_adj} {obj}.",
-    "Once upon a time, {a_trait} {kid} named {name} lived near {the_place} with {his} "
-    "{obj_adj} {obj}.",
-    "{name} was {a_trait} {kid}, and {his} best toy was {a_obj_adj} {obj}.",
-)
-# Plots: a tuple of stages, each a tuple of variants ("" skips the stage). The last two stages
-# (a feeling, a moral) are pooled: a story closes with one line from either.
-_LOST = (
-    (
-        "One {time}, {name} went {to_place} to play with {his} {obj}.",
-        "One {time}, {name} took {his} {obj} {to_place}.",
-        "One {time}, {name} and {his} {obj} had a picnic {at_place}.",
-    ),
-    (
-        "{He} played and played until the sun was low. When it was time to go home, the {obj} "
-        "was gone!",
-        "{He} put the {obj} down to look at {sight}. When {he} turned around, the {obj} was not "
-        "there.",
-        "{He} ran to see {sight}. When {he} came back, {his} {obj} was missing!",
-    ),
-    (
-        "\"Oh no!\" {name} cried. \"Where is my {obj}?\"",
-        "\"My {obj}! I lost my {obj}!\" said {name}, and {his} eyes filled with tears.",
-        "{name} felt very sad. \"I have to find it,\" {he} said.",
-        "",
-    ),
-    (
-        "Just then, {helper_intro} came by. \"What is wrong, {name}?\" asked {helper}.",
-        "{Helper_intro} saw {name} looking sad and came to help. \"Let's look together,\" said "
-        "{helper}.",
-        "{name} asked {helper_intro} for help. \"Don't worry,\" said {helper}. \"We will find "
-        "it.\"",
-    ),
-    (
-        "They looked under the {hide1} and behind the {hide2}. At last, {helper} found the "
-        "{obj} {hide_spot}!",
-        "They searched all over {the_place}. Then {name} saw something {obj_adj} {hide_spot}. "
-        "It was {his} {obj}!",
-        "They walked back to where {name} had played. There was the {obj}, {hide_spot}!",
-    ),
-    (
-        "{name} hugged {his} {obj} and smiled. \"Thank you, {helper_voc}!\" {he} said.",
-        "{name} was so happy. {He} said thank you to {helper} and held the {obj} tight.",
-        "\"You found it!\" {name} shouted with joy. {He} gave {helper} a big hug.",
-    ),
-    (
-        "From that day on, {name} always kept {his} {obj} close when {he} played {at_place}.",
-        "{name} learned that it is good to be careful with the things you love.",
-        "That night, {name} went to bed with the {obj} right next to {him}.",
-    ),
-)
-_STUCK = (
-    (
-        "One {time}, {name} was playing with {his} {obj} {at_place}.",
-        "One {time}, {name} took {his} {obj} {to_place} to play.",
-    ),
-    (
-        "Suddenly, a big gust of wind came. The {obj} flew up and got stuck {stuck_spot}.",
-        "{He} threw the {obj} too hard, and it landed {stuck_spot}.",
-        "A naughty monkey grabbed the {obj} and left it {stuck_spot}.",
-    ),
-    (
-        "\"Come down, {obj}!\" {name} called. But the {obj} did not move.",
-        "{name} jumped and jumped, but {he} could not reach it. \"It is too high,\" {he} said "
-        "sadly.",
-        "{name} tried to get it with a stick, but the stick was too short.",
-        "",
-    ),
-    (
-        "{Helper_intro} saw what happened. \"I can help!\" said {helper}.",
-        "{name} ran to get {helper_intro}. \"Please help me get my {obj},\" {he} said.",
-        "Just then, {helper_intro} came walking by. \"Why do you look so sad, {name}?\" asked "
-        "{helper}.",
-    ),
-    (
-        "{Helper} got a long stick and gently pushed the {obj} down.",
-        "{Helper} climbed up very carefully and brought the {obj} back.",
-        "{Helper} had an idea. {name} stood on a box, and together they reached the {obj}.",
-    ),
-    (
-        "The {obj} was safe again. {name} clapped {his} hands and laughed.",
-        "{name} held {his} {obj} and said, \"Thank you, {helper_voc}! You are the best.\"",
-        "{name} was very happy to have {his} {obj} back.",
-    ),
-    (
-        "{name} learned that when you have a problem, a good friend can help.",
-        "After that, {name} was more careful when {he} played with {his} {obj}.",
-        "From then on, {name} and {helper} played together {at_place} every week.",
-    ),
-)
-_BROKEN = (
-    (
-        "One {time}, {name} was playing with {his} {obj} {at_place}. {He} was having so much "
-        "fun.",
-        "One {time}, {name} wanted to show {his} {obj} to everyone {at_place}.",
-    ),
-    (
-        "But then {he} dropped it, and the {obj} broke into pieces!",
-        "{He} played too rough, and one part of the {obj} snapped off.",
-        "Then {he} tripped on a stone, and the {obj} fell and broke.",
-    ),
-    (
-        "{name} began to cry. \"My {obj} is broken!\" {he} said.",
-        "\"Oh no,\" said {name} in a small voice. \"Now I can't play with it.\"",
-        "{name} sat down and looked at the broken {obj}. {He} felt very sad.",
-        "",
-    ),
-    (
-        "{Helper_intro} heard {name} and came over. \"Don't be sad,\" said {helper}. \"We "
-        "can fix it together.\"",
-        "{name} showed the {obj} to {helper_intro}. \"Can you fix it?\" {he} asked.",
-        "{Helper_intro} saw the broken {obj}. \"Let me see,\" said {helper}. \"I think we can "
-        "make it work.\"",
-    ),
-    (
-        "They got some glue and some tape. Slowly and carefully, they put the {obj} back "
-        "together.",
-        "{Helper} worked on the {obj} for a long time, and soon it looked almost new.",
-        "{name} held the pieces while {helper} fixed them, one by one.",
-    ),
-    (
-        "{name} smiled a big smile. \"You fixed it!\" {he} said.",
-        "Soon {name} could {use} again. {He} was so glad.",
-        "\"Thank you, {helper_voc},\" said {name}, and {he} gave {helper} a hug.",
-    ),
-    (
-        "{name} learned that accidents happen, and that things can often be fixed with "
-        "patience.",
-        "From then on, {name} was gentle with {his} {obj}.",
-        "{name} learned that it is okay to ask for help when something goes wrong.",
-    ),
-)
-# SHARE always uses a child friend: {friend} is a second name, never a pronoun.
-_SHARE = (
-    (
-        "One {time}, {name} went {to_place} with {his} {obj}. There {he} met a {fkid} named "
-        "{friend}.",
-        "One {time}, {name} was playing with {his} {obj} {at_place} when {friend} came by.",
-    ),
-    (
-        "{friend} looked at the {obj}. \"Can I play with it too?\" But {name} said, \"No, it is "
-        "mine.\"",
-        "\"What a nice {obj}!\" said {friend}. \"Can I have a turn?\" But {name} held the {obj} "
-        "tight and said, \"No!\"",
-    ),
-    (
-        "{friend} walked away and sat alone on a bench. {name} watched and started to feel bad.",
-        "Soon {name} was playing all alone, and it was not much fun anymore.",
-        "{friend} looked sad. {name} felt a funny feeling in {his} tummy.",
-    ),
-    (
-        "{name} went to {friend} and said, \"I am sorry. Let's play with my {obj} together.\"",
-        "{name} thought for a while. Then {he} ran to {friend} and said, \"You can have a turn "
-        "with my {obj}.\"",
-    ),
-    (
-        "They took turns and laughed all afternoon. Playing together was more fun than playing "
-        "alone.",
-        "{friend} smiled a big smile. The two friends played with the {obj} until it was time "
-        "to go home.",
-    ),
-    (
-        "{name} learned that sharing makes everyone happy.",
-        "From that day on, {name} and {friend} were best friends.",
-        "{name} felt warm inside. Sharing the {obj} had made a new friend.",
-    ),
-)
-_FEAR = (
-    (
-        "{name} liked {the_place}, but {he} was afraid of {fear}.",
-        "{name} was brave about most things, but {he} was scared of {fear}.",
-    ),
-    (
-        "One {time}, {name} took {his} {obj} {to_place}.",
-        "One {time}, {name} went for a walk {to_place}, carrying {his} {obj}.",
-    ),
-    (
-        "Suddenly, {fear_event}. {name} was scared and held {his} {obj} tight.",
-        "All at once, {fear_event}. \"Help!\" cried {name}, and {he} covered {his} eyes.",
-    ),
-    (
-        "{Helper_intro} came and sat next to {name}. \"It is okay to be scared,\" said {helper}. "
-        "\"I am right here.\"",
-        "Just then, {helper_intro} came by. \"Don't be afraid, {name},\" said {helper}. \"Let's "
-        "look together.\"",
-    ),
-    ("{fear_fix}",),
-    (
-        "{name} was not scared anymore. {He} felt brave and proud.",
-        "{name} laughed and hugged {his} {obj}. \"That was not so scary after all,\" {he} said.",
-    ),
-    (
-        "{name} learned that being brave does not mean you are never scared.",
-        "After that day, {name} was not afraid of {fear} anymore.",
-        "{name} learned that it helps to have a friend nearby when you feel afraid.",
-    ),
-)
-# GIFT uses a person helper as the one who receives the gift.
-_GIFT = (
-    (
-        "One {time}, {name} wanted to make a special gift for {helper_intro}.",
-        "It was almost {helper}'s birthday, and {name} wanted to make a gift.",
-    ),
-    (
-        "{He} went {to_place} to look for pretty things. {He} found {found1}, {found2}, and "
-        "{found3}.",
-        "{name} searched all over {the_place}. Soon {he} had {found1}, {found2}, and {found3}.",
-    ),
-    (
-        "But when {he} got home, {he} saw that {found2} was a little broken. \"What if "
-        "{helper} does not like it?\" {he} asked {his} {obj}.",
-        "{name} was worried. \"What if my gift is not good enough?\" {he} whispered to {his} "
-        "{obj}.",
-    ),
-    (
-        "{He} put everything together with string and glue and made a {craft}.",
-        "{name} worked very hard and made a {craft} with all the things {he} had found.",
-    ),
-    (
-        "When {helper} saw the {craft}, {helper} smiled. \"This is the best gift ever!\" said "
-        "{helper}, and gave {name} a big hug.",
-        "{name} gave the {craft} to {helper}. \"I made it just for you,\" {he} said. \"I love "
-        "it!\" said {helper}.",
-    ),
-    (
-        "{name} learned that a gift made with love is the best kind of gift.",
-        "{name} felt proud and happy. Making someone smile felt wonderful.",
-        "That night, {name} told {his} {obj} all about the {craft}.",
-    ),
-)
-# (plot stages, helpers allowed)
-_PLOTS = (
-    (_LOST, _HELPERS), (_STUCK, _HELPERS), (_BROKEN, _HELPERS_PEOPLE),
-    (_SHARE, _HELPERS), (_FEAR, _HELPERS), (_GIFT, _HELPERS_PEOPLE),
-)
-
+_HELPERS_PEOPLE = _GRAMMAR["helpers_people"]
+_HELPERS = _HELPERS_PEOPLE + _GRAMMAR["helpers_animals"]
+_PLOTS = tuple((plot["stages"], _HELPERS_PEOPLE if plot["helpers"] == "people" else _HELPERS)
+               for plot in _GRAMMAR["plots"].values())
 
 # A friend's name is never the hero's: (friend's kind, hero's name) -> the other names.
 _FRIENDS = {
@@ -444,34 +107,35 @@ class _Picker:
 
 
 def _story(u: list[float]) -> str:
-  p = _Picker(u)
+  p, g = _Picker(u), _GRAMMAR
   kid = p.pick(("girl", "boy"))
   name = p.pick(GIRL_NAMES if kid == "girl" else BOY_NAMES)
   fkid = p.pick(("girl", "boy"))
   friend = p.pick(_FRIENDS[fkid, name])
   pron = _PRONOUNS[kid]
-  place, prep = p.pick(_PLACES)
-  obj, use = p.pick(_OBJECTS)
-  obj_adj = p.pick(_OBJ_ADJS)
-  trait = p.pick(_TRAITS)
+  place, prep = p.pick(g["places"])
+  obj, use = p.pick(g["objects"])
+  obj_adj = p.pick(g["object_adjectives"])
+  trait = p.pick(g["traits"])
   stages, helpers = p.pick(_PLOTS)
   h_intro, h_ref, h_voc = p.pick(helpers)
   h_intro = h_intro.format(his=pron["his"], friend=friend)
   h_ref = h_ref.format(friend=friend)
   h_voc = h_voc.format(friend=friend)
-  fear, fear_event, fear_fix = p.pick(_FEARS)
-  found1, found2, found3 = p.distinct(_FOUND, 3)
-  hide1, hide2 = p.distinct(_HIDE_NOUNS, 2)
+  fear, fear_event, fear_fix = p.pick(g["fears"])
+  found1, found2, found3 = p.distinct(g["found"], 3)
+  hide1, hide2 = p.distinct(g["hide_nouns"], 2)
   slots = {
       "name": name, "kid": kid, "fkid": fkid, "friend": friend, "trait": trait,
       "a_trait": _a(trait), "age": p.pick(("four", "five", "six", "seven")),
       "the_place": f"the {place}", "at_place": f"{prep} the {place}",
       "to_place": f"to the {place}", "obj": obj, "use": use, "obj_adj": obj_adj,
-      "a_obj_adj": _a(obj_adj), "time": p.pick(_TIMES), "helper_intro": h_intro,
+      "a_obj_adj": _a(obj_adj), "time": p.pick(g["times"]), "helper_intro": h_intro,
       "Helper_intro": _cap(h_intro), "helper": h_ref, "Helper": _cap(h_ref),
-      "helper_voc": h_voc, "sight": p.pick(_SIGHTS), "hide1": hide1, "hide2": hide2,
-      "hide_spot": p.pick(_HIDE_SPOTS), "stuck_spot": p.pick(_STUCK_SPOTS), "fear": fear,
-      "found1": found1, "found2": found2, "found3": found3, "craft": p.pick(_CRAFTS),
+      "helper_voc": h_voc, "sight": p.pick(g["sights"]), "hide1": hide1, "hide2": hide2,
+      "hide_spot": p.pick(g["hide_spots"]), "stuck_spot": p.pick(g["stuck_spots"]),
+      "fear": fear, "found1": found1, "found2": found2, "found3": found3,
+      "craft": p.pick(g["crafts"]),
   }
   for k, v in pron.items():
     slots[k] = v
@@ -479,9 +143,9 @@ def _story(u: list[float]) -> str:
   slots["fear_event"] = fear_event.format_map(slots)
   slots["fear_fix"] = fear_fix.format_map(slots)
   if p.index(2):
-    parts = [p.pick(_INTRO), p.pick(_OBJECT)]
+    parts = [p.pick(g["intro"]), p.pick(g["object"])]
   else:
-    parts = [p.pick(_SETUP_SHORT)]
+    parts = [p.pick(g["setup_short"])]
   parts += [p.pick(stage) for stage in stages[:-2]]
   parts.append(p.pick(stages[-2] + stages[-1]))  # one closing line: a feeling or a moral
   return " ".join(x for x in parts if x).format_map(slots)

@@ -2,8 +2,8 @@
 
 Builder ``tiny_stories`` with two configs:
 
-- ``v2``: the GPT-4-only stories, ``TinyStoriesV2-GPT4-train.txt`` / ``TinyStoriesV2-GPT4-valid.txt``
-  (about 2.2 GB / 22 MB);
+- ``v2``: the GPT-4-only stories, ``TinyStoriesV2-GPT4-train.txt`` /
+  ``TinyStoriesV2-GPT4-valid.txt`` (about 2.2 GB / 22 MB);
 - ``v1``: the original release, ``TinyStories-train.txt`` / ``TinyStories-valid.txt``;
 
 both from https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/<file>.
@@ -219,7 +219,8 @@ def builder(version: str, data_dir: str | os.PathLike) -> TinyStories:
   return TinyStories(config=version, data_dir=str(data_dir), file_format="array_record")
 
 
-def prepare(version: str, data_dir: str | os.PathLike, manual_dir: str | os.PathLike) -> TinyStories:
+def prepare(version: str, data_dir: str | os.PathLike,
+            manual_dir: str | os.PathLike) -> TinyStories:
   """The prepared builder, prepared first if needed or again if its manual files changed.
 
   Raises DataError for fixable problems.

@@ -1,13 +1,12 @@
 """Tokenizers behind one small interface.
 
-Specs accepted by :func:`get`:
+Specs (`tokenizer_store.get` builds, trains or loads a tokenizer by its spec):
 
 - ``"byte"``: UTF-8 bytes 0..255 plus an end-of-text id 256 (vocabulary 257).
 - ``"bpe:<size>"``: a byte-level BPE (Hugging Face ``tokenizers``) trained on the training
   split's texts, with ``<|endoftext|>`` as its only special token. Saved as JSON and reloaded.
 - ``"gpt2"``: OpenAI's GPT-2 encoding through ``tiktoken`` (50,257 ids, ``<|endoftext|>`` =
-  50256). Built offline from ``encoder.json`` + ``vocab.bpe`` when a directory holding them is
-  given, else fetched by ``tiktoken`` (network, or its own cache); see ``actlab.data.gpt2``.
+  50256), offline from its release files or fetched (``actlab.data.gpt2``).
 - ``"wordpiece:<size>"``: BERT's WordPiece (uncased: lower-cased, accents stripped; Hugging Face
   ``tokenizers``) trained on the training split's texts, for the encoder. Its special tokens are
   ``[PAD] [UNK] [CLS] [SEP] [MASK]`` at ids 0-4 in every vocabulary (``special_ids``), and
@@ -149,24 +148,26 @@ class HFBPETokenizer(Tokenizer):
 
   @classmethod
   def train(cls, texts: Iterable[str], vocab_size: int, name: str) -> "HFBPETokenizer":
+    """Trained on at most BPE_TRAIN_MAX_CHARS characters of `texts`."""
+    tok, trainer = cls._untrained(vocab_size)
+    tok.train_from_iterator(_cap_chars(texts, BPE_TRAIN_MAX_CHARS), trainer=trainer)
+    return cls(tok, name)
+
+  @staticmethod
+  def _untrained(vocab_size: int):
+    """The Hugging Face tokenizer before training, and its trainer."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TEXT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(_cap_chars(texts, BPE_TRAIN_MAX_CHARS), trainer=trainer)
-    return cls(tok, name)
+    return tok, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TEXT],
+                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                    show_progress=False)
 
   def files(self) -> dict[str, bytes]:
     return {"tokenizer.json": self._tok.to_str().encode("utf-8")}
-
-  def save(self, path: Path) -> None:
-    self.path = Path(path)
-    write_atomic(self.path, self.files()["tokenizer.json"])
 
   @classmethod
   def load(cls, path: Path, name: str) -> "HFBPETokenizer":
@@ -175,7 +176,8 @@ class HFBPETokenizer(Tokenizer):
     try:
       tok = HFTokenizer.from_file(str(path))
     except Exception as e:  # corrupt / truncated JSON
-      raise DataError(f"cannot read BPE tokenizer {path} ({e}); delete it and rerun to retrain.") from e
+      raise DataError(f"cannot read BPE tokenizer {path} ({e}); delete it and rerun to "
+                      "retrain.") from e
     return cls(tok, name, path)
 
 
@@ -202,8 +204,8 @@ class HFWordPieceTokenizer(HFBPETokenizer):
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
     return self.sep_id
 
-  @classmethod
-  def train(cls, texts: Iterable[str], vocab_size: int, name: str) -> "HFWordPieceTokenizer":
+  @staticmethod
+  def _untrained(vocab_size: int):
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -211,18 +213,8 @@ class HFWordPieceTokenizer(HFBPETokenizer):
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(
-      vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIALS), show_progress=False)
-    tok.train_from_iterator(_cap_chars(texts, BPE_TRAIN_MAX_CHARS), trainer=trainer)
-    return cls(tok, name)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-  """Writes `data` to `path` whole or not at all (temp file, rename)."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-  tmp.write_bytes(data)
-  os.replace(tmp, path)
+    return tok, trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIALS), show_progress=False)
 
 
 def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:
@@ -247,7 +239,8 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
   if m:
     kind, size = m.group(1), int(m.group(2))
     if kind == "bpe" and size < 257:
-      raise ValueError(f"tokenizer {spec!r}: BPE size must be at least 257 (256 bytes + <|endoftext|>)")
+      raise ValueError(f"tokenizer {spec!r}: BPE size must be at least 257 (256 bytes + "
+                       "<|endoftext|>)")
     if kind == "wordpiece" and size <= len(WORDPIECE_SPECIALS):
       raise ValueError(f"tokenizer {spec!r}: WordPiece size must exceed the 5 special tokens")
     return kind, size

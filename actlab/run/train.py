@@ -20,7 +20,7 @@ import numpy as np
 
 from actlab import data, models, tasks
 from actlab import config as config_lib
-from actlab.data import tokenizers
+from actlab.data import tokenizer_store
 from actlab.models import execution, hf_checkpoint
 from actlab.run import loop, parallel, steps
 from actlab.run import workdir as workdir_lib
@@ -166,8 +166,8 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
       if summaries[i] is not None:
         continue
       r.write_config(c)
-      if tokenizers.load(r.tokenizer) is None:
-        tokenizers.save(dataset.tokenizer, r.tokenizer)
+      if tokenizer_store.load(r.tokenizer) is None:
+        tokenizer_store.save(dataset.tokenizer, r.tokenizer)
       checkpoints = held.enter_context(Checkpoints(r.checkpoints, c.train.keep_checkpoints))
       restored = checkpoints.restore_latest(like)
       by_start.setdefault(restored[0] if restored else 0, []).append((i, checkpoints, restored))

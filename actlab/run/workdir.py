@@ -7,8 +7,8 @@
       metrics.jsonl    one row per log step, rebuilt from the checkpoint on resume (metrics_log.py)
       summary.json     written when the run ends: a readable one means "done"
       checkpoints/     Orbax; each step also holds its metrics rows and checksums (checkpoint.py)
-      tokenizer/       the run's tokenizer, saved at the start (data/tokenizers.py): sampling and
-                       export need nothing but the run directory
+      tokenizer/       the run's tokenizer, saved at the start (data/tokenizer_store.py): sampling
+                       and export need nothing but the run directory
 
 Small files are written whole or not at all (`write_json`: temp file, fsync, rename), so a crash
 or a full disk never leaves a half-written config or summary behind.
@@ -72,7 +72,7 @@ class RunDir:
 
   @property
   def tokenizer(self) -> pathlib.Path:
-    """The run's tokenizer (`data.tokenizers.save`; the module docstring says why)."""
+    """The run's tokenizer (`data.tokenizer_store.save`; the module docstring says why)."""
     return self.logdir / "tokenizer"
 
   def lock(self) -> "Lock":

@@ -1,7 +1,8 @@
 """A tokenizer by its spec (`get`: built, trained or loaded), and the one saved with a run
 (`<workdir>/tokenizer/`): its defining files and a manifest with their SHA-256, so that sampling
 and export need nothing but the run directory, and a changed file is refused instead of silently
-giving other ids."""
+giving other ids. Apart from tokenizer.py, the interface, because GPT-2's tokenizer (gpt2.py)
+builds on that interface and this module builds GPT-2's."""
 
 from __future__ import annotations
 
@@ -13,10 +14,18 @@ from pathlib import Path
 
 from actlab.data import gpt2
 from actlab.data.tokenizer import (DEFAULT_THREADS, ByteTokenizer, HFBPETokenizer,
-                                   HFWordPieceTokenizer, Tokenizer, parse_spec, write_atomic)
+                                   HFWordPieceTokenizer, Tokenizer, parse_spec)
 from actlab.errors import DataError
 
 MANIFEST = "actlab_tokenizer.json"  # in a saved tokenizer's directory: its name and checksums
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+  """Writes `data` to `path` whole or not at all (temp file, rename)."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+  tmp.write_bytes(data)
+  os.replace(tmp, path)
 
 
 def save(tok: Tokenizer, directory: Path) -> None:
@@ -81,5 +90,5 @@ def get(spec: str, *, directory: str | os.PathLike,
   if train_texts is None:
     raise ValueError(f"{spec}: no saved tokenizer at {path} and no train_texts to train one")
   tok = cls.train(train_texts(), size, name)
-  tok.save(path)
+  write_atomic(path, tok.files()["tokenizer.json"])
   return tok
