@@ -14,10 +14,13 @@ batch 32 × 128 tokens. `xent_sum` computes the same sum in chunks of positions 
 With a z-loss coefficient (`optim.z_loss`), the sum gains z_loss · logZ² per position (logZ the
 log-sum-exp it computes anyway) and the softmax gradient the factor (1 + 2·z_loss·logZ); on
 request it also sums logZ itself (the output-logit scale a log step records). Both stay scalars
-per chunk: still nothing of size B·L·V.
+per chunk.
 
-So the head costs its three matmuls and nothing of size B·L·V ever reaches memory. Chunks run
-along the sequence axis, so a batch sharded over devices (data parallelism) stays sharded.
+So the head costs its three matmuls, and its largest intermediates are one chunk's [B, Lc, V]
+(logits, exp, gradient, one-hot): within the chunk budget where one position fits it and, as
+there are at least two chunks whenever L > 1 (`chunk_length`), never B·L·V elements
+(tests/test_kernels.py). Chunks run along the sequence axis, so a batch sharded over devices
+(data parallelism) stays sharded.
 Arithmetic is the plain path's: logits and softmax statistics in float32 (also when h is
 bfloat16), matmul operands in h's dtype; results agree with it to float32 rounding
 (tests/test_bench.py). Forward-over-reverse (the sharpness HVP) and vmap work through it.
@@ -34,8 +37,9 @@ import numpy as np
 # Logit elements per chunk. Each chunk adds its V×D weight gradient into the running sum (a pass
 # over V·D floats), so chunks must hold enough tokens to amortise that and to keep the matmuls
 # efficient; on a 2-core CPU 32M elements (128 MB of float32 logits: 512 tokens at V = 50,304)
-# measured best, 4M (64 tokens) cost ~12% more time per step. Accelerators get bigger chunks
-# (more parallel work per matmul); `chunk_elements` picks by platform.
+# measured best, 4M (64 tokens) cost ~12% more time per step. The accelerator budget (1 GB of
+# float32 logits) is not measured: a bound on memory, not a tuned speed; `chunk_elements` picks
+# by platform.
 CPU_CHUNK_ELEMENTS = 1 << 25
 ACCELERATOR_CHUNK_ELEMENTS = 1 << 28
 
@@ -45,10 +49,11 @@ def chunk_elements() -> int:
 
 
 def chunk_length(batch: int, length: int, vocab: int, budget: int | None = None) -> int:
-  """The largest divisor Lc of `length` with batch·Lc·vocab ≤ budget (at least 1)."""
+  """The largest divisor Lc < `length` with batch·Lc·vocab ≤ budget (at least 1): at least two
+  chunks whenever `length` > 1, so that no chunk holds all B·L·V logits."""
   budget = budget or chunk_elements()
   best = 1
-  for lc in range(1, length + 1):
+  for lc in range(1, length):
     if length % lc == 0 and batch * lc * vocab <= budget:
       best = lc
   return best
