@@ -10,7 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from actlab.measure import evaluators, histogram
+from actlab import models, tasks
+from actlab.measure import evaluators, histogram, metrics
 from actlab.models import execution, hf, transformer
 from actlab.run import steps
 from conftest import tiny, tiny_encoder
@@ -53,7 +54,7 @@ def references():
 def test_scan_and_remat_compute_the_same_function(references, remat, kind):
   """Each remat policy, then scan over layers too, computes the reference's loss and gradients.
   The policies and the scan are the decoder's and the encoder's shared code
-  (execution.transformed_stack): every policy on the decoder; the encoder (no causal mask, a
+  (transformer.stack): every policy on the decoder; the encoder (no causal mask, a
   padding mask through remat and scan, BERT's names) under one."""
   c = config_of(kind)
   params, batch, ref = references(kind)
@@ -164,24 +165,55 @@ def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tiny_config):
 def test_attention_auto_picks_cudnn_only_where_it_applies(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   assert execution.attention_impl("auto", jnp.bfloat16, 64) == "xla"
-  assert execution.attention_impl("cudnn", jnp.float32, 64) == "cudnn"  # explicit wins
+  assert execution.why_not_cudnn(jnp.bfloat16, 64) == "cuDNN needs a GPU (the backend is cpu)"
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert execution.attention_impl("auto", jnp.bfloat16, 64) == "cudnn"
   assert execution.attention_impl("auto", jnp.float16, 128) == "cudnn"
+  assert execution.attention_impl("auto", jnp.bfloat16, 64, (128, 128)) == "cudnn"
   assert execution.attention_impl("auto", jnp.float32, 64) == "xla"
   assert execution.attention_impl("auto", jnp.bfloat16, 256) == "xla"
   assert execution.attention_impl("auto", jnp.bfloat16, 60) == "xla"
+  assert execution.attention_impl("auto", jnp.bfloat16, 64, (1, 128)) == "xla"  # a decode step
 
 
-def test_attention_auto_falls_back_to_xla_when_cudnn_refuses(monkeypatch):
-  """cuDNN refuses float32 (and any call where there is no cuDNN) at trace time: a forced
-  "cudnn" choice fails, and "auto" must then use XLA, on a CPU and a GPU alike."""
-  r = np.random.default_rng(4)
-  q, k, v = (jnp.asarray(r.normal(size=(2, 2, 8, 16)), jnp.float32) for _ in range(3))
-  attend = functools.partial(execution.attend, transformer.xla_attention, q, k, v, None,
-                             causal=True)
-  ref = attend(impl="xla")
-  monkeypatch.setattr(execution, "attention_impl", lambda *a: "cudnn")
-  with pytest.raises(Exception):
-    attend(impl="cudnn")
-  assert jnp.array_equal(attend(impl="auto"), ref)
+def test_attention_impl_is_decided_up_front_and_says_why(monkeypatch):
+  """An explicit "cudnn" that cannot run is an error naming the cause, before any trace: on a
+  CPU, through the model too. "auto" falling back to XLA on a GPU says why, once per cause."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  with pytest.raises(ValueError, match="'cudnn' cannot run: cuDNN needs a GPU"):
+    execution.attention_impl("cudnn", jnp.bfloat16, 64)
+  c = tiny(**{"model.attention_impl": "cudnn", "model.dtype": "bfloat16"})
+  with pytest.raises(ValueError, match="cuDNN needs a GPU"):
+    jax.eval_shape(steps.Steps.create(c, 257).init, 0)
+  said = []
+  monkeypatch.setattr(execution.logging, "warning", said.append)
+  execution._warn_once.cache_clear()
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  with pytest.raises(ValueError, match="cuDNN needs bfloat16 or float16"):
+    execution.attention_impl("cudnn", jnp.float32, 64)
+  for _ in range(2):
+    assert execution.attention_impl("auto", jnp.float32, 48) == "xla"
+  assert said == ["model.attention_impl='auto' runs XLA attention: cuDNN needs bfloat16 or "
+                  "float16 (the compute dtype is float32)"]
+
+
+def test_cudnn_attention_sows_the_logit_max_only_in_evaluation(monkeypatch):
+  """cuDNN flash attention never forms the logits: under it the training forward sows no
+  `AttentionStats` (its log row has no `train_attn_logit_max`) and evaluation sows the XLA
+  formulation's. (On a CPU, XLA attention stands in for cuDNN's.)"""
+  c = tiny()
+  model = tasks.get(c).model(c, 257)
+  tokens = jnp.asarray(np.random.default_rng(5).integers(0, 257, (2, 16)), jnp.int32)
+  params = model.init(jax.random.PRNGKey(0), tokens)["params"]
+  logit_maxes = lambda sown: [float(s.logit_max)
+                              for s in metrics.per_layer(sown, models.AttentionStats)]
+  xla = logit_maxes(models.apply(model, params, tokens, stats=True)[1])
+  monkeypatch.setattr(transformer, "attention_impl", lambda *args: "cudnn")
+  monkeypatch.setattr(transformer, "cudnn_attention",
+                      lambda *args, causal: transformer.xla_attention(*args, causal=causal)[0])
+  assert logit_maxes(models.apply(model, params, tokens, stats=True)[1]) == xla
+  assert len(xla) == c.model.num_layers
+  _, sown = models.apply(model, params, tokens, train=True, rngs={"dropout": jax.random.PRNGKey(1)},
+                         stats=True)
+  assert logit_maxes(sown) == [] and metrics.per_layer(sown, models.FFNStats)
+  assert set(metrics.stability({"sown": sown, "logz_sum": 3.0, "count": 2})) == {"train_logz_mean"}

@@ -1,6 +1,7 @@
 """The models (built by the tasks: actlab/tasks/): the decoder read top-down in transformer.py,
-what it is in spec.py, how it runs in execution.py, the BERT encoder in encoder.py and its
-parameter names in hf.py; parameter counting here."""
+what it is in spec.py, how it runs in execution.py, what losses take from output logits in
+kernels.py, the BERT encoder in encoder.py and its parameter names in hf.py; parameter counting
+here."""
 
 import jax
 import numpy as np
@@ -8,13 +9,13 @@ import numpy as np
 from actlab.models import activations, hf
 from actlab.models.encoder import Encoder
 from actlab.models.execution import Execution
+from actlab.models.kernels import logit_sums, with_logit_sums
 from actlab.models.spec import Spec, ffn_width, pad_vocab
-from actlab.models.transformer import (AttentionStats, Decoder, FFNStats, apply, logit_sums,
-                                       next_token_loss, with_logit_sums)
+from actlab.models.transformer import AttentionStats, Decoder, FFNStats, apply
 
 __all__ = ["AttentionStats", "Decoder", "Encoder", "Execution", "FFNStats", "Spec", "apply",
-           "count_params", "ffn_width", "hf", "logit_sums", "next_token_loss", "pad_vocab",
-           "param_count", "with_logit_sums"]
+           "count_params", "ffn_width", "hf", "logit_sums", "pad_vocab", "param_count",
+           "with_logit_sums"]
 
 
 def count_params(params) -> dict[str, int]:

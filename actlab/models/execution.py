@@ -1,15 +1,17 @@
 """How the model runs, not what it computes: `Execution` (compute dtype, attention implementation,
-scan over layers, rematerialisation) and the implementations it chooses. Every choice computes the
-same function up to rounding (tests/test_model_execution.py); a reader of the architecture
-(transformer.py) can skip this file.
+scan over layers, rematerialisation), the choice of attention with the cuDNN call, and the
+parameter layouts of scanned and per-layer blocks. Every choice computes the same function up to
+rounding (tests/test_model_execution.py); a reader of the architecture (transformer.py) can skip
+this file.
 """
 
 import dataclasses
+import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+from absl import logging
 
 
 def config_fields(cls, model: ml_collections.ConfigDict) -> dict:
@@ -24,7 +26,7 @@ class Execution:
   (`model.loss_impl`) is its task's choice: tasks/causal_lm.py."""
   dtype: str = "float32"        # compute dtype; parameters stay float32
   attention_impl: str = "xla"   # "xla", "cudnn" or "auto" (`attention_impl`)
-  scan_layers: bool = False     # one nn.scan over the blocks (`transformed_stack`)
+  scan_layers: bool = False     # one nn.scan over the blocks (transformer.stack)
   remat: str = "none"           # recompute in the backward pass: "none", "full", "dots"
 
   @classmethod
@@ -35,74 +37,64 @@ class Execution:
   def compute_dtype(self) -> jnp.dtype:
     return jnp.dtype(self.dtype)
 
+  @property
+  def remat_policy(self):
+    """What `nn.remat` keeps of a block for the backward pass ("full": only its input)."""
+    return {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[
+        self.remat]
+
 
 # --- Attention ----------------------------------------------------------------------------------
 
 
-def attention_impl(requested: str, dtype, head_dim: int) -> str:
-  """"auto" takes cuDNN flash attention on an NVIDIA GPU where it applies (bfloat16/float16,
-  head dim a multiple of 8 up to 128) and XLA's otherwise (float32, CPU, TPU)."""
-  if requested != "auto":
-    return requested
-  ok = (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-        and head_dim % 8 == 0 and head_dim <= 128)
-  return "cudnn" if ok else "xla"
+def why_not_cudnn(dtype, head_dim: int, masked_lengths: tuple[int, int] | None = None):
+  """Why cuDNN flash attention (`jax.nn.dot_product_attention`, implementation "cudnn") cannot
+  run attention of this compute dtype and head dim, with a boolean mask over (L queries, T keys)
+  when `masked_lengths` is given (cuDNN adds it as a bias, which its training kernels take over
+  even lengths only); None where it can. Not checked: the GPU's model and cuDNN version."""
+  if jax.default_backend() != "gpu":
+    return f"cuDNN needs a GPU (the backend is {jax.default_backend()})"
+  if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+    return f"cuDNN needs bfloat16 or float16 (the compute dtype is {jnp.dtype(dtype)})"
+  if head_dim % 8 or head_dim > 128:
+    return f"cuDNN needs a head dim that is a multiple of 8 up to 128 (it is {head_dim})"
+  if masked_lengths and any(n % 2 for n in masked_lengths):
+    return f"cuDNN takes a mask only over even lengths (queries, keys: {masked_lengths})"
+  return None
 
 
-def attend(xla, q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool, impl: str):
-  """Attention by `impl`: "xla" is `xla(q, k, v, mask, causal=causal)` (the formulation written
-  out in transformer.py); "cudnn" is `jax.nn.dot_product_attention`'s cuDNN flash attention
-  (sequence-major inputs); "auto" falls back to XLA when cuDNN refuses the call (it checks
-  shapes, masks and the GPU at trace time)."""
-  if attention_impl(impl, q_BHLK.dtype, q_BHLK.shape[-1]) == "xla":
-    return xla(q_BHLK, k_BHTK, v_BHTK, mask, causal=causal)
+def attention_impl(requested: str, dtype, head_dim: int,
+                   masked_lengths: tuple[int, int] | None = None) -> str:
+  """The attention that runs, decided before tracing it: "xla" as requested; "cudnn" as
+  requested, or a ValueError naming why it cannot run (`why_not_cudnn`); "auto" is cuDNN where
+  it can run and XLA otherwise, which on a GPU it says once per cause."""
+  if requested == "xla":
+    return "xla"
+  reason = why_not_cudnn(dtype, head_dim, masked_lengths)
+  if reason is None:
+    return "cudnn"
+  if requested == "cudnn":
+    raise ValueError(f"model.attention_impl='cudnn' cannot run: {reason}")
+  if jax.default_backend() == "gpu":
+    _warn_once(f"model.attention_impl='auto' runs XLA attention: {reason}")
+  return "xla"
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+  logging.warning(message)
+
+
+def cudnn_attention(q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool):
+  """`jax.nn.dot_product_attention`'s cuDNN flash attention (which takes sequence-major
+  operands) of heads-major ones."""
   to_BLHK = lambda x: x.transpose(0, 2, 1, 3)
-  cudnn = lambda: to_BLHK(jax.nn.dot_product_attention(
+  return to_BLHK(jax.nn.dot_product_attention(
       to_BLHK(q_BHLK), to_BLHK(k_BHTK), to_BLHK(v_BHTK), mask=mask, is_causal=causal,
       implementation="cudnn"))
-  if impl == "auto":
-    try:
-      return cudnn()
-    except Exception:  # noqa: BLE001 -- any refusal means: not this shape/GPU; use XLA.
-      return xla(q_BHLK, k_BHTK, v_BHTK, mask, causal=causal)
-  return cudnn()
 
 
-# --- The stack under scan and remat -------------------------------------------------------------
-
-
-REMAT_POLICIES = {
-    "full": None,  # keep only each block's input; recompute everything else
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
-}
-
-
-def transformed_stack(block_call, spec, ex: Execution, x_BLD, mask_BL=None, *, causal: bool,
-                      train: bool = False, decode: bool = False):
-  """The blocks under `ex.remat` (`nn.remat` around each: "full" keeps only the block's input for
-  the backward pass, "dots" also its matmul outputs) and/or `ex.scan_layers` (one `nn.scan` over
-  a single traced block: parameters, sown statistics and the decoding cache under `blocks` with a
-  leading layer axis; compile time no longer grows with depth; the same function, but another
-  random initialisation for a given seed, as per-layer keys are split differently).
-
-  `block_call` is a block class called as `(x, mask)`, with `train`, `decode` and `scanned` as
-  attributes (transformer.BlockCall): `nn.scan` and `nn.remat` trace their arguments, and those
-  flags must stay Python values."""
-  cls = block_call
-  if ex.remat != "none":
-    cls = nn.remat(cls, policy=REMAT_POLICIES[ex.remat], prevent_cse=not ex.scan_layers)
-  if not ex.scan_layers:
-    for i in range(spec.num_layers):
-      block = cls(spec, causal=causal, execution=ex, layer=i, train=train, decode=decode,
-                  name=f"block_{i}")
-      x_BLD = block(x_BLD, mask_BL)
-    return x_BLD
-  scanned = nn.scan(cls, variable_axes={"params": 0, "stats": 0, "cache": 0},
-                    split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast,),
-                    length=spec.num_layers)
-  block = scanned(spec, causal=causal, execution=ex, train=train, decode=decode, scanned=True,
-                  name="blocks")
-  return block(x_BLD, mask_BL)[0]
+# --- The layouts of scanned and per-layer parameters --------------------------------------------
 
 
 def scanned_layout(params) -> dict:

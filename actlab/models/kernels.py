@@ -1,4 +1,6 @@
-"""Fused, chunked LM-head cross-entropy: the loss of `softmax(h·Eᵀ)` without the [tokens, V] logits.
+"""What a loss takes from output logits: the logZ sums every loss adds (`logz_sums`: z-loss, logZ;
+`logit_sums` from logits in memory) and the fused, chunked LM-head cross-entropy `xent_sum`, the
+loss of `softmax(h·Eᵀ)` without the [B, L, V] logits.
 
 For the reference decoder (GPT-2 vocabulary, 50,304 padded) the tied LM head is three quarters of
 the model's FLOPs, and the plain path — logits = h·Eᵀ, then `softmax_cross_entropy` and its
@@ -14,13 +16,16 @@ batch 32 × 128 tokens. `xent_sum` computes the same sum in chunks of positions 
 With a z-loss coefficient (`optim.z_loss`), the sum gains z_loss · logZ² per position (logZ the
 log-sum-exp it computes anyway) and the softmax gradient the factor (1 + 2·z_loss·logZ); on
 request it also sums logZ itself (the output-logit scale a log step records). Both stay scalars
-per chunk: still nothing of size B·L·V.
+per chunk.
 
-So the head costs its three matmuls and nothing of size B·L·V ever reaches memory. Chunks run
-along the sequence axis, so a batch sharded over devices (data parallelism) stays sharded.
-Arithmetic is the plain path's: logits and softmax statistics in float32 (also when h is
-bfloat16), matmul operands in h's dtype; results agree with it to float32 rounding
-(tests/test_bench.py). Forward-over-reverse (the sharpness HVP) and vmap work through it.
+So the head costs its three matmuls, and its largest intermediates are one chunk's [B, Lc, V]
+(logits, exp, gradient, one-hot): within the chunk budget where one position fits it and, as
+there are at least two chunks whenever L > 1 (`chunk_length`), never B·L·V elements
+(tests/test_kernels.py). Chunks run along the
+sequence axis, so a batch sharded over devices (data parallelism) stays sharded. Arithmetic is
+the plain path's: logits and softmax statistics in float32 (also when h is bfloat16), matmul
+operands in h's dtype; results agree with it to float32 rounding (tests/test_bench.py).
+Forward-over-reverse (the sharpness HVP) and vmap work through it.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ import numpy as np
 # Logit elements per chunk. Each chunk adds its V×D weight gradient into the running sum (a pass
 # over V·D floats), so chunks must hold enough tokens to amortise that and to keep the matmuls
 # efficient; on a 2-core CPU 32M elements (128 MB of float32 logits: 512 tokens at V = 50,304)
-# measured best, 4M (64 tokens) cost ~12% more time per step. Accelerators get bigger chunks
-# (more parallel work per matmul); `chunk_elements` picks by platform.
+# measured best, 4M (64 tokens) cost ~12% more time per step. The accelerator budget (1 GB of
+# float32 logits) is not measured: a bound on memory, not a tuned speed; `chunk_elements` picks
+# by platform.
 CPU_CHUNK_ELEMENTS = 1 << 25
 ACCELERATOR_CHUNK_ELEMENTS = 1 << 28
 
@@ -45,13 +51,47 @@ def chunk_elements() -> int:
 
 
 def chunk_length(batch: int, length: int, vocab: int, budget: int | None = None) -> int:
-  """The largest divisor Lc of `length` with batch·Lc·vocab ≤ budget (at least 1)."""
+  """The largest divisor Lc < `length` with batch·Lc·vocab ≤ budget (at least 1): at least two
+  chunks whenever `length` > 1, so that no chunk holds all B·L·V logits."""
   budget = budget or chunk_elements()
   best = 1
-  for lc in range(1, length + 1):
+  for lc in range(1, length):
     if length % lc == 0 and batch * lc * vocab <= budget:
       best = lc
   return best
+
+
+def logz_sums(logz_N, weights_N, *, z_loss: float = 0.0, logz: bool = False) -> dict:
+  """What a loss adds from its output logits' logZ = logsumexp (nats), summed over positions
+  with weights w: `z_loss_sum` = z_loss · Σ w·logZ² (PaLM's z-loss, when `z_loss` > 0) and,
+  with `logz`, `logz_sum` = Σ w·logZ (the output-logit scale a log step records). The one
+  formula of the plain losses (`logit_sums`) and the fused one (`xent_sum`)."""
+  out = {}
+  if z_loss:
+    out["z_loss_sum"] = z_loss * jnp.sum(weights_N * jnp.square(logz_N))
+  if logz:
+    out["logz_sum"] = jnp.sum(weights_N * logz_N)
+  return out
+
+
+def logit_sums(logits_NV, weights_N=None, *, z_loss: float = 0.0, logz: bool = False) -> dict:
+  """`logz_sums` of logits in memory (weights default 1; `logz_sum` not differentiated);
+  `logits_NV` and `weights_N` share their leading axes."""
+  if not (z_loss or logz):
+    return {}
+  logz_N = jax.nn.logsumexp(logits_NV, axis=-1)
+  weights_N = jnp.ones(logz_N.shape) if weights_N is None else weights_N
+  sums = logz_sums(logz_N, weights_N, z_loss=z_loss, logz=logz)
+  return {k: jax.lax.stop_gradient(v) if k == "logz_sum" else v for k, v in sums.items()}
+
+
+def with_logit_sums(out: dict, sums: dict, sown=None) -> dict:
+  """A loss's `out` with the `logz_sums` (the z-loss term added to `loss_sum`) and what the
+  model sowed (`sown`, if any)."""
+  if "z_loss_sum" in sums:
+    out = {**out, "loss_sum": out["loss_sum"] + sums["z_loss_sum"]}
+  out = {**out, **sums}
+  return out if sown is None else {**out, "sown": sown}
 
 
 def xent_sum(h_BLD, embedding_VD, targets_BL, weights_BL=None, *, chunk: int | None = None,
@@ -100,12 +140,8 @@ def _chunk_stats(h, E, t, w, z_loss, logz):
   s = p.sum(-1, keepdims=True)
   target = jnp.take_along_axis(logits, t[..., None], axis=-1)
   logz_BL1 = jnp.log(s) + m
-  sums = {"loss_sum": (w * (logz_BL1 - target)[..., 0]).sum()}
-  if z_loss:
-    sums["z_loss_sum"] = z_loss * (w * jnp.square(logz_BL1[..., 0])).sum()
-    sums["loss_sum"] = sums["loss_sum"] + sums["z_loss_sum"]
-  if logz:
-    sums["logz_sum"] = (w * logz_BL1[..., 0]).sum()
+  sums = with_logit_sums({"loss_sum": (w * (logz_BL1 - target)[..., 0]).sum()},
+                         logz_sums(logz_BL1[..., 0], w, z_loss=z_loss, logz=logz))
   return p, s, logz_BL1, sums
 
 

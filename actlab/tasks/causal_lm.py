@@ -1,5 +1,5 @@
 """Causal language modelling with the decoder: next-token cross-entropy over windows of L+1
-tokens (`models.next_token_loss`, beside the model), or its fused variant (`fused_loss`)."""
+tokens, from the logits or fused with the head (`model.loss_impl`: `Decoder.next_token_sums`)."""
 
 import functools
 import math
@@ -7,7 +7,6 @@ import math
 import numpy as np
 
 from actlab import data, models
-from actlab.models import kernels
 from actlab.models.hf_checkpoint import Architecture
 
 CAUSAL = True
@@ -19,23 +18,24 @@ def model(config, vocab_size: int):
   return models.Decoder(models.Spec.from_config(m, vocab_size), models.Execution.from_config(m))
 
 
-def fused_loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
-               z_loss: float = 0.0) -> dict:
-  """`models.next_token_loss` without the [B, L, V] logits in memory: the tied head and the
-  cross-entropy (and z-loss, logZ) in chunks of positions (actlab.models.kernels; equal in
+def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *, fused: bool = False,
+         z_loss: float = 0.0) -> dict:
+  """Next-token cross-entropy (nats), summed over every position of windows of L+1 tokens: the
+  model reads tokens 0…L−1 and predicts 1…L. In training `loss_sum` adds the z-loss
+  (`z_loss_sum` its part); with `stats`, the output also has what the blocks sowed and
+  `logz_sum`. `fused`: without the [B, L, V] logits in memory (actlab.models.kernels; equal in
   tests/test_kernels.py)."""
   inputs_BL, targets_BL = batch_BL1[:, :-1], batch_BL1[:, 1:]
-  h_BLD, sown = models.apply(model, params, inputs_BL, train=train, rngs={"dropout": rng},
-                             stats=stats, method="hidden")
-  sums = kernels.xent_sum(h_BLD, params["wte"]["embedding"], targets_BL,
-                          z_loss=z_loss if train else 0.0, logz=stats)
+  sums, sown = models.apply(model, params, inputs_BL, targets_BL, train=train, fused=fused,
+                            z_loss=z_loss if train else 0.0, logz=stats, rngs={"dropout": rng},
+                            stats=stats, method="next_token_sums")
   out = {**sums, "count": targets_BL.size}
   return out if sown is None else {**out, "sown": sown}
 
 
 def objective(config, vocab_size: int):
-  loss = fused_loss if config.model.loss_impl == "fused" else models.next_token_loss
-  return functools.partial(loss, z_loss=config.optim.z_loss)
+  return functools.partial(loss, fused=config.model.loss_impl == "fused",
+                           z_loss=config.optim.z_loss)
 
 
 def dataset(config):
