@@ -19,10 +19,9 @@ request it also sums logZ itself (the output-logit scale a log step records). Bo
 per chunk.
 
 So the head costs its three matmuls, and its largest intermediates are one chunk's [B, Lc, V]
-(logits, exp, gradient, one-hot): within the chunk budget where one position fits it and, as
-there are at least two chunks whenever L > 1 (`chunk_length`), never B·L·V elements
-(tests/test_kernels.py). Chunks run along the
-sequence axis, so a batch sharded over devices (data parallelism) stays sharded. Arithmetic is
+(logits, exp, gradient, one-hot), within the platform's chunk budget (`chunk_length`;
+tests/test_kernels.py): B·L·V elements only where all of them fit the budget, as one chunk. Chunks
+run along the sequence axis, so a batch sharded over devices (data parallelism) stays sharded. Arithmetic is
 the plain path's: logits and softmax statistics in float32 (also when h is bfloat16), matmul
 operands in h's dtype; results agree with it to float32 rounding (tests/test_bench.py).
 Forward-over-reverse (the sharpness HVP) and vmap work through it.
@@ -39,11 +38,11 @@ import numpy as np
 # Logit elements per chunk. Each chunk adds its V×D weight gradient into the running sum (a pass
 # over V·D floats), so chunks must hold enough tokens to amortise that and to keep the matmuls
 # efficient; on a 2-core CPU 32M elements (128 MB of float32 logits: 512 tokens at V = 50,304)
-# measured best, 4M (64 tokens) cost ~12% more time per step. The accelerator budget (1 GB of
-# float32 logits) is not measured: a bound on memory, not a tuned speed; `chunk_elements` picks
-# by platform.
+# measured best, 4M (64 tokens) cost ~12% more time per step. The accelerator budget (256 MB of
+# float32 logits per array: the reference batch of 32 × 128 tokens at V = 50,304 in four chunks)
+# is not measured: a bound on memory, not a tuned speed; `chunk_elements` picks by platform.
 CPU_CHUNK_ELEMENTS = 1 << 25
-ACCELERATOR_CHUNK_ELEMENTS = 1 << 28
+ACCELERATOR_CHUNK_ELEMENTS = 1 << 26
 
 
 def chunk_elements() -> int:
@@ -51,11 +50,10 @@ def chunk_elements() -> int:
 
 
 def chunk_length(batch: int, length: int, vocab: int, budget: int | None = None) -> int:
-  """The largest divisor Lc < `length` with batch·Lc·vocab ≤ budget (at least 1): at least two
-  chunks whenever `length` > 1, so that no chunk holds all B·L·V logits."""
+  """The largest divisor Lc of `length` with batch·Lc·vocab ≤ budget (at least 1)."""
   budget = budget or chunk_elements()
   best = 1
-  for lc in range(1, length):
+  for lc in range(1, length + 1):
     if length % lc == 0 and batch * lc * vocab <= budget:
       best = lc
   return best
