@@ -61,7 +61,7 @@ def write(workdir: pathlib.Path, out: pathlib.Path) -> str:
   status = summary["status"] if summary else None
   run = {"exported_from": str(workdir.resolve()), "step": step, "steps": config.train.steps,
          "finished": summary is not None, "status": status}
-  arch = tasks.get(config).HF
+  arch = tasks.get(config).hf
   hf_checkpoint.write(out, config, arch, params, tokenizer.vocab_size, tokenizer.eot_id, run)
   hf_tokenizer.write(tokenizer, out, config.model.max_len)
   state = {None: " (unfinished)", "diverged": " (diverged)"}.get(status, "")

@@ -67,7 +67,7 @@ def continue_prompt(workdir: pathlib.Path, prompt: str, max_tokens: int | None,
   """`prompt` and what the run in `workdir` continues it with: `max_tokens` new tokens (None:
   up to the model's context), or fewer where it ends the text."""
   config, tokenizer, task, params, _ = load_run(workdir)
-  if not tasks.get(config).CAUSAL:
+  if not tasks.get(config).causal:
     raise errors.UserError(f"sampling needs a causal LM (decoder) run; {workdir} is "
                            f"{tasks.name(config)!r}")
   if top_k > tokenizer.vocab_size:

@@ -87,7 +87,7 @@ def main(argv) -> None:
 
   def loss(params):
     out = fns.objective(fns.model, params, batch, key, train=True)
-    return out["loss_sum"] / out["count"]
+    return out.loss_sum / out.count
 
   grads = jax.jit(jax.grad(loss))(state.params)
   log_step = jax.jit(fns.train_step)

@@ -89,8 +89,8 @@ def case_step(tmp):
         "state_bytes_per_device": state_bytes_per_device(state),
         "batch_spec": str(fns.plan.shard_batch(bs[0]).sharding.spec),
         "eval": relative_diff(
-            float(fns.eval_step(state.params, fns.plan.shard_batch(bs[0]))["loss"]["loss_sum"][0]),
-            float(fns1.eval_step(ref_state.params, bs[0])["loss"]["loss_sum"][0])),
+            float(fns.eval_step(state.params, fns.plan.shard_batch(bs[0]))["loss"].loss_sum[0]),
+            float(fns1.eval_step(ref_state.params, bs[0])["loss"].loss_sum[0])),
     }
   out["state_bytes_single"] = state_bytes_per_device(ref_state)
   return out

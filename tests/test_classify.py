@@ -162,7 +162,7 @@ def test_mlm_unigram_loss_is_the_val_loss_of_a_unigram_model(pretrained, monkeyp
       jnp.broadcast_to(padded, (*masked_positions_BP.shape, padded.size)), None))
   outs = [fns.objective(fns.model, None, jnp.asarray(b), jax.random.PRNGKey(0), train=False)
           for b in ds.val_batches()]
-  val_loss = sum(float(o["loss_sum"]) for o in outs) / sum(int(o["count"]) for o in outs)
+  val_loss = sum(float(o.loss_sum) for o in outs) / sum(int(o.count) for o in outs)
   assert summary["unigram_loss"] == pytest.approx(val_loss, rel=1e-6)
   assert summary["unigram_loss"] < np.log(ds.tokenizer.vocab_size - 4)  # frequencies help
   V = ds.tokenizer.vocab_size
@@ -192,8 +192,8 @@ def test_classification_trains_above_chance_and_fine_tunes_from_mlm(pretrained, 
   # The trunk starts from the MLM checkpoint; the pooler and classifier are new.
   vocab = summary["vocab_size"]
   fresh = steps.program(c, vocab, cache=cache).start([c]).params  # as train.run: no compile
-  params = steps.run_part(train.pretrained_params(c, train.init_from_config(c), fresh, vocab), 0)
   fresh = steps.run_part(fresh, 0)
+  params = train.pretrained_params(c, train.init_from_config(c), fresh, vocab)
   mlm = train.Checkpoints(mlm_dir / "checkpoints", 3)
   like = jax.eval_shape(steps.Steps.create(tiny_encoder(), vocab).init, 0, 1e-3)
   restored = mlm.restore(60, like)[0].params

@@ -179,8 +179,8 @@ def test_objective_masks_padding(encoder):
   short = loss({"tokens": real, "labels": labels})
   padded = jnp.concatenate([real, jnp.zeros((2, 7), jnp.int32)], axis=1)
   long = loss({"tokens": padded, "labels": labels})
-  np.testing.assert_allclose(long["loss_sum"], short["loss_sum"], rtol=1e-5)
-  assert int(long["count"]) == 2
+  np.testing.assert_allclose(long.loss_sum, short.loss_sum, rtol=1e-5)
+  assert int(long.count) == 2
 
 
 def _sub(module, params, x, **kw):

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from actlab import models
 from actlab.measure import evaluators
 from actlab.run import steps
 from conftest import tiny
@@ -31,13 +32,13 @@ def test_the_config_chooses_the_evaluators(act_stats, sharpness_every):
   hist = row["ffn_preact/layer_1"]  # for the trackers: every z entry of both batches
   assert hist.num == 2 * batch.shape[0] * c.data.seq_len * c.model.d_ff
   loss = task.objective(task.model, params, batch, jax.random.PRNGKey(0), train=False)
-  assert row["val_loss"] == pytest.approx(float(loss["loss_sum"] / loss["count"]), rel=1e-6)
+  assert row["val_loss"] == pytest.approx(float(loss.loss_sum / loss.count), rel=1e-6)
 
 
 def test_loss_pools_sums_not_means():
   """Batches of different sizes weigh by their counts: Σ loss / Σ count, not a mean of means."""
-  row = evaluators.Loss().pool([{"loss_sum": 3.0, "count": 1, "correct": 1},
-                                {"loss_sum": 3.0, "count": 3, "correct": 0}])
+  row = evaluators.Loss().pool([models.Sums(3.0, 1, 0.0, correct=1),
+                                models.Sums(3.0, 3, 0.0, correct=0)])
   assert row == {"val_loss": 1.5, "val_accuracy": 0.25}
 
 

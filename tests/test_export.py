@@ -75,8 +75,8 @@ def test_encoder_logits_equal_bert(tmp_path, torch, task):
   mask = np.arange(32)[None] < np.array([[32], [20]])  # the second row ends in padding
   tokens[~mask] = 0
   ours = np.asarray(tasks.get(c).model(c, vocab).apply({"params": params}, tokens, mask))
-  hf_checkpoint.write(tmp_path, c, tasks.TASKS[task].HF, params, vocab, 3, RUN)
-  theirs = hf_logits(torch, tmp_path, tasks.TASKS[task].HF.cls, tokens, mask)
+  hf_checkpoint.write(tmp_path, c, tasks.TASKS[task].hf, params, vocab, 3, RUN)
+  theirs = hf_logits(torch, tmp_path, tasks.TASKS[task].hf.cls, tokens, mask)
   if task == "mlm":
     ours, theirs = ours[mask][:, :vocab], theirs[mask]  # padding positions are not predicted
   np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
@@ -186,7 +186,7 @@ def test_export_cli_of_a_trained_decoder(trained, exported, torch):
                                                       torch.tensor(tokens[:, 1:]).reshape(-1)))
   np.testing.assert_allclose(logits.numpy(), ours[..., :V], atol=1e-4, rtol=0)
   out = task.objective(task.model, params, tokens, jax.random.PRNGKey(0), False)
-  loss = float(out["loss_sum"]) / int(out["count"])
+  loss = float(out.loss_sum) / int(out.count)
   # The losses differ by exactly the padded rows' share of actlab's softmax (large after 8 steps
   # from the initialisation; training drives those logits down).
   share = np.mean(jax.nn.logsumexp(ours, -1) - jax.nn.logsumexp(ours[..., :V], -1))

@@ -132,12 +132,12 @@ def test_masked_lm_loss_and_accuracy_over_selected_positions():
   loss = jax.jit(lambda p, k: mlm.loss(model, p, windows, k, False, specials=SPECIALS,
                                        vocab_size=261))
   out = loss(params, jax.random.PRNGKey(0))
-  assert int(out["count"]) == 4 * round(0.15 * 30)             # 30 maskable of [CLS] 30 [SEP]
-  np.testing.assert_allclose(out["loss_sum"] / out["count"], np.log(320), rtol=0.05)  # at init
+  assert int(out.count) == 4 * round(0.15 * 30)             # 30 maskable of [CLS] 30 [SEP]
+  np.testing.assert_allclose(out.loss_sum / out.count, np.log(320), rtol=0.05)  # at init
   again = loss(params, jax.random.PRNGKey(0))
-  assert float(again["loss_sum"]) == float(out["loss_sum"])   # fixed key: fixed mask
+  assert float(again.loss_sum) == float(out.loss_sum)   # fixed key: fixed mask
   other = loss(params, jax.random.PRNGKey(1))
-  assert float(other["loss_sum"]) != float(out["loss_sum"])
+  assert float(other.loss_sum) != float(out.loss_sum)
   # By hand: the full-sequence logits at the selected positions give the same loss.
   @jax.jit
   def by_hand(params):
@@ -149,8 +149,8 @@ def test_masked_lm_loss_and_accuracy_over_selected_positions():
     ce = -jnp.take_along_axis(jax.nn.log_softmax(picked), targets[..., None], -1)[..., 0]
     return (ce * weights).sum(), ((picked.argmax(-1) == targets) & weights).sum()
   loss_sum, correct = by_hand(params)
-  np.testing.assert_allclose(float(loss_sum), float(out["loss_sum"]), rtol=1e-4)
-  assert int(correct) == int(out["correct"])
+  np.testing.assert_allclose(float(loss_sum), float(out.loss_sum), rtol=1e-4)
+  assert int(correct) == int(out.correct)
 
 
 class Oracle:
@@ -170,10 +170,10 @@ def test_masked_lm_accuracy_counts_right_predictions_at_selected_positions_only(
   right, wrong, row_0_right = score(tokens), score(tokens + 1), score(tokens.at[1:].add(1))
   # Each row has unused prediction slots (weight 0); right answers there must not count.
   assert mlm.max_predictions(32, 0.15) > round(0.15 * 30)
-  assert int(right["count"]) == 4 * round(0.15 * 30)
-  assert int(right["correct"]) == int(right["count"])
-  assert int(wrong["correct"]) == 0
-  assert int(row_0_right["correct"]) == round(0.15 * 30)
+  assert int(right.count) == 4 * round(0.15 * 30)
+  assert int(right.correct) == int(right.count)
+  assert int(wrong.correct) == 0
+  assert int(row_0_right.correct) == round(0.15 * 30)
 
 
 class IidTokens:
@@ -242,7 +242,7 @@ def test_mask_positions_are_scored_apart():
       jax.random.PRNGKey(0), w, SPECIALS, 261, 0.15, 0.8, 0.1))(windows)
   masked = np.asarray(weights) & (np.take_along_axis(np.asarray(inputs), np.asarray(positions), 1)
                                   == SPECIALS.mask)
-  assert 0 < int(out["mask_count"]) == masked.sum() < int(out["count"])
-  assert int(out["mask_correct"]) == masked.sum()  # the oracle is right everywhere
-  np.testing.assert_allclose(float(out["mask_loss_sum"]) / masked.sum(),
-                             float(out["loss_sum"]) / float(out["count"]), rtol=1e-5)
+  assert 0 < int(out.mask.count) == masked.sum() < int(out.count)
+  assert int(out.mask.correct) == masked.sum()  # the oracle is right everywhere
+  np.testing.assert_allclose(float(out.mask.loss_sum) / masked.sum(),
+                             float(out.loss_sum) / float(out.count), rtol=1e-5)

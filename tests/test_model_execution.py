@@ -24,7 +24,7 @@ def relative_error(a, b):
 def loss_and_grads(c, params, batch):
   step_fns = steps.Steps.create(c, 257)
   f = lambda p: step_fns.objective(step_fns.model, p, batch, jax.random.PRNGKey(0),
-                                   train=True)["loss_sum"]
+                                   train=True).loss_sum
   return jax.jit(jax.value_and_grad(f))(params)
 
 
@@ -216,4 +216,5 @@ def test_cudnn_attention_sows_the_logit_max_only_in_evaluation(monkeypatch):
   _, sown = models.apply(model, params, tokens, train=True, rngs={"dropout": jax.random.PRNGKey(1)},
                          stats=True)
   assert logit_maxes(sown) == [] and metrics.per_layer(sown, models.FFNStats)
-  assert set(metrics.stability({"sown": sown, "logz_sum": 3.0, "count": 2})) == {"train_logz_mean"}
+  assert set(metrics.stability(models.Sums(1.0, 2, 0.0, logz_sum=3.0, sown=sown))) == {
+      "train_logz_mean"}

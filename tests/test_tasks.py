@@ -1,7 +1,9 @@
-"""The task registry (actlab/tasks/): every task has the whole interface, its random batch is what
+"""The task registry (actlab/tasks/): every task is a whole `Task`, its random batch is what
 its objective reads, and configs name their task in one place."""
 
+import dataclasses
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -10,20 +12,21 @@ import pytest
 
 from actlab import config as config_lib
 from actlab import tasks
+from actlab.models.hf_checkpoint import Architecture
 from conftest import tiny, tiny_encoder
-
-INTERFACE = ("model", "objective", "dataset", "random_batch", "chance_loss",
-             "head_matmul_params", "CAUSAL")
-
 
 CONFIGS = {"causal_lm": lambda: tiny(), "mlm": lambda: tiny_encoder(**{"train.batch_size": 4}),
            "classify": lambda: tiny_encoder("classify", **{"train.batch_size": 4})}
 
 
-def test_every_task_has_the_whole_interface():
-  for name, module in tasks.TASKS.items():
-    missing = [f for f in INTERFACE if not hasattr(module, f)]
-    assert not missing, (name, missing)
+def test_every_task_is_a_whole_task():
+  """Each task module gives every field of `tasks.Task`: its functions, `CAUSAL` and `HF`."""
+  assert sorted(tasks.TASKS) == ["causal_lm", "classify", "mlm"]
+  functions = [f.name for f in dataclasses.fields(tasks.Task) if f.type is Callable]
+  for name, task in tasks.TASKS.items():
+    assert isinstance(task, tasks.Task) and task.name == name
+    assert all(callable(getattr(task, f)) for f in functions), name
+    assert isinstance(task.causal, bool) and isinstance(task.hf, Architecture)
 
 
 @pytest.mark.slow
@@ -38,11 +41,11 @@ def test_objective_reads_the_random_batch(name):
   params = model.init(jax.random.PRNGKey(0), jnp.asarray(inputs))["params"]
   out = jax.jit(lambda p, b: task.objective(c, vocab)(model, p, b, jax.random.PRNGKey(2),
                                                       train=False))(params, batch)
-  loss = float(out["loss_sum"] / out["count"])
-  assert int(out["count"]) > 0 and math.isfinite(loss)
+  loss = float(out.loss_sum / out.count)
+  assert int(out.count) > 0 and math.isfinite(loss)
   # At initialisation the loss is near chance (ln of the outputs), as it should be for any task.
   assert abs(loss - task.chance_loss(c, vocab)) < 0.5, (loss, task.chance_loss(c, vocab))
-  assert task.CAUSAL == (name == "causal_lm")
+  assert task.causal == (name == "causal_lm")
 
 
 def test_a_batch_differs_by_seed_and_keeps_special_ids_out():

@@ -88,7 +88,7 @@ def test_grad_norm_metric_is_the_norm_before_clipping():
 
   def loss(params):
     out = step_fns.objective(step_fns.model, params, batch, key, train=True)
-    return out["loss_sum"] / out["count"]
+    return out.loss_sum / out.count
 
   grads, (_, metrics) = jax.jit(
       lambda s: (jax.grad(loss)(s.params), step_fns.train_step(s, batch)))(state)
@@ -237,7 +237,7 @@ def test_run_writes_workdir_contract(runs):
   objective = jax.jit(lambda b: task.objective(task.model, params, b,
                                                jax.random.PRNGKey(data.VAL_SEED), train=False))
   outs = [objective(jnp.asarray(b)) for b in data.load(c).val_batches(test=True)]
-  direct = sum(float(o["loss_sum"]) for o in outs) / sum(float(o["count"]) for o in outs)
+  direct = sum(float(o.loss_sum) for o in outs) / sum(float(o.count) for o in outs)
   assert saved["final_test_loss"] == pytest.approx(direct, rel=1e-5)
   assert saved["final_test_loss"] != saved["final_val_loss"]
 

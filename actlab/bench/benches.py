@@ -100,7 +100,7 @@ class TorchBench:
   def __init__(self, config: ml_collections.ConfigDict, mode: str = "eager",
                device: str = "cpu"):
     c = config
-    if not tasks.get(c).CAUSAL or c.model.norm != "pre":
+    if not tasks.get(c).causal or c.model.norm != "pre":
       raise ValueError("--torch compares the pre-LN decoder (causal LM) only")
     if mode not in TORCH_MODES:
       raise ValueError(f"--torch_mode={mode!r}: choose one of {', '.join(TORCH_MODES)}")

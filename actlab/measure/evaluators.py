@@ -30,22 +30,22 @@ from actlab.measure import histogram, metrics
 
 @dataclasses.dataclass(frozen=True)
 class Loss:
-  """The validation loss pooled over every batch: Σ loss / Σ count (and accuracy likewise)."""
+  """The validation loss pooled over every batch: Σ loss / Σ count (and accuracy likewise; MLM's
+  [MASK] positions apart, as `mask_`)."""
   name = "loss"
   sown = False
 
-  def read(self, out: Mapping) -> dict:
-    return {k: v for k, v in out.items() if k != "sown"}
+  def read(self, out: models.Sums) -> models.Sums:
+    return out.replace(sown=None)
 
-  def pool(self, outs: Sequence[Mapping]) -> dict[str, float]:
-    total = lambda key: sum(o[key] for o in outs)
+  def pool(self, outs: Sequence[models.Sums]) -> dict[str, float]:
     result = {}
-    for prefix in ("", "mask_"):  # mask_: the MLM's positions whose input is [MASK]
-      if f"{prefix}count" in outs[0] and total(f"{prefix}count"):
-        count = total(f"{prefix}count")
-        result[f"val_{prefix}loss"] = float(total(f"{prefix}loss_sum") / count)
-        if f"{prefix}correct" in outs[0]:
-          result[f"val_{prefix}accuracy"] = float(total(f"{prefix}correct") / count)
+    for prefix, sums in (("", outs), ("mask_", [o.mask for o in outs])):
+      count = sum(s.count for s in sums) if sums[0] is not None else 0
+      if count:
+        result[f"val_{prefix}loss"] = float(sum(s.loss_sum for s in sums) / count)
+        if sums[0].correct is not None:
+          result[f"val_{prefix}accuracy"] = float(sum(s.correct for s in sums) / count)
     return result
 
 
@@ -55,8 +55,8 @@ class ActivationStats:
   name = "act_stats"
   sown = True
 
-  def read(self, out: Mapping) -> dict:
-    return metrics.batch_sums(out["sown"])
+  def read(self, out: models.Sums) -> dict:
+    return metrics.batch_sums(out.sown)
 
   def pool(self, outs: Sequence[Mapping]) -> dict[str, float]:
     return metrics.pool(outs)
@@ -72,9 +72,9 @@ class PreactHistogram:
   name = "ffn_hist"
   sown = True
 
-  def read(self, out: Mapping) -> list:
+  def read(self, out: models.Sums) -> list:
     edges = histogram.edges(self.bins, self.limit)
-    return [histogram.count(s.z, edges) for s in metrics.per_layer(out["sown"], models.FFNStats)]
+    return [histogram.count(s.z, edges) for s in metrics.per_layer(out.sown, models.FFNStats)]
 
   def pool(self, outs: Sequence[Sequence]) -> dict[str, histogram.Histogram]:
     edges = histogram.edges(self.bins, self.limit)
@@ -93,7 +93,7 @@ class Sharpness:
     def loss_fn(p):
       out = steps.objective(steps.model, p, batch, jax.random.PRNGKey(data.VAL_SEED),
                             train=False)
-      return out["loss_sum"] / out["count"]
+      return out.loss_sum / out.count
     return metrics.top_hessian_eigenvalue(loss_fn, params, jax.random.PRNGKey(1), self.iters)
 
 

@@ -83,14 +83,14 @@ def batch_sums(sown) -> dict:
   return {"ffn": ffn, "attn_logit_max": attn}
 
 
-def stability(out: Mapping) -> dict:
+def stability(out: models.Sums) -> dict:
   """The training forward's instability measures (Wortsman et al. 2023), from an objective's
   output with `stats` (traced, in the log step): `train_attn_logit_max`, the largest
   pre-softmax attention logit over layers (the sown `AttentionStats`; none, and so no entry,
   under cuDNN attention: models.transformer.Attention), and `train_logz_mean`, the mean over
   predicted positions of the output logits' logZ (`logz_sum` / `count`)."""
-  logit_max = [s.logit_max for s in per_layer(out["sown"], models.AttentionStats)]
-  out = {"train_logz_mean": out["logz_sum"] / out["count"]}
+  logit_max = [s.logit_max for s in per_layer(out.sown, models.AttentionStats)]
+  out = {"train_logz_mean": out.logz_sum / out.count}
   return {"train_attn_logit_max": jnp.max(jnp.stack(logit_max)), **out} if logit_max else out
 
 

@@ -30,7 +30,9 @@ Forward-over-reverse (the sharpness HVP) and vmap work through it.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,13 +85,32 @@ def logit_sums(logits_NV, weights_N=None, *, z_loss: float = 0.0, logz: bool = F
   return {k: jax.lax.stop_gradient(v) if k == "logz_sum" else v for k, v in sums.items()}
 
 
-def with_logit_sums(out: dict, sums: dict, sown=None) -> dict:
-  """A loss's `out` with the `logz_sums` (the z-loss term added to `loss_sum`) and what the
-  model sowed (`sown`, if any)."""
+@flax.struct.dataclass
+class Sums:
+  """What an objective returns: sums over a batch, so that evaluation pools exactly over batches.
+  The fields are fixed; those a loss does not compute are None."""
+  loss_sum: jax.Array              # the differentiated sum: cross-entropy (+ the z-loss in training)
+  count: jax.Array                 # the positions (or examples) summed over
+  z_loss_sum: jax.Array            # the z-loss part of loss_sum: z_loss · Σ logZ² (0 without one)
+  logz_sum: jax.Array | None = None  # Σ logZ of the output logits (with `stats`; not differentiated)
+  correct: jax.Array | None = None   # the right argmax predictions, where accuracy applies
+  mask: "Sums | None" = None       # MLM: the same over the positions whose input is [MASK]
+  sown: Any = None                 # with `stats`: the blocks' `FFNStats` and `AttentionStats`
+
+  @classmethod
+  def of(cls, sums: dict, sown=None) -> "Sums":
+    """From named sums (`xent_sum`'s, a loss's own and `logit_sums`'; `mask_*`: the [MASK]
+    positions')."""
+    mask = {k.removeprefix("mask_"): v for k, v in sums.items() if k.startswith("mask_")}
+    return cls(sums["loss_sum"], sums["count"], sums.get("z_loss_sum", jnp.zeros((), jnp.float32)),
+               sums.get("logz_sum"), sums.get("correct"), cls.of(mask) if mask else None, sown)
+
+
+def with_logit_sums(out: dict, sums: dict) -> dict:
+  """A loss's own sums `out` with its `logz_sums` (the z-loss added to `loss_sum`)."""
   if "z_loss_sum" in sums:
     out = {**out, "loss_sum": out["loss_sum"] + sums["z_loss_sum"]}
-  out = {**out, **sums}
-  return out if sown is None else {**out, "sown": sown}
+  return {**out, **sums}
 
 
 def xent_sum(h_BLD, embedding_VD, targets_BL, weights_BL=None, *, chunk: int | None = None,

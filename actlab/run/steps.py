@@ -79,7 +79,7 @@ class Steps:
 
     def loss_fn(params):
       out = self.objective(self.model, params, batch, key, train=True, stats=diagnostics)
-      return out["loss_sum"] / out["count"], out
+      return out.loss_sum / out.count, out
 
     (loss, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
@@ -90,9 +90,9 @@ class Steps:
                                   state.opt_state, state.step),
         "grad_norm": optax.tree.norm(grads),
     }
-    if "z_loss_sum" in out:
-      metrics.update(train_loss=(out["loss_sum"] - out["z_loss_sum"]) / out["count"],
-                     z_loss=out["z_loss_sum"] / out["count"])
+    if self.config.optim.z_loss:
+      metrics.update(train_loss=(out.loss_sum - out.z_loss_sum) / out.count,
+                     z_loss=out.z_loss_sum / out.count)
     if diagnostics:
       metrics.update(update_norm=optax.tree.norm(updates), param_norm=optax.tree.norm(params),
                      **metrics_lib.stability(out))
@@ -152,7 +152,8 @@ class Program:
   def stack(self, states: Sequence[TrainState]) -> TrainState:
     """Single runs' states (restored checkpoints) as this program's state: stacked in host memory
     where this process holds them whole (no XLA program to compile at a resume), else by XLA."""
-    stack = lambda *xs: (np.stack(jax.device_get(xs)) if all(x.is_fully_addressable for x in xs)
+    held = lambda x: getattr(x, "is_fully_addressable", True)  # numpy: always
+    stack = lambda *xs: (np.stack(jax.device_get(xs)) if all(map(held, xs))
                          else jnp.stack(xs))
     return jax.device_put(jax.tree.map(stack, *states), self.shardings)
 

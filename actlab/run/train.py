@@ -10,13 +10,13 @@ touching its files. Runs resume from their latest intact checkpoint (checkpoint.
 
 import contextlib
 import dataclasses
+import functools
 import pathlib
 from typing import Callable, Sequence
 
 import flax
 import jax
 import ml_collections
-import numpy as np
 
 from actlab import data, models, tasks
 from actlab import config as config_lib
@@ -44,7 +44,7 @@ def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
   directory's state dict (its config.json mapped onto this model; `vocab_size`: the
   tokenizer's)."""
   if config.train.init_from.startswith(HF):
-    return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.get(config).HF,
+    return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.get(config).hf,
                               models.pad_vocab(config.model.vocab_size or vocab_size))
   source = pathlib.Path(config.train.init_from)
   old = workdir_lib.read_json(source / "config.json")
@@ -68,7 +68,7 @@ def source_arrays(config: ml_collections.ConfigDict, source, like, vocab_size: i
   """({path: array} in the per-layer layout, where from) of `source` (`init_from_config`'s) for
   the per-layer parameters `like`."""
   if not isinstance(source, ml_collections.ConfigDict):  # A Hugging Face state dict.
-    return hf_checkpoint.arrays(source, tasks.get(config).HF, like), config.train.init_from
+    return hf_checkpoint.arrays(source, tasks.get(config).hf, like), config.train.init_from
   with Checkpoints(pathlib.Path(config.train.init_from) / "checkpoints", 1,
                    read_only=True) as checkpoints:
     old_like = jax.eval_shape(steps.Steps.create(source, vocab_size).init, 0, source.optim.lr)
@@ -79,22 +79,21 @@ def source_arrays(config: ml_collections.ConfigDict, source, like, vocab_size: i
 
 
 def pretrained_params(config: ml_collections.ConfigDict, source, params, vocab_size: int):
-  """The runs' stacked `params` with every parameter that `source` (`init_from_config`'s: a
-  workdir's latest intact checkpoint, or a Hugging Face state dict) has under the same path and
-  shape (for an MLM → classification run: the embeddings and blocks; the pooler and classifier
-  keep each run's fresh initialisation, the MLM head is dropped)."""
-  one_run = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), params)
-  flat_old, where = source_arrays(config, source, execution.per_layer_layout(one_run), vocab_size)
+  """One run's `params` with every parameter that `source` (`init_from_config`'s: a workdir's
+  latest intact checkpoint, or a Hugging Face state dict) has under the same path and shape (for
+  an MLM → classification run: the embeddings and blocks; the pooler and classifier keep their
+  fresh initialisation, the MLM head is dropped)."""
+  flat_old, where = source_arrays(config, source, execution.per_layer_layout(params), vocab_size)
   if "blocks" in params and any(k[0].startswith("block_") for k in flat_old):
     flat_old = flax.traverse_util.flatten_dict(
         execution.scanned_layout(flax.traverse_util.unflatten_dict(flat_old)))
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
-  copied = [k for k, v in flat.items() if k in flat_old and flat_old[k].shape == v.shape[1:]]
+  copied = [k for k, v in flat.items() if k in flat_old and flat_old[k].shape == v.shape]
   if not copied:
     raise WorkdirError(f"train.init_from={config.train.init_from!r}: no parameter matches this "
                        "model's")
   for k in copied:
-    flat[k] = jax.device_put(np.broadcast_to(flat_old[k], flat[k].shape), flat[k].sharding)
+    flat[k] = jax.device_put(flat_old[k], flat[k].sharding)
   fresh = sorted({k[0] for k in flat if k not in copied})
   print(f"actlab: initialised {len(copied)} of {len(flat)} parameter arrays from {where}"
         + (f"; new: {', '.join(fresh)}" if fresh else ""), flush=True)
@@ -181,8 +180,11 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
         state = program.stack([restored[1] for _, _, restored in members])
       else:
         state = program.start(group)
-      if not start and source is not None:  # The trunk from another run (e.g. MLM), or GPT-2 / BERT.
-        state = state.replace(params=pretrained_params(c0, source, state.params, vocab_size))
+      if not start and source is not None:  # The trunk of another run (e.g. MLM), GPT-2, BERT.
+        state = program.stack([run.replace(params=pretrained_params(c0, source, run.params,
+                                                                    vocab_size))
+                               for run in map(functools.partial(steps.run_part, state),
+                                              range(len(group)))])
       lanes = [loop.Lane.open(c, run_dirs[i], dataclasses.replace(dataset, seed=int(c.train.seed)),
                               ck, start, restored[2] if restored else None)
                for c, (i, ck, restored) in zip(group, members)]

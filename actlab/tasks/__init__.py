@@ -8,37 +8,47 @@ module outside this package asks what kind of model or task a config is.
 | `mlm`       | encoder (BERT), MLM head           | the same windows, as `[CLS] … [SEP]`, masked on the device | cross-entropy at the masked positions |
 | `classify`  | encoder, pooler and classifier     | `{"tokens", "labels"}`          | cross-entropy of the class              |
 
-A task module defines:
-
-- `model(config, vocab_size) -> nn.Module`;
-- `objective(config, vocab_size) -> (model, params, batch, rng, train, stats=False) ->
-  {"loss_sum", "count"}` (sums, so that evaluation pools exactly over batches; `"correct"` too
-  where accuracy applies; with `stats`, `"sown"`: the statistics of `models.apply`, and
-  `"logz_sum"`; in training with `optim.z_loss` > 0, `loss_sum` includes the z-loss and
-  `"z_loss_sum"` is that part: `models.logit_sums`);
-- `dataset(config)`: training batches `train_batch(step)` and fixed `val_batches()`;
-- `random_batch(config, vocab_size, seed)`: a batch of the right form for benchmarks;
-- `chance_loss(config, vocab_size)`: the loss of predicting uniformly (ln of the outputs);
-- `head_matmul_params(config, vocab_size)`: the head's matrix entries per token (actlab.measure.flops);
-- `baselines(config, dataset)`: summary entries, the val losses of predictors that use no
-  context, where they are comparable with the task's loss: `unigram_loss` (a unigram model of
-  the training tokens) and, where the input shows the token to predict (MLM), `copy_loss` (the
-  best predictor that uses nothing else); the lower is the report's "not learned" bar;
-- `CAUSAL`: it predicts the next token (`actlab.sample` continues text; the PyTorch reference
-  of `actlab.bench` computes the same step);
-- `HF`: the transformers model it is (`models.hf_checkpoint.Architecture`), for `actlab.export`
-  and `train.init_from=hf:DIR`.
+A task is a `Task`: its module's functions and constants, gathered and typed once at import.
+The objective returns `models.Sums` (sums, so that evaluation pools exactly over batches).
 
 Adding a task is one module here and one line in `TASKS`.
 """
 
+import dataclasses
 from types import ModuleType
+from typing import Callable
 
 import ml_collections
 
+from actlab.models.hf_checkpoint import Architecture
 from actlab.tasks import causal_lm, classify, mlm
 
-TASKS = {"causal_lm": causal_lm, "mlm": mlm, "classify": classify}
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """What a run learns; every function takes the config first."""
+  name: str
+  model: Callable             # (config, vocab_size) -> nn.Module: the trunk with the task's head
+  objective: Callable         # (config, vocab_size) -> (model, params, batch, rng, train,
+  #                             stats=False) -> models.Sums
+  dataset: Callable           # (config) -> data.Dataset: `train_batch(step)`, `val_batches()`
+  random_batch: Callable      # (config, vocab_size, seed) -> a batch of the right form (benchmarks)
+  chance_loss: Callable       # (config, vocab_size) -> the loss of a uniform prediction (nats)
+  baselines: Callable         # (config, dataset) -> {"unigram_loss", …}: context-free predictors'
+  #                             val losses, where comparable (the report's "not learned" bar)
+  head_matmul_params: Callable  # (config, vocab_size) -> the head's matrix entries per token
+  causal: bool                # predicts the next token (`actlab.sample` continues text)
+  hf: Architecture            # the transformers model it is (actlab.export, init_from=hf:DIR)
+
+  @classmethod
+  def of(cls, module: ModuleType) -> "Task":
+    """The task a module defines (`CAUSAL` and `HF` are its constants)."""
+    fields = {f.name: getattr(module, f.name.upper() if f.name in ("causal", "hf") else f.name)
+              for f in dataclasses.fields(cls) if f.name != "name"}
+    return cls(module.__name__.rsplit(".", 1)[-1], **fields)
+
+
+TASKS: dict[str, Task] = {t.name: t for t in map(Task.of, (causal_lm, mlm, classify))}
 
 
 def name(config: ml_collections.ConfigDict) -> str:
@@ -47,5 +57,5 @@ def name(config: ml_collections.ConfigDict) -> str:
   return "causal_lm" if m.kind == "decoder" else m.task
 
 
-def get(config: ml_collections.ConfigDict) -> ModuleType:
+def get(config: ml_collections.ConfigDict) -> Task:
   return TASKS[name(config)]

@@ -19,7 +19,7 @@ def model(config, vocab_size: int):
 
 
 def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *, fused: bool = False,
-         z_loss: float = 0.0) -> dict:
+         z_loss: float = 0.0) -> models.Sums:
   """Next-token cross-entropy (nats), summed over every position of windows of L+1 tokens: the
   model reads tokens 0…L−1 and predicts 1…L. In training `loss_sum` adds the z-loss
   (`z_loss_sum` its part); with `stats`, the output also has what the blocks sowed and
@@ -29,8 +29,7 @@ def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *, fus
   sums, sown = models.apply(model, params, inputs_BL, targets_BL, train=train, fused=fused,
                             z_loss=z_loss if train else 0.0, logz=stats, rngs={"dropout": rng},
                             stats=stats, method="next_token_sums")
-  out = {**sums, "count": targets_BL.size}
-  return out if sown is None else {**out, "sown": sown}
+  return models.Sums.of({**sums, "count": targets_BL.size}, sown)
 
 
 def objective(config, vocab_size: int):

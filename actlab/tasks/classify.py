@@ -26,7 +26,7 @@ def model(config, vocab_size: int):
 
 
 def loss(model, params, batch, rng, train: bool, stats: bool = False, *,
-         specials: Specials, z_loss: float = 0.0) -> dict:
+         specials: Specials, z_loss: float = 0.0) -> models.Sums:
   """Sequence-classification cross-entropy and accuracy; `batch` holds `tokens` [B, L]
   (`[CLS] text [SEP] [PAD]…`) and `labels` [B] (−1: a padding row, ignored). In training with
   the z-loss of the class logits, and with `stats` `logz_sum` (`models.logit_sums`)."""
@@ -38,7 +38,7 @@ def loss(model, params, batch, rng, train: bool, stats: bool = False, *,
   out = {"loss_sum": jnp.sum(losses_B * valid_B), "count": valid_B.sum(),
          "correct": jnp.sum((logits_BC.argmax(-1) == labels_B) & valid_B)}
   sums = models.logit_sums(logits_BC, valid_B, z_loss=z_loss if train else 0.0, logz=stats)
-  return models.with_logit_sums(out, sums, sown)
+  return models.Sums.of(models.with_logit_sums(out, sums), sown)
 
 
 def objective(config, vocab_size: int):

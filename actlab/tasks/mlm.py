@@ -105,7 +105,7 @@ def masked_batch(rng, batch_BL1, specials: Specials, vocab_size: int, prob: floa
 
 def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
          specials: Specials, vocab_size: int, prob: float = 0.15, mask_frac: float = 0.8,
-         random_frac: float = 0.1, z_loss: float = 0.0) -> dict:
+         random_frac: float = 0.1, z_loss: float = 0.0) -> models.Sums:
   """MLM cross-entropy (nats) and accuracy over the selected positions only (in training with
   the z-loss, and with `stats` `logz_sum`: `models.logit_sums`), and apart over those whose
   input is [MASK] (`mask_*`: where the visible token cannot be copied).
@@ -125,7 +125,7 @@ def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
          "correct": correct_BP.sum(), "mask_loss_sum": jnp.sum(losses_BP * masked_BP),
          "mask_count": masked_BP.sum(), "mask_correct": (correct_BP & masked_BP).sum()}
   sums = models.logit_sums(logits_BPV, weights_BP, z_loss=z_loss if train else 0.0, logz=stats)
-  return models.with_logit_sums(out, sums, sown)
+  return models.Sums.of(models.with_logit_sums(out, sums), sown)
 
 
 def objective(config, vocab_size: int):
