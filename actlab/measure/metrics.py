@@ -1,32 +1,9 @@
-"""What actlab measures: activation statistics, sharpness, summaries and the stability verdict
-(the trackers that also receive the rows are in tracking.py).
-
-Definitions in full: docs/metrics.md (§4 activation statistics, §5 sharpness, §6 the verdict,
-§7 the summary).
-
-- Activation statistics are taken at evaluation time on the FFN hidden layer — `h` in `W₂·h` —
-  over every (token, unit) entry of the fixed validation windows, per layer and then over layers.
-  `z` is the FFN pre-activation (the gate's for gated FFNs). Each block sows typed values into the
-  "stats" collection (`models.FFNStats(z, h)`, `models.AttentionStats(logit_max)`, each with its
-  layer index); `batch_sums` reduces one batch to a few small sums on device and `pool` combines
-  the batches exactly on the host:
-
-  | key | per layer | over layers |
-  |---|---|---|
-  | `act_zero_frac` | fraction of entries with z ≤ 0 | mean |
-  | `dead_units` | fraction of units with z ≤ 0 on every validation token | mean |
-  | `act_mean`, `act_std` | mean and (population) standard deviation of h | mean |
-  | `attn_logit_max` | largest pre-softmax attention logit q·k/√K (visible positions) | max |
-
-  The per-layer values are logged as `<key>/layer_<i>`, layers numbered from the input.
-- Training stability, on log steps (`stability`, traced in the train step): the training
-  forward's largest attention logit and mean output logZ; `interval` makes a row of the per-step
-  metrics since the previous one (with `grad_norm_max` over every step).
-- `sharpness`: the largest-magnitude eigenvalue of the Hessian of the training loss on one fixed
-  training batch (no dropout), by `sharpness_iters` steps of power iteration on Hessian-vector
-  products (`jax.jvp` of `jax.grad`) from a fixed random start.
-- `verdict`: status ∈ {stable, unstable, diverged} from the logged loss curves (the rule is in
-  its docstring and docs/metrics.md §6).
+"""What actlab measures (definitions in full: docs/metrics.md §4–§7): the activation statistics
+of the FFN hidden layer and attention at evaluation (`batch_sums` reduces one batch's sown
+`models.FFNStats`/`AttentionStats` on the device, `pool` combines the batches exactly on the
+host), the training forward's stability measures at log steps (`stability`), a row's training
+metrics (`interval`), sharpness by power iteration on Hessian-vector products, the stability
+verdict and the run's summary. The trackers that also receive the rows are in run/tracking.py.
 """
 
 from __future__ import annotations

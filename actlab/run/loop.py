@@ -1,5 +1,5 @@
-"""The training loop: R ≥ 1 runs of one program (`steps.Program`), each a `Lane` with its own
-workdir files, trained step by step with logging, evaluation, checkpoints and signals.
+"""The training loop: R ≥ 1 runs of one program (`steps.Program`), each a `Lane` (lane.py: its
+run directory's files), trained step by step with logging, evaluation, checkpoints and signals.
 
 The loop's only host syncs are at log, evaluation and checkpoint steps. A run whose loss or
 parameters turn non-finite stops being logged and checkpointed (its divergence is its result);
@@ -12,10 +12,8 @@ import contextlib
 import dataclasses
 import signal
 import time
-from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 import tqdm
 
@@ -23,10 +21,8 @@ from actlab import models, tasks
 from actlab.errors import UserError
 from actlab.measure import evaluators
 from actlab.measure import metrics as metrics_lib
-from actlab.measure.histogram import Histogram
-from actlab.run import metrics_log, provenance, steps, tracking
-from actlab.run import workdir as workdir_lib
-from actlab.run.checkpoint import Checkpoints
+from actlab.run import steps
+from actlab.run.lane import Lane
 
 
 class StopRequest:
@@ -50,97 +46,6 @@ class Interrupted(UserError):
   def __init__(self, message: str, signum: int):
     super().__init__(message)
     self.exit_code = 128 + signum
-
-
-def _host_rows(rows: list[dict]) -> list[dict]:
-  """Per-step metrics as a checkpoint's JSON keeps them (float32 values are exact as floats)."""
-  return [{k: float(v) for k, v in row.items()} for row in rows]
-
-
-def _device_rows(rows: list[dict]) -> list[dict]:
-  """`_host_rows` back as the float32 scalars the train step returns, so the means that include
-  them are computed exactly as without the interruption."""
-  return [{k: np.float32(v) for k, v in row.items()} for row in rows]
-
-
-@dataclasses.dataclass
-class Lane:
-  """One run in `train_lanes`: its files, its trackers (`tracking`) and what its summary reports.
-  Everything here but the files and trackers is kept in each checkpoint (`meta`), so a resumed
-  lane continues where it stopped."""
-  config: ml_collections.ConfigDict
-  run_dir: workdir_lib.RunDir
-  dataset: Any            # the run's own training batches (its seed)
-  checkpoints: Checkpoints
-  log: metrics_log.MetricsLog
-  writers: list           # tracking.TensorBoard, tracking.WandB: each gets every row
-  segments: list          # provenance.json: one entry per start of the run
-  carried: list = dataclasses.field(default_factory=list)  # step metrics since the last row
-  rates: list = dataclasses.field(default_factory=list)    # tokens/s of each logged interval
-  train_time: float = 0.0
-  diverged_at: int | None = None
-  stopped: bool = False   # diverged and logged: no more rows, no more checkpoints
-  summary: dict | None = None  # set by `finish`: the writers get it when they close
-
-  @classmethod
-  def open(cls, config: ml_collections.ConfigDict, run_dir: workdir_lib.RunDir, dataset,
-           ckpts: Checkpoints, start: int, meta: dict | None) -> "Lane":
-    """The run of `config` in `run_dir`, resuming at `start` with the restored checkpoint's
-    `meta` (None for a fresh run)."""
-    meta, path = meta or {}, run_dir.logdir
-    segments = provenance.append_segment(path, provenance.segment(config, start))
-    return cls(config, run_dir, dataset, ckpts,
-               metrics_log.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
-               tracking.open_writers(config, path, start, segments), segments,
-               _device_rows(meta.get("pending", [])), list(meta.get("rates", [])),
-               meta.get("train_time", 0.0))
-
-  def write(self, row: dict) -> None:
-    """The row's numbers to metrics.jsonl, and the whole row (histograms too) to the trackers."""
-    row = metrics_lib.jsonable(row)
-    self.log.write({k: v for k, v in row.items() if not isinstance(v, Histogram)})
-    for writer in self.writers:
-      writer.write(row)
-
-  def save(self, step: int, state, pending: list[dict]) -> None:
-    """Checkpoints `state` with the lane: its rows, the step metrics not yet in a row, rates."""
-    self.checkpoints.save(step, state, {"rows": self.log.rows, "pending": _host_rows(pending),
-                                        "rates": self.rates, "train_time": self.train_time})
-
-  def close_writers(self) -> None:
-    """Closes the trackers, with the summary if the run ended (`finish`), whatever one raises."""
-    with contextlib.ExitStack() as closing:
-      for writer in self.writers:
-        closing.callback(writer.close, self.summary)
-
-  def finish(self, counts: dict, vocab_size: int, wall_time: float, runs: int) -> dict:
-    """Writes summary.json (with `vectorized_runs` when `runs` > 1) and returns it."""
-    steady = self.rates[1:] or self.rates  # Steady state: the first interval includes compilation.
-    task = tasks.get(self.config)
-    verdict = metrics_lib.verdict_for(self.log.rows, self.config,
-                                      task.chance_loss(self.config, vocab_size))
-    steps = self.config.train.steps
-    summary = metrics_lib.jsonable({
-        "status": verdict["status"],
-        "status_reasons": verdict["reasons"],
-        "diverged_at": self.diverged_at if self.diverged_at is not None else verdict["diverged_at"],
-        "spike_steps": verdict["spike_steps"],
-        "steps": steps,
-        "last_step": self.log.rows[-1]["step"],
-        **metrics_lib.summarize(self.log.rows, steps),
-        "wall_time_sec": wall_time,
-        "train_time_sec": self.train_time,
-        "tokens_per_sec": float(np.median(steady)) if steady else None,
-        "params": counts["total"],
-        "params_non_embedding": counts["non_embedding"],
-        "vocab_size": vocab_size,
-        **task.baselines(self.config, self.dataset),
-        **({"vectorized_runs": runs} if runs > 1 else {}),
-    })
-    summary["provenance"] = self.segments
-    workdir_lib.write_json(self.run_dir.logdir / "summary.json", summary)
-    self.summary = summary
-    return summary
 
 
 def train_lanes(program: steps.Program, lanes: list[Lane], state, start: int,

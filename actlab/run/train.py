@@ -23,6 +23,7 @@ from actlab import config as config_lib
 from actlab.data import tokenizer_store
 from actlab.models import execution, hf_checkpoint
 from actlab.run import loop, parallel, steps
+from actlab.run.lane import Lane
 from actlab.run import workdir as workdir_lib
 from actlab.run.checkpoint import Checkpoints
 from actlab.run.workdir import RunDir, WorkdirError
@@ -185,7 +186,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
                                                                     vocab_size))
                                for run in map(functools.partial(steps.run_part, state),
                                               range(len(group)))])
-      lanes = [loop.Lane.open(c, run_dirs[i], dataclasses.replace(dataset, seed=int(c.train.seed)),
+      lanes = [Lane.open(c, run_dirs[i], dataclasses.replace(dataset, seed=int(c.train.seed)),
                               ck, start, restored[2] if restored else None)
                for c, (i, ck, restored) in zip(group, members)]
       for (i, _, _), summary in zip(members, loop.train_lanes(program, lanes, state, start,
