@@ -149,12 +149,13 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
     config_lib.validate(c)
     workdir_lib.check_usable(r.root)
   steps.check_group(configs)
-  if all(finished(c, r) is not None for c, r in zip(configs, run_dirs)):
+  unfinished = sum(finished(c, r) is None for c, r in zip(configs, run_dirs))
+  if not unfinished:
     return [r.summary() for r in run_dirs]
   c0 = configs[0]
   dataset = tasks.get(c0).dataset(c0)
   vocab_size = dataset.tokenizer.vocab_size
-  like = steps.program(c0, vocab_size, 1, cache).run_like()  # Checks the devices.
+  program = steps.program(c0, vocab_size, unfinished, cache)  # Checks the devices.
   source = init_from_config(c0, vocab_size) if c0.train.init_from else None
   with contextlib.ExitStack() as held:
     for r in run_dirs:
@@ -169,13 +170,14 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
       if tokenizer_store.load(r.tokenizer) is None:
         tokenizer_store.save(dataset.tokenizer, r.tokenizer)
       checkpoints = held.enter_context(Checkpoints(r.checkpoints, c.train.keep_checkpoints))
-      restored = checkpoints.restore_latest(like)
+      restored = checkpoints.restore_latest(program.run_like())
       by_start.setdefault(restored[0] if restored else 0, []).append((i, checkpoints, restored))
     if len(by_start) > 1 or (len(configs) > 1 and any(summaries)):
       log(f"runs at steps {sorted(by_start)} (or finished): training them by start step, one "
           "after another")
     for start, members in sorted(by_start.items()):
-      program = steps.program(c0, vocab_size, len(members), cache)
+      if program.runs != len(members):
+        program = steps.program(c0, vocab_size, len(members), cache)
       group = [configs[i] for i, _, _ in members]
       if start:
         state = program.stack([restored[1] for _, _, restored in members])
@@ -187,7 +189,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
                                for run in map(functools.partial(steps.run_part, state),
                                               range(len(group)))])
       lanes = [Lane.open(c, run_dirs[i], dataclasses.replace(dataset, seed=int(c.train.seed)),
-                              ck, start, restored[2] if restored else None)
+                         ck, start, restored[2] if restored else None)
                for c, (i, ck, restored) in zip(group, members)]
       for (i, _, _), summary in zip(members, loop.train_lanes(program, lanes, state, start,
                                                               vocab_size)):
