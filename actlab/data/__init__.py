@@ -1,31 +1,11 @@
-"""Data: corpora, tokenizers, the token cache and step-indexed batch sampling.
+"""Data: corpora, tokenizers, the token cache and step-indexed batch sampling (docs/data.md).
 
-``load(config) -> Dataset`` is the whole interface the training loop uses:
-
-- ``config.data.source``: ``"synthetic"`` (the embedded generator, no downloads) or
-  ``"tinystories"`` (the TFDS builder in ``actlab.data.tinystories``).
-- ``config.data.tokenizer``: ``"byte"``, ``"bpe:<size>"``, ``"gpt2"`` or (the encoder's)
-  ``"wordpiece:<size>"`` (``actlab.data.tokenizer``).
-- Each split is tokenized once into ``<data dir>/tokens/<corpus>/<split>.<tokenizer>.bin``
-  (``actlab.data.cache``); later runs verify its checksum and memory-map it.
-- ``Dataset.train_batch(step)`` is a pure function of ``(seed, step)``; ``Dataset.val_batches()``
-  is a fixed set of evenly spaced windows, the same for every seed. The encoder's MLM cuts its
-  ``[CLS] … [SEP]`` sequences from these same windows (``actlab.tasks.mlm``).
-  ``Dataset.unigram_loss()`` is the validation loss of the training tokens' unigram model, the
-  bar a run has to beat.
-- ``load(config, labelled=True)`` (the classify task) gives a ``classify.ClassifyDataset`` of
-  labelled examples (``config.data.classify``) with the same interface instead.
-
-Data dir: ``config.data.dir``, else ``$ACTLAB_DATA_DIR``, else ``~/.cache/actlab``. Inside it:
-``tfds/`` (prepared TFDS data; prepared again when a manual file changes), ``manual/tiny_stories/``
-(offline TinyStories files), ``manual/glue_sst2/`` (optional: offline SST-2 ``train.tsv`` +
-``dev.tsv``), ``gpt2/`` (optional: offline ``encoder.json`` + ``vocab.bpe``, used when neither
-``config.data.gpt2_dir`` nor ``$ACTLAB_GPT2_DIR`` is set), ``tokenizers/<corpus>/`` (trained
-``bpe-<size>.json`` and ``wordpiece-<size>.json``), ``tokens/<corpus>/`` (token caches),
-``locks/`` (one build at a time).
-
-Problems a user can fix (missing files, no network, corrupt downloads) raise ``DataError``
-with one message saying what to do.
+`load(config)` is the whole interface the training loop uses: it opens the corpus
+(`data.source`: corpora.py), the tokenizer (`data.tokenizer`: tokenizer.py) and each split's
+token cache (cache.py), and returns a `Dataset`; `load(config, labelled=True)` returns the
+classify task's `classify.ClassifyDataset` instead. Everything lives under the data dir
+(`data_dir`): `tfds/`, `manual/`, `gpt2/`, `tokenizers/<corpus>/`, `tokens/<corpus>/`, `locks/`.
+Problems a user can fix raise `DataError` with one message saying what to do.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""Tokenizers behind one small interface.
+"""Tokenizers behind one small interface, by spec (docs/data.md; `tokenizer_store.get` builds them):
+`byte` (UTF-8 bytes 0..255, end-of-text 256), `bpe:<size>` (byte-level BPE, Hugging Face
+`tokenizers`, trained on the training split), `gpt2` (tiktoken, gpt2.py; `<|endoftext|>` = 50256)
+and the encoder's `wordpiece:<size>` (BERT's uncased WordPiece: `special_ids`, `[SEP]` as eot).
 
-Specs (`tokenizer_store.get` builds, trains or loads a tokenizer by its spec):
-
-- ``"byte"``: UTF-8 bytes 0..255 plus an end-of-text id 256 (vocabulary 257).
-- ``"bpe:<size>"``: a byte-level BPE (Hugging Face ``tokenizers``) trained on the training
-  split's texts, with ``<|endoftext|>`` as its only special token. Saved as JSON and reloaded.
-- ``"gpt2"``: OpenAI's GPT-2 encoding through ``tiktoken`` (50,257 ids, ``<|endoftext|>`` =
-  50256), offline from its release files or fetched (``actlab.data.gpt2``).
-- ``"wordpiece:<size>"``: BERT's WordPiece (uncased: lower-cased, accents stripped; Hugging Face
-  ``tokenizers``) trained on the training split's texts, for the encoder. Its special tokens are
-  ``[PAD] [UNK] [CLS] [SEP] [MASK]`` at ids 0-4 in every vocabulary (``special_ids``), and
-  ``[SEP]`` is its ``eot_id``: stories in the token cache are separated by ``[SEP]``, as BERT
-  separates segments. Saved as JSON and reloaded like the BPE.
-
-Story text is always encoded *ordinarily*: a literal ``<|endoftext|>`` inside a text is encoded
-as text, never as the special id. The token cache inserts ``eot_id`` between stories itself.
-
-``vocab_size`` is the unpadded size; the model pads it (GPT-2 50,257 -> 50,304).
+Texts are encoded *ordinarily*: a literal `<|endoftext|>` is text, never the special id; the
+token cache puts `eot_id` between stories. `vocab_size` is unpadded (the model pads it).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""A tokenizer by its spec (`get`: built, trained or loaded), and the one saved with a run
-(`<workdir>/tokenizer/`): its defining files and a manifest with their SHA-256, so that sampling
-and export need nothing but the run directory, and a changed file is refused instead of silently
-giving other ids. Apart from tokenizer.py, the interface, because GPT-2's tokenizer (gpt2.py)
-builds on that interface and this module builds GPT-2's."""
+"""A tokenizer by its spec (`get`: built, trained or loaded), and the copy saved with a run
+(`<workdir>/tokenizer/`: its defining files and a manifest of their SHA-256), so that sampling and
+export need only the run directory and a changed file is refused rather than giving other ids."""
 
 from __future__ import annotations
 
@@ -69,14 +67,9 @@ def load(directory: Path) -> Tokenizer | None:
 def get(spec: str, *, directory: str | os.PathLike,
         train_texts: Callable[[], Iterable[str]] | None = None,
         gpt2_dir: str | os.PathLike | None = None, threads: int = DEFAULT_THREADS) -> Tokenizer:
-  """Build or load the tokenizer named by ``spec``.
-
-  directory: where a trained BPE or WordPiece is stored (``<directory>/bpe-<size>.json``,
-    ``<directory>/wordpiece-<size>.json``); the caller keys it by corpus/version.
-  train_texts: a callable returning an iterable of training texts, needed only the first time
-    a ``bpe:<size>`` tokenizer is built (at most BPE_TRAIN_MAX_CHARS characters are read).
-  gpt2_dir: a directory with encoder.json + vocab.bpe for an offline GPT-2.
-  """
+  """The tokenizer named by `spec`. A trained BPE or WordPiece is `<directory>/<kind>-<size>.json`,
+  trained on `train_texts()` the first time; `gpt2_dir` holds encoder.json + vocab.bpe for an
+  offline GPT-2."""
   kind, size = parse_spec(spec)
   if kind == "byte":
     return ByteTokenizer()
