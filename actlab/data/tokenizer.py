@@ -86,19 +86,12 @@ class ByteTokenizer(Tokenizer):
     return np.insert(flat, np.cumsum(lens), np.asarray(self.eot_id, dtype=dtype))
 
   def decode(self, ids: Iterable[int]) -> str:
-    parts: list[str] = []
-    buf = bytearray()
-    for i in ids:
-      i = int(i)
-      if i == self.eot_id:
-        parts += [buf.decode("utf-8", errors="replace"), EOT_TEXT]
-        buf = bytearray()
-      elif 0 <= i < 256:
-        buf.append(i)
-      else:
-        raise ValueError(f"byte tokenizer: id {i} out of range [0, 256]")
-    parts.append(buf.decode("utf-8", errors="replace"))
-    return "".join(parts)
+    ids = [int(i) for i in ids]
+    if bad := [i for i in ids if not 0 <= i <= self.eot_id]:
+      raise ValueError(f"byte tokenizer: id {bad[0]} out of range [0, 256]")
+    runs = itertools.groupby(ids, key=lambda i: i == self.eot_id)  # bytes between eot ids
+    return "".join(EOT_TEXT * len(list(run)) if eot else bytes(run).decode("utf-8", "replace")
+                   for eot, run in runs)
 
 
 class HFBPETokenizer(Tokenizer):
