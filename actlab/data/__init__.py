@@ -124,20 +124,14 @@ def data_dir(config_dir: str = "") -> Path:
   return Path(d).expanduser()
 
 
-def _gpt2_dir(config_dir: str, root: Path) -> str | None:
-  d = config_dir or os.environ.get("ACTLAB_GPT2_DIR", "")
-  if d:
-    return d
-  default = root / "gpt2"  # convenience: <data dir>/gpt2/{encoder.json,vocab.bpe}
-  if all((default / f).is_file() for f in gpt2.GPT2_FILES):
-    return str(default)
-  return None
-
-
 def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
+  gpt2_dir = config.data.gpt2_dir or os.environ.get("ACTLAB_GPT2_DIR", "")
+  default = root / "gpt2"  # convenience: <data dir>/gpt2/{encoder.json,vocab.bpe}
+  if not gpt2_dir and all((default / f).is_file() for f in gpt2.GPT2_FILES):
+    gpt2_dir = str(default)
   return tokenizer_store.get(
       config.data.tokenizer, directory=root / "tokenizers" / corpora.key(config),
-      train_texts=train_texts, gpt2_dir=_gpt2_dir(config.data.gpt2_dir, root))
+      train_texts=train_texts, gpt2_dir=gpt2_dir or None)
 
 
 def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
