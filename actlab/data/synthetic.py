@@ -142,11 +142,13 @@ def _story(u: list[float]) -> str:
   return " ".join(x for x in parts if x).format_map(slots)
 
 
-def _generate(split: str, exclude: frozenset[str]) -> tuple[str, ...]:
+@functools.lru_cache(maxsize=None)
+def _split(split: str) -> tuple[str, ...]:
+  """The stories of `split`, distinct, and for validation none of train's."""
   rng = np.random.default_rng(_SEEDS[split])
   want = _SIZES[split]
   out: list[str] = []
-  seen = set(exclude)
+  seen = set(_split("train")) if split == "validation" else set()
   while len(out) < want:
     for u in rng.random((_CHUNK, _UNIFORMS_PER_STORY)).tolist():
       s = _story(u)
@@ -156,12 +158,6 @@ def _generate(split: str, exclude: frozenset[str]) -> tuple[str, ...]:
         if len(out) == want:
           break
   return tuple(out)
-
-
-@functools.lru_cache(maxsize=None)
-def _split(split: str) -> tuple[str, ...]:
-  exclude = frozenset(_split("train")) if split == "validation" else frozenset()
-  return _generate(split, exclude)
 
 
 def texts(split: str) -> list[str]:
