@@ -16,6 +16,7 @@ from actlab.data.tokenizer import (DEFAULT_THREADS, ByteTokenizer, HFBPETokenize
 from actlab.errors import DataError
 
 MANIFEST = "actlab_tokenizer.json"  # in a saved tokenizer's directory: its name and checksums
+TRAINED = {"bpe": HFBPETokenizer, "wordpiece": HFWordPieceTokenizer}  # saved as tokenizer.json
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -56,8 +57,7 @@ def load(directory: Path) -> Tokenizer | None:
   elif kind == "gpt2":
     tok = gpt2.gpt2_saved(directory)
   else:
-    cls = HFWordPieceTokenizer if kind == "wordpiece" else HFBPETokenizer
-    tok = cls.load(directory / "tokenizer.json", meta["name"])
+    tok = TRAINED[kind].load(directory / "tokenizer.json", meta["name"])
   if tok.fingerprint != meta["fingerprint"]:
     raise DataError(f"the tokenizer in {directory} is {tok.fingerprint}, saved as "
                     f"{meta['fingerprint']}; restore it from a copy of the run directory")
@@ -77,11 +77,10 @@ def get(spec: str, *, directory: str | os.PathLike,
     return gpt2.gpt2(gpt2_dir, threads)
   path = Path(directory) / f"{kind}-{size}.json"
   name = f"{kind}:{size}"
-  cls = HFWordPieceTokenizer if kind == "wordpiece" else HFBPETokenizer
   if path.is_file():
-    return cls.load(path, name)
+    return TRAINED[kind].load(path, name)
   if train_texts is None:
     raise ValueError(f"{spec}: no saved tokenizer at {path} and no train_texts to train one")
-  tok = cls.train(train_texts(), size, name)
+  tok = TRAINED[kind].train(train_texts(), size, name)
   write_atomic(path, tok.files()["tokenizer.json"])
   return tok
