@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 
 URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/"
 EOT_LINE = "<|endoftext|>"
-SPLITS = ("train", "validation")
 # A story longer than this without a separator means the file is not TinyStories text.
 MAX_STORY_CHARS = 1_000_000
 # Tolerated share of undecodable bytes (replaced by U+FFFD) before a file counts as garbage.
@@ -164,18 +163,18 @@ def probe(urls, timeout: float = 15.0) -> None:
   """Raises if the first URL cannot be reached (a single HEAD request, no retries)."""
   import requests  # a dependency of tensorflow_datasets
 
-  for url in list(urls)[:1]:
-    r = requests.head(url, timeout=timeout, allow_redirects=True)
-    if r.status_code >= 400:
-      raise ConnectionError(f"HTTP {r.status_code} for {url}")
+  url = next(iter(urls))
+  r = requests.head(url, timeout=timeout, allow_redirects=True)
+  if r.status_code >= 400:
+    raise ConnectionError(f"HTTP {r.status_code} for {url}")
 
 
-def missing_files_error(version: str, manual_dir, cause: BaseException | None = None) -> DataError:
+def missing_files_error(version: str, manual_dir, cause: BaseException) -> DataError:
   cfg = CONFIGS[version]
   where = manual_dir if manual_dir is not None else "<data dir>/manual/tiny_stories"
-  why = f" ({short_cause(cause)})" if cause is not None else ""
   return DataError(
-      f"TinyStories {version} is not prepared and could not be downloaded{why}.\n"
+      f"TinyStories {version} is not prepared and could not be downloaded "
+      f"({short_cause(cause)}).\n"
       f"Fix: put {cfg.train_file} and {cfg.valid_file} (from {URL}<file>) in {where} "
       "(config.data.manual_dir), or run once with network access; "
       "or use a ':smoke' config (synthetic data, byte tokenizer), which needs no downloads.")
