@@ -130,13 +130,12 @@ def fit(path: tuple[str, ...], name: str, value: np.ndarray, shape: tuple[int, .
   padded logit is the mean real logit and the loss grows by at most ln(1 + padding/V)), its
   longer position table cut to the model's `max_len`. ValueError for any other difference."""
   shape = tuple(shape)
-  extra = shape[0] - value.shape[0] if value.ndim == len(shape) else None
-  if value.shape == shape or extra is None or value.shape[1:] != shape[1:]:
-    pass
-  elif path[0] in ("wte", "mlm") and extra > 0:
-    value = np.concatenate([value, np.repeat(value.mean(0, keepdims=True), extra, axis=0)])
-  elif path[0] == "wpe" and extra < 0:
-    value = value[:shape[0]]
+  if value.ndim == len(shape) and value.shape[1:] == shape[1:]:
+    extra = shape[0] - value.shape[0]  # rows the model has beyond the checkpoint's
+    if path[0] in ("wte", "mlm") and extra > 0:
+      value = np.concatenate([value, np.repeat(value.mean(0, keepdims=True), extra, axis=0)])
+    elif path[0] == "wpe" and extra < 0:
+      value = value[:shape[0]]
   if value.shape != shape:
     raise ValueError(f"{name}: shape {value.shape}, the model wants {shape}")
   return value
