@@ -100,9 +100,8 @@ class Dataset:
     counts = np.zeros(vocab, dtype=np.int64)
     for lo in range(0, self.train_tokens.shape[0], _COUNT_CHUNK):
       counts += np.bincount(self.train_tokens[lo:lo + _COUNT_CHUNK], minlength=vocab)
-    keep = np.ones(vocab, bool)
-    keep[list(exclude)] = False
-    counts = np.where(keep, counts + 1.0, 0.0)
+    counts = counts + 1.0
+    counts[list(exclude)] = 0.0
     with np.errstate(divide="ignore"):
       return np.log(counts) - np.log(counts.sum())
 
