@@ -11,8 +11,6 @@ from pathlib import Path
 class Synthetic:
   """The embedded stories (synthetic.py), fingerprinted by their SHA-256."""
 
-  key = "synthetic"  # directory name under tokens/ and tokenizers/
-
   def texts(self, split: str) -> list[str]:
     from actlab.data import synthetic
     return synthetic.texts(split)

@@ -222,7 +222,6 @@ class Corpus:
 
   def __init__(self, version: str, data_dir: str | os.PathLike, manual_dir: str | os.PathLike):
     self.version = version
-    self.key = f"tinystories-{version}"
     self.builder = prepare(version, data_dir, manual_dir)
     self.sources = provenance.read_record(self.builder.data_dir) or {}
 
