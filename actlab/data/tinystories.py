@@ -69,10 +69,7 @@ def parse_stories(path: str | os.PathLike) -> Iterator[str]:
   lines: list[str] = []
   size = 0
   with open(path, "rb") as f:
-    while True:
-      raw = f.readline(1 << 20)
-      if not raw:
-        break
+    for raw in iter(lambda: f.readline(1 << 20), b""):  # lines, at most 1 MiB at a time
       if b"\0" in raw:
         raise _not_tinystories(path, "it contains NUL bytes (binary data)")
       line = raw.decode("utf-8", errors="replace")
