@@ -1,5 +1,5 @@
-"""FFN activation functions, their analytic derivatives (`grad`, elementwise d fn / dz), and the name
-registry (`get`). Pure `jax.numpy`. Definitions: docs/reference.md §1.1; beyond those, `relu2` is
+"""FFN activation functions, their analytic derivatives (`grad`, elementwise d fn / dz) and the
+name registry (`get`). Pure `jax.numpy`. Definitions: docs/reference.md §1.1; beyond those, `relu2` is
 max(0, z)² (grad 2·max(0, z)), `sigmoid` σ(z) (grad σ(z)·σ(−z)) and `identity` z.
 
 `gelu` is always the exact z·Φ(z) (= `jax.nn.gelu(z, approximate=False)`, PyTorch's `GELU()`),
