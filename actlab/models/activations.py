@@ -1,6 +1,6 @@
 """FFN activation functions, their analytic derivatives (`grad`, elementwise d fn / dz) and the
-name registry (`get`). Pure `jax.numpy`. Definitions: docs/reference.md §1.1; beyond those, `relu2` is
-max(0, z)² (grad 2·max(0, z)), `sigmoid` σ(z) (grad σ(z)·σ(−z)) and `identity` z.
+name registry (`get`). Pure `jax.numpy`. Definitions: docs/reference.md §1.1; beyond those,
+`relu2` is max(0, z)² (grad 2·max(0, z)), `sigmoid` σ(z) (grad σ(z)·σ(−z)) and `identity` z.
 
 `gelu` is always the exact z·Φ(z) (= `jax.nn.gelu(z, approximate=False)`, PyTorch's `GELU()`),
 `gelu_tanh` the tanh approximation ½z(1 + tanh u) = z·σ(2u), u = √(2/π)(z + 0.044715 z³), with
