@@ -1,31 +1,11 @@
-"""Data: corpora, tokenizers, the token cache and step-indexed batch sampling.
+"""Data: corpora, tokenizers, the token cache and step-indexed batch sampling (docs/data.md).
 
-``load(config) -> Dataset`` is the whole interface the training loop uses:
-
-- ``config.data.source``: ``"synthetic"`` (the embedded generator, no downloads) or
-  ``"tinystories"`` (the TFDS builder in ``actlab.data.tinystories``).
-- ``config.data.tokenizer``: ``"byte"``, ``"bpe:<size>"``, ``"gpt2"`` or (the encoder's)
-  ``"wordpiece:<size>"`` (``actlab.data.tokenizer``).
-- Each split is tokenized once into ``<data dir>/tokens/<corpus>/<split>.<tokenizer>.bin``
-  (``actlab.data.cache``); later runs verify its checksum and memory-map it.
-- ``Dataset.train_batch(step)`` is a pure function of ``(seed, step)``; ``Dataset.val_batches()``
-  is a fixed set of evenly spaced windows, the same for every seed. The encoder's MLM cuts its
-  ``[CLS] … [SEP]`` sequences from these same windows (``actlab.tasks.mlm``).
-  ``Dataset.unigram_loss()`` is the validation loss of the training tokens' unigram model, the
-  bar a run has to beat.
-- ``load(config, labelled=True)`` (the classify task) gives a ``classify.ClassifyDataset`` of
-  labelled examples (``config.data.classify``) with the same interface instead.
-
-Data dir: ``config.data.dir``, else ``$ACTLAB_DATA_DIR``, else ``~/.cache/actlab``. Inside it:
-``tfds/`` (prepared TFDS data; prepared again when a manual file changes), ``manual/tiny_stories/``
-(offline TinyStories files), ``manual/glue_sst2/`` (optional: offline SST-2 ``train.tsv`` +
-``dev.tsv``), ``gpt2/`` (optional: offline ``encoder.json`` + ``vocab.bpe``, used when neither
-``config.data.gpt2_dir`` nor ``$ACTLAB_GPT2_DIR`` is set), ``tokenizers/<corpus>/`` (trained
-``bpe-<size>.json`` and ``wordpiece-<size>.json``), ``tokens/<corpus>/`` (token caches),
-``locks/`` (one build at a time).
-
-Problems a user can fix (missing files, no network, corrupt downloads) raise ``DataError``
-with one message saying what to do.
+`load(config)` is the whole interface the training loop uses: it opens the corpus
+(`data.source`: corpora.py), the tokenizer (`data.tokenizer`: tokenizer.py) and each split's
+token cache (cache.py), and returns a `Dataset`; `load(config, labelled=True)` returns the
+classify task's `classify.ClassifyDataset` instead. Everything lives under the data dir
+(`data_dir`): `tfds/`, `manual/`, `gpt2/`, `tokenizers/<corpus>/`, `tokens/<corpus>/`, `locks/`.
+Problems a user can fix raise `DataError` with one message saying what to do.
 """
 
 from __future__ import annotations
@@ -120,9 +100,8 @@ class Dataset:
     counts = np.zeros(vocab, dtype=np.int64)
     for lo in range(0, self.train_tokens.shape[0], _COUNT_CHUNK):
       counts += np.bincount(self.train_tokens[lo:lo + _COUNT_CHUNK], minlength=vocab)
-    keep = np.ones(vocab, bool)
-    keep[list(exclude)] = False
-    counts = np.where(keep, counts + 1.0, 0.0)
+    counts = counts + 1.0
+    counts[list(exclude)] = 0.0
     with np.errstate(divide="ignore"):
       return np.log(counts) - np.log(counts.sum())
 
@@ -144,28 +123,21 @@ def data_dir(config_dir: str = "") -> Path:
   return Path(d).expanduser()
 
 
-def _gpt2_dir(config_dir: str, root: Path) -> str | None:
-  d = config_dir or os.environ.get("ACTLAB_GPT2_DIR", "")
-  if d:
-    return d
-  default = root / "gpt2"  # convenience: <data dir>/gpt2/{encoder.json,vocab.bpe}
-  if all((default / f).is_file() for f in gpt2.GPT2_FILES):
-    return str(default)
-  return None
-
-
 def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
+  gpt2_dir = config.data.gpt2_dir or os.environ.get("ACTLAB_GPT2_DIR", "")
+  default = root / "gpt2"  # convenience: <data dir>/gpt2/{encoder.json,vocab.bpe}
+  if not gpt2_dir and all((default / f).is_file() for f in gpt2.GPT2_FILES):
+    gpt2_dir = str(default)
   return tokenizer_store.get(
       config.data.tokenizer, directory=root / "tokenizers" / corpora.key(config),
-      train_texts=train_texts, gpt2_dir=_gpt2_dir(config.data.gpt2_dir, root))
+      train_texts=train_texts, gpt2_dir=gpt2_dir or None)
 
 
 def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
   """The config's tokenizer without its corpus: the copy in `saved` (a run directory's, written
   by `tokenizer_store.save`) if there is one, else the data dir's (a trained BPE or WordPiece
   must be there already)."""
-  tok = tokenizer_store.load(saved) if saved else None
-  if tok is not None:
+  if saved and (tok := tokenizer_store.load(saved)) is not None:
     return tok
   root = data_dir(config.data.dir)
   try:

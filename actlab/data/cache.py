@@ -1,18 +1,10 @@
-"""Token cache: each split tokenized once into a flat ``.bin`` file, then memory-mapped.
+"""Token cache: each split tokenized once into a flat `.bin` (uint16 for vocabularies up to 65,536,
+else uint32; every story's tokens, then `eot_id`) under `tokens/<corpus>/`, then memory-mapped.
 
-Layout, under the data dir (see ``actlab.data.load``)::
-
-  tokens/<corpus>[-<version>]/<split>.<tokenizer>.bin    flat uint16 (vocab <= 65,536) or uint32
-  tokens/<corpus>[-<version>]/<split>.<tokenizer>.json   sidecar, written last
-
-The ``.bin`` holds every story's tokens followed by ``eot_id``. It is written under a temporary
-name and renamed when complete; the sidecar (format, dtype, token count, tokenizer name and
-fingerprint, vocab size, source fingerprint, story count, SHA-256 of the ``.bin``) is written
-after it. On open, a cache whose sidecar is missing or unreadable, whose size or checksum
-disagrees with the sidecar, or whose tokenizer / source fingerprint differs from the current one
-is rebuilt (with a log line), never silently used. The checksum is verified at every open: on 2
-CPU cores, about 1 s per GiB of tokens from the page cache and 2 s from disk (real TinyStories
-with GPT-2 tokens is ~1 GB); the read also warms the page cache for the memory map.
+The `.bin` is written under a temporary name and renamed; its JSON sidecar (`_expected_meta`,
+token and story counts, SHA-256 of the `.bin`) comes last. A cache whose sidecar, size, checksum
+or fingerprints disagree is rebuilt with a log line, never used (docs/design.md §3.11). The
+checksum, verified at every open, costs about 1-2 s per GiB on 2 cores and warms the page cache.
 """
 
 from __future__ import annotations
@@ -35,7 +27,6 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2        # 2: the sidecar holds the .bin's sha256
 CHUNK_CHARS = 8_000_000   # characters handed to one encode_batch call
-HASH_BLOCK = 1 << 24      # bytes read per update when checksumming a .bin
 
 # Incremented on every (re)build; tests use it to prove a second open did not re-tokenize.
 build_count = 0
@@ -47,14 +38,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def sidecar_path(path: Path) -> Path:
   return Path(path).with_suffix(".json")
-
-
-def sha256_file(path: Path) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    while block := f.read(HASH_BLOCK):
-      h.update(block)
-  return h.hexdigest()
 
 
 def _expected_meta(tokenizer: Tokenizer, source_id: str) -> dict:
@@ -92,13 +75,13 @@ def check(path: Path, tokenizer: Tokenizer, source_id: str) -> tuple[dict | None
   size = path.stat().st_size
   if size != n * np.dtype(meta["dtype"]).itemsize:
     return None, f"size mismatch: {size} bytes on disk, sidecar says {n} tokens"
-  if sha256_file(path) != meta.get("sha256"):
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    while block := f.read(1 << 24):
+      digest.update(block)
+  if digest.hexdigest() != meta.get("sha256"):
     return None, "checksum mismatch (file changed since it was built)"
   return meta, ""
-
-
-def open_tokens(path: Path, meta: dict) -> np.memmap:
-  return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["num_tokens"],))
 
 
 def _chunks(texts: Iterable[str], max_chars: int) -> Iterable[list[str]]:
@@ -160,15 +143,12 @@ def build(path: Path, texts: Iterable[str], tokenizer: Tokenizer, source_id: str
 def build_or_open(path: Path, texts: Callable[[], Iterable[str]], tokenizer: Tokenizer,
                   source_id: str, *, num_texts: int | None = None, desc: str = "",
                   progress: bool = True) -> np.memmap:
-  """The cached tokens at ``path``, building them from ``texts()`` if absent or not current.
-
-  source_id: a string that changes whenever the source texts change (e.g. a content hash, or
-  the TFDS dataset version + story count); a cache built from another source is rebuilt.
-  """
+  """The cached tokens at ``path``, built from ``texts()`` if absent or not current (built from
+  another tokenizer or `source_id`, which changes whenever the source texts do)."""
   meta, why = check(path, tokenizer, source_id)
   if meta is None:
     if why != "no cache":
       log.warning("token cache %s: %s; rebuilding", path, why)
     meta = build(path, texts(), tokenizer, source_id, num_texts=num_texts, desc=desc,
                  progress=progress)
-  return open_tokens(path, meta)
+  return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["num_tokens"],))

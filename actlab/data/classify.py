@@ -1,25 +1,8 @@
-"""Sequence-classification data for the encoder (`model.task="classify"`), by `data.classify`:
-
-- ``"synthetic/hero_gender"`` (offline): the embedded corpus's stories (``actlab.data.synthetic``;
-  6,000 train / 600 validation), labelled by the gender of the story's hero. The rule, applied to
-  the text alone: the first word of the story that is one of the generator's names
-  (``synthetic.GIRL_NAMES`` ∪ ``synthetic.BOY_NAMES``) is the hero's — every story names its hero
-  before any friend — and the label is **1 if that name is a girl's, 0 if a boy's**. The classes
-  are balanced (the generator draws girl or boy with equal odds). It is an easy task (the hero's
-  pronouns run through the story), meant as an offline check that fine-tuning works, not a
-  benchmark; use SST-2 to compare pooler activations in earnest.
-- ``"glue/sst2"``: the Stanford Sentiment Treebank sentences of GLUE, label **1 = positive,
-  0 = negative**; 67,349 train sentences, and the 872 of GLUE's dev set as validation (the test
-  labels are not public). Read from ``<data dir>/manual/glue_sst2/{train,dev}.tsv`` when those
-  files (from GLUE's ``SST-2.zip``) are there, else through TFDS (``glue/sst2``, prepared once to
-  array_record under ``<data dir>/tfds``, which downloads ``SST-2.zip`` on first use).
-
-Every example becomes ``[CLS] text [SEP]``, the text cut to ``data.seq_len − 2`` tokens, then
-right-padded with ``[PAD]`` to ``data.seq_len`` (the model masks padding out of attention).
-Training batch ``k`` is ``batch_size`` examples drawn with replacement from
-``default_rng([seed, k])``, a pure function of the step like the LM windows. Evaluation covers
-the whole validation split in its order; the last batch is filled with label −1 rows, which the
-objective ignores.
+"""Sequence-classification data for the encoder (`model.task="classify"`), by `data.classify`
+(docs/encoder.md, "Fine-tuning"): `synthetic/hero_gender` (offline; 1 = the story's hero is a
+girl, `hero_gender`) or `glue/sst2` (1 = positive; GLUE's dev set as validation), from
+`<data dir>/manual/glue_sst2/{train,dev}.tsv` when there, else through TFDS. Examples are
+`[CLS] text [SEP]` right-padded with `[PAD]` to `data.seq_len` (`encode`).
 """
 
 from __future__ import annotations
@@ -69,15 +52,9 @@ class ClassifyDataset:
     if test:
       return []
     n, B = len(self.val_labels), self.batch_size
-    batches = []
-    for start in range(0, n, B):
-      tokens, labels = self.val_tokens[start:start + B], self.val_labels[start:start + B]
-      if len(labels) < B:
-        fill = B - len(labels)
-        tokens = np.concatenate([tokens, np.full((fill, self.seq_len), self.pad_id, np.int32)])
-        labels = np.concatenate([labels, np.full(fill, -1, np.int32)])
-      batches.append({"tokens": tokens, "labels": labels})
-    return batches
+    tokens = np.pad(self.val_tokens, ((0, -n % B), (0, 0)), constant_values=self.pad_id)
+    labels = np.pad(self.val_labels, (0, -n % B), constant_values=-1)
+    return [{"tokens": tokens[i:i + B], "labels": labels[i:i + B]} for i in range(0, n, B)]
 
 
 def encode(tokenizer, texts: list[str], seq_len: int, cls_id: int, sep_id: int,
@@ -96,7 +73,8 @@ _WORD = re.compile(r"[A-Za-z]+")
 
 
 def hero_gender(text: str) -> int:
-  """1 if the first generator name in `text` is a girl's, 0 if a boy's; ValueError if none."""
+  """1 if the first generator name in `text` is a girl's, 0 if a boy's; ValueError if none.
+  Every story names its hero before any friend, so this is the hero's gender."""
   from actlab.data import synthetic
   girls, boys = set(synthetic.GIRL_NAMES), set(synthetic.BOY_NAMES)
   for word in _WORD.findall(text):
@@ -105,12 +83,6 @@ def hero_gender(text: str) -> int:
     if word in boys:
       return 0
   raise ValueError(f"no hero name in {text[:60]!r}…")
-
-
-def _hero_gender(split: str) -> tuple[list[str], list[int]]:
-  from actlab.data import synthetic
-  texts = synthetic.texts(split)
-  return texts, [hero_gender(t) for t in texts]
 
 
 # --- glue/sst2 -------------------------------------------------------------------------------
@@ -151,19 +123,18 @@ def _sst2_tfds(tfds_dir: Path) -> dict[str, tuple[list[str], list[int]]]:
   return out
 
 
-def _sst2(root: Path) -> dict[str, tuple[list[str], list[int]]]:
-  manual = root / "manual" / "glue_sst2"
-  if (manual / "train.tsv").is_file() and (manual / "dev.tsv").is_file():
-    return {"train": _read_tsv(manual / "train.tsv"), "validation": _read_tsv(manual / "dev.tsv")}
-  return _sst2_tfds(root / "tfds")
-
-
 def examples(name: str, root: Path) -> dict[str, tuple[list[str], list[int]]]:
   """{"train": (texts, labels), "validation": (texts, labels)} of the dataset `name`."""
   if name == "synthetic/hero_gender":
-    return {split: _hero_gender(split) for split in ("train", "validation")}
+    from actlab.data import synthetic
+    texts = {split: synthetic.texts(split) for split in ("train", "validation")}
+    return {split: (t, [hero_gender(x) for x in t]) for split, t in texts.items()}
   if name == "glue/sst2":
-    return _sst2(root)
+    manual = root / "manual" / "glue_sst2"
+    if (manual / "train.tsv").is_file() and (manual / "dev.tsv").is_file():
+      return {"train": _read_tsv(manual / "train.tsv"),
+              "validation": _read_tsv(manual / "dev.tsv")}
+    return _sst2_tfds(root / "tfds")
   raise ValueError(f"data.classify={name!r}: choose one of {', '.join(SOURCES)}")
 
 

@@ -1,5 +1,6 @@
-"""The corpora a run can train on, each as its two splits' texts and a fingerprint that keys the
-token caches: the embedded synthetic stories, or TinyStories (tinystories.py)."""
+"""The corpora a run can train on: the embedded synthetic stories, or TinyStories
+(tinystories.py). Each gives its splits' `texts(split)`, `num_texts(split)` and a `source_id(split)`
+that changes with the texts and keys the token caches."""
 
 from __future__ import annotations
 
@@ -7,34 +8,17 @@ import hashlib
 from pathlib import Path
 
 
-class Corpus:
-  """A source's two splits: texts on demand, plus a fingerprint that keys the caches."""
-
-  key: str  # directory name under tokens/ and tokenizers/
-
-  def texts(self, split: str):  # -> Iterable[str]
-    raise NotImplementedError
-
-  def num_texts(self, split: str) -> int | None:
-    return None
-
-  def source_id(self, split: str) -> str:
-    raise NotImplementedError
-
-
-class Synthetic(Corpus):
+class Synthetic:
   """The embedded stories (synthetic.py), fingerprinted by their SHA-256."""
 
-  key = "synthetic"
-
-  def texts(self, split):
+  def texts(self, split: str) -> list[str]:
     from actlab.data import synthetic
     return synthetic.texts(split)
 
-  def num_texts(self, split):
+  def num_texts(self, split: str) -> int:
     return len(self.texts(split))
 
-  def source_id(self, split):
+  def source_id(self, split: str) -> str:
     h = hashlib.sha256()
     for t in self.texts(split):
       h.update(t.encode("utf-8") + b"\0")
@@ -48,7 +32,7 @@ def key(config) -> str:
   return config.data.source
 
 
-def open_corpus(config, root: Path) -> Corpus:
+def open_corpus(config, root: Path):
   """The corpus of `config.data.source`, its files under the data dir `root`."""
   source = config.data.source
   if source == "synthetic":

@@ -1,10 +1,6 @@
-"""OpenAI's GPT-2 encoding through ``tiktoken`` (the ``"gpt2"`` tokenizer spec): 50,257 ids,
-``<|endoftext|>`` = 50256.
-
-Built offline from a directory holding the release files ``encoder.json`` + ``vocab.bpe``
-(checked against the sha256 tiktoken pins), else fetched by ``tiktoken`` (network, or its own
-cache). When neither works, a ``DataError`` says where to put the files.
-"""
+"""OpenAI's GPT-2 encoding through `tiktoken` (spec `"gpt2"`: 50,257 ids, `<|endoftext|>` = 50256):
+offline from the release files `encoder.json` + `vocab.bpe` (checked against tiktoken's pinned
+sha256), else fetched by tiktoken; failing both, a `DataError` says where to put the files."""
 
 from __future__ import annotations
 

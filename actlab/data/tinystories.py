@@ -1,31 +1,11 @@
-"""TinyStories (Eldan & Li 2023) as a TFDS dataset, prepared to array_record and read without TF.
+"""TinyStories (Eldan & Li 2023) as the TFDS builder `tiny_stories` (configs `v2`, GPT-4 stories,
+and `v1`, the original release), prepared to array_record under `<data dir>/tfds` and read back
+with `as_data_source`, without TensorFlow (docs/data.md). A story is the text between lines equal
+to `<|endoftext|>`, trimmed; empty ones are dropped, the files' mojibake is kept.
 
-Builder ``tiny_stories`` with two configs:
-
-- ``v2``: the GPT-4-only stories, ``TinyStoriesV2-GPT4-train.txt`` /
-  ``TinyStoriesV2-GPT4-valid.txt`` (about 2.2 GB / 22 MB);
-- ``v1``: the original release, ``TinyStories-train.txt`` / ``TinyStories-valid.txt``;
-
-both from https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/<file>.
-Features ``{"text": Text}``; splits ``train`` and ``validation``. A story is the text between lines
-equal to ``<|endoftext|>``, whitespace-trimmed; empty stories are dropped. The files' mojibake
-(``â€œ`` for “) is kept as is.
-
-Files already in the manual directory (``<data dir>/manual/tiny_stories`` unless
-``config.data.manual_dir`` says otherwise) are used first, so preparation works offline; missing
-ones are downloaded through TFDS's download manager. The dataset is written with
-``file_format="array_record"`` under ``<data dir>/tfds`` and read back with
-``builder.as_data_source`` -- no TensorFlow anywhere.
-
-The prepared data records the manual files it came from (name, size, mtime) in
-``actlab_sources.json`` beside it. When a manual file present later differs from that record (a
-truncated copy replaced by the full file, an edit), the dataset is prepared again, with a warning
-line; manual files removed after preparing leave the prepared data as it is
-(``actlab.data.provenance``). The record is part of ``Corpus.source_id``, so the token caches
-follow.
-
-A missing file with no network, or a file that is not TinyStories text (no ``<|endoftext|>``
-separators, binary data, no stories) raises ``actlab.data.DataError`` with what to do.
+Files in the manual directory are used first (offline); missing ones are downloaded. The manual
+files' record (provenance.py) makes changed files prepare the data again and is part of
+`Corpus.source_id`, so the token caches follow (docs/design.md §3.11).
 """
 
 from __future__ import annotations
@@ -45,7 +25,6 @@ log = logging.getLogger(__name__)
 
 URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/"
 EOT_LINE = "<|endoftext|>"
-SPLITS = ("train", "validation")
 # A story longer than this without a separator means the file is not TinyStories text.
 MAX_STORY_CHARS = 1_000_000
 # Tolerated share of undecodable bytes (replaced by U+FFFD) before a file counts as garbage.
@@ -73,17 +52,6 @@ CONFIGS = {
 }
 
 
-def instructions(manual_dir: str | os.PathLike = "<data dir>/manual/tiny_stories") -> str:
-  return (
-      f"Download the TinyStories text files from {URL}<file> and put them in {manual_dir}:\n"
-      f"  version v2 (config.data.tinystories_version='v2'): {CONFIGS['v2'].train_file}, "
-      f"{CONFIGS['v2'].valid_file}\n"
-      f"  version v1 (config.data.tinystories_version='v1'): {CONFIGS['v1'].train_file}, "
-      f"{CONFIGS['v1'].valid_file}\n"
-      "The directory is config.data.manual_dir, by default <data dir>/manual/tiny_stories, where "
-      "<data dir> is config.data.dir, $ACTLAB_DATA_DIR or ~/.cache/actlab.")
-
-
 class FormatError(DataError):
   """A TinyStories file that is not TinyStories text."""
 
@@ -96,18 +64,12 @@ def _not_tinystories(path, why: str) -> FormatError:
 
 
 def parse_stories(path: str | os.PathLike) -> Iterator[str]:
-  """Stories of a TinyStories text file: text between ``<|endoftext|>`` lines, trimmed.
-
-  Raises FormatError for files that are not TinyStories text.
-  """
+  """Stories of a TinyStories text file; FormatError for a file that is not TinyStories text."""
   n_sep = n_stories = n_chars = n_bad = 0
   lines: list[str] = []
   size = 0
   with open(path, "rb") as f:
-    while True:
-      raw = f.readline(1 << 20)
-      if not raw:
-        break
+    for raw in iter(lambda: f.readline(1 << 20), b""):  # lines, at most 1 MiB at a time
       if b"\0" in raw:
         raise _not_tinystories(path, "it contains NUL bytes (binary data)")
       line = raw.decode("utf-8", errors="replace")
@@ -148,7 +110,13 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
   RELEASE_NOTES = {"1.0.0": "Stories split at <|endoftext|> lines, trimmed, empty ones dropped."}
   BUILDER_CONFIGS = list(CONFIGS.values())
   DEFAULT_CONFIG_NAME = "v2"
-  MANUAL_DOWNLOAD_INSTRUCTIONS = instructions()
+  MANUAL_DOWNLOAD_INSTRUCTIONS = (
+      f"Download the TinyStories text files from {URL}<file> and put them in "
+      "<data dir>/manual/tiny_stories:\n"
+      + "".join(f"  version {v} (config.data.tinystories_version='{v}'): {c.train_file}, "
+                f"{c.valid_file}\n" for v, c in CONFIGS.items())
+      + "The directory is config.data.manual_dir, by default <data dir>/manual/tiny_stories, "
+      "where <data dir> is config.data.dir, $ACTLAB_DATA_DIR or ~/.cache/actlab.")
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
@@ -163,7 +131,10 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     files = self.builder_config.files
-    manual = _manual_dir(dl_manager)
+    try:
+      manual = Path(dl_manager.manual_dir)
+    except (AssertionError, ValueError):  # not given, absent or empty
+      manual = None
     # Taken before reading: a later change shows up.
     sources = provenance.manual_sources(manual, files)
     paths = {split: manual / src["file"] for split, src in sources.items()}
@@ -189,25 +160,18 @@ def probe(urls, timeout: float = 15.0) -> None:
   """Raises if the first URL cannot be reached (a single HEAD request, no retries)."""
   import requests  # a dependency of tensorflow_datasets
 
-  for url in list(urls)[:1]:
-    r = requests.head(url, timeout=timeout, allow_redirects=True)
-    if r.status_code >= 400:
-      raise ConnectionError(f"HTTP {r.status_code} for {url}")
+  url = next(iter(urls))
+  r = requests.head(url, timeout=timeout, allow_redirects=True)
+  if r.status_code >= 400:
+    raise ConnectionError(f"HTTP {r.status_code} for {url}")
 
 
-def _manual_dir(dl_manager) -> Path | None:
-  try:
-    return Path(dl_manager.manual_dir)
-  except (AssertionError, ValueError):  # not given, absent or empty
-    return None
-
-
-def missing_files_error(version: str, manual_dir, cause: BaseException | None = None) -> DataError:
+def missing_files_error(version: str, manual_dir, cause: BaseException) -> DataError:
   cfg = CONFIGS[version]
   where = manual_dir if manual_dir is not None else "<data dir>/manual/tiny_stories"
-  why = f" ({short_cause(cause)})" if cause is not None else ""
   return DataError(
-      f"TinyStories {version} is not prepared and could not be downloaded{why}.\n"
+      f"TinyStories {version} is not prepared and could not be downloaded "
+      f"({short_cause(cause)}).\n"
       f"Fix: put {cfg.train_file} and {cfg.valid_file} (from {URL}<file>) in {where} "
       "(config.data.manual_dir), or run once with network access; "
       "or use a ':smoke' config (synthetic data, byte tokenizer), which needs no downloads.")
@@ -221,10 +185,8 @@ def builder(version: str, data_dir: str | os.PathLike) -> TinyStories:
 
 def prepare(version: str, data_dir: str | os.PathLike,
             manual_dir: str | os.PathLike) -> TinyStories:
-  """The prepared builder, prepared first if needed or again if its manual files changed.
-
-  Raises DataError for fixable problems.
-  """
+  """The builder, prepared first if needed or again if its manual files changed; DataError for
+  fixable problems."""
   b = builder(version, data_dir)
   manual_dir = Path(manual_dir)
   mode = tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS
@@ -241,35 +203,15 @@ def prepare(version: str, data_dir: str | os.PathLike,
       compute_stats=tfds.download.ComputeStatsMode.SKIP)
   try:
     b.download_and_prepare(download_config=config)
-  except DataError:
-    raise
   except Exception as e:
-    cause = _find_cause(e, DataError)
-    if cause is not None:  # TFDS may wrap the generator's exception
+    cause, seen = e, set()  # TFDS may wrap the generator's DataError: raise that one
+    while cause is not None and not isinstance(cause, DataError) and id(cause) not in seen:
+      seen.add(id(cause))
+      cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, DataError) and cause is not e:
       raise cause from e
     raise
   return builder(version, data_dir)  # reloaded with the written dataset_info
-
-
-def _find_cause(e: BaseException, kind: type) -> BaseException | None:
-  seen = set()
-  while e is not None and id(e) not in seen:
-    if isinstance(e, kind):
-      return e
-    seen.add(id(e))
-    e = e.__cause__ or e.__context__
-  return None
-
-
-def iter_texts(b: TinyStories, split: str) -> Iterator[str]:
-  """Stream one split's stories from the array_record files, in order."""
-  src = b.as_data_source(split=split)
-  n = len(src)
-  for lo in range(0, n, READ_BATCH):
-    idx = list(range(lo, min(n, lo + READ_BATCH)))
-    for ex in src.__getitems__(idx):
-      t = ex["text"]
-      yield t.decode("utf-8") if isinstance(t, bytes) else str(t)
 
 
 class Corpus:
@@ -277,12 +219,16 @@ class Corpus:
 
   def __init__(self, version: str, data_dir: str | os.PathLike, manual_dir: str | os.PathLike):
     self.version = version
-    self.key = f"tinystories-{version}"
     self.builder = prepare(version, data_dir, manual_dir)
     self.sources = provenance.read_record(self.builder.data_dir) or {}
 
   def texts(self, split: str) -> Iterator[str]:
-    return iter_texts(self.builder, split)
+    """One split's stories, streamed from the array_record files in order."""
+    source = self.builder.as_data_source(split=split)
+    for lo in range(0, len(source), READ_BATCH):
+      for example in source.__getitems__(range(lo, min(len(source), lo + READ_BATCH))):
+        text = example["text"]
+        yield text.decode("utf-8") if isinstance(text, bytes) else str(text)
 
   def num_texts(self, split: str) -> int:
     return int(self.builder.info.splits[split].num_examples)

@@ -1,22 +1,10 @@
-"""Tokenizers behind one small interface.
+"""Tokenizers behind one small interface, by spec (docs/data.md; `tokenizer_store.get` builds them):
+`byte` (UTF-8 bytes 0..255, end-of-text 256), `bpe:<size>` (byte-level BPE, Hugging Face
+`tokenizers`, trained on the training split), `gpt2` (tiktoken, gpt2.py; `<|endoftext|>` = 50256)
+and the encoder's `wordpiece:<size>` (BERT's uncased WordPiece: `special_ids`, `[SEP]` as eot).
 
-Specs (`tokenizer_store.get` builds, trains or loads a tokenizer by its spec):
-
-- ``"byte"``: UTF-8 bytes 0..255 plus an end-of-text id 256 (vocabulary 257).
-- ``"bpe:<size>"``: a byte-level BPE (Hugging Face ``tokenizers``) trained on the training
-  split's texts, with ``<|endoftext|>`` as its only special token. Saved as JSON and reloaded.
-- ``"gpt2"``: OpenAI's GPT-2 encoding through ``tiktoken`` (50,257 ids, ``<|endoftext|>`` =
-  50256), offline from its release files or fetched (``actlab.data.gpt2``).
-- ``"wordpiece:<size>"``: BERT's WordPiece (uncased: lower-cased, accents stripped; Hugging Face
-  ``tokenizers``) trained on the training split's texts, for the encoder. Its special tokens are
-  ``[PAD] [UNK] [CLS] [SEP] [MASK]`` at ids 0-4 in every vocabulary (``special_ids``), and
-  ``[SEP]`` is its ``eot_id``: stories in the token cache are separated by ``[SEP]``, as BERT
-  separates segments. Saved as JSON and reloaded like the BPE.
-
-Story text is always encoded *ordinarily*: a literal ``<|endoftext|>`` inside a text is encoded
-as text, never as the special id. The token cache inserts ``eot_id`` between stories itself.
-
-``vocab_size`` is the unpadded size; the model pads it (GPT-2 50,257 -> 50,304).
+Texts are encoded *ordinarily*: a literal `<|endoftext|>` is text, never the special id; the
+token cache puts `eot_id` between stories. `vocab_size` is unpadded (the model pads it).
 """
 
 from __future__ import annotations
@@ -98,19 +86,12 @@ class ByteTokenizer(Tokenizer):
     return np.insert(flat, np.cumsum(lens), np.asarray(self.eot_id, dtype=dtype))
 
   def decode(self, ids: Iterable[int]) -> str:
-    parts: list[str] = []
-    buf = bytearray()
-    for i in ids:
-      i = int(i)
-      if i == self.eot_id:
-        parts += [buf.decode("utf-8", errors="replace"), EOT_TEXT]
-        buf = bytearray()
-      elif 0 <= i < 256:
-        buf.append(i)
-      else:
-        raise ValueError(f"byte tokenizer: id {i} out of range [0, 256]")
-    parts.append(buf.decode("utf-8", errors="replace"))
-    return "".join(parts)
+    ids = [int(i) for i in ids]
+    if bad := [i for i in ids if not 0 <= i <= self.eot_id]:
+      raise ValueError(f"byte tokenizer: id {bad[0]} out of range [0, 256]")
+    runs = itertools.groupby(ids, key=lambda i: i == self.eot_id)  # bytes between eot ids
+    return "".join(EOT_TEXT * len(list(run)) if eot else bytes(run).decode("utf-8", "replace")
+                   for eot, run in runs)
 
 
 class HFBPETokenizer(Tokenizer):

@@ -1,8 +1,6 @@
-"""A tokenizer by its spec (`get`: built, trained or loaded), and the one saved with a run
-(`<workdir>/tokenizer/`): its defining files and a manifest with their SHA-256, so that sampling
-and export need nothing but the run directory, and a changed file is refused instead of silently
-giving other ids. Apart from tokenizer.py, the interface, because GPT-2's tokenizer (gpt2.py)
-builds on that interface and this module builds GPT-2's."""
+"""A tokenizer by its spec (`get`: built, trained or loaded), and the copy saved with a run
+(`<workdir>/tokenizer/`: its defining files and a manifest of their SHA-256), so that sampling and
+export need only the run directory and a changed file is refused rather than giving other ids."""
 
 from __future__ import annotations
 
@@ -18,6 +16,7 @@ from actlab.data.tokenizer import (DEFAULT_THREADS, ByteTokenizer, HFBPETokenize
 from actlab.errors import DataError
 
 MANIFEST = "actlab_tokenizer.json"  # in a saved tokenizer's directory: its name and checksums
+TRAINED = {"bpe": HFBPETokenizer, "wordpiece": HFWordPieceTokenizer}  # saved as tokenizer.json
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -58,8 +57,7 @@ def load(directory: Path) -> Tokenizer | None:
   elif kind == "gpt2":
     tok = gpt2.gpt2_saved(directory)
   else:
-    cls = HFWordPieceTokenizer if kind == "wordpiece" else HFBPETokenizer
-    tok = cls.load(directory / "tokenizer.json", meta["name"])
+    tok = TRAINED[kind].load(directory / "tokenizer.json", meta["name"])
   if tok.fingerprint != meta["fingerprint"]:
     raise DataError(f"the tokenizer in {directory} is {tok.fingerprint}, saved as "
                     f"{meta['fingerprint']}; restore it from a copy of the run directory")
@@ -69,14 +67,9 @@ def load(directory: Path) -> Tokenizer | None:
 def get(spec: str, *, directory: str | os.PathLike,
         train_texts: Callable[[], Iterable[str]] | None = None,
         gpt2_dir: str | os.PathLike | None = None, threads: int = DEFAULT_THREADS) -> Tokenizer:
-  """Build or load the tokenizer named by ``spec``.
-
-  directory: where a trained BPE or WordPiece is stored (``<directory>/bpe-<size>.json``,
-    ``<directory>/wordpiece-<size>.json``); the caller keys it by corpus/version.
-  train_texts: a callable returning an iterable of training texts, needed only the first time
-    a ``bpe:<size>`` tokenizer is built (at most BPE_TRAIN_MAX_CHARS characters are read).
-  gpt2_dir: a directory with encoder.json + vocab.bpe for an offline GPT-2.
-  """
+  """The tokenizer named by `spec`. A trained BPE or WordPiece is `<directory>/<kind>-<size>.json`,
+  trained on `train_texts()` the first time; `gpt2_dir` holds encoder.json + vocab.bpe for an
+  offline GPT-2."""
   kind, size = parse_spec(spec)
   if kind == "byte":
     return ByteTokenizer()
@@ -84,11 +77,10 @@ def get(spec: str, *, directory: str | os.PathLike,
     return gpt2.gpt2(gpt2_dir, threads)
   path = Path(directory) / f"{kind}-{size}.json"
   name = f"{kind}:{size}"
-  cls = HFWordPieceTokenizer if kind == "wordpiece" else HFBPETokenizer
   if path.is_file():
-    return cls.load(path, name)
+    return TRAINED[kind].load(path, name)
   if train_texts is None:
     raise ValueError(f"{spec}: no saved tokenizer at {path} and no train_texts to train one")
-  tok = cls.train(train_texts(), size, name)
+  tok = TRAINED[kind].train(train_texts(), size, name)
   write_atomic(path, tok.files()["tokenizer.json"])
   return tok

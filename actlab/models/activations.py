@@ -1,37 +1,16 @@
-"""FFN activation functions, their analytic derivatives, and the name registry.
+"""FFN activation functions, their analytic derivatives (`grad`, elementwise d fn / dz) and the
+name registry (`get`). Pure `jax.numpy`. Definitions: docs/reference.md §1.1; beyond those,
+`relu2` is max(0, z)² (grad 2·max(0, z)), `sigmoid` σ(z) (grad σ(z)·σ(−z)) and `identity` z.
 
-Pure `jax.numpy`; no Flax. Φ and φ are the standard normal CDF and PDF, σ the logistic sigmoid.
+`gelu` is always the exact z·Φ(z) (= `jax.nn.gelu(z, approximate=False)`, PyTorch's `GELU()`),
+`gelu_tanh` the tanh approximation ½z(1 + tanh u) = z·σ(2u), u = √(2/π)(z + 0.044715 z³), with
+grad σ(2u) + z·σ(2u)·σ(−2u)·2u′. Both go through erfc / σ, and grads use σ(−z) for 1 − σ(z),
+to keep full precision in the tails. At kinks every `grad` is `jax.grad(fn)`: ReLU′(0) =
+relu2′(0) = 0, ELU′(0) = 1 (checked by the tests).
 
-| name        | fn(z)                                        | grad(z) = d fn / dz            |
-|-------------|----------------------------------------------|--------------------------------|
-| `relu`      | max(0, z)                                    | 1 if z > 0 else 0              |
-| `relu2`     | max(0, z)²                                   | 2·max(0, z)                    |
-| `tanh`      | tanh z                                       | 1 − tanh² z                    |
-| `elu`       | z if z > 0 else eᶻ − 1   (α = 1)             | 1 if z > 0 else eᶻ             |
-| `gelu`      | z·Φ(z)   (exact, erf-based = PyTorch GELU()) | Φ(z) + z·φ(z)                  |
-| `gelu_tanh` | ½z(1 + tanh u) = z·σ(2u)                     | σ(2u) + z·σ(2u)·σ(−2u)·2u'     |
-|             |   u = √(2/π)(z + 0.044715 z³)                |   u' = √(2/π)(1 + 0.134145 z²) |
-| `silu`      | z·σ(z)   (Swish, β = 1)                      | σ(z)(1 + z·σ(−z))              |
-| `sigmoid`   | σ(z)                                         | σ(z)·σ(−z)  (= σ(1 − σ))       |
-| `identity`  | z                                            | 1                              |
-
-`jax.nn.gelu` is the *tanh approximation* by default. Here `gelu` is always exact (the same
-function as `jax.nn.gelu(z, approximate=False)`) and the approximation has its own name,
-`gelu_tanh` (= `jax.nn.gelu(z, approximate=True)`). Both are written via erfc / σ so that their
-values and derivatives keep full precision in the negative tail.
-
-Gated (GLU) family, Shazeer 2020: `fn` is applied to the gate pre-activation and the model computes
-`fn(x W_gate) * (x W_up)`. `swiglu` = silu, `geglu` = gelu (exact), `reglu` = relu,
-`glu` = sigmoid, `bilinear` = identity; these entries share the plain entries' `fn` and `grad`.
-
-Convention at kinks: ReLU'(0) = 0 and relu2'(0) = 0, which is what `jax.grad` gives for
-`jax.nn.relu` (not for `jnp.maximum(z, 0)`, whose gradient at a tie is ½); ELU (α = 1) is
-differentiable at 0 with ELU'(0) = 1 = `jax.grad(jax.nn.elu)(0)`. Every `grad` agrees with
-`jax.grad(fn)` everywhere, z = 0 included (checked by the tests). Grads use σ(−z) for 1 − σ(z)
-so that they stay accurate where σ ≈ 1.
-
-`python -m actlab.models` prints `value_table()`: correct 4-place values of Φ, exact and tanh
-GELU, GELU' and ELU at the reference inputs (GELU' is negative for z < −0.7518).
+Gated (GLU) family, Shazeer 2020: the model computes `fn(x W_gate) * (x W_up)` with the plain
+entry of `GATE_BASE` (`swiglu` = silu, `geglu` = gelu, `reglu` = relu, `glu` = sigmoid,
+`bilinear` = identity). `python -m actlab.models` prints `value_table()` (docs/reference.md §1.2).
 """
 
 from __future__ import annotations
@@ -94,28 +73,17 @@ def gelu_tanh_grad(z):
   return s + z * s * jax.nn.sigmoid(-u2) * du2
 
 
-def elu(z):
-  return jax.nn.elu(z, alpha=1.0)
-
-
-def _sigmoid_grad(z):
-  return jax.nn.sigmoid(z) * jax.nn.sigmoid(-z)
-
-
-def _silu_grad(z):
-  return jax.nn.sigmoid(z) * (1.0 + z * jax.nn.sigmoid(-z))
-
-
 # name -> (fn, grad) for the plain (non-gated) activations.
 _PLAIN = {
     "relu": (jax.nn.relu, lambda z: (z > 0).astype(z.dtype)),
     "relu2": (lambda z: jnp.square(jax.nn.relu(z)), lambda z: 2.0 * jax.nn.relu(z)),
     "tanh": (jnp.tanh, lambda z: 1.0 - jnp.tanh(z) ** 2),
-    "elu": (elu, lambda z: jnp.where(z > 0, 1.0, jnp.exp(jnp.minimum(z, 0.0))).astype(z.dtype)),
+    "elu": (jax.nn.elu,
+            lambda z: jnp.where(z > 0, 1.0, jnp.exp(jnp.minimum(z, 0.0))).astype(z.dtype)),
     "gelu": (gelu, gelu_grad),
     "gelu_tanh": (gelu_tanh, gelu_tanh_grad),
-    "silu": (jax.nn.silu, _silu_grad),
-    "sigmoid": (jax.nn.sigmoid, _sigmoid_grad),
+    "silu": (jax.nn.silu, lambda z: jax.nn.sigmoid(z) * (1.0 + z * jax.nn.sigmoid(-z))),
+    "sigmoid": (jax.nn.sigmoid, lambda z: jax.nn.sigmoid(z) * jax.nn.sigmoid(-z)),
     "identity": (lambda z: z, jnp.ones_like),
 }
 # gated name -> the plain activation applied to the gate.
@@ -141,7 +109,7 @@ def get(name: str) -> Activation:
 def value_table(zs=(-3, -1, 0, 0.5, 1, 3)) -> str:
   """Markdown table of Φ, exact GELU, tanh GELU, GELU' and ELU at `zs` (4 decimals)."""
   z = jnp.asarray(zs, jnp.float32)
-  cols = [normal_cdf(z), gelu(z), gelu_tanh(z), gelu_grad(z), elu(z)]
+  cols = [normal_cdf(z), gelu(z), gelu_tanh(z), gelu_grad(z), jax.nn.elu(z)]
   lines = ["| z | Φ(z) | GELU exact | GELU tanh | GELU'(z) | ELU |", "|---|---|---|---|---|---|"]
   for i, zi in enumerate(zs):
     # `+ 0.0` turns a rounded -0.0 into 0.0 so no cell reads "-0.0000".

@@ -1,36 +1,17 @@
 """The BERT (Hugging Face) names of the encoder's parameters, and conversion both ways.
 
-Parameter names map one-to-one onto a standard BERT checkpoint (Hugging Face `bert-base-uncased`;
-its task models prefix the trunk with `bert.`). Flax kernels are stored (in, out), the transpose
-of PyTorch's `weight`; LayerNorm `scale`/`bias` are `weight`/`bias` (`gamma`/`beta` in old files).
-`hf_names` gives the table for a parameter tree; `to_hf` / `from_hf` convert (`found`: what a
-checkpoint has, for `train.init_from=hf:DIR`; GPT-2's names: hf_gpt2.py).
+The names map one-to-one onto a standard BERT checkpoint (`bert-base-uncased`; task models prefix
+the trunk with `bert.`): `_TOP`, `_BLOCK` and `_MLM` below, e.g. `block_i/ffn/up/kernel` (D, F) is
+`encoder.layer.i.intermediate.dense.weight`, transposed: Flax kernels are (in, out), PyTorch's
+`weight` (out, in). Every kernel's `bias` sits beside it, untransposed; LayerNorm `scale`/`bias`
+are `weight`/`bias` (`gamma`/`beta` in old files). Without a BERT equivalent: a GLU's
+`ffn/gate` (`intermediate.gate`) and pre-LN's `ln_f` (`encoder.LayerNorm`). `mlm/bias` is
+`cls.predictions.bias`; the decoder is tied to the word embeddings.
 
-| actlab (Flax)                         | BERT (PyTorch)                                   | shape (Flax)   |
-|---------------------------------------|--------------------------------------------------|----------------|
-| `wte/embedding`                       | `embeddings.word_embeddings.weight`              | (V, D)         |
-| `wpe/embedding`                       | `embeddings.position_embeddings.weight`          | (P, D)         |
-| `wtt/embedding`                       | `embeddings.token_type_embeddings.weight`        | (2, D)         |
-| `ln_emb/{scale,bias}`                 | `embeddings.LayerNorm.{weight,bias}`             | (D,)           |
-| `block_i/attn/{query,key,value}/kernel` | `encoder.layer.i.attention.self.{query,key,value}.weight`ᵀ | (D, D) |
-| `block_i/attn/out/kernel`             | `encoder.layer.i.attention.output.dense.weight`ᵀ | (D, D)         |
-| `block_i/ln_attn/{scale,bias}`        | `encoder.layer.i.attention.output.LayerNorm.*`   | (D,)           |
-| `block_i/ffn/up/kernel`               | `encoder.layer.i.intermediate.dense.weight`ᵀ     | (D, F)         |
-| `block_i/ffn/gate/kernel` (GLU only)  | `encoder.layer.i.intermediate.gate.weight`ᵀ (no BERT equivalent) | (D, F) |
-| `block_i/ffn/down/kernel`             | `encoder.layer.i.output.dense.weight`ᵀ           | (F, D)         |
-| `block_i/ln_ffn/{scale,bias}`         | `encoder.layer.i.output.LayerNorm.*`             | (D,)           |
-| `ln_f/{scale,bias}` (pre-LN only)     | `encoder.LayerNorm.*` (no BERT equivalent)       | (D,)           |
-| `pooler/kernel`                       | `pooler.dense.weight`ᵀ                           | (D, D)         |
-| `mlm/dense/kernel`                    | `cls.predictions.transform.dense.weight`ᵀ        | (D, D)         |
-| `mlm/ln/{scale,bias}`                 | `cls.predictions.transform.LayerNorm.*`          | (D,)           |
-| `mlm/bias`                            | `cls.predictions.bias` (= `decoder.bias`; `decoder.weight` is tied to the word embeddings) | (V,) |
-| `classifier/kernel`                   | `classifier.weight`ᵀ                             | (D, C)         |
-
-Every `…/kernel` has a `…/bias` beside it (`….bias` in BERT, not transposed). The vocabulary V
-is the tokenizer's padded to a multiple of 64 (BERT's 30,522 → 30,528): `from_hf` pads with
-the mean of the real rows (`fit`). BERT-base (12 layers, 768, 12 heads, d_ff 3072, 512
-positions) has 109,482,240 parameters with the pooler at V = 30,522 — the "110M" — and
-109,486,848 at V = 30,528 (tests/test_encoder.py derives both from the closed form `models.param_count`).
+The vocabulary V is the tokenizer's padded to a multiple of 64 (BERT's 30,522 → 30,528; `from_hf`
+pads with the mean of the real rows, `fit`). BERT-base has 109,482,240 parameters with the pooler
+at V = 30,522 (the "110M"), 109,486,848 at V = 30,528 (tests/test_encoder.py). GPT-2's names:
+hf_gpt2.py.
 """
 
 from __future__ import annotations
@@ -99,14 +80,27 @@ def found(state: Mapping[str, np.ndarray], like: Mapping) -> tuple[dict, list[st
   for k in list(state):
     if k.endswith(".gamma") or k.endswith(".beta"):
       state[k.rsplit(".", 1)[0] + (".weight" if k.endswith(".gamma") else ".bias")] = state.pop(k)
+  return gather(state, like, hf_name,
+                lambda path, value: value.T if path[-1] == "kernel" else value)
+
+
+def gather(state: Mapping[str, np.ndarray], like: Mapping, hf_name,
+           to_flax) -> tuple[dict, list[str]]:
+  """({path: array} for every parameter of the per-layer `like` that `state` has under
+  `hf_name(path)`, in Flax layout (`to_flax(path, array)`) and `fit` to `like`; the names of
+  those it lacks, or the paths of those without a name)."""
   flat, missing = {}, []
   for path, target in flatten_dict(like).items():
-    name = hf_name(path)
+    try:
+      name = hf_name(path)
+    except KeyError:
+      missing.append("/".join(path))
+      continue
     if name not in state:
       missing.append(name)
       continue
-    value = np.asarray(state[name], np.float32)
-    flat[path] = fit(path, name, value.T if path[-1] == "kernel" else value, target.shape)
+    value = to_flax(path, np.asarray(state[name], np.float32))
+    flat[path] = fit(path, name, value, target.shape)
   return flat, missing
 
 
@@ -136,13 +130,12 @@ def fit(path: tuple[str, ...], name: str, value: np.ndarray, shape: tuple[int, .
   padded logit is the mean real logit and the loss grows by at most ln(1 + padding/V)), its
   longer position table cut to the model's `max_len`. ValueError for any other difference."""
   shape = tuple(shape)
-  extra = shape[0] - value.shape[0] if value.ndim == len(shape) else None
-  if value.shape == shape or extra is None or value.shape[1:] != shape[1:]:
-    pass
-  elif path[0] in ("wte", "mlm") and extra > 0:
-    value = np.concatenate([value, np.repeat(value.mean(0, keepdims=True), extra, axis=0)])
-  elif path[0] == "wpe" and extra < 0:
-    value = value[:shape[0]]
+  if value.ndim == len(shape) and value.shape[1:] == shape[1:]:
+    extra = shape[0] - value.shape[0]  # rows the model has beyond the checkpoint's
+    if path[0] in ("wte", "mlm") and extra > 0:
+      value = np.concatenate([value, np.repeat(value.mean(0, keepdims=True), extra, axis=0)])
+    elif path[0] == "wpe" and extra < 0:
+      value = value[:shape[0]]
   if value.shape != shape:
     raise ValueError(f"{name}: shape {value.shape}, the model wants {shape}")
   return value

@@ -1,10 +1,8 @@
-"""A Hugging Face model directory (`config.json` + weights) against an actlab config, both ways:
-`write` exports a run's parameters as GPT-2 (`GPT2LMHeadModel`) or BERT (`BertForMaskedLM`,
-`BertForSequenceClassification`) for `from_pretrained`; `read` checks and loads one for
-`train.init_from=hf:DIR`. What cannot map is refused in one line (`UserError`) saying what would.
-The parameter names are hf.py's (BERT) and hf_gpt2.py's. Neither needs torch (only an old
-pytorch_model.bin does): weights go through `safetensors.numpy`, config.json through
-transformers' config classes (or plain JSON).
+"""A Hugging Face model directory (`config.json` + weights) against an actlab config, both ways
+(docs/huggingface.md): `write` exports a run's model as GPT-2 or BERT for `from_pretrained`,
+`read` checks and loads one for `train.init_from=hf:DIR`; what cannot map is refused in one line
+(`UserError`). Parameter names: hf.py (BERT), hf_gpt2.py. No torch needed (except for an old
+pytorch_model.bin): weights go through `safetensors.numpy`.
 """
 
 from __future__ import annotations
@@ -50,10 +48,8 @@ REQUIRED = {"gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_id
 def _check_architecture(config, arch: Architecture, doing: str) -> None:
   """UserError unless the config's model has `arch`'s FFN (plain), LayerNorm placement and
   attention (no qk-layernorm)."""
-  m = config.model
-  cls, norm = arch.cls, arch.norm
-  act = activations.get(m.activation)
-  if act.gated:
+  m, cls, norm = config.model, arch.cls, arch.norm
+  if activations.get(m.activation).gated:
     raise UserError(f"{doing}: model.activation={m.activation!r} is a gated FFN (a third matrix), "
                     f"which {cls} cannot express; use a plain activation "
                     f"({', '.join(ACTIVATIONS)})")

@@ -1,21 +1,9 @@
 """The GPT-2 (Hugging Face `GPT2LMHeadModel`) names of the decoder's parameters, and conversion
-both ways.
-
-| actlab (Flax)                                | GPT-2 (PyTorch)                               | shape (Flax) |
-|----------------------------------------------|-----------------------------------------------|--------------|
-| `wte/embedding`                              | `transformer.wte.weight` (= `lm_head.weight`, tied) | (V, D)  |
-| `wpe/embedding`                              | `transformer.wpe.weight`                      | (P, D)       |
-| `block_i/ln_attn/{scale,bias}`               | `transformer.h.i.ln_1.{weight,bias}`          | (D,)         |
-| `block_i/attn/{query,key,value}/kernel`      | `transformer.h.i.attn.c_attn.weight`, columns [0:D], [D:2D], [2D:3D] | (D, D) |
-| `block_i/attn/out/kernel`                    | `transformer.h.i.attn.c_proj.weight`          | (D, D)       |
-| `block_i/ln_ffn/{scale,bias}`                | `transformer.h.i.ln_2.{weight,bias}`          | (D,)         |
-| `block_i/ffn/up/kernel`                      | `transformer.h.i.mlp.c_fc.weight`             | (D, F)       |
-| `block_i/ffn/down/kernel`                    | `transformer.h.i.mlp.c_proj.weight`           | (F, D)       |
-| `ln_f/{scale,bias}`                          | `transformer.ln_f.{weight,bias}`              | (D,)         |
-
-GPT-2's `Conv1D` stores its weight (in, out), as Flax does: no transpose (unlike BERT's
-`nn.Linear`, hf.py). Every kernel has its bias beside it; `c_attn.bias` is the query, key and
-value biases concatenated. A gated FFN's `gate` has no GPT-2 name. A `GPT2Model` checkpoint (no
+both ways: `wte`, `wpe`, `ln_f` keep their names under `transformer.`; block i is `h.i` with
+`ln_attn` → `ln_1`, `ln_ffn` → `ln_2` and the modules in `_BLOCK`. Query, key and value are
+thirds (columns [0:D], [D:2D], [2D:3D]) of the fused `attn.c_attn`, weight and bias. GPT-2's
+`Conv1D` stores weights (in, out), as Flax does: no transpose (unlike BERT's, hf.py). The LM head
+is tied to `wte`; a gated FFN's `gate` has no GPT-2 name; a `GPT2Model` checkpoint (no
 `transformer.` prefix) reads the same.
 """
 
@@ -58,7 +46,8 @@ def to_hf(params: Mapping) -> dict[str, np.ndarray]:
       qkv.setdefault(name, {})[path[-2]] = np.asarray(value)
     else:
       out[name] = np.asarray(value)
-  out.update({name: np.concatenate([parts[k] for k in QKV], axis=-1) for name, parts in qkv.items()})
+  for name, parts in qkv.items():
+    out[name] = np.concatenate([parts[k] for k in QKV], axis=-1)
   return out
 
 
@@ -66,21 +55,11 @@ def found(state: Mapping[str, np.ndarray], like: Mapping) -> tuple[dict, list[st
   """({path: array} for every parameter of the per-layer `like` that the GPT-2 state dict has,
   the names of those it lacks), fit to `like` (hf.fit)."""
   state = {k.removeprefix("transformer."): v for k, v in state.items()}
-  flat, missing = {}, []
-  for path, target in flatten_dict(like).items():
-    try:
-      name = hf_name(path)
-    except KeyError:
-      missing.append("/".join(path))
-      continue
-    if name not in state:
-      missing.append(name)
-      continue
-    value = np.asarray(state[name], np.float32)
-    if path[-2] in QKV:
-      value = np.split(value, 3, axis=-1)[QKV.index(path[-2])]
-    flat[path] = hf.fit(path, name, value, target.shape)
-  return flat, missing
+
+  def third_of_c_attn(path, value):
+    return np.split(value, 3, axis=-1)[QKV.index(path[-2])] if path[-2] in QKV else value
+
+  return hf.gather(state, like, hf_name, third_of_c_attn)
 
 
 def from_hf(state: Mapping[str, np.ndarray], like: Mapping) -> dict:

@@ -28,7 +28,8 @@ class Spec:
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "Spec":
-    return cls(**{**config_fields(cls, model), "vocab_size": pad_vocab(model.vocab_size or vocab_size)})
+    vocab_size = pad_vocab(model.vocab_size or vocab_size)
+    return cls(**{**config_fields(cls, model), "vocab_size": vocab_size})
 
   @property
   def ffn_width(self) -> int:
