@@ -1,12 +1,8 @@
-"""Every config field with its default and its comment, grouped by section:
-`python -m actlab.config` (or `python -m actlab.config.fields`); with `--config=FILE[:arg]` (and
-`--config.<section>.<field>=<value>` overrides) it prints that config as it resolves instead.
+"""`python -m actlab.config`: every config field with its default and comment, by section; with
+`--config=FILE[:arg]` (and `--config.<section>.<field>=` overrides) that config as it resolves.
 
-The comments are the ones beside each field in `config.base()` and `config.encoder()`, read from
-their source, and fields that take an activation list the names of `actlab.models.activations`, so this
-listing cannot drift from the code; the defaults are the built configs'. Fields only the encoder
-has are marked `[encoder]`; `--config.<section>.<field>=<value>` overrides any of them (docs/running.md,
-"One run").
+The comments are read from the source of `config.base()` and `config.encoder()` and the names an
+activation field takes from `actlab.models.activations`, so the listing cannot drift from the code.
 """
 
 import inspect
@@ -51,6 +47,8 @@ def names() -> dict[str, str]:
 
 
 def listing() -> str:
+  """The fields in source order, each with the decoder's default (the encoder's where it differs
+  or only the encoder has the field), its comment and the names it accepts."""
   decoder, encoder = config_lib.base().to_dict(), config_lib.encoder().to_dict()
   notes, accepted = comments(), names()
   order = list(notes) + [f"{s}.{f}" for s in encoder for f in encoder[s]]  # source order first
