@@ -1,14 +1,11 @@
-"""`python -m actlab.config`: every config field with its default and comment, by section; with
-`--config=FILE[:arg]` (and `--config.<section>.<field>=` overrides) that config as it resolves.
-
-The comments are read from the source of `config.base()` and `config.encoder()` and the names an
-activation field takes from `actlab.models.activations`, so the listing cannot drift from the code.
+"""The listing `python -m actlab.config` prints: every config field with its default and comment,
+by section. The comments are read from the source of `config.base()` and `config.encoder()`, the
+names an activation field takes from `actlab.models.activations`: the listing cannot drift.
 """
 
 import inspect
 import re
 
-from actlab import errors
 from actlab import config as config_lib
 from actlab.models import activations
 
@@ -67,23 +64,3 @@ def listing() -> str:
     if key in accepted:
       lines.append(f"      one of: {accepted[key]}")
   return "\n".join(lines).lstrip("\n")
-
-
-def main() -> None:
-  """The command line: every field (`listing`), or with --config the config it resolves to, as
-  JSON (what a run writes to its config.json)."""
-  config = errors.define_config_file(
-      "config", "Config file to print as it resolves, e.g. configs/x.py:smoke (without it: "
-      "every field with its default and meaning).")
-
-  def show(argv):
-    del argv
-    if config.value is not None:
-      print(config.value.to_json(indent=2))
-      return
-    print("Every config field: its default (the decoder's, config.base()), the encoder's where "
-          "it differs, and what it does.\nOverride any with --config.<section>.<field>=<value>; "
-          "print a config as it resolves with --config=FILE[:arg].\n")
-    print(listing())
-
-  errors.run(show)
