@@ -40,8 +40,7 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   m.attention_impl = "xla"      # jax.nn.dot_product_attention implementation: "xla", "cudnn",
                                 # "auto"
   m.loss_impl = "fused"         # decoder LM head + loss: "fused" (chunked, no [B, L, V] logits in
-                                # memory; actlab.models.kernels) or "plain" (logits, then
-                                # cross-entropy)
+                                # memory; models/kernels.py) or "plain" (logits, then cross-entropy)
   m.scan_layers = False         # nn.scan over the blocks: compile time independent of depth
                                 # (params under "blocks" with a layer axis; another random init)
   m.remat = "none"              # recompute activations in the backward pass to save memory:
@@ -68,11 +67,10 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   t.eval_every = 500            # steps between validation passes (also at step 0 and the end)
   t.checkpoint_every = 1000     # steps between checkpoints (also at the end)
   t.keep_checkpoints = 3        # how many checkpoints Orbax keeps
-  t.init_from = ""              # start from a workdir (its latest checkpoint: every parameter
-                                # with the same name and shape; classify: the MLM run's trunk)
-                                # or hf:<dir> (a local GPT-2/BERT save_pretrained directory;
-                                # the FFN activation stays this config's, docs/huggingface.md);
-                                # "" = random init
+  t.init_from = ""              # start from a workdir (latest checkpoint: every parameter with the
+                                # same name and shape; classify: the MLM run's trunk) or hf:<dir>
+                                # (a local GPT-2/BERT save_pretrained directory; the FFN activation
+                                # stays this config's, docs/huggingface.md); "" = random init
   t.progress = True             # tqdm progress bar on stderr
 
   c.metrics = mt = ml_collections.ConfigDict()  # what is measured; see docs/metrics.md
@@ -153,21 +151,15 @@ def encoder(activation: str = "gelu", size: str | None = None,
   c = base(activation)
   m = c.model
   m.update(kind="encoder", norm="post", norm_eps=1e-12)
-  m.task = "mlm"                # "mlm" (masked-LM pretraining) or "classify" (fine-tune on
-                                # data.classify)
-  m.pooler_activation = "tanh"  # pooler over [CLS] → the classifier (BERT: tanh); any plain
-                                # activation
-  m.type_vocab_size = 2         # segment (token-type) embeddings, as in BERT; all inputs use
-                                # segment 0
-  m.num_classes = 2             # classifier outputs (task "classify"); must match
-                                # data.classify's labels
+  m.task = "mlm"                # "mlm" (MLM pretraining) or "classify" (fine-tune on data.classify)
+  m.pooler_activation = "tanh"  # [CLS] pooler → the classifier (BERT: tanh); any plain activation
+  m.type_vocab_size = 2         # segment (token-type) embeddings, as in BERT; inputs use segment 0
+  m.num_classes = 2             # classifier outputs; must match data.classify's number of labels
   c.optim.update(b2=0.999, eps=1e-6, weight_decay=0.01)
   d = c.data
-  d.mlm_prob = 0.15             # fraction of maskable tokens selected per sequence (exactly,
-                                # rounded)
+  d.mlm_prob = 0.15             # share of maskable tokens selected per sequence (exactly, rounded)
   d.mlm_mask_frac = 0.8         # selected tokens replaced by [MASK]
-  d.mlm_random_frac = 0.1       # selected tokens replaced by a random ordinary token (rest
-                                # unchanged)
+  d.mlm_random_frac = 0.1       # selected tokens replaced by a random ordinary one (rest unchanged)
   d.classify = "glue/sst2"      # task "classify": "glue/sst2" (TFDS) or "synthetic/hero_gender"
   override(c, SIZES[ENCODER_PREFIX + size])
   if task == "classify":
