@@ -76,7 +76,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
   """Raises ConfigError (one readable line) for the first inconsistency found: each field's own
   range first, then how fields relate."""
   m, o, t, d, mt = c.model, c.optim, c.train, c.data, c.metrics
-  _check_task(c)
+  check_one_of("model.kind", m.kind, ("decoder", "encoder"))
+  if m.kind == "decoder":
+    check(m.get("task", "lm") == "lm",
+          f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
+  else:
+    _check_encoder(c)
   _activation("model.activation", m.activation)
   for key in POSITIVE:
     check(_field(c, key) > 0, f"{key}={_field(c, key)} must be positive")
@@ -107,29 +112,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
         'pip install -e ".[wandb]"')
 
 
-def _check_task(config: ml_collections.ConfigDict) -> None:
-  """The config names a task and has the fields its model needs."""
-  m = config.model
-  check_one_of("model.kind", m.kind, ("decoder", "encoder"))
-  if m.kind == "decoder":
-    check(m.get("task", "lm") == "lm",
-          f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
-  else:
-    _check_encoder(config)
-    check_one_of("model.task", m.task, ("mlm", "classify"))
-    check(m.task != "classify" or not config.data.test_batches,
-          "data.test_batches: classification scores the labelled validation split whole; "
-          "set data.test_batches=0")
-
-
 ENCODER_FIELDS = ("model.task", "model.pooler_activation", "model.type_vocab_size",
                   "model.num_classes", "data.mlm_prob", "data.mlm_mask_frac",
                   "data.mlm_random_frac", "data.classify")
 
 
 def _check_encoder(config) -> None:
-  """The encoder's fields (`config.encoder`), for both its tasks (mlm, classify): a config
-  switches between them by `model.task` alone."""
+  """The encoder's fields (`config.encoder`) and task: a config switches between its tasks (mlm,
+  classify) by `model.task` alone."""
   m, d = config.model, config.data
   missing = [f for f in ENCODER_FIELDS if f.split(".")[1] not in config[f.split(".")[0]]]
   check(not missing, f"model.kind='encoder' needs the encoder's fields ({', '.join(missing)} "
@@ -151,3 +141,7 @@ def _check_encoder(config) -> None:
         "be >= 0 with a sum <= 1")
   check(d.classify in classify_data.SOURCES,
         f"data.classify={d.classify!r}: choose one of {choices(classify_data.SOURCES)}")
+  check_one_of("model.task", m.task, ("mlm", "classify"))
+  check(m.task != "classify" or not d.test_batches,
+        "data.test_batches: classification scores the labelled validation split whole; "
+        "set data.test_batches=0")

@@ -162,9 +162,7 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
     for group_ in groups:
       cells_ = [c for c in group_ if seed is None or c.overrides[SEED_KEY] == seed]
       summaries = run_group(cells_, workdir, cache, log, progress_) if cells_ else []
-      for cell, summary in zip(cells_, summaries):
-        if summary is not None:
-          results[cell.name] = summary
+      results.update((c.name, s) for c, s in zip(cells_, summaries) if s is not None)
   if not worker:
     _end(mine, workdir, results, log)
   return results
