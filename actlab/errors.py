@@ -50,9 +50,9 @@ def reported():
 
 
 def run(main) -> None:
-  """`app.run(main)` with `parse_flags`, a UserError in either `reported`. Drops the unraisable
-  "Event loop is closed" errors that tensorstore's threads post to Orbax's after a failed
-  checkpoint read, a traceback each, after the one-line error: they carry no news."""
+  """`app.run(main)` with `parse_flags`; a UserError in either is `reported`. Drops the
+  unraisable "Event loop is closed" errors that tensorstore's threads post to Orbax's after a
+  failed checkpoint read, a traceback each, after the one-line error: they carry no news."""
 
   def unraisablehook(unraisable, hook=sys.unraisablehook):
     value = unraisable.exc_value

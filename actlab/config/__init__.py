@@ -145,9 +145,8 @@ def encoder(activation: str = "gelu", size: str | None = None,
   check(task in ("mlm", "classify"), f"encoder task {task!r}: choose 'mlm' or 'classify'")
   variant = size if task == "mlm" else f"{size}_classify"
   variants = ENCODER_SIZES + ["classify"] + [f"{s}_classify" for s in CLASSIFY_SETTINGS]
-  if variant not in variants:
-    raise ConfigError(f"unknown encoder config variant {variant!r}; choose one of: "
-                      + choices(variants))
+  check(variant in variants,
+        f"unknown encoder config variant {variant!r}; choose one of: {choices(variants)}")
   c = base(activation)
   m = c.model
   m.update(kind="encoder", norm="post", norm_eps=1e-12)
