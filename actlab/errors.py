@@ -1,9 +1,8 @@
 """User-facing errors: one readable line on stderr and a non-zero exit, no traceback wall.
 
-Command-line tools start with `errors.run(main)` and define a config file flag with
-`errors.define_config_file`: then mistakes in the flags (an unknown flag or `--config.<field>`, a
-bad value, a missing or broken config file) are reported like a UserError raised by `main`
-(`parse_flags`).
+Command-line tools run `errors.run(main)` and define their config file flag with
+`define_config_file`: then mistakes in the flags (an unknown flag or field, a bad value, a missing
+or broken config file) are reported like a UserError raised by `main`.
 """
 
 import contextlib
@@ -38,10 +37,9 @@ def short_cause(e: BaseException, limit: int = 150) -> str:
 
 @contextlib.contextmanager
 def reported():
-  """Turns a UserError into `error: <message>` on stderr and its exit code. The process ends at
-  once (`os._exit`): exit handlers of libraries whose writes failed (a full disk: TensorBoard's
-  writer, Orbax's threads) would only print the same error again as tracebacks. Whatever actlab
-  writes is complete or atomic by then."""
+  """Turns a UserError into `error: <message>` on stderr and its exit code, ending the process at
+  once (`os._exit`): the exit handlers of libraries whose writes failed (a full disk) would only
+  repeat the error as tracebacks. What actlab writes is complete or atomic by then."""
   try:
     yield
   except UserError as e:
@@ -52,10 +50,9 @@ def reported():
 
 
 def run(main) -> None:
-  """`app.run(main)` with `parse_flags`, a UserError in either reported by `reported`. For the
-  process it runs, unraisable errors of callbacks posted to a closed event loop are dropped:
-  after a failed checkpoint read, tensorstore's threads still post to Orbax's, a traceback each,
-  until the process ends (after the one-line error); they carry no news."""
+  """`app.run(main)` with `parse_flags`; a UserError in either is `reported`. Drops the
+  unraisable "Event loop is closed" errors that tensorstore's threads post to Orbax's after a
+  failed checkpoint read, a traceback each, after the one-line error: they carry no news."""
 
   def unraisablehook(unraisable, hook=sys.unraisablehook):
     value = unraisable.exc_value
@@ -67,8 +64,7 @@ def run(main) -> None:
 
 
 def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
-  """absl's parsing of `argv` after `check_config_files`, its errors (an unknown or missing flag,
-  a bad value) as UserErrors."""
+  """absl's parsing of `argv` after `check_config_files`, its errors as UserErrors."""
   check_config_files(argv, flag_values)
   try:
     return flag_values(argv)
@@ -87,12 +83,9 @@ def _closest(word: str, choices) -> str | None:
 
 
 def call_file(path: str, function: str, *args, kind: str):
-  """`function(*args)` of the Python file at `path` (a `kind` file: "config", "sweep").
-
-  A missing file or function is a UserError, and so is an exception the file raises, naming the
-  file and line; a UserError or ValueError it raises (its own refusal, e.g. of an unknown variant)
-  passes unchanged.
-  """
+  """`function(*args)` of the Python file at `path` (a `kind` file: "config", "sweep"). A missing
+  file or function, or an exception the file raises, is a UserError naming the file and line; a
+  UserError or ValueError it raises (its own refusal, e.g. of a variant) passes unchanged."""
   file = pathlib.Path(path)
   if not file.is_file():
     sibling = _closest(file.name, (p.name for p in file.parent.glob("*.py")))
@@ -147,14 +140,11 @@ def _dotted_fields(config: ml_collections.ConfigDict, prefix: str = ""):
 
 
 def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
-  """Loads the file of each config file flag in `argv`, `path[:arg]`, as config_flags does
-  (`get_config(arg)`), and checks its `--<name>.<key>` overrides: a UserError for a missing or
-  broken file, or a key that names no field.
-
-  config_flags, which parses them next, fails on these with bare exceptions and tracebacks from
-  inside absl's parsing, where no public hook reaches, and it reads the overrides from the
-  command line itself. So absl parses `argv` here first with each config flag as a plain string
-  (known_only): of the flags it leaves, those under `--<name>.` are the overrides."""
+  """Loads each config file flag's `path[:arg]` in `argv` as config_flags does and checks its
+  `--<name>.<key>` overrides: a UserError for a missing or broken file, or a key that names no
+  field. (config_flags fails on these with tracebacks from inside absl's parsing, which no public
+  hook reaches.) The config flag is parsed here as a plain string (known_only): of the flags left
+  over, those under `--<name>.` are the overrides."""
   mine = [f.name for f in _config_file_flags if f.name in flag_values and flag_values[f.name] is f]
   for name in mine:
     as_string = flags.FlagValues()

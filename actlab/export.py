@@ -1,17 +1,11 @@
-"""Writes a trained run as a Hugging Face model directory: `config.json`, `model.safetensors` and
-the tokenizer's files, which `transformers` loads with `from_pretrained` (docs/huggingface.md).
+"""Writes a trained run as a Hugging Face model directory (`config.json`, `model.safetensors`, the
+tokenizer's files) that `transformers` loads with `from_pretrained` (docs/huggingface.md).
 
-  python -m actlab.export --workdir=runs/gelu --out=hf/gelu
+  python -m actlab.export --workdir=runs/gelu --out=hf/gelu      # or write(workdir, out)
 
-or `write(workdir, out)` from Python.
-
-A decoder becomes `GPT2LMHeadModel`, an encoder `BertForMaskedLM` (task mlm) or
-`BertForSequenceClassification` (task classify); the padded vocabulary rows are dropped. What
-GPT-2 or BERT cannot express (a gated FFN, another LayerNorm placement, ...) is refused in one
-line (models/hf_checkpoint.py); the tokenizer's files: models/hf_tokenizer.py. The exported
-config.json says which step of how many the run had reached and whether it finished (its `actlab`
-entry). `--out` must be new, empty or an earlier export, never in a run directory. Needs the `hf`
-extra (transformers, safetensors; no torch): pip install -e ".[hf]".
+A decoder becomes `GPT2LMHeadModel`, an encoder `BertForMaskedLM` or
+`BertForSequenceClassification`; what GPT-2 or BERT cannot express is refused in one line
+(models/hf_checkpoint.py). Needs the `hf` extra (no torch): pip install -e ".[hf]".
 """
 
 import importlib.util
@@ -26,9 +20,10 @@ from actlab.models import hf_checkpoint
 from actlab.run import train
 from actlab.run import workdir as workdir_lib
 
+
 def check_out(out: pathlib.Path) -> None:
   """Refuses an `--out` that is a file, is or lies inside a run directory, or holds anything but
-  an earlier export (`_exported`), before anything is read or written."""
+  an earlier export (config.json with the `EXPORTED` entry), before anything is read or written."""
   workdir_lib.check_usable(out, "--out")
   resolved = out.resolve()
   for path in (resolved, *resolved.parents):
@@ -36,16 +31,11 @@ def check_out(out: pathlib.Path) -> None:
       where = "is" if path == resolved else f"lies inside {path}, which is"
       raise errors.UserError(f"--out {out} {where} a run directory; export into a new or empty "
                              "directory outside it")
-  if out.is_dir() and any(out.iterdir()) and not _exported(out):
+  entry = (workdir_lib.read_json(out / "config.json") or {}).get(hf_checkpoint.EXPORTED)
+  exported = isinstance(entry, dict) and "exported_from" in entry
+  if out.is_dir() and any(out.iterdir()) and not exported:
     raise errors.UserError(f"--out {out} holds files that actlab.export did not write; give a "
                            "new or empty directory, or one an earlier export wrote")
-
-
-def _exported(directory: pathlib.Path) -> bool:
-  """Whether `directory` holds a config.json that `hf_checkpoint.write` wrote (it has the
-  `EXPORTED` entry)."""
-  entry = (workdir_lib.read_json(directory / "config.json") or {}).get(hf_checkpoint.EXPORTED)
-  return isinstance(entry, dict) and "exported_from" in entry
 
 
 def write(workdir: pathlib.Path, out: pathlib.Path) -> str:

@@ -17,7 +17,8 @@ from actlab.run.train import load_run  # also `sample.load_run`, as before
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder.")
 _PROMPT = flags.DEFINE_string("prompt", "", "Text to continue (a story start if empty).")
-_MAX_TOKENS = flags.DEFINE_integer("max_tokens", None, "Tokens to generate (default: fill the context).")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", None,
+                                   "Tokens to generate (default: fill the context).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 means greedy.",
                                   lower_bound=0.0)
 _TOP_K = flags.DEFINE_integer("top_k", 40, "Sample among the k likeliest tokens; 0 means all.",

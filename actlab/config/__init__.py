@@ -1,9 +1,6 @@
-"""The default config (every field, documented), the builders of the shipped config files at the
-sizes of actlab/config/sizes.py, and the one override parser; `validate(config)` is validation.py's.
-
-Config files in `configs/` start from `decoder` or `encoder` (`base()` at a size of `actlab.config.sizes.SIZES`) and
-change only what their experiment varies; `validate` runs before anything compiles and raises
-`ConfigError` with one readable line.
+"""The default config (`base`: every field, with its comment), the builders of the shipped config
+files (`decoder`, `encoder`, at the sizes of sizes.py) and the one override parser. `validate`
+(validation.py) raises `ConfigError` with one readable line before anything compiles.
 """
 
 import ast
@@ -40,9 +37,10 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   m.qk_norm = False             # qk-layernorm: LayerNorm of queries and keys over the head dim
                                 # before q·k (Wortsman et al. 2023); no Hugging Face export
   m.dtype = "float32"           # compute dtype: "float32" or "bfloat16" (params stay float32)
-  m.attention_impl = "xla"      # jax.nn.dot_product_attention implementation: "xla", "cudnn", "auto"
+  m.attention_impl = "xla"      # jax.nn.dot_product_attention implementation: "xla", "cudnn",
+                                # "auto"
   m.loss_impl = "fused"         # decoder LM head + loss: "fused" (chunked, no [B, L, V] logits in
-                                # memory; actlab.models.kernels) or "plain" (logits, then cross-entropy)
+                                # memory; models/kernels.py) or "plain" (logits, then cross-entropy)
   m.scan_layers = False         # nn.scan over the blocks: compile time independent of depth
                                 # (params under "blocks" with a layer axis; another random init)
   m.remat = "none"              # recompute activations in the backward pass to save memory:
@@ -69,10 +67,10 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   t.eval_every = 500            # steps between validation passes (also at step 0 and the end)
   t.checkpoint_every = 1000     # steps between checkpoints (also at the end)
   t.keep_checkpoints = 3        # how many checkpoints Orbax keeps
-  t.init_from = ""              # start from a workdir (its latest checkpoint: every parameter with the
-                                # same name and shape; classify: the MLM run's trunk) or hf:<dir> (a
-                                # local GPT-2/BERT save_pretrained directory; the FFN activation stays
-                                # this config's, docs/huggingface.md); "" = random init
+  t.init_from = ""              # start from a workdir (latest checkpoint: every parameter with the
+                                # same name and shape; classify: the MLM run's trunk) or hf:<dir>
+                                # (a local GPT-2/BERT save_pretrained directory; the FFN activation
+                                # stays this config's, docs/huggingface.md); "" = random init
   t.progress = True             # tqdm progress bar on stderr
 
   c.metrics = mt = ml_collections.ConfigDict()  # what is measured; see docs/metrics.md
@@ -137,34 +135,30 @@ def decoder(activation: str = "gelu", size: str | None = None) -> ml_collections
 
 def encoder(activation: str = "gelu", size: str | None = None,
             task: str = "mlm") -> ml_collections.ConfigDict:
-  """`configs/bert_<activation>.py:<variant>` and `configs/encoder.py`: a BERT-style encoder
-  (post-LN, BERT's optimizer) at an encoder size of `SIZES` ("small", the default: 4 layers,
-  d_model 256, TinyStories), pretrained with masked LM (`task` "mlm") or fine-tuned to classify
-  (`task` "classify": 10% warm-up, decay to 0, no sharpness; set `train.init_from` to the MLM
-  run's workdir, else the encoder starts from random weights). The config files' variants name
-  the size and the task together: "smoke", "base", "classify", "smoke_classify", ...
-  """
+  """`configs/bert_<activation>.py:<variant>` and `configs/encoder.py`: the BERT-style encoder
+  (post-LN, BERT's optimizer) at an encoder size of `SIZES` (default "small"), pretrained with
+  masked LM (`task` "mlm") or fine-tuned to classify ("classify"; docs/encoder.md). A variant
+  names size and task together: "smoke", "base", "classify", "smoke_classify", ..."""
   if size and (size == "classify" or size.endswith("_classify")):
     size, task = size.removesuffix("classify").removesuffix("_"), "classify"
   size = size or "small"
   check(task in ("mlm", "classify"), f"encoder task {task!r}: choose 'mlm' or 'classify'")
   variant = size if task == "mlm" else f"{size}_classify"
   variants = ENCODER_SIZES + ["classify"] + [f"{s}_classify" for s in CLASSIFY_SETTINGS]
-  if variant not in variants:
-    raise ConfigError(f"unknown encoder config variant {variant!r}; choose one of: "
-                      + choices(variants))
+  check(variant in variants,
+        f"unknown encoder config variant {variant!r}; choose one of: {choices(variants)}")
   c = base(activation)
   m = c.model
   m.update(kind="encoder", norm="post", norm_eps=1e-12)
-  m.task = "mlm"                # "mlm" (masked-LM pretraining) or "classify" (fine-tune on data.classify)
-  m.pooler_activation = "tanh"  # pooler over [CLS] → the classifier (BERT: tanh); any plain activation
-  m.type_vocab_size = 2         # segment (token-type) embeddings, as in BERT; all inputs use segment 0
-  m.num_classes = 2             # classifier outputs (task "classify"); must match data.classify's labels
+  m.task = "mlm"                # "mlm" (MLM pretraining) or "classify" (fine-tune on data.classify)
+  m.pooler_activation = "tanh"  # [CLS] pooler → the classifier (BERT: tanh); any plain activation
+  m.type_vocab_size = 2         # segment (token-type) embeddings, as in BERT; inputs use segment 0
+  m.num_classes = 2             # classifier outputs; must match data.classify's number of labels
   c.optim.update(b2=0.999, eps=1e-6, weight_decay=0.01)
   d = c.data
-  d.mlm_prob = 0.15             # fraction of maskable tokens selected per sequence (exactly, rounded)
+  d.mlm_prob = 0.15             # share of maskable tokens selected per sequence (exactly, rounded)
   d.mlm_mask_frac = 0.8         # selected tokens replaced by [MASK]
-  d.mlm_random_frac = 0.1       # selected tokens replaced by a random ordinary token (rest unchanged)
+  d.mlm_random_frac = 0.1       # selected tokens replaced by a random ordinary one (rest unchanged)
   d.classify = "glue/sst2"      # task "classify": "glue/sst2" (TFDS) or "synthetic/hero_gender"
   override(c, SIZES[ENCODER_PREFIX + size])
   if task == "classify":

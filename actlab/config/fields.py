@@ -1,18 +1,11 @@
-"""Every config field with its default and its comment, grouped by section:
-`python -m actlab.config` (or `python -m actlab.config.fields`); with `--config=FILE[:arg]` (and
-`--config.<section>.<field>=<value>` overrides) it prints that config as it resolves instead.
-
-The comments are the ones beside each field in `config.base()` and `config.encoder()`, read from
-their source, and fields that take an activation list the names of `actlab.models.activations`, so this
-listing cannot drift from the code; the defaults are the built configs'. Fields only the encoder
-has are marked `[encoder]`; `--config.<section>.<field>=<value>` overrides any of them (docs/running.md,
-"One run").
+"""The listing `python -m actlab.config` prints: every config field with its default and comment,
+by section. The comments are read from the source of `config.base()` and `config.encoder()`, the
+names an activation field takes from `actlab.models.activations`: the listing cannot drift.
 """
 
 import inspect
 import re
 
-from actlab import errors
 from actlab import config as config_lib
 from actlab.models import activations
 
@@ -51,6 +44,8 @@ def names() -> dict[str, str]:
 
 
 def listing() -> str:
+  """The fields in source order, each with the decoder's default (the encoder's where it differs
+  or only the encoder has the field), its comment and the names it accepts."""
   decoder, encoder = config_lib.base().to_dict(), config_lib.encoder().to_dict()
   notes, accepted = comments(), names()
   order = list(notes) + [f"{s}.{f}" for s in encoder for f in encoder[s]]  # source order first
@@ -69,23 +64,3 @@ def listing() -> str:
     if key in accepted:
       lines.append(f"      one of: {accepted[key]}")
   return "\n".join(lines).lstrip("\n")
-
-
-def main() -> None:
-  """The command line: every field (`listing`), or with --config the config it resolves to, as
-  JSON (what a run writes to its config.json)."""
-  config = errors.define_config_file(
-      "config", "Config file to print as it resolves, e.g. configs/x.py:smoke (without it: "
-      "every field with its default and meaning).")
-
-  def show(argv):
-    del argv
-    if config.value is not None:
-      print(config.value.to_json(indent=2))
-      return
-    print("Every config field: its default (the decoder's, config.base()), the encoder's where "
-          "it differs, and what it does.\nOverride any with --config.<section>.<field>=<value>; "
-          "print a config as it resolves with --config=FILE[:arg].\n")
-    print(listing())
-
-  errors.run(show)

@@ -1,47 +1,13 @@
-"""Runs a grid of configs, one workdir per cell: in this process, in N worker processes, or as
-shard i of N independent jobs.
+"""Runs a grid of configs, one workdir per cell: in this process, in N child processes on this
+host (`--workers=N`, workers.py) or as shard i of N independent jobs (`--shard=i/N`).
 
     python -m actlab.sweep --config=configs/tinystories_gelu.py \\
         --sweep=experiments/relu_vs_gelu_lr.py[:smoke] --workdir=runs/relu_vs_gelu \\
         [--workers=N] [--shard=i/N]
 
-A sweep file defines `get_sweep(arg=None)` returning a dict:
-
-    {"axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-4, 1e-3, 3e-3]},
-     "seeds": [0, 1, 2],                      # the `train.seed` axis, always last
-     "fixed": {"train.steps": 150, ...},      # optional: overrides applied to every cell
-     "description": "...",                    # optional: the report's heading
-     "baseline": "gelu",                      # optional: the report compares the others to it
-     "pairs": [["swiglu", "gelu"]],           # optional: more activation pairs to compare
-     "equivalence_margin": 0.02}              # optional: nats; "equivalent" needs it (TOST)
-
-The grid is the product of the axes (in the order given) and the seeds, on top of `--config`. A
-`--config.<field>=` flag wins over the sweep's fixed value of that field (a line says so, and
-sweep.json records the value used); one for a field that an axis or the seeds vary is refused.
-Each cell's workdir is named by its overrides, `activation=relu,lr=0.001,seed=0` (the last part
-of each key, or the whole key where that part is ambiguous). `sweep.json` at the top lists the
-grid for `actlab.report`.
-
-Rerunning the same command continues the sweep: cells with `summary.json` are skipped (diverged
-ones included: divergence is a result), interrupted ones resume from their last checkpoint, and
-cells another process is training are skipped (each cell's workdir has a lock), so several
-sweeps can share one directory.
-
-`--workers=N` trains N cells at once on this host: N child sweeps, each pinned to its share of the
-CPUs (and to one GPU where there are GPUs), take the cells as they come free (`actlab.sweep.workers`).
-`--shard=i/N` trains only cells i, i + N, i + 2N, … of the grid, so N jobs with i = 0 … N-1 cover
-every cell once; a shard started twice is harmless (the locks). A SLURM job array
-(`sbatch --array=0-<N-1>`, indices from 0) runs
-
-    python -m actlab.sweep ... --shard=$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT [--workers=K]
-
-Shards split cells, not compile groups: groups are few and unequal (often fewer than the jobs);
-the price is a compile per group in each shard that has cells of it.
-
-Cells that differ only in `optim.lr` and `train.seed` share one compiled program: both live in
-the train state, so `group` puts such cells together and `run_group` trains them with one compile
-cache (`steps.program`), one after another, or with `sweep.vectorize` several at a time as one
-vmapped program (`train.run_group`).
+The sweep file's format, resuming, sharing a directory, job arrays and vectorized groups:
+docs/sweeps.md. Shards split cells, not compile groups (groups are few and unequal), so each
+shard compiles every group it has cells of.
 """
 
 from __future__ import annotations
@@ -54,6 +20,8 @@ import time
 from typing import Callable, Sequence
 
 import ml_collections
+from absl import flags, logging
+from ml_collections import config_flags
 
 from actlab import errors
 from actlab.measure import metrics
@@ -62,6 +30,7 @@ from actlab.run import workdir as workdir_lib
 from actlab.sweep import workers
 from actlab.sweep.grid import (SEED_KEY, Cell, cells, load, parse_shard, select, with_flags,
                                write_manifest)
+
 
 def _say(message: str) -> None:
   print(message, flush=True)
@@ -79,12 +48,9 @@ def group(cells_: Sequence[Cell]) -> list[list[Cell]]:
 def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
               log: Callable[[str], None] = _say,
               progress_: progress.Progress | None = None) -> list[dict | None]:
-  """Trains the cells of one group; finished ones (a readable summary.json) are skipped, and so
-  are cells another process is training (None in their place; a line says whose, unless it is
-  another worker of this `--workers` sweep): two sweeps on one directory share the cells. With
-  `sweep.vectorize` the unfinished ones train together as one program (`train.run_group`, at
-  most `sweep.max_runs` at a time), otherwise one after another. Each cell that ends is reported
-  to `progress_`."""
+  """Trains the unfinished cells of one group, one after another or, with `sweep.vectorize`, up
+  to `sweep.max_runs` at a time as one program (`train.run_group`); their summaries, None for a
+  cell another process is training (each cell's lock decides). `progress_` hears of each end."""
   summaries, todo = {}, []
   run_dirs = {cell.name: workdir_lib.RunDir.open(workdir / cell.name) for cell in group_}
   for cell in group_:
@@ -131,10 +97,9 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
 def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
          shard: tuple[int, int] = (0, 1), manifest: bool = True, overridden: Sequence[str] = (),
          log: Callable[[str], None] = _say) -> list[Cell]:
-  """The cells of `shard` of the sweep `spec` on top of `base`, whose `overridden` keys (the
-  `--config.<key>=` flags) win over the sweep's fixed values (`grid.with_flags`). Unless
-  `manifest` is false (a `--workers` child: its parent does it), writes `sweep.json` (the whole
-  grid, with the fixed values used) and logs each fixed value a flag replaces."""
+  """The cells of `shard` of the sweep `spec` on top of `base`, the keys of its `--config.<key>=`
+  flags (`overridden`) winning over the sweep's fixed values. With `manifest` (not in a
+  `--workers` child) also writes `sweep.json` and logs each fixed value a flag replaces."""
   sweep, replaced = with_flags(load(spec), base, overridden)
   grid = cells(base, sweep)
   if manifest:
@@ -172,16 +137,13 @@ def _end(cells_: Sequence[Cell], workdir: pathlib.Path, results: dict,
 def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str], None] = _say,
         cache: dict | None = None, shard: tuple[int, int] = (0, 1),
         worker: bool = False, overridden: Sequence[str] = ()) -> dict[str, dict]:
-  """Runs (or continues) the sweep `spec` on top of `base` (with `overridden`, the keys of its
-  `--config.<key>=` flags: `plan`) in `workdir`, only the cells of `shard` (`select`); {cell
-  name: summary} of the cells that have ended (cells another process is training are left out).
-  A `worker` of `--workers` leaves sweep.json and the end to its parent.
+  """Runs (or continues) the cells of `shard` of the sweep `spec` (`plan`) in `workdir`; {cell
+  name: summary} of those that have ended (not those another process is training). A `worker`
+  of `--workers` leaves sweep.json and the end to its parent. `cache` holds the compiled
+  functions (one compile per group); a caller may keep it across calls.
 
-  Cells run seed by seed: every cell of the first seed (each compile group in turn), then the
-  next seed, so that a sweep stopped early already pairs every activation and LR on the seeds
-  it finished (with `sweep.vectorize`, a whole group at once: the most runs per program). Each
-  group compiles once (`cache`, by default one for the whole sweep; a caller
-  may keep its own to reuse compiled functions across calls).
+  Cells run seed by seed, each group in turn, so that a sweep stopped early pairs every
+  activation and LR on the seeds it finished; with `sweep.vectorize`, a whole group at once.
   """
   workdir = pathlib.Path(workdir)
   mine = plan(base, spec, workdir, shard, manifest=not worker, overridden=overridden, log=log)
@@ -200,9 +162,7 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
     for group_ in groups:
       cells_ = [c for c in group_ if seed is None or c.overrides[SEED_KEY] == seed]
       summaries = run_group(cells_, workdir, cache, log, progress_) if cells_ else []
-      for cell, summary in zip(cells_, summaries):
-        if summary is not None:
-          results[cell.name] = summary
+      results.update((c.name, s) for c, s in zip(cells_, summaries) if s is not None)
   if not worker:
     _end(mine, workdir, results, log)
   return results
@@ -210,8 +170,6 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
 
 def main(argv):
   del argv
-  from absl import flags, logging
-  from ml_collections import config_flags
   FLAGS = flags.FLAGS
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
@@ -232,7 +190,7 @@ def main(argv):
     log(workers.here())
     run(FLAGS.config, FLAGS.sweep, workdir, log, shard=shard, worker=True, overridden=overridden)
     return
-  if FLAGS.workers > 1:
+  if parent:
     workers.plan(FLAGS.workers)  # Too few CPUs (or GPUs) are refused before anything is written.
     mine = plan(FLAGS.config, FLAGS.sweep, workdir, shard, overridden=overridden)
     ended = _ended(mine, workdir)

@@ -1,7 +1,6 @@
-"""A sweep file and the grid of cells it defines (the format is in sweep.py's docstring): its
-axes, seeds and fixed overrides checked (`load`, `parse`), the command line's `--config.<field>=`
-flags put before its fixed values (`with_flags`), each cell's name and validated config (`cells`),
-shard i of N (`select`), and `sweep.json`, the grid as `actlab.report` reads it."""
+"""A sweep file (its format: docs/sweeps.md) and the grid of cells it defines: checked (`load`,
+`parse`), with the command line's `--config.<field>=` flags over its fixed values (`with_flags`),
+each cell named and validated (`cells`), shard i of N (`select`), and `sweep.json`."""
 
 from __future__ import annotations
 
@@ -46,7 +45,7 @@ def load(spec: str) -> Sweep:
     raise config_lib.ConfigError(f"sweep {spec!r}: {e}") from None
 
 
-KEYS = ("axes", "seeds", "fixed", "description", "baseline", "pairs", "equivalence_margin")
+KEYS = tuple(field.name for field in dataclasses.fields(Sweep))
 
 
 def parse(d: dict) -> Sweep:
@@ -105,6 +104,7 @@ def with_flags(sweep: Sweep, base: ml_collections.ConfigDict,
 
 
 def _short_names(keys: Sequence[str]) -> dict[str, str]:
+  """Each key's last part (`optim.lr` → `lr`), or the whole key where that part is ambiguous."""
   last = [k.rsplit(".", 1)[-1] for k in keys]
   return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
 
@@ -151,8 +151,6 @@ def select(grid: Sequence[Cell], shard: tuple[int, int]) -> list[Cell]:
 def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Sequence[Cell]) -> None:
   """`sweep.json`: the grid as `actlab.report` reads it (also for cells not yet run)."""
   workdir.mkdir(parents=True, exist_ok=True)
-  manifest = {"sweep": spec, "description": sweep.description, "axes": sweep.axes,
-              "seeds": sweep.seeds, "fixed": sweep.fixed, "baseline": sweep.baseline,
-              "pairs": sweep.pairs, "equivalence_margin": sweep.equivalence_margin,
-              "cells": [{"name": c.name, "overrides": c.overrides} for c in cells_]}
-  workdir_lib.write_json(workdir / "sweep.json", manifest)
+  listed = [{"name": c.name, "overrides": c.overrides} for c in cells_]
+  workdir_lib.write_json(workdir / "sweep.json",
+                         {"sweep": spec, **dataclasses.asdict(sweep), "cells": listed})

@@ -1,19 +1,17 @@
-"""`actlab.sweep --workers=N`: N child sweeps on one host, each on its own share of the hardware.
+"""`actlab.sweep --workers=N`: N child sweeps on this host, each on its own share of the hardware
+(docs/sweeps.md, "Using all the hardware").
 
-Every child runs the parent's sweep command (with `--workers=1`), so all walk the same cells and
-each cell's lock gives it to whichever child reaches it first: the children share the work
-dynamically, which balances cells of unequal cost (another activation, a vectorized group) better
-than a fixed split would. The parent has written `sweep.json` before and reports the end.
-
-Child k is pinned (`sched_setaffinity`) to block k of the parent's allowed CPUs, hyperthreads of
-one core kept together. That also sizes its XLA:CPU thread pools: XLA counts the CPUs a process
-may use (no XLA_FLAGS flag sets the count; `intra_op_parallelism_threads=` there is silently
-ignored). On a host with GPUs, child k also sees only GPU k (`CUDA_VISIBLE_DEVICES`).
+Every child runs the parent's command with `--workers=1`: all walk the same cells and each cell's
+lock gives it to the first child to reach it, which balances cells of unequal cost. Child k is
+pinned (`sched_setaffinity`) to block k of the parent's CPUs, hyperthreads of a core together;
+that also sizes its XLA:CPU thread pools, which no XLA flag sets (`intra_op_parallelism_threads=`
+is silently ignored). With GPUs, child k sees only GPU k (`CUDA_VISIBLE_DEVICES`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import pathlib
 import signal
@@ -76,13 +74,9 @@ def visible_gpus() -> list[str]:
 
 def ranges(cpus: Sequence[int]) -> str:
   """{0, 1, 2, 5} → "0-2,5"."""
-  out, cpus = [], sorted(cpus)
-  for i, cpu in enumerate(cpus):
-    if i and cpu == cpus[i - 1] + 1:
-      out[-1][1] = cpu
-    else:
-      out.append([cpu, cpu])
-  return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
+  runs = [[cpu for _, cpu in run]  # in a run of consecutive CPUs, CPU − position is equal
+          for _, run in itertools.groupby(enumerate(sorted(cpus)), lambda ic: ic[1] - ic[0])]
+  return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}" for run in runs)
 
 
 def plan(n: int) -> list[Worker]:
@@ -117,9 +111,8 @@ def sibling(holder: Mapping) -> bool:
 
 
 def whole_lines() -> None:
-  """Makes this process write its stdout and stderr a whole line at a time. The parent and its
-  children share the streams, and under PYTHONUNBUFFERED (`python -u`) `print` writes a message
-  and its newline in two calls, between which another process's line can land."""
+  """Makes this process write stdout and stderr a line at a time: the parent and children share
+  them, and under `python -u` `print` writes a message and its newline in two calls."""
   for stream in (sys.stdout, sys.stderr):
     stream.reconfigure(write_through=False, line_buffering=True)
 
