@@ -1,18 +1,11 @@
-"""Reads sweep directories into one manifest and its runs for `actlab.report`.
+"""Reads sweep directories into one manifest and its runs for `actlab.report`
+(docs/sweeps.md, "The report").
 
-One directory: its `sweep.json` (cells not run yet are "missing"), or without one every
-subdirectory with a `config.json`, the axes being the config fields that differ between them.
-
-Several directories (`load_many`) are merged into one grid: the axes are the union of their axes
-and of their values, a run's value of an axis its own sweep did not sweep comes from its config,
-the seeds are the union too. Every other config field (RUNTIME_FIELDS aside) must agree between
-the directories, else they are not the same experiment and the merge is refused naming the field.
-A run is then identified by its axis values and seed, i.e. by its resolved config: the same run
-held by two directories (a copied cell, a sweep given twice) counts once, the most complete copy
-(finished, else logged, else missing) of the first directory holding it. The sweeps' named
-`pairs` are united; the equivalence margins they state must be one (or none), else the merge is
-refused: a margin is fixed before the runs, not picked among several afterwards.
-"""
+Several directories merge into one grid (`load_many`): the union of their axes, values and seeds;
+every other config field (runtime ones aside) must agree, else the merge is refused naming it. A
+run is identified by its axis values and seed: one held by two directories counts once, the most
+complete copy (done, else incomplete, else missing) of the first directory holding it. `pairs`
+are united; the stated equivalence margins must be one (a margin is fixed before the runs)."""
 
 from __future__ import annotations
 
@@ -97,9 +90,8 @@ def _check_mergeable(roots, configs: list[dict[str, dict]], axes: Sequence[str])
 
 
 def load_many(roots: Sequence, also: Sequence[str] = ()) -> tuple[dict, list[Run], list[str]]:
-  """`load` of every directory, merged (module docstring): the manifest, the runs, and the names
-  of the runs held by more than one directory (counted once). `also`: fields the directories
-  fix at different values, taken as axes too (each run's value from its config)."""
+  """The merged manifest, runs and names of the runs held twice (module docstring); `also`:
+  fields the directories fix at different values, taken as axes too."""
   roots = [pathlib.Path(r) for r in roots]
   loaded = [load(r) for r in roots]
   if len(roots) == 1:
