@@ -43,16 +43,16 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
   manifest, runs, duplicates = report_load.load_many(roots, axes)
   out.mkdir(parents=True, exist_ok=True)
   done = sum(r.state == "done" for r in runs)
+  not_done = f" ({len(runs) - done} not: see *Runs*)" if done < len(runs) else ""
+  named = ", ".join(duplicates[:3]) + (", …" if len(duplicates) > 3 else "")
+  counted_once = (f"{len(duplicates)} run(s) were in more than one directory with the same "
+                  f"config and count once ({named}). " if duplicates else "")
+  command = " ".join(["python -m actlab.report", *map(str, roots), *(f"--axis={a}" for a in axes),
+                      *([f"--out={out}"] if len(roots) > 1 else [])])
   lines = [f"# {manifest.get('description') or 'Sweep report'}", "",
-           f"Sweep `{manifest['sweep']}`: {done} of {len(runs)} runs finished"
-           + (f" ({len(runs) - done} not: see *Runs*)" if done < len(runs) else "")
-           + f"; seeds {', '.join(map(str, manifest['seeds']))}. "
-           + (f"{len(duplicates)} run(s) were in more than one directory with the same config "
-              f"and count once ({', '.join(duplicates[:3])}"
-              f"{', …' if len(duplicates) > 3 else ''}). " if duplicates else "")
-           + f"Per-run numbers: `runs.csv`. Written by `python -m actlab.report "
-           f"{' '.join(map(str, roots))}" + "".join(f" --axis={a}" for a in axes)
-           + (f" --out={out}`." if len(roots) > 1 else "`."), ""]
+           f"Sweep `{manifest['sweep']}`: {done} of {len(runs)} runs finished{not_done}; seeds "
+           f"{', '.join(map(str, manifest['seeds']))}. {counted_once}Per-run numbers: "
+           f"`runs.csv`. Written by `{command}`.", ""]
   for title, text, table in tables.sections(manifest, runs, pick_baseline(manifest, baseline)):
     if table:
       lines += [f"## {title}", "", text, "", table, ""]

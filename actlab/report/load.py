@@ -79,8 +79,8 @@ def _check_mergeable(roots, configs: list[dict[str, dict]], axes: Sequence[str])
   """Refuses directories whose runs differ in a field that is neither an axis nor runtime."""
   reps = [(root, _blank(next(iter(c.values())), [*axes, SEED_KEY]))
           for root, c in zip(roots, configs) if c]
+  first, first_rep = reps[0]
   for root, rep in reps[1:]:
-    first, first_rep = reps[0]
     diffs = workdir.identity_diffs(first_rep, rep)
     if diffs:
       field = diffs[0].split(":")[0]
@@ -96,8 +96,9 @@ def load_many(roots: Sequence, also: Sequence[str] = ()) -> tuple[dict, list[Run
   loaded = [load(r) for r in roots]
   if len(roots) == 1:
     return (*loaded[0], [])
+  manifests = [m for m, _ in loaded]
   configs = [_configs(r) for r in roots]
-  axes = list(dict.fromkeys([*(k for m, _ in loaded for k in m["axes"]), *also]))
+  axes = list(dict.fromkeys([*(k for m in manifests for k in m["axes"]), *also]))
   _check_mergeable(roots, configs, axes)
   merged: dict[tuple, Run] = {}
   duplicates = []
@@ -118,22 +119,21 @@ def load_many(roots: Sequence, also: Sequence[str] = ()) -> tuple[dict, list[Run
       merged[key] = run
   runs = list(merged.values())
   values = lambda k: list(dict.fromkeys(r.overrides[k] for r in runs))
-  margins = {m["equivalence_margin"] for m, _ in loaded if m.get("equivalence_margin")}
+  margins = {m["equivalence_margin"] for m in manifests if m.get("equivalence_margin")}
   if len(margins) > 1:
     raise UserError(f"cannot merge {', '.join(map(str, roots))}: their sweep files state "
                     f"different equivalence margins {sorted(margins)}; report them separately")
   pairs = []
-  for a, b in (p for m, _ in loaded for p in m.get("pairs") or []):
+  for a, b in (p for m in manifests for p in m.get("pairs") or []):
     if [a, b] not in pairs and [b, a] not in pairs:
       pairs.append([a, b])
+  first_set = lambda field, default: next((m[field] for m in manifests if m.get(field)), default)
   manifest = {
-      "sweep": " + ".join(m["sweep"] for m, _ in loaded),
-      "description": next((m["description"] for m, _ in loaded if m.get("description")), ""),
-      "seeds": sorted(values(SEED_KEY), key=_order),
-      "axes": {k: sorted(values(k), key=_order) if k == LR_KEY else
-               list(dict.fromkeys([*(v for m, _ in loaded for v in m["axes"].get(k, [])),
-                                   *values(k)])) for k in axes},
-      "baseline": next((m["baseline"] for m, _ in loaded if m.get("baseline")), None),
-      "pairs": pairs, "equivalence_margin": next(iter(margins), None),
+      "sweep": " + ".join(m["sweep"] for m in manifests),
+      "description": first_set("description", ""), "seeds": sorted(values(SEED_KEY), key=_order),
+      "axes": {k: sorted(values(k), key=_order) if k == LR_KEY else list(dict.fromkeys(
+          [*(v for m in manifests for v in m["axes"].get(k, [])), *values(k)])) for k in axes},
+      "baseline": first_set("baseline", None), "pairs": pairs,
+      "equivalence_margin": next(iter(margins), None),
   }
   return manifest, runs, duplicates

@@ -1,6 +1,5 @@
-"""The report's markdown between its header and the plots (`sections`), and the runs table:
-each table with the rules or definitions above it. `actlab.report.write` assembles them; the
-numbers are computed in `actlab.measure.stats` and `actlab.measure.comparisons`."""
+"""The report's markdown tables, each with the rules above it (`sections`, `runs_table`); the
+numbers come from `actlab.measure.stats` and `actlab.measure.comparisons`."""
 
 from __future__ import annotations
 
@@ -78,9 +77,7 @@ def _p(p: float) -> str:
 
 def comparison_table(manifest, compared: Sequence[comparisons.Comparison], keys: Sequence[str],
                      best_lr: bool = False) -> str:
-  """One row per comparison: the values of `keys`, A and B (with each one's chosen LR when
-  `best_lr`), n, mean and sd of A − B, the 95% CI, the Holm-adjusted p-values (TOST's only with
-  a margin), the verdict and, when not resolved, the MDD."""
+  """One row per comparison (columns: docs/metrics.md §9), with A's and B's LR when `best_lr`."""
   if not compared:
     return ""
   margin = manifest.get("equivalence_margin")
