@@ -75,7 +75,8 @@ if __name__ == "__main__":
                     "eager, or torch.compile with fused AdamW; auto = compile on a GPU, eager on "
                     "a CPU")
   flags.DEFINE_integer("runs", 1, "vectorized runs per step (steps.Program); 1 = a plain run")
-  flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s of all devices together (overrides the table)")
+  flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s of all devices together (overrides the "
+                     "table)")
   flags.DEFINE_string("json_out", "", "append the results as JSON lines to this file")
   flags.DEFINE_bool("markdown", False, "print BENCHMARKS.md rows")
   flags.DEFINE_string("label", "", "free text describing the variant (goes into the rows)")

@@ -150,11 +150,11 @@ def markdown_rows(rows: list[dict], label: str = "") -> str:
               + (f" as {e['devices']} XLA devices" if e["devices"] > 1 else ""))
     speed = (f" ({r['speedup_vs_torch']:.2f}× torch; back to back {r['queued_step_ms']:.1f} ms, "
              f"{r['queued_speedup_vs_torch']:.2f}×)" if "speedup_vs_torch" in r else "")
+    runs = f" ×{r['runs']} runs" if r["runs"] > 1 else ""
     out.append(
-        f"| {device} | {r['impl']}{' ×%d runs' % r['runs'] if r['runs'] > 1 else ''}"
-        f"{variant_tag(r)} | "
+        f"| {device} | {r['impl']}{runs}{variant_tag(r)} | "
         f"{r['config']}{' — ' + label if label else ''} | {_fmt(r.get('compile_s'), '.1f')} | "
-        f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f}{speed} | {r['tflops']:.3f} | {_percent(r['mfu'])} | "
-        f"{_fmt(r.get('peak_memory_gb'), '.2f')} | {_fmt(r['others_cores'], '.2f')} | "
-        f"{versions} | `{e['command']}` |")
+        f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f}{speed} | {r['tflops']:.3f} | "
+        f"{_percent(r['mfu'])} | {_fmt(r.get('peak_memory_gb'), '.2f')} | "
+        f"{_fmt(r['others_cores'], '.2f')} | {versions} | `{e['command']}` |")
   return "\n".join(out)
