@@ -51,7 +51,7 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
     queued = back_to_back(benches, steps, (rounds or 2) if several else 1)
     rows = []
     for i, (b, res, q, s) in enumerate(zip(benches, results, queued, setups)):
-      c = configs[min(i, len(configs) - 1)]  # the torch bench: the last config's shapes
+      c = configs[min(i, len(configs) - 1)]  # the torch bench is summarized with the last config
       pk, source = peak_tflops(env["device_kind"], c.model.dtype)  # per chip
       pk, source = (peak, "--peak_tflops") if peak else (pk and pk * jax.device_count(), source)
       rows.append(summarize(b.name, c, {**res, **q}, s, b.memory(), runs, pk, source))
