@@ -1,13 +1,6 @@
-"""The training-step benchmark (`python -m actlab.bench`: flags and what it reports in
-__main__.py). `run` benchmarks a config, its variants and the PyTorch reference side by side and
-returns one row per bench; its parts:
-
-- benches.py: what is timed (`JaxBench`: actlab's compiled training step; `TorchBench`: the
-  PyTorch reference in a worker process);
-- timing.py: timing on a shared machine (`Window`, `wait_quiet`, `side_by_side`);
-- machine.py: the devices' peak TFLOP/s (`PEAK_TFLOPS`, `peak_tflops`) and the `environment`;
-- results.py: measurements as rows (`summarize`), rows as the table and BENCHMARKS.md rows.
-"""
+"""The training-step benchmark (`python -m actlab.bench`, see __main__.py): `run` times a config,
+its variants and the PyTorch reference side by side. `benches` holds what is timed and how,
+`results` the rows, the peak table and the environment."""
 
 from __future__ import annotations
 
@@ -15,10 +8,10 @@ import jax
 import ml_collections
 
 from actlab import config as config_lib
-from actlab.bench.benches import JaxBench, TORCH_MODES, TorchBench
-from actlab.bench.machine import PEAK_TFLOPS, environment, peak_tflops
-from actlab.bench.results import config_summary, markdown_rows, summarize, table
-from actlab.bench.timing import back_to_back, side_by_side, wait_quiet
+from actlab.bench.benches import (JaxBench, TORCH_MODES, TorchBench, back_to_back, side_by_side,
+                                  wait_quiet)
+from actlab.bench.results import (PEAK_TFLOPS, config_summary, environment, markdown_rows,
+                                  peak_tflops, summarize, table)
 from actlab.run import parallel
 
 __all__ = ["JaxBench", "PEAK_TFLOPS", "TORCH_MODES", "TorchBench", "environment", "markdown_rows",
@@ -58,15 +51,13 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
     queued = back_to_back(benches, steps, (rounds or 2) if several else 1)
     rows = []
     for i, (b, res, q, s) in enumerate(zip(benches, results, queued, setups)):
-      c = configs[min(i, len(configs) - 1)]
-      pk, source = (peak, "--peak_tflops") if peak else peak_tflops(env["device_kind"],
-                                                                   c.model.dtype)
-      if pk and not peak:
-        pk *= jax.device_count()
+      c = configs[min(i, len(configs) - 1)]  # the torch bench is summarized with the last config
+      pk, source = peak_tflops(env["device_kind"], c.model.dtype)  # per chip
+      pk, source = (peak, "--peak_tflops") if peak else (pk and pk * jax.device_count(), source)
       rows.append(summarize(b.name, c, {**res, **q}, s, b.memory(), runs, pk, source))
   finally:
     for b in benches:
-      if isinstance(b, TorchBench) and hasattr(b, "proc"):
+      if hasattr(b, "proc"):  # a started torch worker
         b.close()
   for r, c, label in zip(rows, configs, labels):
     r["env"] = env

@@ -1,41 +1,15 @@
-"""Training-step benchmark: compile time, step time, tokens/s, model FLOPs, MFU, memory.
+"""Training-step benchmark: `python -m actlab.bench --config=configs/tinystories_gelu.py:smoke
+[--torch] [--variant=<overrides>] [--runs=N]` (docs/performance.md, "Benchmarking").
 
-    python -m actlab.bench --config=configs/tinystories_gelu.py:smoke
-    python -m actlab.bench --config=configs/tinystories_gelu.py --config.model.dtype=bfloat16
-    python -m actlab.bench --config=configs/tinystories_gelu.py:smoke --torch   # vs PyTorch
-    python -m actlab.bench --config=configs/tinystories_gelu.py:smoke --runs=6  # vectorized
-
-What it runs is exactly `train.run`'s step (the same `steps.Program`: shardings from
-`config.parallel`, donated state) on random tokens of the config's vocabulary, so no data is
-downloaded or tokenized. It reports:
-
-- `compile_s`: lowering + XLA compilation of the training step (ahead of time, timed alone);
-- `step_ms`: the median over `--steps` timed steps after `--warmup` untimed ones, each step
-  waited for (`block_until_ready`), so that the time is the step's and not its dispatch's;
-- `queued_step_ms`, `queued_tokens_per_s`, `queued_mfu`: the same steps queued back to back as
-  the training loop queues them (no wait between steps, one at the end of each round; median
-  over rounds): throughput, where `step_ms` is latency. On a GPU the difference is the host's
-  dispatch time that the device no longer waits for;
-- `tokens_per_s` = batch · seq_len / step time; `flops_per_token` from `actlab.measure.flops` (6·N for
-  the matmuls plus attention, the PaLM convention) and `tflops` = their product;
-- `mfu` = tflops / the device's peak, from `PEAK_TFLOPS` by device kind and compute dtype, or
-  `--peak_tflops`; none is claimed where the peak is unknown (CPUs);
-- `peak_memory_gb` where JAX reports it (`Device.memory_stats`: GPU, TPU), and XLA's own
-  estimate of the step's buffers (`compiled_memory_gb`: arguments + outputs + temporaries);
-- `others_cores`: how many CPU cores other processes kept busy during the timed steps (Linux),
-  because on a shared machine every number here depends on it.
-
-`--torch` runs the PyTorch reference (`benchmarks/torch_ref.py`, nanoGPT's architecture; needs
-the `bench` extra) *side by side*: both are compiled/warmed up, then timed in alternating rounds
-(`--rounds`; default: step by step) so that background load hits both alike, and the report
-gives the speed-up, step by step and back to back. `--torch_mode`: `eager` (the CPU comparator)
-or `compile` (`torch.compile` and fused AdamW: the GPU comparator); `auto` (default) picks by the
-device. Where the config computes in bfloat16, the reference runs under bfloat16 autocast.
-`--runs=N` benchmarks a vectorized sweep of N runs of the config (`steps.Program` with R runs:
-stacked states, per-run learning rates).
-
-Results print as a table; `--json_out` appends one JSON object per measurement (with device,
-versions and the command line), `--markdown` prints rows for BENCHMARKS.md.
+Times `train.run`'s own step (the same `steps.Program`) on random tokens. Per bench it reports
+`compile_s` (ahead-of-time lowering + compilation); `step_ms`, the median of `--steps` steps each
+waited for (latency); `queued_step_ms`, `queued_tokens_per_s`, `queued_mfu`, the steps queued
+back to back as the training loop queues them (throughput); `tokens_per_s` = batch · seq_len /
+step time; `flops_per_token` (`actlab.measure.flops`) and `tflops`; `mfu` against
+`PEAK_TFLOPS` or `--peak_tflops` (none where the peak is unknown); `peak_memory_gb` where JAX
+reports it and `compiled_memory_gb` (XLA's estimate); `others_cores`, the CPU cores other
+processes kept busy meanwhile. `--torch` and `--variant` time side by side in alternating
+rounds. Prints a table; `--json_out` appends JSON lines, `--markdown` prints BENCHMARKS.md rows.
 """
 
 import json
@@ -76,10 +50,8 @@ def main(argv):
 
 
 def _drop_tpu_probe_line() -> None:
-  """Drops the INFO line JAX logs when its probe for a TPU fails ("Unable to initialize backend
-  'tpu': ... libtpu.so ..."), as it does on every CPU or GPU host: absl shows INFO by default.
-  Only that record: a TPU that is present but unusable still gets JAX's warning, and every
-  other line, INFO included, stays."""
+  """Drops only the INFO line JAX logs on every CPU or GPU host when its probe for a TPU fails
+  ("Unable to initialize backend 'tpu'"); a present but unusable TPU still gets the warning."""
   absl_logging.get_absl_handler().addFilter(lambda record: not (
       record.levelno == logging.INFO
       and record.getMessage().startswith("Unable to initialize backend 'tpu'")))
@@ -103,7 +75,8 @@ if __name__ == "__main__":
                     "eager, or torch.compile with fused AdamW; auto = compile on a GPU, eager on "
                     "a CPU")
   flags.DEFINE_integer("runs", 1, "vectorized runs per step (steps.Program); 1 = a plain run")
-  flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s of all devices together (overrides the table)")
+  flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s of all devices together (overrides the "
+                     "table)")
   flags.DEFINE_string("json_out", "", "append the results as JSON lines to this file")
   flags.DEFINE_bool("markdown", False, "print BENCHMARKS.md rows")
   flags.DEFINE_string("label", "", "free text describing the variant (goes into the rows)")

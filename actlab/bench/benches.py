@@ -1,15 +1,21 @@
-"""What is timed. A bench has a `name`; `setup(warmup)` compiles and warms up (returning
-`compile_s`, `warmup_s`), `timed(n)` runs n steps, each waited for (returning their `times` and
-this process's `cpu` seconds), `queued(n)` runs n steps back to back as the training loop queues
-them, with one wait at the end (returning their `wall` time), and `memory()` reports what it
-knows of memory. `JaxBench` is actlab's training step, `TorchBench` the PyTorch reference in a
-worker process."""
+"""What is timed, and how on a shared machine.
+
+A bench has a `name`; `setup(warmup)` compiles and warms up (returning `compile_s`, `warmup_s`),
+`timed(n)` runs n steps, each waited for (their `times` and this process's `cpu` seconds),
+`queued(n)` runs n steps back to back with one wait at the end (their `wall` time), `memory()`
+reports what it knows of memory. `JaxBench` is actlab's training step, `TorchBench` the PyTorch
+reference in a worker process. `side_by_side` and `back_to_back` time several benches in
+alternating rounds so that other processes' load, which comes and goes, hits all alike; `Window`
+measures a stretch of code (wall, own CPU, others' busy cores), `wait_quiet` waits for a quiet CPU.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -18,9 +24,88 @@ import jax
 import ml_collections
 
 from actlab import models, tasks
-from actlab.bench.timing import Window
 from actlab.data import tokenizer
 from actlab.run import steps
+
+
+def _busy_ticks() -> int | None:
+  """Busy CPU ticks of the whole machine so far (Linux), for the background load."""
+  try:
+    with open("/proc/stat") as f:
+      fields = [int(x) for x in f.readline().split()[1:]]
+    return fields[0] + fields[1] + fields[2] + sum(fields[5:8])
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+class Window:
+  """Wall time, this process's CPU time and everyone else's busy cores over a stretch of code."""
+
+  def __enter__(self):
+    self.ticks, self.t0 = _busy_ticks(), time.perf_counter()
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    self.cpu0 = r.ru_utime + r.ru_stime
+    return self
+
+  def __exit__(self, *exc):
+    self.wall = time.perf_counter() - self.t0
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    self.cpu = r.ru_utime + r.ru_stime - self.cpu0
+    ticks = _busy_ticks()
+    self.busy = (None if ticks is None or self.ticks is None
+                 else (ticks - self.ticks) / os.sysconf("SC_CLK_TCK"))
+
+
+def wait_quiet(max_wait_s: float, threshold: float = 0.2, window_s: float = 5.0) -> float | None:
+  """Waits (up to `max_wait_s`) until other processes keep fewer than `threshold` CPU cores busy
+  over a `window_s` window; returns the last load seen (None where it cannot be measured)."""
+  deadline = time.time() + max_wait_s
+  while True:
+    with Window() as w:  # This process sleeps: the machine's busy time is everyone else's.
+      time.sleep(window_s)
+    if w.busy is None:
+      return None
+    load = w.busy / window_s
+    if load < threshold or time.time() > deadline:
+      return load
+
+
+def _alternating(count: int, steps: int, rounds: int):
+  """(bench index, steps per round) in `rounds` alternating rounds over `count` benches, ABBA
+  order: every other round runs them backwards, so neither goes first every time."""
+  per_round = max(1, -(-steps // rounds))
+  for r in range(rounds):
+    order = range(count)
+    yield from ((i, per_round) for i in (reversed(order) if r % 2 else order))
+
+
+def side_by_side(benches, steps: int, rounds: int) -> list[dict]:
+  """Times `steps` steps of every bench, each waited for, in `rounds` alternating rounds (ABBA;
+  rounds = steps alternates step by step): its times, CPU, wall and others' busy seconds."""
+  out = [{"times": [], "cpu": 0.0, "wall": 0.0, "busy": 0.0, "busy_known": True}
+         for _ in benches]
+  for i, per_round in _alternating(len(benches), steps, rounds):
+    with Window() as w:
+      res = benches[i].timed(per_round)
+    o = out[i]
+    o["times"] += res["times"]
+    o["cpu"] += res["cpu"]
+    o["wall"] += w.wall
+    if w.busy is None:
+      o["busy_known"] = False
+    else:
+      # The worker's own CPU shows up in the machine's busy time: subtract it as well.
+      o["busy"] += w.busy - res["cpu"] - (w.cpu if benches[i].name.startswith("PyTorch") else 0)
+  return out
+
+
+def back_to_back(benches, steps: int, rounds: int) -> list[dict]:
+  """Times `steps` steps of every bench queued back to back, one wait per round, in `rounds`
+  alternating rounds (ABBA): each bench's median `queued_s` per step (throughput)."""
+  walls = [[] for _ in benches]
+  for i, per_round in _alternating(len(benches), steps, rounds):
+    walls[i].append(benches[i].queued(per_round)["wall"] / per_round)
+  return [{"queued_s": statistics.median(w)} for w in walls]
 
 
 def tokenizer_vocab(config: ml_collections.ConfigDict) -> int:

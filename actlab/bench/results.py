@@ -1,14 +1,75 @@
-"""A bench's measurements as a row of numbers (`summarize`: step time percentiles, tokens/s,
-TFLOP/s, MFU, others' cores) and rows as text: the table the command prints and BENCHMARKS.md
-rows."""
+"""A bench's measurements as a row (`summarize`: step time percentiles, tokens/s, TFLOP/s, MFU,
+others' cores), with the devices' peak TFLOP/s and the `environment` the row records; rows as the
+table the command prints and as BENCHMARKS.md rows."""
 
 from __future__ import annotations
 
+import os
+import platform
+import sys
+
+import jax
 import numpy as np
 
 from actlab import models, tasks
 from actlab.bench.benches import tokenizer_vocab
 from actlab.measure import flops as flops_lib
+
+# Dense peak TFLOP/s per chip by (device kind substring, compute dtype). float32 on NVIDIA is the
+# TF32 tensor-core peak (XLA's default precision for float32 matmuls); TPUs run float32 matmuls
+# as bfloat16 passes at default precision. First match wins, so specific names come first.
+PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    ("H100 PCIe", {"bfloat16": 756.0, "float32": 378.0}),
+    ("H100", {"bfloat16": 989.0, "float32": 494.0}),
+    ("GH200", {"bfloat16": 989.0, "float32": 494.0}),
+    ("H200", {"bfloat16": 989.0, "float32": 494.0}),
+    ("H800", {"bfloat16": 989.0, "float32": 494.0}),
+    ("B200", {"bfloat16": 2250.0, "float32": 1100.0}),
+    ("A100", {"bfloat16": 312.0, "float32": 156.0}),
+    ("A800", {"bfloat16": 312.0, "float32": 156.0}),
+    ("L40S", {"bfloat16": 362.0, "float32": 183.0}),
+    ("L4", {"bfloat16": 121.0, "float32": 60.0}),
+    ("A10G", {"bfloat16": 70.0, "float32": 35.0}),
+    ("V100", {"float16": 125.0, "float32": 15.7}),
+    ("TPU v4", {"bfloat16": 275.0, "float32": 275.0}),
+    ("TPU v5 lite", {"bfloat16": 197.0, "float32": 197.0}),
+    ("TPU v5e", {"bfloat16": 197.0, "float32": 197.0}),
+    ("TPU v5p", {"bfloat16": 459.0, "float32": 459.0}),
+    ("TPU v5", {"bfloat16": 459.0, "float32": 459.0}),
+    ("TPU v6 lite", {"bfloat16": 918.0, "float32": 918.0}),
+    ("TPU v6e", {"bfloat16": 918.0, "float32": 918.0}),
+    ("TPU7x", {"bfloat16": 2307.0, "float32": 2307.0}),
+]
+
+
+def peak_tflops(device_kind: str, dtype: str) -> tuple[float | None, str]:
+  """(peak TFLOP/s per chip, where it came from) for a device kind and compute dtype."""
+  for name, peaks in PEAK_TFLOPS:
+    if name.lower() in device_kind.lower() and dtype in peaks:
+      return peaks[dtype], f"{name} {dtype} dense peak"
+  return None, "unknown peak"
+
+
+def environment() -> dict:
+  """The devices, host CPU, library versions, XLA flags and command line of this process."""
+  d = jax.devices()[0]
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  versions = {"jax": jax.__version__}
+  for mod in ("jaxlib", "flax", "optax"):
+    try:
+      versions[mod] = __import__(mod).__version__
+    except Exception:
+      pass
+  return {"platform": d.platform, "device_kind": d.device_kind, "devices": jax.device_count(),
+          "processes": jax.process_count(), "host_cpu": cpu, "host_cores": os.cpu_count(),
+          "versions": versions, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          "command": " ".join([os.path.basename(sys.executable), "-m", "actlab.bench"]
+                              + sys.argv[1:])}
 
 
 def summarize(name: str, config, res: dict, setup: dict, memory: dict, runs: int,
@@ -58,6 +119,10 @@ def _fmt(x, spec):
   return "—" if x is None else format(x, spec)
 
 
+def _percent(fraction) -> str:
+  return f"{100 * fraction:.1f}%" if fraction else "—"
+
+
 def table(rows: list[dict]) -> str:
   head = ("| impl | runs | compile s | step ms (p10–p90) | tokens/s | back to back: ms/step, "
           "tokens/s, MFU | GFLOP/token | TFLOP/s | MFU | mem GB | CPU s/step | others' cores |")
@@ -68,9 +133,8 @@ def table(rows: list[dict]) -> str:
         f"| {r['impl']}{variant_tag(r)} | {r['runs']} | {_fmt(r.get('compile_s'), '.1f')} | "
         f"{r['step_ms']:.1f} ({r['step_ms_p10']:.0f}–{r['step_ms_p90']:.0f}) | "
         f"{r['tokens_per_s']:,.0f} | {r['queued_step_ms']:.1f}, {r['queued_tokens_per_s']:,.0f}, "
-        f"{_fmt(r['queued_mfu'] and 100 * r['queued_mfu'], '.1f')}{'%' if r['queued_mfu'] else ''}"
-        f" | {r['flops_per_token'] / 1e9:.4f} | {r['tflops']:.3f} | "
-        f"{_fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} | "
+        f"{_percent(r['queued_mfu'])} | {r['flops_per_token'] / 1e9:.4f} | {r['tflops']:.3f} | "
+        f"{_percent(r['mfu'])} | "
         f"{_fmt(mem, '.2f')} | {r['cpu_s_per_step']:.2f} | {_fmt(r['others_cores'], '.2f')} |")
   return "\n".join(lines)
 
@@ -84,14 +148,13 @@ def markdown_rows(rows: list[dict], label: str = "") -> str:
     device = (f"{e['devices']}× {e['device_kind']}" if e["platform"] != "cpu"
               else f"CPU: {e['host_cpu']}, {e['host_cores']} cores"
               + (f" as {e['devices']} XLA devices" if e["devices"] > 1 else ""))
-    mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] else "—"
     speed = (f" ({r['speedup_vs_torch']:.2f}× torch; back to back {r['queued_step_ms']:.1f} ms, "
              f"{r['queued_speedup_vs_torch']:.2f}×)" if "speedup_vs_torch" in r else "")
+    runs = f" ×{r['runs']} runs" if r["runs"] > 1 else ""
     out.append(
-        f"| {device} | {r['impl']}{' ×%d runs' % r['runs'] if r['runs'] > 1 else ''}"
-        f"{variant_tag(r)} | "
+        f"| {device} | {r['impl']}{runs}{variant_tag(r)} | "
         f"{r['config']}{' — ' + label if label else ''} | {_fmt(r.get('compile_s'), '.1f')} | "
-        f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f}{speed} | {r['tflops']:.3f} | {mfu} | "
-        f"{_fmt(r.get('peak_memory_gb'), '.2f')} | {_fmt(r['others_cores'], '.2f')} | "
-        f"{versions} | `{e['command']}` |")
+        f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f}{speed} | {r['tflops']:.3f} | "
+        f"{_percent(r['mfu'])} | {_fmt(r.get('peak_memory_gb'), '.2f')} | "
+        f"{_fmt(r['others_cores'], '.2f')} | {versions} | `{e['command']}` |")
   return "\n".join(out)

@@ -1,33 +1,9 @@
-"""Turns sweep directories into `report.md`, `runs.csv` and PNG plots:
+"""Sweep directories → `report.md`, `runs.csv` and `plots/*.png`:
 `python -m actlab.report runs/<sweep> [more sweeps --out=DIR] [--baseline=<activation>]`.
 
-The grid comes from the sweep's `sweep.json` (written by `actlab.sweep`), so cells that have not
-run yet are listed as missing; without it, every subdirectory with a `config.json` is a cell and
-the axes are the config fields that differ between them. Several directories are merged into one
-grid, each run counted once (`actlab.report.load`). Works on a partly finished sweep; torn or
-unfinished runs are marked, never fatal. This module writes the files; the tables and the text
-above them are `actlab.report.tables`, the numbers `actlab.measure.stats` and
-`actlab.measure.comparisons`, the plots `actlab.report.plots`. Sections (definitions in
-docs/metrics.md §8, §9):
-
-- **Results**: per combination of the axes but the seed (LR first, rows ordered by it, as in
-  docs/reference.md §2.2), mean ± sd over seeds of the final val loss, val acc, Dead %, dead
-  units, act mean, grad norm, sharpness, params; status counts, "not learned" included.
-- **Paired comparisons**: at each LR, each activation A against the baseline B (`--baseline`,
-  else the manifest's `baseline`, else the grid's first activation), then the sweep file's
-  `pairs`, paired by seed: n, mean and sd of d = A − B, the 95% paired t interval, the p-value
-  Holm-adjusted over the report's family, the TOST p-value (with an `equivalence_margin`), the
-  verdict (A better, B better, equivalent within ±m, not resolved) and, when not resolved, the
-  minimum detectable difference (`comparisons.family`).
-- **At each activation's best LR**: the same comparisons with each activation at its chosen LR,
-  chosen on the validation loss and compared on the held-out test loss, or without one chosen on
-  the first half of the seeds and compared on the other half (`comparisons.selection`).
-- **Largest stable LR** per activation: every seed stable and learned (`stats.largest_stable_lr`).
-- **LR sensitivity** (Wortsman et al. 2023): `stats.sensitivity`, mean ± sd over seeds.
-- **Plots**; **Runs**: every cell's status, "not learned" when its final val loss ≥ its summary's
-  `unigram_loss` (`stats.learned`), final val loss, the verdict's reasons, what is unreadable;
-  the same runs with their numbers in `runs.csv` (`actlab.report.to_csv`).
-"""
+What the report holds and how several sweeps merge: docs/sweeps.md, "The report"; each number's
+definition: docs/metrics.md §8, §9. This module assembles and writes the files; `load` reads the
+sweeps, `tables` writes the markdown, `plots` draws, `to_csv` writes runs.csv."""
 
 from __future__ import annotations
 
@@ -67,16 +43,16 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
   manifest, runs, duplicates = report_load.load_many(roots, axes)
   out.mkdir(parents=True, exist_ok=True)
   done = sum(r.state == "done" for r in runs)
+  not_done = f" ({len(runs) - done} not: see *Runs*)" if done < len(runs) else ""
+  named = ", ".join(duplicates[:3]) + (", …" if len(duplicates) > 3 else "")
+  counted_once = (f"{len(duplicates)} run(s) were in more than one directory with the same "
+                  f"config and count once ({named}). " if duplicates else "")
+  command = " ".join(["python -m actlab.report", *map(str, roots), *(f"--axis={a}" for a in axes),
+                      *([f"--out={out}"] if len(roots) > 1 else [])])
   lines = [f"# {manifest.get('description') or 'Sweep report'}", "",
-           f"Sweep `{manifest['sweep']}`: {done} of {len(runs)} runs finished"
-           + (f" ({len(runs) - done} not: see *Runs*)" if done < len(runs) else "")
-           + f"; seeds {', '.join(map(str, manifest['seeds']))}. "
-           + (f"{len(duplicates)} run(s) were in more than one directory with the same config "
-              f"and count once ({', '.join(duplicates[:3])}"
-              f"{', …' if len(duplicates) > 3 else ''}). " if duplicates else "")
-           + f"Per-run numbers: `runs.csv`. Written by `python -m actlab.report "
-           f"{' '.join(map(str, roots))}" + "".join(f" --axis={a}" for a in axes)
-           + (f" --out={out}`." if len(roots) > 1 else "`."), ""]
+           f"Sweep `{manifest['sweep']}`: {done} of {len(runs)} runs finished{not_done}; seeds "
+           f"{', '.join(map(str, manifest['seeds']))}. {counted_once}Per-run numbers: "
+           f"`runs.csv`. Written by `{command}`.", ""]
   for title, text, table in tables.sections(manifest, runs, pick_baseline(manifest, baseline)):
     if table:
       lines += [f"## {title}", "", text, "", table, ""]
@@ -92,10 +68,8 @@ ARCHIVED = ("config.json", "summary.json", "metrics.jsonl")  # what a report rea
 
 
 def archive(root, out) -> pathlib.Path:
-  """Copies what a report reads of the sweep in `root` (its sweep.json; each cell's
-  `ARCHIVED` files, not its checkpoints, tokenizer or TensorBoard files) into `out`: per-run data
-  small enough to commit, from which `write(out)` makes the same report. Refuses an `out` that
-  holds another sweep."""
+  """Copies what a report reads of the sweep in `root` (sweep.json, each cell's `ARCHIVED` files)
+  into `out`, an archive small enough to commit that `write(out)` reports the same."""
   root, out = pathlib.Path(root), pathlib.Path(out)
   manifest = workdir.read_json(root / "sweep.json")
   if manifest is None:

@@ -1,18 +1,11 @@
-"""Reads sweep directories into one manifest and its runs for `actlab.report`.
+"""Reads sweep directories into one manifest and its runs for `actlab.report`
+(docs/sweeps.md, "The report").
 
-One directory: its `sweep.json` (cells not run yet are "missing"), or without one every
-subdirectory with a `config.json`, the axes being the config fields that differ between them.
-
-Several directories (`load_many`) are merged into one grid: the axes are the union of their axes
-and of their values, a run's value of an axis its own sweep did not sweep comes from its config,
-the seeds are the union too. Every other config field (RUNTIME_FIELDS aside) must agree between
-the directories, else they are not the same experiment and the merge is refused naming the field.
-A run is then identified by its axis values and seed, i.e. by its resolved config: the same run
-held by two directories (a copied cell, a sweep given twice) counts once, the most complete copy
-(finished, else logged, else missing) of the first directory holding it. The sweeps' named
-`pairs` are united; the equivalence margins they state must be one (or none), else the merge is
-refused: a margin is fixed before the runs, not picked among several afterwards.
-"""
+Several directories merge into one grid (`load_many`): the union of their axes, values and seeds;
+every other config field (runtime ones aside) must agree, else the merge is refused naming it. A
+run is identified by its axis values and seed: one held by two directories counts once, the most
+complete copy (done, else incomplete, else missing) of the first directory holding it. `pairs`
+are united; the stated equivalence margins must be one (a margin is fixed before the runs)."""
 
 from __future__ import annotations
 
@@ -86,8 +79,8 @@ def _check_mergeable(roots, configs: list[dict[str, dict]], axes: Sequence[str])
   """Refuses directories whose runs differ in a field that is neither an axis nor runtime."""
   reps = [(root, _blank(next(iter(c.values())), [*axes, SEED_KEY]))
           for root, c in zip(roots, configs) if c]
+  first, first_rep = reps[0]
   for root, rep in reps[1:]:
-    first, first_rep = reps[0]
     diffs = workdir.identity_diffs(first_rep, rep)
     if diffs:
       field = diffs[0].split(":")[0]
@@ -97,15 +90,15 @@ def _check_mergeable(roots, configs: list[dict[str, dict]], axes: Sequence[str])
 
 
 def load_many(roots: Sequence, also: Sequence[str] = ()) -> tuple[dict, list[Run], list[str]]:
-  """`load` of every directory, merged (module docstring): the manifest, the runs, and the names
-  of the runs held by more than one directory (counted once). `also`: fields the directories
-  fix at different values, taken as axes too (each run's value from its config)."""
+  """The merged manifest, runs and names of the runs held twice (module docstring); `also`:
+  fields the directories fix at different values, taken as axes too."""
   roots = [pathlib.Path(r) for r in roots]
   loaded = [load(r) for r in roots]
   if len(roots) == 1:
     return (*loaded[0], [])
+  manifests = [m for m, _ in loaded]
   configs = [_configs(r) for r in roots]
-  axes = list(dict.fromkeys([*(k for m, _ in loaded for k in m["axes"]), *also]))
+  axes = list(dict.fromkeys([*(k for m in manifests for k in m["axes"]), *also]))
   _check_mergeable(roots, configs, axes)
   merged: dict[tuple, Run] = {}
   duplicates = []
@@ -126,22 +119,21 @@ def load_many(roots: Sequence, also: Sequence[str] = ()) -> tuple[dict, list[Run
       merged[key] = run
   runs = list(merged.values())
   values = lambda k: list(dict.fromkeys(r.overrides[k] for r in runs))
-  margins = {m["equivalence_margin"] for m, _ in loaded if m.get("equivalence_margin")}
+  margins = {m["equivalence_margin"] for m in manifests if m.get("equivalence_margin")}
   if len(margins) > 1:
     raise UserError(f"cannot merge {', '.join(map(str, roots))}: their sweep files state "
                     f"different equivalence margins {sorted(margins)}; report them separately")
   pairs = []
-  for a, b in (p for m, _ in loaded for p in m.get("pairs") or []):
+  for a, b in (p for m in manifests for p in m.get("pairs") or []):
     if [a, b] not in pairs and [b, a] not in pairs:
       pairs.append([a, b])
+  first_set = lambda field, default: next((m[field] for m in manifests if m.get(field)), default)
   manifest = {
-      "sweep": " + ".join(m["sweep"] for m, _ in loaded),
-      "description": next((m["description"] for m, _ in loaded if m.get("description")), ""),
-      "seeds": sorted(values(SEED_KEY), key=_order),
-      "axes": {k: sorted(values(k), key=_order) if k == LR_KEY else
-               list(dict.fromkeys([*(v for m, _ in loaded for v in m["axes"].get(k, [])),
-                                   *values(k)])) for k in axes},
-      "baseline": next((m["baseline"] for m, _ in loaded if m.get("baseline")), None),
-      "pairs": pairs, "equivalence_margin": next(iter(margins), None),
+      "sweep": " + ".join(m["sweep"] for m in manifests),
+      "description": first_set("description", ""), "seeds": sorted(values(SEED_KEY), key=_order),
+      "axes": {k: sorted(values(k), key=_order) if k == LR_KEY else list(dict.fromkeys(
+          [*(v for m in manifests for v in m["axes"].get(k, [])), *values(k)])) for k in axes},
+      "baseline": first_set("baseline", None), "pairs": pairs,
+      "equivalence_margin": next(iter(margins), None),
   }
   return manifest, runs, duplicates

@@ -1,13 +1,14 @@
-"""The sweep report's plots (`write`): final val loss against the LR, a forest plot of the final
-val loss with 95% t intervals, the logged curves of `CURVES` as mean ± sd bands over seeds, and
-the per-layer activation statistics. One colour (and line style) per combination of the axes
-other than the LR and the seed, the same in every plot. The numbers drawn are computed in
-`actlab.report.series`; this module only draws them."""
+"""The sweep report's plots (`write`; docs/metrics.md §9): val loss vs LR, the forest plot, the
+curves of `CURVES` and the per-layer statistics, drawing what `actlab.report.series` computes.
+One colour (and line style) per combination of the axes but the LR and the seed, in every plot."""
 
 from __future__ import annotations
 
 import math
 import pathlib
+
+import matplotlib
+import matplotlib.pyplot as plt
 
 from actlab.measure import stats
 from actlab.measure.stats import LR_KEY, finite
@@ -19,7 +20,7 @@ _MARKERS = "osD^v<>ph*"
 
 def _styles(manifest, runs) -> dict[tuple, tuple[str, str]]:
   """(colour, line style) per combination of the non-LR axes, in grid order."""
-  keys = list(stats.groups(manifest, runs, stats.other_axes(manifest)))
+  keys = list(series.groups(manifest, runs))
   return dict(zip(keys, series.styles(len(keys))))
 
 
@@ -27,9 +28,10 @@ def _label(key: tuple) -> str:
   return ", ".join(map(stats.fmt_value, key)) or "run"
 
 
-def _save(fig, axes, path: pathlib.Path, ylabel: str, log_y: bool = False) -> bool:
-  """Grid, y label and scale, legend; writes the figure to `path` and closes it."""
-  import matplotlib.pyplot as plt
+def _save(fig, axes, path: pathlib.Path, ylabel: str = "", log_y: bool = False,
+          legend_cols: int | None = None) -> bool:
+  """Grid, y label and scale, legend (two columns beyond six entries unless `legend_cols`);
+  writes the figure to `path` and closes it."""
   for ax in axes:
     ax.grid(alpha=0.3)
     if log_y:
@@ -39,7 +41,8 @@ def _save(fig, axes, path: pathlib.Path, ylabel: str, log_y: bool = False) -> bo
   for ax in axes:
     legend.update({label: h for h, label in zip(*ax.get_legend_handles_labels())
                    if label not in legend})
-  axes[0].legend(legend.values(), legend.keys(), fontsize=7, ncol=2 if len(legend) > 6 else 1)
+  axes[0].legend(legend.values(), legend.keys(), fontsize=7,
+                 ncol=legend_cols or (2 if len(legend) > 6 else 1))
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -47,7 +50,6 @@ def _save(fig, axes, path: pathlib.Path, ylabel: str, log_y: bool = False) -> bo
 
 
 def plot_val_vs_lr(manifest, runs, path: pathlib.Path) -> bool:
-  import matplotlib.pyplot as plt
   if LR_KEY not in manifest["axes"]:
     return False
   fig, ax = plt.subplots(figsize=(6, 4))
@@ -71,32 +73,26 @@ def plot_val_vs_lr(manifest, runs, path: pathlib.Path) -> bool:
   return _save(fig, [ax], path, "final val loss (nats)")
 
 
-def _panels(n: int):
-  """A figure with n panels sharing y, at most three per row; returns it and the n axes used."""
-  import matplotlib.pyplot as plt
-  cols = min(n, 3)
-  rows = math.ceil(n / cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False, sharey=True)
-  flat = list(axes.flat)
-  for ax in flat[n:]:
-    ax.set_visible(False)
-  return fig, flat[:n]
-
-
 def plot_curves(manifest, runs, key: str, ylabel: str, path: pathlib.Path,
                 log_y: bool = False) -> bool:
   """One panel per LR (or a single panel), one line per other-axes value: the mean over its
-  seeds with a ± 1 sd band (`report_series.band`). Log y if `log_y` or the means span decades."""
-  lrs = sorted(manifest["axes"].get(LR_KEY, [None]), key=lambda x: (x is None, x))
-  bands = {(lr, key_): b for lr in lrs
-           for key_, group in stats.groups(manifest, runs, stats.other_axes(manifest)).items()
+  seeds with a ± 1 sd band (`series.band`). Log y if `log_y` or the means span decades."""
+  lrs = series.lr_grid(manifest)
+  bands = {(lr, key_): b for lr in lrs for key_, group in series.groups(manifest, runs).items()
            if (b := series.band([r for r in group if lr is None
                                  or r.overrides.get(LR_KEY) == lr], key)) is not None}
   if not bands:
     return False
   styles = _styles(manifest, runs)
   log = log_y or series.log_scale([v for b in bands.values() for v in b.mean])
-  fig, axes = _panels(len(lrs))
+  cols = min(len(lrs), 3)  # panels sharing y, at most three per row
+  rows = math.ceil(len(lrs) / cols)
+  fig, grid = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False,
+                           sharey=True)
+  axes = list(grid.flat)
+  for ax in axes[len(lrs):]:
+    ax.set_visible(False)
+  axes = axes[:len(lrs)]
   for ax, lr in zip(axes, lrs):
     for (at, group), b in bands.items():
       if at != lr:
@@ -116,9 +112,8 @@ def plot_curves(manifest, runs, key: str, ylabel: str, path: pathlib.Path,
 
 
 def plot_layers(manifest, runs, path: pathlib.Path) -> bool:
-  """One panel per statistic of `report_series.LAYER_STATS`, x = layer, one series per group at
+  """One panel per statistic of `series.LAYER_STATS`, x = layer, one series per group at
   its best LR: mean ± sd over seeds as error bars."""
-  import matplotlib.pyplot as plt
   data = {k: e for k, e in series.layer_stats(manifest, runs).items()
           if len(e[series.LAYER_STATS[0]][0])}
   if not data:
@@ -142,31 +137,24 @@ def plot_layers(manifest, runs, path: pathlib.Path) -> bool:
     ax.set_xticks(sorted({int(x) for e in data.values() for x in e[stat][0]}))
     ax.set_xlabel("layer")
     ax.set_title(labels[stat], fontsize=9)
-    ax.grid(alpha=0.3)
   fig.suptitle("Last evaluation, each group at its best LR: mean ± sd over seeds", fontsize=10)
-  axes[0][0].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return True
+  return _save(fig, axes[0], path, legend_cols=1)
 
 
 def plot_forest(manifest, runs, path: pathlib.Path) -> bool:
   """Final val loss per group (rows, best first), one marker per LR: mean and 95% t interval
-  over seeds (`report_series.forest`)."""
-  import matplotlib.pyplot as plt
-  lrs = manifest["axes"].get(LR_KEY, [None])
+  over seeds (`series.forest`)."""
+  lrs = series.lr_grid(manifest)
   rows = [i for i in series.forest(manifest, runs) if i.n]
   if len(lrs) > FOREST_MAX_LRS or not rows:
     return False
   groups = list(dict.fromkeys(i.group for i in rows))
-  lr_order = sorted(lrs, key=lambda x: (x is None, x))
-  colors = dict(zip(lr_order, (c for c, _ in series.styles(len(lr_order)))))
+  colors = dict(zip(lrs, (c for c, _ in series.styles(len(lrs)))))
   fig, ax = plt.subplots(figsize=(6.5, 0.9 + 0.38 * len(groups) * max(1, len(lrs) / 2)))
   step = 0.6 / len(lrs)
   seen = set()
   for i in rows:
-    j = lr_order.index(i.lr)
+    j = lrs.index(i.lr)
     y = groups.index(i.group) + (j - (len(lrs) - 1) / 2) * step
     err = None if not finite(i.low) else [[i.mean - i.low], [i.high - i.mean]]
     ax.errorbar([i.mean], [y], xerr=err, color=colors[i.lr], marker=_MARKERS[j], ms=5, capsize=3,
@@ -180,7 +168,7 @@ def plot_forest(manifest, runs, path: pathlib.Path) -> bool:
   ax.invert_yaxis()  # the best on top
   ax.set_xlabel("final val loss (nats)")
   ax.set_title("Final val loss: mean and 95% t interval over seeds (best first)", fontsize=9)
-  return _save(fig, [ax], path, "")
+  return _save(fig, [ax], path)
 
 
 CURVES = [  # (file, metrics key, y label, log y always (else by the data))
@@ -195,16 +183,15 @@ CURVES = [  # (file, metrics key, y label, log y always (else by the data))
     ("grad_norm_max.png", "grad_norm_max", "max grad norm since the last row", True),
 ]
 
-BAND = ("*Curves: per group, the mean over its seeds (n per group in the panel title) with a ± 1 sd band, at "
-        "the steps where every seed of the group logged a finite value: a seed that diverged or "
-        "has not finished ends its group's curve there. Log y for grad norm and attention logits, "
-        "and for any quantity whose plotted means span more than a factor of 30; there, no band "
-        "where mean − sd ≤ 0.*")
+BAND = ("*Curves: per group, the mean over its seeds (n per group in the panel title) with a ± 1 "
+        "sd band, at the steps where every seed of the group logged a finite value: a seed that "
+        "diverged or has not finished ends its group's curve there. Log y for grad norm and "
+        "attention logits, and for any quantity whose plotted means span more than a factor of "
+        "30; there, no band where mean − sd ≤ 0.*")
 
 
 def write(manifest, runs, directory: pathlib.Path) -> list[str]:
   """Draws every plot into `directory`; returns the report's markdown lines for them."""
-  import matplotlib
   matplotlib.use("Agg")
   directory.mkdir(exist_ok=True)
   lines = []

@@ -1,15 +1,5 @@
-"""The numbers the report's plots draw (`actlab.report.plots` only draws them): pure functions of a
-sweep's runs, and the series' colours.
-
-- `band`: a curve as the mean over the seeds of a group with a ± 1 sd band, at the steps where
-  every seed of the group logged a finite value (a seed that stopped early, diverged or not yet
-  finished, ends the group's curve there).
-- `layer_stats`: per-layer activation statistics (`<key>/layer_<i>`) at each finished run's last
-  evaluation, mean ± sd over the seeds of a group, at the group's best LR.
-- `forest`: the final val loss of each group and LR as the mean over seeds with its 95% t
-  interval, mean ± t₀.₉₇₅,ₙ₋₁·sd/√n.
-- `styles`: one (colour, line style) per series, distinct for any number of series.
-"""
+"""The numbers the report's plots draw (`actlab.report.plots` only draws them): pure functions
+of a sweep's runs, and the series' colours (docs/metrics.md §9, "Plots")."""
 
 from __future__ import annotations
 
@@ -26,6 +16,22 @@ from actlab.measure.stats import LR_KEY, Run, finite
 
 LAYER_STATS = ("dead_units", "act_zero_frac", "act_mean")
 _LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def _mean_sd(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Mean and sd (n − 1) over the rows of a seeds × points array; sd NaN for one seed."""
+  one = len(values) < 2
+  return values.mean(axis=0), np.full(values.shape[1:], np.nan) if one else values.std(0, ddof=1)
+
+
+def groups(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, list[Run]]:
+  """The runs per combination of the axes other than the LR and the seed (one series each)."""
+  return stats.groups(manifest, runs, stats.other_axes(manifest))
+
+
+def lr_grid(manifest: Mapping) -> list:
+  """The swept LRs in increasing order; [None] without an LR axis."""
+  return sorted(manifest["axes"].get(LR_KEY, [None]), key=lambda x: (x is None, x))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +54,7 @@ def band(runs: Sequence[Run], key: str) -> Band | None:
   if not steps:
     return None
   values = np.array([[s[t] for t in steps] for s in series], np.float64)
-  sd = values.std(axis=0, ddof=1) if len(series) > 1 else np.full(len(steps), np.nan)
-  return Band(np.array(steps), values.mean(axis=0), sd, len(series))
+  return Band(np.array(steps), *_mean_sd(values), len(series))
 
 
 def log_scale(values: Sequence[float], span: float = 30.0) -> bool:
@@ -63,8 +68,7 @@ def best_lrs(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, object]:
   """Per combination of the non-LR axes, the LR with the lowest mean final val loss over seeds
   (None without an LR axis; a group without any final val loss is left out)."""
   out = {}
-  keys = stats.other_axes(manifest)
-  for key, group in stats.groups(manifest, runs, keys).items():
+  for key, group in groups(manifest, runs).items():
     by_lr: dict = {}
     for r in group:
       if r.value("final_val_loss") is not None:
@@ -86,7 +90,7 @@ def layer_stats(manifest: Mapping, runs: Sequence[Run], keys: Sequence[str] = LA
   its last row with per-layer values (its last evaluation); sd NaN for one seed."""
   out = {}
   best = best_lrs(manifest, runs)
-  for key, group in stats.groups(manifest, runs, stats.other_axes(manifest)).items():
+  for key, group in groups(manifest, runs).items():
     if key not in best:
       continue
     at = [r for r in group if r.overrides.get(LR_KEY) == best[key]
@@ -95,10 +99,9 @@ def layer_stats(manifest: Mapping, runs: Sequence[Run], keys: Sequence[str] = LA
     entry = {"lr": best[key], "n": len(at)}
     for k in keys:
       per_run = [_layers(row, k) for row in last]
-      layers = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
+      layers = sorted(set.intersection(*map(set, per_run)))  # `at`: at least the best LR's run
       values = np.array([[p[i] for i in layers] for p in per_run], np.float64)
-      sd = values.std(axis=0, ddof=1) if len(per_run) > 1 else np.full(len(layers), np.nan)
-      entry[k] = (np.array(layers), values.mean(axis=0) if layers else np.array([]), sd)
+      entry[k] = (np.array(layers), *_mean_sd(values))
     out[key] = entry
   return out
 
@@ -128,10 +131,9 @@ def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:
   """The final val loss of every group at every LR with its 95% t interval over the seeds with a
   value; groups sorted by their lowest mean over LRs (best first, groups without values last),
   LRs in grid order within a group."""
-  lrs = sorted(manifest["axes"].get(LR_KEY, [None]), key=lambda x: (x is None, x))
   out = []
-  for key, group in stats.groups(manifest, runs, stats.other_axes(manifest)).items():
-    for lr in lrs:
+  for key, group in groups(manifest, runs).items():
+    for lr in lr_grid(manifest):
       vals = [r.value("final_val_loss") for r in group if r.overrides.get(LR_KEY) == lr
               and r.value("final_val_loss") is not None]
       out.append(Interval(key, lr, len(vals), *t_interval(vals)))

@@ -1,6 +1,5 @@
-"""The report's markdown between its header and the plots (`sections`), and the runs table:
-each table with the rules or definitions above it. `actlab.report.write` assembles them; the
-numbers are computed in `actlab.measure.stats` and `actlab.measure.comparisons`."""
+"""The report's markdown tables, each with the rules above it (`sections`, `runs_table`); the
+numbers come from `actlab.measure.stats` and `actlab.measure.comparisons`."""
 
 from __future__ import annotations
 
@@ -41,33 +40,29 @@ def status_counts(runs: Sequence[Run]) -> str:
           + (f"; {not_learned} not learned" if not_learned else ""))
 
 
-COLUMNS = [  # (header, summary key, scale, digits, suffix)
-    ("val loss", "final_val_loss", 1.0, 3, ""),
-    ("Dead %", "act_zero_frac", 100.0, 1, "%"),
-    ("dead units", "dead_units", 100.0, 1, "%"),
-    ("act mean", "act_mean", 1.0, 3, ""),
-    ("grad norm", "grad_norm", 1.0, 3, ""),
+COLUMNS = [  # (header, summary key, scale, digits, suffix, shown always (else where measured))
+    ("val loss", "final_val_loss", 1.0, 3, "", True),
+    ("val acc", "final_val_accuracy", 100.0, 1, "%", False),  # MLM, classification
+    ("Dead %", "act_zero_frac", 100.0, 1, "%", True),
+    ("dead units", "dead_units", 100.0, 1, "%", True),
+    ("act mean", "act_mean", 1.0, 3, "", True),
+    ("grad norm", "grad_norm", 1.0, 3, "", True),
+    ("max grad norm", "grad_norm_max", 1.0, 2, "", False),  # the run's largest (metrics.md §2)
+    ("max attn logit", "max:train_attn_logit_max", 1.0, 1, "", False),
+    ("max log Z", "max:train_logz_mean", 1.0, 2, "", False),
+    ("sharpness", "sharpness_max", 1.0, 1, "", False),
 ]
-STABILITY = [  # beside them where the runs measured them (docs/metrics.md §2): the run's largest
-    ("max grad norm", "grad_norm_max", 1.0, 2, ""),
-    ("max attn logit", "max:train_attn_logit_max", 1.0, 1, ""),
-    ("max log Z", "max:train_logz_mean", 1.0, 2, ""),
-]
+PARAMS = ("params", "params", 1.0, 0, "", True)  # shown where the runs differ in size
 
 
 def results_table(manifest, runs) -> str:
   keys = stats.group_keys(manifest)
-  columns = list(COLUMNS)
-  if any(r.value("final_val_accuracy") is not None for r in runs):  # MLM, classification
-    columns.insert(1, ("val acc", "final_val_accuracy", 100.0, 1, "%"))
-  columns += [c for c in STABILITY if any(r.value(c[1]) is not None for r in runs)]
-  if any(r.value("sharpness_max") is not None for r in runs):
-    columns.append(("sharpness", "sharpness_max", 1.0, 1, ""))
+  columns = [c for c in COLUMNS if c[5] or any(r.value(c[1]) is not None for r in runs)]
   if len({r.summary.get("params") for r in runs if r.state == "done"}) > 1:
-    columns.append(("params", "params", 1.0, 0, ""))
+    columns.append(PARAMS)
   rows = [[*map(stats.fmt_value, values),
            *(_cell(group, key, len(manifest["seeds"]), scale, digits, suffix)
-             for _, key, scale, digits, suffix in columns), status_counts(group)]
+             for _, key, scale, digits, suffix, _ in columns), status_counts(group)]
           for values, group in stats.groups(manifest, runs, keys).items()]
   return _table([*map(_header, keys), *(c[0] for c in columns), "status"], rows)
 
@@ -78,9 +73,7 @@ def _p(p: float) -> str:
 
 def comparison_table(manifest, compared: Sequence[comparisons.Comparison], keys: Sequence[str],
                      best_lr: bool = False) -> str:
-  """One row per comparison: the values of `keys`, A and B (with each one's chosen LR when
-  `best_lr`), n, mean and sd of A − B, the 95% CI, the Holm-adjusted p-values (TOST's only with
-  a margin), the verdict and, when not resolved, the MDD."""
+  """One row per comparison (columns: docs/metrics.md §9), with A's and B's LR when `best_lr`."""
   if not compared:
     return ""
   margin = manifest.get("equivalence_margin")

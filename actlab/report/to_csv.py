@@ -1,11 +1,7 @@
-"""The report's per-run table as `runs.csv`: one row per run, for plotting elsewhere.
-
-Columns: the run, its axis values and seed, state (done / incomplete / missing), status, learned
-(true / false / empty when not checked), the last logged step, the val losses (initial, best,
-final), the final train loss, the gap final val − final train loss, the activation statistics of
-the last evaluation, the grad norm (mean over the last 10% of steps) and the wall time, all from
-`summary.json`. Numbers are written in full precision; missing and non-finite values are empty.
-"""
+"""The report's per-run table as `runs.csv`, for plotting elsewhere: per run its axis values and
+seed, state, status, learned (true / false / empty: not checked), last logged step and the
+`summary.json` numbers of `SUMMARY_COLUMNS` (`train_val_gap` = final val − final train loss) in
+full precision; missing and non-finite values are empty."""
 
 from __future__ import annotations
 
