@@ -17,7 +17,7 @@ from absl import flags, logging
 from actlab import errors, tasks
 from actlab.data import hf_tokenizer
 from actlab.models import hf_checkpoint
-from actlab.run import train
+from actlab.run import pretrained
 from actlab.run import workdir as workdir_lib
 
 
@@ -46,7 +46,7 @@ def write(workdir: pathlib.Path, out: pathlib.Path) -> str:
   if missing:
     raise errors.UserError(f"export needs {', '.join(missing)}: {hf_checkpoint.INSTALL}")
   check_out(out)
-  config, tokenizer, _, params, step = train.load_run(workdir)
+  config, tokenizer, _, params, step = pretrained.load_run(workdir)
   summary = workdir_lib.read_summary(workdir)  # Written when the run ended, or diverged.
   status = summary["status"] if summary else None
   run = {"exported_from": str(workdir.resolve()), "step": step, "steps": config.train.steps,

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from absl import flags, logging
 
 from actlab import errors, tasks
-from actlab.run.train import load_run  # also `sample.load_run`, as before
+from actlab.run.pretrained import load_run  # also `sample.load_run`, as before
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder.")
 _PROMPT = flags.DEFINE_string("prompt", "", "Text to continue (a story start if empty).")

@@ -15,6 +15,7 @@ import pytest
 import conftest
 from actlab import data, models, tasks
 from actlab.data import classify, synthetic, tokenizer
+from actlab.run import pretrained as pretrained_lib
 from actlab.run import steps, train
 from actlab.tasks import mlm
 
@@ -193,8 +194,8 @@ def test_classification_trains_above_chance_and_fine_tunes_from_mlm(pretrained, 
   vocab = summary["vocab_size"]
   fresh = steps.program(c, vocab, cache=cache).start([c]).params  # as train.run: no compile
   fresh = steps.run_part(fresh, 0)
-  params = train.pretrained_params(c, train.init_from_config(c), fresh, vocab)
-  mlm = train.Checkpoints(mlm_dir / "checkpoints", 3)
+  params = pretrained_lib.params_from(c, pretrained_lib.init_from_config(c), fresh, vocab)
+  mlm = pretrained_lib.Checkpoints(mlm_dir / "checkpoints", 3)
   like = jax.eval_shape(steps.Steps.create(tiny_encoder(), vocab).init, 0, 1e-3)
   restored = mlm.restore(60, like)[0].params
   mlm.close()
@@ -206,7 +207,7 @@ def test_classification_trains_above_chance_and_fine_tunes_from_mlm(pretrained, 
   assert "mlm" not in params and "classifier" in params
   # A different trunk cannot be the starting point; nor can a workdir without a run.
   bad = classify_config(**{"train.init_from": str(mlm_dir), "model.d_model": 64})
-  with pytest.raises(train.WorkdirError, match="model.d_model"):
-    train.init_from_config(bad)
-  with pytest.raises(train.WorkdirError, match="no run"):
-    train.init_from_config(classify_config(**{"train.init_from": str(tmp_path / "x")}))
+  with pytest.raises(pretrained_lib.WorkdirError, match="model.d_model"):
+    pretrained_lib.init_from_config(bad)
+  with pytest.raises(pretrained_lib.WorkdirError, match="no run"):
+    pretrained_lib.init_from_config(classify_config(**{"train.init_from": str(tmp_path / "x")}))

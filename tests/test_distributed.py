@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from actlab.run import train
+from actlab.run import pretrained
 from conftest import CPU_ONLY, REPO
 from test_entry_points import guarded
 from test_resume import rows, summary, wait_for_checkpoint
@@ -84,9 +84,9 @@ def test_two_processes_killed_and_resumed_equal_one_process_on_two_devices(tmp_p
   assert (segment["process_count"], segment["device_count"]) == (1, 2)
   assert rows(run) == rows(run / "process_1") == rows(reference)
   assert summary(run) == summary(reference)
-  # The parameters too, read as sampling and export read them (`train.load_run`): on this
+  # The parameters too, read as sampling and export read them (`pretrained.load_run`): on this
   # process's one device, whatever the run trained on.
-  (_, _, _, params, step), (*_, reference_params, _) = map(train.load_run, (run, reference))
+  (_, _, _, params, step), (*_, reference_params, _) = map(pretrained.load_run, (run, reference))
   assert step == STEPS
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(reference_params)):
     np.testing.assert_array_equal(a, b)

@@ -14,7 +14,7 @@ import pytest
 from actlab import errors, export, tasks
 from actlab.data import hf_tokenizer, synthetic, tokenizer_store
 from actlab.models import hf_checkpoint
-from actlab.run import steps, train
+from actlab.run import pretrained, steps, train
 from conftest import REPO, SHARED_DATA, tiny
 from test_classify import tiny_encoder
 from test_resume import files
@@ -176,7 +176,7 @@ def exported(trained, tmp_path_factory):
 def test_export_cli_of_a_trained_decoder(trained, exported, torch):
   """A few steps of training, exported through the CLI: transformers' logits are actlab's, and
   its loss is actlab's less the padded rows' share."""
-  config, _, task, params, _ = train.load_run(trained)
+  config, _, task, params, _ = pretrained.load_run(trained)
   tokens = np.random.default_rng(0).integers(0, V, (2, 33))
   ours = np.asarray(task.model.apply({"params": params}, tokens[:, :-1]))
   model = transformers.GPT2LMHeadModel.from_pretrained(exported)
@@ -262,10 +262,10 @@ def test_import_of_an_export_needs_no_torch(trained, exported, monkeypatch):
   """`train.init_from=hf:` an export (written without torch, `exported`), with `import torch`
   failing, gives the run's own logits."""
   monkeypatch.setitem(sys.modules, "torch", None)
-  config, _, task, params, _ = train.load_run(trained)
+  config, _, task, params, _ = pretrained.load_run(trained)
   config.train.init_from = f"hf:{exported}"
-  source = train.init_from_config(config, V)
-  imported = train.pretrained_params(config, source, task.init(1).params, V)
+  source = pretrained.init_from_config(config, V)
+  imported = pretrained.params_from(config, source, task.init(1).params, V)
   tokens = np.random.default_rng(0).integers(0, V, (2, 32))
   ours, theirs = (np.asarray(task.model.apply({"params": p}, tokens)[..., :V])
                   for p in (params, imported))

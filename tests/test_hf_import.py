@@ -12,7 +12,7 @@ import pytest
 
 from actlab import errors, tasks
 from actlab.models import hf_checkpoint
-from actlab.run import steps, train
+from actlab.run import pretrained, steps, train
 from conftest import REPO, tiny
 from test_classify import tiny_encoder
 from test_export import RUN, perturbed_params, torch  # noqa: F401 -- torch: the fixture
@@ -36,8 +36,8 @@ def gpt2_dir(tmp_path_factory):
 def imported(config, vocab_size):
   """The config's model with parameters from its `train.init_from`."""
   params = steps.Steps.create(config, vocab_size).init(0).params
-  source = train.init_from_config(config, vocab_size)
-  return tasks.get(config).model(config, vocab_size), train.pretrained_params(
+  source = pretrained.init_from_config(config, vocab_size)
+  return tasks.get(config).model(config, vocab_size), pretrained.params_from(
       config, source, params, vocab_size)
 
 
@@ -93,23 +93,23 @@ def test_what_cannot_map_is_one_line(gpt2_dir, overrides, match):
   c = tiny(**overrides)
   c.train.init_from = f"hf:{gpt2_dir}"
   with pytest.raises(errors.UserError, match=match):
-    train.init_from_config(c, V)
+    pretrained.init_from_config(c, V)
 
 
 def test_wrong_architecture_vocabulary_or_directory_is_one_line(gpt2_dir, tmp_path):
   c = tiny_encoder("mlm", **{"train.init_from": f"hf:{gpt2_dir}"})
   with pytest.raises(errors.UserError,
                      match=r"is a 'gpt2' model; this run starts from bert \(BertForMaskedLM\)"):
-    train.init_from_config(c, 2048)
+    pretrained.init_from_config(c, 2048)
   big = json.loads((gpt2_dir / "config.json").read_text()) | {"vocab_size": 50257}
   (tmp_path / "config.json").write_text(json.dumps(big))
   c = tiny()
   c.train.init_from = f"hf:{tmp_path}"
   with pytest.raises(errors.UserError, match=r"vocabulary \(50257\) is larger than the model's"):
-    train.init_from_config(c, V)
+    pretrained.init_from_config(c, V)
   c.train.init_from = f"hf:{tmp_path / 'nowhere'}"
   with pytest.raises(errors.UserError, match="no readable config.json"):
-    train.init_from_config(c, V)
+    pretrained.init_from_config(c, V)
 
 
 @pytest.mark.slow

@@ -18,14 +18,14 @@ import pytest
 from actlab import data, models
 from actlab.measure import evaluators, metrics
 from actlab.tasks import mlm
-from actlab.run import optim, steps, train
+from actlab.run import pretrained, steps, train
 from conftest import tiny, tiny_encoder
 
 
 def test_schedule_warmup_then_cosine_to_min():
   c = tiny()
   c.optim.update(warmup_steps=10, min_lr_ratio=0.1)
-  s = optim.schedule(c.optim, 110)
+  s = steps.schedule(c.optim, 110)
   assert float(s(0)) == 0.0
   np.testing.assert_allclose(float(s(5)), 0.5, rtol=1e-6)
   np.testing.assert_allclose(float(s(10)), 1.0, rtol=1e-6)
@@ -36,7 +36,7 @@ def test_schedule_warmup_then_cosine_to_min():
 def test_weight_decay_mask_matrices_and_embeddings_only():
   task = steps.Steps.create(tiny(), 257)
   params = jax.eval_shape(task.init, 0).params
-  mask = optim.decay_mask(params)
+  mask = steps.decay_mask(params)
   flat = {"/".join(k.key for k in path): v
           for path, v in jax.tree_util.tree_leaves_with_path(mask)}
   assert flat["wte/embedding"] and flat["wpe/embedding"]
@@ -49,7 +49,7 @@ def test_adamw_matches_closed_form_first_step():
   """First AdamW step: update = -lr·(sign(g) + wd·p) on decayed leaves, -lr·sign(g) on others."""
   c = tiny()
   c.optim.update(warmup_steps=0, clip_norm=0.0, eps=0.0, weight_decay=0.5, lr=0.1)
-  tx = optim.make(c.optim, 10)
+  tx = steps.optimizer(c.optim, 10)
   params = {"kernel": jnp.array([[1.0, -2.0]]), "bias": jnp.array([3.0])}
   grads = {"kernel": jnp.array([[0.5, 0.25]]), "bias": jnp.array([-4.0])}
   updates, _ = tx.update(grads, tx.init(params), params)
@@ -60,13 +60,13 @@ def test_adamw_matches_closed_form_first_step():
 
 @pytest.mark.parametrize("clip_norm, scale", [(1.0, 1 / 50), (100.0, 1.0), (0.0, 1.0)])
 def test_clipping_scales_the_gradient_to_clip_norm_before_adamw(clip_norm, scale):
-  """The chain of `optim.make` on a gradient of global norm 50: clipped to `clip_norm` when above
+  """The chain of `steps.optimizer` on a gradient of global norm 50: clipped to `clip_norm` when above
   it (scale 1/50), untouched below it or with clipping off (0). First AdamW step in closed form
   (bias-corrected moments g and g², LR multiplier 1 without warm-up): update = -lr·(g/(|g| + eps)
   + wd·p·mask). eps = 1 keeps the gradient's scale in the update, so clipping shows."""
   c = tiny()
   c.optim.update(warmup_steps=0, clip_norm=clip_norm, eps=1.0, weight_decay=0.5, lr=0.1)
-  tx = optim.make(c.optim, 10)
+  tx = steps.optimizer(c.optim, 10)
   params = {"kernel": jnp.array([[1.0, -2.0]]), "bias": jnp.array([3.0])}
   grads = {"kernel": jnp.array([[30.0, 0.0]]), "bias": jnp.array([40.0])}  # global norm 50
   updates, _ = tx.update(grads, tx.init(params), params)
@@ -233,7 +233,7 @@ def test_run_writes_workdir_contract(runs):
   # The held-out test windows are scored once, at the end, by the same loss.
   assert ["test_loss" in r for r in rows] == [False, False, False, True]
   assert saved["final_test_loss"] == rows[-1]["test_loss"]
-  _, _, task, params, _ = train.load_run(workdir)
+  _, _, task, params, _ = pretrained.load_run(workdir)
   objective = jax.jit(lambda b: task.objective(task.model, params, b,
                                                jax.random.PRNGKey(data.VAL_SEED), train=False))
   outs = [objective(jnp.asarray(b)) for b in data.load(c).val_batches(test=True)]
@@ -251,7 +251,7 @@ def test_different_config_on_used_workdir_is_refused(runs, tmp_path):
   c = run_config(31)
   c.optim.lr = 1e-4
   c.model.activation = "relu"
-  with pytest.raises(train.WorkdirError, match=r"model.activation: 'gelu' → 'relu'.*optim.lr"):
+  with pytest.raises(pretrained.WorkdirError, match=r"model.activation: 'gelu' → 'relu'.*optim.lr"):
     train.run(c, workdir)
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
 

@@ -1,11 +1,11 @@
 """The pure step functions of a config, and their compiled program for R ≥ 1 runs.
 
-`Steps` holds what the steps close over (model, objective, optimizer) and defines one run's pure
+`Steps` holds what the steps close over (model, objective, `optimizer`) and defines one run's pure
 `init(seed, peak_lr)` and `train_step(state, batch) -> (state, metrics)`. `Program` compiles them
 for R runs of one config: the R states stacked on a leading run axis, one `jax.vmap` of the step,
 jitted with explicit shardings (parallel.py). One run is R = 1 of the same program. The runs may
 differ in `optim.lr` and `train.seed`: both live in the state, not in the compiled code
-(`optim.py` keeps the peak LR in the optimizer state; the seed makes the initial parameters, the
+(`optimizer` keeps the peak LR in the optimizer state; the seed makes the initial parameters, the
 key and the batches), so a sweep's cells share one compiled program
 (tests/test_vectorized.py: R runs equal R single runs, ≤ 1e-6).
 """
@@ -29,7 +29,49 @@ from actlab import tasks
 from actlab.errors import UserError
 from actlab.measure import evaluators as evaluators_lib
 from actlab.measure import metrics as metrics_lib
-from actlab.run import optim, parallel, workdir
+from actlab.run import parallel, workdir
+
+
+# --- The optimizer ------------------------------------------------------------------------------
+
+DECAYED_LEAVES = ("kernel", "embedding")
+
+
+def schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
+  """The learning-rate multiplier: 0 → 1 over warm-up, then cosine to min_lr_ratio."""
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=1.0, warmup_steps=optim.warmup_steps,
+      decay_steps=total_steps, end_value=optim.min_lr_ratio)
+
+
+def decay_mask(params):
+  """True for weight matrices and embeddings; False for biases and LayerNorm scales."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], "key", None) in DECAYED_LEAVES, params)
+
+
+def optimizer(optim: ml_collections.ConfigDict, total_steps: int) -> optax.GradientTransformation:
+  """clip_by_global_norm → AdamW (decay on matrices and embeddings), with linear warm-up then
+  cosine decay to `min_lr_ratio · lr`; the peak LR lives in the optimizer state
+  (`optax.inject_hyperparams`), not in the compiled program."""
+  unit = schedule(optim, total_steps)
+
+  @optax.inject_hyperparams
+  def adamw(peak_lr):
+    clip = optax.clip_by_global_norm(optim.clip_norm) if optim.clip_norm else optax.identity()
+    return optax.chain(clip, optax.adamw(
+        lambda step: peak_lr * unit(step), b1=optim.b1, b2=optim.b2, eps=optim.eps,
+        weight_decay=optim.weight_decay, mask=decay_mask))
+
+  return adamw(peak_lr=optim.lr)
+
+
+def learning_rate(optim: ml_collections.ConfigDict, total_steps: int, opt_state, step):
+  """The learning rate applied at `step` (for logging)."""
+  return opt_state.hyperparams["peak_lr"] * schedule(optim, total_steps)(step)
+
+
+# --- One run's steps and their program -------------------------------------------------------
 
 
 @flax.struct.dataclass
@@ -51,7 +93,7 @@ class Steps:
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, vocab_size: int) -> "Steps":
     task = tasks.get(config)
-    return cls(task.model(config, vocab_size), optim.make(config.optim, config.train.steps),
+    return cls(task.model(config, vocab_size), optimizer(config.optim, config.train.steps),
                task.objective(config, vocab_size), config)
 
   def init(self, seed, peak_lr=None) -> TrainState:
@@ -86,8 +128,8 @@ class Steps:
     params = optax.apply_updates(state.params, updates)
     metrics = {
         "train_loss": loss,
-        "lr": optim.learning_rate(self.config.optim, self.config.train.steps,
-                                  state.opt_state, state.step),
+        "lr": learning_rate(self.config.optim, self.config.train.steps, state.opt_state,
+                            state.step),
         "grad_norm": optax.tree.norm(grads),
     }
     if self.config.optim.z_loss:

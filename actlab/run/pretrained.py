@@ -1,0 +1,112 @@
+"""Where a run's parameters come from besides its own checkpoints, and a trained run read back:
+`train.init_from` (another run's latest intact checkpoint, or `hf:DIR`, a Hugging Face GPT-2 or
+BERT directory: hf_checkpoint.py), checked before anything is written; `load_run` (`actlab.sample`,
+`actlab.export`)."""
+
+import pathlib
+
+import flax
+import jax
+import ml_collections
+
+from actlab import data, models, tasks
+from actlab.models import execution, hf_checkpoint
+from actlab.run import steps
+from actlab.run import workdir as workdir_lib
+from actlab.run.checkpoint import Checkpoints
+from actlab.run.workdir import RunDir, WorkdirError
+
+
+# Fields that must agree between a run and the run it is initialised from (`train.init_from`).
+INIT_FROM_FIELDS = {"model": ("kind", "activation", "num_layers", "d_model", "num_heads", "d_ff",
+                              "gated_match_params", "max_len", "vocab_size", "norm",
+                              "type_vocab_size"),
+                    "data": ("source", "tokenizer", "tinystories_version")}
+
+
+HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face GPT-2 or BERT directory (hf_checkpoint.py)
+
+
+def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
+  """What `train.init_from` names, checked before the workdir is touched: the config of a
+  workdir's run (the same model and tokenizer, with a checkpoint), or for `hf:DIR` that
+  directory's state dict (its config.json mapped onto this model; `vocab_size`: the
+  tokenizer's)."""
+  if config.train.init_from.startswith(HF):
+    return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.get(config).hf,
+                              models.pad_vocab(config.model.vocab_size or vocab_size))
+  source = pathlib.Path(config.train.init_from)
+  old = workdir_lib.read_json(source / "config.json")
+  if old is None:
+    raise WorkdirError(f"train.init_from={str(source)!r} holds no run (no readable config.json); "
+                       "train the model to start from there first (e.g. the :smoke MLM config), "
+                       f"or give a Hugging Face model directory as {HF}<dir>")
+  diffs = [f"{section}.{k}: {old[section].get(k)!r} there, {config[section].get(k)!r} here"
+           for section, keys in INIT_FROM_FIELDS.items() for k in keys
+           if old[section].get(k) != config[section].get(k)]
+  if diffs:
+    raise WorkdirError(f"train.init_from={str(source)!r} is a different model or tokenizer: "
+                       + "; ".join(diffs))
+  with Checkpoints(source / "checkpoints", 1, read_only=True) as checkpoints:
+    if checkpoints.latest_step() is None:
+      raise WorkdirError(f"train.init_from={str(source)!r} has no checkpoint yet")
+  return ml_collections.ConfigDict(old)
+
+
+def source_arrays(config: ml_collections.ConfigDict, source, like, vocab_size: int):
+  """({path: array} in the per-layer layout, where from) of `source` (`init_from_config`'s) for
+  the per-layer parameters `like`."""
+  if not isinstance(source, ml_collections.ConfigDict):  # A Hugging Face state dict.
+    return hf_checkpoint.arrays(source, tasks.get(config).hf, like), config.train.init_from
+  with Checkpoints(pathlib.Path(config.train.init_from) / "checkpoints", 1,
+                   read_only=True) as checkpoints:
+    old_like = jax.eval_shape(steps.Steps.create(source, vocab_size).init, 0, source.optim.lr)
+    step, restored, _ = checkpoints.restore_latest(old_like)
+  flat = flax.traverse_util.flatten_dict(
+      execution.per_layer_layout(flax.core.unfreeze(restored.params)))
+  return flat, f"{config.train.init_from} step {step}"
+
+
+def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: int):
+  """One run's `params` with every parameter that `source` (`init_from_config`'s: a workdir's
+  latest intact checkpoint, or a Hugging Face state dict) has under the same path and shape (for
+  an MLM → classification run: the embeddings and blocks; the pooler and classifier keep their
+  fresh initialisation, the MLM head is dropped)."""
+  flat_old, where = source_arrays(config, source, execution.per_layer_layout(params), vocab_size)
+  if "blocks" in params and any(k[0].startswith("block_") for k in flat_old):
+    flat_old = flax.traverse_util.flatten_dict(
+        execution.scanned_layout(flax.traverse_util.unflatten_dict(flat_old)))
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
+  copied = [k for k, v in flat.items() if k in flat_old and flat_old[k].shape == v.shape]
+  if not copied:
+    raise WorkdirError(f"train.init_from={config.train.init_from!r}: no parameter matches this "
+                       "model's")
+  for k in copied:
+    flat[k] = jax.device_put(flat_old[k], flat[k].sharding)
+  fresh = sorted({k[0] for k in flat if k not in copied})
+  print(f"actlab: initialised {len(copied)} of {len(flat)} parameter arrays from {where}"
+        + (f"; new: {', '.join(fresh)}" if fresh else ""), flush=True)
+  return flax.traverse_util.unflatten_dict(flat)
+
+
+def load_run(workdir: pathlib.Path):
+  """A trained run's config, tokenizer (the copy in its directory; an older run's from the data
+  dir), `steps.Steps` and latest parameters on one device, and their step (`actlab.sample`,
+  `actlab.export`: one process, JAX's default device, whatever the run trained on)."""
+  config = workdir_lib.run_config(workdir)
+  if config is None:
+    raise WorkdirError(f"{workdir} holds no run (no readable actlab config.json); train one with "
+                       "actlab.main")
+  config, run_dir = ml_collections.ConfigDict(config), RunDir.open(workdir)
+  tokenizer = data.load_tokenizer(config, run_dir.tokenizer)
+  run_steps = steps.Steps.create(config, tokenizer.vocab_size)
+  with Checkpoints(run_dir.checkpoints, 1, read_only=True) as checkpoints:  # Creates nothing.
+    # On this process's first device, whatever devices and hosts the run trained on.
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    restored = checkpoints.restore_latest(jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device),
+        jax.eval_shape(run_steps.init, 0)))
+  if restored is None:
+    raise WorkdirError(f"{workdir}/checkpoints holds no checkpoint yet")
+  step, state, _ = restored
+  return config, tokenizer, run_steps, state.params, step
