@@ -45,7 +45,7 @@ def take_steps(fns, state, bs):
   out = []
   for b in bs:
     state, m = fns.log_step(state, fns.put_batches([b]))  # every metric, norms included
-    out.append(jax.device_get(steps.run_part(jax.block_until_ready(m), 0)))
+    out.append(jax.device_get(steps.one_run(jax.block_until_ready(m), 0)))
   return state, out
 
 
@@ -104,9 +104,9 @@ def case_checkpoint(tmp):
   bs = batches(c4, 3)
   fns4, state4, _ = run_on(c4, devs, bs[:2])
   ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
-  ck.save(2, steps.run_part(state4, 0), {})  # its checksums must hold on 2 and 1 devices too
+  ck.save(2, steps.one_run(state4, 0), {})  # its checksums must hold on 2 and 1 devices too
   ck.close()
-  saved = jax.device_get(steps.run_part(state4, 0))  # the next step donates state4
+  saved = jax.device_get(steps.one_run(state4, 0))  # the next step donates state4
   after4, m4 = take_steps(fns4, state4, bs[2:])
   out = {}
   for name, c, d in (("dp2", config("dp"), devs[:2]), ("single", config("dp"), devs[:1])):

@@ -131,7 +131,7 @@ def compiled():
 def test_train_step_is_pure(compiled, dataset):
   c = tiny()
   fns = compiled(c)
-  state = steps.run_part(fns.program.start([c]), 0)
+  state = steps.one_run(fns.program.start([c]), 0)
   batch = dataset.train_batch(0)
   jit_state, jit_metrics = fns.reference(state, batch)
   again_state, _ = fns.reference(state, batch)  # same input → same output, input untouched
@@ -143,15 +143,33 @@ def test_train_step_is_pure(compiled, dataset):
 
 
 @pytest.mark.slow
+def test_one_run_program_is_the_plain_step_bitwise(compiled, dataset):
+  """A single run (R = 1) compiles as the plain jitted step, not as a vmap of it (whose batching
+  rounds differently): 10 steps give the same parameters to the bit."""
+  c = tiny()
+  fns = compiled(c)
+  program = fns.program
+  state = program.start([c])
+  plain = steps.one_run(jax.device_get(state), 0)
+  plain_step = jax.jit(functools.partial(fns.steps.train_step, diagnostics=False))
+  for k in range(10):
+    batch = dataset.train_batch(k)
+    state, _ = program.train_step(state, program.put_batches([batch]))
+    plain, _ = plain_step(plain, batch)
+  for a, b in zip(jax.tree.leaves(steps.one_run(state, 0)), jax.tree.leaves(plain)):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
 def test_loss_falls_over_50_steps(compiled, dataset):
   c = tiny()
   program = compiled(c).program
   eval_step = jax.jit(functools.partial(LOSS.validation_step, program.steps))
   state = program.start([c])
-  before = val_loss(eval_step, steps.run_part(state.params, 0), dataset)
+  before = val_loss(eval_step, steps.one_run(state.params, 0), dataset)
   for k in range(50):
     state, _ = program.train_step(state, program.put_batches([dataset.train_batch(k)]))
-  after = val_loss(eval_step, steps.run_part(state.params, 0), dataset)
+  after = val_loss(eval_step, steps.one_run(state.params, 0), dataset)
   assert after < before - 1.0, (before, after)
 
 
@@ -310,16 +328,16 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
   batch = program.put_batches([batch])
   plain, m_plain = program.train_step(jax.device_put(old, program.shardings), batch)
   logged, m_log = program.log_step(jax.device_put(old, program.shardings), batch)
-  old, m_log = steps.run_part(old, 0), steps.run_part(m_log, 0)
+  old, m_log = steps.one_run(old, 0), steps.one_run(m_log, 0)
   for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(logged)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-10)
   assert set(m_log) - set(m_plain) == {"update_norm", "param_norm", "train_attn_logit_max",
                                        "train_logz_mean"}
   for k in m_plain:
     np.testing.assert_allclose(m_plain[k], m_log[k], rtol=1e-6)
-  _, m_ref = fns.reference(old, steps.run_part(batch, 0))  # the definition
+  _, m_ref = fns.reference(old, steps.one_run(batch, 0))  # the definition
   assert {k: float(v) for k, v in m_ref.items()} == {k: float(v) for k, v in m_log.items()}
-  new_params = jax.device_get(steps.run_part(logged.params, 0))
+  new_params = jax.device_get(steps.one_run(logged.params, 0))
   updates = jax.tree.map(lambda new, prev: np.float64(new) - np.float64(prev), new_params,
                          old.params)
   np.testing.assert_allclose(m_log["param_norm"], optax.tree.norm(new_params), rtol=1e-6)
@@ -367,9 +385,9 @@ def test_z_loss_is_trained_but_logged_apart(compiled):
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
   fns, off = compiled(c), compiled(tiny())
   state = jax.device_get(fns.init(0, c.optim.lr))
-  one_run = lambda program: steps.run_part(
+  run_metrics = lambda program: steps.one_run(
       program.train_step(program.stack([state]), program.put_batches([batch]))[1], 0)
-  m, m_off = one_run(fns.program), one_run(off.program)
+  m, m_off = run_metrics(fns.program), run_metrics(off.program)
   key = jax.random.fold_in(state.rng, state.step)
   logits, _ = jax.jit(functools.partial(models.apply, fns.steps.model, train=True))(
       state.params, batch[:, :-1], rngs={"dropout": key})

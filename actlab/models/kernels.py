@@ -20,11 +20,11 @@ per chunk.
 
 So the head costs its three matmuls, and its largest intermediates are one chunk's [B, Lc, V]
 (logits, exp, gradient, one-hot), within the platform's chunk budget (`chunk_length`;
-tests/test_kernels.py): B·L·V elements only where all of them fit the budget, as one chunk. Chunks
-run along the sequence axis, so a batch sharded over devices (data parallelism) stays sharded. Arithmetic is
-the plain path's: logits and softmax statistics in float32 (also when h is bfloat16), matmul
-operands in h's dtype; results agree with it to float32 rounding (tests/test_bench.py).
-Forward-over-reverse (the sharpness HVP) and vmap work through it.
+tests/test_kernels.py): B·L·V elements only where all of them fit the budget, as one chunk.
+Chunks run along the sequence axis, so a batch sharded over devices (data parallelism) stays
+sharded. Arithmetic is the plain path's: logits and softmax statistics in float32 (also when h
+is bfloat16), matmul operands in h's dtype; results agree with it to float32 rounding
+(tests/test_kernels.py). Forward-over-reverse (the sharpness HVP) and vmap work through it.
 """
 
 from __future__ import annotations

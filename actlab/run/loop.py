@@ -90,11 +90,11 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
     also its losses (and accuracies) on the held-out test windows, as `test_*`."""
     bar.set_description("evaluating")
     outs = jax.device_get([program.eval_step(params, b) for b in val_batches])
-    evals = [evaluators_.pool(steps.run_part(outs, r)) for r in range(len(lanes))]
+    evals = [evaluators_.pool(steps.one_run(outs, r)) for r in range(len(lanes))]
     if test and test_batches:
       outs = jax.device_get([program.eval_step(params, b)["loss"] for b in test_batches])
       for r, ev in enumerate(evals):
-        pooled = evaluators.Loss().pool(steps.run_part(outs, r))
+        pooled = evaluators.Loss().pool(steps.one_run(outs, r))
         ev.update({"test_" + k.removeprefix("val_"): v for k, v in pooled.items()})
     return evals
 
@@ -110,7 +110,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
     for r, lane in enumerate(lanes):
       if lane.stopped:
         continue
-      rows = since_row[r] = lane.carried + [steps.run_part(x, r) for x in fetched]
+      rows = since_row[r] = lane.carried + [steps.one_run(x, r) for x in fetched]
       bad = metrics_lib.first_nonfinite(rows)
       if bad is not None:  # Log the rows up to the first bad step, then stop.
         lane.diverged_at, logged[r] = done - len(rows) + bad + 1, rows[:bad + 1]
@@ -195,7 +195,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
         pending = []
       for r, lane in enumerate(lanes):
         if save_now and not lane.stopped:
-          lane.save(done, steps.run_part(state, r), [] if log_now else since_row[r])
+          lane.save(done, steps.one_run(state, r), [] if log_now else since_row[r])
       if all(lane.stopped for lane in lanes):
         break
       if stopping:

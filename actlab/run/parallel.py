@@ -1,31 +1,11 @@
-"""Device mesh and shardings: data parallelism by default, FSDP as an option, several hosts.
-
-One 1-D mesh over every device of every process, axis `"data"`:
-
-- `parallel.mode="dp"` (default): the batch is split along its first axis across the devices;
-  parameters and optimizer state are replicated. XLA averages the gradients with an all-reduce.
-- `parallel.mode="fsdp"`: the batch is split the same way, and every parameter (and with it the
-  AdamW moments, which have the parameter's shape) is split along its largest axis that the
-  device count divides; arrays with no such axis, or smaller than `parallel.fsdp_min_size`
-  elements, stay replicated. XLA gathers each weight where it is used and reduce-scatters its
-  gradient (ZeRO-3 through GSPMD); per-device memory for the state falls with the device count.
-- `parallel.cpu_devices=N` (CPU only): split the host's cores into N XLA devices and run data
-  parallel across them. XLA:CPU parallelises small matmuls poorly inside one device; several
-  devices each doing a slice of the batch keep the cores busier (smoke config on 2 cores: 1.5×
-  faster with 4; large models gain nothing). Simulated CPU devices wait for every step
-  (`Plan.sync_each_step`).
-- `parallel.distributed=true`: `jax.distributed.initialize()` first, with the coordinator,
-  process count and id from `parallel.coordinator` / `num_processes` / `process_id`, else the
-  JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables, else the cluster
-  (Cloud TPU, SLURM, Open MPI). Every process computes training batch k from `(seed, k)` as
-  always and feeds only its own rows of it (`shard_batch`), so a run's batches — and its
-  results — do not depend on how many hosts or devices it runs on.
-
-Everything goes through a `Plan`, also on one device (a mesh of one), so the single-device run
-is the same code. Both strategies compute the same step as one device up to the order of
-floating-point sums (tests/test_parallel.py: ≤ 1e-6 with 4 simulated CPU devices). Checkpoints
-are restored into the current plan's shardings (`Checkpoints.restore(step, like)` with a `like`
-built here), so a run saved on 8 devices resumes on 1, or the other way round.
+"""Device mesh and shardings (docs/performance.md, "Several devices" and "Several hosts"): one 1-D
+mesh `"data"` over every device of every process. `parallel.mode="dp"` (default) splits the batch
+and replicates the state; `"fsdp"` also splits every parameter and its AdamW moments along their
+largest divisible axis (arrays under `parallel.fsdp_min_size` stay replicated). Every process
+builds training batch k from `(seed, k)` and feeds only its own rows (`shard_batch`), so results
+do not depend on the number of hosts or devices. Everything goes through a `Plan`, one device
+included; checkpoints restore into the current plan's shardings, so a run saved on 8 devices
+resumes on 1 (tests/test_parallel.py: the same step as one device, ≤ 1e-6).
 """
 
 from __future__ import annotations

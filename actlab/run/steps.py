@@ -2,8 +2,8 @@
 
 `Steps` holds what the steps close over (model, objective, `optimizer`) and defines one run's pure
 `init(seed, peak_lr)` and `train_step(state, batch) -> (state, metrics)`. `Program` compiles them
-for R runs of one config: the R states stacked on a leading run axis, one `jax.vmap` of the step,
-jitted with explicit shardings (parallel.py). One run is R = 1 of the same program. The runs may
+for R runs of one config: the R states stacked on a leading run axis, the step mapped over it
+(`over_runs`), jitted with explicit shardings (parallel.py). One run is R = 1 of the same program. The runs may
 differ in `optim.lr` and `train.seed`: both live in the state, not in the compiled code
 (`optimizer` keeps the peak LR in the optimizer state; the seed makes the initial parameters, the
 key and the batches), so a sweep's cells share one compiled program
@@ -168,13 +168,13 @@ class Program:
     batch, shared_batch = plan.batch_sharding(2, stacked=True), plan.batch_sharding(1)
     evaluators = evaluators_lib.Evaluators.create(config)
     jit_step = lambda diagnostics: jax.jit(
-        jax.vmap(functools.partial(steps.train_step, diagnostics=diagnostics)),
+        over_runs(functools.partial(steps.train_step, diagnostics=diagnostics), runs),
         donate_argnums=0, in_shardings=(state, batch), out_shardings=(state, plan.replicated))
-    on_params = lambda fn: jax.jit(jax.vmap(functools.partial(fn, steps), in_axes=(0, None)),
+    on_params = lambda fn: jax.jit(over_runs(functools.partial(fn, steps), runs, (0, None)),
                                    in_shardings=(state.params, shared_batch))
     sharpness = evaluators.sharpness
     return cls(steps, plan, runs, state,
-               init=jax.jit(jax.vmap(steps.init), out_shardings=state),
+               init=jax.jit(over_runs(steps.init, runs), out_shardings=state),
                train_step=jit_step(False), log_step=jit_step(True),
                evaluators=evaluators,
                eval_step=on_params(evaluators.validation_step),
@@ -204,7 +204,22 @@ class Program:
     return self.plan.shard_batch(jax.tree.map(lambda *xs: np.stack(xs), *batches), stacked=True)
 
 
-def run_part(tree: Any, r: int) -> Any:
+def over_runs(fn: Callable, runs: int, in_axes: tuple | int = 0) -> Callable:
+  """One run's `fn` over the leading run axis of its arguments (`in_axes`: 0, or None for an
+  argument the runs share) and of its results: `jax.vmap` for R > 1 runs; for R = 1 the axis is
+  indexed away and put back, so that a single run compiles (and rounds) as the plain function
+  does, with vmap's batching left out of its compile time."""
+  if runs > 1:
+    return jax.vmap(fn, in_axes=in_axes)
+
+  def one(*args):
+    axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+    args = [a if axis is None else one_run(a, 0) for a, axis in zip(args, axes)]
+    return jax.tree.map(lambda x: jnp.expand_dims(x, 0), fn(*args))
+  return one
+
+
+def one_run(tree: Any, r: int) -> Any:
   """Run r's part of a stacked tree: a state, metrics or device results."""
   return jax.tree.map(lambda x: x[r], tree)
 

@@ -87,7 +87,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
       if not start and source is not None:  # The trunk of another run (e.g. MLM), GPT-2, BERT.
         state = program.stack([run.replace(params=pretrained.params_from(c0, source, run.params,
                                                                           vocab_size))
-                               for run in map(functools.partial(steps.run_part, state),
+                               for run in map(functools.partial(steps.one_run, state),
                                               range(len(group)))])
       lanes = [Lane.open(c, run_dirs[i], dataclasses.replace(dataset, seed=int(c.train.seed)),
                          ck, start, restored[2] if restored else None)

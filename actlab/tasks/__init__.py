@@ -2,16 +2,16 @@
 batches, its chance level and its head's FLOPs; `get(config)` is the task of a config, and no
 module outside this package asks what kind of model or task a config is.
 
-| task        | model                              | a batch                         | loss                                    |
-|-------------|------------------------------------|---------------------------------|-----------------------------------------|
-| `causal_lm` | decoder (GPT), tied LM head        | windows of L+1 tokens           | next-token cross-entropy                |
-| `mlm`       | encoder (BERT), MLM head           | the same windows, as `[CLS] … [SEP]`, masked on the device | cross-entropy at the masked positions |
-| `classify`  | encoder, pooler and classifier     | `{"tokens", "labels"}`          | cross-entropy of the class              |
+- `causal_lm`: the decoder (GPT) with its tied LM head, on windows of L+1 tokens; next-token
+  cross-entropy.
+- `mlm`: the encoder (BERT) with its MLM head, on the same windows as `[CLS] … [SEP]`, masked on
+  the device; cross-entropy at the masked positions.
+- `classify`: the encoder with a pooler and classifier, on `{"tokens", "labels"}`; cross-entropy
+  of the class.
 
-A task is a `Task`: its module's functions and constants, gathered and typed once at import.
-The objective returns `models.Sums` (sums, so that evaluation pools exactly over batches).
-
-Adding a task is one module here and one line in `TASKS`.
+A task is a `Task`: its module's functions and constants, gathered and typed once at import. The
+objective returns `models.Sums` (sums, so that evaluation pools exactly over batches). Adding a
+task is one module here and one entry in `TASKS`.
 """
 
 import dataclasses

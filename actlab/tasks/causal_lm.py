@@ -10,7 +10,7 @@ from actlab import data, models
 from actlab.models.hf_checkpoint import Architecture
 
 CAUSAL = True
-HF = Architecture("gpt2", "GPT2LMHeadModel", "pre")  # actlab.export writes it, hf:DIR starts from it
+HF = Architecture("gpt2", "GPT2LMHeadModel", "pre")  # actlab.export writes it; hf:DIR reads it
 
 
 def model(config, vocab_size: int):
