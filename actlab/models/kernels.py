@@ -89,13 +89,13 @@ def logit_sums(logits_NV, weights_N=None, *, z_loss: float = 0.0, logz: bool = F
 class Sums:
   """What an objective returns: sums over a batch, so that evaluation pools exactly over batches.
   The fields are fixed; those a loss does not compute are None."""
-  loss_sum: jax.Array              # the differentiated sum: cross-entropy (+ the z-loss in training)
-  count: jax.Array                 # the positions (or examples) summed over
-  z_loss_sum: jax.Array            # the z-loss part of loss_sum: z_loss · Σ logZ² (0 without one)
-  logz_sum: jax.Array | None = None  # Σ logZ of the output logits (with `stats`; not differentiated)
+  loss_sum: jax.Array        # the differentiated sum: cross-entropy (+ the z-loss in training)
+  count: jax.Array           # the positions (or examples) summed over
+  z_loss_sum: jax.Array      # the z-loss part of loss_sum: z_loss · Σ logZ² (0 without one)
+  logz_sum: jax.Array | None = None  # Σ logZ of the output logits (`stats`; not differentiated)
   correct: jax.Array | None = None   # the right argmax predictions, where accuracy applies
-  mask: "Sums | None" = None       # MLM: the same over the positions whose input is [MASK]
-  sown: Any = None                 # with `stats`: the blocks' `FFNStats` and `AttentionStats`
+  mask: "Sums | None" = None  # MLM: the same over the positions whose input is [MASK]
+  sown: Any = None           # with `stats`: the blocks' `FFNStats` and `AttentionStats`
 
   @classmethod
   def of(cls, sums: dict, sown=None) -> "Sums":

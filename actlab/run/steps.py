@@ -3,10 +3,10 @@
 `Steps` holds what the steps close over (model, objective, `optimizer`) and defines one run's pure
 `init(seed, peak_lr)` and `train_step(state, batch) -> (state, metrics)`. `Program` compiles them
 for R runs of one config: the R states stacked on a leading run axis, the step mapped over it
-(`over_runs`), jitted with explicit shardings (parallel.py). One run is R = 1 of the same program. The runs may
-differ in `optim.lr` and `train.seed`: both live in the state, not in the compiled code
-(`optimizer` keeps the peak LR in the optimizer state; the seed makes the initial parameters, the
-key and the batches), so a sweep's cells share one compiled program
+(`over_runs`), jitted with explicit shardings (parallel.py). One run is R = 1 of the same
+program. The runs may differ in `optim.lr` and `train.seed`: both live in the state, not in the
+compiled code (`optimizer` keeps the peak LR in the optimizer state; the seed makes the initial
+parameters, the key and the batches), so a sweep's cells share one compiled program
 (tests/test_vectorized.py: R runs equal R single runs, ≤ 1e-6).
 """
 
@@ -50,7 +50,8 @@ def decay_mask(params):
       lambda path, _: getattr(path[-1], "key", None) in DECAYED_LEAVES, params)
 
 
-def optimizer(optim: ml_collections.ConfigDict, total_steps: int) -> optax.GradientTransformation:
+def optimizer(optim: ml_collections.ConfigDict,
+              total_steps: int) -> optax.GradientTransformation:
   """clip_by_global_norm → AdamW (decay on matrices and embeddings), with linear warm-up then
   cosine decay to `min_lr_ratio · lr`; the peak LR lives in the optimizer state
   (`optax.inject_hyperparams`), not in the compiled program."""

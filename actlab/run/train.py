@@ -84,11 +84,11 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
         state = program.stack([restored[1] for _, _, restored in members])
       else:
         state = program.start(group)
-      if not start and source is not None:  # The trunk of another run (e.g. MLM), GPT-2, BERT.
-        state = program.stack([run.replace(params=pretrained.params_from(c0, source, run.params,
-                                                                          vocab_size))
-                               for run in map(functools.partial(steps.one_run, state),
-                                              range(len(group)))])
+        if source is not None:  # Each run's trunk from another run (e.g. MLM), GPT-2 or BERT.
+          runs = map(functools.partial(steps.one_run, state), range(len(group)))
+          state = program.stack([run.replace(params=pretrained.params_from(c0, source, run.params,
+                                                                            vocab_size))
+                                 for run in runs])
       lanes = [Lane.open(c, run_dirs[i], dataclasses.replace(dataset, seed=int(c.train.seed)),
                          ck, start, restored[2] if restored else None)
                for c, (i, ck, restored) in zip(group, members)]
