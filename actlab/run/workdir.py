@@ -1,18 +1,5 @@
 """The run directory: one owner at a time, what identifies the run, atomic files, a full disk.
-
-    <workdir>/
-      .lock            held (flock) by the process training here: its pid, parent, host, start
-      config.json      the run's config, written once; a rerun must match it (`check_config`)
-      provenance.json  one segment per start: versions, commit, devices, command (provenance.py)
-      metrics.jsonl    one row per log step, rebuilt from the checkpoint on resume (metrics_log.py)
-      summary.json     written when the run ends: a readable one means "done"
-      checkpoints/     Orbax; each step also holds its metrics rows and checksums (checkpoint.py)
-      tokenizer/       the run's tokenizer, saved at the start (data/tokenizer_store.py): sampling
-                       and export need nothing but the run directory
-
-Small files are written whole or not at all (`write_json`: temp file, fsync, rename), so a crash
-or a full disk never leaves a half-written config or summary behind.
-"""
+Layout and guarantees: docs/design.md §3.4–§3.7."""
 
 from __future__ import annotations
 
@@ -49,10 +36,9 @@ RUNTIME_FIELDS = ("parallel.", "sweep.", "train.progress", "train.keep_checkpoin
 
 @dataclasses.dataclass(frozen=True)
 class RunDir:
-  """A run directory, opened once when a run (or a sweep cell) starts and handed down: `root`
-  holds the checkpoints every process shares; `logdir` is where this process writes its files
-  (the root, or for process i of several hosts `process_<i>/`, its identical log beside process
-  0's). Open it after devices are set up: which process this is comes from JAX."""
+  """A run directory: `root` holds the checkpoints every process shares; `logdir` is where this
+  process writes its files (`process_<i>/` for process i > 0). Open it after devices are set up:
+  which process this is comes from JAX."""
   root: pathlib.Path
   logdir: pathlib.Path
 
@@ -71,8 +57,7 @@ class RunDir:
     return self.root / "checkpoints"
 
   @property
-  def tokenizer(self) -> pathlib.Path:
-    """The run's tokenizer (`data.tokenizer_store.save`; the module docstring says why)."""
+  def tokenizer(self) -> pathlib.Path:  # data.tokenizer_store
     return self.logdir / "tokenizer"
 
   def lock(self) -> "Lock":
@@ -82,8 +67,7 @@ class RunDir:
     return read_summary(self.logdir)
 
   def check_config(self, config: ml_collections.ConfigDict) -> None:
-    """Raises unless the directory is unused or holds a run of the same config (RUNTIME_FIELDS
-    aside); writes nothing."""
+    """Raises unless the directory is unused or holds a run of the same config; writes nothing."""
     path = self.logdir / "config.json"
     if not path.exists():
       return
@@ -104,9 +88,8 @@ class RunDir:
 
 
 def run_config(workdir: pathlib.Path) -> dict | None:
-  """The run config in `workdir`/config.json (an actlab config: `model` and `train` sections),
-  with the fields it predates at their value of then (`with_added_fields`), or None (no
-  config.json, an unreadable one, or another program's, e.g. an exported model's)."""
+  """`workdir`/config.json `with_added_fields`, or None unless it is an actlab config (`model` and
+  `train` sections; an exported model's is not)."""
   config = read_json(workdir / "config.json")
   return with_added_fields(config) if config and {"model", "train"} <= config.keys() else None
 
@@ -117,8 +100,7 @@ def is_run(path: pathlib.Path) -> bool:
 
 
 def check_usable(workdir: pathlib.Path, flag: str = "--workdir") -> None:
-  """Refuses a workdir (or another directory to write, given as `flag`) that is a file or lies
-  under one, before anything is written."""
+  """Refuses a directory to write (given as `flag`) that is a file or lies under one."""
   existing = next(path for path in (workdir, *workdir.parents) if path.exists())
   if not existing.is_dir():
     where = "is" if existing == workdir else f"lies under {existing}, which is"
@@ -126,8 +108,8 @@ def check_usable(workdir: pathlib.Path, flag: str = "--workdir") -> None:
 
 
 def write_text(path: pathlib.Path, text: str) -> None:
-  """Writes `path` whole or not at all: a temp file beside it (named by host and pid: several
-  hosts' sweep shards write the same sweep.json), fsync, rename."""
+  """Writes `path` whole or not at all. The temp file is named by host and pid: several hosts'
+  sweep shards write the same sweep.json."""
   tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
   try:
     with open(tmp, "w") as f:
@@ -158,8 +140,7 @@ def read_json(path: pathlib.Path) -> dict | None:
 
 
 def read_summary(logdir: pathlib.Path, warn: bool = True) -> dict | None:
-  """The run's summary.json if it is readable, else None: the run is not finished. An unreadable
-  one (a crash while it was written by an older actlab, a disk error) is said in one line."""
+  """The run's summary.json, or None: the run is not finished (an unreadable one says so)."""
   path = logdir / "summary.json"
   summary = read_json(path)
   if summary is None and path.exists() and warn:
@@ -171,10 +152,8 @@ _held: dict[pathlib.Path, list] = {}  # lock path -> [open file, depth]: this pr
 
 
 class Lock:
-  """An exclusive lock on a workdir for as long as the `with` block runs: `fcntl.flock` on
-  `<workdir>/.lock`, which the kernel releases when the process dies (a killed run leaves no stale
-  lock). Re-entrant within a process (a sweep holds a cell's lock while the run inside takes it
-  again). A second process gets `Busy` naming the holder."""
+  """`fcntl.flock` on `<workdir>/.lock` while the `with` block runs, re-entrant within a process;
+  another process gets `Busy` (docs/design.md §3.6)."""
 
   class Busy(WorkdirError):
     """Another process holds the workdir; `holder` is what its lock file says ({} if unknown)."""
@@ -209,8 +188,8 @@ class Lock:
     return self
 
   def _holder(self, wait_s: float = 2.0) -> dict:
-    """What the lock file says of its holder. A holder writes it just after taking the lock, so
-    an empty or half-written file is read again for up to `wait_s` before it counts as unknown."""
+    """What the lock file says. A holder writes it just after taking the lock: an empty or torn
+    file is read again for up to `wait_s`."""
     deadline = time.monotonic() + wait_s
     while not (holder := read_json(self.path)) and time.monotonic() < deadline:
       time.sleep(0.01)
@@ -271,26 +250,22 @@ def dotted(d: dict, prefix: str = "") -> dict:
 _OS_ERROR_FULL = re.compile(r"\[os_error_code='(?:28|122)'\]")  # TensorStore's ENOSPC, EDQUOT
 
 
-def full_disk_path(e: BaseException, workdir: pathlib.Path) -> str | None:
-  """The file whose write found the disk full, if a full disk (ENOSPC or EDQUOT) is in `e`'s chain
-  of causes: an OSError, or TensorStore's ValueError carrying the OS error code (Orbax's writes)."""
-  while e is not None:
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-      return e.filename or str(workdir)
-    if not isinstance(e, OSError) and _OS_ERROR_FULL.search(str(e)):
-      quoted = re.search(r'"([^"]+)"', str(e))  # `Error writing local file "<path>": ...`
-      return quoted.group(1) if quoted else str(workdir)
-    e = e.__cause__ or e.__context__
-  return None
-
-
 @contextlib.contextmanager
 def full_disk_reported(workdir: pathlib.Path) -> Iterator[None]:
-  """Turns a full disk (wherever it surfaces: a log row, a checkpoint thread) into one line."""
+  """Turns a full disk (ENOSPC or EDQUOT anywhere in an exception's chain of causes: an OSError, or
+  TensorStore's error in an Orbax write) into one line naming the file."""
   try:
     yield
   except Exception as e:
-    path = full_disk_path(e, workdir)
+    cause, path = e, None
+    while cause is not None and path is None:
+      if isinstance(cause, OSError):
+        if cause.errno in (errno.ENOSPC, errno.EDQUOT):
+          path = cause.filename or str(workdir)
+      elif _OS_ERROR_FULL.search(str(cause)):
+        quoted = re.search(r'"([^"]+)"', str(cause))  # `Error writing local file "<path>": ...`
+        path = quoted.group(1) if quoted else str(workdir)
+      cause = cause.__cause__ or cause.__context__
     if path is None:
       raise
     raise WorkdirError(f"no space left on device writing {path}; free some space and rerun the "
