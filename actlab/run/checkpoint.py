@@ -1,15 +1,5 @@
-"""Orbax checkpoints that know whether they are intact.
-
-Each checkpoint `<dir>/<step>/` holds two items: `state`, the train state in Orbax's standard
-format, and `meta`, a JSON object with a checksum of every array of the state (`checksums`) and
-whatever the caller keeps with it (the training loop: its metrics rows, see train.py). Orbax
-writes a checkpoint to a temporary directory and renames it when complete, and prunes old ones
-only after a new one is final, so a crash mid-save never costs a good checkpoint.
-
-`restore_latest` verifies the checksums. A checkpoint that cannot be read or does not match is
-named in one line, moved aside to `<dir>.corrupt/<step>` (never deleted) and the next older one is
-used; when none can be restored nothing is moved and `CheckpointError` says so.
-"""
+"""Orbax checkpoints that know whether they are intact: each `<dir>/<step>/` holds the train
+`state` and a JSON `meta` (the caller's, plus a checksum per array). docs/design.md §3.9."""
 
 from __future__ import annotations
 
@@ -32,9 +22,8 @@ class CheckpointError(UserError):
 
 @jax.jit
 def _sums(tree) -> list[jax.Array]:
-  """Two uint32 sums per array of `tree`: of its 32-bit words, and of each word times its
-  position. Integer sums wrap exactly, so the result does not depend on how the array is split
-  across devices, and any changed word (or two swapped ones) changes it."""
+  """Two uint32 sums per array of `tree`: of its words, and of each word times its position
+  (wrapping sums: independent of the sharding; a changed or swapped word changes them)."""
   out = []
   for x in jax.tree.leaves(tree):
     if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -58,11 +47,9 @@ def checksums(tree) -> dict[str, str]:
 
 
 class _OrbaxLogsDropped(logging.Filter):
-  """Orbax logs every failed read or write of a checkpoint with tracebacks, from its threads
-  (thousands of lines for one damaged file, or a full disk), asyncio adds its own, and a read-only
-  manager warns that it is read-only. What matters reaches the caller as an exception, which
-  actlab says in one line (`CheckpointError`; a full disk in workdir.py): the logs are dropped
-  while a Checkpoints is open. Orbax's INFO logs stay available with --verbosity=0."""
+  """Drops Orbax's and asyncio's warnings while a Checkpoints is open: thousands of traceback lines
+  for one damaged file or a full disk, which reach the caller as an exception said in one line
+  anyway. Orbax's INFO logs stay available with --verbosity=0."""
 
   LOGGERS = ("absl", "asyncio")
 
@@ -79,14 +66,9 @@ class _OrbaxLogsDropped(logging.Filter):
       logging.getLogger(name).removeFilter(self)
 
 
-def _reason(e: BaseException) -> str:
-  text = str(e).strip()
-  return (text.splitlines()[0] if text else type(e).__name__)[:200]
-
-
 class Checkpoints:
-  """A run's checkpoint directory. `read_only` (sampling, fine-tuning from another run): nothing
-  is created, moved or written. As a context manager, closed at the end of the `with` block."""
+  """A run's checkpoint directory; closed at the end of a `with` block. `read_only` (sampling,
+  fine-tuning from another run): nothing is created, moved or written."""
 
   def __init__(self, directory, keep: int, read_only: bool = False):
     self.directory = pathlib.Path(directory).absolute()
@@ -107,9 +89,8 @@ class Checkpoints:
     return self._manager.latest_step()
 
   def save(self, step: int, state, meta: dict) -> None:
-    """Starts an asynchronous save of `state` with `meta` and the state's checksums. Both are
-    copied before this returns (the state to the host, `meta` deeply): the caller may go on
-    changing its lists while the files are written."""
+    """Starts an asynchronous save of `state`, and of `meta` with the state's checksums. Both are
+    copied before this returns: the caller may go on changing `meta`'s lists."""
     meta = {**copy.deepcopy(meta), "checksums": checksums(state)}
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
@@ -126,8 +107,9 @@ class Checkpoints:
         raise CheckpointError(f"checkpoint {self.directory}/{step} was written by an older actlab "
                               "without checksums; resume it with that version, or start a fresh "
                               "--workdir") from None
+      reason = (str(e).strip() or type(e).__name__).splitlines()[0][:200]
       raise CheckpointError(f"checkpoint {self.directory}/{step} could not be read "
-                            f"({_reason(e)})") from None
+                            f"({reason})") from None
     expected = restored.meta.get("checksums") if isinstance(restored.meta, dict) else None
     actual = checksums(restored.state)
     if expected != actual:
