@@ -1,11 +1,6 @@
-"""The experiment trackers a run writes to besides metrics.jsonl: TensorBoard and Weights & Biases.
-
-A writer takes every metrics row (`write(row)`: scalars, and at evaluations the FFN
-pre-activation `histogram.Histogram`s, which stay out of metrics.jsonl) and is closed at the end
-with the run's summary (`close(summary)`; None when the run stopped early). `open_writers` picks
-the config's writers; `write_hparams` gives a sweep TensorBoard's HParams table. User guide:
-docs/tracking.md.
-"""
+"""The experiment trackers a run writes to besides metrics.jsonl: TensorBoard and Weights & Biases
+(docs/tracking.md). A writer takes every metrics row (`write`: scalars, and the `Histogram`s kept
+out of metrics.jsonl) and is closed with the run's summary (None when the run stopped early)."""
 
 from __future__ import annotations
 
@@ -27,9 +22,7 @@ STATUS_CODES = {"stable": 0.0, "unstable": 1.0, "diverged": 2.0}  # HParams: the
 
 
 def _tensorboardx():
-  """tensorboardX, imported without torch: its writer imports torch wherever torch is installed
-  (about 2 s) only to accept torch tensors, which actlab never logs. Torch imports normally
-  afterwards."""
+  """tensorboardX, imported without torch (about 2 s, only to accept torch tensors)."""
   if "torch" in sys.modules:
     import tensorboardX
     return tensorboardX
@@ -51,9 +44,8 @@ def _histograms(row: Mapping[str, Any]):
 
 
 class TensorBoard:
-  """Every metrics row as scalars (and histograms) in `<workdir>/tb` (tensorboardX: no
-  TensorFlow needed). `purge_step` (the resumed step) hides events a previous, interrupted run
-  wrote after it."""
+  """Every metrics row in `logdir`. `purge_step` (the resumed step) hides the events an
+  interrupted run wrote after it."""
 
   def __init__(self, logdir: pathlib.Path, purge_step: int | None = None):
     self._writer = _tensorboardx().SummaryWriter(str(logdir), purge_step=purge_step or None)
@@ -74,17 +66,14 @@ class TensorBoard:
 
 
 def wandb_run_id(logdir: pathlib.Path, first_segment: Mapping) -> str:
-  """The W&B run id of the run in `logdir`: the same at every start of it (a resume continues
-  the W&B run), another for another run (its path, and the host and time of its first start)."""
+  """The W&B run id of the run in `logdir`, the same at every start of it: a hash of its path and
+  the host and time of its first start."""
   key = f"{logdir.resolve()}|{first_segment.get('host')}|{first_segment.get('started')}"
   return "actlab-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 class WandB:
-  """Every metrics row logged to a Weights & Biases run (`metrics.wandb_project`): the resolved
-  config as its config, its files in `<workdir>/wandb`, one run per workdir across resumes
-  (`resume="allow"`), the summary logged at the end. `mode` "" leaves the choice to W&B
-  (`WANDB_MODE`, else online)."""
+  """Every metrics row logged to a W&B run, one per workdir across resumes."""
 
   def __init__(self, config: ml_collections.ConfigDict, logdir: pathlib.Path, run_id: str):
     import wandb  # Imported here: an optional extra, checked by config.validate.
@@ -115,8 +104,7 @@ class WandB:
 
 def open_writers(config: ml_collections.ConfigDict, logdir: pathlib.Path, start: int,
                  segments: Sequence[Mapping]) -> list:
-  """The trackers of `config` for the run in `logdir` (resuming at `start`): TensorBoard
-  (`metrics.tensorboard`), W&B (`metrics.wandb_project`; on process 0 only)."""
+  """The trackers of `config` for the run in `logdir`, resuming at `start` (W&B on process 0)."""
   writers = []
   if config.metrics.tensorboard:
     writers.append(TensorBoard(logdir / "tb", purge_step=start))
@@ -133,10 +121,6 @@ def open_writers(config: ml_collections.ConfigDict, logdir: pathlib.Path, start:
 # --- TensorBoard HParams of a sweep ----------------------------------------------------------
 
 
-def _hparam(value):
-  return value if isinstance(value, (bool, int, float, str)) else str(value)
-
-
 def hparams_metrics(summary: Mapping) -> dict[str, float]:
   """A cell's final numbers for the HParams table (NaN where the run has none)."""
   number = lambda key: float(summary[key]) if summary.get(key) is not None else float("nan")
@@ -149,11 +133,8 @@ def hparams_metrics(summary: Mapping) -> dict[str, float]:
 
 
 def write_hparams(sweep_dir: pathlib.Path) -> int:
-  """Adds every ended cell of the sweep in `sweep_dir` (its sweep.json) to
-  `<sweep_dir>/tb_hparams/<cell>/`, one HParams session each: the cell's varied fields (axes and
-  seed) and its final numbers. A cell's session is written once (a summary never changes), via a
-  temporary directory, so shards and reruns may call this concurrently. Returns how many cells
-  were added."""
+  """Adds each ended cell of the sweep in `sweep_dir` not added yet to `tb_hparams/<cell>/`, via a
+  temporary directory: shards and reruns may call this concurrently. Returns how many it added."""
   manifest = workdir_lib.read_json(sweep_dir / "sweep.json") or {}
   out = sweep_dir / "tb_hparams"
   todo = []
@@ -169,8 +150,9 @@ def write_hparams(sweep_dir: pathlib.Path) -> int:
   with tempfile.TemporaryDirectory(dir=sweep_dir, prefix=".tb_hparams-") as tmp:
     with tensorboardX.SummaryWriter(tmp) as writer:
       for cell, summary in todo:
-        writer.add_hparams({k: _hparam(v) for k, v in cell["overrides"].items()},
-                           hparams_metrics(summary), name=cell["name"], global_step=0)
+        hparams = {k: v if isinstance(v, (bool, int, float, str)) else str(v)
+                   for k, v in cell["overrides"].items()}
+        writer.add_hparams(hparams, hparams_metrics(summary), name=cell["name"], global_step=0)
     for cell, _ in todo:
       try:
         os.rename(pathlib.Path(tmp) / cell["name"], out / cell["name"])
