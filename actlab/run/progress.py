@@ -1,13 +1,6 @@
-"""A sweep's progress as the parent process prints it: cell k of N, one line per finished cell
-(its name, final val loss, verdict and wall time) and the time left.
-
-The ETA is the wall time per cell finished in this invocation, times the cells left, timed from
-the moment the first `at_once` cells (one per worker, or one vectorized program) had finished:
-those carry the compile and the data preparation, which the cells after them reuse. It is
-withheld until `at_once` more have finished. The first cells of a compile group not started yet
-compile again, so until they have ended the ETA can be short by a compile per worker. Cells that
-had ended before the sweep started count towards k but not towards the rate.
-"""
+"""A sweep's progress as the parent process prints it: one line per finished cell and the time
+left. The ETA is timed from when the first `at_once` cells had finished: they carry the compile
+and the data preparation (docs/tracking.md, "Sweep progress")."""
 
 from __future__ import annotations
 
