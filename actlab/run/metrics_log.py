@@ -1,5 +1,5 @@
 """metrics.jsonl, one JSON row per log step: read (skipping torn lines) and written, rebuilt on
-resume from the rows the checkpoint carries, so that a resumed log equals an uninterrupted one."""
+resume from the checkpoint's rows so that a resumed log equals an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ def read_rows(path: pathlib.Path) -> tuple[list[dict], int]:
     try:
       row = json.loads(line)
     except ValueError:
-      bad += 1
-      continue
+      row = None
     if isinstance(row, dict) and isinstance(row.get("step"), int):
       rows.append(row)
     else:
@@ -31,10 +30,9 @@ def read_rows(path: pathlib.Path) -> tuple[list[dict], int]:
 
 
 class MetricsLog:
-  """metrics.jsonl: one JSON object per log step. It starts as `rows`, the rows up to `step` that
-  the restored checkpoint carries (none for a fresh run): rows the file holds past them (a run
-  killed after its last checkpoint) and torn or mangled lines are replaced, with a line saying so,
-  so that a resumed log equals an uninterrupted one."""
+  """The log, starting as `rows`: those up to `step` that the restored checkpoint carries (none
+  for a fresh run). A file that differs (rows past them, torn lines) is rewritten, with a line
+  saying what changed."""
 
   def __init__(self, path: pathlib.Path, rows: list[dict], step: int):
     self.path = path

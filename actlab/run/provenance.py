@@ -1,9 +1,9 @@
-"""provenance.json: one segment per start of a run's process (a fresh start or a resume) with
-what it ran with: actlab's version and git commit, the libraries' versions, devices, CPUs,
-host, command and that segment's runtime fields (workdir.RUNTIME_FIELDS)."""
+"""provenance.json: one segment per start of a run (fresh or resumed) with what it ran with
+(docs/design.md §3.5)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import json
@@ -33,13 +33,11 @@ def _git(*args: str) -> str | None:
 
 @functools.cache
 def _code() -> dict:
-  """actlab's version, and its git commit and dirty flag when it runs from a checkout."""
-  versions = {}
+  """The PACKAGES' versions, and actlab's git commit and dirty flag when it runs from a checkout."""
+  versions = dict.fromkeys(PACKAGES)
   for name in PACKAGES:
-    try:
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
       versions[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      versions[name] = None
   commit = _git("rev-parse", "HEAD")
   status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
   return {"versions": versions, "git_commit": commit,
@@ -62,9 +60,9 @@ def segment(config: ml_collections.ConfigDict, start_step: int) -> dict:
   }
 
 
-def append_segment(logdir_: pathlib.Path, seg: dict) -> list[dict]:
+def append_segment(logdir: pathlib.Path, seg: dict) -> list[dict]:
   """Appends `seg` to provenance.json; returns every segment so far."""
-  path = logdir_ / "provenance.json"
+  path = logdir / "provenance.json"
   segments = (workdir.read_json(path) or {}).get("segments", [])
   segments.append(seg)
   workdir.write_json(path, {"segments": segments})
