@@ -1,11 +1,7 @@
-"""Device mesh and shardings (docs/performance.md, "Several devices" and "Several hosts"): one 1-D
-mesh `"data"` over every device of every process. `parallel.mode="dp"` (default) splits the batch
-and replicates the state; `"fsdp"` also splits every parameter and its AdamW moments along their
-largest divisible axis (arrays under `parallel.fsdp_min_size` stay replicated). Every process
-builds training batch k from `(seed, k)` and feeds only its own rows (`shard_batch`), so results
-do not depend on the number of hosts or devices. Everything goes through a `Plan`, one device
-included; checkpoints restore into the current plan's shardings, so a run saved on 8 devices
-resumes on 1 (tests/test_parallel.py: the same step as one device, ≤ 1e-6).
+"""Device mesh and shardings: one 1-D mesh `"data"` over every device of every process, data
+parallel or FSDP (docs/performance.md, "Several devices" and "Several hosts"). Every process
+builds the whole batch k from `(seed, k)` and feeds only its own rows (`shard_batch`), so results
+do not depend on the number of hosts or devices.
 """
 
 from __future__ import annotations
@@ -30,13 +26,8 @@ class ParallelError(UserError, ValueError):
 
 
 def initialize(config) -> None:
-  """Sets up this process's devices: the first thing every entry point that trains does, before
-  anything asks JAX for a device (a backend, once made, cannot change). `parallel.cpu_devices`
-  (XLA CPU devices per process) and, when `parallel.distributed` is set,
-  `jax.distributed.initialize` with the coordinator, process count and id of
-  `parallel.coordinator`, `num_processes` and `process_id`, each unset one from
-  JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID or else the cluster (Cloud TPU,
-  SLURM, Open MPI). Repeated calls are no-ops."""
+  """Sets up this process's devices (`parallel.cpu_devices`, `parallel.distributed`) before
+  anything asks JAX for one: a backend, once made, cannot change. Repeated calls are no-ops."""
   par = config.parallel
   cpu_devices = par.cpu_devices
   if cpu_devices and jax.config.jax_num_cpu_devices != cpu_devices:
@@ -72,9 +63,8 @@ class Plan:
 
   @property
   def sync_each_step(self) -> bool:
-    """Wait for every step when several devices share one CPU (XLA's simulated devices:
-    --xla_force_host_platform_device_count). In jaxlib 0.10.2 their collectives can deadlock
-    when many steps are queued; real accelerators keep the asynchronous dispatch."""
+    """Wait for every step on several simulated CPU devices: in jaxlib 0.10.2 their collectives
+    can deadlock when many steps are queued."""
     return self.num_devices > 1 and self.mesh.devices.flat[0].platform == "cpu"
 
   @property
@@ -92,12 +82,9 @@ class Plan:
     n = self.num_devices
     if self.mode == "dp" or n == 1 or math.prod(shape) < self.fsdp_min_size:
       return self.replicated
-    axes = sorted(range(len(shape)), key=lambda i: (-shape[i], i))
-    for i in axes:
+    for i in sorted(range(len(shape)), key=lambda i: (-shape[i], i)):
       if shape[i] % n == 0:
-        spec = [None] * len(shape)
-        spec[i] = AXIS
-        return NamedSharding(self.mesh, P(*spec))
+        return NamedSharding(self.mesh, P(*[AXIS if j == i else None for j in range(len(shape))]))
     return self.replicated
 
   def state_shardings(self, abstract_state) -> Any:
@@ -113,43 +100,36 @@ class Plan:
 
   def shard_batch(self, batch, stacked: bool = False) -> Any:
     """A host batch (numpy, the full global batch on every process) → global jax.Arrays split
-    along the batch axis (the first; the second if `stacked`: one batch per run in front); each
-    process contributes only the rows of its own devices."""
+    along the batch axis (the second if `stacked`: one batch per run in front); each process
+    contributes only the rows of its own devices, which are contiguous in the mesh."""
     axis = int(stacked)
+    devices = list(self.mesh.devices.flat)
+    mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
     def put(x):
       x = np.asarray(x)
       sharding = self.batch_sharding(x.ndim, stacked)
       if jax.process_count() == 1:
         return jax.device_put(x, sharding)
-      rows = (slice(None),) * axis + (_process_rows(self.mesh, x.shape[axis]),)
+      if mine != list(range(mine[0], mine[-1] + 1)):
+        raise ParallelError("this process's devices are not contiguous in the mesh")
+      per = x.shape[axis] // len(devices)
+      rows = (slice(None),) * axis + (slice(mine[0] * per, (mine[-1] + 1) * per),)
       return jax.make_array_from_process_local_data(sharding, x[rows], x.shape)
     return jax.tree.map(put, batch)
 
 
-def _process_rows(mesh: Mesh, size: int) -> slice:
-  """The rows of a batch of `size` that this process's devices hold (contiguous in the mesh)."""
-  devices = list(mesh.devices.flat)
-  per = size // len(devices)
-  mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
-  if mine != list(range(mine[0], mine[-1] + 1)):
-    raise ParallelError("this process's devices are not contiguous in the mesh")
-  return slice(mine[0] * per, (mine[-1] + 1) * per)
-
-
 def plan(config, devices=None) -> Plan:
-  """The plan of `config.parallel` over `devices` (default: `parallel.num_devices` of them, 0 =
+  """The plan of `config.parallel` over `devices` (default: the first `parallel.num_devices`, 0 =
   all)."""
   par = config.parallel
-  mode = par.mode
-  if mode not in MODES:
-    raise ParallelError(f"parallel.mode={mode!r}: choose one of {', '.join(map(repr, MODES))}")
+  if par.mode not in MODES:
+    raise ParallelError(f"parallel.mode={par.mode!r}: choose one of {', '.join(map(repr, MODES))}")
   if devices is None:
     devices = jax.devices()
-    count = par.num_devices  # 0: all
-    if count > len(devices):
-      raise ParallelError(f"parallel.num_devices={count}, but only {len(devices)} devices exist")
-    devices = devices[:count or None]
-  devices = list(devices)
-  p = Plan(Mesh(np.array(devices), (AXIS,)), mode, par.fsdp_min_size)
+    if par.num_devices > len(devices):
+      raise ParallelError(f"parallel.num_devices={par.num_devices}, but only {len(devices)} "
+                          "devices exist")
+    devices = devices[:par.num_devices or None]
+  p = Plan(Mesh(np.array(list(devices)), (AXIS,)), par.mode, par.fsdp_min_size)
   p.check_batch(config.train.batch_size)
   return p
