@@ -22,7 +22,8 @@ STATUS_CODES = {"stable": 0.0, "unstable": 1.0, "diverged": 2.0}  # HParams: the
 
 
 def _tensorboardx():
-  """tensorboardX, imported without torch (about 2 s, only to accept torch tensors)."""
+  """tensorboardX without torch, which its writer imports (about 2 s) only to accept torch
+  tensors; actlab logs none."""
   if "torch" in sys.modules:
     import tensorboardX
     return tensorboardX
