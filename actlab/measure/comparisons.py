@@ -44,8 +44,8 @@ class Paired:
 
 
 def min_detectable(sd: float, n: int) -> float:
-  """MDD = (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁) · sd/√n: the true mean difference a paired t test on n
-  pairs with this sd detects with 80% power at two-sided α = 0.05 (n ≥ 2)."""
+  """The minimum detectable difference of a paired t test on n ≥ 2 pairs with this sd
+  (docs/metrics.md §9)."""
   return float(sps.t.ppf(0.975, n - 1) + sps.t.ppf(0.80, n - 1)) * sd / math.sqrt(n)
 
 

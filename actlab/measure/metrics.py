@@ -169,9 +169,9 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
       diverged_at = row["step"]
       reasons.append(f"non-finite {bad[0]} at step {row['step']}")
       break
-  vals = [(r["step"], r["val_loss"]) for r in rows if finite(r.get("val_loss"))]
-  if diverged_at is None and vals and vals[-1][1] >= uniform_frac * uniform_loss:
-    reasons.append(f"final val loss {vals[-1][1]:.3f} ≥ {uniform_frac:g}·ln(outputs) = "
+  vals = [r["val_loss"] for r in rows if finite(r.get("val_loss"))]
+  if diverged_at is None and vals and vals[-1] >= uniform_frac * uniform_loss:
+    reasons.append(f"final val loss {vals[-1]:.3f} ≥ {uniform_frac:g}·ln(outputs) = "
                    f"{uniform_frac * uniform_loss:.3f}: no better than chance")
   if reasons:
     return {"status": "diverged", "reasons": reasons, "spike_steps": [], "diverged_at": diverged_at}
@@ -188,7 +188,7 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
     reasons.append(f"{len(spike_steps)} train-loss spike(s) > {1 + spike_rel:g}× the best earlier "
                    f"loss after warm-up, first at step {spike_steps[0]}")
   if vals:
-    final, best_val = vals[-1][1], min(v for _, v in vals)
+    final, best_val = vals[-1], min(vals)
     if final > (1 + final_gap_rel) * best_val:
       reasons.append(f"final val loss {final:.3f} > {1 + final_gap_rel:g}× the best {best_val:.3f}")
   return {"status": "unstable" if reasons else "stable", "reasons": reasons,
@@ -196,8 +196,8 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
 
 
 def verdict_for(rows: Sequence[Mapping], config, chance_loss: float) -> dict:
-  """`verdict` with the thresholds of `config.metrics`, the run's warm-up, and its task's
-  `chance_loss` (ln of the vocabulary, or of the classes)."""
+  """`verdict` with the thresholds of `config.metrics`, the run's warm-up and its task's
+  `chance_loss`."""
   m = config.metrics
   return verdict(rows, warmup_steps=config.optim.warmup_steps, uniform_loss=chance_loss,
                  spike_rel=m.spike_rel, final_gap_rel=m.final_gap_rel, uniform_frac=m.uniform_frac)
