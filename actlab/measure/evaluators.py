@@ -109,8 +109,7 @@ class Evaluators:
     validation = ((Loss(),) + ((ActivationStats(),) if m.act_stats else ())
                   + ((PreactHistogram(m.ffn_hist_bins, m.ffn_hist_range),)
                      if m.ffn_hist_bins and tracked else ()))
-    # Not in a run too short for an estimate after step 0: step 0's alone can cost more than
-    # the whole run, and compares with nothing (`loop` says so).
+    # Not in a run too short for an estimate after step 0 (docs/metrics.md §5; `loop` says so).
     sharpness = (Sharpness(m.sharpness_every, m.sharpness_iters)
                  if 0 < m.sharpness_every <= config.train.steps else None)
     return cls(validation, sharpness)
