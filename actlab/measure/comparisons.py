@@ -1,8 +1,7 @@
-"""The report's paired comparisons (docs/metrics.md §9): the paired t interval and tests (t test,
-TOST against an equivalence margin), the minimum detectable difference, Holm's adjustment over the
-report's family and the verdicts; which pairs are compared, on which seeds and at which LR (each
-activation's best, chosen apart from the numbers that test it). Pure functions of numbers and of
-a sweep's runs (`actlab.measure.stats`); the t distribution is scipy's."""
+"""The report's paired comparisons, defined in docs/metrics.md §9: the paired t interval and
+tests (t test, TOST), the minimum detectable difference, Holm's adjustment and the verdicts;
+which pairs are compared, on which seeds and at which LR. Pure functions of numbers and of a
+sweep's runs (`actlab.measure.stats`); the t distribution is scipy's."""
 
 from __future__ import annotations
 
@@ -20,10 +19,8 @@ ALPHA = 0.05  # each family's familywise error rate
 
 
 def holm(p: Sequence[float]) -> np.ndarray:
-  """Holm's step-down adjusted p-values of a family: with the K finite p-values sorted
-  p₍₁₎ ≤ … ≤ p₍K₎, p̃₍ᵢ₎ = max over j ≤ i of min(1, (K − j + 1)·p₍ⱼ₎), in the input's order.
-  Rejecting where p̃ ≤ α is Holm's procedure at familywise error α. NaN (no test) stays NaN and
-  is not counted in K."""
+  """Holm's step-down adjusted p-values of a family, in the input's order: p̃ ≤ α rejects what
+  Holm's procedure rejects at familywise error α. NaN (no test) stays NaN and is not counted."""
   p = np.asarray(p, np.float64)
   out = np.full(p.shape, np.nan)
   idx = np.flatnonzero(~np.isnan(p))
@@ -47,17 +44,16 @@ class Paired:
 
 
 def min_detectable(sd: float, n: int) -> float:
-  """MDD = (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁) · sd/√n: the true mean difference a paired t test on n
-  pairs with this sd detects with 80% power at two-sided α = 0.05 (n ≥ 2)."""
+  """The minimum detectable difference of a paired t test on n ≥ 2 pairs with this sd
+  (docs/metrics.md §9)."""
   return float(sps.t.ppf(0.975, n - 1) + sps.t.ppf(0.80, n - 1)) * sd / math.sqrt(n)
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float],
                       margin: float | None = None) -> Paired:
   """A against B from finite values paired by position (aᵢ and bᵢ share a seed): the interval,
-  the MDD, the paired t test's two-sided p and, with an equivalence `margin` m > 0, the TOST
-  p = max(P(T ≥ (d̄ + m)/se), P(T ≤ (d̄ − m)/se)), se = sd/√n, T ~ t with n − 1 df. An sd of 0
-  makes each statistic ±∞ (or 0 where its numerator is 0)."""
+  the MDD, the paired t test's two-sided p and, with an equivalence `margin` m > 0, the TOST p.
+  An sd of 0 makes each statistic ±∞ (or 0 where its numerator is 0)."""
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
   if a.ndim != 1 or a.shape != b.shape or not np.all(np.isfinite(a - b)):
     raise ValueError("paired_difference: a and b must be finite sequences of the same length")
@@ -125,11 +121,9 @@ def selection_split(seeds: Sequence) -> tuple[list, list]:
 
 
 def selection(manifest: Mapping, runs: Sequence[Run]) -> tuple[list, list, str]:
-  """(the seeds that choose each activation's LR, the seeds that test it, the loss tested): when
-  every run that finished with values scored held-out test windows (`data.test_batches`; a
-  diverged run stopped before them), every seed chooses on `final_val_loss` and the comparison
-  is of `final_test_loss`; else the seeds are split (`selection_split`) and `final_val_loss`
-  does both."""
+  """(the seeds that choose each activation's LR, the seeds that test it, the loss tested): all
+  seeds choose on `final_val_loss` and test `final_test_loss` when every run with values scored
+  held-out test windows; else `selection_split` and `final_val_loss` for both."""
   scored = [r for r in runs if r.value("final_val_loss") is not None]
   if scored and all(r.value("final_test_loss") is not None for r in scored):
     return list(manifest["seeds"]), list(manifest["seeds"]), "final_test_loss"
@@ -159,18 +153,10 @@ def chosen_lrs(manifest: Mapping, runs: Sequence[Run], seeds: Sequence) -> dict[
 
 def family(manifest: Mapping, runs: Sequence[Run], baseline
            ) -> tuple[list[Comparison], list[Comparison]]:
-  """The report's family of paired comparisons of final val loss (lower is better), each pair
-  of `compared_pairs` paired by seed over the seeds where both runs have a finite value:
-
-  - per LR: at every LR and combination of the other axes (`pivot` over the activation), over
-    all seeds;
-  - at each one's best LR (an LR axis of ≥ 2 values and ≥ 2 seeds): A and B each at the LR
-    `chosen_lrs` picks on the validation loss, compared on the held-out test loss, or without
-    one on the other half of the seeds (`selection`), so the LR is not chosen on the numbers
-    that test it.
-
-  Holm (`holm`) adjusts the two-sided p-values over all of them, and separately the TOST
-  p-values when the manifest has an `equivalence_margin`; `verdict` at ALPHA."""
+  """The report's family of paired comparisons (lower loss is better), as two lists: per LR,
+  each pair of `compared_pairs` over all seeds; and at each one's best LR (`chosen_lrs` on the
+  `selection` seeds), over the seeds that test it. Pairs by seed where both runs have a finite
+  value; `holm` adjusts the t and the TOST p-values over the whole family, each apart."""
   axis, margin = activation_axis(manifest), manifest.get("equivalence_margin")
   pairs = compared_pairs(manifest, baseline) if axis else []
   raw = []  # (per LR?, key, a, b, lr_a, lr_b, Paired)

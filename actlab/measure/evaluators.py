@@ -1,19 +1,19 @@
-"""What a run measures besides its training metrics, chosen by the config (definitions:
-docs/metrics.md).
+"""What a run measures besides its training metrics, chosen by the config (docs/metrics.md §3–§5):
 
-| evaluator | chosen by | reads | metrics-row keys |
-|---|---|---|---|
-| `Loss` | always | the validation batches | `val_loss`, `val_accuracy` (objectives that count `correct`); MLM also `val_mask_loss`, `val_mask_accuracy` (the positions whose input is [MASK]) |
-| `ActivationStats` | `metrics.act_stats` | the same forward pass, its sown `FFNStats`/`AttentionStats` | `act_zero_frac`, `dead_units`, `act_mean`, `act_std`, `attn_logit_max` (and `/layer_<i>`) |
-| `PreactHistogram` | `metrics.ffn_hist_bins` > 0 and a tracker on (TensorBoard or W&B) | the same forward pass, its sown `FFNStats.z` | `ffn_preact/layer_<i>`: a `histogram.Histogram`, for the trackers only (not metrics.jsonl) |
-| `Sharpness` | 0 < `metrics.sharpness_every` ≤ `train.steps` | training batch 0 of seed 0 | `sharpness` |
+- `Loss` (always): `val_loss`, `val_accuracy` (objectives that count `correct`); MLM also
+  `val_mask_loss`, `val_mask_accuracy` (the positions whose input is [MASK]).
+- `ActivationStats` (`metrics.act_stats`): `act_zero_frac`, `dead_units`, `act_mean`, `act_std`,
+  `attn_logit_max` (and `/layer_<i>`), from the sown `FFNStats`/`AttentionStats`.
+- `PreactHistogram` (`metrics.ffn_hist_bins` > 0 and a tracker on): `ffn_preact/layer_<i>`, a
+  `histogram.Histogram` of the sown `FFNStats.z`, for the trackers only (not metrics.jsonl).
+- `Sharpness` (0 < `metrics.sharpness_every` ≤ `train.steps`): `sharpness`, on training batch 0
+  of seed 0.
 
 The validation evaluators run every `train.eval_every` steps (and at steps 0 and the last) and
-share one forward pass: `Evaluators.validation_step` runs the objective once, with the sown
-statistics if an evaluator reads them, and gives each evaluator the output to `read` (on the
-device, traced: a few small sums per batch); `Evaluators.pool` combines every batch's sums on the
-host, exactly. A new measurement is one class here with `name`, `sown`, `read` and `pool`, and
-one line in `Evaluators.create`.
+share one forward pass, `Evaluators.validation_step`: each `read`s its output on the device (a
+few small sums per batch), and `pool`s every batch's reads on the host, exactly. A new
+measurement is one class here with `name`, `sown`, `read` and `pool`, and one line in
+`Evaluators.create`.
 """
 
 from __future__ import annotations
@@ -64,9 +64,8 @@ class ActivationStats:
 
 @dataclasses.dataclass(frozen=True)
 class PreactHistogram:
-  """Per layer, the histogram of the FFN pre-activation z over every validation entry, in `bins`
-  equal bins over [-limit, limit] plus under- and overflow (docs/metrics.md §4): counted on the
-  device (`histogram.count`), added up over the batches on the host."""
+  """Per layer, the histogram of the FFN pre-activation z in `bins` equal bins over
+  [-limit, limit], plus under- and overflow (docs/metrics.md §4)."""
   bins: int
   limit: float
   name = "ffn_hist"
@@ -85,7 +84,7 @@ class PreactHistogram:
 @dataclasses.dataclass(frozen=True)
 class Sharpness:
   """The top Hessian eigenvalue of the training loss on one fixed batch, without dropout, by
-  `iters` steps of power iteration (`metrics.top_hessian_eigenvalue`), every `every` steps."""
+  `iters` steps of power iteration, every `every` steps (docs/metrics.md §5)."""
   every: int
   iters: int
 
@@ -110,8 +109,7 @@ class Evaluators:
     validation = ((Loss(),) + ((ActivationStats(),) if m.act_stats else ())
                   + ((PreactHistogram(m.ffn_hist_bins, m.ffn_hist_range),)
                      if m.ffn_hist_bins and tracked else ()))
-    # Not in a run too short for an estimate after step 0: step 0's alone can cost more than
-    # the whole run, and compares with nothing (`loop` says so).
+    # Not in a run too short for an estimate after step 0 (docs/metrics.md §5; `loop` says so).
     sharpness = (Sharpness(m.sharpness_every, m.sharpness_iters)
                  if 0 < m.sharpness_every <= config.train.steps else None)
     return cls(validation, sharpness)
@@ -124,8 +122,7 @@ class Evaluators:
     return {e.name: e.read(out) for e in self.validation}
 
   def pool(self, outs: Sequence[Mapping]) -> dict[str, Any]:
-    """Every validation batch's `validation_step` values (on the host) → row entries: floats
-    for metrics.jsonl and the trackers, `histogram.Histogram`s for the trackers only."""
+    """Every validation batch's `validation_step` values (on the host) → the row's entries."""
     row = {}
     for e in self.validation:
       row.update(e.pool([o[e.name] for o in outs]))

@@ -40,20 +40,14 @@ class FlopCount:
     return self.block_matmul + self.head_matmul + self.attention
 
 
-def per_token(model, seq_len: int, head_matmul_params: float) -> FlopCount:
-  """Training FLOPs per token of the trunk of `config.model` (a ConfigDict or anything with its
-  fields) at sequence length `seq_len`, with a head of `head_matmul_params` matrix entries per
-  token (the task's `head_matmul_params`)."""
+def for_config(config, vocab_size: int) -> FlopCount:
+  """Training FLOPs per token of a config's model at `data.seq_len`, with its task's head;
+  `vocab_size` is the tokenizer's (padded as the model pads it) unless `model.vocab_size` is
+  set."""
+  model, head = config.model, tasks.get(config).head_matmul_params(config, vocab_size)
   D, layers = model.d_model, model.num_layers
   F = models.ffn_width(model.activation, model.d_ff, model.gated_match_params)
   per_block = 4 * D * D + (3 if activations.get(model.activation).gated else 2) * D * F
-  return FlopCount(block_matmul=6 * per_block * layers, head_matmul=6 * head_matmul_params,
-                   attention=12 * seq_len * D * layers,
-                   matmul_params=int(round(per_block * layers + head_matmul_params)))
-
-
-def for_config(config, vocab_size: int) -> FlopCount:
-  """`per_token` of a config with its task's head; `vocab_size` is the tokenizer's (padded as
-  the model pads it) unless `model.vocab_size` is set."""
-  head = tasks.get(config).head_matmul_params(config, vocab_size)
-  return per_token(config.model, config.data.seq_len, head)
+  return FlopCount(block_matmul=6 * per_block * layers, head_matmul=6 * head,
+                   attention=12 * config.data.seq_len * D * layers,
+                   matmul_params=int(round(per_block * layers + head)))

@@ -1,10 +1,7 @@
-"""Histograms with fixed bin edges: counted on the device, pooled exactly on the host.
-
-`count` runs inside the jitted evaluation step and returns a few small arrays per call (the
-counts, min, max, sum, sum of squares), never the values; `Histogram.pool` adds the counts of
-every validation batch. The bins are those of `numpy.histogram(x, edges)`: [e_i, e_{i+1}), the
-last one closed, [e_{n-1}, e_n]; entries below e_0 are the underflow, entries above e_n (and NaN)
-the overflow (docs/metrics.md §4).
+"""Histograms with fixed bin edges (docs/metrics.md §4): `count` runs inside the jitted
+evaluation step and returns a few small arrays, never the values; `Histogram.pool` adds every
+batch's counts on the host. The bins are those of `numpy.histogram(x, edges)`, plus an underflow
+and an overflow (NaN included).
 """
 
 from __future__ import annotations

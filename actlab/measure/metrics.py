@@ -1,9 +1,7 @@
-"""What actlab measures (definitions in full: docs/metrics.md §4–§7): the activation statistics
-of the FFN hidden layer and attention at evaluation (`batch_sums` reduces one batch's sown
-`models.FFNStats`/`AttentionStats` on the device, `pool` combines the batches exactly on the
-host), the training forward's stability measures at log steps (`stability`), a row's training
-metrics (`interval`), sharpness by power iteration on Hessian-vector products, the stability
-verdict and the run's summary. The trackers that also receive the rows are in run/tracking.py.
+"""What actlab measures, defined in docs/metrics.md: the activation statistics at evaluation
+(§4: `batch_sums` on the device per batch, `pool` on the host), the training forward's stability
+measures and a row's training metrics (§2: `stability`, `interval`), sharpness (§5), the
+stability verdict (§6) and the run's summary (§7).
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ def per_layer(sown, kind: type) -> list:
 
 
 def batch_sums(sown) -> dict:
-  """Per-layer sums of one batch (traced, on device): small enough to fetch every evaluation.
-
-  `sown` holds the typed statistics of one `models.apply(..., stats=True)`."""
+  """Per-layer sums of one batch from the sown statistics of one `models.apply(..., stats=True)`
+  (traced, on device): small enough to fetch every evaluation."""
   ffn = []
   for stats in per_layer(sown, models.FFNStats):
     z_NF = stats.z.reshape(-1, stats.z.shape[-1]).astype(jnp.float32)
@@ -61,11 +58,9 @@ def batch_sums(sown) -> dict:
 
 
 def stability(out: models.Sums) -> dict:
-  """The training forward's instability measures (Wortsman et al. 2023), from an objective's
-  output with `stats` (traced, in the log step): `train_attn_logit_max`, the largest
-  pre-softmax attention logit over layers (the sown `AttentionStats`; none, and so no entry,
-  under cuDNN attention: models.transformer.Attention), and `train_logz_mean`, the mean over
-  predicted positions of the output logits' logZ (`logz_sum` / `count`)."""
+  """The training forward's instability measures (docs/metrics.md §2), from an objective's output
+  with `stats` (traced, in the log step): `train_logz_mean`, and `train_attn_logit_max` unless
+  no `AttentionStats` was sown (cuDNN attention)."""
   logit_max = [s.logit_max for s in per_layer(out.sown, models.AttentionStats)]
   out = {"train_logz_mean": out.logz_sum / out.count}
   return {"train_attn_logit_max": jnp.max(jnp.stack(logit_max)), **out} if logit_max else out
@@ -74,32 +69,25 @@ def stability(out: models.Sums) -> dict:
 def pool(batches: Sequence[Mapping]) -> dict[str, float]:
   """Combines `batch_sums` of every validation batch (fetched to the host) into the metrics."""
   out: dict[str, float] = {}
-  per_layer: dict[str, list[float]] = {k: [] for k in
-                                       ("act_zero_frac", "dead_units", "act_mean", "act_std")}
-  for i in range(len(batches[0]["ffn"])):
-    layer = [b["ffn"][i] for b in batches]
+  layers = []
+  for i, layer in enumerate(zip(*(b["ffn"] for b in batches))):
     n = np.array([float(s["entries"]) for s in layer])
     means = np.array([float(s["h_mean"]) for s in layer])
     # Chan et al.: pooled mean, and the pooled sum of squared deviations from it.
     mean = float(np.sum(n * means) / n.sum())
     m2 = float(sum(float(s["h_m2"]) for s in layer) + np.sum(n * (means - mean) ** 2))
     fired = np.logical_or.reduce([np.asarray(s["fired_F"]) for s in layer])
-    values = {
+    layers.append({
         "act_zero_frac": sum(float(s["nonpos"]) for s in layer) / n.sum(),
         "dead_units": 1.0 - float(fired.mean()),
         "act_mean": mean,
         "act_std": math.sqrt(max(m2, 0.0) / n.sum()),
-    }
-    for key, value in values.items():
-      out[f"{key}/layer_{i}"] = value
-      per_layer[key].append(value)
-  for key, values in per_layer.items():
-    if values:
-      out[key] = float(np.mean(values))
-  logit_max = [max(float(b["attn_logit_max"][i]) for b in batches)
-               for i in range(len(batches[0]["attn_logit_max"]))]
-  for i, value in enumerate(logit_max):
-    out[f"attn_logit_max/layer_{i}"] = value
+    })
+    out.update({f"{key}/layer_{i}": value for key, value in layers[-1].items()})
+  for key in layers[0] if layers else ():
+    out[key] = float(np.mean([values[key] for values in layers]))
+  logit_max = [max(map(float, layer)) for layer in zip(*(b["attn_logit_max"] for b in batches))]
+  out.update({f"attn_logit_max/layer_{i}": value for i, value in enumerate(logit_max)})
   if logit_max:
     out["attn_logit_max"] = max(logit_max)
   return out
@@ -113,11 +101,8 @@ def _tree_dot(a, b) -> jax.Array:
 
 
 def top_hessian_eigenvalue(loss_fn: Callable, params, key: jax.Array, num_iters: int) -> jax.Array:
-  """The largest-magnitude eigenvalue of ∇²loss_fn(params), by power iteration on HVPs.
-
-  Each iteration is one Hessian-vector product, forward-over-reverse: jvp(grad(loss_fn)). The
-  estimate is the Rayleigh quotient vᵀHv of the last unit vector v (signed).
-  """
+  """The largest-magnitude eigenvalue of ∇²loss_fn(params), signed, by power iteration on
+  Hessian-vector products, forward-over-reverse (docs/metrics.md §5)."""
   grad_fn = jax.grad(loss_fn)
   hvp = lambda v: jax.jvp(grad_fn, (params,), (v,))[1]
   leaves, treedef = jax.tree.flatten(params)
@@ -145,14 +130,13 @@ def jsonable(row: Mapping[str, Any]) -> dict:
   return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in row.items()}
 
 
-# Per-step metrics a row averages over the steps since the previous row (the rest: the last step's).
+# Per-step metrics a row averages over its steps (the rest: the last step's).
 INTERVAL_MEANS = ("train_loss", "z_loss")
 
 
 def interval(steps: Sequence[Mapping]) -> dict[str, float]:
-  """A row's training metrics from the per-step metrics of the steps since the previous row (in
-  order): the last step's values, the means of `INTERVAL_MEANS`, and `grad_norm_max`, the
-  largest `grad_norm` of them all (every step measures it; NaN if one is NaN)."""
+  """A row's training metrics from the per-step metrics of its steps, in order (docs/metrics.md
+  §2): the last step's, the means of `INTERVAL_MEANS`, and `grad_norm_max` (NaN if one is)."""
   row = {k: float(v) for k, v in steps[-1].items()}
   for key in INTERVAL_MEANS:
     if key in row:
@@ -161,9 +145,7 @@ def interval(steps: Sequence[Mapping]) -> dict[str, float]:
   return row
 
 
-# A run has diverged where one of these is non-finite. Every step measures the loss and the
-# gradient norm (non-finite gradients make the parameters non-finite in the same step); log steps
-# also the parameter norm, and evaluations the validation loss.
+# A run has diverged where one of these is non-finite (docs/metrics.md §6).
 DIVERGED_IF_NONFINITE = ("train_loss", "grad_norm", "param_norm", "val_loss")
 
 
@@ -177,22 +159,9 @@ def first_nonfinite(rows: Sequence[Mapping]):
 
 def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
             spike_rel: float, final_gap_rel: float, uniform_frac: float) -> dict:
-  """The stability status of one run from its logged curves (metrics.jsonl rows, step order).
-
-  The rule, first match wins:
-
-  1. **diverged** if any logged `DIVERGED_IF_NONFINITE` value is non-finite (NaN/inf, stored as
-     null) — the run stopped there — or if the final `val_loss` ≥ `uniform_frac ·
-     uniform_loss`, where `uniform_loss` = ln(number of outputs: vocabulary size, or classes) is
-     the loss of predicting uniformly: no better than chance.
-  2. **unstable** if, after warm-up (step > `warmup_steps`), some logged `train_loss` exceeds
-     `(1 + spike_rel)` × the lowest `train_loss` logged before it (a loss spike), or if the final
-     `val_loss` exceeds `(1 + final_gap_rel)` × the run's best `val_loss` (it ended well above its
-     best).
-  3. **stable** otherwise.
-
-  Returns {"status", "reasons" (human-readable list), "spike_steps", "diverged_at" (step or None)}.
-  """
+  """The stability status of one run from its metrics.jsonl rows (step order), by the rule of
+  docs/metrics.md §6 (`uniform_loss`: ln of the number of outputs). Returns {"status", "reasons"
+  (human-readable list), "spike_steps", "diverged_at" (step or None)}."""
   reasons, spike_steps, diverged_at = [], [], None
   for row in rows:
     bad = [k for k in DIVERGED_IF_NONFINITE if k in row and not finite(row[k])]
@@ -200,9 +169,9 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
       diverged_at = row["step"]
       reasons.append(f"non-finite {bad[0]} at step {row['step']}")
       break
-  vals = [(r["step"], r["val_loss"]) for r in rows if finite(r.get("val_loss"))]
-  if diverged_at is None and vals and vals[-1][1] >= uniform_frac * uniform_loss:
-    reasons.append(f"final val loss {vals[-1][1]:.3f} ≥ {uniform_frac:g}·ln(outputs) = "
+  vals = [r["val_loss"] for r in rows if finite(r.get("val_loss"))]
+  if diverged_at is None and vals and vals[-1] >= uniform_frac * uniform_loss:
+    reasons.append(f"final val loss {vals[-1]:.3f} ≥ {uniform_frac:g}·ln(outputs) = "
                    f"{uniform_frac * uniform_loss:.3f}: no better than chance")
   if reasons:
     return {"status": "diverged", "reasons": reasons, "spike_steps": [], "diverged_at": diverged_at}
@@ -219,7 +188,7 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
     reasons.append(f"{len(spike_steps)} train-loss spike(s) > {1 + spike_rel:g}× the best earlier "
                    f"loss after warm-up, first at step {spike_steps[0]}")
   if vals:
-    final, best_val = vals[-1][1], min(v for _, v in vals)
+    final, best_val = vals[-1], min(vals)
     if final > (1 + final_gap_rel) * best_val:
       reasons.append(f"final val loss {final:.3f} > {1 + final_gap_rel:g}× the best {best_val:.3f}")
   return {"status": "unstable" if reasons else "stable", "reasons": reasons,
@@ -227,8 +196,8 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
 
 
 def verdict_for(rows: Sequence[Mapping], config, chance_loss: float) -> dict:
-  """`verdict` with the thresholds of `config.metrics`, the run's warm-up, and its task's
-  `chance_loss` (ln of the vocabulary, or of the classes)."""
+  """`verdict` with the thresholds of `config.metrics`, the run's warm-up and its task's
+  `chance_loss`."""
   m = config.metrics
   return verdict(rows, warmup_steps=config.optim.warmup_steps, uniform_loss=chance_loss,
                  spike_rel=m.spike_rel, final_gap_rel=m.final_gap_rel, uniform_frac=m.uniform_frac)
@@ -238,15 +207,8 @@ SUMMARY_LAST_EVAL = ("act_zero_frac", "dead_units", "act_mean", "act_std", "attn
 
 
 def summarize(rows: Sequence[Mapping], steps: int) -> dict:
-  """Final numbers of a run from its metrics rows (None where never measured or non-finite).
-
-  `final_val_loss` is the last finite one (likewise `*_val_accuracy`, present only for
-  objectives that measure accuracy: MLM, classification); activation statistics come from the
-  last evaluation that has them; `grad_norm` and `final_train_loss` average the rows in the last
-  10% of the steps that were run (one batch is noisy); `grad_norm_max` is the largest finite
-  `grad_norm` of any step (rows' `grad_norm_max`); `sharpness_max` is the largest estimate after
-  step 0.
-  """
+  """Final numbers of a run from its metrics rows, as docs/metrics.md §7 defines them (None where
+  never measured or non-finite)."""
   vals = [r["val_loss"] for r in rows if finite(r.get("val_loss"))]
   last_step = rows[-1]["step"] if rows else 0
   tail = [r for r in rows if r["step"] > last_step - TAIL_FRACTION * steps and "train_loss" in r]

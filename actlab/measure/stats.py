@@ -1,7 +1,6 @@
 """A sweep's runs as `actlab.report` reads them (`Run`), its grid (axes, groups, `pivot`), and the
-rules over them: "not learned", the largest stable LR, the LR sensitivity; pure numpy, no IO
-(training imports `finite` from here). Definitions: docs/metrics.md §8, §9; the paired
-comparisons are `actlab.measure.comparisons`."""
+rules over them (docs/metrics.md §8, §9): "not learned", the largest stable LR, the LR sensitivity.
+Pure numpy, no IO (training imports `finite` from here)."""
 
 from __future__ import annotations
 
@@ -26,10 +25,9 @@ def finite(x) -> bool:
 
 
 def learned(final_val_loss: float | None, unigram_loss: float | None) -> bool | None:
-  """False if the run did not learn: final val loss ≥ the unigram loss (the cross-entropy of the
-  validation targets under the training tokens' smoothed unigram distribution), i.e. no better
-  than predicting every token by its frequency; True if below; None (not checked) if either is
-  missing or not finite."""
+  """False if the run did not learn, its final val loss ≥ the unigram loss (docs/metrics.md §9):
+  no better than each token's frequency; True if below; None if either is missing or not
+  finite."""
   if finite(final_val_loss) and finite(unigram_loss):
     return final_val_loss < unigram_loss
   return None
