@@ -91,6 +91,25 @@ def test_mfu_is_achieved_over_peak_flops_of_all_devices(tiny_config, monkeypatch
   assert r["peak_tflops"] is None and r["mfu"] is None and r["queued_mfu"] is None
 
 
+def test_the_torch_row_is_summarized_with_the_config_it_runs(tiny_config, monkeypatch):
+  """With a variant that changes the batch, the PyTorch reference (which runs the base config)
+  reports the base config's tokens per step, not the variant's."""
+  class FixedTorch(FixedTimes):
+    name = "PyTorch"
+
+    info = {"torch": "fixed", "threads": 2}
+
+    def __init__(self, config, mode, device):
+      del config, mode, device
+
+  monkeypatch.setattr(bench, "JaxBench", FixedTimes)
+  monkeypatch.setattr(bench, "TorchBench", FixedTorch)
+  rows = bench.run(tiny_config, steps=2, warmup=1, torch=True,
+                   variants=["train.batch_size=16"])
+  base, variant, torch = (r["tokens_per_s"] for r in rows)
+  assert torch == pytest.approx(base) and variant == pytest.approx(2 * base)
+
+
 # --- The harness end to end -------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -50,8 +50,8 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
     results = side_by_side(benches, steps, (rounds or steps) if several else 1)
     queued = back_to_back(benches, steps, (rounds or 2) if several else 1)
     rows = []
-    for i, (b, res, q, s) in enumerate(zip(benches, results, queued, setups)):
-      c = configs[min(i, len(configs) - 1)]  # the torch bench is summarized with the last config
+    for b, c, res, q, s in zip(benches, configs + [config] * torch, results, queued, setups):
+      # (the torch bench runs the base config's shapes, and is summarized with it)
       pk, source = peak_tflops(env["device_kind"], c.model.dtype)  # per chip
       pk, source = (peak, "--peak_tflops") if peak else (pk and pk * jax.device_count(), source)
       rows.append(summarize(b.name, c, {**res, **q}, s, b.memory(), runs, pk, source))
