@@ -64,6 +64,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
     held.enter_context(workdir_lib.full_disk_reported(run_dirs[0].root))
     summaries = [finished(c, r) for c, r in zip(configs, run_dirs)]  # Again, now they are ours.
     by_start = {}  # start step -> [(run index, its Checkpoints, its restored checkpoint)]
+    like = program.run_like()  # What each run's checkpoint restores into.
     for i, (c, r) in enumerate(zip(configs, run_dirs)):
       if summaries[i] is not None:
         continue
@@ -71,7 +72,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
       if tokenizer_store.load(r.tokenizer) is None:
         tokenizer_store.save(dataset.tokenizer, r.tokenizer)
       checkpoints = held.enter_context(Checkpoints(r.checkpoints, c.train.keep_checkpoints))
-      restored = checkpoints.restore_latest(program.run_like())
+      restored = checkpoints.restore_latest(like)
       by_start.setdefault(restored[0] if restored else 0, []).append((i, checkpoints, restored))
     if len(by_start) > 1 or (len(configs) > 1 and any(summaries)):
       log(f"runs at steps {sorted(by_start)} (or finished): training them by start step, one "
