@@ -1,7 +1,7 @@
 """Data: corpora, tokenizers, the token cache and step-indexed batch sampling (docs/data.md).
 
 `load(config)` is the whole interface the training loop uses: it opens the corpus
-(`data.source`: corpora.py), the tokenizer (`data.tokenizer`: tokenizer.py) and each split's
+(`data.source`: the embedded synthetic stories or TinyStories), the tokenizer (`data.tokenizer`: tokenizer.py) and each split's
 token cache (cache.py), and returns a `Dataset`; `load(config, labelled=True)` returns the
 classify task's `classify.ClassifyDataset` instead. Everything lives under the data dir
 (`data_dir`): `tfds/`, `manual/`, `gpt2/`, `tokenizers/<corpus>/`, `tokens/<corpus>/`, `locks/`.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actlab.data import cache, corpora, gpt2, tokenizer, tokenizer_store
+from actlab.data import cache, gpt2, tokenizer, tokenizer_store
 from actlab.data.tokenizer import Tokenizer
 from actlab.errors import DataError
 
@@ -123,13 +124,57 @@ def data_dir(config_dir: str = "") -> Path:
   return Path(d).expanduser()
 
 
+# --- The corpora ---------------------------------------------------------------------------------
+# Each gives its splits' `texts(split)`, `num_texts(split)` and a `source_id(split)` that changes
+# with the texts and keys the token caches.
+
+
+class Synthetic:
+  """The embedded stories (synthetic.py), fingerprinted by their SHA-256."""
+
+  def texts(self, split: str) -> list[str]:
+    from actlab.data import synthetic
+    return synthetic.texts(split)
+
+  def num_texts(self, split: str) -> int:
+    return len(self.texts(split))
+
+  def source_id(self, split: str) -> str:
+    h = hashlib.sha256()
+    for t in self.texts(split):
+      h.update(t.encode("utf-8") + b"\0")
+    return f"synthetic/{split}:sha256={h.hexdigest()[:16]}"
+
+
+def corpus_key(config) -> str:
+  """The corpus' directory name under tokens/ and tokenizers/."""
+  if config.data.source == "tinystories":
+    return f"tinystories-{config.data.tinystories_version}"
+  return config.data.source
+
+
+def open_corpus(config, root: Path):
+  """The corpus of `config.data.source` (synthetic, or TinyStories: tinystories.py), its files
+  under the data dir `root`."""
+  source = config.data.source
+  if source == "synthetic":
+    return Synthetic()
+  if source == "tinystories":
+    from actlab.data import tinystories
+    manual = config.data.manual_dir or str(root / "manual" / "tiny_stories")
+    return tinystories.Corpus(
+        version=config.data.tinystories_version,
+        data_dir=root / "tfds", manual_dir=Path(manual).expanduser())
+  raise ValueError(f"data.source={source!r}: choose 'tinystories' or 'synthetic'")
+
+
 def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
   gpt2_dir = config.data.gpt2_dir or os.environ.get("ACTLAB_GPT2_DIR", "")
   default = root / "gpt2"  # convenience: <data dir>/gpt2/{encoder.json,vocab.bpe}
   if not gpt2_dir and all((default / f).is_file() for f in gpt2.GPT2_FILES):
     gpt2_dir = str(default)
   return tokenizer_store.get(
-      config.data.tokenizer, directory=root / "tokenizers" / corpora.key(config),
+      config.data.tokenizer, directory=root / "tokenizers" / corpus_key(config),
       train_texts=train_texts, gpt2_dir=gpt2_dir or None)
 
 
@@ -171,8 +216,8 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
   root = data_dir(config.data.dir)
   if progress is None:
     progress = config.train.progress
-  corpus = functools.cache(lambda: corpora.open_corpus(config, root))  # opened on first use
-  key = corpora.key(config)
+  corpus = functools.cache(lambda: open_corpus(config, root))  # opened on first use
+  key = corpus_key(config)
   spec = config.data.tokenizer
 
   def get_tokenizer() -> Tokenizer:

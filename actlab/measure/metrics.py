@@ -195,14 +195,6 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
           "spike_steps": spike_steps, "diverged_at": None}
 
 
-def verdict_for(rows: Sequence[Mapping], config, chance_loss: float) -> dict:
-  """`verdict` with the thresholds of `config.metrics`, the run's warm-up and its task's
-  `chance_loss`."""
-  m = config.metrics
-  return verdict(rows, warmup_steps=config.optim.warmup_steps, uniform_loss=chance_loss,
-                 spike_rel=m.spike_rel, final_gap_rel=m.final_gap_rel, uniform_frac=m.uniform_frac)
-
-
 SUMMARY_LAST_EVAL = ("act_zero_frac", "dead_units", "act_mean", "act_std", "attn_logit_max")
 
 

@@ -10,12 +10,12 @@ from actlab.models import activations, hf
 from actlab.models.encoder import Encoder
 from actlab.models.execution import Execution
 from actlab.models.kernels import Sums, logit_sums, with_logit_sums
-from actlab.models.spec import Spec, ffn_width, pad_vocab
+from actlab.models.spec import Spec, execution_from_config, ffn_width, pad_vocab
 from actlab.models.transformer import AttentionStats, Decoder, FFNStats, apply
 
 __all__ = ["AttentionStats", "Decoder", "Encoder", "Execution", "FFNStats", "Spec", "Sums", "apply",
-           "count_params", "ffn_width", "hf", "logit_sums", "pad_vocab", "param_count",
-           "with_logit_sums"]
+           "count_params", "execution_from_config", "ffn_width", "hf", "logit_sums", "pad_vocab",
+           "param_count", "with_logit_sums"]
 
 
 def count_params(params) -> dict[str, int]:

@@ -10,28 +10,17 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from absl import logging
-
-
-def config_fields(cls, model: ml_collections.ConfigDict) -> dict:
-  """The fields of dataclass `cls` that `config.model` sets."""
-  names = {f.name for f in dataclasses.fields(cls)}
-  return {k: v for k, v in model.to_dict().items() if k in names}
 
 
 @dataclasses.dataclass(frozen=True)
 class Execution:
-  """The execution settings of `config.model`. The decoder's loss implementation
-  (`model.loss_impl`) is its task's choice: tasks/causal_lm.py."""
+  """The execution settings of `config.model` (`spec.execution_from_config`). The decoder's loss
+  implementation (`model.loss_impl`) is its task's choice: tasks/causal_lm.py."""
   dtype: str = "float32"        # compute dtype; parameters stay float32
   attention_impl: str = "xla"   # "xla", "cudnn" or "auto" (`attention_impl`)
   scan_layers: bool = False     # one nn.scan over the blocks (transformer.stack)
   remat: str = "none"           # recompute in the backward pass: "none", "full", "dots"
-
-  @classmethod
-  def from_config(cls, model: ml_collections.ConfigDict) -> "Execution":
-    return cls(**config_fields(cls, model))
 
   @property
   def compute_dtype(self) -> jnp.dtype:

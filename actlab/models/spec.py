@@ -1,13 +1,13 @@
-"""What the transformer is, apart from how it runs (execution.py): `Spec`, the architecture
-that `config.model` resolves to, and the two sizes derived from it (the FFN's hidden width, the
-padded vocabulary)."""
+"""What `config.model` resolves to: `Spec`, the architecture (what the transformer is), with the
+two sizes derived from it (the FFN's hidden width, the padded vocabulary), and the `Execution`
+settings (how it runs: execution.py)."""
 
 import dataclasses
 
 import ml_collections
 
 from actlab.models import activations
-from actlab.models.execution import config_fields
+from actlab.models.execution import Execution
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +34,16 @@ class Spec:
   @property
   def ffn_width(self) -> int:
     return ffn_width(self.activation, self.d_ff, self.gated_match_params)
+
+
+def execution_from_config(model: ml_collections.ConfigDict) -> Execution:
+  return Execution(**config_fields(Execution, model))
+
+
+def config_fields(cls, model: ml_collections.ConfigDict) -> dict:
+  """The fields of dataclass `cls` that `config.model` sets."""
+  names = {f.name for f in dataclasses.fields(cls)}
+  return {k: v for k, v in model.to_dict().items() if k in names}
 
 
 def ffn_width(activation: str, d_ff: int, gated_match_params: bool = True) -> int:

@@ -2,19 +2,86 @@
 trackers, provenance.json, checkpoints, summary.json) and what its checkpoints carry so that a
 resumed run continues exactly where it stopped."""
 
+from __future__ import annotations
+
 import contextlib
 import dataclasses
+import functools
+import importlib.metadata
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 
 from actlab import tasks
 from actlab.measure import metrics as metrics_lib
 from actlab.measure.histogram import Histogram
-from actlab.run import metrics_log, provenance, tracking
+from actlab.run import metrics_log, tracking
 from actlab.run import workdir as workdir_lib
 from actlab.run.checkpoint import Checkpoints
+
+
+# --- provenance.json: one segment per start of a run (fresh or resumed) with what it ran with
+# (docs/design.md §3.5) ---------------------------------------------------------------------------
+
+PACKAGES = ("actlab", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
+
+
+def _git(*args: str) -> str | None:
+  try:
+    out = subprocess.run(["git", *args], cwd=pathlib.Path(__file__).parent, capture_output=True,
+                         text=True, timeout=10)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.cache
+def _code() -> dict:
+  """The PACKAGES' versions, and actlab's git commit and dirty flag when it runs from a checkout."""
+  versions = dict.fromkeys(PACKAGES)
+  for name in PACKAGES:
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+      versions[name] = importlib.metadata.version(name)
+  commit = _git("rev-parse", "HEAD")
+  status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+  return {"versions": versions, "git_commit": commit,
+          "git_dirty": None if status is None else bool(status)}
+
+
+def segment(config: ml_collections.ConfigDict, start_step: int) -> dict:
+  """Where, with what and how this process (re)started the run at `start_step`."""
+  devices = jax.devices()
+  return {
+      "start_step": start_step, "started": workdir_lib.now(), **_code(),
+      "device_kind": devices[0].device_kind, "device_count": len(devices),
+      # XLA:CPU splits reductions over its threads, one per CPU this process may use: float32
+      # results differ in rounding between CPU counts (docs/sweeps.md, "Using all the hardware").
+      "cpus": len(os.sched_getaffinity(0)),
+      "process_count": jax.process_count(), "host": socket.gethostname(),
+      "command": [sys.executable, *sys.argv],
+      "runtime": {k: v for k, v in workdir_lib.dotted(json.loads(config.to_json())).items()
+                  if k.startswith(workdir_lib.RUNTIME_FIELDS)},
+  }
+
+
+def append_segment(logdir: pathlib.Path, seg: dict) -> list[dict]:
+  """Appends `seg` to provenance.json; returns every segment so far."""
+  path = logdir / "provenance.json"
+  segments = (workdir_lib.read_json(path) or {}).get("segments", [])
+  segments.append(seg)
+  workdir_lib.write_json(path, {"segments": segments})
+  return segments
+
+
+# --- The lane -----------------------------------------------------------------------------------
 
 
 def _host_rows(rows: list[dict]) -> list[dict]:
@@ -34,6 +101,7 @@ class Lane:
   Everything here but the files and trackers is kept in each checkpoint (`meta`), so a resumed
   lane continues where it stopped."""
   config: ml_collections.ConfigDict
+  task: tasks.Task
   run_dir: workdir_lib.RunDir
   dataset: Any            # the run's own training batches (its seed)
   checkpoints: Checkpoints
@@ -48,13 +116,13 @@ class Lane:
   summary: dict | None = None  # set by `finish`: the writers get it when they close
 
   @classmethod
-  def open(cls, config: ml_collections.ConfigDict, run_dir: workdir_lib.RunDir, dataset,
-           ckpts: Checkpoints, start: int, meta: dict | None) -> "Lane":
-    """The run of `config` in `run_dir`, resuming at `start` with the restored checkpoint's
+  def open(cls, config: ml_collections.ConfigDict, task: tasks.Task, run_dir: workdir_lib.RunDir,
+           dataset, ckpts: Checkpoints, start: int, meta: dict | None) -> Lane:
+    """The run of `config` (of `task`) in `run_dir`, resuming at `start` with the restored checkpoint's
     `meta` (None for a fresh run)."""
     meta, path = meta or {}, run_dir.logdir
-    segments = provenance.append_segment(path, provenance.segment(config, start))
-    return cls(config, run_dir, dataset, ckpts,
+    segments = append_segment(path, segment(config, start))
+    return cls(config, task, run_dir, dataset, ckpts,
                metrics_log.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
                tracking.open_writers(config, path, start, segments), segments,
                _device_rows(meta.get("pending", [])), list(meta.get("rates", [])),
@@ -81,9 +149,11 @@ class Lane:
   def finish(self, counts: dict, vocab_size: int, wall_time: float, runs: int) -> dict:
     """Writes summary.json (with `vectorized_runs` when `runs` > 1) and returns it."""
     steady = self.rates[1:] or self.rates  # Steady state: the first interval includes compilation.
-    task = tasks.get(self.config)
-    verdict = metrics_lib.verdict_for(self.log.rows, self.config,
-                                      task.chance_loss(self.config, vocab_size))
+    c = self.config
+    verdict = metrics_lib.verdict(
+        self.log.rows, warmup_steps=c.optim.warmup_steps,
+        uniform_loss=self.task.chance_loss(c, vocab_size), spike_rel=c.metrics.spike_rel,
+        final_gap_rel=c.metrics.final_gap_rel, uniform_frac=c.metrics.uniform_frac)
     steps = self.config.train.steps
     summary = metrics_lib.jsonable({
         "status": verdict["status"],
@@ -99,7 +169,7 @@ class Lane:
         "params": counts["total"],
         "params_non_embedding": counts["non_embedding"],
         "vocab_size": vocab_size,
-        **task.baselines(self.config, self.dataset),
+        **self.task.baselines(self.config, self.dataset),
         **({"vectorized_runs": runs} if runs > 1 else {}),
     })
     summary["provenance"] = self.segments

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import tqdm
 
-from actlab import models, tasks
+from actlab import models
 from actlab.errors import UserError
 from actlab.measure import evaluators
 from actlab.measure import metrics as metrics_lib
@@ -224,7 +224,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
 def start_line(lanes: list[Lane], counts: dict, start: int) -> str:
   """What `train_lanes` prints first: the model, its size, the runs and where they start."""
   c = lanes[0].config
-  model = f"{tasks.name(c)} {c.model.activation}"
+  model = f"{lanes[0].task.name} {c.model.activation}"
   size = (f"{counts['non_embedding'] / 1e6:.2f}M parameters without the token embedding "
           f"({counts['total'] / 1e6:.2f}M total)")
   resuming = f"resuming at step {start}" if start else None

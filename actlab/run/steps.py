@@ -67,11 +67,6 @@ def optimizer(optim: ml_collections.ConfigDict,
   return adamw(peak_lr=optim.lr)
 
 
-def learning_rate(optim: ml_collections.ConfigDict, total_steps: int, opt_state, step):
-  """The learning rate applied at `step` (for logging)."""
-  return opt_state.hyperparams["peak_lr"] * schedule(optim, total_steps)(step)
-
-
 # --- One run's steps and their program -------------------------------------------------------
 
 
@@ -88,14 +83,16 @@ class Steps:
   """Everything one run's steps close over: the task's model and objective, and the optimizer."""
   model: flax.linen.Module
   tx: optax.GradientTransformation
+  lr_multiplier: optax.Schedule  # of the peak LR at a step (for logging)
   objective: Any
   config: ml_collections.ConfigDict
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, vocab_size: int) -> "Steps":
     task = tasks.get(config)
-    return cls(task.model(config, vocab_size), optimizer(config.optim, config.train.steps),
-               task.objective(config, vocab_size), config)
+    total = config.train.steps
+    return cls(task.model(config, vocab_size), optimizer(config.optim, total),
+               schedule(config.optim, total), task.objective(config, vocab_size), config)
 
   def init(self, seed, peak_lr=None) -> TrainState:
     """The initial state; `seed` and `peak_lr` (default `optim.lr`) may be traced, so one
@@ -129,8 +126,7 @@ class Steps:
     params = optax.apply_updates(state.params, updates)
     metrics = {
         "train_loss": loss,
-        "lr": learning_rate(self.config.optim, self.config.train.steps, state.opt_state,
-                            state.step),
+        "lr": state.opt_state.hyperparams["peak_lr"] * self.lr_multiplier(state.step),
         "grad_norm": optax.tree.norm(grads),
     }
     if self.config.optim.z_loss:

@@ -49,12 +49,14 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
   for c, r in zip(configs, run_dirs):
     config_lib.validate(c)
     workdir_lib.check_usable(r.root)
-  steps.check_group(configs)
+  if len(configs) > 1:
+    steps.check_group(configs)
   unfinished = sum(finished(c, r) is None for c, r in zip(configs, run_dirs))
   if not unfinished:
     return [r.summary() for r in run_dirs]
   c0 = configs[0]
-  dataset = tasks.get(c0).dataset(c0)
+  task = tasks.get(c0)
+  dataset = task.dataset(c0)
   vocab_size = dataset.tokenizer.vocab_size
   program = steps.program(c0, vocab_size, unfinished, cache)  # Checks the devices.
   source = pretrained.init_from_config(c0, vocab_size) if c0.train.init_from else None
@@ -90,8 +92,9 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
           state = program.stack([run.replace(params=pretrained.params_from(c0, source, run.params,
                                                                             vocab_size))
                                  for run in runs])
-      lanes = [Lane.open(c, run_dirs[i], dataclasses.replace(dataset, seed=int(c.train.seed)),
-                         ck, start, restored[2] if restored else None)
+      lanes = [Lane.open(c, task, run_dirs[i],
+                         dataclasses.replace(dataset, seed=int(c.train.seed)), ck, start,
+                         restored[2] if restored else None)
                for c, (i, ck, restored) in zip(group, members)]
       for (i, _, _), summary in zip(members, loop.train_lanes(program, lanes, state, start,
                                                               vocab_size)):

@@ -14,8 +14,8 @@ HF = Architecture("gpt2", "GPT2LMHeadModel", "pre")  # actlab.export writes it; 
 
 
 def model(config, vocab_size: int):
-  m = config.model
-  return models.Decoder(models.Spec.from_config(m, vocab_size), models.Execution.from_config(m))
+  return models.Decoder(models.Spec.from_config(config.model, vocab_size),
+                        models.execution_from_config(config.model))
 
 
 def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *, fused: bool = False,

@@ -22,7 +22,7 @@ def model(config, vocab_size: int):
   return models.Encoder(models.Spec.from_config(m, vocab_size), head="classify",
                         pooler_activation=m.pooler_activation,
                         type_vocab_size=m.type_vocab_size, num_classes=m.num_classes,
-                        execution=models.Execution.from_config(m))
+                        execution=models.execution_from_config(m))
 
 
 def loss(model, params, batch, rng, train: bool, stats: bool = False, *,

@@ -43,7 +43,7 @@ def model(config, vocab_size: int):
   m = config.model
   return models.Encoder(models.Spec.from_config(m, vocab_size), head="mlm",
                         type_vocab_size=m.type_vocab_size,
-                        execution=models.Execution.from_config(m))
+                        execution=models.execution_from_config(m))
 
 
 def encoder_sequences(batch_BL1, specials: Specials):
