@@ -258,6 +258,14 @@ def test_run_writes_workdir_contract(runs):
   direct = sum(float(o.loss_sum) for o in outs) / sum(float(o.count) for o in outs)
   assert saved["final_test_loss"] == pytest.approx(direct, rel=1e-5)
   assert saved["final_test_loss"] != saved["final_val_loss"]
+  # The gradient norm at the initial parameters: step 0's, recorded in the first row only.
+  assert ["grad_norm_init" in r for r in rows] == [False, True, False, False]
+  program = steps.program(c, saved["vocab_size"], cache=run.cache)
+  first = data.load(c).train_batch(0)
+  _, m0 = program.train_step(program.start([c]), program.put_batches([first]))
+  assert saved["grad_norm_init"] == rows[1]["grad_norm_init"] == float(m0["grad_norm"][0])
+  assert saved["grad_norm_max_rel"] == pytest.approx(saved["grad_norm_max"] / saved["grad_norm_init"])
+  assert 0 < saved["attn_entropy_min"] <= min(r["train_attn_entropy_min"] for r in rows[1:])
 
 
 @pytest.mark.slow
@@ -332,7 +340,7 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
   for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(logged)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-10)
   assert set(m_log) - set(m_plain) == {"update_norm", "param_norm", "train_attn_logit_max",
-                                       "train_logz_mean"}
+                                       "train_attn_entropy_min", "train_logz_mean"}
   for k in m_plain:
     np.testing.assert_allclose(m_plain[k], m_log[k], rtol=1e-6)
   _, m_ref = fns.reference(old, steps.one_run(batch, 0))  # the definition

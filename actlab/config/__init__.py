@@ -91,6 +91,7 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   mt.spike_rel = 0.1            # spike: a post-warm-up train loss > (1 + spike_rel) · best before
   mt.final_gap_rel = 0.05       # unstable if final val loss > (1 + final_gap_rel) · best val loss
   mt.uniform_frac = 1.0         # diverged if final val loss >= uniform_frac · ln(vocab or classes)
+  mt.grad_rel_max = 10.0        # unstable if a step's gradient norm > grad_rel_max · at init
 
   c.parallel = par = ml_collections.ConfigDict()  # devices and hosts; see actlab/run/parallel.py
   par.mode = "dp"               # "dp": batch split, state replicated; "fsdp": state split too

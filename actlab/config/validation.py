@@ -17,7 +17,8 @@ POSITIVE = ("model.num_layers", "model.d_model", "model.num_heads", "model.d_ff"
             "train.steps", "train.batch_size", "train.log_every", "train.eval_every",
             "train.checkpoint_every", "train.keep_checkpoints", "optim.lr", "data.seq_len",
             "data.val_batches", "metrics.sharpness_iters", "metrics.spike_rel",
-            "metrics.final_gap_rel", "metrics.uniform_frac", "metrics.ffn_hist_range")
+            "metrics.final_gap_rel", "metrics.uniform_frac", "metrics.ffn_hist_range",
+            "metrics.grad_rel_max")
 # The fields that may be 0, with what 0 means for those where it means something.
 NON_NEGATIVE = {"model.vocab_size": " (0 = tokenizer's)", "parallel.fsdp_min_size": "",
                 "parallel.num_devices": " (0 = all)", "parallel.cpu_devices": " (0 = one device)",

@@ -53,17 +53,22 @@ def batch_sums(sown) -> dict:
         "h_mean": mean,
         "h_m2": jnp.sum(jnp.square(h - mean)),            # centred: combined exactly by `pool`
     })
-  attn = [stats.logit_max for stats in per_layer(sown, models.AttentionStats)]
-  return {"ffn": ffn, "attn_logit_max": attn}
+  attn = per_layer(sown, models.AttentionStats)
+  return {"ffn": ffn, "attn_logit_max": [a.logit_max for a in attn],
+          "attn_entropy_H": [a.entropy_H for a in attn]}
 
 
 def stability(out: models.Sums) -> dict:
   """The training forward's instability measures (docs/metrics.md §2), from an objective's output
-  with `stats` (traced, in the log step): `train_logz_mean`, and `train_attn_logit_max` unless
-  no `AttentionStats` was sown (cuDNN attention)."""
-  logit_max = [s.logit_max for s in per_layer(out.sown, models.AttentionStats)]
+  with `stats` (traced, in the log step): `train_logz_mean`, and `train_attn_logit_max` and
+  `train_attn_entropy_min` (the least head's mean entropy) unless no `AttentionStats` was sown
+  (cuDNN attention)."""
+  attn = per_layer(out.sown, models.AttentionStats)
   out = {"train_logz_mean": out.logz_sum / out.count}
-  return {"train_attn_logit_max": jnp.max(jnp.stack(logit_max)), **out} if logit_max else out
+  if not attn:
+    return out
+  return {"train_attn_logit_max": jnp.max(jnp.stack([a.logit_max for a in attn])),
+          "train_attn_entropy_min": jnp.min(jnp.stack([a.entropy_H for a in attn])), **out}
 
 
 def pool(batches: Sequence[Mapping]) -> dict[str, float]:
@@ -88,8 +93,12 @@ def pool(batches: Sequence[Mapping]) -> dict[str, float]:
     out[key] = float(np.mean([values[key] for values in layers]))
   logit_max = [max(map(float, layer)) for layer in zip(*(b["attn_logit_max"] for b in batches))]
   out.update({f"attn_logit_max/layer_{i}": value for i, value in enumerate(logit_max)})
+  # Each head's entropy averaged over the batches (equal in size), then the least of the heads.
+  entropy = [float(np.min(np.mean(layer, axis=0)))
+             for layer in zip(*(b["attn_entropy_H"] for b in batches))]
+  out.update({f"attn_entropy_min/layer_{i}": value for i, value in enumerate(entropy)})
   if logit_max:
-    out["attn_logit_max"] = max(logit_max)
+    out.update(attn_logit_max=max(logit_max), attn_entropy_min=min(entropy))
   return out
 
 
@@ -158,7 +167,8 @@ def first_nonfinite(rows: Sequence[Mapping]):
 
 
 def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
-            spike_rel: float, final_gap_rel: float, uniform_frac: float) -> dict:
+            spike_rel: float, final_gap_rel: float, uniform_frac: float,
+            grad_rel_max: float = math.inf) -> dict:
   """The stability status of one run from its metrics.jsonl rows (step order), by the rule of
   docs/metrics.md §6 (`uniform_loss`: ln of the number of outputs). Returns {"status", "reasons"
   (human-readable list), "spike_steps", "diverged_at" (step or None)}."""
@@ -187,12 +197,22 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
   if spike_steps:
     reasons.append(f"{len(spike_steps)} train-loss spike(s) > {1 + spike_rel:g}× the best earlier "
                    f"loss after warm-up, first at step {spike_steps[0]}")
+  init = grad_norm_init(rows)
+  top = max(rows, key=lambda r: r.get("grad_norm_max", -1), default={})
+  if init and top.get("grad_norm_max", 0) > grad_rel_max * init:
+    reasons.append(f"gradient norm {top['grad_norm_max']:.3g} by step {top['step']} > "
+                   f"{grad_rel_max:g}× its value at initialisation ({init:.3g})")
   if vals:
     final, best_val = vals[-1], min(vals)
     if final > (1 + final_gap_rel) * best_val:
       reasons.append(f"final val loss {final:.3f} > {1 + final_gap_rel:g}× the best {best_val:.3f}")
   return {"status": "unstable" if reasons else "stable", "reasons": reasons,
           "spike_steps": spike_steps, "diverged_at": None}
+
+
+def grad_norm_init(rows: Sequence[Mapping]) -> float | None:
+  """The gradient norm at the initial parameters (the first row of a run from step 0 has it)."""
+  return next((r["grad_norm_init"] for r in rows if "grad_norm_init" in r), None)
 
 
 SUMMARY_LAST_EVAL = ("act_zero_frac", "dead_units", "act_mean", "act_std", "attn_logit_max")
@@ -211,14 +231,21 @@ def summarize(rows: Sequence[Mapping], steps: int) -> dict:
     xs = [r[key] for r in tail if finite(r.get(key))]
     return float(np.mean(xs)) if xs and len(xs) == len(tail) else None
 
+  grad_max = max((r["grad_norm_max"] for r in rows if finite(r.get("grad_norm_max"))),
+                 default=None)
+  init = grad_norm_init(rows)
+  entropy = [r[k] for r in rows for k in ("attn_entropy_min", "train_attn_entropy_min")
+             if finite(r.get(k))]
   out = {
       "initial_val_loss": vals[0] if vals else None,
       "final_val_loss": vals[-1] if vals else None,
       "best_val_loss": min(vals) if vals else None,
       "final_train_loss": mean("train_loss"),
       "grad_norm": mean("grad_norm"),
-      "grad_norm_max": max((r["grad_norm_max"] for r in rows if finite(r.get("grad_norm_max"))),
-                           default=None),
+      "grad_norm_max": grad_max,
+      "grad_norm_init": init,
+      "grad_norm_max_rel": grad_max / init if grad_max is not None and init else None,
+      "attn_entropy_min": min(entropy) if entropy else None,
       "sharpness": sharp[-1] if sharp else None,
       "sharpness_max": max((r["sharpness"] for r in rows
                             if r["step"] > 0 and finite(r.get("sharpness"))), default=None),

@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from jax.nn.initializers import normal
 
 from actlab.models import activations, kernels
 from actlab.models.execution import Execution, attention_impl, cudnn_attention
@@ -122,9 +123,9 @@ class Attention(nn.Module):
   heads-major (B, H, L, K) in between; with `decode`, a key/value cache. With `spec.qk_norm`,
   queries and keys pass a LayerNorm over the head dim K (`query_norm`, `key_norm`: one scale and
   bias of [K] each, shared by the heads) before q·k (qk-layernorm: Dehghani et al. 2023,
-  Wortsman et al. 2023). Its `AttentionStats` is the max of the logits XLA attention computes;
-  cuDNN flash attention never forms them, so in training it sows none (a log step would rebuild
-  them), in evaluation (`train` False) the max of logits computed apart (`logit_max`)."""
+  Wortsman et al. 2023). Its `AttentionStats` come from the logits and probabilities XLA
+  attention computes; cuDNN flash attention never forms them, so in training it sows none (a log
+  step would rebuild them), in evaluation (`train` False) those of logits computed apart."""
   spec: Spec
   causal: bool
   execution: Execution = Execution()
@@ -147,12 +148,13 @@ class Attention(nn.Module):
       causal = False  # the cache mask already hides the future
     lengths = None if mask is None else (q_BHLK.shape[2], k_BHLK.shape[2])
     if attention_impl(ex.attention_impl, q_BHLK.dtype, q_BHLK.shape[-1], lengths) == "xla":
-      out_BHLK, largest = xla_attention(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal)
+      out_BHLK, stats = xla_attention(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal)
     else:
       out_BHLK = cudnn_attention(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal)
-      largest = None if self.train else logit_max(q_BHLK, k_BHLK, mask, causal=causal)
-    if largest is not None:  # sow: a no-op unless "stats" is mutable (unused, jit drops it)
-      self.sow("stats", "attention", AttentionStats(largest, self.layer))
+      stats = None if self.train else attention_stats(
+          attention_logits(q_BHLK, k_BHLK, mask, causal=causal))
+    if stats is not None:  # sow: a no-op unless "stats" is mutable (unused, jit drops it)
+      self.sow("stats", "attention", AttentionStats(*stats, self.layer))
     out_BLD = HeadsDense(s, ex, split=False, std=residual_std(s), name="out")(out_BHLK)
     return nn.Dropout(s.dropout)(out_BLD, deterministic=not self.train)
 
@@ -160,8 +162,7 @@ class Attention(nn.Module):
     """Appends this call's keys and values to a cache of `max_len` positions (the "cache"
     collection) and returns the whole cache with the mask that lets query l (at absolute
     position index + l) see cache positions ≤ index + l."""
-    B, H, L, K = k_BHLK.shape
-    T = self.spec.max_len
+    (B, H, L, K), T = k_BHLK.shape, self.spec.max_len
     cached_k = self.variable("cache", "cached_key", jnp.zeros, (B, H, T, K), k_BHLK.dtype)
     cached_v = self.variable("cache", "cached_value", jnp.zeros, (B, H, T, K), v_BHLK.dtype)
     index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
@@ -209,8 +210,10 @@ class FFNStats:
 @flax.struct.dataclass
 class AttentionStats:
   """What an attention layer sows: the largest pre-softmax logit q·k/√K over the positions it may
-  see (a scalar; [layers] under `scan_layers`, with `layer` None)."""
+  see (a scalar), and each head's entropy (nats) of its attention distribution, averaged over
+  the batch and the queries ([H]); a leading [layers] under `scan_layers`, with `layer` None."""
   logit_max: jax.Array
+  entropy_H: jax.Array
   layer: int | None = flax.struct.field(pytree_node=False)
 
 
@@ -236,19 +239,21 @@ def attention_logits(q_BHLK, k_BHTK, mask, *, causal: bool) -> jax.Array:
   return logits_BHLT if mask is None else jnp.where(mask, logits_BHLT, jnp.finfo(jnp.float32).min)
 
 
-def logit_max(q_BHLK, k_BHTK, mask, *, causal: bool) -> jax.Array:
-  """The largest pre-softmax attention logit q·k/√K over the positions attention may see."""
-  return attention_logits(q_BHLK, k_BHTK, mask, causal=causal).max()
+def attention_stats(logits_BHLT, probs_BHLT=None) -> tuple[jax.Array, jax.Array]:
+  """`AttentionStats`' values: the largest logit, and each head's mean entropy (keys a query may
+  not see have probability 0 and add nothing)."""
+  probs_BHLT = jax.nn.softmax(logits_BHLT, axis=-1) if probs_BHLT is None else probs_BHLT
+  return logits_BHLT.max(), jax.scipy.special.entr(probs_BHLT).sum(-1).mean((0, 2))
 
 
 def xla_attention(q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool):
-  """softmax(q·kᵀ/√K)·v with float32 softmax, and the largest logit it saw (`logit_max`, from
-  the same logits). Heads-major: every matmul is a plain batched matmul over (B, H), with no
+  """softmax(q·kᵀ/√K)·v with float32 softmax, and the `attention_stats` of the same logits and
+  probabilities. Heads-major: every matmul is a plain batched matmul over (B, H), with no
   transposes around it (the layout XLA:CPU runs fastest)."""
   logits_BHLT = attention_logits(q_BHLK, k_BHTK, mask, causal=causal)
   probs_BHLT = jax.nn.softmax(logits_BHLT, axis=-1)
   return (jnp.einsum("bhlt,bhtk->bhlk", probs_BHLT.astype(v_BHTK.dtype), v_BHTK),
-          logits_BHLT.max())
+          attention_stats(logits_BHLT, probs_BHLT))
 
 
 class HeadsDense(nn.Module):
@@ -270,10 +275,6 @@ class HeadsDense(nn.Module):
       return (jnp.einsum("bld,dhk->bhlk", x, kernel.reshape(D, H, D // H))
               + bias.reshape(H, 1, D // H))
     return jnp.einsum("bhlk,hkd->bld", x, kernel.reshape(H, D // H, D)) + bias
-
-
-def normal(std: float) -> nn.initializers.Initializer:
-  return nn.initializers.normal(stddev=std)
 
 
 def dense(features: int, ex: Execution, std: float = 0.02, name: str | None = None) -> nn.Dense:

@@ -153,7 +153,8 @@ class Lane:
     verdict = metrics_lib.verdict(
         self.log.rows, warmup_steps=c.optim.warmup_steps,
         uniform_loss=self.task.chance_loss(c, vocab_size), spike_rel=c.metrics.spike_rel,
-        final_gap_rel=c.metrics.final_gap_rel, uniform_frac=c.metrics.uniform_frac)
+        final_gap_rel=c.metrics.final_gap_rel, uniform_frac=c.metrics.uniform_frac,
+        grad_rel_max=c.metrics.grad_rel_max)
     steps = self.config.train.steps
     summary = metrics_lib.jsonable({
         "status": verdict["status"],

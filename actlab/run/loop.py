@@ -129,6 +129,8 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
       lane.rates.append(steps_ * tokens_per_step / elapsed)
       row = {"step": lane.diverged_at or done, **metrics_lib.interval(rows),
              "tokens_per_sec": lane.rates[-1]}
+      if lane.log.rows[-1]["step"] == 0:  # The run's first row: rows[0] is step 0's.
+        row["grad_norm_init"] = float(rows[0]["grad_norm"])
       if evals is not None and lane.diverged_at is None:
         row.update(evals[r])
         if not metrics_lib.finite(row["val_loss"]):
