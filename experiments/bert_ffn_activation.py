@@ -21,6 +21,12 @@ d_model 128, WordPiece 4,096) on TinyStories, 200 steps, the 4 activations at LR
 decoder study's best LR at this size) × 3 seeds, GELU the baseline: 12 runs, about 15 minutes
 with `--workers=2`. One LR, for time: it asks which activation learns MLM fastest here, not how
 each tolerates the LR.
+
+`:past_plateau_pilot`: the pilot of the encoder's primary tests (experiments/primary_tests.py):
+the `bert_cpu` encoder at batch 64 × 128 for 3,000 steps (warm-up 300), where a BERT of this
+size leaves the unigram plateau (near 10M tokens), the 4 activations × peak LR {1e-3, 3e-3} ×
+seeds {0, 1}: each activation's LR is chosen on its validation `[MASK]` loss, and the paired sd
+there sets the fresh seeds of the tests.
 """
 
 from actlab.config import sizes
@@ -41,9 +47,16 @@ def get_sweep(arg=None):
             "axes": {"model.activation": ACTIVATIONS, "optim.lr": [3e-3]},
             "seeds": [0, 1, 2], "fixed": {**sizes.SIZES["bert_cpu"], "model.kind": "encoder",
                                           "model.task": "mlm"}, "baseline": "gelu"}
+  if arg == "past_plateau_pilot":
+    return {"description": "Encoder FFN activation, MLM past the plateau: the primary tests' "
+                           "pilot (batch 64 x 128, 3,000 steps)",
+            "axes": {"model.activation": ACTIVATIONS, "optim.lr": [1e-3, 3e-3]},
+            "seeds": [0, 1], "baseline": "gelu",
+            "fixed": {**sizes.SIZES["bert_cpu_past_plateau"], "model.kind": "encoder",
+                      "model.task": "mlm"}}
   if arg:
-    raise ValueError(f"bert_ffn_activation: unknown variant {arg!r}; use ':smoke', ':cpu' or "
-                     "nothing")
+    raise ValueError(f"bert_ffn_activation: unknown variant {arg!r}; use ':smoke', ':cpu', "
+                     "':past_plateau_pilot' or nothing")
   return {"description": "Encoder FFN activation across learning rates, MLM pretraining",
           "axes": {"model.activation": ACTIVATIONS, "optim.lr": [3e-4, 1e-3, 3e-3]},
           "seeds": [0, 1, 2], "fixed": {"model.kind": "encoder", "model.task": "mlm"}}

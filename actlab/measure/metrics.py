@@ -250,8 +250,9 @@ def summarize(rows: Sequence[Mapping], steps: int) -> dict:
       "sharpness_max": max((r["sharpness"] for r in rows
                             if r["step"] > 0 and finite(r.get("sharpness"))), default=None),
   }
-  if rows and "test_loss" in rows[-1]:  # data.test_batches: scored once, at the last step
-    out.update({f"final_{k}": v for k, v in rows[-1].items() if k.startswith("test_")})
+  # The test windows (data.test_batches: scored once, at the last step); MLM's [MASK] positions.
+  out.update({f"final_{k}": v for k, v in (rows[-1] if rows else {}).items()
+              if k.startswith(("test_", "val_mask_"))})
   for key in SUMMARY_LAST_EVAL:
     out[key] = stats_rows[-1].get(key) if stats_rows else None
   accs = [r["val_accuracy"] for r in rows if finite(r.get("val_accuracy"))]

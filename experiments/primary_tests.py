@@ -1,0 +1,151 @@
+"""The primary tests: the page-level family RESULTS.md answers, stated before their runs.
+
+Each test asks one question with one comparison, A − B, paired by seed (the two arms of a seed
+share their batches and, where shapes agree, their initial weights). The rule is the same for all:
+
+- **Selection apart from the test.** Each arm's peak LR is the one with the lowest mean
+  `final_val_loss` (validation windows) over its pilot's seeds. The test then trains **fresh
+  seeds** (from `FRESH_SEED` on: no pilot used them) at those LRs and reads `final_test_loss`
+  (the held-out test windows: the validation split's second half).
+- **The test.** A two-sided paired t-test of A − B. The family is every test below (K = 7),
+  corrected by Holm at family-wise α = 0.05. Verdict: A or B better where the Holm-adjusted p is
+  below α; "equivalent" where the two one-sided tests at ±δ are (Holm-adjusted) below α;
+  otherwise "not resolved".
+- **Seeds.** n is the smallest number of seed pairs (at least 10) whose paired t-test has power
+  ≥ 0.8 against a difference of δ at α/K (Holm's strictest step), with the sd of the paired
+  differences at the chosen LRs in the pilot (`final_test_loss`): `python
+  experiments/primary_tests.py` prints the calculation. A test whose pilot is not run yet gets
+  its n from that pilot, committed before its fresh seeds run.
+- **δ = 0.1 nats** for every test: about a 10% change in perplexity, the smallest difference
+  that would change which activation one picks at this scale. Smaller differences are reported,
+  not claimed.
+- **Noise named.** Seed sd: the sd of the fresh seeds' differences. Platform sd: the first 3
+  fresh seeds of both arms of each test rerun on one CPU core (`taskset -c 0`; XLA:CPU splits
+  reductions over its threads, so the float order differs), the sd of rerun − run. A difference
+  is claimed only where it exceeds both.
+- **Everything else is descriptive**: other LRs, other measures (stability verdicts, the
+  largest gradient norm relative to initialisation, attention entropy and logits, dead units),
+  and the committed exploratory studies.
+
+The sweeps: `:<test>` trains a test's fresh seeds; `:gated_pilot` the 3-LR pilot of the gated
+FFNs and SiLU (ReLU and GELU have theirs: results/relu_vs_gelu_cpu_epoch), which picks the LRs of
+tests 2–4; the encoder's pilot is `experiments/bert_ffn_activation.py:past_plateau_pilot`.
+"""
+
+import json
+import math
+import pathlib
+import sys
+
+import numpy as np
+from scipy import stats
+
+from actlab.config import sizes
+
+ALPHA, POWER, DELTA, MIN_SEEDS = 0.05, 0.8, 0.1, 10
+FRESH_SEED = 100  # fresh seeds are 100, 101, …: every pilot used seeds below 10
+PILOT_LRS = [1e-3, 3e-3, 1e-2]
+DECODER = sizes.SIZES["cpu_epoch"]  # 0.94M parameters, one epoch of the TinyStories sample
+ENCODER = {**sizes.SIZES["bert_cpu_past_plateau"], "model.kind": "encoder", "model.task": "mlm"}
+
+# test name -> (question, A, B, the fixed settings both arms share, the pilot's results dir)
+TESTS = {
+    "relu_gelu": ("Does ReLU or GELU give the lower loss at its best LR (decoder)?",
+                  "relu", "gelu", DECODER, "relu_vs_gelu_cpu_epoch"),
+    "swiglu_silu": ("Does gating change SiLU's loss at each one's best LR (decoder)?",
+                    "swiglu", "silu", DECODER, "primary_gated_pilot"),
+    "geglu_gelu": ("Does gating change GELU's loss at each one's best LR (decoder)?",
+                   "geglu", "gelu", DECODER, "primary_gated_pilot"),
+    "reglu_relu": ("Does gating change ReLU's loss at each one's best LR (decoder)?",
+                   "reglu", "relu", DECODER, "primary_gated_pilot"),
+    "bert_relu_gelu": ("Does ReLU change BERT's [MASK] loss against GELU (encoder, MLM)?",
+                       "relu", "gelu", ENCODER, "bert_past_plateau_pilot"),
+    "bert_tanh_gelu": ("Does tanh change BERT's [MASK] loss against GELU (encoder, MLM)?",
+                       "tanh", "gelu", ENCODER, "bert_past_plateau_pilot"),
+    "bert_swiglu_gelu": ("Does SwiGLU change BERT's [MASK] loss against GELU (encoder, MLM)?",
+                         "swiglu", "gelu", ENCODER, "bert_past_plateau_pilot"),
+}
+K = len(TESTS)
+RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
+# The outcome each family reads: the encoder's is the loss at the [MASK] positions.
+OUTCOME = {"decoder": ("final_val_loss", "final_test_loss"),
+           "encoder": ("final_val_mask_loss", "final_test_mask_loss")}
+
+
+def seeds_needed(sd: float, delta: float = DELTA, alpha: float = ALPHA / K,
+                 power: float = POWER) -> int:
+  """The smallest n ≥ MIN_SEEDS whose two-sided paired t-test at `alpha` has `power` against a
+  mean difference `delta` when the differences' sd is `sd` (noncentral t)."""
+  n = MIN_SEEDS
+  while True:
+    df, shift = n - 1, delta / (sd / math.sqrt(n))
+    t = stats.t.ppf(1 - alpha / 2, df)
+    if stats.nct.sf(t, df, shift) + stats.nct.cdf(-t, df, shift) >= power:
+      return n
+    n += 1
+
+
+def pilot(name: str) -> dict | None:
+  """The test's pilot, from its committed summaries: each arm's LR chosen on validation and the
+  paired sd of the outcome there; None until the pilot is committed."""
+  _, a, b, fixed, study = TESTS[name]
+  runs = list((RESULTS / study).glob("*/summary.json"))
+  if not runs:
+    return None
+  kind = "encoder" if fixed.get("model.kind") == "encoder" else "decoder"
+  select, outcome = OUTCOME[kind]
+  by = {}  # (activation, lr) -> {seed: summary}
+  for path in runs:
+    config = json.loads((path.parent / "config.json").read_text())
+    key = (config["model"]["activation"], config["optim"]["lr"])
+    by.setdefault(key, {})[config["train"]["seed"]] = json.loads(path.read_text())
+  chosen = {}
+  for arm in (a, b):
+    lrs = {lr: np.mean([s[select] for s in seeds.values()])
+           for (act, lr), seeds in by.items() if act == arm}
+    chosen[arm] = min(lrs, key=lrs.get)
+  seeds = sorted(set(by[(a, chosen[a])]) & set(by[(b, chosen[b])]))
+  diffs = [by[(a, chosen[a])][s][outcome] - by[(b, chosen[b])][s][outcome] for s in seeds]
+  sd = float(np.std(diffs, ddof=1))
+  return {"lr": chosen, "seeds": seeds, "diffs": diffs, "sd": sd, "n": seeds_needed(sd)}
+
+
+def get_sweep(arg=None):
+  if arg == "gated_pilot":
+    return {"description": "Primary tests 2-4, pilot: gated FFNs and SiLU across 3 LRs",
+            "axes": {"model.activation": ["swiglu", "geglu", "reglu", "silu"],
+                     "optim.lr": PILOT_LRS},
+            "seeds": [0, 1, 2], "fixed": DECODER}
+  if arg not in TESTS:
+    raise ValueError(f"primary_tests: unknown variant {arg!r}; use one of "
+                     f"{[':gated_pilot', *(':' + t for t in TESTS)]}")
+  question, a, b, fixed, _ = TESTS[arg]
+  plan = pilot(arg)
+  if plan is None:
+    raise ValueError(f"primary_tests:{arg}: its pilot ({TESTS[arg][4]}) is not committed yet")
+  if plan["lr"][a] != plan["lr"][b]:
+    raise ValueError(f"primary_tests:{arg}: the arms' LRs differ ({plan['lr']}): train each "
+                     "arm as its own sweep")
+  return {"description": f"Primary test {arg}: {question}",
+          "axes": {"model.activation": [a, b]},
+          "seeds": list(range(FRESH_SEED, FRESH_SEED + plan["n"])),
+          "fixed": {**fixed, "optim.lr": plan["lr"][a]}, "baseline": b,
+          "equivalence_margin": DELTA}
+
+
+def main() -> None:
+  print(f"family: K = {K} tests, family-wise alpha {ALPHA} (Holm); power {POWER} against "
+        f"delta = {DELTA} nats at alpha/K = {ALPHA / K:.4f}, two-sided paired t-test")
+  for name, (question, a, b, _, study) in TESTS.items():
+    plan = pilot(name)
+    if plan is None:
+      print(f"- {name}: {question} pilot results/{study}: not run yet")
+      continue
+    diffs = ", ".join(f"{d:+.4f}" for d in plan["diffs"])
+    print(f"- {name}: {question}\n    pilot results/{study}, seeds {plan['seeds']}: LR "
+          f"{plan['lr'][a]:g} ({a}), {plan['lr'][b]:g} ({b}); {a} - {b} = {diffs}; "
+          f"sd {plan['sd']:.4f} -> n = {plan['n']} fresh seeds")
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])
