@@ -144,8 +144,13 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
         probe(missing.values())  # fail in seconds, not after minutes of download retries
         paths.update(dl_manager.download(missing))
       except Exception as e:  # no network, 404, proxy ...
-        where = manual or getattr(self, "manual_dir_hint", None)
-        raise missing_files_error(self.builder_config.name, where, e) from e
+        cfg, where = self.builder_config, manual or getattr(self, "manual_dir_hint", None)
+        raise DataError(
+            f"TinyStories {cfg.name} is not prepared and could not be downloaded "
+            f"({short_cause(e)}).\nFix: put {cfg.train_file} and {cfg.valid_file} (from "
+            f"{URL}<file>) in {where or '<data dir>/manual/tiny_stories'} "
+            "(config.data.manual_dir), or run once with network access; or use a ':smoke' "
+            "config (synthetic data, byte tokenizer), which needs no downloads.") from e
     # self.data_dir is TFDS's temporary directory here, renamed when complete: the record
     # appears together with the data.
     provenance.write_record(self.data_dir, {split: sources.get(split) for split in files})
@@ -164,17 +169,6 @@ def probe(urls, timeout: float = 15.0) -> None:
   r = requests.head(url, timeout=timeout, allow_redirects=True)
   if r.status_code >= 400:
     raise ConnectionError(f"HTTP {r.status_code} for {url}")
-
-
-def missing_files_error(version: str, manual_dir, cause: BaseException) -> DataError:
-  cfg = CONFIGS[version]
-  where = manual_dir if manual_dir is not None else "<data dir>/manual/tiny_stories"
-  return DataError(
-      f"TinyStories {version} is not prepared and could not be downloaded "
-      f"({short_cause(cause)}).\n"
-      f"Fix: put {cfg.train_file} and {cfg.valid_file} (from {URL}<file>) in {where} "
-      "(config.data.manual_dir), or run once with network access; "
-      "or use a ':smoke' config (synthetic data, byte tokenizer), which needs no downloads.")
 
 
 def builder(version: str, data_dir: str | os.PathLike) -> TinyStories:

@@ -23,8 +23,7 @@ from actlab.errors import DataError
 
 EOT_TEXT = "<|endoftext|>"
 
-# Threads used by encode_batch (tiktoken); HF tokenizers uses its own Rayon pool
-# (RAYON_NUM_THREADS / TOKENIZERS_PARALLELISM).
+# Threads of tiktoken's encode_batch (HF tokenizers has its own pool: RAYON_NUM_THREADS).
 DEFAULT_THREADS = max(1, min(8, os.cpu_count() or 1))
 
 # BPE training reads at most this many characters of training text (the head of the split, which
@@ -63,9 +62,13 @@ class Tokenizer(abc.ABC):
   def encode_docs(self, texts: Sequence[str], dtype=np.uint32) -> np.ndarray:
     """Every text's ordinary encoding followed by ``eot_id``, as one flat array (cache chunks)."""
     ids = self.encode_batch(texts)
-    lens = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lens.sum()))
-    return np.insert(flat, np.cumsum(lens), np.asarray(self.eot_id, dtype=dtype))
+    lens = [len(x) for x in ids]
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=sum(lens))
+    return self._append_eots(flat, lens)
+
+  def _append_eots(self, flat: np.ndarray, lens: Sequence[int]) -> np.ndarray:
+    """`flat`, the texts' ids, with `eot_id` after each text's `lens` ids."""
+    return np.insert(flat, np.cumsum(lens, dtype=np.int64), np.asarray(self.eot_id, flat.dtype))
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size})"
@@ -82,8 +85,7 @@ class ByteTokenizer(Tokenizer):
   def encode_docs(self, texts: Sequence[str], dtype=np.uint16) -> np.ndarray:
     bs = [t.encode("utf-8") for t in texts]
     flat = np.frombuffer(b"".join(bs), dtype=np.uint8).astype(dtype)
-    lens = np.fromiter((len(b) for b in bs), dtype=np.int64, count=len(bs))
-    return np.insert(flat, np.cumsum(lens), np.asarray(self.eot_id, dtype=dtype))
+    return self._append_eots(flat, [len(b) for b in bs])
 
   def decode(self, ids: Iterable[int]) -> str:
     ids = [int(i) for i in ids]
@@ -135,8 +137,7 @@ class HFBPETokenizer(Tokenizer):
     return cls(tok, name)
 
   @staticmethod
-  def _untrained(vocab_size: int):
-    """The Hugging Face tokenizer before training, and its trainer."""
+  def _untrained(vocab_size: int):  # the Hugging Face tokenizer before training, its trainer
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -166,8 +167,7 @@ WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0-4, 
 
 
 def special_ids(spec: str) -> dict[str, int]:
-  """The special-token ids of the tokenizer ``spec`` (``wordpiece:<size>`` only): a function of
-  the spec alone, so the objective knows them without loading the tokenizer."""
+  """The special-token ids of a ``wordpiece:<size>`` spec, known without loading the tokenizer."""
   if parse_spec(spec)[0] != "wordpiece":
     raise ValueError(f"tokenizer {spec!r} has no [CLS]/[SEP]/[MASK]/[PAD]; use 'wordpiece:<size>'")
   return {t.strip("[]").lower(): i for i, t in enumerate(WORDPIECE_SPECIALS)}
@@ -211,13 +211,11 @@ _SIZED_RE = re.compile(r"^(bpe|wordpiece):(\d+)$")
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
-  """``"byte"`` -> ("byte", None); ``"bpe:8192"`` -> ("bpe", 8192); ``"gpt2"`` -> ("gpt2", None);
-  ``"wordpiece:8192"`` -> ("wordpiece", 8192). The one parser of the spec (``config.validate``
-  reports its ValueError as ``data.tokenizer: <message>``)."""
+  """``"bpe:8192"`` -> ("bpe", 8192), ``"gpt2"`` -> ("gpt2", None): the one parser of the spec
+  (``config.validate`` reports its ValueError as ``data.tokenizer: <message>``)."""
   if spec in ("byte", "gpt2"):
     return spec, None
-  m = _SIZED_RE.match(spec or "")
-  if m:
+  if m := _SIZED_RE.match(spec or ""):
     kind, size = m.group(1), int(m.group(2))
     if kind == "bpe" and size < 257:
       raise ValueError(f"tokenizer {spec!r}: BPE size must be at least 257 (256 bytes + "
