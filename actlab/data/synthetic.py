@@ -1,9 +1,8 @@
 """The embedded corpus: SYNTHETIC children's stories generated from a small grammar
 (`synthetic_grammar.json`) with fixed numpy seeds, so that smoke runs need no downloads
-(docs/data.md). It is NOT TinyStories and much more regular than real text.
-
-`texts(split)`: 6,000 "train" / 600 "validation" distinct stories of 300-700 ASCII characters,
-none of validation's in train, without end-of-text markers; about 0.2 s for both, then cached.
+(docs/data.md). It is NOT TinyStories and much more regular than real text. `texts(split)`:
+6,000 "train" / 600 "validation" distinct stories of 300-700 ASCII characters, none of
+validation's in train, without end-of-text markers; about 0.2 s for both, then cached.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """TinyStories (Eldan & Li 2023) as the TFDS builder `tiny_stories` (configs `v2`, GPT-4 stories,
 and `v1`, the original release), prepared to array_record under `<data dir>/tfds` and read back
 with `as_data_source`, without TensorFlow (docs/data.md). A story is the text between lines equal
-to `<|endoftext|>`, trimmed; empty ones are dropped, the files' mojibake is kept.
-
-Files in the manual directory are used first (offline); missing ones are downloaded. The manual
-files' record (provenance.py) makes changed files prepare the data again and is part of
-`Corpus.source_id`, so the token caches follow (docs/design.md §3.11).
+to `<|endoftext|>`, trimmed; empty ones are dropped, the files' mojibake is kept. Files in the
+manual directory are used first, missing ones downloaded; changed ones prepare the data again
+(provenance.py) and change `Corpus.source_id`, so the token caches follow (docs/design.md §3.11).
 """
 
 from __future__ import annotations
@@ -65,9 +63,8 @@ def _not_tinystories(path, why: str) -> FormatError:
 
 def parse_stories(path: str | os.PathLike) -> Iterator[str]:
   """Stories of a TinyStories text file; FormatError for a file that is not TinyStories text."""
-  n_sep = n_stories = n_chars = n_bad = 0
+  n_sep = n_stories = n_chars = n_bad = size = 0
   lines: list[str] = []
-  size = 0
   with open(path, "rb") as f:
     for raw in iter(lambda: f.readline(1 << 20), b""):  # lines, at most 1 MiB at a time
       if b"\0" in raw:
