@@ -68,8 +68,7 @@ def tokenizer_kind(spec: str) -> str:
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError (one readable line) for the first inconsistency found: each field's own
-  range first, then how fields relate."""
+  """ConfigError (one readable line) for the first problem: fields' ranges, then relations."""
   m, o, t, d, mt = c.model, c.optim, c.train, c.data, c.metrics
   check_one_of("model.kind", m.kind, ("decoder", "encoder"))
   if m.kind == "decoder":

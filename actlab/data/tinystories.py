@@ -176,8 +176,7 @@ def builder(version: str, data_dir: str | os.PathLike) -> TinyStories:
 
 def prepare(version: str, data_dir: str | os.PathLike,
             manual_dir: str | os.PathLike) -> TinyStories:
-  """The builder, prepared first if needed or again if its manual files changed; DataError for
-  fixable problems."""
+  """The builder, prepared if needed (again if its manual files changed); DataError if fixable."""
   b = builder(version, data_dir)
   manual_dir = Path(manual_dir)
   mode = tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS

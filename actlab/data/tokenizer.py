@@ -207,15 +207,12 @@ def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:
       return
 
 
-_SIZED_RE = re.compile(r"^(bpe|wordpiece):(\d+)$")
-
-
 def parse_spec(spec: str) -> tuple[str, int | None]:
   """``"bpe:8192"`` -> ("bpe", 8192), ``"gpt2"`` -> ("gpt2", None): the one parser of the spec
   (``config.validate`` reports its ValueError as ``data.tokenizer: <message>``)."""
   if spec in ("byte", "gpt2"):
     return spec, None
-  if m := _SIZED_RE.match(spec or ""):
+  if m := re.match(r"^(bpe|wordpiece):(\d+)$", spec or ""):
     kind, size = m.group(1), int(m.group(2))
     if kind == "bpe" and size < 257:
       raise ValueError(f"tokenizer {spec!r}: BPE size must be at least 257 (256 bytes + "

@@ -39,8 +39,7 @@ def save(tok: Tokenizer, directory: Path) -> None:
 
 
 def load(directory: Path) -> Tokenizer | None:
-  """The tokenizer `save` wrote into `directory`, or None if there is none. Raises DataError if
-  a file differs from the one saved."""
+  """The tokenizer `save` wrote into `directory` (None if none); DataError if a file changed."""
   directory = Path(directory)
   try:
     meta = json.loads((directory / MANIFEST).read_text())

@@ -5,8 +5,7 @@ Conventions (those of PaLM, Chowdhery et al. 2022, appendix B, and nanoGPT's `es
 - Only matrix multiplications count: a weight matrix with N entries costs 2·N FLOPs per token
   forward and 4·N backward: **6·N per token** for a training step.
 - Matrices per block: query, key, value, out (4·D²) and the FFN's up and down (2·D·F); a gated
-  FFN (GLU family) has three (up, gate, down: 3·D·F) at its own hidden width F (`Spec.ffn_width`:
-  round(2/3·d_ff) to a multiple of 64 by default).
+  FFN (GLU family) has three (up, gate, down: 3·D·F) at its own width F (`Spec.ffn_width`).
 - The LM head is a matmul even when tied to the token embedding (V·D); the embedding lookups are
   not. The encoder's MLM head (dense D·D, then the tied V·D projection) runs only at the P
   masked positions of each sequence of L tokens, so it counts P/L per token.

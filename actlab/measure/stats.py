@@ -25,8 +25,7 @@ def finite(x) -> bool:
 
 
 def learned(final_val_loss: float | None, unigram_loss: float | None) -> bool | None:
-  """Whether the final val loss is below the unigram loss (docs/metrics.md §9); None if either
-  is missing or not finite."""
+  """Whether the final val loss is below the unigram loss (docs/metrics.md §9); None if unknown."""
   if finite(final_val_loss) and finite(unigram_loss):
     return final_val_loss < unigram_loss
   return None
@@ -120,8 +119,7 @@ def pivot(manifest: Mapping, runs: Sequence[Run], axis: str) -> dict[tuple, dict
 
 
 def largest_stable_lr(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, Any]:
-  """Per combination of the non-LR axes: the largest LR at which every seed's run is
-  `Run.stable`, or None."""
+  """Per combination of the non-LR axes: the largest LR with every seed `Run.stable`, or None."""
   if LR_KEY not in manifest["axes"]:
     return {}
   return {key: max((lr for lr in manifest["axes"][LR_KEY] if all(
@@ -130,9 +128,8 @@ def largest_stable_lr(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, Any
 
 
 def lr_sensitivity(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, dict]:
-  """Per combination of the non-LR axes, when at least two LRs are swept: {"per_seed":
-  `sensitivity` of each seed finished at every LR, "best_lr": the LR with the lowest mean capped
-  loss over those seeds (None if there is none)}."""
+  """Per combination of the non-LR axes, if two LRs or more are swept: {"per_seed": `sensitivity`
+  of each seed finished at every LR, "best_lr": the LR of lowest mean capped loss, or None}."""
   lrs = manifest["axes"].get(LR_KEY, [])
   if len(lrs) < 2:
     return {}

@@ -56,8 +56,7 @@ def hf_names(params: Mapping) -> dict[str, str]:
 
 
 def to_hf(params: Mapping) -> dict[str, np.ndarray]:
-  """A BERT state dict (numpy, PyTorch layout) from encoder parameters (or a `scan_layers`
-  model's)."""
+  """A BERT state dict (numpy, PyTorch layout) from encoder parameters, per-layer or scanned."""
   return {hf_name(path): _transpose_kernel(path, np.asarray(value))
           for path, value in flatten_dict(execution.per_layer_layout(params)).items()}
 

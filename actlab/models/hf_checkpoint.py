@@ -46,8 +46,7 @@ REQUIRED = {"gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_id
 
 
 def _check_architecture(config, arch: Architecture, doing: str) -> None:
-  """UserError unless the config's model has `arch`'s FFN (plain), LayerNorm placement and
-  attention (no qk-layernorm)."""
+  """UserError unless the model has `arch`'s plain FFN, LayerNorm placement and no qk-norm."""
   m, cls, norm = config.model, arch.cls, arch.norm
   if activations.get(m.activation).gated:
     raise UserError(f"{doing}: model.activation={m.activation!r} is a gated FFN (a third matrix), "
