@@ -1,5 +1,4 @@
-"""The manual files prepared TFDS data came from, and whether they changed since.
-
+"""The manual files prepared TFDS data came from, and whether they changed since:
 ``actlab_sources.json`` beside the prepared data holds ``{split: {"file", "size", "mtime_ns"}}``
 for the split files taken from the manual directory, ``null`` for downloaded ones. A manual file
 present now that differs from its entry makes the data stale; a removed one does not.

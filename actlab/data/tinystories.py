@@ -132,11 +132,9 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
       manual = Path(dl_manager.manual_dir)
     except (AssertionError, ValueError):  # not given, absent or empty
       manual = None
-    # Taken before reading: a later change shows up.
-    sources = provenance.manual_sources(manual, files)
+    sources = provenance.manual_sources(manual, files)  # taken before reading: changes show up
     paths = {split: manual / src["file"] for split, src in sources.items()}
-    missing = {split: URL + name for split, name in files.items() if split not in sources}
-    if missing:
+    if missing := {split: URL + name for split, name in files.items() if split not in sources}:
       try:
         probe(missing.values())  # fail in seconds, not after minutes of download retries
         paths.update(dl_manager.download(missing))

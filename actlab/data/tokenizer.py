@@ -2,9 +2,8 @@
 `byte` (UTF-8 bytes 0..255, end-of-text 256), `bpe:<size>` (byte-level BPE, Hugging Face
 `tokenizers`, trained on the training split), `gpt2` (tiktoken, gpt2.py; `<|endoftext|>` = 50256)
 and the encoder's `wordpiece:<size>` (BERT's uncased WordPiece: `special_ids`, `[SEP]` as eot).
-
 Texts are encoded *ordinarily*: a literal `<|endoftext|>` is text, never the special id; the
-token cache puts `eot_id` between stories. `vocab_size` is unpadded (the model pads it).
+token cache puts `eot_id` between stories.
 """
 
 from __future__ import annotations
@@ -26,9 +25,8 @@ EOT_TEXT = "<|endoftext|>"
 # Threads of tiktoken's encode_batch (HF tokenizers has its own pool: RAYON_NUM_THREADS).
 DEFAULT_THREADS = max(1, min(8, os.cpu_count() or 1))
 
-# BPE training reads at most this many characters of training text (the head of the split, which
-# TFDS stores shuffled). TinyStories V2 train is ~2.2 GB; a few hundred MB is plenty for the
-# frequency statistics of a vocabulary of a few thousand and keeps training to minutes.
+# BPE training reads at most this many characters, the head of the (TFDS-shuffled) split: of
+# TinyStories V2's ~2.2 GB, plenty for a vocabulary of a few thousand, and minutes of training.
 BPE_TRAIN_MAX_CHARS = 300_000_000
 
 
@@ -36,7 +34,7 @@ class Tokenizer(abc.ABC):
   """What the data pipeline and the model need from a tokenizer."""
 
   name: str          # spec-like name, e.g. "byte", "bpe:8192", "gpt2"
-  vocab_size: int    # unpadded
+  vocab_size: int    # unpadded (the model pads it)
   eot_id: int
 
   @property
