@@ -1,15 +1,13 @@
 """FFN activation functions, their analytic derivatives (`grad`, elementwise d fn / dz) and the
-name registry (`get`). Pure `jax.numpy`. Definitions: docs/reference.md §1.1; beyond those,
-`relu2` is max(0, z)² (grad 2·max(0, z)), `sigmoid` σ(z) (grad σ(z)·σ(−z)) and `identity` z.
+name registry (`get`). Pure `jax.numpy`. Definitions: docs/reference.md §1.1, and `_PLAIN`.
 
 `gelu` is the exact z·Φ(z) (= `jax.nn.gelu(z, approximate=False)`, PyTorch's `GELU()`),
 `gelu_tanh` the tanh approximation ½z(1 + tanh u) = z·σ(2u), u = √(2/π)(z + 0.044715 z³). Both
 go through erfc / σ, and grads use σ(−z) for 1 − σ(z), to keep full precision in the tails. At
 kinks every `grad` is `jax.grad(fn)`: ReLU′(0) = relu2′(0) = 0, ELU′(0) = 1 (tested).
 
-Gated (GLU) family, Shazeer 2020: the model computes `fn(x W_gate) * (x W_up)` with the plain
-entry of `GATE_BASE` (`swiglu` = silu, `geglu` = gelu, `reglu` = relu, `glu` = sigmoid,
-`bilinear` = identity). `python -m actlab.models` prints `value_table()` (docs/reference.md §1.2).
+Gated (GLU) family, Shazeer 2020: the model computes `fn(x W_gate) * (x W_up)` with `fn` the
+plain activation `GATE_BASE` names. `python -m actlab.models` prints `value_table()` (§1.2).
 """
 
 from __future__ import annotations
