@@ -126,8 +126,8 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
 
 
 def decoder(activation: str = "gelu", size: str | None = None) -> ml_collections.ConfigDict:
-  """`configs/tinystories_<activation>.py:<size>` and `configs/decoder.py`: `base` at a decoder
-  size of `SIZES` ("reference", the default, is `base` itself)."""
+  """`configs/decoder.py` (and `tinystories_<activation>.py`): `base` at a decoder size of
+  `SIZES` ("reference", the default, is `base` itself)."""
   size = size or "reference"
   if size not in DECODER_SIZES:
     raise ConfigError(f"unknown config variant {size!r}; choose one of: {choices(DECODER_SIZES)}")
@@ -136,10 +136,9 @@ def decoder(activation: str = "gelu", size: str | None = None) -> ml_collections
 
 def encoder(activation: str = "gelu", size: str | None = None,
             task: str = "mlm") -> ml_collections.ConfigDict:
-  """`configs/bert_<activation>.py:<variant>` and `configs/encoder.py`: the BERT-style encoder
-  (post-LN, BERT's optimizer) at an encoder size of `SIZES` (default "small"), pretrained with
-  masked LM (`task` "mlm") or fine-tuned to classify ("classify"; docs/encoder.md). A variant
-  names size and task together: "smoke", "base", "classify", "smoke_classify", ..."""
+  """`configs/encoder.py` (and `bert_<activation>.py`): the BERT-style encoder (post-LN, BERT's
+  optimizer) at an encoder size of `SIZES` (default "small") for `task` "mlm" or "classify"
+  (docs/encoder.md). A `size` may name the task too: "classify", "smoke_classify", ..."""
   if size and (size == "classify" or size.endswith("_classify")):
     size, task = size.removesuffix("classify").removesuffix("_"), "classify"
   size = size or "small"
@@ -177,10 +176,9 @@ _BOOLS = {"true": True, "false": False}
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
-  """The argument of `get_config(arg)` as big_vision's `parse_arg` reads it: "key=value,..." sets
-  keys of `defaults`, each value converted to its default's type (bools: true or false); a first
-  item without "=" is the first key's value (`decoder.py:smoke,act=swiglu`). Unknown keys and
-  unconvertible values raise ConfigError."""
+  """`get_config(arg)`'s argument as big_vision's `parse_arg` reads it: "key=value,..." sets keys
+  of `defaults`, as their types (bools: true or false); a first item without "=" is the first
+  key's value (`decoder.py:smoke,act=swiglu`). ConfigError for an unknown key or bad value."""
   values = dict(defaults)
   for i, item in enumerate(filter(None, (x.strip() for x in (arg or "").split(",")))):
     key, eq, text = item.partition("=")
@@ -217,8 +215,8 @@ def parse_overrides(text: str) -> dict[str, Any]:
 
 def override(config: ml_collections.ConfigDict,
              overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """Sets each dotted `section.field` of `overrides` in `config` (in place) and returns it. A key
-  that names no field, or a value of another type than the field's, raises ConfigError."""
+  """`config` with each dotted `section.field` of `overrides` set (in place); ConfigError for a key
+  that names no field or a value of another type than the field's."""
   for key, value in overrides.items():
     *sections, field = key.split(".")
     node = config

@@ -16,8 +16,7 @@ _MORE = re.compile(r"^(\s+)#\s*(.*)$")
 
 def comments() -> dict[str, str]:
   """{"section.field": its comment} from the source of `config.base` and `config.encoder`: the
-  comment beside the field and the comment lines below it indented further than the field (a
-  comment at the field's own indentation introduces the next fields)."""
+  comment beside the field and the comment lines below it indented further."""
   out, aliases, last = {}, {"c": None}, None
   for fn in (config_lib.base, config_lib.encoder):
     for line in inspect.getsource(fn).splitlines():
@@ -36,16 +35,16 @@ def comments() -> dict[str, str]:
 
 
 def names() -> dict[str, str]:
-  """{"section.field": the names it accepts} for the fields that take an activation, from the
-  registry (`actlab.models.activations`): the FFN takes any, the pooler a plain one."""
+  """{"section.field": the names it accepts} for the activation fields: the FFN's takes any, the
+  pooler's a plain one."""
   plain = ", ".join(n for n in activations.NAMES if not activations.get(n).gated)
   return {"model.activation": f"{plain}; gated (GLU): {', '.join(activations.GATE_BASE)}",
           "model.pooler_activation": plain}
 
 
 def listing() -> str:
-  """The fields in source order, each with the decoder's default (the encoder's where it differs
-  or only the encoder has the field), its comment and the names it accepts."""
+  """The fields in source order, each with its default (the decoder's, and the encoder's where it
+  differs), its comment and the names it accepts."""
   decoder, encoder = config_lib.base().to_dict(), config_lib.encoder().to_dict()
   notes, accepted = comments(), names()
   order = list(notes) + [f"{s}.{f}" for s in encoder for f in encoder[s]]  # source order first

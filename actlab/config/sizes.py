@@ -1,10 +1,7 @@
-"""The table of sizes: configs, experiments, tests and benchmarks take their sizes from here.
-
-Each size is dotted overrides of `config.base()`: the model's shape and context and, where the size
-implies them, its vocabulary, data and schedule (the tiny ones train on the embedded corpus, no
-downloads). The `bert_<size>` rows are the encoder's (`config.encoder`), the others the decoder's
-(`config.decoder`). Parameter counts are `models.count_params` with the GELU FFN: "without wte"
-leaves out the token embedding.
+"""The sizes configs, experiments, tests and benchmarks use: dotted overrides of `config.base()`
+(the model's shape and, where the size implies them, its vocabulary, data and schedule). The
+`bert_<size>` rows are the encoder's, the others the decoder's. Parameter counts are
+`models.count_params` with the GELU FFN ("without wte": without the token embedding).
 """
 
 _SMOKE = {  # the decoder: 454,144 parameters (413,184 without wte)
@@ -44,8 +41,7 @@ SIZES = {
              "optim.warmup_steps": 5,
              "train.steps": 50, "train.batch_size": 8, "train.eval_every": 25,
              "train.checkpoint_every": 25, "train.progress": False},
-    # The sweeps' `:smoke`: about 10 s a cell on 2 CPU cores. No peak
-    # LR: each sweep sets or varies its own.
+    # The sweeps' `:smoke`: about 10 s a cell on 2 CPU cores. No peak LR: each sweep sets its own.
     "mini": {**_MINI, "data.tokenizer": "byte", "optim.warmup_steps": 15,
              "train.steps": 150, "train.batch_size": 16, "train.log_every": 5,
              "train.checkpoint_every": 50,

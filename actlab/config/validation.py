@@ -37,19 +37,16 @@ class ConfigError(errors.UserError, ValueError):
   """An inconsistent or invalid config; the message says what to fix."""
 
 
-def choices(names) -> str:
-  """'a', 'b', 'c': the accepted values, for a message."""
+def choices(names) -> str:  # "'a', 'b', 'c'"
   return ", ".join(repr(n) for n in names)
 
 
 def check(ok: bool, message: str) -> None:
-  """Raises ConfigError(message) unless `ok`."""
   if not ok:
     raise ConfigError(message)
 
 
 def check_one_of(key: str, value, options) -> None:
-  """"<key>='x': choose 'a', 'b' or 'c'" unless `value` is one of `options`."""
   check(value in options, f"{key}={value!r}: choose {choices(options[:-1])} or {options[-1]!r}")
 
 
@@ -58,24 +55,21 @@ def _field(config: ml_collections.ConfigDict, key: str):
   return config[section][name]
 
 
-def tokenizer_kind(spec: str) -> str:
-  """"bpe" for "bpe:4096" (`tokenizer.parse_spec`); its ValueError becomes a ConfigError."""
+def _parsed(key: str, parse, value):
+  """`parse(value)`, its ValueError raised as a ConfigError about `key`."""
   try:
-    return tokenizer.parse_spec(spec)[0]
-  except ValueError as e:
-    raise ConfigError(f"data.tokenizer: {e}") from None
-
-
-def _activation(key: str, name: str) -> activations.Activation:
-  try:
-    return activations.get(name)
+    return parse(value)
   except ValueError as e:
     raise ConfigError(f"{key}: {e}") from None
 
 
+def tokenizer_kind(spec: str) -> str:
+  """"bpe" for "bpe:4096" (`tokenizer.parse_spec`)."""
+  return _parsed("data.tokenizer", tokenizer.parse_spec, spec)[0]
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError (one readable line) for the first inconsistency found: each field's own
-  range first, then how fields relate."""
+  """ConfigError (one readable line) for the first problem: fields' ranges, then relations."""
   m, o, t, d, mt = c.model, c.optim, c.train, c.data, c.metrics
   check_one_of("model.kind", m.kind, ("decoder", "encoder"))
   if m.kind == "decoder":
@@ -83,7 +77,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
           f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
   else:
     _check_encoder(c)
-  _activation("model.activation", m.activation)
+  _parsed("model.activation", activations.get, m.activation)
   for key in POSITIVE:
     check(_field(c, key) > 0, f"{key}={_field(c, key)} must be positive")
   for key, zero in NON_NEGATIVE.items():
@@ -125,7 +119,7 @@ def _check_encoder(config) -> None:
   missing = [f for f in ENCODER_FIELDS if f.split(".")[1] not in config[f.split(".")[0]]]
   check(not missing, f"model.kind='encoder' needs the encoder's fields ({', '.join(missing)} "
         "missing): start from configs/bert_<activation>.py (config.encoder)")
-  check(not _activation("model.pooler_activation", m.pooler_activation).gated,
+  check(not _parsed("model.pooler_activation", activations.get, m.pooler_activation).gated,
         f"model.pooler_activation={m.pooler_activation!r} is gated; the pooler takes a plain "
         "activation (tanh, gelu, identity, ...)")
   check(m.type_vocab_size > 0, f"model.type_vocab_size={m.type_vocab_size} must be positive")

@@ -1,10 +1,8 @@
 """Token cache: each split tokenized once into a flat `.bin` (uint16 for vocabularies up to 65,536,
 else uint32; every story's tokens, then `eot_id`) under `tokens/<corpus>/`, then memory-mapped.
-
-The `.bin` is written under a temporary name and renamed; its JSON sidecar (`_expected_meta`,
-token and story counts, SHA-256 of the `.bin`) comes last. A cache whose sidecar, size, checksum
-or fingerprints disagree is rebuilt with a log line, never used (docs/design.md §3.11). The
-checksum, verified at every open, costs about 1-2 s per GiB on 2 cores and warms the page cache.
+The `.bin` is written under a temporary name and renamed, then its JSON sidecar (`_expected_meta`,
+counts, SHA-256 of the `.bin`). A cache whose sidecar, size, checksum or fingerprints disagree is
+rebuilt with a log line (docs/design.md §3.11); the checksum costs about 1-2 s per GiB per open.
 """
 
 from __future__ import annotations
@@ -27,9 +25,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2        # 2: the sidecar holds the .bin's sha256
 CHUNK_CHARS = 8_000_000   # characters handed to one encode_batch call
-
-# Incremented on every (re)build; tests use it to prove a second open did not re-tokenize.
-build_count = 0
+build_count = 0           # (re)builds so far: tests prove with it that an open did not tokenize
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -116,11 +112,10 @@ def build(path: Path, texts: Iterable[str], tokenizer: Tokenizer, source_id: str
   try:
     with open(tmp, "wb") as f:
       for chunk in _chunks(texts, CHUNK_CHARS):
-        arr = tokenizer.encode_docs(chunk, dtype)
-        block = arr.tobytes()
+        block = tokenizer.encode_docs(chunk, dtype).tobytes()
         f.write(block)
         digest.update(block)
-        n_tokens += arr.size
+        n_tokens += len(block) // dtype.itemsize
         n_texts += len(chunk)
         bar.update(len(chunk))
       f.flush()

@@ -47,8 +47,8 @@ class ClassifyDataset:
     return {"tokens": self.train_tokens[rows], "labels": self.train_labels[rows]}
 
   def val_batches(self, test: bool = False) -> list[dict[str, np.ndarray]]:
-    """The whole validation split in order; the last batch padded with label −1 rows. No test
-    split (`test`: none; `config.validate` refuses data.test_batches here)."""
+    """The whole validation split in order, the last batch padded with label −1 rows; no test
+    split (`config.validate` refuses data.test_batches here)."""
     if test:
       return []
     n, B = len(self.val_labels), self.batch_size
@@ -67,17 +67,12 @@ def encode(tokenizer, texts: list[str], seq_len: int, cls_id: int, sep_id: int,
   return out
 
 
-# --- synthetic/hero_gender -------------------------------------------------------------------
-
-_WORD = re.compile(r"[A-Za-z]+")
-
-
 def hero_gender(text: str) -> int:
   """1 if the first generator name in `text` is a girl's, 0 if a boy's; ValueError if none.
   Every story names its hero before any friend, so this is the hero's gender."""
   from actlab.data import synthetic
   girls, boys = set(synthetic.GIRL_NAMES), set(synthetic.BOY_NAMES)
-  for word in _WORD.findall(text):
+  for word in re.findall(r"[A-Za-z]+", text):
     if word in girls:
       return 1
     if word in boys:
@@ -85,20 +80,14 @@ def hero_gender(text: str) -> int:
   raise ValueError(f"no hero name in {text[:60]!r}…")
 
 
-# --- glue/sst2 -------------------------------------------------------------------------------
-
-
 def _read_tsv(path: Path) -> tuple[list[str], list[int]]:
-  texts, labels = [], []
   with open(path, newline="", encoding="utf-8") as f:
     reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
     if not reader.fieldnames or not {"sentence", "label"} <= set(reader.fieldnames):
       raise DataError(f"{path} is not GLUE's SST-2 TSV (a header 'sentence<TAB>label' and one "
                       "sentence per line); replace it with the file from SST-2.zip")
-    for row in reader:
-      texts.append(row["sentence"])
-      labels.append(int(row["label"]))
-  return texts, labels
+    rows = list(reader)
+  return [r["sentence"] for r in rows], [int(r["label"]) for r in rows]
 
 
 def _sst2_tfds(tfds_dir: Path) -> dict[str, tuple[list[str], list[int]]]:
@@ -127,7 +116,7 @@ def examples(name: str, root: Path) -> dict[str, tuple[list[str], list[int]]]:
   """{"train": (texts, labels), "validation": (texts, labels)} of the dataset `name`."""
   if name == "synthetic/hero_gender":
     from actlab.data import synthetic
-    texts = {split: synthetic.texts(split) for split in ("train", "validation")}
+    texts = {split: synthetic.texts(split) for split in synthetic.SPLITS}
     return {split: (t, [hero_gender(x) for x in t]) for split, t in texts.items()}
   if name == "glue/sst2":
     manual = root / "manual" / "glue_sst2"
@@ -144,15 +133,12 @@ def load(config, tokenizer, specials: dict, root: Path) -> ClassifyDataset:
   if config.model.num_classes != NUM_CLASSES[name]:
     raise DataError(f"data.classify={name!r} has {NUM_CLASSES[name]} classes but "
                     f"model.num_classes={config.model.num_classes}; set them to agree")
-  data = examples(name, root)
   arrays = {}
-  for split, (texts, labels) in data.items():
+  for split, (texts, labels) in examples(name, root).items():
     if not texts:
       raise DataError(f"{name}: the {split} split is empty")
     arrays[split] = (encode(tokenizer, texts, seq_len, specials["cls"], specials["sep"],
                             specials["pad"]), np.asarray(labels, np.int32))
-  return ClassifyDataset(
-      tokenizer=tokenizer, train_tokens=arrays["train"][0], train_labels=arrays["train"][1],
-      val_tokens=arrays["validation"][0], val_labels=arrays["validation"][1], seq_len=seq_len,
-      batch_size=int(config.train.batch_size), seed=int(config.train.seed),
-      pad_id=specials["pad"], num_classes=NUM_CLASSES[name])
+  return ClassifyDataset(tokenizer, *arrays["train"], *arrays["validation"], seq_len=seq_len,
+                         batch_size=int(config.train.batch_size), seed=int(config.train.seed),
+                         pad_id=specials["pad"], num_classes=NUM_CLASSES[name])

@@ -76,8 +76,7 @@ def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -
   from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
   d = Path(directory).expanduser()
-  missing = [f for f in GPT2_FILES if not (d / f).is_file()]
-  if missing:
+  if missing := [f for f in GPT2_FILES if not (d / f).is_file()]:
     raise DataError(f"GPT-2 tokenizer directory {d} lacks {' and '.join(missing)}. It must hold "
                     f"{_GPT2_FILES_HELP}.")
   try:
@@ -90,13 +89,13 @@ def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -
   return _from_ranks(ranks, threads)
 
 
-def gpt2_saved(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
+def gpt2_saved(directory: str | os.PathLike) -> TiktokenTokenizer:
   """The GPT-2 encoding from the copy `TiktokenTokenizer.files` wrote (`tokenizer_store.save`)."""
   lines = (Path(directory) / RANKS_FILE).read_bytes().splitlines()
-  return _from_ranks({base64.b64decode(t): int(r) for t, r in (x.split() for x in lines)}, threads)
+  return _from_ranks({base64.b64decode(t): int(r) for t, r in (x.split() for x in lines)})
 
 
-def _from_ranks(ranks: dict[bytes, int], threads: int) -> TiktokenTokenizer:
+def _from_ranks(ranks: dict[bytes, int], threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
   import tiktoken
 
   try:

@@ -1,9 +1,7 @@
 """actlab's tokenizers as Hugging Face tokenizers giving the same ids: a `tokenizers.Tokenizer`
-(`hf_tokenizer`) and a directory `AutoTokenizer.from_pretrained` reads (`write`). Needs
-`transformers` (the hf extra) for `write`.
-
-A literal special token in a text (`<|endoftext|>`, `[SEP]`) is the special id for Hugging Face
-and plain text for actlab (`Tokenizer.encode`); every other text encodes alike.
+(`hf_tokenizer`) and a directory `AutoTokenizer.from_pretrained` reads (`write`, which needs
+`transformers`, the hf extra). A literal special token in a text (`<|endoftext|>`, `[SEP]`) is
+the special id for Hugging Face and plain text for actlab; every other text encodes alike.
 """
 
 import pathlib
@@ -68,6 +66,5 @@ def write(tok, directory: pathlib.Path, max_len: int) -> None:
                         WORDPIECE_SPECIALS))
   else:
     specials = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
-  fast = PreTrainedTokenizerFast(tokenizer_object=hf_tokenizer(tok), model_max_length=max_len,
-                                 **specials)
-  fast.save_pretrained(directory)
+  PreTrainedTokenizerFast(tokenizer_object=hf_tokenizer(tok), model_max_length=max_len,
+                          **specials).save_pretrained(directory)

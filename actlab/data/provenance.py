@@ -1,5 +1,4 @@
-"""The manual files prepared TFDS data came from, and whether they changed since.
-
+"""The manual files prepared TFDS data came from, and whether they changed since:
 ``actlab_sources.json`` beside the prepared data holds ``{split: {"file", "size", "mtime_ns"}}``
 for the split files taken from the manual directory, ``null`` for downloaded ones. A manual file
 present now that differs from its entry makes the data stale; a removed one does not.
@@ -53,8 +52,7 @@ def _time(source: dict) -> str:
 
 
 def stale_reason(data_dir: str | os.PathLike, files: dict[str, str], manual_dir: Path) -> str:
-  """Why the data prepared in ``data_dir`` is not from the manual ``files`` present now; "" if
-  it is."""
+  """Why the data prepared in ``data_dir`` is not from the manual ``files`` present now, or ""."""
   now = manual_sources(manual_dir, files)
   if not now:  # prepared from downloads, or the files were removed after preparing
     return ""
@@ -63,6 +61,4 @@ def stale_reason(data_dir: str | os.PathLike, files: dict[str, str], manual_dir:
     return f"no record of the manual files the data under {data_dir} was prepared from"
   changes = [_change(recorded.get(split), src) for split, src in now.items()
              if recorded.get(split) != src]
-  if not changes:
-    return ""
-  return f"manual file{'s' if len(changes) > 1 else ''} " + ", ".join(changes)
+  return f"manual file{'s' if len(changes) > 1 else ''} " + ", ".join(changes) if changes else ""

@@ -1,9 +1,8 @@
 """The embedded corpus: SYNTHETIC children's stories generated from a small grammar
 (`synthetic_grammar.json`) with fixed numpy seeds, so that smoke runs need no downloads
-(docs/data.md). It is NOT TinyStories and much more regular than real text.
-
-`texts(split)`: 6,000 "train" / 600 "validation" distinct stories of 300-700 ASCII characters,
-none of validation's in train, without end-of-text markers; about 0.2 s for both, then cached.
+(docs/data.md). It is NOT TinyStories and much more regular than real text. `texts(split)`:
+6,000 "train" / 600 "validation" distinct stories of 300-700 ASCII characters, none of
+validation's in train, without end-of-text markers; about 0.2 s for both, then cached.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ _CHUNK = 512
 _MIN_CHARS, _MAX_CHARS = 300, 700  # the rare story outside this range is skipped
 
 
-def _frozen(value):
-  """JSON lists as tuples, recursively: the grammar is constant."""
+def _frozen(value):  # JSON lists as tuples, recursively: the grammar is constant
   if isinstance(value, list):
     return tuple(_frozen(v) for v in value)
   if isinstance(value, dict):
@@ -109,10 +107,7 @@ def _story(u: list[float]) -> str:
   obj_adj = p.pick(g["object_adjectives"])
   trait = p.pick(g["traits"])
   stages, helpers = p.pick(_PLOTS)
-  h_intro, h_ref, h_voc = p.pick(helpers)
-  h_intro = h_intro.format(his=pron["his"], friend=friend)
-  h_ref = h_ref.format(friend=friend)
-  h_voc = h_voc.format(friend=friend)
+  h_intro, h_ref, h_voc = (h.format(his=pron["his"], friend=friend) for h in p.pick(helpers))
   fear, fear_event, fear_fix = p.pick(g["fears"])
   found1, found2, found3 = p.distinct(g["found"], 3)
   hide1, hide2 = p.distinct(g["hide_nouns"], 2)
@@ -128,9 +123,7 @@ def _story(u: list[float]) -> str:
       "fear": fear, "found1": found1, "found2": found2, "found3": found3,
       "craft": p.pick(g["crafts"]),
   }
-  for k, v in pron.items():
-    slots[k] = v
-    slots[_cap(k)] = _cap(v)
+  slots |= pron | {_cap(k): _cap(v) for k, v in pron.items()}
   slots["fear_event"] = fear_event.format_map(slots)
   slots["fear_fix"] = fear_fix.format_map(slots)
   if p.index(2):

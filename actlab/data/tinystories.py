@@ -1,11 +1,9 @@
 """TinyStories (Eldan & Li 2023) as the TFDS builder `tiny_stories` (configs `v2`, GPT-4 stories,
 and `v1`, the original release), prepared to array_record under `<data dir>/tfds` and read back
 with `as_data_source`, without TensorFlow (docs/data.md). A story is the text between lines equal
-to `<|endoftext|>`, trimmed; empty ones are dropped, the files' mojibake is kept.
-
-Files in the manual directory are used first (offline); missing ones are downloaded. The manual
-files' record (provenance.py) makes changed files prepare the data again and is part of
-`Corpus.source_id`, so the token caches follow (docs/design.md §3.11).
+to `<|endoftext|>`, trimmed; empty ones are dropped, the files' mojibake is kept. Files in the
+manual directory are used first, missing ones downloaded; changed ones prepare the data again
+(provenance.py) and change `Corpus.source_id`, so the token caches follow (docs/design.md §3.11).
 """
 
 from __future__ import annotations
@@ -65,9 +63,8 @@ def _not_tinystories(path, why: str) -> FormatError:
 
 def parse_stories(path: str | os.PathLike) -> Iterator[str]:
   """Stories of a TinyStories text file; FormatError for a file that is not TinyStories text."""
-  n_sep = n_stories = n_chars = n_bad = 0
+  n_sep = n_stories = n_chars = n_bad = size = 0
   lines: list[str] = []
-  size = 0
   with open(path, "rb") as f:
     for raw in iter(lambda: f.readline(1 << 20), b""):  # lines, at most 1 MiB at a time
       if b"\0" in raw:
@@ -135,17 +132,20 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
       manual = Path(dl_manager.manual_dir)
     except (AssertionError, ValueError):  # not given, absent or empty
       manual = None
-    # Taken before reading: a later change shows up.
-    sources = provenance.manual_sources(manual, files)
+    sources = provenance.manual_sources(manual, files)  # taken before reading: changes show up
     paths = {split: manual / src["file"] for split, src in sources.items()}
-    missing = {split: URL + name for split, name in files.items() if split not in sources}
-    if missing:
+    if missing := {split: URL + name for split, name in files.items() if split not in sources}:
       try:
         probe(missing.values())  # fail in seconds, not after minutes of download retries
         paths.update(dl_manager.download(missing))
       except Exception as e:  # no network, 404, proxy ...
-        where = manual or getattr(self, "manual_dir_hint", None)
-        raise missing_files_error(self.builder_config.name, where, e) from e
+        cfg, where = self.builder_config, manual or getattr(self, "manual_dir_hint", None)
+        raise DataError(
+            f"TinyStories {cfg.name} is not prepared and could not be downloaded "
+            f"({short_cause(e)}).\nFix: put {cfg.train_file} and {cfg.valid_file} (from "
+            f"{URL}<file>) in {where or '<data dir>/manual/tiny_stories'} "
+            "(config.data.manual_dir), or run once with network access; or use a ':smoke' "
+            "config (synthetic data, byte tokenizer), which needs no downloads.") from e
     # self.data_dir is TFDS's temporary directory here, renamed when complete: the record
     # appears together with the data.
     provenance.write_record(self.data_dir, {split: sources.get(split) for split in files})
@@ -166,17 +166,6 @@ def probe(urls, timeout: float = 15.0) -> None:
     raise ConnectionError(f"HTTP {r.status_code} for {url}")
 
 
-def missing_files_error(version: str, manual_dir, cause: BaseException) -> DataError:
-  cfg = CONFIGS[version]
-  where = manual_dir if manual_dir is not None else "<data dir>/manual/tiny_stories"
-  return DataError(
-      f"TinyStories {version} is not prepared and could not be downloaded "
-      f"({short_cause(cause)}).\n"
-      f"Fix: put {cfg.train_file} and {cfg.valid_file} (from {URL}<file>) in {where} "
-      "(config.data.manual_dir), or run once with network access; "
-      "or use a ':smoke' config (synthetic data, byte tokenizer), which needs no downloads.")
-
-
 def builder(version: str, data_dir: str | os.PathLike) -> TinyStories:
   if version not in CONFIGS:
     raise ValueError(f"tinystories_version={version!r}: choose one of {sorted(CONFIGS)}")
@@ -185,8 +174,7 @@ def builder(version: str, data_dir: str | os.PathLike) -> TinyStories:
 
 def prepare(version: str, data_dir: str | os.PathLike,
             manual_dir: str | os.PathLike) -> TinyStories:
-  """The builder, prepared first if needed or again if its manual files changed; DataError for
-  fixable problems."""
+  """The builder, prepared if needed (again if its manual files changed); DataError if fixable."""
   b = builder(version, data_dir)
   manual_dir = Path(manual_dir)
   mode = tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS

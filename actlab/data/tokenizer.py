@@ -2,9 +2,8 @@
 `byte` (UTF-8 bytes 0..255, end-of-text 256), `bpe:<size>` (byte-level BPE, Hugging Face
 `tokenizers`, trained on the training split), `gpt2` (tiktoken, gpt2.py; `<|endoftext|>` = 50256)
 and the encoder's `wordpiece:<size>` (BERT's uncased WordPiece: `special_ids`, `[SEP]` as eot).
-
 Texts are encoded *ordinarily*: a literal `<|endoftext|>` is text, never the special id; the
-token cache puts `eot_id` between stories. `vocab_size` is unpadded (the model pads it).
+token cache puts `eot_id` between stories.
 """
 
 from __future__ import annotations
@@ -23,13 +22,11 @@ from actlab.errors import DataError
 
 EOT_TEXT = "<|endoftext|>"
 
-# Threads used by encode_batch (tiktoken); HF tokenizers uses its own Rayon pool
-# (RAYON_NUM_THREADS / TOKENIZERS_PARALLELISM).
+# Threads of tiktoken's encode_batch (HF tokenizers has its own pool: RAYON_NUM_THREADS).
 DEFAULT_THREADS = max(1, min(8, os.cpu_count() or 1))
 
-# BPE training reads at most this many characters of training text (the head of the split, which
-# TFDS stores shuffled). TinyStories V2 train is ~2.2 GB; a few hundred MB is plenty for the
-# frequency statistics of a vocabulary of a few thousand and keeps training to minutes.
+# BPE training reads at most this many characters, the head of the (TFDS-shuffled) split: of
+# TinyStories V2's ~2.2 GB, plenty for a vocabulary of a few thousand, and minutes of training.
 BPE_TRAIN_MAX_CHARS = 300_000_000
 
 
@@ -37,7 +34,7 @@ class Tokenizer(abc.ABC):
   """What the data pipeline and the model need from a tokenizer."""
 
   name: str          # spec-like name, e.g. "byte", "bpe:8192", "gpt2"
-  vocab_size: int    # unpadded
+  vocab_size: int    # unpadded (the model pads it)
   eot_id: int
 
   @property
@@ -63,9 +60,13 @@ class Tokenizer(abc.ABC):
   def encode_docs(self, texts: Sequence[str], dtype=np.uint32) -> np.ndarray:
     """Every text's ordinary encoding followed by ``eot_id``, as one flat array (cache chunks)."""
     ids = self.encode_batch(texts)
-    lens = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lens.sum()))
-    return np.insert(flat, np.cumsum(lens), np.asarray(self.eot_id, dtype=dtype))
+    lens = [len(x) for x in ids]
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=sum(lens))
+    return self._append_eots(flat, lens)
+
+  def _append_eots(self, flat: np.ndarray, lens: Sequence[int]) -> np.ndarray:
+    """`flat`, the texts' ids, with `eot_id` after each text's `lens` ids."""
+    return np.insert(flat, np.cumsum(lens, dtype=np.int64), np.asarray(self.eot_id, flat.dtype))
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size})"
@@ -82,8 +83,7 @@ class ByteTokenizer(Tokenizer):
   def encode_docs(self, texts: Sequence[str], dtype=np.uint16) -> np.ndarray:
     bs = [t.encode("utf-8") for t in texts]
     flat = np.frombuffer(b"".join(bs), dtype=np.uint8).astype(dtype)
-    lens = np.fromiter((len(b) for b in bs), dtype=np.int64, count=len(bs))
-    return np.insert(flat, np.cumsum(lens), np.asarray(self.eot_id, dtype=dtype))
+    return self._append_eots(flat, [len(b) for b in bs])
 
   def decode(self, ids: Iterable[int]) -> str:
     ids = [int(i) for i in ids]
@@ -135,8 +135,7 @@ class HFBPETokenizer(Tokenizer):
     return cls(tok, name)
 
   @staticmethod
-  def _untrained(vocab_size: int):
-    """The Hugging Face tokenizer before training, and its trainer."""
+  def _untrained(vocab_size: int):  # the Hugging Face tokenizer before training, its trainer
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -166,8 +165,7 @@ WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0-4, 
 
 
 def special_ids(spec: str) -> dict[str, int]:
-  """The special-token ids of the tokenizer ``spec`` (``wordpiece:<size>`` only): a function of
-  the spec alone, so the objective knows them without loading the tokenizer."""
+  """The special-token ids of a ``wordpiece:<size>`` spec, known without loading the tokenizer."""
   if parse_spec(spec)[0] != "wordpiece":
     raise ValueError(f"tokenizer {spec!r} has no [CLS]/[SEP]/[MASK]/[PAD]; use 'wordpiece:<size>'")
   return {t.strip("[]").lower(): i for i, t in enumerate(WORDPIECE_SPECIALS)}
@@ -207,17 +205,12 @@ def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:
       return
 
 
-_SIZED_RE = re.compile(r"^(bpe|wordpiece):(\d+)$")
-
-
 def parse_spec(spec: str) -> tuple[str, int | None]:
-  """``"byte"`` -> ("byte", None); ``"bpe:8192"`` -> ("bpe", 8192); ``"gpt2"`` -> ("gpt2", None);
-  ``"wordpiece:8192"`` -> ("wordpiece", 8192). The one parser of the spec (``config.validate``
-  reports its ValueError as ``data.tokenizer: <message>``)."""
+  """``"bpe:8192"`` -> ("bpe", 8192), ``"gpt2"`` -> ("gpt2", None): the one parser of the spec
+  (``config.validate`` reports its ValueError as ``data.tokenizer: <message>``)."""
   if spec in ("byte", "gpt2"):
     return spec, None
-  m = _SIZED_RE.match(spec or "")
-  if m:
+  if m := re.match(r"^(bpe|wordpiece):(\d+)$", spec or ""):
     kind, size = m.group(1), int(m.group(2))
     if kind == "bpe" and size < 257:
       raise ValueError(f"tokenizer {spec!r}: BPE size must be at least 257 (256 bytes + "

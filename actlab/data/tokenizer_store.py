@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from actlab.data import gpt2
-from actlab.data.tokenizer import (DEFAULT_THREADS, ByteTokenizer, HFBPETokenizer,
-                                   HFWordPieceTokenizer, Tokenizer, parse_spec)
+from actlab.data.tokenizer import (ByteTokenizer, HFBPETokenizer, HFWordPieceTokenizer, Tokenizer,
+                                   parse_spec)
 from actlab.errors import DataError
 
 MANIFEST = "actlab_tokenizer.json"  # in a saved tokenizer's directory: its name and checksums
@@ -39,8 +39,7 @@ def save(tok: Tokenizer, directory: Path) -> None:
 
 
 def load(directory: Path) -> Tokenizer | None:
-  """The tokenizer `save` wrote into `directory`, or None if there is none. Raises DataError if
-  a file differs from the one saved."""
+  """The tokenizer `save` wrote into `directory` (None if none); DataError if a file changed."""
   directory = Path(directory)
   try:
     meta = json.loads((directory / MANIFEST).read_text())
@@ -66,7 +65,7 @@ def load(directory: Path) -> Tokenizer | None:
 
 def get(spec: str, *, directory: str | os.PathLike,
         train_texts: Callable[[], Iterable[str]] | None = None,
-        gpt2_dir: str | os.PathLike | None = None, threads: int = DEFAULT_THREADS) -> Tokenizer:
+        gpt2_dir: str | os.PathLike | None = None) -> Tokenizer:
   """The tokenizer named by `spec`. A trained BPE or WordPiece is `<directory>/<kind>-<size>.json`,
   trained on `train_texts()` the first time; `gpt2_dir` holds encoder.json + vocab.bpe for an
   offline GPT-2."""
@@ -74,9 +73,8 @@ def get(spec: str, *, directory: str | os.PathLike,
   if kind == "byte":
     return ByteTokenizer()
   if kind == "gpt2":
-    return gpt2.gpt2(gpt2_dir, threads)
-  path = Path(directory) / f"{kind}-{size}.json"
-  name = f"{kind}:{size}"
+    return gpt2.gpt2(gpt2_dir)
+  path, name = Path(directory) / f"{kind}-{size}.json", f"{kind}:{size}"
   if path.is_file():
     return TRAINED[kind].load(path, name)
   if train_texts is None:

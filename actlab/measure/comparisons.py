@@ -1,7 +1,6 @@
-"""The report's paired comparisons, defined in docs/metrics.md §9: the paired t interval and
-tests (t test, TOST), the minimum detectable difference, Holm's adjustment and the verdicts;
-which pairs are compared, on which seeds and at which LR. Pure functions of numbers and of a
-sweep's runs (`actlab.measure.stats`); the t distribution is scipy's."""
+"""The report's paired comparisons (docs/metrics.md §9): the paired t interval and tests (t test,
+TOST), the minimum detectable difference, Holm's adjustment, the verdicts, and which pairs are
+compared on which seeds at which LR. Pure functions of numbers and of a sweep's runs (stats.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ ALPHA = 0.05  # each family's familywise error rate
 
 
 def holm(p: Sequence[float]) -> np.ndarray:
-  """Holm's step-down adjusted p-values of a family, in the input's order: p̃ ≤ α rejects what
-  Holm's procedure rejects at familywise error α. NaN (no test) stays NaN and is not counted."""
+  """Holm's step-down adjusted p-values of a family, in the input's order (p̃ ≤ α rejects what
+  Holm's procedure rejects at familywise error α); NaN (no test) stays NaN, uncounted."""
   p = np.asarray(p, np.float64)
   out = np.full(p.shape, np.nan)
   idx = np.flatnonzero(~np.isnan(p))
@@ -44,16 +43,14 @@ class Paired:
 
 
 def min_detectable(sd: float, n: int) -> float:
-  """The minimum detectable difference of a paired t test on n ≥ 2 pairs with this sd
-  (docs/metrics.md §9)."""
+  """The minimum detectable difference of a paired t test on n ≥ 2 pairs (docs/metrics.md §9)."""
   return float(sps.t.ppf(0.975, n - 1) + sps.t.ppf(0.80, n - 1)) * sd / math.sqrt(n)
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float],
                       margin: float | None = None) -> Paired:
-  """A against B from finite values paired by position (aᵢ and bᵢ share a seed): the interval,
-  the MDD, the paired t test's two-sided p and, with an equivalence `margin` m > 0, the TOST p.
-  An sd of 0 makes each statistic ±∞ (or 0 where its numerator is 0)."""
+  """A against B from finite values paired by position (a seed), with the TOST p for an
+  equivalence `margin` > 0. An sd of 0 makes each statistic ±∞ (or 0 for a numerator of 0)."""
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
   if a.ndim != 1 or a.shape != b.shape or not np.all(np.isfinite(a - b)):
     raise ValueError("paired_difference: a and b must be finite sequences of the same length")
@@ -62,8 +59,7 @@ def paired_difference(a: Sequence[float], b: Sequence[float],
   d = a - b
   n = d.size
   if n < 2:
-    nan = math.nan
-    return Paired(n, float(d[0]) if n else nan, nan, nan, nan, nan, nan, nan)
+    return Paired(n, float(d[0]) if n else math.nan, *[math.nan] * 6)
   mean, sd = float(d.mean()), float(d.std(ddof=1))
   se, df = sd / math.sqrt(n), n - 1
   tstat = lambda x: x / se if se > 0 else math.copysign(math.inf, x) if x else 0.0
@@ -97,8 +93,8 @@ class Comparison:
 
 
 def compared_pairs(manifest: Mapping, baseline) -> list[tuple]:
-  """(A, B) for every activation A ≠ `baseline` against B = `baseline` (grid order), then the
-  manifest's `pairs` that are not already among them (in either order)."""
+  """(A, `baseline`) for every other activation (grid order), then the manifest's `pairs` not
+  already among them (in either order)."""
   axis = activation_axis(manifest)
   out = [(a, baseline) for a in (manifest["axes"][axis] if axis else []) if a != baseline]
   for a, b in manifest.get("pairs") or []:
@@ -108,22 +104,20 @@ def compared_pairs(manifest: Mapping, baseline) -> list[tuple]:
 
 
 def _paired_by_seed(loss_a: Mapping, loss_b: Mapping, seeds: Sequence, margin) -> Paired:
-  """`paired_difference` over the `seeds` where both {seed: final val loss or None} have one."""
+  """`paired_difference` over the `seeds` where both {seed: loss or None} have a loss."""
   both = [s for s in seeds if loss_a.get(s) is not None and loss_b.get(s) is not None]
   return paired_difference([loss_a[s] for s in both], [loss_b[s] for s in both], margin)
 
 
 def selection_split(seeds: Sequence) -> tuple[list, list]:
-  """The grid's seeds split in two for the best-LR comparison: the first ⌊n/2⌋ choose each
-  activation's LR, the other ⌈n/2⌉ test it."""
+  """The first ⌊n/2⌋ seeds, which choose each activation's LR, and the others, which test it."""
   half = len(seeds) // 2
   return list(seeds[:half]), list(seeds[half:])
 
 
 def selection(manifest: Mapping, runs: Sequence[Run]) -> tuple[list, list, str]:
-  """(the seeds that choose each activation's LR, the seeds that test it, the loss tested): all
-  seeds choose on `final_val_loss` and test `final_test_loss` when every run with values scored
-  held-out test windows; else `selection_split` and `final_val_loss` for both."""
+  """(seeds choosing each activation's LR, seeds testing it, the loss tested): all seeds and
+  `final_test_loss` when every run with values has one; else `selection_split`, val loss."""
   scored = [r for r in runs if r.value("final_val_loss") is not None]
   if scored and all(r.value("final_test_loss") is not None for r in scored):
     return list(manifest["seeds"]), list(manifest["seeds"]), "final_test_loss"
@@ -137,9 +131,9 @@ def best_lr_keys(manifest: Mapping) -> list[str]:
 
 
 def chosen_lrs(manifest: Mapping, runs: Sequence[Run], seeds: Sequence) -> dict[tuple, Any]:
-  """Per combination of the non-LR axes (`pivot` over the LR): the LR with the lowest mean final
-  val loss over `seeds`, among the LRs where every one of `seeds` has a final val loss (a
-  diverged, unfinished or missing run rules its LR out); None if no LR qualifies."""
+  """Per combination of the non-LR axes: the LR with the lowest mean final val loss over
+  `seeds`, among those where every seed has one (a diverged, unfinished or missing run rules
+  its LR out); None if no LR qualifies."""
   out = {}
   for key, cells in pivot(manifest, runs, LR_KEY).items():
     means = {}
@@ -153,10 +147,9 @@ def chosen_lrs(manifest: Mapping, runs: Sequence[Run], seeds: Sequence) -> dict[
 
 def family(manifest: Mapping, runs: Sequence[Run], baseline
            ) -> tuple[list[Comparison], list[Comparison]]:
-  """The report's family of paired comparisons (lower loss is better), as two lists: per LR,
-  each pair of `compared_pairs` over all seeds; and at each one's best LR (`chosen_lrs` on the
-  `selection` seeds), over the seeds that test it. Pairs by seed where both runs have a finite
-  value; `holm` adjusts the t and the TOST p-values over the whole family, each apart."""
+  """The report's family of paired comparisons (lower loss is better), as two lists: each pair
+  of `compared_pairs` per LR over all seeds, and at each one's best LR (`chosen_lrs` on the
+  `selection` seeds) over the testing seeds. `holm` adjusts the t and TOST p-values apart."""
   axis, margin = activation_axis(manifest), manifest.get("equivalence_margin")
   pairs = compared_pairs(manifest, baseline) if axis else []
   raw = []  # (per LR?, key, a, b, lr_a, lr_b, Paired)

@@ -3,20 +3,17 @@
 Conventions (those of PaLM, Chowdhery et al. 2022, appendix B, and nanoGPT's `estimate_mfu`):
 
 - Only matrix multiplications count: a weight matrix with N entries costs 2·N FLOPs per token
-  forward and 4·N backward (gradients for the input and for the weight): **6·N per token** for a
-  training step. Biases, LayerNorms, activations, softmax and the optimizer are not counted.
+  forward and 4·N backward: **6·N per token** for a training step.
 - Matrices per block: query, key, value, out (4·D²) and the FFN's up and down (2·D·F); a gated
-  FFN (GLU family) has three (up, gate, down: 3·D·F) at its own hidden width F (`Spec.ffn_width`:
-  round(2/3·d_ff) to a multiple of 64 by default).
+  FFN (GLU family) has three (up, gate, down: 3·D·F) at its own width F (`Spec.ffn_width`).
 - The LM head is a matmul even when tied to the token embedding (V·D); the embedding lookups are
   not. The encoder's MLM head (dense D·D, then the tied V·D projection) runs only at the P
   masked positions of each sequence of L tokens, so it counts P/L per token.
-- Attention scores and the weighted sum of values cost 2·L·D each per token forward, for
-  **12·L·D per layer per token** in training, with the full L×L score matrix even for causal
-  attention (nothing is halved for the mask, as in PaLM).
+- Attention scores and the weighted sum of values cost 2·L·D each per token forward: **12·L·D
+  per layer per token** in training, the full L×L score matrix even when causal (as in PaLM).
 
-MFU = (model FLOPs per token × tokens per second) / peak FLOP/s. Recomputation (remat) does not
-count: it is hardware work, not model work.
+MFU = (model FLOPs per token × tokens per second) / peak FLOP/s; remat's recomputation is not
+model work and does not count.
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ class FlopCount:
 
 def for_config(config, vocab_size: int) -> FlopCount:
   """Training FLOPs per token of a config's model at `data.seq_len`, with its task's head;
-  `vocab_size` is the tokenizer's (padded as the model pads it) unless `model.vocab_size` is
-  set."""
+  `vocab_size`: the tokenizer's (padded as the model pads it) unless `model.vocab_size` is set."""
   model, head = config.model, tasks.get(config).head_matmul_params(config, vocab_size)
   D, layers = model.d_model, model.num_layers
   F = models.ffn_width(model.activation, model.d_ff, model.gated_match_params)

@@ -25,17 +25,14 @@ def finite(x) -> bool:
 
 
 def learned(final_val_loss: float | None, unigram_loss: float | None) -> bool | None:
-  """False if the run did not learn, its final val loss ≥ the unigram loss (docs/metrics.md §9):
-  no better than each token's frequency; True if below; None if either is missing or not
-  finite."""
+  """Whether the final val loss is below the unigram loss (docs/metrics.md §9); None if unknown."""
   if finite(final_val_loss) and finite(unigram_loss):
     return final_val_loss < unigram_loss
   return None
 
 
 def capped_losses(final: Sequence[float | None], initial: float) -> np.ndarray:
-  """min(ℓ(η), ℓ₀) for the final val loss ℓ(η) at each LR, a run without one (diverged) counting
-  as ℓ₀, the val loss at initialisation."""
+  """min(ℓ(η), ℓ₀) of the final val loss at each LR and the initial one; None (diverged) is ℓ₀."""
   return np.array([initial if x is None else min(x, initial) for x in final], np.float64)
 
 
@@ -44,9 +41,6 @@ def sensitivity(capped: Sequence[float]) -> float:
   loss minus the lowest one (`capped_losses`)."""
   c = np.asarray(capped, np.float64)
   return float(np.mean(c - c.min()))
-
-
-# --- A sweep's runs -------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -64,9 +58,8 @@ class Run:
     return self.summary.get("status", self.state) if self.state == "done" else self.state
 
   def value(self, key: str) -> float | None:
-    """A finite summary value of a finished, non-diverged run (a diverged run has no values at
-    the last step), else None; `initial_val_loss` of any finished run. `max:<row key>`: the
-    largest finite value of that metrics-row key over the run's rows."""
+    """A finite summary value of a finished, non-diverged run, else None (`initial_val_loss`: of
+    any finished run); `max:<row key>`: the largest finite value of that key over the rows."""
     finished = self.status in ("stable", "unstable")
     ok = finished or (key == "initial_val_loss" and self.state == "done")
     if key.startswith("max:"):
@@ -119,16 +112,14 @@ def groups(manifest: Mapping, runs: Sequence[Run], keys: Sequence[str]) -> dict[
 
 
 def pivot(manifest: Mapping, runs: Sequence[Run], axis: str) -> dict[tuple, dict[tuple, Run]]:
-  """Per combination of the axes other than `axis` and the seed (`group_keys` order, `groups`
-  order): {(value of `axis`, seed): Run}."""
+  """{(value of `axis`, seed): Run} per combination of the other axes but the seed (`groups`)."""
   keys = [k for k in group_keys(manifest) if k != axis]
   return {key: {(r.overrides[axis], r.overrides[SEED_KEY]): r for r in group}
           for key, group in groups(manifest, runs, keys).items()}
 
 
 def largest_stable_lr(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, Any]:
-  """Per combination of the non-LR axes: the largest swept LR at which every seed of the grid
-  has a `Run.stable` run (finished "stable" and learned), None if none does."""
+  """Per combination of the non-LR axes: the largest LR with every seed `Run.stable`, or None."""
   if LR_KEY not in manifest["axes"]:
     return {}
   return {key: max((lr for lr in manifest["axes"][LR_KEY] if all(
@@ -137,9 +128,8 @@ def largest_stable_lr(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, Any
 
 
 def lr_sensitivity(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, dict]:
-  """Per combination of the non-LR axes, when at least two LRs are swept: {"per_seed":
-  `sensitivity` of each seed finished at every LR, "best_lr": the LR with the lowest mean capped
-  loss over those seeds (None if there is none)}."""
+  """Per combination of the non-LR axes, if two LRs or more are swept: {"per_seed": `sensitivity`
+  of each seed finished at every LR, "best_lr": the LR of lowest mean capped loss, or None}."""
   lrs = manifest["axes"].get(LR_KEY, [])
   if len(lrs) < 2:
     return {}
@@ -150,8 +140,7 @@ def lr_sensitivity(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, dict]:
       done = [cells.get((lr, seed)) for lr in lrs]
       init = [r.value("initial_val_loss") for r in done if r is not None and r.state == "done"]
       if len(init) == len(lrs) and any(v is not None for v in init):
-        # ℓ₀ is the same at every LR (the initialisation depends on the seed only).
-        ell0 = min(v for v in init if v is not None)
+        ell0 = min(v for v in init if v is not None)  # the same at every LR: it is the seed's
         capped.append(capped_losses([r.value("final_val_loss") for r in done], ell0))
     best = lrs[int(np.argmin(np.mean(capped, axis=0)))] if capped else None
     out[key] = {"per_seed": [sensitivity(c) for c in capped], "best_lr": best}

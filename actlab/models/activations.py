@@ -1,16 +1,13 @@
 """FFN activation functions, their analytic derivatives (`grad`, elementwise d fn / dz) and the
-name registry (`get`). Pure `jax.numpy`. Definitions: docs/reference.md §1.1; beyond those,
-`relu2` is max(0, z)² (grad 2·max(0, z)), `sigmoid` σ(z) (grad σ(z)·σ(−z)) and `identity` z.
+name registry (`get`). Pure `jax.numpy`. Definitions: docs/reference.md §1.1, and `_PLAIN`.
 
-`gelu` is always the exact z·Φ(z) (= `jax.nn.gelu(z, approximate=False)`, PyTorch's `GELU()`),
-`gelu_tanh` the tanh approximation ½z(1 + tanh u) = z·σ(2u), u = √(2/π)(z + 0.044715 z³), with
-grad σ(2u) + z·σ(2u)·σ(−2u)·2u′. Both go through erfc / σ, and grads use σ(−z) for 1 − σ(z),
-to keep full precision in the tails. At kinks every `grad` is `jax.grad(fn)`: ReLU′(0) =
-relu2′(0) = 0, ELU′(0) = 1 (checked by the tests).
+`gelu` is the exact z·Φ(z) (= `jax.nn.gelu(z, approximate=False)`, PyTorch's `GELU()`),
+`gelu_tanh` the tanh approximation ½z(1 + tanh u) = z·σ(2u), u = √(2/π)(z + 0.044715 z³). Both
+go through erfc / σ, and grads use σ(−z) for 1 − σ(z), to keep full precision in the tails. At
+kinks every `grad` is `jax.grad(fn)`: ReLU′(0) = relu2′(0) = 0, ELU′(0) = 1 (tested).
 
-Gated (GLU) family, Shazeer 2020: the model computes `fn(x W_gate) * (x W_up)` with the plain
-entry of `GATE_BASE` (`swiglu` = silu, `geglu` = gelu, `reglu` = relu, `glu` = sigmoid,
-`bilinear` = identity). `python -m actlab.models` prints `value_table()` (docs/reference.md §1.2).
+Gated (GLU) family, Shazeer 2020: the model computes `fn(x W_gate) * (x W_up)` with `fn` the
+plain activation `GATE_BASE` names. `python -m actlab.models` prints `value_table()` (§1.2).
 """
 
 from __future__ import annotations
@@ -43,12 +40,10 @@ def normal_cdf(z):
 
 
 def normal_pdf(z):
-  """φ(z)."""
   return jnp.exp(-0.5 * z * z) * _INV_SQRT_2PI
 
 
 def gelu(z):
-  # z·Φ(z) with Φ via erfc: equal to jax.nn.gelu(z, approximate=False), more precise for z ≪ 0.
   return z * normal_cdf(z)
 
 
@@ -62,8 +57,7 @@ def _tanh_u2(z):
 
 
 def gelu_tanh(z):
-  # ½(1 + tanh u) = σ(2u): the same function as jax.nn.gelu(z, approximate=True), but without
-  # the cancellation in 1 + tanh u that zeroes it (and its derivative) for z below about −4.
+  # σ(2u), not ½(1 + tanh u) as jax.nn.gelu(z, approximate=True): no cancellation for z < −4.
   return z * jax.nn.sigmoid(_tanh_u2(z)[0])
 
 
@@ -73,8 +67,7 @@ def gelu_tanh_grad(z):
   return s + z * s * jax.nn.sigmoid(-u2) * du2
 
 
-# name -> (fn, grad) for the plain (non-gated) activations.
-_PLAIN = {
+_PLAIN = {  # name -> (fn, grad)
     "relu": (jax.nn.relu, lambda z: (z > 0).astype(z.dtype)),
     "relu2": (lambda z: jnp.square(jax.nn.relu(z)), lambda z: 2.0 * jax.nn.relu(z)),
     "tanh": (jnp.tanh, lambda z: 1.0 - jnp.tanh(z) ** 2),
@@ -86,8 +79,7 @@ _PLAIN = {
     "sigmoid": (jax.nn.sigmoid, lambda z: jax.nn.sigmoid(z) * jax.nn.sigmoid(-z)),
     "identity": (lambda z: z, jnp.ones_like),
 }
-# gated name -> the plain activation applied to the gate.
-GATE_BASE = {
+GATE_BASE = {  # gated name -> the plain activation applied to the gate
     "swiglu": "silu", "geglu": "gelu", "reglu": "relu", "glu": "sigmoid", "bilinear": "identity",
 }
 

@@ -11,7 +11,6 @@ from actlab.models.execution import Execution
 from actlab.models.spec import Spec
 from actlab.models.transformer import dense, embed, layer_norm, stack, tied_logits
 
-
 HEADS = ("mlm", "classify", "all")
 
 
@@ -31,12 +30,11 @@ class MLMHead(nn.Module):
 
 
 class Encoder(nn.Module):
-  """BERT (Devlin et al. 2019): word (`wte`) + position (`wpe`) + segment (`wtt`) embeddings,
-  LayerNorm (`ln_emb`) and dropout; bidirectional blocks with the padding mask (post-LN as BERT,
-  or pre-LN, which adds a final `ln_f`); then the heads of `head`: "mlm" (`MLMHead`),
-  "classify" (`pooler`: dense over [CLS] → `pooler_activation`; dropout; dense `classifier`), or
-  "all" (both, a dict, to build or count a full checkpoint). Unlike BERT, N(0, 0.02) with GPT-2's
-  residual scaling initialises the layers, and attention probabilities have no dropout."""
+  """BERT (Devlin et al. 2019): word (`wte`), position (`wpe`) and segment (`wtt`) embeddings,
+  LayerNorm (`ln_emb`), dropout; bidirectional blocks (post-LN, or pre-LN with a final `ln_f`);
+  the `head` "mlm" (`MLMHead`), "classify" (dense `pooler` over [CLS], `pooler_activation`,
+  dropout, dense `classifier`) or "all" (both, to build a full checkpoint). Unlike BERT, layers
+  are initialised as GPT-2's and attention probabilities have no dropout."""
   spec: Spec
   head: str = "mlm"
   pooler_activation: str = "tanh"
@@ -48,10 +46,8 @@ class Encoder(nn.Module):
   def __call__(self, tokens_BL, mask_BL=None, segments_BL=None, *,
                masked_positions_BP=None, train: bool = False):
     """MLM logits [B, L, V] (float32), class logits [B, C], or both in a dict (`head="all"`).
-
-    `mask_BL` is True at real tokens: attention never reads padding, so padding leaves every
-    real position's output unchanged. `segments_BL` default to 0. With `masked_positions_BP` the
-    MLM head runs at those P positions only (BERT's `masked_lm_positions`): [B, P, V]."""
+    `mask_BL` is True at real tokens (attention never reads padding); `segments_BL` default to 0.
+    With `masked_positions_BP` the MLM head runs at those P positions only: [B, P, V]."""
     s, ex = self.spec, self.execution
     if self.head not in HEADS:
       raise ValueError(f"Encoder.head={self.head!r}: choose one of {HEADS}")

@@ -1,17 +1,11 @@
 """The BERT (Hugging Face) names of the encoder's parameters, and conversion both ways.
 
 The names map one-to-one onto a standard BERT checkpoint (`bert-base-uncased`; task models prefix
-the trunk with `bert.`): `_TOP`, `_BLOCK` and `_MLM` below, e.g. `block_i/ffn/up/kernel` (D, F) is
-`encoder.layer.i.intermediate.dense.weight`, transposed: Flax kernels are (in, out), PyTorch's
-`weight` (out, in). Every kernel's `bias` sits beside it, untransposed; LayerNorm `scale`/`bias`
-are `weight`/`bias` (`gamma`/`beta` in old files). Without a BERT equivalent: a GLU's
-`ffn/gate` (`intermediate.gate`) and pre-LN's `ln_f` (`encoder.LayerNorm`). `mlm/bias` is
-`cls.predictions.bias`; the decoder is tied to the word embeddings.
-
-The vocabulary V is the tokenizer's padded to a multiple of 64 (BERT's 30,522 → 30,528; `from_hf`
-pads with the mean of the real rows, `fit`). BERT-base has 109,482,240 parameters with the pooler
-at V = 30,522 (the "110M"), 109,486,848 at V = 30,528 (tests/test_encoder.py). GPT-2's names:
-hf_gpt2.py.
+the trunk with `bert.`): `_TOP`, `_BLOCK` and `_MLM` below. Kernels are transposed (Flax (in,
+out), PyTorch (out, in)); LayerNorm `scale`/`bias` are `weight`/`bias` (`gamma`/`beta` in old
+files). A GLU's `ffn/gate` (`intermediate.gate`) and pre-LN's `ln_f` (`encoder.LayerNorm`) have no
+BERT equivalent; the MLM decoder is tied to the word embeddings. The vocabulary is padded to a
+multiple of 64 (BERT's 30,522 → 30,528, `fit`). GPT-2's names: hf_gpt2.py.
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ _MLM = {("dense",): "cls.predictions.transform.dense",
 
 
 def hf_name(path: tuple[str, ...]) -> str:
-  """The BERT (Hugging Face) name of one Flax parameter path, e.g.
-  ("block_3", "ffn", "up", "kernel") → "encoder.layer.3.intermediate.dense.weight"."""
+  """("block_3", "ffn", "up", "kernel") → "encoder.layer.3.intermediate.dense.weight"."""
   head, *rest = path
   if head == "mlm" and rest == ["bias"]:
     return "cls.predictions.bias"
@@ -63,32 +56,29 @@ def hf_names(params: Mapping) -> dict[str, str]:
 
 
 def to_hf(params: Mapping) -> dict[str, np.ndarray]:
-  """A BERT state dict (numpy, PyTorch layout: kernels transposed) from encoder parameters
-  (per-layer, or a `scan_layers` model's, unstacked first)."""
-  out = {}
-  for path, value in flatten_dict(execution.per_layer_layout(params)).items():
-    value = np.asarray(value)
-    out[hf_name(path)] = value.T if path[-1] == "kernel" else value
-  return out
+  """A BERT state dict (numpy, PyTorch layout) from encoder parameters, per-layer or scanned."""
+  return {hf_name(path): _transpose_kernel(path, np.asarray(value))
+          for path, value in flatten_dict(execution.per_layer_layout(params)).items()}
+
+
+def _transpose_kernel(path: tuple[str, ...], value: np.ndarray) -> np.ndarray:
+  return value.T if path[-1] == "kernel" else value
 
 
 def found(state: Mapping[str, np.ndarray], like: Mapping) -> tuple[dict, list[str]]:
-  """({path: array} for every parameter of the per-layer `like` that the BERT state dict has,
-  the names of those it lacks). Names may carry the `bert.` prefix of Hugging Face task models;
-  LayerNorm `gamma`/`beta` (old checkpoints) are accepted; arrays are `fit` to `like`."""
+  """`gather` from a BERT state dict, whose names may carry task models' `bert.` prefix and old
+  checkpoints' LayerNorm `gamma`/`beta`."""
   state = {k.removeprefix("bert."): v for k, v in state.items()}
   for k in list(state):
     if k.endswith(".gamma") or k.endswith(".beta"):
       state[k.rsplit(".", 1)[0] + (".weight" if k.endswith(".gamma") else ".bias")] = state.pop(k)
-  return gather(state, like, hf_name,
-                lambda path, value: value.T if path[-1] == "kernel" else value)
+  return gather(state, like, hf_name, _transpose_kernel)
 
 
 def gather(state: Mapping[str, np.ndarray], like: Mapping, hf_name,
            to_flax) -> tuple[dict, list[str]]:
-  """({path: array} for every parameter of the per-layer `like` that `state` has under
-  `hf_name(path)`, in Flax layout (`to_flax(path, array)`) and `fit` to `like`; the names of
-  those it lacks, or the paths of those without a name)."""
+  """({path: array} of the parameters of the per-layer `like` that `state` has under
+  `hf_name(path)`, in Flax layout (`to_flax`) and `fit` to `like`; the names of those it lacks)."""
   flat, missing = {}, []
   for path, target in flatten_dict(like).items():
     try:
@@ -105,15 +95,13 @@ def gather(state: Mapping[str, np.ndarray], like: Mapping, hf_name,
 
 
 def from_hf(state: Mapping[str, np.ndarray], like: Mapping) -> dict:
-  """Encoder parameters shaped like `like` (e.g. from `init` or `jax.eval_shape`) from a BERT
-  state dict (`found`). Raises KeyError naming any parameter the state dict lacks."""
+  """Encoder parameters shaped like `like` from a BERT state dict; KeyError if one is missing."""
   return complete(found, state, like)
 
 
 def complete(found_fn, state: Mapping[str, np.ndarray], like: Mapping) -> dict:
-  """Every parameter of `like` by `found_fn` (this module's `found` or hf_gpt2's); KeyError if
-  one is missing. A `scan_layers` model's `like` gets them in its own layout (`blocks` with a
-  leading layer axis)."""
+  """Every parameter of `like` (per-layer or `scan_layers`) by `found_fn` (this module's `found`
+  or hf_gpt2's); KeyError if one is missing."""
   scanned = "blocks" in like
   if scanned:
     like = execution.per_layer_layout(jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), like))
@@ -125,10 +113,9 @@ def complete(found_fn, state: Mapping[str, np.ndarray], like: Mapping) -> dict:
 
 
 def fit(path: tuple[str, ...], name: str, value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-  """`value` shaped as the model's parameter at `path`: a checkpoint's smaller vocabulary is
-  padded (the token embedding's and MLM bias's new rows are the mean of the real ones, so each
-  padded logit is the mean real logit and the loss grows by at most ln(1 + padding/V)), its
-  longer position table cut to the model's `max_len`. ValueError for any other difference."""
+  """`value` shaped as the model's parameter at `path`: a smaller vocabulary padded with the
+  mean of the real rows (so the loss grows by at most ln(1 + padding/V)), a longer position
+  table cut to `max_len`; ValueError for any other difference."""
   shape = tuple(shape)
   if value.ndim == len(shape) and value.shape[1:] == shape[1:]:
     extra = shape[0] - value.shape[0]  # rows the model has beyond the checkpoint's

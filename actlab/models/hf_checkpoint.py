@@ -46,8 +46,7 @@ REQUIRED = {"gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_id
 
 
 def _check_architecture(config, arch: Architecture, doing: str) -> None:
-  """UserError unless the config's model has `arch`'s FFN (plain), LayerNorm placement and
-  attention (no qk-layernorm)."""
+  """UserError unless the model has `arch`'s plain FFN, LayerNorm placement and no qk-norm."""
   m, cls, norm = config.model, arch.cls, arch.norm
   if activations.get(m.activation).gated:
     raise UserError(f"{doing}: model.activation={m.activation!r} is a gated FFN (a third matrix), "
@@ -61,14 +60,10 @@ def _check_architecture(config, arch: Architecture, doing: str) -> None:
                     "cannot express; train with model.qk_norm=False")
 
 
-# --- Export -------------------------------------------------------------------------------------
-
-
 def hf_config(config, arch: Architecture, vocab_size: int, eot_id: int) -> dict:
   """The `config.json` fields of the run's model (`vocab_size`: the tokenizer's, unpadded)."""
   _check_architecture(config, arch, "export")
-  model_type, cls = arch.model_type, arch.cls
-  m = config.model
+  model_type, cls, m = arch.model_type, arch.cls, config.model
   if m.activation not in ACTIVATIONS:
     raise UserError(f"export: transformers has no activation equal to actlab's "
                     f"{m.activation!r}; use one of {', '.join(ACTIVATIONS)}")
@@ -101,9 +96,8 @@ def state_dict(params, arch: Architecture, vocab_size: int) -> dict[str, np.ndar
 
 def write(directory: pathlib.Path, config, arch: Architecture, params, vocab_size: int,
           eot_id: int, run: dict) -> None:
-  """`config.json` (with `run`, what the run was, as its `EXPORTED` entry) and
-  `model.safetensors` of the run's model in `directory`. config.json comes first: a directory
-  that an interrupted export left is still recognised as an export's (`exported`)."""
+  """`config.json` (with `run` as its `EXPORTED` entry), then `model.safetensors` of the run's
+  model in `directory`: an interrupted export is still recognised as an export's."""
   import transformers
   from safetensors.numpy import save_file
 
@@ -113,15 +107,10 @@ def write(directory: pathlib.Path, config, arch: Architecture, params, vocab_siz
             metadata={"format": "pt"})
 
 
-# --- Import -------------------------------------------------------------------------------------
-
-
 def read(directory, config, arch: Architecture, vocab_size: int) -> dict[str, np.ndarray]:
   """The state dict of the model in `directory` (safetensors, or pytorch_model.bin through
-  torch), after checking that its `config.json` maps onto the config's model: the same
-  architecture and sizes (more positions are cut to `model.max_len`), a vocabulary no larger
-  than the model's (`vocab_size`, padded). The FFN activation is the config's, whatever the
-  checkpoint's."""
+  torch) once its `config.json` maps onto the config's model (`check`). The FFN activation is
+  the config's, whatever the checkpoint's."""
   directory = pathlib.Path(directory)
   where = f"train.init_from=hf:{directory}"
   try:
@@ -130,12 +119,11 @@ def read(directory, config, arch: Architecture, vocab_size: int) -> dict[str, np
     raise UserError(f"{where}: no readable config.json ({e.__class__.__name__}); give a "
                     "directory written by save_pretrained") from None
   _check_architecture(config, arch, where)
-  model_type = arch.model_type
-  if cfg.get("model_type") != model_type:
+  if cfg.get("model_type") != arch.model_type:
     raise UserError(f"{where} is a {cfg.get('model_type')!r} model; this run starts from "
-                    f"{model_type} ({arch.cls})")
-  check(cfg, config, model_type, vocab_size, where)
-  theirs = cfg.get("activation_function" if model_type == "gpt2" else "hidden_act")
+                    f"{arch.model_type} ({arch.cls})")
+  check(cfg, config, arch.model_type, vocab_size, where)
+  theirs = cfg.get("activation_function" if arch.model_type == "gpt2" else "hidden_act")
   if theirs != ACTIVATIONS.get(config.model.activation):
     print(f"actlab: {where}: the FFN activation is the config's, {config.model.activation!r} "
           f"(the checkpoint's: {theirs!r})", flush=True)
@@ -143,7 +131,8 @@ def read(directory, config, arch: Architecture, vocab_size: int) -> dict[str, np
 
 
 def check(cfg: dict, config, model_type: str, vocab_size: int, where: str) -> None:
-  """UserError unless the checkpoint's sizes and features are the model's."""
+  """UserError unless the checkpoint's features and sizes are the model's (more positions are
+  cut to `model.max_len`) and its vocabulary is no larger than `vocab_size`."""
   m = config.model
   have = dict(cfg)
   if model_type == "gpt2":

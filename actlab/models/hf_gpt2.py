@@ -1,10 +1,8 @@
 """The GPT-2 (Hugging Face `GPT2LMHeadModel`) names of the decoder's parameters, and conversion
-both ways: `wte`, `wpe`, `ln_f` keep their names under `transformer.`; block i is `h.i` with
-`ln_attn` → `ln_1`, `ln_ffn` → `ln_2` and the modules in `_BLOCK`. Query, key and value are
-thirds (columns [0:D], [D:2D], [2D:3D]) of the fused `attn.c_attn`, weight and bias. GPT-2's
-`Conv1D` stores weights (in, out), as Flax does: no transpose (unlike BERT's, hf.py). The LM head
-is tied to `wte`; a gated FFN's `gate` has no GPT-2 name; a `GPT2Model` checkpoint (no
-`transformer.` prefix) reads the same.
+both ways: `wte`, `wpe`, `ln_f` keep their names under `transformer.`, block i is `h.i` (`_BLOCK`).
+Query, key and value are thirds (columns) of the fused `attn.c_attn`. GPT-2's `Conv1D` stores
+weights (in, out), as Flax does: no transpose (unlike BERT, hf.py). The LM head is tied to `wte`;
+a gated FFN's `gate` has no GPT-2 name; a `GPT2Model` checkpoint (no prefix) reads the same.
 """
 
 from __future__ import annotations
@@ -22,9 +20,8 @@ QKV = ("query", "key", "value")
 
 
 def hf_name(path: tuple[str, ...]) -> str:
-  """The GPT-2 name of one Flax parameter path (without the `transformer.` prefix), e.g.
-  ("block_3", "ffn", "up", "kernel") → "h.3.mlp.c_fc.weight"; query, key and value map to
-  `c_attn`, of which they are a third each."""
+  """("block_3", "ffn", "up", "kernel") → "h.3.mlp.c_fc.weight" (no `transformer.` prefix);
+  query, key and value → `c_attn`."""
   head, *rest = path
   *module, leaf = rest
   if head in ("wte", "wpe", "ln_f") and not module:
@@ -37,8 +34,7 @@ def hf_name(path: tuple[str, ...]) -> str:
 
 
 def to_hf(params: Mapping) -> dict[str, np.ndarray]:
-  """A `GPT2LMHeadModel` state dict (numpy; `lm_head.weight` left to the tie) from decoder
-  parameters (per-layer, or a `scan_layers` model's)."""
+  """A `GPT2LMHeadModel` state dict (numpy, no tied `lm_head.weight`) from decoder parameters."""
   out, qkv = {}, {}
   for path, value in flatten_dict(execution.per_layer_layout(params)).items():
     name = "transformer." + hf_name(path)
@@ -52,8 +48,7 @@ def to_hf(params: Mapping) -> dict[str, np.ndarray]:
 
 
 def found(state: Mapping[str, np.ndarray], like: Mapping) -> tuple[dict, list[str]]:
-  """({path: array} for every parameter of the per-layer `like` that the GPT-2 state dict has,
-  the names of those it lacks), fit to `like` (hf.fit)."""
+  """`hf.gather` from a GPT-2 state dict."""
   state = {k.removeprefix("transformer."): v for k, v in state.items()}
 
   def third_of_c_attn(path, value):
