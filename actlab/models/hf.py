@@ -95,17 +95,12 @@ def gather(state: Mapping[str, np.ndarray], like: Mapping, hf_name,
 
 
 def from_hf(state: Mapping[str, np.ndarray], like: Mapping) -> dict:
-  """Encoder parameters shaped like `like` from a BERT state dict; KeyError if one is missing."""
-  return complete(found, state, like)
-
-
-def complete(found_fn, state: Mapping[str, np.ndarray], like: Mapping) -> dict:
-  """Every parameter of `like` (per-layer or `scan_layers`) by `found_fn` (this module's `found`
-  or hf_gpt2's); KeyError if one is missing."""
+  """Encoder parameters shaped like `like` (per-layer or `scan_layers`) from a BERT state dict;
+  KeyError if one is missing."""
   scanned = "blocks" in like
   if scanned:
     like = execution.per_layer_layout(jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), like))
-  flat, missing = found_fn(state, like)
+  flat, missing = found(state, like)
   if missing:
     raise KeyError(f"the state dict lacks {len(missing)} parameters: {missing[:5]}")
   params = unflatten_dict(flat)

@@ -55,8 +55,3 @@ def found(state: Mapping[str, np.ndarray], like: Mapping) -> tuple[dict, list[st
     return np.split(value, 3, axis=-1)[QKV.index(path[-2])] if path[-2] in QKV else value
 
   return hf.gather(state, like, hf_name, third_of_c_attn)
-
-
-def from_hf(state: Mapping[str, np.ndarray], like: Mapping) -> dict:
-  """Decoder parameters shaped like `like` from a GPT-2 state dict; KeyError if one is missing."""
-  return hf.complete(found, state, like)
