@@ -1,8 +1,6 @@
-"""User-facing errors: one readable line on stderr and a non-zero exit, no traceback wall.
-
-Command-line tools run `errors.run(main)` and define their config file flag with
-`define_config_file`: then mistakes in the flags (an unknown flag or field, a bad value, a missing
-or broken config file) are reported like a UserError raised by `main`.
+"""User-facing errors: one readable line on stderr and a non-zero exit, no traceback wall. Tools
+that run `errors.run(main)` and define their config file flag with `define_config_file` report
+mistakes in the flags (an unknown flag or field, a bad value, a broken config file) the same way.
 """
 
 import contextlib
@@ -26,7 +24,7 @@ class UserError(Exception):
 
 
 class DataError(UserError):
-  """A data problem the user can fix; the message says how. main prints it and exits non-zero."""
+  """A data problem the user can fix; the message says how."""
 
 
 def short_cause(e: BaseException, limit: int = 150) -> str:
@@ -140,14 +138,12 @@ def _dotted_fields(config: ml_collections.ConfigDict, prefix: str = ""):
 
 
 def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
-  """Loads each config file flag's `path[:arg]` in `argv` as config_flags does and checks its
-  `--<name>.<key>` overrides: a UserError for a missing or broken file, or a key that names no
-  field. (config_flags fails on these with tracebacks from inside absl's parsing, which no public
-  hook reaches.) The config flag is parsed here as a plain string (known_only): of the flags left
-  over, those under `--<name>.` are the overrides."""
+  """A UserError for a config file flag's missing or broken `path[:arg]` in `argv`, or an
+  override `--<name>.<key>` that names no field: config_flags fails on these with tracebacks from
+  inside absl's parsing, which no public hook reaches."""
   mine = [f.name for f in _config_file_flags if f.name in flag_values and flag_values[f.name] is f]
   for name in mine:
-    as_string = flags.FlagValues()
+    as_string = flags.FlagValues()  # Only the config flag, as a plain string (known_only).
     flags.DEFINE_string(name, None, "", flag_values=as_string)
     unparsed = as_string(argv, known_only=True)[1:]
     if as_string[name].value is None:

@@ -60,9 +60,7 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
       if hasattr(b, "proc"):  # a started torch worker
         b.close()
   for r, c, label in zip(rows, configs, labels):
-    r["env"] = env
-    r["config"] = config_summary(c)
-    r["variant"] = label
+    r.update(env=env, config=config_summary(c), variant=label)
     if label:
       r["speedup_vs_base"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
       r["queued_speedup_vs_base"] = r["queued_tokens_per_s"] / rows[0]["queued_tokens_per_s"]

@@ -1,13 +1,8 @@
-"""What is timed, and how on a shared machine.
-
-A bench has a `name`; `setup(warmup)` compiles and warms up (returning `compile_s`, `warmup_s`),
-`timed(n)` runs n steps, each waited for (their `times` and this process's `cpu` seconds),
-`queued(n)` runs n steps back to back with one wait at the end (their `wall` time), `memory()`
-reports what it knows of memory. `JaxBench` is actlab's training step, `TorchBench` the PyTorch
-reference in a worker process. `side_by_side` and `back_to_back` time several benches in
-alternating rounds so that other processes' load, which comes and goes, hits all alike; `Window`
-measures a stretch of code (wall, own CPU, others' busy cores), `wait_quiet` waits for a quiet CPU.
-"""
+"""What is timed, and how on a shared machine. A bench (`JaxBench`: actlab's training step,
+`TorchBench`: the PyTorch reference in a worker process) has a `name`; `setup(warmup)` compiles
+and warms up, `timed(n)` runs n steps each waited for, `queued(n)` n steps back to back with one
+wait at the end, `memory()` says what it knows. `side_by_side` and `back_to_back` time several in
+alternating rounds so that other processes' load, which comes and goes, hits all alike."""
 
 from __future__ import annotations
 
@@ -42,15 +37,12 @@ class Window:
   """Wall time, this process's CPU time and everyone else's busy cores over a stretch of code."""
 
   def __enter__(self):
-    self.ticks, self.t0 = _busy_ticks(), time.perf_counter()
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    self.cpu0 = r.ru_utime + r.ru_stime
+    self.ticks, self.t0, self.cpu0 = _busy_ticks(), time.perf_counter(), time.process_time()
     return self
 
   def __exit__(self, *exc):
     self.wall = time.perf_counter() - self.t0
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    self.cpu = r.ru_utime + r.ru_stime - self.cpu0
+    self.cpu = time.process_time() - self.cpu0
     ticks = _busy_ticks()
     self.busy = (None if ticks is None or self.ticks is None
                  else (ticks - self.ticks) / os.sysconf("SC_CLK_TCK"))

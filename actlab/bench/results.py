@@ -59,12 +59,7 @@ def environment() -> dict:
       cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
   except (OSError, StopIteration):
     pass
-  versions = {"jax": jax.__version__}
-  for mod in ("jaxlib", "flax", "optax"):
-    try:
-      versions[mod] = __import__(mod).__version__
-    except Exception:
-      pass
+  versions = {mod: __import__(mod).__version__ for mod in ("jax", "jaxlib", "flax", "optax")}
   return {"platform": d.platform, "device_kind": d.device_kind, "devices": jax.device_count(),
           "processes": jax.process_count(), "host_cpu": cpu, "host_cores": os.cpu_count(),
           "versions": versions, "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -72,10 +67,9 @@ def environment() -> dict:
                               + sys.argv[1:])}
 
 
-def summarize(name: str, config, res: dict, setup: dict, memory: dict, runs: int,
+def summarize(name: str, c, res: dict, setup: dict, memory: dict, runs: int,
               peak: float | None, peak_source: str) -> dict:
-  """One row: `side_by_side`'s result `res` for a bench of `config`, its setup and memory."""
-  c = config
+  """One row: `side_by_side`'s result `res` for a bench of config `c`, its setup and memory."""
   times = np.asarray(res["times"])
   step = float(np.median(times))
   tokens = c.train.batch_size * c.data.seq_len * runs

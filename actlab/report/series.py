@@ -83,10 +83,9 @@ def _layers(row: Mapping, key: str) -> dict[int, float]:
           if (m := re.fullmatch(re.escape(key) + r"/layer_(\d+)", k)) and finite(v)}
 
 
-def layer_stats(manifest: Mapping, runs: Sequence[Run], keys: Sequence[str] = LAYER_STATS
-                ) -> dict[tuple, dict]:
+def layer_stats(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, dict]:
   """Per combination of the non-LR axes, at its best LR (`best_lrs`): {"lr": the LR, "n": seeds,
-  key: (layers, mean, sd) for each of `keys`}, over the finished stable or unstable runs, each at
+  key: (layers, mean, sd) for each of `LAYER_STATS`}, over the finished stable or unstable runs, each at
   its last row with per-layer values (its last evaluation); sd NaN for one seed."""
   out = {}
   best = best_lrs(manifest, runs)
@@ -95,9 +94,10 @@ def layer_stats(manifest: Mapping, runs: Sequence[Run], keys: Sequence[str] = LA
       continue
     at = [r for r in group if r.overrides.get(LR_KEY) == best[key]
           and r.value("final_val_loss") is not None]
-    last = [next((row for row in reversed(r.rows) if _layers(row, keys[0])), {}) for r in at]
+    last = [next((row for row in reversed(r.rows) if _layers(row, LAYER_STATS[0])), {})
+            for r in at]
     entry = {"lr": best[key], "n": len(at)}
-    for k in keys:
+    for k in LAYER_STATS:
       per_run = [_layers(row, k) for row in last]
       layers = sorted(set.intersection(*map(set, per_run)))  # `at`: at least the best LR's run
       values = np.array([[p[i] for i in layers] for p in per_run], np.float64)
@@ -145,9 +145,8 @@ def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:
 
 
 def styles(n: int) -> list[tuple[str, str]]:
-  """n distinct (colour as #rrggbb, line style): tab10 up to 10 series; tab20 up to 20 (its 10
-  dark colours first, then the light ones); beyond, n colours sampled along `turbo`, the line
-  style cycling through four so neighbours in colour also differ in style."""
+  """n distinct (colour as #rrggbb, line style), as docs/metrics.md §9 says: beyond 20, the line
+  style cycles through four so that neighbours in colour also differ in style."""
   import matplotlib
   from matplotlib.colors import to_hex
   if n <= 10:

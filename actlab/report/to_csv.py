@@ -1,7 +1,5 @@
-"""The report's per-run table as `runs.csv`, for plotting elsewhere: per run its axis values and
-seed, state, status, learned (true / false / empty: not checked), last logged step and the
-`summary.json` numbers of `SUMMARY_COLUMNS` (`train_val_gap` = final val − final train loss) in
-full precision; missing and non-finite values are empty."""
+"""The report's per-run table as `runs.csv`, for plotting elsewhere (docs/metrics.md §9): the
+`summary.json` numbers of `SUMMARY_COLUMNS` in full precision, missing and non-finite ones empty."""
 
 from __future__ import annotations
 

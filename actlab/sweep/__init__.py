@@ -140,11 +140,9 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
   """Runs (or continues) the cells of `shard` of the sweep `spec` (`plan`) in `workdir`; {cell
   name: summary} of those that have ended (not those another process is training). A `worker`
   of `--workers` leaves sweep.json and the end to its parent. `cache` holds the compiled
-  functions (one compile per group); a caller may keep it across calls.
-
-  Cells run seed by seed, each group in turn, so that a sweep stopped early pairs every
-  activation and LR on the seeds it finished; with `sweep.vectorize`, a whole group at once.
-  """
+  functions (one compile per group); a caller may keep it across calls. Cells run seed by seed,
+  each group in turn, so that a sweep stopped early pairs every activation and LR on the seeds it
+  finished; with `sweep.vectorize`, a whole group at once."""
   workdir = pathlib.Path(workdir)
   mine = plan(base, spec, workdir, shard, manifest=not worker, overridden=overridden, log=log)
   groups = group(mine)

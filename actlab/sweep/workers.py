@@ -1,12 +1,8 @@
 """`actlab.sweep --workers=N`: N child sweeps on this host, each on its own share of the hardware
-(docs/sweeps.md, "Using all the hardware").
-
-Every child runs the parent's command with `--workers=1`: all walk the same cells and each cell's
-lock gives it to the first child to reach it, which balances cells of unequal cost. Child k is
-pinned (`sched_setaffinity`) to block k of the parent's CPUs, hyperthreads of a core together;
-that also sizes its XLA:CPU thread pools, which no XLA flag sets (`intra_op_parallelism_threads=`
-is silently ignored). With GPUs, child k sees only GPU k (`CUDA_VISIBLE_DEVICES`).
-"""
+(docs/sweeps.md, "Using all the hardware"). Each child runs the parent's command with
+`--workers=1`, and each cell's lock gives it to the first child to reach it. Child k is pinned
+(`sched_setaffinity`) to block k of the parent's CPUs, which also sizes its XLA:CPU thread pools
+(`intra_op_parallelism_threads=` is silently ignored), and sees only GPU k where there are GPUs."""
 
 from __future__ import annotations
 
