@@ -2,8 +2,6 @@
 its variants and the PyTorch reference side by side. `benches` holds what is timed and how,
 `results` the rows, the peak table and the environment."""
 
-from __future__ import annotations
-
 import jax
 import ml_collections
 

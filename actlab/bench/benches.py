@@ -4,8 +4,6 @@ and warms up, `timed(n)` runs n steps each waited for, `queued(n)` n steps back 
 wait at the end, `memory()` says what it knows. `side_by_side` and `back_to_back` time several in
 alternating rounds so that other processes' load, which comes and goes, hits all alike."""
 
-from __future__ import annotations
-
 import json
 import os
 import pathlib

@@ -2,8 +2,6 @@
 others' cores), with the devices' peak TFLOP/s and the `environment` the row records; rows as the
 table the command prints and as BENCHMARKS.md rows."""
 
-from __future__ import annotations
-
 import os
 import platform
 import sys

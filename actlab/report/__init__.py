@@ -5,8 +5,6 @@ What the report holds and how several sweeps merge: docs/sweeps.md, "The report"
 definition: docs/metrics.md §8, §9. This module assembles and writes the files; `load` reads the
 sweeps, `tables` writes the markdown, `plots` draws, `to_csv` writes runs.csv."""
 
-from __future__ import annotations
-
 import argparse
 import pathlib
 import shutil

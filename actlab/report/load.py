@@ -1,8 +1,6 @@
 """Reads sweep directories into one manifest and its runs for `actlab.report`; how several
 merge (`load_many`): docs/metrics.md §9, "Several sweeps"."""
 
-from __future__ import annotations
-
 import json
 import pathlib
 from typing import Sequence

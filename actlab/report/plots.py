@@ -2,8 +2,6 @@
 curves of `CURVES` and the per-layer statistics, drawing what `actlab.report.series` computes.
 One colour (and line style) per combination of the axes but the LR and the seed, in every plot."""
 
-from __future__ import annotations
-
 import math
 import pathlib
 

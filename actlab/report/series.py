@@ -1,8 +1,6 @@
 """The numbers the report's plots draw (`actlab.report.plots` only draws them): pure functions
 of a sweep's runs, and the series' colours (docs/metrics.md §9, "Plots")."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import re

@@ -1,8 +1,6 @@
 """The report's markdown tables, each with the rules above it (`sections`, `runs_table`); the
 numbers come from `actlab.measure.stats` and `actlab.measure.comparisons`."""
 
-from __future__ import annotations
-
 from typing import Sequence
 
 from actlab.measure import comparisons, stats

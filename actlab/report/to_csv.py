@@ -1,8 +1,6 @@
 """The report's per-run table as `runs.csv`, for plotting elsewhere (docs/metrics.md §9): the
 `summary.json` numbers of `SUMMARY_COLUMNS` in full precision, missing and non-finite ones empty."""
 
-from __future__ import annotations
-
 import csv
 import io
 import pathlib

@@ -10,8 +10,6 @@ docs/sweeps.md. Shards split cells, not compile groups (groups are few and unequ
 shard compiles every group it has cells of.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import pathlib

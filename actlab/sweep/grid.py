@@ -2,8 +2,6 @@
 `parse`), with the command line's `--config.<field>=` flags over its fixed values (`with_flags`),
 each cell named and validated (`cells`), shard i of N (`select`), and `sweep.json`."""
 
-from __future__ import annotations
-
 import dataclasses
 import itertools
 import pathlib

@@ -4,8 +4,6 @@
 (`sched_setaffinity`) to block k of the parent's CPUs, which also sizes its XLA:CPU thread pools
 (`intra_op_parallelism_threads=` is silently ignored), and sees only GPU k where there are GPUs."""
 
-from __future__ import annotations
-
 import dataclasses
 import itertools
 import os
