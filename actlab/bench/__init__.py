@@ -20,9 +20,8 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
         rounds: int = 0, torch: bool = False, torch_mode: str = "auto", runs: int = 1,
         peak: float | None = None, variants: list[str] = (), quiet_s: float = 0) -> list[dict]:
   """Benchmarks `config`, each of `variants` (override strings, `config.parse_overrides`) and,
-  with `torch`, the PyTorch reference (`torch_mode` "auto": `torch.compile` on a GPU, eager on
-  a CPU), timed in alternating rounds, step by step and back to back; returns one row per
-  bench."""
+  with `torch`, the PyTorch reference (`torch_mode` "auto": `torch.compile` on a GPU, eager on a
+  CPU) in alternating rounds, step by step and back to back; returns one row per bench."""
   configs = [config] + [config_lib.override(config.copy_and_resolve_references(),
                                             config_lib.parse_overrides(v)) for v in variants]
   labels = [""] + list(variants)

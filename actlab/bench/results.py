@@ -73,7 +73,6 @@ def summarize(name: str, c, res: dict, setup: dict, memory: dict, runs: int,
   tokens = c.train.batch_size * c.data.seq_len * runs
   fl = flops_lib.for_config(c, tokenizer_vocab(c))
   tflops = fl.total * tokens / step / 1e12
-  wall = res.get("wall") or float(times.sum())
   queued = res["queued_s"]
   return {
       "impl": name, "runs": runs, "step_ms": step * 1e3,
@@ -85,7 +84,7 @@ def summarize(name: str, c, res: dict, setup: dict, memory: dict, runs: int,
       "queued_step_ms": queued * 1e3, "queued_tokens_per_s": tokens / queued,
       "queued_mfu": (fl.total * tokens / queued / 1e12 / peak) if peak else None,
       "cpu_s_per_step": res["cpu"] / len(times),
-      "others_cores": max(0.0, res["busy"] / wall) if res.get("busy_known") else None,
+      "others_cores": max(0.0, res["busy"] / res["wall"]) if res["busy_known"] else None,
       **setup, **memory,
   }
 

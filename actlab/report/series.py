@@ -56,8 +56,7 @@ def band(runs: Sequence[Run], key: str) -> Band | None:
 
 
 def log_scale(values: Sequence[float], span: float = 30.0) -> bool:
-  """True when the finite values are all positive and max/min exceeds `span` (they span more
-  than about 1.5 decades)."""
+  """Whether the finite values are all positive and max/min exceeds `span` (about 1.5 decades)."""
   x = np.asarray([v for v in values if finite(v)], np.float64)
   return bool(x.size and x.min() > 0 and x.max() / x.min() > span)
 
@@ -83,8 +82,8 @@ def _layers(row: Mapping, key: str) -> dict[int, float]:
 
 def layer_stats(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, dict]:
   """Per combination of the non-LR axes, at its best LR (`best_lrs`): {"lr": the LR, "n": seeds,
-  key: (layers, mean, sd) for each of `LAYER_STATS`}, over the finished stable or unstable runs, each at
-  its last row with per-layer values (its last evaluation); sd NaN for one seed."""
+  key: (layers, mean, sd) for each of `LAYER_STATS`}, over the finished stable or unstable runs,
+  each at its last row with per-layer values (its last evaluation); sd NaN for one seed."""
   out = {}
   best = best_lrs(manifest, runs)
   for key, group in groups(manifest, runs).items():
@@ -126,9 +125,8 @@ def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:
-  """The final val loss of every group at every LR with its 95% t interval over the seeds with a
-  value; groups sorted by their lowest mean over LRs (best first, groups without values last),
-  LRs in grid order within a group."""
+  """Every group's final val loss at every LR with its 95% t interval over the seeds with a value;
+  groups by their lowest mean over LRs (best first, those without values last), LRs in order."""
   out = []
   for key, group in groups(manifest, runs).items():
     for lr in lr_grid(manifest):

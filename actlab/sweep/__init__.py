@@ -1,14 +1,8 @@
 """Runs a grid of configs, one workdir per cell: in this process, in N child processes on this
-host (`--workers=N`, workers.py) or as shard i of N independent jobs (`--shard=i/N`).
-
-    python -m actlab.sweep --config=configs/tinystories_gelu.py \\
-        --sweep=experiments/relu_vs_gelu_lr.py[:smoke] --workdir=runs/relu_vs_gelu \\
-        [--workers=N] [--shard=i/N]
-
-The sweep file's format, resuming, sharing a directory, job arrays and vectorized groups:
-docs/sweeps.md. Shards split cells, not compile groups (groups are few and unequal), so each
-shard compiles every group it has cells of.
-"""
+host (`--workers=N`, workers.py) or as shard i of N independent jobs (`--shard=i/N`). The sweep
+file's format, resuming, sharing a directory, job arrays and vectorized groups: docs/sweeps.md.
+Shards split cells, not compile groups (groups are few and unequal), so each shard compiles every
+group it has cells of."""
 
 import contextlib
 import os

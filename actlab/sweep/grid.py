@@ -101,16 +101,11 @@ def with_flags(sweep: Sweep, base: ml_collections.ConfigDict,
   return dataclasses.replace(sweep, fixed={**sweep.fixed, **flagged}), lines
 
 
-def _short_names(keys: Sequence[str]) -> dict[str, str]:
-  """Each key's last part (`optim.lr` → `lr`), or the whole key where that part is ambiguous."""
-  last = [k.rsplit(".", 1)[-1] for k in keys]
-  return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
-
-
 def cells(base: ml_collections.ConfigDict, sweep: Sweep) -> list[Cell]:
   """The grid, in order; each cell's config is validated before anything runs."""
   keys = [*sweep.axes, SEED_KEY]
-  short = _short_names(keys)
+  last = [k.rsplit(".", 1)[-1] for k in keys]  # optim.lr → lr, where no other key ends in lr
+  short = {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
   out = []
   for values in itertools.product(*sweep.axes.values(), sweep.seeds):
     overrides = dict(zip(keys, values))

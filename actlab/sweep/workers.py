@@ -129,9 +129,8 @@ def _start(w: Worker, n: int, argv: Sequence[str]) -> subprocess.Popen:
 def run(workers: Sequence[Worker], argv: Sequence[str], log: Callable[[str], None],
         poll: Callable[[], None] = lambda: None) -> None:
   """Runs `python -m actlab.sweep *argv` as each worker and waits for all of them, passing
-  SIGINT/SIGTERM on (each child checkpoints and stops); one line per child as it ends, and
-  `poll()` (the sweep's progress) while they run. Raises `Failed` if a child failed or was
-  stopped."""
+  SIGINT/SIGTERM on (each child checkpoints and stops); one line per child as it ends, `poll()`
+  (the sweep's progress) while they run. Raises `Failed` if a child failed or was stopped."""
   stop: list[int] = []
   previous = {s: signal.signal(s, lambda signum, _: stop.append(signum))
               for s in (signal.SIGINT, signal.SIGTERM)}
