@@ -71,8 +71,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
 
 
 def _closest(word: str, choices) -> str | None:
-  """The choice most like `word`: its abbreviation (`lr` for `learning_rate`), else difflib's
-  closest match, else None."""
+  """The choice most like `word`: its initials (`lr` for `learning_rate`), else difflib's."""
   choices = list(choices)
   initials = "".join(part[:1] for part in word.split("_"))
   if "_" in word and initials in choices:

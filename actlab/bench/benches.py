@@ -46,18 +46,15 @@ class Window:
                  else (ticks - self.ticks) / os.sysconf("SC_CLK_TCK"))
 
 
-def wait_quiet(max_wait_s: float, threshold: float = 0.2, window_s: float = 5.0) -> float | None:
+def wait_quiet(max_wait_s: float, threshold: float = 0.2, window_s: float = 5.0) -> None:
   """Waits (up to `max_wait_s`) until other processes keep fewer than `threshold` CPU cores busy
-  over a `window_s` window; returns the last load seen (None where it cannot be measured)."""
+  over a `window_s` window (one window only where their load cannot be measured)."""
   deadline = time.time() + max_wait_s
   while True:
     with Window() as w:  # This process sleeps: the machine's busy time is everyone else's.
       time.sleep(window_s)
-    if w.busy is None:
-      return None
-    load = w.busy / window_s
-    if load < threshold or time.time() > deadline:
-      return load
+    if w.busy is None or w.busy / window_s < threshold or time.time() > deadline:
+      return
 
 
 def _alternating(count: int, steps: int, rounds: int):

@@ -42,8 +42,7 @@ class Band:
 
 
 def band(runs: Sequence[Run], key: str) -> Band | None:
-  """Mean ± sd of `key` over the runs that logged it, at the steps all of them have finite
-  values; None if no run logged it or they share no step."""
+  """Mean ± sd of `key` over the runs that logged it, at the steps where all are finite; or None."""
   series = [{row["step"]: row[key] for row in r.rows if finite(row.get(key))} for r in runs]
   series = [s for s in series if s]
   if not series:
@@ -62,8 +61,7 @@ def log_scale(values: Sequence[float], span: float = 30.0) -> bool:
 
 
 def best_lrs(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, object]:
-  """Per combination of the non-LR axes, the LR with the lowest mean final val loss over seeds
-  (None without an LR axis; a group without any final val loss is left out)."""
+  """Per group of the non-LR axes with a final val loss, the LR with the lowest mean over seeds."""
   out = {}
   for key, group in groups(manifest, runs).items():
     by_lr: dict = {}
@@ -133,11 +131,8 @@ def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:
       vals = [r.value("final_val_loss") for r in group if r.overrides.get(LR_KEY) == lr
               and r.value("final_val_loss") is not None]
       out.append(Interval(key, lr, len(vals), *t_interval(vals)))
-  best = {}
-  for i in out:
-    if i.n:
-      best[i.group] = min(best.get(i.group, math.inf), i.mean)
-  return sorted(out, key=lambda i: best.get(i.group, math.inf))  # stable: LR order kept
+  best = lambda group: min((i.mean for i in out if i.group == group and i.n), default=math.inf)
+  return sorted(out, key=lambda i: best(i.group))  # stable: LR order kept
 
 
 def styles(n: int) -> list[tuple[str, str]]:

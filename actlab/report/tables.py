@@ -178,8 +178,7 @@ def runs_table(runs) -> str:
 
 
 def sections(manifest, runs, base) -> list[tuple[str, str, str]]:
-  """The report's sections between its header and the plots, as (title, the rules or
-  definitions above the table, the table); `base`: the baseline activation."""
+  """(title, the rules above the table, the table) of each section before the plots."""
   per_lr, best = comparisons.family(manifest, runs, base)
   per_lr_text, best_text = comparison_texts(manifest, runs, per_lr, best)
   axis = stats.activation_axis(manifest)

@@ -29,8 +29,7 @@ def _say(message: str) -> None:
 
 
 def group(cells_: Sequence[Cell]) -> list[list[Cell]]:
-  """Cells that can share compiled functions (configs equal but for LR and seed), grid order kept
-  within a group, groups in order of first appearance."""
+  """Cells that can share compiled functions (configs equal but for LR and seed), in order."""
   groups: dict[str, list[Cell]] = {}
   for cell in cells_:
     groups.setdefault(steps.compile_key(cell.config, 0), []).append(cell)
@@ -102,8 +101,7 @@ def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
 
 
 def _at_once(cells_: Sequence[Cell], workers_: int = 1) -> int:
-  """How many of `cells_` train at once: `workers_` × the cells of one program (with
-  `sweep.vectorize`, a group's, at most `sweep.max_runs`)."""
+  """Cells training at once: `workers_` × one program's (`sweep.vectorize`: ≤ `sweep.max_runs`)."""
   s = cells_[0].config.sweep if cells_ else None
   if not (s and s.vectorize):
     return workers_
@@ -111,14 +109,12 @@ def _at_once(cells_: Sequence[Cell], workers_: int = 1) -> int:
 
 
 def _ended(cells_: Sequence[Cell], workdir: pathlib.Path) -> dict[str, dict]:
-  """{cell name: summary} of the cells that have ended, as their summary.json files say."""
   return {c.name: s for c in cells_ if (s := workdir_lib.read_summary(workdir / c.name))}
 
 
 def _end(cells_: Sequence[Cell], workdir: pathlib.Path, results: dict,
          log: Callable[[str], None]) -> None:
-  """What the sweep's parent does last: says which cells others are still training, and adds
-  the ended cells to TensorBoard's HParams table (`tracking.write_hparams`)."""
+  """The parent's last words: the cells others still train; TensorBoard's HParams table."""
   if len(results) < len(cells_):
     log(f"sweep: {len(cells_) - len(results)} cell(s) are being trained by another process; "
         "rerun this command once it is done to see every cell finished")

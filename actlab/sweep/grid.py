@@ -136,7 +136,6 @@ def parse_shard(spec: str) -> tuple[int, int]:
 
 
 def select(grid: Sequence[Cell], shard: tuple[int, int]) -> list[Cell]:
-  """Shard i of N: cells i, i + N, i + 2N, … of the grid."""
   i, n = shard
   return list(grid[i::n])
 
