@@ -114,18 +114,17 @@ class JaxBench:
   def setup(self, warmup: int) -> dict:
     c = self.config
     program = steps.Program.create(c, self.vocab, self.runs)
-    state = program.start([c] * self.runs)
-    batch = program.put_batches([tasks.get(c).random_batch(c, self.vocab, s)
-                                 for s in range(self.runs)])
-    t0 = time.perf_counter()
-    self.compiled = program.train_step.lower(state, batch).compile()
-    compile_s = time.perf_counter() - t0
-    self.state, self.batch, self.sync_each_step = state, batch, program.plan.sync_each_step
-    t0 = time.perf_counter()
-    for _ in range(max(1, warmup)):
-      self.state, metrics = self.compiled(self.state, self.batch)
-      jax.block_until_ready(metrics)
-    return {"compile_s": compile_s, "warmup_s": time.perf_counter() - t0}
+    self.state = program.start([c] * self.runs)
+    self.batch = program.put_batches([tasks.get(c).random_batch(c, self.vocab, s)
+                                      for s in range(self.runs)])
+    self.sync_each_step = program.plan.sync_each_step
+    with Window() as compiling:
+      self.compiled = program.train_step.lower(self.state, self.batch).compile()
+    with Window() as warming:
+      for _ in range(max(1, warmup)):
+        self.state, metrics = self.compiled(self.state, self.batch)
+        jax.block_until_ready(metrics)
+    return {"compile_s": compiling.wall, "warmup_s": warming.wall}
 
   def timed(self, n: int) -> dict:
     times = []

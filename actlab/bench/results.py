@@ -1,6 +1,5 @@
-"""A bench's measurements as a row (`summarize`: step time percentiles, tokens/s, TFLOP/s, MFU,
-others' cores), with the devices' peak TFLOP/s and the `environment` the row records; rows as the
-table the command prints and as BENCHMARKS.md rows."""
+"""A bench's measurements as a row (`summarize`), the devices' peak TFLOP/s, the `environment`
+the row records, and rows as the table the command prints and as BENCHMARKS.md rows."""
 
 import os
 import platform

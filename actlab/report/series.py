@@ -115,8 +115,7 @@ def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
   """Mean and 95% t interval mean ± t₀.₉₇₅,ₙ₋₁·sd/√n (NaN where undefined)."""
   n = len(values)
   if n < 2:
-    mean = float(values[0]) if n else math.nan
-    return mean, math.nan, math.nan
+    return float(values[0]) if n else math.nan, math.nan, math.nan
   mean, sd = stats.mean_sd(values)
   half = float(sps.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
   return mean, mean - half, mean + half
@@ -147,5 +146,4 @@ def styles(n: int) -> list[tuple[str, str]]:
     colors = [*tab20[0::2], *tab20[1::2]][:n]
   else:
     colors = matplotlib.colormaps["turbo"](np.linspace(0.03, 0.97, n))
-  dashed = n > 20
-  return [(to_hex(c), _LINE_STYLES[i % 4] if dashed else "-") for i, c in enumerate(colors)]
+  return [(to_hex(c), _LINE_STYLES[i % 4] if n > 20 else "-") for i, c in enumerate(colors)]

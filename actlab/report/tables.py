@@ -31,8 +31,7 @@ def _cell(runs: Sequence[Run], key: str, n_seeds: int, scale: float, digits: int
 
 
 def status_counts(runs: Sequence[Run]) -> str:
-  order = (*STATUSES, "incomplete", "missing")
-  counts = {s: sum(r.status == s for r in runs) for s in order}
+  counts = {s: sum(r.status == s for r in runs) for s in (*STATUSES, "incomplete", "missing")}
   not_learned = sum(r.learned is False for r in runs)
   return (", ".join(f"{n} {s}" for s, n in counts.items() if n)
           + (f"; {not_learned} not learned" if not_learned else ""))
