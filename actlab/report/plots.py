@@ -29,15 +29,14 @@ def _label(key: tuple) -> str:
 def _save(fig, axes, path: pathlib.Path, ylabel: str = "", log_y: bool = False,
           legend_cols: int | None = None) -> bool:
   """Grid, y label and scale, one legend of every panel's series; saves to `path` and closes."""
+  legend = {}  # every panel's series, each once (a panel may lack some)
   for ax in axes:
     ax.grid(alpha=0.3)
     if log_y:
       ax.set_yscale("log")
-  axes[0].set_ylabel(ylabel)
-  legend = {}  # every panel's series, each once (a panel may lack some)
-  for ax in axes:
     legend.update({label: h for h, label in zip(*ax.get_legend_handles_labels())
                    if label not in legend})
+  axes[0].set_ylabel(ylabel)
   axes[0].legend(legend.values(), legend.keys(), fontsize=7,
                  ncol=legend_cols or (2 if len(legend) > 6 else 1))
   fig.tight_layout()
