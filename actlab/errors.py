@@ -5,9 +5,9 @@ mistakes in the flags (an unknown flag or field, a bad value, a broken config fi
 
 import contextlib
 import difflib
-import importlib.util
 import os
 import pathlib
+import runpy
 import sys
 import traceback
 
@@ -89,12 +89,10 @@ def call_file(path: str, function: str, *args, kind: str):
     hint = f"; did you mean {str(file.with_name(sibling))!r}?" if sibling else ""
     raise UserError(f"{kind} file {path!r} not found{hint}")
   try:
-    spec = importlib.util.spec_from_file_location(f"actlab_{kind}_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, function):
+    namespace = runpy.run_path(str(file), run_name=f"actlab_{kind}_{file.stem}")
+    if function not in namespace:
       raise UserError(f"{kind} file {path!r} defines no {function}()")
-    return getattr(module, function)(*args)
+    return namespace[function](*args)
   except (UserError, ValueError):
     raise
   except SyntaxError as e:
