@@ -1,6 +1,7 @@
 """A bench's measurements as a row (`summarize`), the devices' peak TFLOP/s, the `environment`
 the row records, and rows as the table the command prints and as BENCHMARKS.md rows."""
 
+import contextlib
 import os
 import platform
 import sys
@@ -51,11 +52,8 @@ def environment() -> dict:
   """The devices, host CPU, library versions, XLA flags and command line of this process."""
   d = jax.devices()[0]
   cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
+  with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
+    cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
   versions = {mod: __import__(mod).__version__ for mod in ("jax", "jaxlib", "flax", "optax")}
   return {"platform": d.platform, "device_kind": d.device_kind, "devices": jax.device_count(),
           "processes": jax.process_count(), "host_cpu": cpu, "host_cores": os.cpu_count(),
