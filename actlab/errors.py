@@ -1,15 +1,13 @@
-"""User-facing errors: one readable line on stderr and a non-zero exit, no traceback wall.
-
-Command-line tools run `errors.run(main)` and define their config file flag with
-`define_config_file`: then mistakes in the flags (an unknown flag or field, a bad value, a missing
-or broken config file) are reported like a UserError raised by `main`.
+"""User-facing errors: one readable line on stderr and a non-zero exit, no traceback wall. Tools
+that run `errors.run(main)` and define their config file flag with `define_config_file` report
+mistakes in the flags (an unknown flag or field, a bad value, a broken config file) the same way.
 """
 
 import contextlib
 import difflib
-import importlib.util
 import os
 import pathlib
+import runpy
 import sys
 import traceback
 
@@ -26,7 +24,7 @@ class UserError(Exception):
 
 
 class DataError(UserError):
-  """A data problem the user can fix; the message says how. main prints it and exits non-zero."""
+  """A data problem the user can fix; the message says how."""
 
 
 def short_cause(e: BaseException, limit: int = 150) -> str:
@@ -73,8 +71,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
 
 
 def _closest(word: str, choices) -> str | None:
-  """The choice most like `word`: its abbreviation (`lr` for `learning_rate`), else difflib's
-  closest match, else None."""
+  """The choice most like `word`: its initials (`lr` for `learning_rate`), else difflib's."""
   choices = list(choices)
   initials = "".join(part[:1] for part in word.split("_"))
   if "_" in word and initials in choices:
@@ -92,12 +89,10 @@ def call_file(path: str, function: str, *args, kind: str):
     hint = f"; did you mean {str(file.with_name(sibling))!r}?" if sibling else ""
     raise UserError(f"{kind} file {path!r} not found{hint}")
   try:
-    spec = importlib.util.spec_from_file_location(f"actlab_{kind}_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, function):
+    namespace = runpy.run_path(str(file), run_name=f"actlab_{kind}_{file.stem}")
+    if function not in namespace:
       raise UserError(f"{kind} file {path!r} defines no {function}()")
-    return getattr(module, function)(*args)
+    return namespace[function](*args)
   except (UserError, ValueError):
     raise
   except SyntaxError as e:
@@ -140,14 +135,12 @@ def _dotted_fields(config: ml_collections.ConfigDict, prefix: str = ""):
 
 
 def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
-  """Loads each config file flag's `path[:arg]` in `argv` as config_flags does and checks its
-  `--<name>.<key>` overrides: a UserError for a missing or broken file, or a key that names no
-  field. (config_flags fails on these with tracebacks from inside absl's parsing, which no public
-  hook reaches.) The config flag is parsed here as a plain string (known_only): of the flags left
-  over, those under `--<name>.` are the overrides."""
+  """A UserError for a config file flag's missing or broken `path[:arg]` in `argv`, or an
+  override `--<name>.<key>` that names no field: config_flags fails on these with tracebacks from
+  inside absl's parsing, which no public hook reaches."""
   mine = [f.name for f in _config_file_flags if f.name in flag_values and flag_values[f.name] is f]
   for name in mine:
-    as_string = flags.FlagValues()
+    as_string = flags.FlagValues()  # Only the config flag, as a plain string (known_only).
     flags.DEFINE_string(name, None, "", flag_values=as_string)
     unparsed = as_string(argv, known_only=True)[1:]
     if as_string[name].value is None:

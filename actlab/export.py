@@ -39,8 +39,7 @@ def check_out(out: pathlib.Path) -> None:
 
 
 def write(workdir: pathlib.Path, out: pathlib.Path) -> str:
-  """Writes the run in `workdir` into `out` (`check_out`); returns the line that says what was
-  written, from which step of how many, and how to load it."""
+  """Writes the run in `workdir` into `out` (`check_out`); returns a line saying what it wrote."""
   missing = [m for m in ("transformers", "safetensors", "tokenizers")
              if importlib.util.find_spec(m) is None]
   if missing:

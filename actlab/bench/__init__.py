@@ -2,8 +2,6 @@
 its variants and the PyTorch reference side by side. `benches` holds what is timed and how,
 `results` the rows, the peak table and the environment."""
 
-from __future__ import annotations
-
 import jax
 import ml_collections
 
@@ -22,9 +20,8 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
         rounds: int = 0, torch: bool = False, torch_mode: str = "auto", runs: int = 1,
         peak: float | None = None, variants: list[str] = (), quiet_s: float = 0) -> list[dict]:
   """Benchmarks `config`, each of `variants` (override strings, `config.parse_overrides`) and,
-  with `torch`, the PyTorch reference (`torch_mode` "auto": `torch.compile` on a GPU, eager on
-  a CPU), timed in alternating rounds, step by step and back to back; returns one row per
-  bench."""
+  with `torch`, the PyTorch reference (`torch_mode` "auto": `torch.compile` on a GPU, eager on a
+  CPU) in alternating rounds, step by step and back to back; returns one row per bench."""
   configs = [config] + [config_lib.override(config.copy_and_resolve_references(),
                                             config_lib.parse_overrides(v)) for v in variants]
   labels = [""] + list(variants)
@@ -60,9 +57,7 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
       if hasattr(b, "proc"):  # a started torch worker
         b.close()
   for r, c, label in zip(rows, configs, labels):
-    r["env"] = env
-    r["config"] = config_summary(c)
-    r["variant"] = label
+    r.update(env=env, config=config_summary(c), variant=label)
     if label:
       r["speedup_vs_base"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
       r["queued_speedup_vs_base"] = r["queued_tokens_per_s"] / rows[0]["queued_tokens_per_s"]

@@ -35,12 +35,10 @@ def main(argv):
   print(f"config: {rows[0]['config']}; {rows[0]['flops_per_token'] / 1e6:.2f} MFLOP/token")
   print(table(rows))
   for r in rows:
-    if "speedup_vs_torch" in r:
-      print(f"actlab{variant_tag(r)} / torch tokens/s: {r['speedup_vs_torch']:.2f}× step by step, "
-            f"{r['queued_speedup_vs_torch']:.2f}× back to back")
-    if "speedup_vs_base" in r:
-      print(f"[{r['variant']}] / base tokens/s: {r['speedup_vs_base']:.2f}× step by step, "
-            f"{r['queued_speedup_vs_base']:.2f}× back to back")
+    for vs, name in (("torch", f"actlab{variant_tag(r)}"), ("base", f"[{r['variant']}]")):
+      if f"speedup_vs_{vs}" in r:
+        print(f"{name} / {vs} tokens/s: {r[f'speedup_vs_{vs}']:.2f}× step by step, "
+              f"{r[f'queued_speedup_vs_{vs}']:.2f}× back to back")
   if F.markdown:
     print(markdown_rows(rows, F.label))
   if F.json_out:

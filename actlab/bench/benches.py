@@ -1,15 +1,8 @@
-"""What is timed, and how on a shared machine.
-
-A bench has a `name`; `setup(warmup)` compiles and warms up (returning `compile_s`, `warmup_s`),
-`timed(n)` runs n steps, each waited for (their `times` and this process's `cpu` seconds),
-`queued(n)` runs n steps back to back with one wait at the end (their `wall` time), `memory()`
-reports what it knows of memory. `JaxBench` is actlab's training step, `TorchBench` the PyTorch
-reference in a worker process. `side_by_side` and `back_to_back` time several benches in
-alternating rounds so that other processes' load, which comes and goes, hits all alike; `Window`
-measures a stretch of code (wall, own CPU, others' busy cores), `wait_quiet` waits for a quiet CPU.
-"""
-
-from __future__ import annotations
+"""What is timed, and how on a shared machine. A bench (`JaxBench`: actlab's training step,
+`TorchBench`: the PyTorch reference in a worker process) has a `name`; `setup(warmup)` compiles
+and warms up, `timed(n)` runs n steps each waited for, `queued(n)` n steps back to back with one
+wait at the end, `memory()` says what it knows. `side_by_side` and `back_to_back` time several in
+alternating rounds so that other processes' load, which comes and goes, hits all alike."""
 
 import json
 import os
@@ -42,32 +35,26 @@ class Window:
   """Wall time, this process's CPU time and everyone else's busy cores over a stretch of code."""
 
   def __enter__(self):
-    self.ticks, self.t0 = _busy_ticks(), time.perf_counter()
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    self.cpu0 = r.ru_utime + r.ru_stime
+    self.ticks, self.t0, self.cpu0 = _busy_ticks(), time.perf_counter(), time.process_time()
     return self
 
   def __exit__(self, *exc):
     self.wall = time.perf_counter() - self.t0
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    self.cpu = r.ru_utime + r.ru_stime - self.cpu0
+    self.cpu = time.process_time() - self.cpu0
     ticks = _busy_ticks()
     self.busy = (None if ticks is None or self.ticks is None
                  else (ticks - self.ticks) / os.sysconf("SC_CLK_TCK"))
 
 
-def wait_quiet(max_wait_s: float, threshold: float = 0.2, window_s: float = 5.0) -> float | None:
+def wait_quiet(max_wait_s: float, threshold: float = 0.2, window_s: float = 5.0) -> None:
   """Waits (up to `max_wait_s`) until other processes keep fewer than `threshold` CPU cores busy
-  over a `window_s` window; returns the last load seen (None where it cannot be measured)."""
+  over a `window_s` window (one window only where their load cannot be measured)."""
   deadline = time.time() + max_wait_s
   while True:
     with Window() as w:  # This process sleeps: the machine's busy time is everyone else's.
       time.sleep(window_s)
-    if w.busy is None:
-      return None
-    load = w.busy / window_s
-    if load < threshold or time.time() > deadline:
-      return load
+    if w.busy is None or w.busy / window_s < threshold or time.time() > deadline:
+      return
 
 
 def _alternating(count: int, steps: int, rounds: int):
@@ -127,18 +114,17 @@ class JaxBench:
   def setup(self, warmup: int) -> dict:
     c = self.config
     program = steps.Program.create(c, self.vocab, self.runs)
-    state = program.start([c] * self.runs)
-    batch = program.put_batches([tasks.get(c).random_batch(c, self.vocab, s)
-                                 for s in range(self.runs)])
-    t0 = time.perf_counter()
-    self.compiled = program.train_step.lower(state, batch).compile()
-    compile_s = time.perf_counter() - t0
-    self.state, self.batch, self.sync_each_step = state, batch, program.plan.sync_each_step
-    t0 = time.perf_counter()
-    for _ in range(max(1, warmup)):
-      self.state, metrics = self.compiled(self.state, self.batch)
-      jax.block_until_ready(metrics)
-    return {"compile_s": compile_s, "warmup_s": time.perf_counter() - t0}
+    self.state = program.start([c] * self.runs)
+    self.batch = program.put_batches([tasks.get(c).random_batch(c, self.vocab, s)
+                                      for s in range(self.runs)])
+    self.sync_each_step = program.plan.sync_each_step
+    with Window() as compiling:
+      self.compiled = program.train_step.lower(self.state, self.batch).compile()
+    with Window() as warming:
+      for _ in range(max(1, warmup)):
+        self.state, metrics = self.compiled(self.state, self.batch)
+        jax.block_until_ready(metrics)
+    return {"compile_s": compiling.wall, "warmup_s": warming.wall}
 
   def timed(self, n: int) -> dict:
     times = []

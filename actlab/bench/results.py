@@ -1,9 +1,7 @@
-"""A bench's measurements as a row (`summarize`: step time percentiles, tokens/s, TFLOP/s, MFU,
-others' cores), with the devices' peak TFLOP/s and the `environment` the row records; rows as the
-table the command prints and as BENCHMARKS.md rows."""
+"""A bench's measurements as a row (`summarize`), the devices' peak TFLOP/s, the `environment`
+the row records, and rows as the table the command prints and as BENCHMARKS.md rows."""
 
-from __future__ import annotations
-
+import contextlib
 import os
 import platform
 import sys
@@ -54,17 +52,9 @@ def environment() -> dict:
   """The devices, host CPU, library versions, XLA flags and command line of this process."""
   d = jax.devices()[0]
   cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
-  versions = {"jax": jax.__version__}
-  for mod in ("jaxlib", "flax", "optax"):
-    try:
-      versions[mod] = __import__(mod).__version__
-    except Exception:
-      pass
+  with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
+    cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  versions = {mod: __import__(mod).__version__ for mod in ("jax", "jaxlib", "flax", "optax")}
   return {"platform": d.platform, "device_kind": d.device_kind, "devices": jax.device_count(),
           "processes": jax.process_count(), "host_cpu": cpu, "host_cores": os.cpu_count(),
           "versions": versions, "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -72,16 +62,14 @@ def environment() -> dict:
                               + sys.argv[1:])}
 
 
-def summarize(name: str, config, res: dict, setup: dict, memory: dict, runs: int,
+def summarize(name: str, c, res: dict, setup: dict, memory: dict, runs: int,
               peak: float | None, peak_source: str) -> dict:
-  """One row: `side_by_side`'s result `res` for a bench of `config`, its setup and memory."""
-  c = config
+  """One row: `side_by_side`'s result `res` for a bench of config `c`, its setup and memory."""
   times = np.asarray(res["times"])
   step = float(np.median(times))
   tokens = c.train.batch_size * c.data.seq_len * runs
   fl = flops_lib.for_config(c, tokenizer_vocab(c))
   tflops = fl.total * tokens / step / 1e12
-  wall = res.get("wall") or float(times.sum())
   queued = res["queued_s"]
   return {
       "impl": name, "runs": runs, "step_ms": step * 1e3,
@@ -93,7 +81,7 @@ def summarize(name: str, config, res: dict, setup: dict, memory: dict, runs: int
       "queued_step_ms": queued * 1e3, "queued_tokens_per_s": tokens / queued,
       "queued_mfu": (fl.total * tokens / queued / 1e12 / peak) if peak else None,
       "cpu_s_per_step": res["cpu"] / len(times),
-      "others_cores": max(0.0, res["busy"] / wall) if res.get("busy_known") else None,
+      "others_cores": max(0.0, res["busy"] / res["wall"]) if res["busy_known"] else None,
       **setup, **memory,
   }
 

@@ -1,11 +1,7 @@
-"""Sweep directories → `report.md`, `runs.csv` and `plots/*.png`:
-`python -m actlab.report runs/<sweep> [more sweeps --out=DIR] [--baseline=<activation>]`.
-
-What the report holds and how several sweeps merge: docs/sweeps.md, "The report"; each number's
-definition: docs/metrics.md §8, §9. This module assembles and writes the files; `load` reads the
-sweeps, `tables` writes the markdown, `plots` draws, `to_csv` writes runs.csv."""
-
-from __future__ import annotations
+"""Sweep directories → `report.md`, `runs.csv` and `plots/*.png` (`python -m actlab.report
+--help`; what the report holds: docs/sweeps.md, "The report"; each number: docs/metrics.md §8,
+§9). This module assembles and writes the files; `load` reads the sweeps, `tables` writes the
+markdown, `plots` draws, `to_csv` writes runs.csv."""
 
 import argparse
 import pathlib

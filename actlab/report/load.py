@@ -1,13 +1,5 @@
-"""Reads sweep directories into one manifest and its runs for `actlab.report`
-(docs/sweeps.md, "The report").
-
-Several directories merge into one grid (`load_many`): the union of their axes, values and seeds;
-every other config field (runtime ones aside) must agree, else the merge is refused naming it. A
-run is identified by its axis values and seed: one held by two directories counts once, the most
-complete copy (done, else incomplete, else missing) of the first directory holding it. `pairs`
-are united; the stated equivalence margins must be one (a margin is fixed before the runs)."""
-
-from __future__ import annotations
+"""Reads sweep directories into one manifest and its runs for `actlab.report`; how several
+merge (`load_many`): docs/metrics.md §9, "Several sweeps"."""
 
 import json
 import pathlib
@@ -90,8 +82,8 @@ def _check_mergeable(roots, configs: list[dict[str, dict]], axes: Sequence[str])
 
 
 def load_many(roots: Sequence, also: Sequence[str] = ()) -> tuple[dict, list[Run], list[str]]:
-  """The merged manifest, runs and names of the runs held twice (module docstring); `also`:
-  fields the directories fix at different values, taken as axes too."""
+  """The merged manifest, runs and names of the runs held twice (a run counts once: the first
+  directory's most complete copy); `also`: fields the directories fix at different values."""
   roots = [pathlib.Path(r) for r in roots]
   loaded = [load(r) for r in roots]
   if len(roots) == 1:

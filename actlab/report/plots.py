@@ -2,8 +2,6 @@
 curves of `CURVES` and the per-layer statistics, drawing what `actlab.report.series` computes.
 One colour (and line style) per combination of the axes but the LR and the seed, in every plot."""
 
-from __future__ import annotations
-
 import math
 import pathlib
 
@@ -30,17 +28,15 @@ def _label(key: tuple) -> str:
 
 def _save(fig, axes, path: pathlib.Path, ylabel: str = "", log_y: bool = False,
           legend_cols: int | None = None) -> bool:
-  """Grid, y label and scale, legend (two columns beyond six entries unless `legend_cols`);
-  writes the figure to `path` and closes it."""
+  """Grid, y label and scale, one legend of every panel's series; saves to `path` and closes."""
+  legend = {}  # every panel's series, each once (a panel may lack some)
   for ax in axes:
     ax.grid(alpha=0.3)
     if log_y:
       ax.set_yscale("log")
-  axes[0].set_ylabel(ylabel)
-  legend = {}  # every panel's series, each once (a panel may lack some)
-  for ax in axes:
     legend.update({label: h for h, label in zip(*ax.get_legend_handles_labels())
                    if label not in legend})
+  axes[0].set_ylabel(ylabel)
   axes[0].legend(legend.values(), legend.keys(), fontsize=7,
                  ncol=legend_cols or (2 if len(legend) > 6 else 1))
   fig.tight_layout()
@@ -112,8 +108,7 @@ def plot_curves(manifest, runs, key: str, ylabel: str, path: pathlib.Path,
 
 
 def plot_layers(manifest, runs, path: pathlib.Path) -> bool:
-  """One panel per statistic of `series.LAYER_STATS`, x = layer, one series per group at
-  its best LR: mean ± sd over seeds as error bars."""
+  """One panel per `series.LAYER_STATS` against the layer, each group at its best LR: mean ± sd."""
   data = {k: e for k, e in series.layer_stats(manifest, runs).items()
           if len(e[series.LAYER_STATS[0]][0])}
   if not data:
@@ -142,8 +137,7 @@ def plot_layers(manifest, runs, path: pathlib.Path) -> bool:
 
 
 def plot_forest(manifest, runs, path: pathlib.Path) -> bool:
-  """Final val loss per group (rows, best first), one marker per LR: mean and 95% t interval
-  over seeds (`series.forest`)."""
+  """Final val loss per group (best first), one marker per LR: mean, 95% t interval (`forest`)."""
   lrs = series.lr_grid(manifest)
   rows = [i for i in series.forest(manifest, runs) if i.n]
   if len(lrs) > FOREST_MAX_LRS or not rows:

@@ -1,8 +1,6 @@
 """The numbers the report's plots draw (`actlab.report.plots` only draws them): pure functions
 of a sweep's runs, and the series' colours (docs/metrics.md §9, "Plots")."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import re
@@ -44,8 +42,7 @@ class Band:
 
 
 def band(runs: Sequence[Run], key: str) -> Band | None:
-  """Mean ± sd of `key` over the runs that logged it, at the steps all of them have finite
-  values; None if no run logged it or they share no step."""
+  """Mean ± sd of `key` over the runs that logged it, at the steps where all are finite; or None."""
   series = [{row["step"]: row[key] for row in r.rows if finite(row.get(key))} for r in runs]
   series = [s for s in series if s]
   if not series:
@@ -58,15 +55,13 @@ def band(runs: Sequence[Run], key: str) -> Band | None:
 
 
 def log_scale(values: Sequence[float], span: float = 30.0) -> bool:
-  """True when the finite values are all positive and max/min exceeds `span` (they span more
-  than about 1.5 decades)."""
+  """Whether the finite values are all positive and max/min exceeds `span` (about 1.5 decades)."""
   x = np.asarray([v for v in values if finite(v)], np.float64)
   return bool(x.size and x.min() > 0 and x.max() / x.min() > span)
 
 
 def best_lrs(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, object]:
-  """Per combination of the non-LR axes, the LR with the lowest mean final val loss over seeds
-  (None without an LR axis; a group without any final val loss is left out)."""
+  """Per group of the non-LR axes with a final val loss, the LR with the lowest mean over seeds."""
   out = {}
   for key, group in groups(manifest, runs).items():
     by_lr: dict = {}
@@ -83,11 +78,10 @@ def _layers(row: Mapping, key: str) -> dict[int, float]:
           if (m := re.fullmatch(re.escape(key) + r"/layer_(\d+)", k)) and finite(v)}
 
 
-def layer_stats(manifest: Mapping, runs: Sequence[Run], keys: Sequence[str] = LAYER_STATS
-                ) -> dict[tuple, dict]:
+def layer_stats(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, dict]:
   """Per combination of the non-LR axes, at its best LR (`best_lrs`): {"lr": the LR, "n": seeds,
-  key: (layers, mean, sd) for each of `keys`}, over the finished stable or unstable runs, each at
-  its last row with per-layer values (its last evaluation); sd NaN for one seed."""
+  key: (layers, mean, sd) for each of `LAYER_STATS`}, over the finished stable or unstable runs,
+  each at its last row with per-layer values (its last evaluation); sd NaN for one seed."""
   out = {}
   best = best_lrs(manifest, runs)
   for key, group in groups(manifest, runs).items():
@@ -95,9 +89,10 @@ def layer_stats(manifest: Mapping, runs: Sequence[Run], keys: Sequence[str] = LA
       continue
     at = [r for r in group if r.overrides.get(LR_KEY) == best[key]
           and r.value("final_val_loss") is not None]
-    last = [next((row for row in reversed(r.rows) if _layers(row, keys[0])), {}) for r in at]
+    last = [next((row for row in reversed(r.rows) if _layers(row, LAYER_STATS[0])), {})
+            for r in at]
     entry = {"lr": best[key], "n": len(at)}
-    for k in keys:
+    for k in LAYER_STATS:
       per_run = [_layers(row, k) for row in last]
       layers = sorted(set.intersection(*map(set, per_run)))  # `at`: at least the best LR's run
       values = np.array([[p[i] for i in layers] for p in per_run], np.float64)
@@ -120,34 +115,28 @@ def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
   """Mean and 95% t interval mean ± t₀.₉₇₅,ₙ₋₁·sd/√n (NaN where undefined)."""
   n = len(values)
   if n < 2:
-    mean = float(values[0]) if n else math.nan
-    return mean, math.nan, math.nan
+    return float(values[0]) if n else math.nan, math.nan, math.nan
   mean, sd = stats.mean_sd(values)
   half = float(sps.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
   return mean, mean - half, mean + half
 
 
 def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:
-  """The final val loss of every group at every LR with its 95% t interval over the seeds with a
-  value; groups sorted by their lowest mean over LRs (best first, groups without values last),
-  LRs in grid order within a group."""
+  """Every group's final val loss at every LR with its 95% t interval over the seeds with a value;
+  groups by their lowest mean over LRs (best first, those without values last), LRs in order."""
   out = []
   for key, group in groups(manifest, runs).items():
     for lr in lr_grid(manifest):
       vals = [r.value("final_val_loss") for r in group if r.overrides.get(LR_KEY) == lr
               and r.value("final_val_loss") is not None]
       out.append(Interval(key, lr, len(vals), *t_interval(vals)))
-  best = {}
-  for i in out:
-    if i.n:
-      best[i.group] = min(best.get(i.group, math.inf), i.mean)
-  return sorted(out, key=lambda i: best.get(i.group, math.inf))  # stable: LR order kept
+  best = lambda group: min((i.mean for i in out if i.group == group and i.n), default=math.inf)
+  return sorted(out, key=lambda i: best(i.group))  # stable: LR order kept
 
 
 def styles(n: int) -> list[tuple[str, str]]:
-  """n distinct (colour as #rrggbb, line style): tab10 up to 10 series; tab20 up to 20 (its 10
-  dark colours first, then the light ones); beyond, n colours sampled along `turbo`, the line
-  style cycling through four so neighbours in colour also differ in style."""
+  """n distinct (colour as #rrggbb, line style), as docs/metrics.md §9 says: beyond 20, the line
+  style cycles through four so that neighbours in colour also differ in style."""
   import matplotlib
   from matplotlib.colors import to_hex
   if n <= 10:
@@ -157,5 +146,4 @@ def styles(n: int) -> list[tuple[str, str]]:
     colors = [*tab20[0::2], *tab20[1::2]][:n]
   else:
     colors = matplotlib.colormaps["turbo"](np.linspace(0.03, 0.97, n))
-  dashed = n > 20
-  return [(to_hex(c), _LINE_STYLES[i % 4] if dashed else "-") for i, c in enumerate(colors)]
+  return [(to_hex(c), _LINE_STYLES[i % 4] if n > 20 else "-") for i, c in enumerate(colors)]

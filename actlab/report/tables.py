@@ -1,8 +1,6 @@
 """The report's markdown tables, each with the rules above it (`sections`, `runs_table`); the
 numbers come from `actlab.measure.stats` and `actlab.measure.comparisons`."""
 
-from __future__ import annotations
-
 from typing import Sequence
 
 from actlab.measure import comparisons, stats
@@ -33,8 +31,7 @@ def _cell(runs: Sequence[Run], key: str, n_seeds: int, scale: float, digits: int
 
 
 def status_counts(runs: Sequence[Run]) -> str:
-  order = (*STATUSES, "incomplete", "missing")
-  counts = {s: sum(r.status == s for r in runs) for s in order}
+  counts = {s: sum(r.status == s for r in runs) for s in (*STATUSES, "incomplete", "missing")}
   not_learned = sum(r.learned is False for r in runs)
   return (", ".join(f"{n} {s}" for s, n in counts.items() if n)
           + (f"; {not_learned} not learned" if not_learned else ""))
@@ -180,8 +177,7 @@ def runs_table(runs) -> str:
 
 
 def sections(manifest, runs, base) -> list[tuple[str, str, str]]:
-  """The report's sections between its header and the plots, as (title, the rules or
-  definitions above the table, the table); `base`: the baseline activation."""
+  """(title, the rules above the table, the table) of each section before the plots."""
   per_lr, best = comparisons.family(manifest, runs, base)
   per_lr_text, best_text = comparison_texts(manifest, runs, per_lr, best)
   axis = stats.activation_axis(manifest)

@@ -1,9 +1,5 @@
-"""The report's per-run table as `runs.csv`, for plotting elsewhere: per run its axis values and
-seed, state, status, learned (true / false / empty: not checked), last logged step and the
-`summary.json` numbers of `SUMMARY_COLUMNS` (`train_val_gap` = final val − final train loss) in
-full precision; missing and non-finite values are empty."""
-
-from __future__ import annotations
+"""The report's per-run table as `runs.csv`, for plotting elsewhere (docs/metrics.md §9): the
+`summary.json` numbers of `SUMMARY_COLUMNS` in full precision, missing and non-finite ones empty."""
 
 import csv
 import io
@@ -22,22 +18,17 @@ def _number(x) -> str:
   return repr(float(x)) if isinstance(x, (int, float)) and finite(x) else ""
 
 
-def rows(manifest, runs: Sequence[Run]) -> list[list[str]]:
-  """The header and one row per run."""
+def write(manifest, runs: Sequence[Run], path: pathlib.Path) -> None:
   keys = group_keys(manifest)
-  out = [["run", *keys, SEED_KEY, "state", "status", "learned", "last_step", *SUMMARY_COLUMNS]]
+  rows = [["run", *keys, SEED_KEY, "state", "status", "learned", "last_step", *SUMMARY_COLUMNS]]
   for r in runs:
     s = dict(r.summary)
     if finite(s.get("final_val_loss")) and finite(s.get("final_train_loss")):
       s["train_val_gap"] = s["final_val_loss"] - s["final_train_loss"]
     last = s.get("last_step", r.rows[-1].get("step") if r.rows else None)
-    out.append([r.name, *(str(r.overrides.get(k, "")) for k in [*keys, SEED_KEY]), r.state,
-                r.status, {True: "true", False: "false"}.get(r.learned, ""),
-                "" if last is None else str(last), *(_number(s.get(c)) for c in SUMMARY_COLUMNS)])
-  return out
-
-
-def write(manifest, runs: Sequence[Run], path: pathlib.Path) -> None:
+    rows.append([r.name, *(str(r.overrides.get(k, "")) for k in [*keys, SEED_KEY]), r.state,
+                 r.status, {True: "true", False: "false"}.get(r.learned, ""),
+                 "" if last is None else str(last), *(_number(s.get(c)) for c in SUMMARY_COLUMNS)])
   buffer = io.StringIO()
-  csv.writer(buffer, lineterminator="\n").writerows(rows(manifest, runs))
+  csv.writer(buffer, lineterminator="\n").writerows(rows)
   workdir.write_text(path, buffer.getvalue())

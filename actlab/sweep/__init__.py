@@ -1,16 +1,8 @@
 """Runs a grid of configs, one workdir per cell: in this process, in N child processes on this
-host (`--workers=N`, workers.py) or as shard i of N independent jobs (`--shard=i/N`).
-
-    python -m actlab.sweep --config=configs/tinystories_gelu.py \\
-        --sweep=experiments/relu_vs_gelu_lr.py[:smoke] --workdir=runs/relu_vs_gelu \\
-        [--workers=N] [--shard=i/N]
-
-The sweep file's format, resuming, sharing a directory, job arrays and vectorized groups:
-docs/sweeps.md. Shards split cells, not compile groups (groups are few and unequal), so each
-shard compiles every group it has cells of.
-"""
-
-from __future__ import annotations
+host (`--workers=N`, workers.py) or as shard i of N independent jobs (`--shard=i/N`). The sweep
+file's format, resuming, sharing a directory, job arrays and vectorized groups: docs/sweeps.md.
+Shards split cells, not compile groups (groups are few and unequal), so each shard compiles every
+group it has cells of."""
 
 import contextlib
 import os
@@ -37,8 +29,7 @@ def _say(message: str) -> None:
 
 
 def group(cells_: Sequence[Cell]) -> list[list[Cell]]:
-  """Cells that can share compiled functions (configs equal but for LR and seed), grid order kept
-  within a group, groups in order of first appearance."""
+  """Cells that can share compiled functions (configs equal but for LR and seed), in order."""
   groups: dict[str, list[Cell]] = {}
   for cell in cells_:
     groups.setdefault(steps.compile_key(cell.config, 0), []).append(cell)
@@ -110,8 +101,7 @@ def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
 
 
 def _at_once(cells_: Sequence[Cell], workers_: int = 1) -> int:
-  """How many of `cells_` train at once: `workers_` × the cells of one program (with
-  `sweep.vectorize`, a group's, at most `sweep.max_runs`)."""
+  """Cells training at once: `workers_` × one program's (`sweep.vectorize`: ≤ `sweep.max_runs`)."""
   s = cells_[0].config.sweep if cells_ else None
   if not (s and s.vectorize):
     return workers_
@@ -119,14 +109,12 @@ def _at_once(cells_: Sequence[Cell], workers_: int = 1) -> int:
 
 
 def _ended(cells_: Sequence[Cell], workdir: pathlib.Path) -> dict[str, dict]:
-  """{cell name: summary} of the cells that have ended, as their summary.json files say."""
   return {c.name: s for c in cells_ if (s := workdir_lib.read_summary(workdir / c.name))}
 
 
 def _end(cells_: Sequence[Cell], workdir: pathlib.Path, results: dict,
          log: Callable[[str], None]) -> None:
-  """What the sweep's parent does last: says which cells others are still training, and adds
-  the ended cells to TensorBoard's HParams table (`tracking.write_hparams`)."""
+  """The parent's last words: the cells others still train; TensorBoard's HParams table."""
   if len(results) < len(cells_):
     log(f"sweep: {len(cells_) - len(results)} cell(s) are being trained by another process; "
         "rerun this command once it is done to see every cell finished")
@@ -140,11 +128,9 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
   """Runs (or continues) the cells of `shard` of the sweep `spec` (`plan`) in `workdir`; {cell
   name: summary} of those that have ended (not those another process is training). A `worker`
   of `--workers` leaves sweep.json and the end to its parent. `cache` holds the compiled
-  functions (one compile per group); a caller may keep it across calls.
-
-  Cells run seed by seed, each group in turn, so that a sweep stopped early pairs every
-  activation and LR on the seeds it finished; with `sweep.vectorize`, a whole group at once.
-  """
+  functions (one compile per group); a caller may keep it across calls. Cells run seed by seed,
+  each group in turn, so that a sweep stopped early pairs every activation and LR on the seeds it
+  finished; with `sweep.vectorize`, a whole group at once."""
   workdir = pathlib.Path(workdir)
   mine = plan(base, spec, workdir, shard, manifest=not worker, overridden=overridden, log=log)
   groups = group(mine)

@@ -2,8 +2,6 @@
 `parse`), with the command line's `--config.<field>=` flags over its fixed values (`with_flags`),
 each cell named and validated (`cells`), shard i of N (`select`), and `sweep.json`."""
 
-from __future__ import annotations
-
 import dataclasses
 import itertools
 import pathlib
@@ -103,16 +101,11 @@ def with_flags(sweep: Sweep, base: ml_collections.ConfigDict,
   return dataclasses.replace(sweep, fixed={**sweep.fixed, **flagged}), lines
 
 
-def _short_names(keys: Sequence[str]) -> dict[str, str]:
-  """Each key's last part (`optim.lr` → `lr`), or the whole key where that part is ambiguous."""
-  last = [k.rsplit(".", 1)[-1] for k in keys]
-  return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
-
-
 def cells(base: ml_collections.ConfigDict, sweep: Sweep) -> list[Cell]:
   """The grid, in order; each cell's config is validated before anything runs."""
   keys = [*sweep.axes, SEED_KEY]
-  short = _short_names(keys)
+  last = [k.rsplit(".", 1)[-1] for k in keys]  # optim.lr → lr, where no other key ends in lr
+  short = {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
   out = []
   for values in itertools.product(*sweep.axes.values(), sweep.seeds):
     overrides = dict(zip(keys, values))
@@ -143,7 +136,6 @@ def parse_shard(spec: str) -> tuple[int, int]:
 
 
 def select(grid: Sequence[Cell], shard: tuple[int, int]) -> list[Cell]:
-  """Shard i of N: cells i, i + N, i + 2N, … of the grid."""
   i, n = shard
   return list(grid[i::n])
 

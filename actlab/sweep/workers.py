@@ -1,14 +1,8 @@
 """`actlab.sweep --workers=N`: N child sweeps on this host, each on its own share of the hardware
-(docs/sweeps.md, "Using all the hardware").
-
-Every child runs the parent's command with `--workers=1`: all walk the same cells and each cell's
-lock gives it to the first child to reach it, which balances cells of unequal cost. Child k is
-pinned (`sched_setaffinity`) to block k of the parent's CPUs, hyperthreads of a core together;
-that also sizes its XLA:CPU thread pools, which no XLA flag sets (`intra_op_parallelism_threads=`
-is silently ignored). With GPUs, child k sees only GPU k (`CUDA_VISIBLE_DEVICES`).
-"""
-
-from __future__ import annotations
+(docs/sweeps.md, "Using all the hardware"). Each child runs the parent's command with
+`--workers=1`, and each cell's lock gives it to the first child to reach it. Child k is pinned
+(`sched_setaffinity`) to block k of the parent's CPUs, which also sizes its XLA:CPU thread pools
+(`intra_op_parallelism_threads=` is silently ignored), and sees only GPU k where there are GPUs."""
 
 import dataclasses
 import itertools
@@ -135,9 +129,8 @@ def _start(w: Worker, n: int, argv: Sequence[str]) -> subprocess.Popen:
 def run(workers: Sequence[Worker], argv: Sequence[str], log: Callable[[str], None],
         poll: Callable[[], None] = lambda: None) -> None:
   """Runs `python -m actlab.sweep *argv` as each worker and waits for all of them, passing
-  SIGINT/SIGTERM on (each child checkpoints and stops); one line per child as it ends, and
-  `poll()` (the sweep's progress) while they run. Raises `Failed` if a child failed or was
-  stopped."""
+  SIGINT/SIGTERM on (each child checkpoints and stops); one line per child as it ends, `poll()`
+  (the sweep's progress) while they run. Raises `Failed` if a child failed or was stopped."""
   stop: list[int] = []
   previous = {s: signal.signal(s, lambda signum, _: stop.append(signum))
               for s in (signal.SIGINT, signal.SIGTERM)}
