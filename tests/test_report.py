@@ -611,3 +611,13 @@ def test_an_archive_holds_what_the_report_reads_and_reports_the_same(tmp_path):
   _fake_sweep(tmp_path / "other", np.random.default_rng(6), acts=("relu",))
   with pytest.raises(UserError, match="holds the archive of another sweep"):
     report.archive(tmp_path / "other", tmp_path / "results")
+
+
+def test_the_reports_command_names_paths_below_the_working_directory_relatively(tmp_path,
+                                                                                 monkeypatch):
+  """A committed report.md records `results/<study>`, not the absolute path of the checkout that
+  wrote it; a path elsewhere stays absolute."""
+  monkeypatch.chdir(tmp_path)
+  assert report.relative(tmp_path / "results" / "study") == "results/study"
+  assert report.relative("results/study") == "results/study"
+  assert report.relative(tmp_path.parent / "other") == str(tmp_path.parent / "other")

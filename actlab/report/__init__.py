@@ -28,6 +28,14 @@ def pick_baseline(manifest, given: str | None = None) -> str | None:
   return base
 
 
+def relative(path) -> str:
+  """`path` from the working directory where it lies below it (a report's command names the
+  checkout's own paths, not the absolute path of whichever checkout wrote it)."""
+  path = pathlib.Path(path).absolute()
+  return str(path.relative_to(pathlib.Path.cwd())) if path.is_relative_to(pathlib.Path.cwd()) \
+      else str(path)
+
+
 def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()) -> pathlib.Path:
   """Writes `<out>/report.md`, `<out>/runs.csv` and `<out>/plots/*.png` for the sweep directory
   `roots` or several merged (`out` defaults to the only one; `axes`: fields they fix at
@@ -43,8 +51,9 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
   named = ", ".join(duplicates[:3]) + (", …" if len(duplicates) > 3 else "")
   counted_once = (f"{len(duplicates)} run(s) were in more than one directory with the same "
                   f"config and count once ({named}). " if duplicates else "")
-  command = " ".join(["python -m actlab.report", *map(str, roots), *(f"--axis={a}" for a in axes),
-                      *([f"--out={out}"] if len(roots) > 1 else [])])
+  command = " ".join(["python -m actlab.report", *map(relative, roots),
+                      *(f"--axis={a}" for a in axes),
+                      *([f"--out={relative(out)}"] if len(roots) > 1 else [])])
   lines = [f"# {manifest.get('description') or 'Sweep report'}", "",
            f"Sweep `{manifest['sweep']}`: {done} of {len(runs)} runs finished{not_done}; seeds "
            f"{', '.join(map(str, manifest['seeds']))}. {counted_once}Per-run numbers: "
