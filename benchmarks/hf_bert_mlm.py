@@ -2,7 +2,7 @@
 encoder run is held against (RESULTS.md, "The encoder").
 
     python benchmarks/hf_bert_mlm.py configs/bert_gelu.py:cpu_past_plateau \\
-        --out=runs/hf_bert_mlm.jsonl [--threads=2]
+        --out=runs/hf_bert_mlm.jsonl [--overrides=data.manual_dir=manual,...] [--threads=2]
 
 Needs actlab, torch and transformers ≥ 4.46 in one environment (on CPU: `pip install -e '.[hf]'` and
 `pip install torch --index-url https://download.pytorch.org/whl/cpu`).
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import transformers
 
+from actlab import config as config_lib
 from actlab import data, errors
 from actlab.data.hf_tokenizer import hf_tokenizer
 from actlab.tasks import mlm
@@ -70,10 +71,12 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("config", help="an MLM config, e.g. configs/bert_gelu.py:cpu_past_plateau")
   parser.add_argument("--out", required=True, help="the JSON-lines curve to write")
+  parser.add_argument("--overrides", default="", help="dotted overrides: a=1,b.c=x")
   parser.add_argument("--threads", type=int, default=2)
   args = parser.parse_args()
   path, colon, arg = args.config.partition(":")
   c = errors.call_file(path, "get_config", *([arg] if colon else []), kind="config")
+  c = config_lib.override(c, config_lib.parse_overrides(args.overrides))
   torch.manual_seed(int(c.train.seed))
   torch.set_num_threads(args.threads)
   dataset = data.load(c)

@@ -2,6 +2,8 @@
 release files)."""
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,3 +172,23 @@ def test_load_gpt2_offline_without_dir_is_a_user_error(tmp_path, monkeypatch):
   with pytest.raises(errors.UserError, match=":smoke") as e:
     data.load(make_config(tmp_path, tokenizer="gpt2"))
   assert isinstance(e.value, data.DataError) and "encoder.json" in str(e.value)
+
+
+@pytest.mark.slow
+def test_wordpiece_trains_the_same_vocabulary_in_every_process():
+  """Hugging Face's trainer alone numbers `##` tokens in hash-map order, so two processes trained
+  different vocabularies on the same texts (on this corpus, in every one of six tries); actlab's
+  is the same in two processes, each with its own hash seed, and `##` tokens stay ordinary
+  entries: literal text is not special."""
+  script = ("import hashlib; from actlab.data import synthetic, tokenizer; "
+            "t = tokenizer.HFWordPieceTokenizer.train(synthetic.texts('train')[:2000], 600, 'wp'); "
+            "print(hashlib.sha256(t._tok.to_str().encode()).hexdigest(), t.vocab_size, "
+            "t.encode('a ##b'), sorted(x.content for x in t._tok.get_added_tokens_decoder().values()))")
+  processes = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+               for _ in range(2)]
+  outs = {p.communicate()[0] for p in processes}
+  assert all(p.returncode == 0 for p in processes)
+  assert len(outs) == 1, outs
+  digest, size, *rest = outs.pop().split(" ", 2)
+  assert int(size) == 600 and "'[MASK]', '[PAD]', '[SEP]', '[UNK]'" in rest[0]
+  assert "##" not in rest[0].split("[", 2)[-1]  # no `##` token among the added (special) ones

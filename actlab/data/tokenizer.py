@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import itertools
+import json
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -182,6 +183,28 @@ class HFWordPieceTokenizer(HFBPETokenizer):
                       "retrain.")
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
     return self.sep_id
+
+  @classmethod
+  def train(cls, texts: Iterable[str], vocab_size: int, name: str) -> "HFWordPieceTokenizer":
+    """Trained on at most BPE_TRAIN_MAX_CHARS characters of `texts` (held in memory: two passes),
+    the same in every process. Hugging Face's trainer numbers the `##` continuation tokens in
+    hash-map order as it meets them, and that order breaks ties between merges, so its
+    vocabulary changed from process to process; given every `##c` the texts need up front, in
+    sorted order (as special tokens, made ordinary entries again after training), it does not."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import trainers
+
+    texts = list(_cap_chars(texts, BPE_TRAIN_MAX_CHARS))
+    tok, _ = cls._untrained(vocab_size)
+    words = (w for t in texts
+             for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(t)))
+    continuations = sorted({"##" + c for w in words for c in w[1:]})
+    tok.train_from_iterator(texts, trainer=trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=[*WORDPIECE_SPECIALS, *continuations],
+        show_progress=False))
+    spec = json.loads(tok.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in WORDPIECE_SPECIALS]
+    return cls(HFTokenizer.from_str(json.dumps(spec)), name)
 
   @staticmethod
   def _untrained(vocab_size: int):
