@@ -14,8 +14,8 @@ share their batches and, where shapes agree, their initial weights). The rule is
 - **Seeds.** n is the smallest number of seed pairs (at least 10) whose paired t-test has power
   ≥ 0.8 against a difference of δ at α/K (Holm's strictest step), with the sd of the paired
   differences at the chosen LRs in the pilot (`final_test_loss`): `python
-  experiments/primary_tests.py` prints the calculation. A test whose pilot is not run yet gets
-  its n from that pilot, committed before its fresh seeds run.
+  experiments/primary_tests.py` prints the calculation (`... report`: and the results so far). A
+  test whose pilot is not run yet gets its n from that pilot, committed before its fresh seeds.
 - **δ = 0.1 nats** for every test: about a 10% change in perplexity, the smallest difference
   that would change which activation one picks at this scale. Smaller differences are reported,
   not claimed.
@@ -41,6 +41,7 @@ import numpy as np
 from scipy import stats
 
 from actlab.config import sizes
+from actlab.measure import comparisons
 
 ALPHA, POWER, DELTA, MIN_SEEDS = 0.05, 0.8, 0.1, 10
 FRESH_SEED = 100  # fresh seeds are 100, 101, …: every pilot used seeds below 10
@@ -48,22 +49,24 @@ PILOT_LRS = [1e-3, 3e-3, 1e-2]
 DECODER = sizes.SIZES["cpu_epoch"]  # 0.94M parameters, one epoch of the TinyStories sample
 ENCODER = {**sizes.SIZES["bert_cpu_past_plateau"], "model.kind": "encoder", "model.task": "mlm"}
 
-# test name -> (question, A, B, the fixed settings both arms share, the pilot's results dir)
+# test name -> (question, A, B, the fixed settings both arms share, the pilot's results dirs)
+PLAIN = ("relu_vs_gelu_cpu_epoch",)  # ReLU's and GELU's pilot
+GATED = ("primary_gated_pilot", *PLAIN)  # the gated FFNs' and SiLU's, beside it
 TESTS = {
     "relu_gelu": ("Does ReLU or GELU give the lower loss at its best LR (decoder)?",
-                  "relu", "gelu", DECODER, "relu_vs_gelu_cpu_epoch"),
+                  "relu", "gelu", DECODER, PLAIN),
     "swiglu_silu": ("Does gating change SiLU's loss at each one's best LR (decoder)?",
-                    "swiglu", "silu", DECODER, "primary_gated_pilot"),
+                    "swiglu", "silu", DECODER, GATED),
     "geglu_gelu": ("Does gating change GELU's loss at each one's best LR (decoder)?",
-                   "geglu", "gelu", DECODER, "primary_gated_pilot"),
+                   "geglu", "gelu", DECODER, GATED),
     "reglu_relu": ("Does gating change ReLU's loss at each one's best LR (decoder)?",
-                   "reglu", "relu", DECODER, "primary_gated_pilot"),
+                   "reglu", "relu", DECODER, GATED),
     "bert_relu_gelu": ("Does ReLU change BERT's [MASK] loss against GELU (encoder, MLM)?",
-                       "relu", "gelu", ENCODER, "bert_past_plateau_pilot"),
+                       "relu", "gelu", ENCODER, ("bert_past_plateau_pilot",)),
     "bert_tanh_gelu": ("Does tanh change BERT's [MASK] loss against GELU (encoder, MLM)?",
-                       "tanh", "gelu", ENCODER, "bert_past_plateau_pilot"),
+                       "tanh", "gelu", ENCODER, ("bert_past_plateau_pilot",)),
     "bert_swiglu_gelu": ("Does SwiGLU change BERT's [MASK] loss against GELU (encoder, MLM)?",
-                         "swiglu", "gelu", ENCODER, "bert_past_plateau_pilot"),
+                         "swiglu", "gelu", ENCODER, ("bert_past_plateau_pilot",)),
 }
 K = len(TESTS)
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
@@ -88,9 +91,10 @@ def seeds_needed(sd: float, delta: float = DELTA, alpha: float = ALPHA / K,
 def pilot(name: str) -> dict | None:
   """The test's pilot, from its committed summaries: each arm's LR chosen on validation and the
   paired sd of the outcome there; None until the pilot is committed."""
-  _, a, b, fixed, study = TESTS[name]
-  runs = list((RESULTS / study).glob("*/summary.json"))
-  if not runs:
+  _, a, b, fixed, studies = TESTS[name]
+  runs = [path for study in studies for path in (RESULTS / study).glob("*/summary.json")]
+  if not {a, b} <= {json.loads((p.parent / "config.json").read_text())["model"]["activation"]
+                    for p in runs}:
     return None
   kind = "encoder" if fixed.get("model.kind") == "encoder" else "decoder"
   select, outcome = OUTCOME[kind]
@@ -110,6 +114,35 @@ def pilot(name: str) -> dict | None:
   return {"lr": chosen, "seeds": seeds, "diffs": diffs, "sd": sd, "n": seeds_needed(sd)}
 
 
+def summaries(study: str) -> dict:
+  """(activation, seed) -> final summary of the finished runs in results/<study>/."""
+  out = {}
+  for path in (RESULTS / study).glob("*/summary.json"):
+    config = json.loads((path.parent / "config.json").read_text())
+    out[(config["model"]["activation"], config["train"]["seed"])] = json.loads(path.read_text())
+  return out
+
+
+def result(name: str) -> dict | None:
+  """Test `name` on its fresh seeds (results/primary_<name>/, both arms finished): the paired
+  comparison of the outcome, the seed sd, and the platform sd where the one-core reruns
+  (results/primary_<name>_one_core/) are committed; None before any pair has finished."""
+  _, a, b, fixed, _ = TESTS[name]
+  outcome = OUTCOME["encoder" if fixed.get("model.kind") == "encoder" else "decoder"][1]
+  runs = summaries(f"primary_{name}")
+  seeds = sorted(s for (act, s) in runs if act == a and (b, s) in runs)
+  if not seeds:
+    return None
+  diffs = {s: runs[(a, s)][outcome] - runs[(b, s)][outcome] for s in seeds}
+  paired = comparisons.paired_difference([runs[(a, s)][outcome] for s in seeds],
+                                         [runs[(b, s)][outcome] for s in seeds], DELTA)
+  reruns = summaries(f"primary_{name}_one_core")
+  platform = [reruns[k][outcome] - runs[k][outcome] for k in reruns if k in runs]
+  return {"seeds": seeds, "diffs": diffs, "paired": paired,
+          "platform_sd": float(np.std(platform, ddof=1)) if len(platform) > 1 else None,
+          "platform_n": len(platform)}
+
+
 def get_sweep(arg=None):
   if arg == "gated_pilot":
     return {"description": "Primary tests 2-4, pilot: gated FFNs and SiLU across 3 LRs",
@@ -122,7 +155,8 @@ def get_sweep(arg=None):
   question, a, b, fixed, _ = TESTS[arg]
   plan = pilot(arg)
   if plan is None:
-    raise ValueError(f"primary_tests:{arg}: its pilot ({TESTS[arg][4]}) is not committed yet")
+    raise ValueError(f"primary_tests:{arg}: its pilot ({', '.join(TESTS[arg][4])}) is not "
+                     "committed yet")
   if plan["lr"][a] != plan["lr"][b]:
     raise ValueError(f"primary_tests:{arg}: the arms' LRs differ ({plan['lr']}): train each "
                      "arm as its own sweep")
@@ -133,18 +167,40 @@ def get_sweep(arg=None):
           "equivalence_margin": DELTA}
 
 
-def main() -> None:
+def report() -> None:
+  """The family's results so far: Holm over all K tests, a test without results counting as
+  p = 1 (so an interim adjusted p is never smaller than the final one would be for that p)."""
+  results = {name: result(name) for name in TESTS}
+  p = [r["paired"].p if r else 1.0 for r in results.values()]
+  p_equiv = [r["paired"].p_equiv if r else 1.0 for r in results.values()]
+  for (name, r), ph, peh in zip(results.items(), comparisons.holm(p), comparisons.holm(p_equiv)):
+    if r is None:
+      print(f"- {name}: no fresh-seed pair finished")
+      continue
+    d, plan = r["paired"], pilot(name)
+    platform = (f"platform sd {r['platform_sd']:.4f} ({r['platform_n']} reruns)"
+                if r["platform_sd"] is not None else "platform sd: not yet measured")
+    print(f"- {name}: {d.n} of {plan['n']} seed pairs; A - B = {d.mean:+.4f} "
+          f"[{d.ci_low:+.4f}, {d.ci_high:+.4f}], seed sd {d.sd:.4f}, {platform}; p {d.p:.3g} "
+          f"(Holm {ph:.3g}), TOST +-{DELTA} p {d.p_equiv:.3g} (Holm {peh:.3g}): "
+          f"{comparisons.verdict(d.mean, ph, peh)}" + ("" if d.n >= plan["n"] else " (interim)"))
+
+
+def main(what: str = "plan") -> None:
   print(f"family: K = {K} tests, family-wise alpha {ALPHA} (Holm); power {POWER} against "
         f"delta = {DELTA} nats at alpha/K = {ALPHA / K:.4f}, two-sided paired t-test")
-  for name, (question, a, b, _, study) in TESTS.items():
+  for name, (question, a, b, _, studies) in TESTS.items():
     plan = pilot(name)
+    study = " + ".join(f"results/{s}" for s in studies)
     if plan is None:
-      print(f"- {name}: {question} pilot results/{study}: not run yet")
+      print(f"- {name}: {question} pilot {study}: not run yet")
       continue
     diffs = ", ".join(f"{d:+.4f}" for d in plan["diffs"])
-    print(f"- {name}: {question}\n    pilot results/{study}, seeds {plan['seeds']}: LR "
+    print(f"- {name}: {question}\n    pilot {study}, seeds {plan['seeds']}: LR "
           f"{plan['lr'][a]:g} ({a}), {plan['lr'][b]:g} ({b}); {a} - {b} = {diffs}; "
           f"sd {plan['sd']:.4f} -> n = {plan['n']} fresh seeds")
+  if what == "report":
+    report()
 
 
 if __name__ == "__main__":
