@@ -37,7 +37,7 @@ from actlab.tasks import mlm
 
 
 def encoder_sequences(windows: np.ndarray, specials: mlm.Specials) -> torch.Tensor:
-  return torch.from_numpy(np.asarray(mlm.encoder_sequences(windows, specials))).long()
+  return torch.from_numpy(np.array(mlm.encoder_sequences(windows, specials))).long()
 
 
 def multiplier(step: int, warmup: int, total: int, floor: float) -> float:
