@@ -39,7 +39,9 @@ ENCODER_VARIANTS = ["", "smoke", "base", "classify", "smoke_classify", "base_cla
 OTHER_CONFIGS = {"benchmarks/gpt2_small.py": ["", "fp32", "smoke"],
                  "tests/tiny_config.py": ["", "swiglu"]}
 SWEEP_FILES = [*sorted((REPO / "experiments").glob("*.py")), REPO / "benchmarks/six_run_study.py"]
-# The config each sweep runs on, without and with `:smoke` (default: the reference).
+# The variants of each sweep file in the snapshot (default: none and `:smoke`), and the config
+# each runs on (default: the reference).
+SWEEP_VARIANTS = {"primary_tests": ["gated_pilot", "relu_gelu"]}
 SWEEP_BASES = {"bert_ffn_activation": ["configs/bert_gelu.py", "configs/bert_gelu.py"],
                "bert_pooler": ["configs/bert_gelu.py:classify",
                                "configs/bert_gelu.py:smoke_classify"]}
@@ -84,7 +86,7 @@ def sweep_specs() -> dict[str, str]:
   """{sweep spec: the spec of the config it runs on}."""
   return {f"{p.relative_to(REPO)}{':' + v if v else ''}":
           SWEEP_BASES.get(p.stem, [REFERENCE, REFERENCE])[i]
-          for p in SWEEP_FILES for i, v in enumerate(["", "smoke"])}
+          for p in SWEEP_FILES for i, v in enumerate(SWEEP_VARIANTS.get(p.stem, ["", "smoke"]))}
 
 
 def take_snapshot() -> dict:

@@ -91,7 +91,7 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   mt.spike_rel = 0.1            # spike: a post-warm-up train loss > (1 + spike_rel) · best before
   mt.final_gap_rel = 0.05       # unstable if final val loss > (1 + final_gap_rel) · best val loss
   mt.uniform_frac = 1.0         # diverged if final val loss >= uniform_frac · ln(vocab or classes)
-  mt.grad_rel_max = 10.0        # unstable if a step's gradient norm > grad_rel_max · at init
+  mt.grad_rel_max = 10.0        # unstable if a step's grad norm > grad_rel_max · at init (0: off)
 
   c.parallel = par = ml_collections.ConfigDict()  # devices and hosts; see actlab/run/parallel.py
   par.mode = "dp"               # "dp": batch split, state replicated; "fsdp": state split too
@@ -166,7 +166,10 @@ def encoder(activation: str = "gelu", size: str | None = None,
     override(c, {"model.task": "classify", "optim.lr": lr, "optim.warmup_steps": steps // 10,
                  "optim.min_lr_ratio": 0.0, "train.steps": steps, "train.batch_size": batch_size,
                  "train.eval_every": max(50, steps // 10),
-                 "train.checkpoint_every": max(50, steps // 4), "metrics.sharpness_every": 0})
+                 "train.checkpoint_every": max(50, steps // 4), "metrics.sharpness_every": 0,
+                 # A new 2-class head starts with a near-zero gradient: growth from it is no
+                 # sign of instability (docs/metrics.md §6).
+                 "metrics.grad_rel_max": 0.0})
   return c
 
 

@@ -17,15 +17,14 @@ POSITIVE = ("model.num_layers", "model.d_model", "model.num_heads", "model.d_ff"
             "train.steps", "train.batch_size", "train.log_every", "train.eval_every",
             "train.checkpoint_every", "train.keep_checkpoints", "optim.lr", "data.seq_len",
             "data.val_batches", "metrics.sharpness_iters", "metrics.spike_rel",
-            "metrics.final_gap_rel", "metrics.uniform_frac", "metrics.ffn_hist_range",
-            "metrics.grad_rel_max")
+            "metrics.final_gap_rel", "metrics.uniform_frac", "metrics.ffn_hist_range")
 # The fields that may be 0, with what 0 means for those where it means something.
 NON_NEGATIVE = {"model.vocab_size": " (0 = tokenizer's)", "parallel.fsdp_min_size": "",
                 "parallel.num_devices": " (0 = all)", "parallel.cpu_devices": " (0 = one device)",
                 "sweep.max_runs": " (0 = no limit)", "optim.weight_decay": "",
                 "optim.clip_norm": " (0 disables)", "optim.z_loss": " (0 = off)",
                 "data.test_batches": " (0 = no test split)",
-                "metrics.sharpness_every": " (0 = off)"}
+                "metrics.sharpness_every": " (0 = off)", "metrics.grad_rel_max": " (0 = off)"}
 BOOLEAN = ("model.qk_norm", "model.scan_layers", "parallel.distributed", "sweep.vectorize")
 ONE_OF = {"model.norm": ("pre", "post"), "model.dtype": ("float32", "bfloat16"),
           "model.attention_impl": ("xla", "cudnn", "auto"), "model.loss_impl": ("fused", "plain"),

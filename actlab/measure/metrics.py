@@ -199,7 +199,7 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
                    f"loss after warm-up, first at step {spike_steps[0]}")
   init = grad_norm_init(rows)
   top = max(rows, key=lambda r: r.get("grad_norm_max", -1), default={})
-  if init and top.get("grad_norm_max", 0) > grad_rel_max * init:
+  if grad_rel_max and init and top.get("grad_norm_max", 0) > grad_rel_max * init:
     reasons.append(f"gradient norm {top['grad_norm_max']:.3g} by step {top['step']} > "
                    f"{grad_rel_max:g}× its value at initialisation ({init:.3g})")
   if vals:
