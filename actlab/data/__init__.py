@@ -1,17 +1,16 @@
 """Data: corpora, tokenizers, the token cache and step-indexed batch sampling (docs/data.md).
 
-`load(config)` is the whole interface the training loop uses: it opens the corpus
-(`data.source`: the embedded synthetic stories or TinyStories), the tokenizer (`data.tokenizer`: tokenizer.py) and each split's
-token cache (cache.py), and returns a `Dataset`; `load(config, labelled=True)` returns the
-classify task's `classify.ClassifyDataset` instead. Everything lives under the data dir
-(`data_dir`): `tfds/`, `manual/`, `gpt2/`, `tokenizers/<corpus>/`, `tokens/<corpus>/`, `locks/`.
-Problems a user can fix raise `DataError` with one message saying what to do.
+`load(config)` opens the corpus (`data.source`), the tokenizer (tokenizer.py) and each split's
+token cache (cache.py), and returns a `Dataset` (`labelled=True`: the classify task's
+`classify.ClassifyDataset`). Everything lives under the data dir (`data_dir`). Problems a user
+can fix raise `DataError` with one message saying what to do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import logging
@@ -32,9 +31,8 @@ __all__ = ["DataError", "Dataset", "Tokenizer", "VAL_SEED", "load", "load_tokeni
 
 _COUNT_CHUNK = 1 << 24  # tokens per np.bincount call, which copies its input as int64
 
-# The seed of the validation pass's randomness (MLM's masks): fixed, so that every evaluation of
-# every run scores the same positions. The evaluators and MLM's unigram bar
-# (`tasks/mlm.unigram_loss`) both use it, so the bar is measured where the val loss is.
+# The seed of the validation pass's randomness (MLM's masks): every evaluation of every run, and
+# MLM's baselines (`tasks/mlm.baselines`), score the same positions.
 VAL_SEED = 0
 
 
@@ -195,34 +193,23 @@ def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
 
 @contextlib.contextmanager
 def _file_lock(path: Path):
-  """An exclusive advisory lock (POSIX flock); a no-op where fcntl is unavailable."""
-  try:
-    import fcntl
-  except ImportError:  # pragma: no cover - Windows
-    yield
-    return
+  """An exclusive advisory lock (POSIX flock), released when the file closes."""
   path.parent.mkdir(parents=True, exist_ok=True)
   with open(path, "a") as f:
     fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
+    yield
 
 
 def load(config, *, progress: bool | None = None, labelled: bool = False):
   """Build (first run) or open (later runs) the token caches and return the Dataset; with
   `labelled`, the `classify.ClassifyDataset` of `config.data.classify` instead."""
   root = data_dir(config.data.dir)
-  if progress is None:
-    progress = config.train.progress
+  progress = config.train.progress if progress is None else progress
   corpus = functools.cache(lambda: open_corpus(config, root))  # opened on first use
   key = corpus_key(config)
   spec = config.data.tokenizer
 
-  def get_tokenizer() -> Tokenizer:
-    return _get_tokenizer(config, root, train_texts=lambda: corpus().texts("train"))
-
+  get_tokenizer = lambda: _get_tokenizer(config, root, train_texts=lambda: corpus().texts("train"))
   # Tokenizers that need no corpus come first, so a missing GPT-2 file is reported before a
   # multi-GB download.
   tok = None if tokenizer.parse_spec(spec)[0] in ("bpe", "wordpiece") else get_tokenizer()

@@ -2,28 +2,23 @@
 `logit_sums` from logits in memory) and the fused, chunked LM-head cross-entropy `xent_sum`, the
 loss of `softmax(h·Eᵀ)` without the [B, L, V] logits.
 
-For the reference decoder (GPT-2 vocabulary, 50,304 padded) the tied LM head is three quarters of
-the model's FLOPs, and the plain path — logits = h·Eᵀ, then `softmax_cross_entropy` and its
-autodiff — writes and re-reads [B·L, V] float32 tensors several times (logits, exp, the softmax
-gradient, a scatter for the target term, a transpose for the weight gradient): 0.8 GB each for
-batch 32 × 128 tokens. `xent_sum` computes the same sum in chunks of positions instead:
+For the reference decoder (GPT-2 vocabulary) the tied LM head is three quarters of the FLOPs,
+and the plain path (logits = h·Eᵀ, `softmax_cross_entropy` and its autodiff) writes and re-reads
+[B·L, V] float32 tensors several times: 0.8 GB each for batch 32 × 128. `xent_sum` computes the
+same sum in chunks of positions instead:
 
 - forward (no gradient wanted: evaluation): per chunk, logits → max → log-sum-exp → target logit;
 - under `jax.grad` (the custom VJP's forward): per chunk it also forms the softmax gradient
   `w·(softmax − onehot)` while the chunk's logits are still in cache and multiplies it straight
   into dh (= g·E) and dE (+= gᵀ·h). The backward pass only scales both by the incoming cotangent.
 
-With a z-loss coefficient (`optim.z_loss`), the sum gains z_loss · logZ² per position (logZ the
-log-sum-exp it computes anyway) and the softmax gradient the factor (1 + 2·z_loss·logZ); on
-request it also sums logZ itself (the output-logit scale a log step records). Both stay scalars
-per chunk.
+With `optim.z_loss`, the sum gains z_loss · logZ² per position and the softmax gradient the
+factor (1 + 2·z_loss·logZ); on request it also sums logZ (a log step's output-logit scale).
 
-So the head costs its three matmuls, and its largest intermediates are one chunk's [B, Lc, V]
-(logits, exp, gradient, one-hot), within the platform's chunk budget (`chunk_length`;
-tests/test_kernels.py): B·L·V elements only where all of them fit the budget, as one chunk.
-Chunks run along the sequence axis, so a batch sharded over devices (data parallelism) stays
-sharded. Arithmetic is the plain path's: logits and softmax statistics in float32 (also when h
-is bfloat16), matmul operands in h's dtype; results agree with it to float32 rounding
+So the head costs its three matmuls, and its largest intermediates are one chunk's [B, Lc, V],
+within the platform's chunk budget (`chunk_length`). Chunks run along the sequence axis, so a
+batch sharded over devices stays sharded. Arithmetic is the plain path's: logits and softmax
+statistics in float32, matmul operands in h's dtype; results agree with it to float32 rounding
 (tests/test_kernels.py). Forward-over-reverse (the sharpness HVP) and vmap work through it.
 """
 
@@ -37,12 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Logit elements per chunk. Each chunk adds its V×D weight gradient into the running sum (a pass
-# over V·D floats), so chunks must hold enough tokens to amortise that and to keep the matmuls
-# efficient; on a 2-core CPU 32M elements (128 MB of float32 logits: 512 tokens at V = 50,304)
-# measured best, 4M (64 tokens) cost ~12% more time per step. The accelerator budget (256 MB of
-# float32 logits per array: the reference batch of 32 × 128 tokens at V = 50,304 in four chunks)
-# is not measured: a bound on memory, not a tuned speed; `chunk_elements` picks by platform.
+# Logit elements per chunk. Each chunk adds its V×D weight gradient into the running sum, so
+# chunks must hold enough tokens to amortise that: on a 2-core CPU 32M elements (512 tokens at
+# V = 50,304) measured best, 4M cost ~12% more per step. The accelerator budget (the reference
+# batch of 32 × 128 tokens in four chunks) is a bound on memory, not a tuned speed.
 CPU_CHUNK_ELEMENTS = 1 << 25
 ACCELERATOR_CHUNK_ELEMENTS = 1 << 26
 
@@ -54,11 +47,8 @@ def chunk_elements() -> int:
 def chunk_length(batch: int, length: int, vocab: int, budget: int | None = None) -> int:
   """The largest divisor Lc of `length` with batch·Lc·vocab ≤ budget (at least 1)."""
   budget = budget or chunk_elements()
-  best = 1
-  for lc in range(1, length + 1):
-    if length % lc == 0 and batch * lc * vocab <= budget:
-      best = lc
-  return best
+  return max((lc for lc in range(1, length + 1)
+              if length % lc == 0 and batch * lc * vocab <= budget), default=1)
 
 
 def logz_sums(logz_N, weights_N, *, z_loss: float = 0.0, logz: bool = False) -> dict:
@@ -170,15 +160,11 @@ def _zeros(z_loss, logz) -> dict:
   return {k: jnp.zeros((), jnp.float32) for k in keys}
 
 
-def _add(a: dict, b: dict) -> dict:
-  return {k: a[k] + b[k] for k in a}
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _xent(h, E, t, w, chunk, z_loss, logz):
   def body(total, xs):
     hc, tc, wc = xs
-    return _add(total, _chunk_stats(hc, E, tc, wc, z_loss, logz)[3]), None
+    return jax.tree.map(jnp.add, total, _chunk_stats(hc, E, tc, wc, z_loss, logz)[3]), None
   total, _ = jax.lax.scan(body, _zeros(z_loss, logz),
                           (_split(h, chunk), _split(t, chunk), _split(w, chunk)))
   return total
@@ -201,7 +187,7 @@ def _xent_fwd(h, E, t, w, chunk, z_loss, logz):
     # dEᵀ (D × V), not dE: g stays in its [tokens, V] layout (hᵀ is the small operand to
     # transpose); one transpose of the sum at the end instead of one of g per chunk (-4% time).
     dEt = dEt + jnp.einsum("bld,blv->dv", hc, g, preferred_element_type=jnp.float32)
-    return (_add(total, sums), dEt), dh.astype(h.dtype)
+    return (jax.tree.map(jnp.add, total, sums), dEt), dh.astype(h.dtype)
 
   (total, dEt), dh = jax.lax.scan(
       body, (_zeros(z_loss, logz), jnp.zeros(E.shape[::-1], jnp.float32)),
