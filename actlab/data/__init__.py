@@ -67,10 +67,9 @@ class Dataset:
 
   def train_batch(self, step: int) -> np.ndarray:
     """int32 [batch_size, seq_len + 1]: window starts drawn from default_rng([seed, step])."""
-    step = int(step)
     if step < 0:
       raise ValueError(f"step must be non-negative, got {step}")
-    rng = np.random.default_rng([self.seed, step])
+    rng = np.random.default_rng([self.seed, int(step)])
     high = self.train_tokens.shape[0] - self.window  # last valid start, inclusive
     starts = rng.integers(0, high + 1, size=self.batch_size, dtype=np.int64)
     return self._gather(self.train_tokens, starts)
@@ -105,9 +104,8 @@ class Dataset:
       return np.log(counts) - np.log(counts.sum())
 
   def unigram_loss(self) -> float:
-    """Cross-entropy (nats/token) of the validation targets under `unigram_log_probs()`. The
-    targets are those ``val_loss`` averages over: positions 1..seq_len of every
-    ``val_batches()`` window. A run ending no better learned nothing beyond token frequencies."""
+    """Cross-entropy (nats/token) under `unigram_log_probs()` of `val_loss`'s targets: positions
+    1..seq_len of every `val_batches()` window."""
     targets = np.concatenate([b[:, 1:].ravel() for b in self.val_batches()])
     return float(-self.unigram_log_probs()[targets].mean())
 

@@ -118,8 +118,8 @@ class Lane:
   @classmethod
   def open(cls, config: ml_collections.ConfigDict, task: tasks.Task, run_dir: workdir_lib.RunDir,
            dataset, ckpts: Checkpoints, start: int, meta: dict | None) -> Lane:
-    """The run of `config` (of `task`) in `run_dir`, resuming at `start` with the restored checkpoint's
-    `meta` (None for a fresh run)."""
+    """The run of `config` (of `task`) in `run_dir`, resuming at `start` with the restored
+    checkpoint's `meta` (None for a fresh run)."""
     meta, path = meta or {}, run_dir.logdir
     segments = append_segment(path, segment(config, start))
     return cls(config, task, run_dir, dataset, ckpts,
@@ -129,7 +129,7 @@ class Lane:
                meta.get("train_time", 0.0))
 
   def write(self, row: dict) -> None:
-    """The row's numbers to metrics.jsonl, and the whole row (histograms too) to the trackers."""
+    """The row's numbers to metrics.jsonl, the whole row (histograms too) to the trackers."""
     row = metrics_lib.jsonable(row)
     self.log.write({k: v for k, v in row.items() if not isinstance(v, Histogram)})
     for writer in self.writers:
@@ -155,22 +155,21 @@ class Lane:
         uniform_loss=self.task.chance_loss(c, vocab_size), spike_rel=c.metrics.spike_rel,
         final_gap_rel=c.metrics.final_gap_rel, uniform_frac=c.metrics.uniform_frac,
         grad_rel_max=c.metrics.grad_rel_max)
-    steps = self.config.train.steps
     summary = metrics_lib.jsonable({
         "status": verdict["status"],
         "status_reasons": verdict["reasons"],
         "diverged_at": self.diverged_at if self.diverged_at is not None else verdict["diverged_at"],
         "spike_steps": verdict["spike_steps"],
-        "steps": steps,
+        "steps": c.train.steps,
         "last_step": self.log.rows[-1]["step"],
-        **metrics_lib.summarize(self.log.rows, steps),
+        **metrics_lib.summarize(self.log.rows, c.train.steps),
         "wall_time_sec": wall_time,
         "train_time_sec": self.train_time,
         "tokens_per_sec": float(np.median(steady)) if steady else None,
         "params": counts["total"],
         "params_non_embedding": counts["non_embedding"],
         "vocab_size": vocab_size,
-        **self.task.baselines(self.config, self.dataset),
+        **self.task.baselines(c, self.dataset),
         **({"vectorized_runs": runs} if runs > 1 else {}),
     })
     summary["provenance"] = self.segments

@@ -68,7 +68,6 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
   # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.
   sharpness_batch = (plan.shard_batch(dataclasses.replace(lanes[0].dataset, seed=0).train_batch(0))
                      if program.sharpness_step else None)
-  tokens_per_step = t.batch_size * config.data.seq_len
 
   print(start_line(lanes, counts, start), flush=True)
   if config.metrics.sharpness_every and evaluators_.sharpness is None:
@@ -126,7 +125,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
       lane = lanes[r]
       lane.train_time += elapsed
       # Each run's rate as it experiences it: its tokens over the loop's wall time.
-      lane.rates.append(steps_ * tokens_per_step / elapsed)
+      lane.rates.append(steps_ * t.batch_size * config.data.seq_len / elapsed)
       row = {"step": lane.diverged_at or done, **metrics_lib.interval(rows),
              "tokens_per_sec": lane.rates[-1]}
       if lane.log.rows[-1]["step"] == 0:  # The run's first row: rows[0] is step 0's.

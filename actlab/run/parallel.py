@@ -29,12 +29,11 @@ def initialize(config) -> None:
   """Sets up this process's devices (`parallel.cpu_devices`, `parallel.distributed`) before
   anything asks JAX for one: a backend, once made, cannot change. Repeated calls are no-ops."""
   par = config.parallel
-  cpu_devices = par.cpu_devices
-  if cpu_devices and jax.config.jax_num_cpu_devices != cpu_devices:
+  if par.cpu_devices and jax.config.jax_num_cpu_devices != par.cpu_devices:
     try:
-      jax.config.update("jax_num_cpu_devices", cpu_devices)
+      jax.config.update("jax_num_cpu_devices", par.cpu_devices)
     except RuntimeError:  # JAX refuses once its backends exist.
-      raise ParallelError(f"parallel.cpu_devices={cpu_devices}: JAX's devices already exist in "
+      raise ParallelError(f"parallel.cpu_devices={par.cpu_devices}: JAX's devices already exist in "
                           "this process; set it before anything uses JAX (e.g. on the command "
                           "line of actlab.main / actlab.bench)") from None
   if par.distributed and not jax.distributed.is_initialized():

@@ -8,6 +8,7 @@ import pathlib
 import flax
 import jax
 import ml_collections
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 from actlab import data, models, tasks
 from actlab.models import execution, hf_checkpoint
@@ -53,30 +54,24 @@ def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
   return ml_collections.ConfigDict(old)
 
 
-def source_arrays(config: ml_collections.ConfigDict, source, like, vocab_size: int):
-  """({path: array} in the per-layer layout, where from) of `source` (`init_from_config`'s) for
-  the per-layer parameters `like`."""
-  if not isinstance(source, ml_collections.ConfigDict):  # A Hugging Face state dict.
-    return hf_checkpoint.arrays(source, tasks.get(config).hf, like), config.train.init_from
-  with Checkpoints(pathlib.Path(config.train.init_from) / "checkpoints", 1,
-                   read_only=True) as checkpoints:
-    old_like = jax.eval_shape(steps.Steps.create(source, vocab_size).init, 0, source.optim.lr)
-    step, restored, _ = checkpoints.restore_latest(old_like)
-  flat = flax.traverse_util.flatten_dict(
-      execution.per_layer_layout(flax.core.unfreeze(restored.params)))
-  return flat, f"{config.train.init_from} step {step}"
-
-
 def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: int):
   """One run's `params` with every parameter that `source` (`init_from_config`'s: a workdir's
   latest intact checkpoint, or a Hugging Face state dict) has under the same path and shape (for
   an MLM → classification run: the embeddings and blocks; the pooler and classifier keep their
   fresh initialisation, the MLM head is dropped)."""
-  flat_old, where = source_arrays(config, source, execution.per_layer_layout(params), vocab_size)
+  where = config.train.init_from
+  if isinstance(source, ml_collections.ConfigDict):  # Its arrays in the per-layer layout.
+    with Checkpoints(pathlib.Path(where) / "checkpoints", 1, read_only=True) as checkpoints:
+      old_like = jax.eval_shape(steps.Steps.create(source, vocab_size).init, 0, source.optim.lr)
+      step, restored, _ = checkpoints.restore_latest(old_like)
+    flat_old = flatten_dict(execution.per_layer_layout(flax.core.unfreeze(restored.params)))
+    where = f"{where} step {step}"
+  else:  # A Hugging Face state dict.
+    flat_old = hf_checkpoint.arrays(source, tasks.get(config).hf,
+                                    execution.per_layer_layout(params))
   if "blocks" in params and any(k[0].startswith("block_") for k in flat_old):
-    flat_old = flax.traverse_util.flatten_dict(
-        execution.scanned_layout(flax.traverse_util.unflatten_dict(flat_old)))
-  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
+    flat_old = flatten_dict(execution.scanned_layout(unflatten_dict(flat_old)))
+  flat = flatten_dict(flax.core.unfreeze(params))
   copied = [k for k, v in flat.items() if k in flat_old and flat_old[k].shape == v.shape]
   if not copied:
     raise WorkdirError(f"train.init_from={config.train.init_from!r}: no parameter matches this "
@@ -86,7 +81,7 @@ def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: i
   fresh = sorted({k[0] for k in flat if k not in copied})
   print(f"actlab: initialised {len(copied)} of {len(flat)} parameter arrays from {where}"
         + (f"; new: {', '.join(fresh)}" if fresh else ""), flush=True)
-  return flax.traverse_util.unflatten_dict(flat)
+  return unflatten_dict(flat)
 
 
 def load_run(workdir: pathlib.Path):

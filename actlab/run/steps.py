@@ -1,12 +1,10 @@
 """The pure step functions of a config, and their compiled program for R ≥ 1 runs.
 
 `Steps` holds what the steps close over (model, objective, `optimizer`) and defines one run's pure
-`init(seed, peak_lr)` and `train_step(state, batch) -> (state, metrics)`. `Program` compiles them
-for R runs of one config: the R states stacked on a leading run axis, the step mapped over it
-(`over_runs`), jitted with explicit shardings (parallel.py). One run is R = 1 of the same
-program. The runs may differ in `optim.lr` and `train.seed`: both live in the state, not in the
-compiled code (`optimizer` keeps the peak LR in the optimizer state; the seed makes the initial
-parameters, the key and the batches), so a sweep's cells share one compiled program
+`init(seed, peak_lr)` and `train_step(state, batch)`. `Program` jits them for R runs of one
+config, the states stacked on a leading run axis (`over_runs`), with explicit shardings
+(parallel.py); one run is R = 1. The runs may differ in `optim.lr` and `train.seed`, which live
+in the state, not in the compiled code, so a sweep's cells share one compiled program
 (tests/test_vectorized.py: R runs equal R single runs, ≤ 1e-6).
 """
 
@@ -34,9 +32,6 @@ from actlab.run import parallel, workdir
 
 # --- The optimizer ------------------------------------------------------------------------------
 
-DECAYED_LEAVES = ("kernel", "embedding")
-
-
 def schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
   """The learning-rate multiplier: 0 → 1 over warm-up, then cosine to min_lr_ratio."""
   return optax.warmup_cosine_decay_schedule(
@@ -47,7 +42,7 @@ def schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.Schedu
 def decay_mask(params):
   """True for weight matrices and embeddings; False for biases and LayerNorm scales."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: getattr(path[-1], "key", None) in DECAYED_LEAVES, params)
+      lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding"), params)
 
 
 def optimizer(optim: ml_collections.ConfigDict,
@@ -97,8 +92,7 @@ class Steps:
   def init(self, seed, peak_lr=None) -> TrainState:
     """The initial state; `seed` and `peak_lr` (default `optim.lr`) may be traced, so one
     compiled init serves every seed and learning rate: the peak LR lives in the optimizer state."""
-    root = jax.random.PRNGKey(seed)
-    init_key, run_key = jax.random.split(root)
+    init_key, run_key = jax.random.split(jax.random.PRNGKey(seed))
     tokens = jnp.zeros((1, self.config.data.seq_len), jnp.int32)
     params = self.model.init(init_key, tokens)["params"]
     opt_state = self.tx.init(params)
@@ -248,8 +242,7 @@ def program(config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
             cache: dict | None = None) -> Program:
   """`Program.create`, reused from `cache` (a plain dict the caller owns) when one was made for
   the same `compile_key` and number of runs: a sweep passes one cache to all its runs."""
-  if cache is None:
-    return Program.create(config, vocab_size, runs)
+  cache = {} if cache is None else cache
   key = (runs, compile_key(config, vocab_size))
   if key not in cache:
     cache[key] = Program.create(config, vocab_size, runs)

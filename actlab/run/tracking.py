@@ -62,8 +62,7 @@ class TensorBoard:
 
   def close(self, summary: dict | None = None) -> None:
     del summary  # TensorBoard shows the rows; the summary is summary.json's.
-    self._writer.flush()
-    self._writer.close()
+    self._writer.close()  # Flushes first.
 
 
 def wandb_run_id(logdir: pathlib.Path, first_segment: Mapping) -> str:
