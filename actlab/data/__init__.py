@@ -206,7 +206,6 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
   corpus = functools.cache(lambda: open_corpus(config, root))  # opened on first use
   key = corpus_key(config)
   spec = config.data.tokenizer
-
   get_tokenizer = lambda: _get_tokenizer(config, root, train_texts=lambda: corpus().texts("train"))
   # Tokenizers that need no corpus come first, so a missing GPT-2 file is reported before a
   # multi-GB download.
@@ -220,10 +219,9 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
     if labelled:  # Labelled examples (the classify task), tokenized like the corpus.
       from actlab.data import classify
       return classify.load(config, tok, tokenizer.special_ids(spec), root)
-    arrays = {}
+    arrays, c = {}, corpus()
     for split in ("train", "validation"):
       path = root / "tokens" / key / f"{split}.{tok.name.replace(':', '')}.bin"  # e.g. bpe4096
-      c = corpus()
       arrays[split] = cache.build_or_open(
           path, lambda s=split: c.texts(s), tok, c.source_id(split),
           num_texts=c.num_texts(split), desc=f"tokenizing {key} {split} ({tok.name})",

@@ -59,10 +59,8 @@ def batch_sums(sown) -> dict:
 
 
 def stability(out: models.Sums) -> dict:
-  """The training forward's instability measures (docs/metrics.md §2), from an objective's output
-  with `stats` (traced, in the log step): `train_logz_mean`, and `train_attn_logit_max` and
-  `train_attn_entropy_min` (the least head's mean entropy) unless no `AttentionStats` was sown
-  (cuDNN attention)."""
+  """The training forward's instability measures (docs/metrics.md §2) from an objective's output
+  with `stats`; the attention's only where `AttentionStats` were sown (not by cuDNN attention)."""
   attn = per_layer(out.sown, models.AttentionStats)
   out = {"train_logz_mean": out.logz_sum / out.count}
   if not attn:
@@ -253,8 +251,7 @@ def summarize(rows: Sequence[Mapping], steps: int) -> dict:
   # The test windows (data.test_batches: scored once, at the last step); MLM's [MASK] positions.
   out.update({f"final_{k}": v for k, v in (rows[-1] if rows else {}).items()
               if k.startswith(("test_", "val_mask_"))})
-  for key in SUMMARY_LAST_EVAL:
-    out[key] = stats_rows[-1].get(key) if stats_rows else None
+  out.update({k: stats_rows[-1].get(k) if stats_rows else None for k in SUMMARY_LAST_EVAL})
   accs = [r["val_accuracy"] for r in rows if finite(r.get("val_accuracy"))]
   if accs:  # Objectives that count correct predictions: MLM and classification.
     out.update(initial_val_accuracy=accs[0], final_val_accuracy=accs[-1],

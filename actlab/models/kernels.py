@@ -5,15 +5,9 @@ loss of `softmax(h·Eᵀ)` without the [B, L, V] logits.
 For the reference decoder (GPT-2 vocabulary) the tied LM head is three quarters of the FLOPs,
 and the plain path (logits = h·Eᵀ, `softmax_cross_entropy` and its autodiff) writes and re-reads
 [B·L, V] float32 tensors several times: 0.8 GB each for batch 32 × 128. `xent_sum` computes the
-same sum in chunks of positions instead:
-
-- forward (no gradient wanted: evaluation): per chunk, logits → max → log-sum-exp → target logit;
-- under `jax.grad` (the custom VJP's forward): per chunk it also forms the softmax gradient
-  `w·(softmax − onehot)` while the chunk's logits are still in cache and multiplies it straight
-  into dh (= g·E) and dE (+= gᵀ·h). The backward pass only scales both by the incoming cotangent.
-
-With `optim.z_loss`, the sum gains z_loss · logZ² per position and the softmax gradient the
-factor (1 + 2·z_loss·logZ); on request it also sums logZ (a log step's output-logit scale).
+same sum in chunks of positions instead; under `jax.grad` (the custom VJP's forward) each chunk
+also forms the softmax gradient `w·(softmax − onehot)` (times 1 + 2·z_loss·logZ with a z-loss)
+while its logits are in cache, straight into dh and dE; the backward pass only scales both.
 
 So the head costs its three matmuls, and its largest intermediates are one chunk's [B, Lc, V],
 within the platform's chunk budget (`chunk_length`). Chunks run along the sequence axis, so a
@@ -105,17 +99,10 @@ def with_logit_sums(out: dict, sums: dict) -> dict:
 
 def xent_sum(h_BLD, embedding_VD, targets_BL, weights_BL=None, *, chunk: int | None = None,
              z_loss: float = 0.0, logz: bool = False) -> dict:
-  """The sums of an LM head tied to `embedding_VD` (float32 parameters; cast to h's dtype for
-  the matmuls), with logZ_bl = logsumexp(h_bl·Eᵀ) and w the position weights:
-
-  - `loss_sum` = Σ_b,l w_bl · (logZ_bl − h_bl·E_{t_bl} + z_loss · logZ_bl²): the summed
-    next-token cross-entropy, plus PaLM's z-loss when `z_loss` > 0; the one differentiated sum;
-  - `z_loss_sum` = z_loss · Σ w·logZ² (only when `z_loss` > 0): the z-loss part of `loss_sum`;
-  - `logz_sum` = Σ w·logZ (only with `logz`): the output logits' scale.
-
-  `weights_BL` (optional, not differentiated) weighs each position (0 drops it). `chunk` is the
-  number of positions per chunk (a divisor of L); default from `chunk_length`.
-  """
+  """The sums of an LM head tied to `embedding_VD` (cast to h's dtype for the matmuls), with
+  logZ = logsumexp(h·Eᵀ) and w = `weights_BL` (default 1; not differentiated): `loss_sum` =
+  Σ w·(logZ − h·E_t) plus the z-loss, the one differentiated sum, and `logz_sums`' sums.
+  `chunk`: the positions per chunk (a divisor of L; default from `chunk_length`)."""
   B, L, _ = h_BLD.shape
   V = embedding_VD.shape[0]
   chunk = chunk or chunk_length(B, L, V)

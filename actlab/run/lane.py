@@ -84,17 +84,6 @@ def append_segment(logdir: pathlib.Path, seg: dict) -> list[dict]:
 # --- The lane -----------------------------------------------------------------------------------
 
 
-def _host_rows(rows: list[dict]) -> list[dict]:
-  """Per-step metrics as a checkpoint's JSON keeps them (float32 values are exact as floats)."""
-  return [{k: float(v) for k, v in row.items()} for row in rows]
-
-
-def _device_rows(rows: list[dict]) -> list[dict]:
-  """`_host_rows` back as the float32 scalars the train step returns, so the means that include
-  them are computed exactly as without the interruption."""
-  return [{k: np.float32(v) for k, v in row.items()} for row in rows]
-
-
 @dataclasses.dataclass
 class Lane:
   """One run in `train_lanes`: its files, its trackers (`tracking`) and what its summary reports.
@@ -125,7 +114,10 @@ class Lane:
     return cls(config, task, run_dir, dataset, ckpts,
                metrics_log.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
                tracking.open_writers(config, path, start, segments), segments,
-               _device_rows(meta.get("pending", [])), list(meta.get("rates", [])),
+               # The float32 scalars the train step returned: the means that include them
+               # are computed exactly as without the interruption.
+               [{k: np.float32(v) for k, v in row.items()} for row in meta.get("pending", [])],
+               list(meta.get("rates", [])),
                meta.get("train_time", 0.0))
 
   def write(self, row: dict) -> None:
@@ -136,8 +128,10 @@ class Lane:
       writer.write(row)
 
   def save(self, step: int, state, pending: list[dict]) -> None:
-    """Checkpoints `state` with the lane: its rows, the step metrics not yet in a row, rates."""
-    self.checkpoints.save(step, state, {"rows": self.log.rows, "pending": _host_rows(pending),
+    """Checkpoints `state` with the lane: its rows, the step metrics not yet in a row (float32
+    values are exact as floats), rates."""
+    pending = [{k: float(v) for k, v in row.items()} for row in pending]
+    self.checkpoints.save(step, state, {"rows": self.log.rows, "pending": pending,
                                         "rates": self.rates, "train_time": self.train_time})
 
   def close_writers(self) -> None:

@@ -98,9 +98,8 @@ class Plan:
           f"multiple of {self.num_devices}")
 
   def shard_batch(self, batch, stacked: bool = False) -> Any:
-    """A host batch (numpy, the full global batch on every process) → global jax.Arrays split
-    along the batch axis (the second if `stacked`: one batch per run in front); each process
-    contributes only the rows of its own devices, which are contiguous in the mesh."""
+    """A host batch (the full global batch on every process) → global jax.Arrays split along the
+    batch axis (the second if `stacked`); each process contributes only its own devices' rows."""
     axis = int(stacked)
     devices = list(self.mesh.devices.flat)
     mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
@@ -118,8 +117,7 @@ class Plan:
 
 
 def plan(config, devices=None) -> Plan:
-  """The plan of `config.parallel` over `devices` (default: the first `parallel.num_devices`, 0 =
-  all)."""
+  """The plan of `config.parallel` over `devices` (default: the first `parallel.num_devices`)."""
   par = config.parallel
   if par.mode not in MODES:
     raise ParallelError(f"parallel.mode={par.mode!r}: choose one of {', '.join(map(repr, MODES))}")

@@ -31,8 +31,7 @@ HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face GPT-2 or BERT directory (hf
 def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
   """What `train.init_from` names, checked before the workdir is touched: the config of a
   workdir's run (the same model and tokenizer, with a checkpoint), or for `hf:DIR` that
-  directory's state dict (its config.json mapped onto this model; `vocab_size`: the
-  tokenizer's)."""
+  directory's state dict mapped onto this model (`vocab_size`: the tokenizer's)."""
   if config.train.init_from.startswith(HF):
     return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.get(config).hf,
                               models.pad_vocab(config.model.vocab_size or vocab_size))
@@ -56,9 +55,8 @@ def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
 
 def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: int):
   """One run's `params` with every parameter that `source` (`init_from_config`'s: a workdir's
-  latest intact checkpoint, or a Hugging Face state dict) has under the same path and shape (for
-  an MLM → classification run: the embeddings and blocks; the pooler and classifier keep their
-  fresh initialisation, the MLM head is dropped)."""
+  latest intact checkpoint, or a Hugging Face state dict) has under the same path and shape (MLM
+  → classification: the embeddings and blocks; the MLM head is dropped)."""
   where = config.train.init_from
   if isinstance(source, ml_collections.ConfigDict):  # Its arrays in the per-layer layout.
     with Checkpoints(pathlib.Path(where) / "checkpoints", 1, read_only=True) as checkpoints:

@@ -47,9 +47,8 @@ def decay_mask(params):
 
 def optimizer(optim: ml_collections.ConfigDict,
               total_steps: int) -> optax.GradientTransformation:
-  """clip_by_global_norm → AdamW (decay on matrices and embeddings), with linear warm-up then
-  cosine decay to `min_lr_ratio · lr`; the peak LR lives in the optimizer state
-  (`optax.inject_hyperparams`), not in the compiled program."""
+  """clip_by_global_norm → AdamW (decay on matrices and embeddings) at `peak_lr · schedule`; the
+  peak LR lives in the optimizer state (`optax.inject_hyperparams`), not in the compiled program."""
   unit = schedule(optim, total_steps)
 
   @optax.inject_hyperparams
@@ -104,11 +103,9 @@ class Steps:
   def train_step(self, state: TrainState, batch,
                  diagnostics: bool = True) -> tuple[TrainState, dict]:
     """One optimizer step; pure, so it runs under `jax.jit` with the state donated. Every step
-    measures its loss (the cross-entropy: the z-loss, when on, is minimised too but logged
-    apart as `z_loss`), learning rate and gradient norm (the clipping's, computed once); with
-    `diagnostics` (static: the loop's log steps) also the update and parameter norms, which
-    cost a reduction per array, and the training forward's stability measures (its largest
-    attention logit and mean logZ: `metrics.stability`), all logged only there."""
+    measures its loss (the cross-entropy; the z-loss apart), learning rate and gradient norm;
+    with `diagnostics` (static: the loop's log steps) also the update and parameter norms and
+    `metrics.stability` (docs/metrics.md §2)."""
     key = jax.random.fold_in(state.rng, state.step)
 
     def loss_fn(params):
@@ -135,9 +132,8 @@ class Steps:
 @dataclasses.dataclass(frozen=True)
 class Program:
   """`Steps` jitted for R runs of one config (their LRs and seeds may differ): states, metrics
-  and device results have a leading run axis of R (unsplit: data parallelism splits each run's
-  batch, FSDP each run's arrays, as for one run); the validation and sharpness batches are
-  shared by the runs."""
+  and device results have a leading, unsplit run axis of R; the validation and sharpness
+  batches are shared by the runs."""
   steps: Steps
   plan: parallel.Plan
   runs: int
@@ -197,9 +193,8 @@ class Program:
 
 def over_runs(fn: Callable, runs: int, in_axes: tuple | int = 0) -> Callable:
   """One run's `fn` over the leading run axis of its arguments (`in_axes`: 0, or None for an
-  argument the runs share) and of its results: `jax.vmap` for R > 1 runs; for R = 1 the axis is
-  indexed away and put back, so that a single run compiles (and rounds) as the plain function
-  does, with vmap's batching left out of its compile time."""
+  argument the runs share) and results: `jax.vmap` for R > 1 runs; for R = 1 the axis is
+  indexed away and put back, so that a single run compiles (and rounds) as `fn` does."""
   if runs > 1:
     return jax.vmap(fn, in_axes=in_axes)
 

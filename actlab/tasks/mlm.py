@@ -65,9 +65,8 @@ def mask_tokens(key, tokens_BL, specials: Specials, vocab_size: int, prob: float
                 mask_frac: float = 0.8, random_frac: float = 0.1):
   """BERT's masking, on the device (docs/encoder.md, "Masked-LM objective"): k = max(1,
   round(prob·n)) ≤ P of each sequence's n maskable positions, each then [MASK], a random ordinary
-  token or kept. Returns
-  (inputs_BL, positions_BP: the selected positions, targets_BP: their original tokens,
-  weights_BP: False on unused slots)."""
+  token or kept. Returns (inputs_BL, positions_BP: the selected positions, targets_BP: their
+  original tokens, weights_BP: False on unused slots)."""
   B, L = tokens_BL.shape
   P = max_predictions(L, prob)
   select_key, how_key, random_key = jax.random.split(key, 3)
@@ -103,12 +102,9 @@ def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
          specials: Specials, vocab_size: int, prob: float = 0.15, mask_frac: float = 0.8,
          random_frac: float = 0.1, z_loss: float = 0.0) -> models.Sums:
   """MLM cross-entropy (nats) and accuracy over the selected positions only (in training with
-  the z-loss, and with `stats` `logz_sum`: `models.logit_sums`), and apart over those whose
-  input is [MASK] (`mask_*`: where the visible token cannot be copied).
-
-  The mask comes from `rng` (the step's key in training, a fixed key in evaluation, so
-  `val_loss` uses the same mask at every evaluation); dropout gets an independent key.
-  """
+  the z-loss, and with `stats` `logz_sum`), and apart over those whose input is [MASK]
+  (`mask_*`). The mask comes from `rng` (the step's key in training, a fixed key in
+  evaluation); dropout gets an independent key."""
   (inputs_BL, positions_BP, targets_BP, weights_BP), dropout_key = masked_batch(
       rng, batch_BL1, specials, vocab_size, prob, mask_frac, random_frac)
   logits_BPV, sown = models.apply(model, params, inputs_BL, inputs_BL != specials.pad,
