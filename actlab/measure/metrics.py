@@ -1,8 +1,6 @@
-"""What actlab measures, defined in docs/metrics.md: the activation statistics at evaluation
-(§4: `batch_sums` on the device per batch, `pool` on the host), the training forward's stability
-measures and a row's training metrics (§2: `stability`, `interval`), sharpness (§5), the
-stability verdict (§6) and the run's summary (§7).
-"""
+"""What actlab measures, defined in docs/metrics.md: the activation statistics at evaluation (§4),
+the training forward's stability measures and a row's training metrics (§2), sharpness (§5), the
+stability verdict (§6) and the run's summary (§7)."""
 
 from __future__ import annotations
 
@@ -110,8 +108,7 @@ def _tree_dot(a, b) -> jax.Array:
 def top_hessian_eigenvalue(loss_fn: Callable, params, key: jax.Array, num_iters: int) -> jax.Array:
   """The largest-magnitude eigenvalue of ∇²loss_fn(params), signed, by power iteration on
   Hessian-vector products, forward-over-reverse (docs/metrics.md §5)."""
-  grad_fn = jax.grad(loss_fn)
-  hvp = lambda v: jax.jvp(grad_fn, (params,), (v,))[1]
+  hvp = lambda v: jax.jvp(jax.grad(loss_fn), (params,), (v,))[1]
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(key, len(leaves))
   v = treedef.unflatten([jax.random.normal(k, x.shape, jnp.float32) for k, x in zip(keys, leaves)])

@@ -104,8 +104,7 @@ def xent_sum(h_BLD, embedding_VD, targets_BL, weights_BL=None, *, chunk: int | N
   Σ w·(logZ − h·E_t) plus the z-loss, the one differentiated sum, and `logz_sums`' sums.
   `chunk`: the positions per chunk (a divisor of L; default from `chunk_length`)."""
   B, L, _ = h_BLD.shape
-  V = embedding_VD.shape[0]
-  chunk = chunk or chunk_length(B, L, V)
+  chunk = chunk or chunk_length(B, L, embedding_VD.shape[0])
   if L % chunk:
     raise ValueError(f"chunk={chunk} does not divide the sequence length {L}")
   if weights_BL is None:
@@ -121,15 +120,9 @@ def _split(x, chunk):
   return jnp.swapaxes(x.reshape(B, L // chunk, chunk, *x.shape[2:]), 0, 1)
 
 
-def _merge(x):
-  n, B, c = x.shape[:3]
-  return jnp.swapaxes(x, 0, 1).reshape(B, n * c, *x.shape[3:])
-
-
 def _chunk_stats(h, E, t, w, z_loss, logz):
-  """exp(logits − max) (f32) of one chunk, its row sums and logZ ([B, Lc, 1] each) and the
-  chunk's `xent_sum` sums. (Keeping exp(·) for the gradient measured faster than recomputing it from
-  the logits.)"""
+  """exp(logits − max) (f32) of one chunk (kept for the gradient: faster than recomputing it), its
+  row sums and logZ ([B, Lc, 1] each) and the chunk's `xent_sum` sums."""
   logits = jnp.einsum("bld,vd->blv", h, E.astype(h.dtype), preferred_element_type=jnp.float32)
   m = jax.lax.stop_gradient(logits.max(-1, keepdims=True))
   p = jnp.exp(logits - m)
@@ -158,14 +151,13 @@ def _xent(h, E, t, w, chunk, z_loss, logz):
 
 
 def _xent_fwd(h, E, t, w, chunk, z_loss, logz):
-  V = E.shape[0]
   Ec = E.astype(h.dtype)
 
   def body(carry, xs):
     total, dEt = carry
     hc, tc, wc = xs
     p, s, logz_BL1, sums = _chunk_stats(hc, E, tc, wc, z_loss, logz)
-    onehot = jnp.arange(V, dtype=tc.dtype) == tc[..., None]
+    onehot = jnp.arange(E.shape[0], dtype=tc.dtype) == tc[..., None]
     w_BL1, softmax = wc[..., None], p / s
     if z_loss:  # d(z_loss · logZ²)/d logits = 2 · z_loss · logZ · softmax
       softmax = softmax * (1 + 2 * z_loss * logz_BL1)
@@ -179,7 +171,7 @@ def _xent_fwd(h, E, t, w, chunk, z_loss, logz):
   (total, dEt), dh = jax.lax.scan(
       body, (_zeros(z_loss, logz), jnp.zeros(E.shape[::-1], jnp.float32)),
       (_split(h, chunk), _split(t, chunk), _split(w, chunk)))
-  return total, (_merge(dh), dEt.T.astype(E.dtype), t, w)
+  return total, (jnp.swapaxes(dh, 0, 1).reshape(h.shape), dEt.T.astype(E.dtype), t, w)
 
 
 def _xent_bwd(chunk, z_loss, logz, residuals, g):

@@ -79,8 +79,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
   # The next batch is built and sent to the devices (this host's rows only) while a step runs.
   fetch = lambda k: prefetch.submit(
       lambda: program.put_batches([lane.dataset.train_batch(k) for lane in lanes]))
-  # A bar for a single run. Its description says what the run does (evaluation and sharpness
-  # can take long; the count moves at log rows).
+  # A bar for a single run; its description says what it does (evaluation can take long).
   bar = tqdm.tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True,
                   disable=not t.progress or len(lanes) > 1)
 
@@ -224,8 +223,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
 
 def start_line(lanes: list[Lane], counts: dict, start: int) -> str:
   """What `train_lanes` prints first: the model, its size, the runs and where they start."""
-  c = lanes[0].config
-  model = f"{lanes[0].task.name} {c.model.activation}"
+  model = f"{lanes[0].task.name} {lanes[0].config.model.activation}"
   size = (f"{counts['non_embedding'] / 1e6:.2f}M parameters without the token embedding "
           f"({counts['total'] / 1e6:.2f}M total)")
   resuming = f"resuming at step {start}" if start else None

@@ -159,13 +159,11 @@ class Program:
         donate_argnums=0, in_shardings=(state, batch), out_shardings=(state, plan.replicated))
     on_params = lambda fn: jax.jit(over_runs(functools.partial(fn, steps), runs, (0, None)),
                                    in_shardings=(state.params, shared_batch))
-    sharpness = evaluators.sharpness
     return cls(steps, plan, runs, state,
                init=jax.jit(over_runs(steps.init, runs), out_shardings=state),
-               train_step=jit_step(False), log_step=jit_step(True),
-               evaluators=evaluators,
+               train_step=jit_step(False), log_step=jit_step(True), evaluators=evaluators,
                eval_step=on_params(evaluators.validation_step),
-               sharpness_step=sharpness and on_params(sharpness))
+               sharpness_step=evaluators.sharpness and on_params(evaluators.sharpness))
 
   def start(self, configs: Sequence[ml_collections.ConfigDict]) -> TrainState:
     """The initial state of the runs of `configs` (their seeds and peak LRs)."""
@@ -182,8 +180,7 @@ class Program:
     """Single runs' states (restored checkpoints) as this program's state: stacked in host memory
     where this process holds them whole (no XLA program to compile at a resume), else by XLA."""
     held = lambda x: getattr(x, "is_fully_addressable", True)  # numpy: always
-    stack = lambda *xs: (np.stack(jax.device_get(xs)) if all(map(held, xs))
-                         else jnp.stack(xs))
+    stack = lambda *xs: np.stack(jax.device_get(xs)) if all(map(held, xs)) else jnp.stack(xs)
     return jax.device_put(jax.tree.map(stack, *states), self.shardings)
 
   def put_batches(self, batches: list) -> Any:

@@ -50,8 +50,7 @@ def chance_loss(config, vocab_size: int) -> float:
 
 
 def baselines(config, dataset) -> dict[str, float]:
-  """`unigram_loss`: the val loss of predicting every token from the training tokens' unigram
-  frequencies (`data.Dataset.unigram_loss`): a run that ends no better has not learned. (No
+  """`unigram_loss` (`data.Dataset.unigram_loss`): a run that ends no better has not learned. (No
   `copy_loss`: the decoder never sees the token it predicts.)"""
   return {"unigram_loss": dataset.unigram_loss()}
 
