@@ -175,9 +175,8 @@ def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
 
 
 def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
-  """The config's tokenizer without its corpus: the copy in `saved` (a run directory's, written
-  by `tokenizer_store.save`) if there is one, else the data dir's (a trained BPE or WordPiece
-  must be there already)."""
+  """The config's tokenizer without its corpus: the copy in `saved` (a run directory's) if there
+  is one, else the data dir's (a trained BPE or WordPiece must be there already)."""
   if saved and (tok := tokenizer_store.load(saved)) is not None:
     return tok
   root = data_dir(config.data.dir)

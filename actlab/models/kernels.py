@@ -26,10 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Logit elements per chunk. Each chunk adds its V×D weight gradient into the running sum, so
-# chunks must hold enough tokens to amortise that: on a 2-core CPU 32M elements (512 tokens at
-# V = 50,304) measured best, 4M cost ~12% more per step. The accelerator budget (the reference
-# batch of 32 × 128 tokens in four chunks) is a bound on memory, not a tuned speed.
+# Logit elements per chunk: enough tokens to amortise adding each chunk's V×D weight gradient (on
+# a 2-core CPU 32M elements measured best, 4M cost ~12% more per step). The accelerator budget
+# (the reference batch of 32 × 128 tokens in four chunks) bounds memory; it is not tuned.
 CPU_CHUNK_ELEMENTS = 1 << 25
 ACCELERATOR_CHUNK_ELEMENTS = 1 << 26
 

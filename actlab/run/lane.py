@@ -86,9 +86,8 @@ def append_segment(logdir: pathlib.Path, seg: dict) -> list[dict]:
 
 @dataclasses.dataclass
 class Lane:
-  """One run in `train_lanes`: its files, its trackers (`tracking`) and what its summary reports.
-  Everything here but the files and trackers is kept in each checkpoint (`meta`), so a resumed
-  lane continues where it stopped."""
+  """One run in `train_lanes`: its files, its trackers (`tracking`) and what its summary reports,
+  which each checkpoint keeps (`meta`) so that a resumed lane continues where it stopped."""
   config: ml_collections.ConfigDict
   task: tasks.Task
   run_dir: workdir_lib.RunDir

@@ -84,8 +84,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
                   disable=not t.progress or len(lanes) > 1)
 
   def evaluate(params, test: bool = False) -> list[dict]:
-    """Every lane's validation metrics, from one pass over the validation set; with `test`,
-    also its losses (and accuracies) on the held-out test windows, as `test_*`."""
+    """Every lane's validation metrics (one pass); with `test`, also the test windows', `test_*`."""
     bar.set_description("evaluating")
     outs = jax.device_get([program.eval_step(params, b) for b in val_batches])
     evals = [evaluators_.pool(steps.one_run(outs, r)) for r in range(len(lanes))]

@@ -1,7 +1,6 @@
-"""Where a run's parameters come from besides its own checkpoints, and a trained run read back:
-`train.init_from` (another run's latest intact checkpoint, or `hf:DIR`, a Hugging Face GPT-2 or
-BERT directory: hf_checkpoint.py), checked before anything is written; `load_run` (`actlab.sample`,
-`actlab.export`)."""
+"""Where a run's parameters come from besides its own checkpoints: `train.init_from` (another
+run's latest intact checkpoint, or `hf:DIR`: hf_checkpoint.py), checked before anything is
+written; and a trained run read back (`load_run`)."""
 
 import pathlib
 
@@ -83,9 +82,8 @@ def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: i
 
 
 def load_run(workdir: pathlib.Path):
-  """A trained run's config, tokenizer (the copy in its directory; an older run's from the data
-  dir), `steps.Steps` and latest parameters on one device, and their step (`actlab.sample`,
-  `actlab.export`: one process, JAX's default device, whatever the run trained on)."""
+  """A trained run's config, tokenizer, `steps.Steps`, latest parameters (on JAX's default
+  device, whatever the run trained on) and their step (`actlab.sample`, `actlab.export`)."""
   config = workdir_lib.run_config(workdir)
   if config is None:
     raise WorkdirError(f"{workdir} holds no run (no readable actlab config.json); train one with "

@@ -45,8 +45,7 @@ def _histograms(row: Mapping[str, Any]):
 
 
 class TensorBoard:
-  """Every metrics row in `logdir`. `purge_step` (the resumed step) hides the events an
-  interrupted run wrote after it."""
+  """Every metrics row in `logdir`; `purge_step` (the resumed step) hides the events after it."""
 
   def __init__(self, logdir: pathlib.Path, purge_step: int | None = None):
     self._writer = _tensorboardx().SummaryWriter(str(logdir), purge_step=purge_step or None)
