@@ -75,9 +75,8 @@ class Dataset:
     return self._gather(self.train_tokens, starts)
 
   def val_starts(self, test: bool = False) -> np.ndarray:
-    """The fixed validation window starts, num_val_batches · batch_size evenly spaced over the
-    validation split; with test batches, over its first half, and the test windows' (`test`)
-    over its second half, so that no token is in both."""
+    """The fixed validation window starts, evenly spaced over the validation split (with test
+    batches: over its first half, and the test windows' (`test`) over its second half)."""
     tokens = self.val_tokens.shape[0]
     half = tokens // 2 if self.num_test_batches else tokens  # where the validation windows end
     lo, hi = (half, tokens) if test else (0, half)

@@ -51,9 +51,8 @@ def why_not_cudnn(dtype, head_dim: int, masked_lengths: tuple[int, int] | None =
 
 def attention_impl(requested: str, dtype, head_dim: int,
                    masked_lengths: tuple[int, int] | None = None) -> str:
-  """The attention that runs, decided before tracing it: "xla" as requested; "cudnn" as
-  requested, or a ValueError naming why it cannot run (`why_not_cudnn`); "auto" is cuDNN where
-  it can run and XLA otherwise, which on a GPU it says once per cause."""
+  """The attention that runs, decided before tracing: "xla"; "cudnn", or a ValueError naming why
+  it cannot (`why_not_cudnn`); "auto": cuDNN where it can run, else XLA (on a GPU said once)."""
   if requested == "xla":
     return "xla"
   reason = why_not_cudnn(dtype, head_dim, masked_lengths)

@@ -1,6 +1,5 @@
-"""The experiment trackers a run writes to besides metrics.jsonl: TensorBoard and Weights & Biases
-(docs/tracking.md). A writer takes every metrics row (`write`: scalars, and the `Histogram`s kept
-out of metrics.jsonl) and is closed with the run's summary (None when the run stopped early)."""
+"""TensorBoard and Weights & Biases (docs/tracking.md): a writer takes every metrics row (`write`,
+histograms too) and is closed with the run's summary (None when the run stopped early)."""
 
 from __future__ import annotations
 

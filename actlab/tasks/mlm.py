@@ -14,7 +14,6 @@ import optax
 from actlab import data, models
 from actlab.data import tokenizer
 from actlab.models.hf_checkpoint import Architecture
-from actlab.tasks.causal_lm import chance_loss, dataset  # the decoder's windows; ln V
 
 CAUSAL = False
 HF = Architecture("bert", "BertForMaskedLM", "post")  # actlab.export, train.init_from=hf:DIR
@@ -127,11 +126,19 @@ def objective(config, vocab_size: int):
                            random_frac=d.mlm_random_frac, z_loss=config.optim.z_loss)
 
 
+def dataset(config):
+  return data.load(config)
+
+
 def random_batch(config, vocab_size: int, seed: int = 0) -> np.ndarray:
   """Windows of random ordinary tokens (the special ids 0–4 excluded)."""
   rng = np.random.default_rng(seed)
   shape = (config.train.batch_size, config.data.seq_len + 1)
   return rng.integers(len(Specials._fields), vocab_size, shape).astype(np.int32)
+
+
+def chance_loss(config, vocab_size: int) -> float:
+  return math.log(vocab_size)
 
 
 def head_matmul_params(config, vocab_size: int) -> float:
