@@ -107,8 +107,7 @@ class Evaluators:
     return cls(validation, sharpness)
 
   def validation_step(self, steps, params, batch) -> dict:
-    """Pure: one validation batch's device values, `{evaluator name: its read of the output}`
-    (deterministic: no dropout)."""
+    """Pure: one validation batch's `{evaluator name: its read of the output}` (no dropout)."""
     out = steps.objective(steps.model, params, batch, jax.random.PRNGKey(data.VAL_SEED),
                           train=False, stats=any(e.sown for e in self.validation))
     return {e.name: e.read(out) for e in self.validation}

@@ -37,8 +37,7 @@ def per_layer(sown, kind: type) -> list:
 
 
 def batch_sums(sown) -> dict:
-  """Per-layer sums of one batch from the sown statistics of one `models.apply(..., stats=True)`
-  (traced, on device): small enough to fetch every evaluation."""
+  """Per-layer sums of one batch's sown statistics (traced): small enough to fetch every eval."""
   ffn = []
   for stats in per_layer(sown, models.FFNStats):
     z_NF = stats.z.reshape(-1, stats.z.shape[-1]).astype(jnp.float32)

@@ -87,8 +87,7 @@ class Plan:
     return self.replicated
 
   def state_shardings(self, abstract_state) -> Any:
-    """The shardings of a pytree of arrays (or ShapeDtypeStructs): `leaf_sharding` per leaf.
-    Parameters and their AdamW moments share shapes, hence shardings."""
+    """`leaf_sharding` per leaf of a pytree of arrays (AdamW moments share their parameters')."""
     return jax.tree.map(lambda x: self.leaf_sharding(np.shape(x)), abstract_state)
 
   def check_batch(self, batch_size: int) -> None:

@@ -234,7 +234,8 @@ def program(config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
             cache: dict | None = None) -> Program:
   """`Program.create`, reused from `cache` (a plain dict the caller owns) when one was made for
   the same `compile_key` and number of runs: a sweep passes one cache to all its runs."""
-  cache = {} if cache is None else cache
+  if cache is None:
+    return Program.create(config, vocab_size, runs)
   key = (runs, compile_key(config, vocab_size))
   if key not in cache:
     cache[key] = Program.create(config, vocab_size, runs)

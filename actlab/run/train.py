@@ -47,7 +47,8 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
   for c, r in zip(configs, run_dirs):
     config_lib.validate(c)
     workdir_lib.check_usable(r.root)
-  steps.check_group(configs)
+  if len(configs) > 1:
+    steps.check_group(configs)
   unfinished = sum(finished(c, r) is None for c, r in zip(configs, run_dirs))
   if not unfinished:
     return [r.summary() for r in run_dirs]
