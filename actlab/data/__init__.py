@@ -1,17 +1,16 @@
 """Data: corpora, tokenizers, the token cache and step-indexed batch sampling (docs/data.md).
 
-`load(config)` is the whole interface the training loop uses: it opens the corpus
-(`data.source`: the embedded synthetic stories or TinyStories), the tokenizer (`data.tokenizer`: tokenizer.py) and each split's
-token cache (cache.py), and returns a `Dataset`; `load(config, labelled=True)` returns the
-classify task's `classify.ClassifyDataset` instead. Everything lives under the data dir
-(`data_dir`): `tfds/`, `manual/`, `gpt2/`, `tokenizers/<corpus>/`, `tokens/<corpus>/`, `locks/`.
-Problems a user can fix raise `DataError` with one message saying what to do.
+`load(config)` opens the corpus (`data.source`), the tokenizer (tokenizer.py) and each split's
+token cache (cache.py), and returns a `Dataset` (`labelled=True`: the classify task's
+`classify.ClassifyDataset`). Everything lives under the data dir (`data_dir`). Problems a user
+can fix raise `DataError` with one message saying what to do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import logging
@@ -32,9 +31,8 @@ __all__ = ["DataError", "Dataset", "Tokenizer", "VAL_SEED", "load", "load_tokeni
 
 _COUNT_CHUNK = 1 << 24  # tokens per np.bincount call, which copies its input as int64
 
-# The seed of the validation pass's randomness (MLM's masks): fixed, so that every evaluation of
-# every run scores the same positions. The evaluators and MLM's unigram bar
-# (`tasks/mlm.unigram_loss`) both use it, so the bar is measured where the val loss is.
+# The seed of the validation pass's randomness (MLM's masks): every evaluation of every run, and
+# MLM's baselines (`tasks/mlm.baselines`), score the same positions.
 VAL_SEED = 0
 
 
@@ -69,18 +67,16 @@ class Dataset:
 
   def train_batch(self, step: int) -> np.ndarray:
     """int32 [batch_size, seq_len + 1]: window starts drawn from default_rng([seed, step])."""
-    step = int(step)
     if step < 0:
       raise ValueError(f"step must be non-negative, got {step}")
-    rng = np.random.default_rng([self.seed, step])
+    rng = np.random.default_rng([self.seed, int(step)])
     high = self.train_tokens.shape[0] - self.window  # last valid start, inclusive
     starts = rng.integers(0, high + 1, size=self.batch_size, dtype=np.int64)
     return self._gather(self.train_tokens, starts)
 
   def val_starts(self, test: bool = False) -> np.ndarray:
-    """The fixed validation window starts, num_val_batches · batch_size evenly spaced over the
-    validation split; with test batches, over its first half, and the test windows' (`test`)
-    over its second half, so that no token is in both."""
+    """The fixed validation window starts, evenly spaced over the validation split (with test
+    batches: over its first half, and the test windows' (`test`) over its second half)."""
     tokens = self.val_tokens.shape[0]
     half = tokens // 2 if self.num_test_batches else tokens  # where the validation windows end
     lo, hi = (half, tokens) if test else (0, half)
@@ -107,9 +103,8 @@ class Dataset:
       return np.log(counts) - np.log(counts.sum())
 
   def unigram_loss(self) -> float:
-    """Cross-entropy (nats/token) of the validation targets under `unigram_log_probs()`. The
-    targets are those ``val_loss`` averages over: positions 1..seq_len of every
-    ``val_batches()`` window. A run ending no better learned nothing beyond token frequencies."""
+    """Cross-entropy (nats/token) under `unigram_log_probs()` of `val_loss`'s targets: positions
+    1..seq_len of every `val_batches()` window."""
     targets = np.concatenate([b[:, 1:].ravel() for b in self.val_batches()])
     return float(-self.unigram_log_probs()[targets].mean())
 
@@ -179,9 +174,8 @@ def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
 
 
 def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
-  """The config's tokenizer without its corpus: the copy in `saved` (a run directory's, written
-  by `tokenizer_store.save`) if there is one, else the data dir's (a trained BPE or WordPiece
-  must be there already)."""
+  """The config's tokenizer without its corpus: the copy in `saved` (a run directory's) if there
+  is one, else the data dir's (a trained BPE or WordPiece must be there already)."""
   if saved and (tok := tokenizer_store.load(saved)) is not None:
     return tok
   root = data_dir(config.data.dir)
@@ -195,34 +189,22 @@ def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
 
 @contextlib.contextmanager
 def _file_lock(path: Path):
-  """An exclusive advisory lock (POSIX flock); a no-op where fcntl is unavailable."""
-  try:
-    import fcntl
-  except ImportError:  # pragma: no cover - Windows
-    yield
-    return
+  """An exclusive advisory lock (POSIX flock), released when the file closes."""
   path.parent.mkdir(parents=True, exist_ok=True)
   with open(path, "a") as f:
     fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
+    yield
 
 
 def load(config, *, progress: bool | None = None, labelled: bool = False):
   """Build (first run) or open (later runs) the token caches and return the Dataset; with
   `labelled`, the `classify.ClassifyDataset` of `config.data.classify` instead."""
   root = data_dir(config.data.dir)
-  if progress is None:
-    progress = config.train.progress
+  progress = config.train.progress if progress is None else progress
   corpus = functools.cache(lambda: open_corpus(config, root))  # opened on first use
   key = corpus_key(config)
   spec = config.data.tokenizer
-
-  def get_tokenizer() -> Tokenizer:
-    return _get_tokenizer(config, root, train_texts=lambda: corpus().texts("train"))
-
+  get_tokenizer = lambda: _get_tokenizer(config, root, train_texts=lambda: corpus().texts("train"))
   # Tokenizers that need no corpus come first, so a missing GPT-2 file is reported before a
   # multi-GB download.
   tok = None if tokenizer.parse_spec(spec)[0] in ("bpe", "wordpiece") else get_tokenizer()
@@ -235,10 +217,9 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
     if labelled:  # Labelled examples (the classify task), tokenized like the corpus.
       from actlab.data import classify
       return classify.load(config, tok, tokenizer.special_ids(spec), root)
-    arrays = {}
+    arrays, c = {}, corpus()
     for split in ("train", "validation"):
       path = root / "tokens" / key / f"{split}.{tok.name.replace(':', '')}.bin"  # e.g. bpe4096
-      c = corpus()
       arrays[split] = cache.build_or_open(
           path, lambda s=split: c.texts(s), tok, c.source_id(split),
           num_texts=c.num_texts(split), desc=f"tokenizing {key} {split} ({tok.name})",

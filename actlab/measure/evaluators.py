@@ -1,19 +1,11 @@
-"""What a run measures besides its training metrics, chosen by the config (docs/metrics.md §3–§5):
+"""What a run measures besides its training metrics, chosen by the config (`Evaluators.create`;
+what each writes, and when: docs/metrics.md §3–§5): `Loss`, `ActivationStats`, `PreactHistogram`
+(for the trackers only, not metrics.jsonl) and `Sharpness`.
 
-- `Loss` (always): `val_loss`, `val_accuracy` (objectives that count `correct`); MLM also
-  `val_mask_loss`, `val_mask_accuracy` (the positions whose input is [MASK]).
-- `ActivationStats` (`metrics.act_stats`): `act_zero_frac`, `dead_units`, `act_mean`, `act_std`,
-  `attn_logit_max` (and `/layer_<i>`), from the sown `FFNStats`/`AttentionStats`.
-- `PreactHistogram` (`metrics.ffn_hist_bins` > 0 and a tracker on): `ffn_preact/layer_<i>`, a
-  `histogram.Histogram` of the sown `FFNStats.z`, for the trackers only (not metrics.jsonl).
-- `Sharpness` (0 < `metrics.sharpness_every` ≤ `train.steps`): `sharpness`, on training batch 0
-  of seed 0.
-
-The validation evaluators run every `train.eval_every` steps (and at steps 0 and the last) and
-share one forward pass, `Evaluators.validation_step`: each `read`s its output on the device (a
-few small sums per batch), and `pool`s every batch's reads on the host, exactly. A new
-measurement is one class here with `name`, `sown`, `read` and `pool`, and one line in
-`Evaluators.create`.
+The validation evaluators share one forward pass, `Evaluators.validation_step`: each `read`s
+its output on the device (a few small sums per batch), and `pool`s every batch's reads on the
+host, exactly. A new measurement is one class here with `name`, `sown`, `read` and `pool`, and
+one line in `Evaluators.create`.
 """
 
 from __future__ import annotations
@@ -115,8 +107,7 @@ class Evaluators:
     return cls(validation, sharpness)
 
   def validation_step(self, steps, params, batch) -> dict:
-    """Pure: one validation batch's device values, `{evaluator name: its read of the output}`
-    (deterministic: no dropout)."""
+    """Pure: one validation batch's `{evaluator name: its read of the output}` (no dropout)."""
     out = steps.objective(steps.model, params, batch, jax.random.PRNGKey(data.VAL_SEED),
                           train=False, stats=any(e.sown for e in self.validation))
     return {e.name: e.read(out) for e in self.validation}

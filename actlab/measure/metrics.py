@@ -1,8 +1,6 @@
-"""What actlab measures, defined in docs/metrics.md: the activation statistics at evaluation
-(§4: `batch_sums` on the device per batch, `pool` on the host), the training forward's stability
-measures and a row's training metrics (§2: `stability`, `interval`), sharpness (§5), the
-stability verdict (§6) and the run's summary (§7).
-"""
+"""What actlab measures, defined in docs/metrics.md: the activation statistics at evaluation (§4),
+the training forward's stability measures and a row's training metrics (§2), sharpness (§5), the
+stability verdict (§6) and the run's summary (§7)."""
 
 from __future__ import annotations
 
@@ -39,8 +37,7 @@ def per_layer(sown, kind: type) -> list:
 
 
 def batch_sums(sown) -> dict:
-  """Per-layer sums of one batch from the sown statistics of one `models.apply(..., stats=True)`
-  (traced, on device): small enough to fetch every evaluation."""
+  """Per-layer sums of one batch's sown statistics (traced): small enough to fetch every eval."""
   ffn = []
   for stats in per_layer(sown, models.FFNStats):
     z_NF = stats.z.reshape(-1, stats.z.shape[-1]).astype(jnp.float32)
@@ -59,10 +56,8 @@ def batch_sums(sown) -> dict:
 
 
 def stability(out: models.Sums) -> dict:
-  """The training forward's instability measures (docs/metrics.md §2), from an objective's output
-  with `stats` (traced, in the log step): `train_logz_mean`, and `train_attn_logit_max` and
-  `train_attn_entropy_min` (the least head's mean entropy) unless no `AttentionStats` was sown
-  (cuDNN attention)."""
+  """The training forward's instability measures (docs/metrics.md §2) from an objective's output
+  with `stats`; the attention's only where `AttentionStats` were sown (not by cuDNN attention)."""
   attn = per_layer(out.sown, models.AttentionStats)
   out = {"train_logz_mean": out.logz_sum / out.count}
   if not attn:
@@ -112,8 +107,7 @@ def _tree_dot(a, b) -> jax.Array:
 def top_hessian_eigenvalue(loss_fn: Callable, params, key: jax.Array, num_iters: int) -> jax.Array:
   """The largest-magnitude eigenvalue of ∇²loss_fn(params), signed, by power iteration on
   Hessian-vector products, forward-over-reverse (docs/metrics.md §5)."""
-  grad_fn = jax.grad(loss_fn)
-  hvp = lambda v: jax.jvp(grad_fn, (params,), (v,))[1]
+  hvp = lambda v: jax.jvp(jax.grad(loss_fn), (params,), (v,))[1]
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(key, len(leaves))
   v = treedef.unflatten([jax.random.normal(k, x.shape, jnp.float32) for k, x in zip(keys, leaves)])
@@ -253,8 +247,7 @@ def summarize(rows: Sequence[Mapping], steps: int) -> dict:
   # The test windows (data.test_batches: scored once, at the last step); MLM's [MASK] positions.
   out.update({f"final_{k}": v for k, v in (rows[-1] if rows else {}).items()
               if k.startswith(("test_", "val_mask_"))})
-  for key in SUMMARY_LAST_EVAL:
-    out[key] = stats_rows[-1].get(key) if stats_rows else None
+  out.update({k: stats_rows[-1].get(k) if stats_rows else None for k in SUMMARY_LAST_EVAL})
   accs = [r["val_accuracy"] for r in rows if finite(r.get("val_accuracy"))]
   if accs:  # Objectives that count correct predictions: MLM and classification.
     out.update(initial_val_accuracy=accs[0], final_val_accuracy=accs[-1],

@@ -1,8 +1,6 @@
-"""How the model runs, not what it computes: `Execution` (compute dtype, attention implementation,
-scan over layers, rematerialisation), the choice of attention with the cuDNN call, and the
-parameter layouts of scanned and per-layer blocks. Every choice computes the same function up to
-rounding (tests/test_model_execution.py); a reader of the architecture (transformer.py) can skip
-this file.
+"""How the model runs, not what it computes: `Execution`, the choice of attention with the cuDNN
+call, and the parameter layouts of scanned and per-layer blocks. Every choice computes the same
+function up to rounding (tests/test_model_execution.py).
 """
 
 import dataclasses
@@ -37,10 +35,9 @@ class Execution:
 
 
 def why_not_cudnn(dtype, head_dim: int, masked_lengths: tuple[int, int] | None = None):
-  """Why cuDNN flash attention (`jax.nn.dot_product_attention`, implementation "cudnn") cannot
-  run attention of this compute dtype and head dim, with a boolean mask over (L queries, T keys)
-  when `masked_lengths` is given (cuDNN adds it as a bias, which its training kernels take over
-  even lengths only); None where it can. Not checked: the GPU's model and cuDNN version."""
+  """Why cuDNN flash attention cannot run attention of this compute dtype and head dim, with a
+  boolean mask over (L queries, T keys) when `masked_lengths` is given; None where it can. Not
+  checked: the GPU's model and cuDNN version."""
   if jax.default_backend() != "gpu":
     return f"cuDNN needs a GPU (the backend is {jax.default_backend()})"
   if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
@@ -54,9 +51,8 @@ def why_not_cudnn(dtype, head_dim: int, masked_lengths: tuple[int, int] | None =
 
 def attention_impl(requested: str, dtype, head_dim: int,
                    masked_lengths: tuple[int, int] | None = None) -> str:
-  """The attention that runs, decided before tracing it: "xla" as requested; "cudnn" as
-  requested, or a ValueError naming why it cannot run (`why_not_cudnn`); "auto" is cuDNN where
-  it can run and XLA otherwise, which on a GPU it says once per cause."""
+  """The attention that runs, decided before tracing: "xla"; "cudnn", or a ValueError naming why
+  it cannot (`why_not_cudnn`); "auto": cuDNN where it can run, else XLA (on a GPU said once)."""
   if requested == "xla":
     return "xla"
   reason = why_not_cudnn(dtype, head_dim, masked_lengths)

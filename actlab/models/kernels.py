@@ -2,28 +2,17 @@
 `logit_sums` from logits in memory) and the fused, chunked LM-head cross-entropy `xent_sum`, the
 loss of `softmax(h·Eᵀ)` without the [B, L, V] logits.
 
-For the reference decoder (GPT-2 vocabulary, 50,304 padded) the tied LM head is three quarters of
-the model's FLOPs, and the plain path — logits = h·Eᵀ, then `softmax_cross_entropy` and its
-autodiff — writes and re-reads [B·L, V] float32 tensors several times (logits, exp, the softmax
-gradient, a scatter for the target term, a transpose for the weight gradient): 0.8 GB each for
-batch 32 × 128 tokens. `xent_sum` computes the same sum in chunks of positions instead:
+For the reference decoder (GPT-2 vocabulary) the tied LM head is three quarters of the FLOPs,
+and the plain path (logits = h·Eᵀ, `softmax_cross_entropy` and its autodiff) writes and re-reads
+[B·L, V] float32 tensors several times: 0.8 GB each for batch 32 × 128. `xent_sum` computes the
+same sum in chunks of positions instead; under `jax.grad` (the custom VJP's forward) each chunk
+also forms the softmax gradient `w·(softmax − onehot)` (times 1 + 2·z_loss·logZ with a z-loss)
+while its logits are in cache, straight into dh and dE; the backward pass only scales both.
 
-- forward (no gradient wanted: evaluation): per chunk, logits → max → log-sum-exp → target logit;
-- under `jax.grad` (the custom VJP's forward): per chunk it also forms the softmax gradient
-  `w·(softmax − onehot)` while the chunk's logits are still in cache and multiplies it straight
-  into dh (= g·E) and dE (+= gᵀ·h). The backward pass only scales both by the incoming cotangent.
-
-With a z-loss coefficient (`optim.z_loss`), the sum gains z_loss · logZ² per position (logZ the
-log-sum-exp it computes anyway) and the softmax gradient the factor (1 + 2·z_loss·logZ); on
-request it also sums logZ itself (the output-logit scale a log step records). Both stay scalars
-per chunk.
-
-So the head costs its three matmuls, and its largest intermediates are one chunk's [B, Lc, V]
-(logits, exp, gradient, one-hot), within the platform's chunk budget (`chunk_length`;
-tests/test_kernels.py): B·L·V elements only where all of them fit the budget, as one chunk.
-Chunks run along the sequence axis, so a batch sharded over devices (data parallelism) stays
-sharded. Arithmetic is the plain path's: logits and softmax statistics in float32 (also when h
-is bfloat16), matmul operands in h's dtype; results agree with it to float32 rounding
+So the head costs its three matmuls, and its largest intermediates are one chunk's [B, Lc, V],
+within the platform's chunk budget (`chunk_length`). Chunks run along the sequence axis, so a
+batch sharded over devices stays sharded. Arithmetic is the plain path's: logits and softmax
+statistics in float32, matmul operands in h's dtype; results agree with it to float32 rounding
 (tests/test_kernels.py). Forward-over-reverse (the sharpness HVP) and vmap work through it.
 """
 
@@ -37,12 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Logit elements per chunk. Each chunk adds its V×D weight gradient into the running sum (a pass
-# over V·D floats), so chunks must hold enough tokens to amortise that and to keep the matmuls
-# efficient; on a 2-core CPU 32M elements (128 MB of float32 logits: 512 tokens at V = 50,304)
-# measured best, 4M (64 tokens) cost ~12% more time per step. The accelerator budget (256 MB of
-# float32 logits per array: the reference batch of 32 × 128 tokens at V = 50,304 in four chunks)
-# is not measured: a bound on memory, not a tuned speed; `chunk_elements` picks by platform.
+# Logit elements per chunk: enough tokens to amortise adding each chunk's V×D weight gradient (on
+# a 2-core CPU 32M elements measured best, 4M cost ~12% more per step). The accelerator budget
+# (the reference batch of 32 × 128 tokens in four chunks) bounds memory; it is not tuned.
 CPU_CHUNK_ELEMENTS = 1 << 25
 ACCELERATOR_CHUNK_ELEMENTS = 1 << 26
 
@@ -54,11 +40,8 @@ def chunk_elements() -> int:
 def chunk_length(batch: int, length: int, vocab: int, budget: int | None = None) -> int:
   """The largest divisor Lc of `length` with batch·Lc·vocab ≤ budget (at least 1)."""
   budget = budget or chunk_elements()
-  best = 1
-  for lc in range(1, length + 1):
-    if length % lc == 0 and batch * lc * vocab <= budget:
-      best = lc
-  return best
+  return max((lc for lc in range(1, length + 1)
+              if length % lc == 0 and batch * lc * vocab <= budget), default=1)
 
 
 def logz_sums(logz_N, weights_N, *, z_loss: float = 0.0, logz: bool = False) -> dict:
@@ -115,20 +98,12 @@ def with_logit_sums(out: dict, sums: dict) -> dict:
 
 def xent_sum(h_BLD, embedding_VD, targets_BL, weights_BL=None, *, chunk: int | None = None,
              z_loss: float = 0.0, logz: bool = False) -> dict:
-  """The sums of an LM head tied to `embedding_VD` (float32 parameters; cast to h's dtype for
-  the matmuls), with logZ_bl = logsumexp(h_bl·Eᵀ) and w the position weights:
-
-  - `loss_sum` = Σ_b,l w_bl · (logZ_bl − h_bl·E_{t_bl} + z_loss · logZ_bl²): the summed
-    next-token cross-entropy, plus PaLM's z-loss when `z_loss` > 0; the one differentiated sum;
-  - `z_loss_sum` = z_loss · Σ w·logZ² (only when `z_loss` > 0): the z-loss part of `loss_sum`;
-  - `logz_sum` = Σ w·logZ (only with `logz`): the output logits' scale.
-
-  `weights_BL` (optional, not differentiated) weighs each position (0 drops it). `chunk` is the
-  number of positions per chunk (a divisor of L); default from `chunk_length`.
-  """
+  """The sums of an LM head tied to `embedding_VD` (cast to h's dtype for the matmuls), with
+  logZ = logsumexp(h·Eᵀ) and w = `weights_BL` (default 1; not differentiated): `loss_sum` =
+  Σ w·(logZ − h·E_t) plus the z-loss, the one differentiated sum, and `logz_sums`' sums.
+  `chunk`: the positions per chunk (a divisor of L; default from `chunk_length`)."""
   B, L, _ = h_BLD.shape
-  V = embedding_VD.shape[0]
-  chunk = chunk or chunk_length(B, L, V)
+  chunk = chunk or chunk_length(B, L, embedding_VD.shape[0])
   if L % chunk:
     raise ValueError(f"chunk={chunk} does not divide the sequence length {L}")
   if weights_BL is None:
@@ -144,15 +119,9 @@ def _split(x, chunk):
   return jnp.swapaxes(x.reshape(B, L // chunk, chunk, *x.shape[2:]), 0, 1)
 
 
-def _merge(x):
-  n, B, c = x.shape[:3]
-  return jnp.swapaxes(x, 0, 1).reshape(B, n * c, *x.shape[3:])
-
-
 def _chunk_stats(h, E, t, w, z_loss, logz):
-  """exp(logits − max) (f32) of one chunk, its row sums and logZ ([B, Lc, 1] each) and the
-  chunk's `xent_sum` sums. (Keeping exp(·) for the gradient measured faster than recomputing it from
-  the logits.)"""
+  """exp(logits − max) (f32) of one chunk (kept for the gradient: faster than recomputing it), its
+  row sums and logZ ([B, Lc, 1] each) and the chunk's `xent_sum` sums."""
   logits = jnp.einsum("bld,vd->blv", h, E.astype(h.dtype), preferred_element_type=jnp.float32)
   m = jax.lax.stop_gradient(logits.max(-1, keepdims=True))
   p = jnp.exp(logits - m)
@@ -170,29 +139,24 @@ def _zeros(z_loss, logz) -> dict:
   return {k: jnp.zeros((), jnp.float32) for k in keys}
 
 
-def _add(a: dict, b: dict) -> dict:
-  return {k: a[k] + b[k] for k in a}
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _xent(h, E, t, w, chunk, z_loss, logz):
   def body(total, xs):
     hc, tc, wc = xs
-    return _add(total, _chunk_stats(hc, E, tc, wc, z_loss, logz)[3]), None
+    return jax.tree.map(jnp.add, total, _chunk_stats(hc, E, tc, wc, z_loss, logz)[3]), None
   total, _ = jax.lax.scan(body, _zeros(z_loss, logz),
                           (_split(h, chunk), _split(t, chunk), _split(w, chunk)))
   return total
 
 
 def _xent_fwd(h, E, t, w, chunk, z_loss, logz):
-  V = E.shape[0]
   Ec = E.astype(h.dtype)
 
   def body(carry, xs):
     total, dEt = carry
     hc, tc, wc = xs
     p, s, logz_BL1, sums = _chunk_stats(hc, E, tc, wc, z_loss, logz)
-    onehot = jnp.arange(V, dtype=tc.dtype) == tc[..., None]
+    onehot = jnp.arange(E.shape[0], dtype=tc.dtype) == tc[..., None]
     w_BL1, softmax = wc[..., None], p / s
     if z_loss:  # d(z_loss · logZ²)/d logits = 2 · z_loss · logZ · softmax
       softmax = softmax * (1 + 2 * z_loss * logz_BL1)
@@ -201,12 +165,12 @@ def _xent_fwd(h, E, t, w, chunk, z_loss, logz):
     # dEᵀ (D × V), not dE: g stays in its [tokens, V] layout (hᵀ is the small operand to
     # transpose); one transpose of the sum at the end instead of one of g per chunk (-4% time).
     dEt = dEt + jnp.einsum("bld,blv->dv", hc, g, preferred_element_type=jnp.float32)
-    return (_add(total, sums), dEt), dh.astype(h.dtype)
+    return (jax.tree.map(jnp.add, total, sums), dEt), dh.astype(h.dtype)
 
   (total, dEt), dh = jax.lax.scan(
       body, (_zeros(z_loss, logz), jnp.zeros(E.shape[::-1], jnp.float32)),
       (_split(h, chunk), _split(t, chunk), _split(w, chunk)))
-  return total, (_merge(dh), dEt.T.astype(E.dtype), t, w)
+  return total, (jnp.swapaxes(dh, 0, 1).reshape(h.shape), dEt.T.astype(E.dtype), t, w)
 
 
 def _xent_bwd(chunk, z_loss, logz, residuals, g):

@@ -1,6 +1,5 @@
-"""What `config.model` resolves to: `Spec`, the architecture (what the transformer is), with the
-two sizes derived from it (the FFN's hidden width, the padded vocabulary), and the `Execution`
-settings (how it runs: execution.py)."""
+"""What `config.model` resolves to: `Spec`, the architecture, with the sizes derived from it (the
+FFN's hidden width, the padded vocabulary), and the `Execution` settings (execution.py)."""
 
 import dataclasses
 

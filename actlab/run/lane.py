@@ -84,22 +84,10 @@ def append_segment(logdir: pathlib.Path, seg: dict) -> list[dict]:
 # --- The lane -----------------------------------------------------------------------------------
 
 
-def _host_rows(rows: list[dict]) -> list[dict]:
-  """Per-step metrics as a checkpoint's JSON keeps them (float32 values are exact as floats)."""
-  return [{k: float(v) for k, v in row.items()} for row in rows]
-
-
-def _device_rows(rows: list[dict]) -> list[dict]:
-  """`_host_rows` back as the float32 scalars the train step returns, so the means that include
-  them are computed exactly as without the interruption."""
-  return [{k: np.float32(v) for k, v in row.items()} for row in rows]
-
-
 @dataclasses.dataclass
 class Lane:
-  """One run in `train_lanes`: its files, its trackers (`tracking`) and what its summary reports.
-  Everything here but the files and trackers is kept in each checkpoint (`meta`), so a resumed
-  lane continues where it stopped."""
+  """One run in `train_lanes`: its files, its trackers (`tracking`) and what its summary reports,
+  which each checkpoint keeps (`meta`) so that a resumed lane continues where it stopped."""
   config: ml_collections.ConfigDict
   task: tasks.Task
   run_dir: workdir_lib.RunDir
@@ -118,26 +106,31 @@ class Lane:
   @classmethod
   def open(cls, config: ml_collections.ConfigDict, task: tasks.Task, run_dir: workdir_lib.RunDir,
            dataset, ckpts: Checkpoints, start: int, meta: dict | None) -> Lane:
-    """The run of `config` (of `task`) in `run_dir`, resuming at `start` with the restored checkpoint's
-    `meta` (None for a fresh run)."""
+    """The run of `config` (of `task`) in `run_dir`, resuming at `start` with the restored
+    checkpoint's `meta` (None for a fresh run)."""
     meta, path = meta or {}, run_dir.logdir
     segments = append_segment(path, segment(config, start))
     return cls(config, task, run_dir, dataset, ckpts,
                metrics_log.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
                tracking.open_writers(config, path, start, segments), segments,
-               _device_rows(meta.get("pending", [])), list(meta.get("rates", [])),
+               # The float32 scalars the train step returned: the means that include them
+               # are computed exactly as without the interruption.
+               [{k: np.float32(v) for k, v in row.items()} for row in meta.get("pending", [])],
+               list(meta.get("rates", [])),
                meta.get("train_time", 0.0))
 
   def write(self, row: dict) -> None:
-    """The row's numbers to metrics.jsonl, and the whole row (histograms too) to the trackers."""
+    """The row's numbers to metrics.jsonl, the whole row (histograms too) to the trackers."""
     row = metrics_lib.jsonable(row)
     self.log.write({k: v for k, v in row.items() if not isinstance(v, Histogram)})
     for writer in self.writers:
       writer.write(row)
 
   def save(self, step: int, state, pending: list[dict]) -> None:
-    """Checkpoints `state` with the lane: its rows, the step metrics not yet in a row, rates."""
-    self.checkpoints.save(step, state, {"rows": self.log.rows, "pending": _host_rows(pending),
+    """Checkpoints `state` with the lane: its rows, the step metrics not yet in a row (float32
+    values are exact as floats), rates."""
+    pending = [{k: float(v) for k, v in row.items()} for row in pending]
+    self.checkpoints.save(step, state, {"rows": self.log.rows, "pending": pending,
                                         "rates": self.rates, "train_time": self.train_time})
 
   def close_writers(self) -> None:
@@ -155,22 +148,21 @@ class Lane:
         uniform_loss=self.task.chance_loss(c, vocab_size), spike_rel=c.metrics.spike_rel,
         final_gap_rel=c.metrics.final_gap_rel, uniform_frac=c.metrics.uniform_frac,
         grad_rel_max=c.metrics.grad_rel_max)
-    steps = self.config.train.steps
     summary = metrics_lib.jsonable({
         "status": verdict["status"],
         "status_reasons": verdict["reasons"],
         "diverged_at": self.diverged_at if self.diverged_at is not None else verdict["diverged_at"],
         "spike_steps": verdict["spike_steps"],
-        "steps": steps,
+        "steps": c.train.steps,
         "last_step": self.log.rows[-1]["step"],
-        **metrics_lib.summarize(self.log.rows, steps),
+        **metrics_lib.summarize(self.log.rows, c.train.steps),
         "wall_time_sec": wall_time,
         "train_time_sec": self.train_time,
         "tokens_per_sec": float(np.median(steady)) if steady else None,
         "params": counts["total"],
         "params_non_embedding": counts["non_embedding"],
         "vocab_size": vocab_size,
-        **self.task.baselines(self.config, self.dataset),
+        **self.task.baselines(c, self.dataset),
         **({"vectorized_runs": runs} if runs > 1 else {}),
     })
     summary["provenance"] = self.segments

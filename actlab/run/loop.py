@@ -68,7 +68,6 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
   # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.
   sharpness_batch = (plan.shard_batch(dataclasses.replace(lanes[0].dataset, seed=0).train_batch(0))
                      if program.sharpness_step else None)
-  tokens_per_step = t.batch_size * config.data.seq_len
 
   print(start_line(lanes, counts, start), flush=True)
   if config.metrics.sharpness_every and evaluators_.sharpness is None:
@@ -80,14 +79,12 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
   # The next batch is built and sent to the devices (this host's rows only) while a step runs.
   fetch = lambda k: prefetch.submit(
       lambda: program.put_batches([lane.dataset.train_batch(k) for lane in lanes]))
-  # A bar for a single run. Its description says what the run does (evaluation and sharpness
-  # can take long; the count moves at log rows).
+  # A bar for a single run; its description says what it does (evaluation can take long).
   bar = tqdm.tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True,
                   disable=not t.progress or len(lanes) > 1)
 
   def evaluate(params, test: bool = False) -> list[dict]:
-    """Every lane's validation metrics, from one pass over the validation set; with `test`,
-    also its losses (and accuracies) on the held-out test windows, as `test_*`."""
+    """Every lane's validation metrics (one pass); with `test`, also the test windows', `test_*`."""
     bar.set_description("evaluating")
     outs = jax.device_get([program.eval_step(params, b) for b in val_batches])
     evals = [evaluators_.pool(steps.one_run(outs, r)) for r in range(len(lanes))]
@@ -126,7 +123,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
       lane = lanes[r]
       lane.train_time += elapsed
       # Each run's rate as it experiences it: its tokens over the loop's wall time.
-      lane.rates.append(steps_ * tokens_per_step / elapsed)
+      lane.rates.append(steps_ * t.batch_size * config.data.seq_len / elapsed)
       row = {"step": lane.diverged_at or done, **metrics_lib.interval(rows),
              "tokens_per_sec": lane.rates[-1]}
       if lane.log.rows[-1]["step"] == 0:  # The run's first row: rows[0] is step 0's.
@@ -225,8 +222,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
 
 def start_line(lanes: list[Lane], counts: dict, start: int) -> str:
   """What `train_lanes` prints first: the model, its size, the runs and where they start."""
-  c = lanes[0].config
-  model = f"{lanes[0].task.name} {c.model.activation}"
+  model = f"{lanes[0].task.name} {lanes[0].config.model.activation}"
   size = (f"{counts['non_embedding'] / 1e6:.2f}M parameters without the token embedding "
           f"({counts['total'] / 1e6:.2f}M total)")
   resuming = f"resuming at step {start}" if start else None

@@ -29,12 +29,11 @@ def initialize(config) -> None:
   """Sets up this process's devices (`parallel.cpu_devices`, `parallel.distributed`) before
   anything asks JAX for one: a backend, once made, cannot change. Repeated calls are no-ops."""
   par = config.parallel
-  cpu_devices = par.cpu_devices
-  if cpu_devices and jax.config.jax_num_cpu_devices != cpu_devices:
+  if par.cpu_devices and jax.config.jax_num_cpu_devices != par.cpu_devices:
     try:
-      jax.config.update("jax_num_cpu_devices", cpu_devices)
+      jax.config.update("jax_num_cpu_devices", par.cpu_devices)
     except RuntimeError:  # JAX refuses once its backends exist.
-      raise ParallelError(f"parallel.cpu_devices={cpu_devices}: JAX's devices already exist in "
+      raise ParallelError(f"parallel.cpu_devices={par.cpu_devices}: JAX's devices already exist in "
                           "this process; set it before anything uses JAX (e.g. on the command "
                           "line of actlab.main / actlab.bench)") from None
   if par.distributed and not jax.distributed.is_initialized():
@@ -88,8 +87,7 @@ class Plan:
     return self.replicated
 
   def state_shardings(self, abstract_state) -> Any:
-    """The shardings of a pytree of arrays (or ShapeDtypeStructs): `leaf_sharding` per leaf.
-    Parameters and their AdamW moments share shapes, hence shardings."""
+    """`leaf_sharding` per leaf of a pytree of arrays (AdamW moments share their parameters')."""
     return jax.tree.map(lambda x: self.leaf_sharding(np.shape(x)), abstract_state)
 
   def check_batch(self, batch_size: int) -> None:
@@ -99,9 +97,8 @@ class Plan:
           f"multiple of {self.num_devices}")
 
   def shard_batch(self, batch, stacked: bool = False) -> Any:
-    """A host batch (numpy, the full global batch on every process) → global jax.Arrays split
-    along the batch axis (the second if `stacked`: one batch per run in front); each process
-    contributes only the rows of its own devices, which are contiguous in the mesh."""
+    """A host batch (the full global batch on every process) → global jax.Arrays split along the
+    batch axis (the second if `stacked`); each process contributes only its own devices' rows."""
     axis = int(stacked)
     devices = list(self.mesh.devices.flat)
     mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
@@ -119,8 +116,7 @@ class Plan:
 
 
 def plan(config, devices=None) -> Plan:
-  """The plan of `config.parallel` over `devices` (default: the first `parallel.num_devices`, 0 =
-  all)."""
+  """The plan of `config.parallel` over `devices` (default: the first `parallel.num_devices`)."""
   par = config.parallel
   if par.mode not in MODES:
     raise ParallelError(f"parallel.mode={par.mode!r}: choose one of {', '.join(map(repr, MODES))}")

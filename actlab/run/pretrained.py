@@ -1,13 +1,13 @@
-"""Where a run's parameters come from besides its own checkpoints, and a trained run read back:
-`train.init_from` (another run's latest intact checkpoint, or `hf:DIR`, a Hugging Face GPT-2 or
-BERT directory: hf_checkpoint.py), checked before anything is written; `load_run` (`actlab.sample`,
-`actlab.export`)."""
+"""Where a run's parameters come from besides its own checkpoints: `train.init_from` (another
+run's latest intact checkpoint, or `hf:DIR`: hf_checkpoint.py), checked before anything is
+written; and a trained run read back (`load_run`)."""
 
 import pathlib
 
 import flax
 import jax
 import ml_collections
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 from actlab import data, models, tasks
 from actlab.models import execution, hf_checkpoint
@@ -30,8 +30,7 @@ HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face GPT-2 or BERT directory (hf
 def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
   """What `train.init_from` names, checked before the workdir is touched: the config of a
   workdir's run (the same model and tokenizer, with a checkpoint), or for `hf:DIR` that
-  directory's state dict (its config.json mapped onto this model; `vocab_size`: the
-  tokenizer's)."""
+  directory's state dict mapped onto this model (`vocab_size`: the tokenizer's)."""
   if config.train.init_from.startswith(HF):
     return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.get(config).hf,
                               models.pad_vocab(config.model.vocab_size or vocab_size))
@@ -53,30 +52,23 @@ def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
   return ml_collections.ConfigDict(old)
 
 
-def source_arrays(config: ml_collections.ConfigDict, source, like, vocab_size: int):
-  """({path: array} in the per-layer layout, where from) of `source` (`init_from_config`'s) for
-  the per-layer parameters `like`."""
-  if not isinstance(source, ml_collections.ConfigDict):  # A Hugging Face state dict.
-    return hf_checkpoint.arrays(source, tasks.get(config).hf, like), config.train.init_from
-  with Checkpoints(pathlib.Path(config.train.init_from) / "checkpoints", 1,
-                   read_only=True) as checkpoints:
-    old_like = jax.eval_shape(steps.Steps.create(source, vocab_size).init, 0, source.optim.lr)
-    step, restored, _ = checkpoints.restore_latest(old_like)
-  flat = flax.traverse_util.flatten_dict(
-      execution.per_layer_layout(flax.core.unfreeze(restored.params)))
-  return flat, f"{config.train.init_from} step {step}"
-
-
 def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: int):
   """One run's `params` with every parameter that `source` (`init_from_config`'s: a workdir's
-  latest intact checkpoint, or a Hugging Face state dict) has under the same path and shape (for
-  an MLM → classification run: the embeddings and blocks; the pooler and classifier keep their
-  fresh initialisation, the MLM head is dropped)."""
-  flat_old, where = source_arrays(config, source, execution.per_layer_layout(params), vocab_size)
+  latest intact checkpoint, or a Hugging Face state dict) has under the same path and shape (MLM
+  → classification: the embeddings and blocks; the MLM head is dropped)."""
+  where = config.train.init_from
+  if isinstance(source, ml_collections.ConfigDict):  # Its arrays in the per-layer layout.
+    with Checkpoints(pathlib.Path(where) / "checkpoints", 1, read_only=True) as checkpoints:
+      old_like = jax.eval_shape(steps.Steps.create(source, vocab_size).init, 0, source.optim.lr)
+      step, restored, _ = checkpoints.restore_latest(old_like)
+    flat_old = flatten_dict(execution.per_layer_layout(flax.core.unfreeze(restored.params)))
+    where = f"{where} step {step}"
+  else:  # A Hugging Face state dict.
+    flat_old = hf_checkpoint.arrays(source, tasks.get(config).hf,
+                                    execution.per_layer_layout(params))
   if "blocks" in params and any(k[0].startswith("block_") for k in flat_old):
-    flat_old = flax.traverse_util.flatten_dict(
-        execution.scanned_layout(flax.traverse_util.unflatten_dict(flat_old)))
-  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
+    flat_old = flatten_dict(execution.scanned_layout(unflatten_dict(flat_old)))
+  flat = flatten_dict(flax.core.unfreeze(params))
   copied = [k for k, v in flat.items() if k in flat_old and flat_old[k].shape == v.shape]
   if not copied:
     raise WorkdirError(f"train.init_from={config.train.init_from!r}: no parameter matches this "
@@ -86,13 +78,12 @@ def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: i
   fresh = sorted({k[0] for k in flat if k not in copied})
   print(f"actlab: initialised {len(copied)} of {len(flat)} parameter arrays from {where}"
         + (f"; new: {', '.join(fresh)}" if fresh else ""), flush=True)
-  return flax.traverse_util.unflatten_dict(flat)
+  return unflatten_dict(flat)
 
 
 def load_run(workdir: pathlib.Path):
-  """A trained run's config, tokenizer (the copy in its directory; an older run's from the data
-  dir), `steps.Steps` and latest parameters on one device, and their step (`actlab.sample`,
-  `actlab.export`: one process, JAX's default device, whatever the run trained on)."""
+  """A trained run's config, tokenizer, `steps.Steps`, latest parameters (on JAX's default
+  device, whatever the run trained on) and their step (`actlab.sample`, `actlab.export`)."""
   config = workdir_lib.run_config(workdir)
   if config is None:
     raise WorkdirError(f"{workdir} holds no run (no readable actlab config.json); train one with "

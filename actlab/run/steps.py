@@ -1,12 +1,10 @@
 """The pure step functions of a config, and their compiled program for R ≥ 1 runs.
 
 `Steps` holds what the steps close over (model, objective, `optimizer`) and defines one run's pure
-`init(seed, peak_lr)` and `train_step(state, batch) -> (state, metrics)`. `Program` compiles them
-for R runs of one config: the R states stacked on a leading run axis, the step mapped over it
-(`over_runs`), jitted with explicit shardings (parallel.py). One run is R = 1 of the same
-program. The runs may differ in `optim.lr` and `train.seed`: both live in the state, not in the
-compiled code (`optimizer` keeps the peak LR in the optimizer state; the seed makes the initial
-parameters, the key and the batches), so a sweep's cells share one compiled program
+`init(seed, peak_lr)` and `train_step(state, batch)`. `Program` jits them for R runs of one
+config, the states stacked on a leading run axis (`over_runs`), with explicit shardings
+(parallel.py); one run is R = 1. The runs may differ in `optim.lr` and `train.seed`, which live
+in the state, not in the compiled code, so a sweep's cells share one compiled program
 (tests/test_vectorized.py: R runs equal R single runs, ≤ 1e-6).
 """
 
@@ -34,9 +32,6 @@ from actlab.run import parallel, workdir
 
 # --- The optimizer ------------------------------------------------------------------------------
 
-DECAYED_LEAVES = ("kernel", "embedding")
-
-
 def schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
   """The learning-rate multiplier: 0 → 1 over warm-up, then cosine to min_lr_ratio."""
   return optax.warmup_cosine_decay_schedule(
@@ -47,14 +42,13 @@ def schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.Schedu
 def decay_mask(params):
   """True for weight matrices and embeddings; False for biases and LayerNorm scales."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: getattr(path[-1], "key", None) in DECAYED_LEAVES, params)
+      lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding"), params)
 
 
 def optimizer(optim: ml_collections.ConfigDict,
               total_steps: int) -> optax.GradientTransformation:
-  """clip_by_global_norm → AdamW (decay on matrices and embeddings), with linear warm-up then
-  cosine decay to `min_lr_ratio · lr`; the peak LR lives in the optimizer state
-  (`optax.inject_hyperparams`), not in the compiled program."""
+  """clip_by_global_norm → AdamW (decay on matrices and embeddings) at `peak_lr · schedule`; the
+  peak LR lives in the optimizer state (`optax.inject_hyperparams`), not in the compiled program."""
   unit = schedule(optim, total_steps)
 
   @optax.inject_hyperparams
@@ -97,8 +91,7 @@ class Steps:
   def init(self, seed, peak_lr=None) -> TrainState:
     """The initial state; `seed` and `peak_lr` (default `optim.lr`) may be traced, so one
     compiled init serves every seed and learning rate: the peak LR lives in the optimizer state."""
-    root = jax.random.PRNGKey(seed)
-    init_key, run_key = jax.random.split(root)
+    init_key, run_key = jax.random.split(jax.random.PRNGKey(seed))
     tokens = jnp.zeros((1, self.config.data.seq_len), jnp.int32)
     params = self.model.init(init_key, tokens)["params"]
     opt_state = self.tx.init(params)
@@ -110,11 +103,9 @@ class Steps:
   def train_step(self, state: TrainState, batch,
                  diagnostics: bool = True) -> tuple[TrainState, dict]:
     """One optimizer step; pure, so it runs under `jax.jit` with the state donated. Every step
-    measures its loss (the cross-entropy: the z-loss, when on, is minimised too but logged
-    apart as `z_loss`), learning rate and gradient norm (the clipping's, computed once); with
-    `diagnostics` (static: the loop's log steps) also the update and parameter norms, which
-    cost a reduction per array, and the training forward's stability measures (its largest
-    attention logit and mean logZ: `metrics.stability`), all logged only there."""
+    measures its loss (the cross-entropy; the z-loss apart), learning rate and gradient norm;
+    with `diagnostics` (static: the loop's log steps) also the update and parameter norms and
+    `metrics.stability` (docs/metrics.md §2)."""
     key = jax.random.fold_in(state.rng, state.step)
 
     def loss_fn(params):
@@ -141,9 +132,8 @@ class Steps:
 @dataclasses.dataclass(frozen=True)
 class Program:
   """`Steps` jitted for R runs of one config (their LRs and seeds may differ): states, metrics
-  and device results have a leading run axis of R (unsplit: data parallelism splits each run's
-  batch, FSDP each run's arrays, as for one run); the validation and sharpness batches are
-  shared by the runs."""
+  and device results have a leading, unsplit run axis of R; the validation and sharpness
+  batches are shared by the runs."""
   steps: Steps
   plan: parallel.Plan
   runs: int
@@ -169,13 +159,11 @@ class Program:
         donate_argnums=0, in_shardings=(state, batch), out_shardings=(state, plan.replicated))
     on_params = lambda fn: jax.jit(over_runs(functools.partial(fn, steps), runs, (0, None)),
                                    in_shardings=(state.params, shared_batch))
-    sharpness = evaluators.sharpness
     return cls(steps, plan, runs, state,
                init=jax.jit(over_runs(steps.init, runs), out_shardings=state),
-               train_step=jit_step(False), log_step=jit_step(True),
-               evaluators=evaluators,
+               train_step=jit_step(False), log_step=jit_step(True), evaluators=evaluators,
                eval_step=on_params(evaluators.validation_step),
-               sharpness_step=sharpness and on_params(sharpness))
+               sharpness_step=evaluators.sharpness and on_params(evaluators.sharpness))
 
   def start(self, configs: Sequence[ml_collections.ConfigDict]) -> TrainState:
     """The initial state of the runs of `configs` (their seeds and peak LRs)."""
@@ -192,8 +180,7 @@ class Program:
     """Single runs' states (restored checkpoints) as this program's state: stacked in host memory
     where this process holds them whole (no XLA program to compile at a resume), else by XLA."""
     held = lambda x: getattr(x, "is_fully_addressable", True)  # numpy: always
-    stack = lambda *xs: (np.stack(jax.device_get(xs)) if all(map(held, xs))
-                         else jnp.stack(xs))
+    stack = lambda *xs: np.stack(jax.device_get(xs)) if all(map(held, xs)) else jnp.stack(xs)
     return jax.device_put(jax.tree.map(stack, *states), self.shardings)
 
   def put_batches(self, batches: list) -> Any:
@@ -203,9 +190,8 @@ class Program:
 
 def over_runs(fn: Callable, runs: int, in_axes: tuple | int = 0) -> Callable:
   """One run's `fn` over the leading run axis of its arguments (`in_axes`: 0, or None for an
-  argument the runs share) and of its results: `jax.vmap` for R > 1 runs; for R = 1 the axis is
-  indexed away and put back, so that a single run compiles (and rounds) as the plain function
-  does, with vmap's batching left out of its compile time."""
+  argument the runs share) and results: `jax.vmap` for R > 1 runs; for R = 1 the axis is
+  indexed away and put back, so that a single run compiles (and rounds) as `fn` does."""
   if runs > 1:
     return jax.vmap(fn, in_axes=in_axes)
 

@@ -1,6 +1,5 @@
-"""The experiment trackers a run writes to besides metrics.jsonl: TensorBoard and Weights & Biases
-(docs/tracking.md). A writer takes every metrics row (`write`: scalars, and the `Histogram`s kept
-out of metrics.jsonl) and is closed with the run's summary (None when the run stopped early)."""
+"""TensorBoard and Weights & Biases (docs/tracking.md): a writer takes every metrics row (`write`,
+histograms too) and is closed with the run's summary (None when the run stopped early)."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ def _histograms(row: Mapping[str, Any]):
 
 
 class TensorBoard:
-  """Every metrics row in `logdir`. `purge_step` (the resumed step) hides the events an
-  interrupted run wrote after it."""
+  """Every metrics row in `logdir`; `purge_step` (the resumed step) hides the events after it."""
 
   def __init__(self, logdir: pathlib.Path, purge_step: int | None = None):
     self._writer = _tensorboardx().SummaryWriter(str(logdir), purge_step=purge_step or None)
@@ -62,8 +60,7 @@ class TensorBoard:
 
   def close(self, summary: dict | None = None) -> None:
     del summary  # TensorBoard shows the rows; the summary is summary.json's.
-    self._writer.flush()
-    self._writer.close()
+    self._writer.close()  # Flushes first.
 
 
 def wandb_run_id(logdir: pathlib.Path, first_segment: Mapping) -> str:

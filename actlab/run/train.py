@@ -1,7 +1,6 @@
 """Trains runs in their workdirs: `run(config, workdir)` one run, `run_group` R runs of one
-config that differ only in `optim.lr` and `train.seed` as one program (`steps.Program`), each
-in its own workdir with its own log, checkpoints and summary (what `actlab.sweep` does with
-`sweep.vectorize`). One run is R = 1 of the same path.
+config that differ only in `optim.lr` and `train.seed` as one program (`steps.Program`; a
+sweep's `sweep.vectorize`), each in its own workdir. One run is R = 1 of the same path.
 
 Everything that can refuse a run (config, devices, data, `train.init_from`, the workdirs' configs
 and owners) is checked before anything is written. A finished run returns its summary without
@@ -10,7 +9,6 @@ touching its files. Runs resume from their latest intact checkpoint (checkpoint.
 
 import contextlib
 import dataclasses
-import functools
 from typing import Callable, Sequence
 
 import ml_collections
@@ -88,10 +86,9 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
       else:
         state = program.start(group)
         if source is not None:  # Each run's trunk from another run (e.g. MLM), GPT-2 or BERT.
-          runs = map(functools.partial(steps.one_run, state), range(len(group)))
-          state = program.stack([run.replace(params=pretrained.params_from(c0, source, run.params,
-                                                                            vocab_size))
-                                 for run in runs])
+          runs = [steps.one_run(state, r) for r in range(len(group))]
+          state = program.stack([run.replace(params=pretrained.params_from(
+              c0, source, run.params, vocab_size)) for run in runs])
       lanes = [Lane.open(c, task, run_dirs[i],
                          dataclasses.replace(dataset, seed=int(c.train.seed)), ck, start,
                          restored[2] if restored else None)

@@ -188,8 +188,7 @@ class Lock:
     return self
 
   def _holder(self, wait_s: float = 2.0) -> dict:
-    """What the lock file says. A holder writes it just after taking the lock: an empty or torn
-    file is read again for up to `wait_s`."""
+    """What the lock file says, read again for up to `wait_s` while empty or torn (just taken)."""
     deadline = time.monotonic() + wait_s
     while not (holder := read_json(self.path)) and time.monotonic() < deadline:
       time.sleep(0.01)

@@ -1,17 +1,8 @@
-"""What a run learns. A task owns the model it trains (the trunk with its head), its loss, its
-batches, its chance level and its head's FLOPs; `get(config)` is the task of a config, and no
-module outside this package asks what kind of model or task a config is.
-
-- `causal_lm`: the decoder (GPT) with its tied LM head, on windows of L+1 tokens; next-token
-  cross-entropy.
-- `mlm`: the encoder (BERT) with its MLM head, on the same windows as `[CLS] … [SEP]`, masked on
-  the device; cross-entropy at the masked positions.
-- `classify`: the encoder with a pooler and classifier, on `{"tokens", "labels"}`; cross-entropy
-  of the class.
-
-A task is a `Task`: its module's functions and constants, gathered and typed once at import. The
-objective returns `models.Sums` (sums, so that evaluation pools exactly over batches). Adding a
-task is one module here and one entry in `TASKS`.
+"""What a run learns: `causal_lm` (the decoder), `mlm` and `classify` (the encoder). A task owns
+the model it trains (the trunk with its head), its loss, its batches, its chance level and its
+head's FLOPs; `get(config)` is the task of a config, and no module outside this package asks what
+kind of model or task a config is. A task is a `Task`: its module's functions and constants,
+gathered and typed once at import. Adding a task is one module here and one entry in `TASKS`.
 """
 
 import dataclasses

@@ -20,11 +20,9 @@ def model(config, vocab_size: int):
 
 def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *, fused: bool = False,
          z_loss: float = 0.0) -> models.Sums:
-  """Next-token cross-entropy (nats), summed over every position of windows of L+1 tokens: the
-  model reads tokens 0…L−1 and predicts 1…L. In training `loss_sum` adds the z-loss
-  (`z_loss_sum` its part); with `stats`, the output also has what the blocks sowed and
-  `logz_sum`. `fused`: without the [B, L, V] logits in memory (actlab.models.kernels; equal in
-  tests/test_kernels.py)."""
+  """Next-token cross-entropy (nats) of windows of L+1 tokens, summed over positions 1…L; in
+  training with the z-loss, and with `stats` what the blocks sowed and `logz_sum`. `fused`:
+  without the [B, L, V] logits in memory (actlab.models.kernels)."""
   inputs_BL, targets_BL = batch_BL1[:, :-1], batch_BL1[:, 1:]
   sums, sown = models.apply(model, params, inputs_BL, targets_BL, train=train, fused=fused,
                             z_loss=z_loss if train else 0.0, logz=stats, rngs={"dropout": rng},
@@ -52,8 +50,7 @@ def chance_loss(config, vocab_size: int) -> float:
 
 
 def baselines(config, dataset) -> dict[str, float]:
-  """`unigram_loss`: the val loss of predicting every token from the training tokens' unigram
-  frequencies (`data.Dataset.unigram_loss`): a run that ends no better has not learned. (No
+  """`unigram_loss` (`data.Dataset.unigram_loss`): a run that ends no better has not learned. (No
   `copy_loss`: the decoder never sees the token it predicts.)"""
   return {"unigram_loss": dataset.unigram_loss()}
 

@@ -42,8 +42,7 @@ def loss(model, params, batch, rng, train: bool, stats: bool = False, *,
 
 
 def objective(config, vocab_size: int):
-  return functools.partial(loss, specials=specials_of(config),
-                           z_loss=config.optim.z_loss)
+  return functools.partial(loss, specials=specials_of(config), z_loss=config.optim.z_loss)
 
 
 def dataset(config):

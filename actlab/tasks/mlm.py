@@ -62,16 +62,10 @@ def max_predictions(seq_len: int, prob: float) -> int:
 
 def mask_tokens(key, tokens_BL, specials: Specials, vocab_size: int, prob: float = 0.15,
                 mask_frac: float = 0.8, random_frac: float = 0.1):
-  """BERT's masking, on the device: returns (inputs_BL, positions_BP, targets_BP, weights_BP).
-
-  Of each sequence's n maskable positions (not [PAD], [CLS], [SEP], [MASK]) exactly
-  k = max(1, round(prob·n)) are selected, a uniformly random subset (BERT's
-  create_pretraining_data; k ≤ P = `max_predictions`). Each selected position independently
-  becomes [MASK] with probability `mask_frac`, a uniformly random ordinary (non-special) token
-  with probability `random_frac`, and stays unchanged otherwise. `positions_BP` lists the
-  selected positions (P slots, `weights_BP` False on unused slots), `targets_BP` their original
-  tokens.
-  """
+  """BERT's masking, on the device (docs/encoder.md, "Masked-LM objective"): k = max(1,
+  round(prob·n)) ≤ P of each sequence's n maskable positions, each then [MASK], a random ordinary
+  token or kept. Returns (inputs_BL, positions_BP: the selected positions, targets_BP: their
+  original tokens, weights_BP: False on unused slots)."""
   B, L = tokens_BL.shape
   P = max_predictions(L, prob)
   select_key, how_key, random_key = jax.random.split(key, 3)
@@ -107,12 +101,9 @@ def loss(model, params, batch_BL1, rng, train: bool, stats: bool = False, *,
          specials: Specials, vocab_size: int, prob: float = 0.15, mask_frac: float = 0.8,
          random_frac: float = 0.1, z_loss: float = 0.0) -> models.Sums:
   """MLM cross-entropy (nats) and accuracy over the selected positions only (in training with
-  the z-loss, and with `stats` `logz_sum`: `models.logit_sums`), and apart over those whose
-  input is [MASK] (`mask_*`: where the visible token cannot be copied).
-
-  The mask comes from `rng` (the step's key in training, a fixed key in evaluation, so
-  `val_loss` uses the same mask at every evaluation); dropout gets an independent key.
-  """
+  the z-loss, and with `stats` `logz_sum`), and apart over those whose input is [MASK]
+  (`mask_*`). The mask comes from `rng` (the step's key in training, a fixed key in
+  evaluation); dropout gets an independent key."""
   (inputs_BL, positions_BP, targets_BP, weights_BP), dropout_key = masked_batch(
       rng, batch_BL1, specials, vocab_size, prob, mask_frac, random_frac)
   logits_BPV, sown = models.apply(model, params, inputs_BL, inputs_BL != specials.pad,
@@ -174,18 +165,10 @@ def _eval_selections(config, dataset, specials: Specials):
 
 
 def baselines(config, dataset) -> dict[str, float]:
-  """The val losses of two predictors that use no context, on the same targets as `val_loss`
-  (the selections of the evaluation's fixed mask, `data.VAL_SEED`), from u, the training tokens'
-  unigram frequencies over the tokens masking may select ([UNK] too; [PAD], [CLS], [SEP], [MASK]
-  never are):
-
-  - `unigram_loss`: every masked token predicted by u;
-  - `copy_loss`: the best predictor that sees only the token at the selected position: at
-    [MASK], u; at a visible token x (kept with probability c = 1 − mask_frac − random_frac,
-    else a uniform random one of the N ordinary tokens, with probability r = random_frac), the
-    posterior p(t | x) = (c·u(x)·[t = x] + r·u(t)/N) / (c·u(x) + r/N). With BERT's 10% kept it
-    beats the unigram: an encoder must end below it to have used any context (docs/metrics.md).
-  """
+  """The val losses of two context-free predictors on `val_loss`'s targets, from u, the training
+  tokens' unigram frequencies over the maskable tokens: `unigram_loss` (every target predicted by
+  u) and `copy_loss` (the best predictor that sees only the token at the selected position: u at
+  [MASK], else the posterior p(t | x) of docs/metrics.md §3)."""
   d, specials = config.data, specials_of(config)
   log_u = dataset.unigram_log_probs(exclude=specials.unmaskable)
   inputs, targets = _eval_selections(config, dataset, specials)
