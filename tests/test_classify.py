@@ -150,8 +150,9 @@ def test_mlm_loss_falls_on_the_embedded_corpus(pretrained):
 @pytest.mark.slow
 def test_mlm_unigram_loss_is_the_val_loss_of_a_unigram_model(pretrained, monkeypatch):
   """A model whose logits at every masked position are the training tokens' unigram log
-  probabilities scores exactly the summary's `unigram_loss` on the validation batches: the same
-  targets (the evaluation's fixed mask), specials never among them. Uniform counts give ln(V − 4)."""
+  probabilities scores exactly the summary's `unigram_loss` on the validation batches (and its
+  `mask_unigram_loss` at the [MASK] inputs): the same targets (the evaluation's fixed mask),
+  specials never among them. Uniform counts give ln(V − 4)."""
   _, summary = pretrained
   c = tiny_encoder()
   ds = data.load(c)
@@ -165,6 +166,10 @@ def test_mlm_unigram_loss_is_the_val_loss_of_a_unigram_model(pretrained, monkeyp
           for b in ds.val_batches()]
   val_loss = sum(float(o.loss_sum) for o in outs) / sum(int(o.count) for o in outs)
   assert summary["unigram_loss"] == pytest.approx(val_loss, rel=1e-6)
+  # At [MASK] inputs alone: the bar of `val_mask_loss`.
+  mask_loss = sum(float(o.mask.loss_sum) for o in outs) / sum(int(o.mask.count) for o in outs)
+  assert summary["mask_unigram_loss"] == pytest.approx(mask_loss, rel=1e-6)
+  assert summary["mask_unigram_loss"] != pytest.approx(summary["unigram_loss"], rel=1e-3)
   assert summary["unigram_loss"] < np.log(ds.tokenizer.vocab_size - 4)  # frequencies help
   V = ds.tokenizer.vocab_size
   uniform = dataclasses.replace(ds, train_tokens=np.arange(V, dtype=ds.train_tokens.dtype))

@@ -6,8 +6,6 @@ token cache (cache.py), and returns a `Dataset` (`labelled=True`: the classify t
 can fix raise `DataError` with one message saying what to do.
 """
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import fcntl

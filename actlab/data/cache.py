@@ -5,8 +5,6 @@ counts, SHA-256 of the `.bin`). A cache whose sidecar, size, checksum or fingerp
 rebuilt with a log line (docs/design.md §3.11); the checksum costs about 1-2 s per GiB per open.
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import logging

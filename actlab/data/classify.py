@@ -5,8 +5,6 @@ girl, `hero_gender`) or `glue/sst2` (1 = positive; GLUE's dev set as validation)
 `[CLS] text [SEP]` right-padded with `[PAD]` to `data.seq_len` (`encode`).
 """
 
-from __future__ import annotations
-
 import csv
 import dataclasses
 import re

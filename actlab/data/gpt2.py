@@ -2,8 +2,6 @@
 offline from the release files `encoder.json` + `vocab.bpe` (checked against tiktoken's pinned
 sha256), else fetched by tiktoken; failing both, a `DataError` says where to put the files."""
 
-from __future__ import annotations
-
 import base64
 import os
 from collections.abc import Iterable, Sequence

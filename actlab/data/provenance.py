@@ -4,8 +4,6 @@ for the split files taken from the manual directory, ``null`` for downloaded one
 present now that differs from its entry makes the data stale; a removed one does not.
 """
 
-from __future__ import annotations
-
 import datetime
 import json
 import os

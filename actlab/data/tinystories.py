@@ -6,8 +6,6 @@ manual directory are used first, missing ones downloaded; changed ones prepare t
 (provenance.py) and change `Corpus.source_id`, so the token caches follow (docs/design.md §3.11).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import logging
 import os

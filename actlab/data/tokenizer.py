@@ -6,8 +6,6 @@ Texts are encoded *ordinarily*: a literal `<|endoftext|>` is text, never the spe
 token cache puts `eot_id` between stories.
 """
 
-from __future__ import annotations
-
 import abc
 import hashlib
 import itertools

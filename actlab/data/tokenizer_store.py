@@ -2,8 +2,6 @@
 (`<workdir>/tokenizer/`: its defining files and a manifest of their SHA-256), so that sampling and
 export need only the run directory and a changed file is refused rather than giving other ids."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 import os

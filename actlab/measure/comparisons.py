@@ -2,8 +2,6 @@
 TOST), the minimum detectable difference, Holm's adjustment, the verdicts, and which pairs are
 compared on which seeds at which LR. Pure functions of numbers and of a sweep's runs (stats.py)."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 from typing import Any, Mapping, Sequence

@@ -8,8 +8,6 @@ host, exactly. A new measurement is one class here with `name`, `sown`, `read` a
 one line in `Evaluators.create`.
 """
 
-from __future__ import annotations
-
 import dataclasses
 from typing import Any, Mapping, Sequence
 

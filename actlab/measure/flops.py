@@ -16,8 +16,6 @@ MFU = (model FLOPs per token × tokens per second) / peak FLOP/s; remat's recomp
 model work and does not count.
 """
 
-from __future__ import annotations
-
 import dataclasses
 
 from actlab import models, tasks

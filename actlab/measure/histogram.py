@@ -4,8 +4,6 @@ batch's counts on the host. The bins are those of `numpy.histogram(x, edges)`, p
 and an overflow (NaN included).
 """
 
-from __future__ import annotations
-
 import dataclasses
 from typing import Mapping, Sequence
 

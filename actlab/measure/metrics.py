@@ -2,8 +2,6 @@
 the training forward's stability measures and a row's training metrics (§2), sharpness (§5), the
 stability verdict (§6) and the run's summary (§7)."""
 
-from __future__ import annotations
-
 import math
 from typing import Any, Callable, Mapping, Sequence
 

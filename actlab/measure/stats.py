@@ -2,8 +2,6 @@
 rules over them (docs/metrics.md §8, §9): "not learned", the largest stable LR, the LR sensitivity.
 Pure numpy, no IO (training imports `finite` from here)."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 from typing import Any, Mapping, Sequence

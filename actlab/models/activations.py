@@ -10,8 +10,6 @@ Gated (GLU) family, Shazeer 2020: the model computes `fn(x W_gate) * (x W_up)` w
 plain activation `GATE_BASE` names. `python -m actlab.models` prints `value_table()` (§1.2).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import math
 from typing import Callable

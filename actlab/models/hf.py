@@ -8,8 +8,6 @@ BERT equivalent; the MLM decoder is tied to the word embeddings. The vocabulary 
 multiple of 64 (BERT's 30,522 → 30,528, `fit`). GPT-2's names: hf_gpt2.py.
 """
 
-from __future__ import annotations
-
 from typing import Mapping
 
 from flax.traverse_util import flatten_dict, unflatten_dict

@@ -5,8 +5,6 @@
 pytorch_model.bin): weights go through `safetensors.numpy`.
 """
 
-from __future__ import annotations
-
 import json
 import pathlib
 from typing import NamedTuple

@@ -5,8 +5,6 @@ weights (in, out), as Flax does: no transpose (unlike BERT, hf.py). The LM head 
 a gated FFN's `gate` has no GPT-2 name; a `GPT2Model` checkpoint (no prefix) reads the same.
 """
 
-from __future__ import annotations
-
 from typing import Mapping
 
 import numpy as np

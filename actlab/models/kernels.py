@@ -16,8 +16,6 @@ statistics in float32, matmul operands in h's dtype; results agree with it to fl
 (tests/test_kernels.py). Forward-over-reverse (the sharpness HVP) and vmap work through it.
 """
 
-from __future__ import annotations
-
 import functools
 from typing import Any
 

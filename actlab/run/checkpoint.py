@@ -1,8 +1,6 @@
 """Orbax checkpoints that know whether they are intact: each `<dir>/<step>/` holds the train
 `state` and a JSON `meta` (the caller's, plus a checksum per array). docs/design.md §3.9."""
 
-from __future__ import annotations
-
 import copy
 import logging
 import pathlib

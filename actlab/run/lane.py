@@ -2,8 +2,6 @@
 trackers, provenance.json, checkpoints, summary.json) and what its checkpoints carry so that a
 resumed run continues exactly where it stopped."""
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import functools
@@ -105,7 +103,7 @@ class Lane:
 
   @classmethod
   def open(cls, config: ml_collections.ConfigDict, task: tasks.Task, run_dir: workdir_lib.RunDir,
-           dataset, ckpts: Checkpoints, start: int, meta: dict | None) -> Lane:
+           dataset, ckpts: Checkpoints, start: int, meta: dict | None) -> "Lane":
     """The run of `config` (of `task`) in `run_dir`, resuming at `start` with the restored
     checkpoint's `meta` (None for a fresh run)."""
     meta, path = meta or {}, run_dir.logdir

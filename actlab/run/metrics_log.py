@@ -1,8 +1,6 @@
 """metrics.jsonl, one JSON row per log step: read (skipping torn lines) and written, rebuilt on
 resume from the checkpoint's rows so that a resumed log equals an uninterrupted one."""
 
-from __future__ import annotations
-
 import json
 import pathlib
 import sys

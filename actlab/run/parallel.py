@@ -4,8 +4,6 @@ builds the whole batch k from `(seed, k)` and feeds only its own rows (`shard_ba
 do not depend on the number of hosts or devices.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import os

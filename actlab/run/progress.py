@@ -2,8 +2,6 @@
 left. The ETA is timed from when the first `at_once` cells had finished: they carry the compile
 and the data preparation (docs/tracking.md, "Sweep progress")."""
 
-from __future__ import annotations
-
 import pathlib
 import time
 from typing import Callable, Mapping, Sequence

@@ -8,8 +8,6 @@ in the state, not in the compiled code, so a sweep's cells share one compiled pr
 (tests/test_vectorized.py: R runs equal R single runs, ≤ 1e-6).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import json

@@ -1,8 +1,6 @@
 """TensorBoard and Weights & Biases (docs/tracking.md): a writer takes every metrics row (`write`,
 histograms too) and is closed with the run's summary (None when the run stopped early)."""
 
-from __future__ import annotations
-
 import hashlib
 import os
 import pathlib

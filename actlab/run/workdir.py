@@ -1,8 +1,6 @@
 """The run directory: one owner at a time, what identifies the run, atomic files, a full disk.
 Layout and guarantees: docs/design.md §3.4–§3.7."""
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import datetime

@@ -168,7 +168,8 @@ def baselines(config, dataset) -> dict[str, float]:
   """The val losses of two context-free predictors on `val_loss`'s targets, from u, the training
   tokens' unigram frequencies over the maskable tokens: `unigram_loss` (every target predicted by
   u) and `copy_loss` (the best predictor that sees only the token at the selected position: u at
-  [MASK], else the posterior p(t | x) of docs/metrics.md §3)."""
+  [MASK], else the posterior p(t | x) of docs/metrics.md §3); `mask_unigram_loss`, u on the
+  targets at [MASK] inputs alone: the bar of `val_mask_loss`."""
   d, specials = config.data, specials_of(config)
   log_u = dataset.unigram_log_probs(exclude=specials.unmaskable)
   inputs, targets = _eval_selections(config, dataset, specials)
@@ -179,5 +180,6 @@ def baselines(config, dataset) -> dict[str, float]:
   u_x, u_t = np.exp(log_u[x]), np.exp(log_u[t])
   posterior = (keep * u_x * (t == x) + r * u_t / n) / (keep * u_x + r / n)
   return {"unigram_loss": float(-log_u[targets].mean()),
+          "mask_unigram_loss": float(-log_u[targets[~visible]].mean()),
           "copy_loss": float((-log_u[targets[~visible]].sum() - np.log(posterior).sum())
                              / len(targets))}
