@@ -14,8 +14,9 @@ share their batches and, where shapes agree, their initial weights). The rule is
 - **Seeds.** n is the smallest number of seed pairs (at least 10) whose paired t-test has power
   ≥ 0.8 against a difference of δ at α/K (Holm's strictest step), with the sd of the paired
   differences at the chosen LRs in the pilot (`final_test_loss`): `python
-  experiments/primary_tests.py` prints the calculation (`... report`: and the results so far). A
-  test whose pilot is not run yet gets its n from that pilot, committed before its fresh seeds.
+  experiments/primary_tests.py` prints the calculation (`... report`: and the results so far;
+  `... excess`: the pilot's loss excess over the best LR, integrated over training). A test
+  whose pilot is not run yet gets its n from that pilot, committed before its fresh seeds.
 - **δ = 0.1 nats** for every test: about a 10% change in perplexity, the smallest difference
   that would change which activation one picks at this scale. Smaller differences are reported,
   not claimed.
@@ -143,6 +144,30 @@ def result(name: str) -> dict | None:
           "platform_n": len(platform)}
 
 
+def loss_excess(study: str) -> dict:
+  """(activation, lr) -> each seed's validation loss above that of the same activation and seed
+  at its best LR (lowest mean final val loss), integrated over training by the trapezoid rule
+  over the evaluations and divided by the steps: the mean excess in nats over the run."""
+  curves, finals = {}, {}
+  for path in (RESULTS / study).glob("*/metrics.jsonl"):
+    config = json.loads((path.parent / "config.json").read_text())
+    key = (config["model"]["activation"], config["optim"]["lr"], config["train"]["seed"])
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    curves[key] = {r["step"]: r["val_loss"] for r in rows if r.get("val_loss") is not None}
+    finals.setdefault(key[:2], []).append(curves[key][max(curves[key])])
+  best = {}
+  for act, lr in finals:
+    if act not in best or np.mean(finals[act, lr]) < np.mean(finals[act, best[act]]):
+      best[act] = lr
+  out = {}
+  for (act, lr, seed), curve in curves.items():
+    ref = curves[(act, best[act], seed)]
+    steps = sorted(set(curve) & set(ref))
+    excess = [curve[t] - ref[t] for t in steps]
+    out.setdefault((act, lr), []).append(np.trapezoid(excess, steps) / steps[-1])
+  return out
+
+
 def get_sweep(arg=None):
   if arg == "gated_pilot":
     return {"description": "Primary tests 2-4, pilot: gated FFNs and SiLU across 3 LRs",
@@ -201,6 +226,12 @@ def main(what: str = "plan") -> None:
           f"sd {plan['sd']:.4f} -> n = {plan['n']} fresh seeds")
   if what == "report":
     report()
+  if what == "excess":
+    for study in ("relu_vs_gelu_cpu_epoch",):
+      print(f"loss excess over the best LR, integrated over training ({study}):")
+      for (act, lr), values in sorted(loss_excess(study).items()):
+        print(f"  {act} {lr:g}: {np.mean(values):.3f} +- {np.std(values, ddof=1):.3f} "
+              f"(seeds: {', '.join(f'{v:.3f}' for v in values)})")
 
 
 if __name__ == "__main__":
