@@ -20,10 +20,11 @@ share their batches and, where shapes agree, their initial weights). The rule is
 - **δ = 0.1 nats** for every test: about a 10% change in perplexity, the smallest difference
   that would change which activation one picks at this scale. Smaller differences are reported,
   not claimed.
-- **Noise named.** Seed sd: the sd of the fresh seeds' differences. Platform sd: the first 3
-  fresh seeds of both arms of each test rerun on one CPU core (`taskset -c 0`; XLA:CPU splits
-  reductions over its threads, so the float order differs), the sd of rerun − run. A difference
-  is claimed only where it exceeds both.
+- **Noise named.** Seed sd: the sd of the fresh seeds' differences. Platform sd: the tests run
+  one process per core (`--workers=2`, as their pilots did); the first 3 fresh seeds of both
+  arms are rerun with both cores in one process (`--workers=1`: XLA:CPU splits reductions over
+  its threads, so the float order differs), and the sd of rerun − run is the platform's. A
+  difference is claimed only where it exceeds both.
 - **Everything else is descriptive**: other LRs, other measures (stability verdicts, the
   largest gradient norm relative to initialisation, attention entropy and logits, dead units),
   and the committed exploratory studies.
@@ -126,8 +127,8 @@ def summaries(study: str) -> dict:
 
 def result(name: str) -> dict | None:
   """Test `name` on its fresh seeds (results/primary_<name>/, both arms finished): the paired
-  comparison of the outcome, the seed sd, and the platform sd where the one-core reruns
-  (results/primary_<name>_one_core/) are committed; None before any pair has finished."""
+  comparison of the outcome, the seed sd, and the platform sd where the two-core reruns
+  (results/primary_<name>_two_cores/) are committed; None before any pair has finished."""
   _, a, b, fixed, _ = TESTS[name]
   outcome = OUTCOME["encoder" if fixed.get("model.kind") == "encoder" else "decoder"][1]
   runs = summaries(f"primary_{name}")
@@ -137,7 +138,7 @@ def result(name: str) -> dict | None:
   diffs = {s: runs[(a, s)][outcome] - runs[(b, s)][outcome] for s in seeds}
   paired = comparisons.paired_difference([runs[(a, s)][outcome] for s in seeds],
                                          [runs[(b, s)][outcome] for s in seeds], DELTA)
-  reruns = summaries(f"primary_{name}_one_core")
+  reruns = summaries(f"primary_{name}_two_cores")
   platform = [reruns[k][outcome] - runs[k][outcome] for k in reruns if k in runs]
   return {"seeds": seeds, "diffs": diffs, "paired": paired,
           "platform_sd": float(np.std(platform, ddof=1)) if len(platform) > 1 else None,
