@@ -94,17 +94,13 @@ def pilot(name: str) -> dict | None:
   """The test's pilot, from its committed summaries: each arm's LR chosen on validation and the
   paired sd of the outcome there; None until the pilot is committed."""
   _, a, b, fixed, studies = TESTS[name]
-  runs = [path for study in studies for path in (RESULTS / study).glob("*/summary.json")]
-  if not {a, b} <= {json.loads((p.parent / "config.json").read_text())["model"]["activation"]
-                    for p in runs}:
+  by = {}  # (activation, lr) -> {seed: summary}
+  for (act, lr, seed), summary in finished(*studies).items():
+    by.setdefault((act, lr), {})[seed] = summary
+  if not {a, b} <= {act for act, _ in by}:
     return None
   kind = "encoder" if fixed.get("model.kind") == "encoder" else "decoder"
   select, outcome = OUTCOME[kind]
-  by = {}  # (activation, lr) -> {seed: summary}
-  for path in runs:
-    config = json.loads((path.parent / "config.json").read_text())
-    key = (config["model"]["activation"], config["optim"]["lr"])
-    by.setdefault(key, {})[config["train"]["seed"]] = json.loads(path.read_text())
   chosen = {}
   for arm in (a, b):
     lrs = {lr: np.mean([s[select] for s in seeds.values()])
@@ -116,13 +112,20 @@ def pilot(name: str) -> dict | None:
   return {"lr": chosen, "seeds": seeds, "diffs": diffs, "sd": sd, "n": seeds_needed(sd)}
 
 
-def summaries(study: str) -> dict:
-  """(activation, seed) -> final summary of the finished runs in results/<study>/."""
+def finished(*studies: str) -> dict:
+  """(activation, peak LR, seed) -> summary of each finished run in results/<study>/."""
   out = {}
-  for path in (RESULTS / study).glob("*/summary.json"):
-    config = json.loads((path.parent / "config.json").read_text())
-    out[(config["model"]["activation"], config["train"]["seed"])] = json.loads(path.read_text())
+  for path in (RESULTS / study for study in studies):
+    for run in path.glob("*/summary.json"):
+      c = json.loads((run.parent / "config.json").read_text())
+      out[c["model"]["activation"], c["optim"]["lr"], c["train"]["seed"]] = json.loads(
+          run.read_text())
   return out
+
+
+def summaries(study: str) -> dict:
+  """(activation, seed) -> summary of the finished runs of a single-LR study."""
+  return {(act, seed): summary for (act, _, seed), summary in finished(study).items()}
 
 
 def result(name: str) -> dict | None:
