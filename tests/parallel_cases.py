@@ -70,7 +70,7 @@ def metric_diff(a, b):
 def case_step(tmp):
   """DP and FSDP over 4 devices = 1 device, for 3 steps (loss, norms, parameters, moments)."""
   devs = jax.devices()
-  out = {"devices": len(devs)}
+  out = {"devices": len(devs), "xla_flags": os.environ["XLA_FLAGS"].split()}
   c1 = config("dp")
   bs = batches(c1, 3)
   fns1, ref_state, ref = run_on(c1, devs[:1], bs)

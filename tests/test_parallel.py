@@ -5,6 +5,7 @@ hang the test run (the subprocess has a timeout). One process for all the cases:
 both cores busy, and a process per case would only add its start-up and tracing."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 
 from actlab import config as config_lib
 from actlab.run import parallel
-from conftest import production_env, tiny
+from conftest import CPU_ONLY, FAST_COMPILE, tiny
 
 HERE = pathlib.Path(__file__).parent
 TOL = 1e-6
@@ -22,10 +23,12 @@ CASES = ("step", "checkpoint", "run", "vectorized")
 
 
 def four_device_env() -> dict:
-  """This environment with 4 simulated CPU devices, compiling as real runs do (conftest.py
-  compiles faster for the other tests): the cases compare 4 devices with 1 at the numerics of
-  real runs, which is what their bound is about."""
-  return production_env("--xla_force_host_platform_device_count=4")
+  """This environment with 4 simulated CPU devices, on the CPU on any host. The cases compile at
+  the tests' settings (`conftest.FAST_COMPILE`, which parallel_cases.py takes from conftest like
+  every test process): the 4-device and the 1-device programs are compiled alike, so the bound
+  is about how the state and batch are split, not about XLA's optimisations."""
+  flags = [*os.environ.get("XLA_FLAGS", "").split(), "--xla_force_host_platform_device_count=4"]
+  return {**os.environ, **CPU_ONLY, "XLA_FLAGS": " ".join(flags)}
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +52,7 @@ def results(tmp_path_factory) -> dict:
 def test_dp_and_fsdp_steps_equal_one_device(results):
   r = results["step"]
   assert r["devices"] == 4
+  assert set(FAST_COMPILE) <= set(r["xla_flags"]), r["xla_flags"]  # compiled alike
   for mode in ("dp", "fsdp"):
     assert r[mode]["metrics"] <= TOL, r
     assert r[mode]["params"] <= TOL, r
