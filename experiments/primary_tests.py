@@ -212,7 +212,17 @@ def report() -> None:
     print(f"- {name}: {d.n} of {plan['n']} seed pairs; A - B = {d.mean:+.4f} "
           f"[{d.ci_low:+.4f}, {d.ci_high:+.4f}], seed sd {d.sd:.4f}, {platform}; p {d.p:.3g} "
           f"(Holm {ph:.3g}), TOST +-{DELTA} p {d.p_equiv:.3g} (Holm {peh:.3g}): "
-          f"{comparisons.verdict(d.mean, ph, peh)}" + ("" if d.n >= plan["n"] else " (interim)"))
+          f"{claim(d, ph, peh, r['platform_sd'])}" + ("" if d.n >= plan["n"] else " (interim)"))
+
+
+def claim(d, p_holm: float, p_equiv_holm: float, platform_sd: float | None) -> str:
+  """The verdict, with a difference claimed only where it exceeds both the seed sd and the
+  platform sd (unmeasured: not claimed)."""
+  verdict = comparisons.verdict(d.mean, p_holm, p_equiv_holm)
+  if verdict in (comparisons.A_BETTER, comparisons.B_BETTER) and not (
+      platform_sd is not None and abs(d.mean) > max(d.sd, platform_sd)):
+    return f"{comparisons.NOT_RESOLVED} (p says {verdict}, but |A - B| is not above the noise)"
+  return verdict
 
 
 def main(what: str = "plan") -> None:

@@ -1,0 +1,69 @@
+"""experiments/primary_tests.py: the seeds a power calculation asks for, each arm's LR chosen on
+the pilot's validation windows, and a difference claimed only above the noise."""
+
+import importlib.util
+import json
+import types
+
+import numpy as np
+import pytest
+
+from actlab.measure import comparisons
+from conftest import REPO
+
+spec = importlib.util.spec_from_file_location("primary_tests",
+                                              REPO / "experiments" / "primary_tests.py")
+primary = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(primary)
+
+
+def test_seeds_needed_matches_the_textbook_paired_t_test():
+  """G*Power's paired t-test at α 0.05, power 0.8: n 34 for d = 0.5, 15 for d = 0.8."""
+  assert primary.seeds_needed(0.2, delta=0.1, alpha=0.05) == 34
+  assert primary.seeds_needed(0.125, delta=0.1, alpha=0.05) == 15
+  assert primary.seeds_needed(0.001) == primary.MIN_SEEDS  # never fewer
+  # At α/K a larger n: its power reaches 0.8, one seed fewer does not.
+  n = primary.seeds_needed(0.167)
+  assert n > primary.seeds_needed(0.167, alpha=0.05)
+  assert primary.seeds_needed(0.167, power=0.79) <= n
+
+
+def write_run(root, act, lr, seed, val, test):
+  run = root / f"activation={act},lr={lr},seed={seed}"
+  run.mkdir(parents=True)
+  config = {"model": {"activation": act}, "optim": {"lr": lr}, "train": {"seed": seed}}
+  (run / "config.json").write_text(json.dumps(config))
+  (run / "summary.json").write_text(json.dumps({"final_val_loss": val, "final_test_loss": test}))
+
+
+def test_the_pilot_chooses_each_arms_lr_on_validation_and_takes_the_sd_on_test(tmp_path,
+                                                                              monkeypatch):
+  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  study = tmp_path / "relu_vs_gelu_cpu_epoch"
+  rng = np.random.default_rng(0)
+  test_relu, test_gelu = rng.normal(4.0, 0.1, 3), rng.normal(4.1, 0.1, 3)
+  for seed in range(3):
+    # ReLU's validation loss is lowest at 1e-3 and GELU's at 3e-3; on the test windows the
+    # other LR would win, which must not matter.
+    write_run(study, "relu", 1e-3, seed, 3.0, test_relu[seed])
+    write_run(study, "relu", 3e-3, seed, 3.5, 1.0)
+    write_run(study, "gelu", 1e-3, seed, 3.5, 1.0)
+    write_run(study, "gelu", 3e-3, seed, 3.0, test_gelu[seed])
+  plan = primary.pilot("relu_gelu")
+  assert plan["lr"] == {"relu": 1e-3, "gelu": 3e-3} and plan["seeds"] == [0, 1, 2]
+  assert plan["sd"] == pytest.approx(np.std(test_relu - test_gelu, ddof=1), rel=1e-12)
+  assert plan["n"] == primary.seeds_needed(plan["sd"])
+  assert primary.pilot("swiglu_silu") is None  # its pilot is not there
+  with pytest.raises(ValueError, match="LRs differ"):  # one sweep trains one LR per test
+    primary.get_sweep("relu_gelu")
+
+
+def test_a_difference_is_claimed_only_above_the_seed_and_platform_sd():
+  d = lambda mean, sd: types.SimpleNamespace(mean=mean, sd=sd)
+  claim = primary.claim
+  assert claim(d(-0.15, 0.10), 0.01, 1.0, 0.02) == comparisons.A_BETTER
+  assert claim(d(0.15, 0.10), 0.01, 1.0, 0.02) == comparisons.B_BETTER
+  for mean, sd, platform in ((-0.15, 0.20, 0.02), (-0.15, 0.10, 0.30), (-0.15, 0.10, None)):
+    assert claim(d(mean, sd), 0.01, 1.0, platform).startswith(comparisons.NOT_RESOLVED)
+  assert claim(d(-0.15, 0.10), 0.2, 1.0, 0.02) == comparisons.NOT_RESOLVED  # p decides first
+  assert claim(d(0.01, 0.05), 1.0, 0.01, None) == comparisons.EQUIVALENT
