@@ -186,14 +186,14 @@ def get_sweep(arg=None):
   if plan is None:
     raise ValueError(f"primary_tests:{arg}: its pilot ({', '.join(TESTS[arg][4])}) is not "
                      "committed yet")
-  if plan["lr"][a] != plan["lr"][b]:
-    raise ValueError(f"primary_tests:{arg}: the arms' LRs differ ({plan['lr']}): train each "
-                     "arm as its own sweep")
-  return {"description": f"Primary test {arg}: {question}",
-          "axes": {"model.activation": [a, b]},
-          "seeds": list(range(FRESH_SEED, FRESH_SEED + plan["n"])),
-          "fixed": {**fixed, "optim.lr": plan["lr"][a]}, "baseline": b,
-          "equivalence_margin": DELTA}
+  sweep = {"description": f"Primary test {arg}: {question}",
+           "axes": {"model.activation": [a, b]},
+           "seeds": list(range(FRESH_SEED, FRESH_SEED + plan["n"])),
+           "fixed": {**fixed, "optim.lr": plan["lr"][a]}, "baseline": b,
+           "equivalence_margin": DELTA}
+  if plan["lr"][b] != plan["lr"][a]:  # each arm at its own LR
+    sweep["fixed_by"] = {"model.activation": {b: {"optim.lr": plan["lr"][b]}}}
+  return sweep
 
 
 def report() -> None:

@@ -129,3 +129,21 @@ def test_parse_shard():
   for bad in ("3/2", "2/2", "-1/2", "1/0", "x", "1", "1/2/3", "", "/"):
     with pytest.raises(errors.UserError, match=f"^--shard={re.escape(bad)}: give i/N"):
       grid.parse_shard(bad)
+
+
+def test_fixed_by_sets_fields_for_the_cells_of_one_axis_value():
+  """Each activation at its own LR (a primary test whose arms chose different LRs)."""
+  s = grid.parse({"axes": {"model.activation": ["relu", "gelu"]}, "seeds": [0, 1],
+                  "fixed": {"optim.lr": 1e-3, "train.steps": 20},
+                  "fixed_by": {"model.activation": {"gelu": {"optim.lr": 3e-3}}}})
+  cells = grid.cells(tiny(), s)
+  assert sorted((c.name, c.config.optim.lr, c.config.train.steps) for c in cells) == [
+      ("activation=gelu,seed=0", 3e-3, 20), ("activation=gelu,seed=1", 3e-3, 20),
+      ("activation=relu,seed=0", 1e-3, 20), ("activation=relu,seed=1", 1e-3, 20)]
+  assert [len(g) for g in sweep.group(cells)] == [2, 2]  # the LR splits no compile group
+  with pytest.raises(config_lib.ConfigError, match="per value of an axis"):
+    grid.with_flags(s, tiny(), ["optim.lr"])
+  for bad in ({"optim.lr": {"gelu": {"optim.b1": 0.8}}}, {"model.activation": {"tanh": {}}},
+              {"model.activation": {"gelu": {"train.seed": 3}}}, {"model.activation": [1]}):
+    with pytest.raises(config_lib.ConfigError, match="fixed_by"):
+      grid.parse({"axes": {"model.activation": ["relu", "gelu"]}, "fixed_by": bad})

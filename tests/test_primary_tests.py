@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from actlab.measure import comparisons
-from conftest import REPO
+from actlab.sweep import grid
+from conftest import REPO, tiny
 
 spec = importlib.util.spec_from_file_location("primary_tests",
                                               REPO / "experiments" / "primary_tests.py")
@@ -54,8 +55,10 @@ def test_the_pilot_chooses_each_arms_lr_on_validation_and_takes_the_sd_on_test(t
   assert plan["sd"] == pytest.approx(np.std(test_relu - test_gelu, ddof=1), rel=1e-12)
   assert plan["n"] == primary.seeds_needed(plan["sd"])
   assert primary.pilot("swiglu_silu") is None  # its pilot is not there
-  with pytest.raises(ValueError, match="LRs differ"):  # one sweep trains one LR per test
-    primary.get_sweep("relu_gelu")
+  cells = grid.cells(tiny(), grid.parse(primary.get_sweep("relu_gelu")))
+  assert {(c.config.model.activation, c.config.optim.lr) for c in cells} == {
+      ("relu", 1e-3), ("gelu", 3e-3)}  # each arm at its own LR
+  assert sorted({c.config.train.seed for c in cells}) == list(range(100, 100 + plan["n"]))
 
 
 def test_a_difference_is_claimed_only_above_the_seed_and_platform_sd():

@@ -25,6 +25,7 @@ class Sweep:
   baseline: str | None = None       # the report's baseline activation (default: the first)
   pairs: list = dataclasses.field(default_factory=list)  # [A, B]: also compared, A − B, per LR
   equivalence_margin: float | None = None  # nats of final val loss, stated before running
+  fixed_by: dict = dataclasses.field(default_factory=dict)  # axis -> its value -> overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +66,21 @@ def parse(d: dict) -> Sweep:
                                  f"final val loss), got {margin!r}")
   return Sweep(axes, seeds, dict(d.get("fixed", {})), d.get("description", ""),
                d.get("baseline"), _pairs(axes, d.get("pairs", [])),
-               None if margin is None else float(margin))
+               None if margin is None else float(margin), _fixed_by(axes, d.get("fixed_by", {})))
+
+
+def _fixed_by(axes: dict[str, list], fixed_by: dict) -> dict:
+  """`fixed_by` ({axis: {value: {field: value}}}: fixed values for the cells of one value of an
+  axis, e.g. each activation's own LR), checked against the axes; no field an axis varies."""
+  items = [(a, v, o) for a, by_value in fixed_by.items()
+           for v, o in (by_value.items() if isinstance(by_value, dict) else [(None, None)])]
+  for axis, value, overrides in items:
+    if value not in axes.get(axis, []) or not isinstance(overrides, dict) or (
+        set(overrides) & {*axes, SEED_KEY}):
+      raise config_lib.ConfigError(f"sweep: fixed_by: {axis}={value!r}: {overrides!r}: give "
+                                   "values of an axis, each setting fields no axis varies")
+  return {axis: {value: dict(o) for value, o in by_value.items()}
+          for axis, by_value in fixed_by.items()}
 
 
 def _pairs(axes: dict[str, list], pairs) -> list[list]:
@@ -89,9 +104,11 @@ def with_flags(sweep: Sweep, base: ml_collections.ConfigDict,
   """`sweep` with the command line's overrides winning over its fixed values: `overridden` are
   the keys of the `--config.<key>=` flags, `base` the config they set. Also one line for each
   fixed value a flag changes. A flag for a key an axis (or `seeds`) varies is refused."""
+  by_value = {k for values in sweep.fixed_by.values() for o in values.values() for k in o}
   for key in overridden:
-    if key in sweep.axes or key == SEED_KEY:
-      axis = "its seeds" if key == SEED_KEY else f"its axis {key!r}"
+    if key in sweep.axes or key == SEED_KEY or key in by_value:
+      axis = ("its seeds" if key == SEED_KEY else f"its axis {key!r}" if key in sweep.axes
+              else "per value of an axis: fixed_by")
       raise config_lib.ConfigError(f"--config.{key}: the sweep varies {key} ({axis}); drop the "
                                    "flag, or the axis from the sweep file")
   values = workdir_lib.dotted(base.to_dict())
@@ -110,9 +127,11 @@ def cells(base: ml_collections.ConfigDict, sweep: Sweep) -> list[Cell]:
   for values in itertools.product(*sweep.axes.values(), sweep.seeds):
     overrides = dict(zip(keys, values))
     name = ",".join(f"{short[k]}={fmt_value(v)}" for k, v in overrides.items())
+    by_value = {field: value for axis, v in overrides.items()
+                for field, value in sweep.fixed_by.get(axis, {}).get(v, {}).items()}
     try:
       config = config_lib.override(base.copy_and_resolve_references(),
-                                   {**sweep.fixed, **overrides})
+                                   {**sweep.fixed, **by_value, **overrides})
       config_lib.validate(config)
     except config_lib.ConfigError as e:
       raise config_lib.ConfigError(f"sweep cell {name}: {e}") from None
