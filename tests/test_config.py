@@ -41,7 +41,8 @@ OTHER_CONFIGS = {"benchmarks/gpt2_small.py": ["", "fp32", "smoke"],
 SWEEP_FILES = [*sorted((REPO / "experiments").glob("*.py")), REPO / "benchmarks/six_run_study.py"]
 # The variants of each sweep file in the snapshot (default: none and `:smoke`), and the config
 # each runs on (default: the reference).
-SWEEP_VARIANTS = {"primary_tests": ["gated_pilot", "relu_gelu"]}
+SWEEP_VARIANTS = {"primary_tests": ["gated_pilot", "relu_gelu", "swiglu_silu", "geglu_gelu",
+                                   "reglu_relu"]}
 SWEEP_BASES = {"bert_ffn_activation": ["configs/bert_gelu.py", "configs/bert_gelu.py"],
                "bert_pooler": ["configs/bert_gelu.py:classify",
                                "configs/bert_gelu.py:smoke_classify"]}
@@ -84,9 +85,10 @@ def config_specs() -> list[str]:
 
 def sweep_specs() -> dict[str, str]:
   """{sweep spec: the spec of the config it runs on}."""
+  variants = {p: SWEEP_VARIANTS.get(p.stem, ["", "smoke"]) for p in SWEEP_FILES}
   return {f"{p.relative_to(REPO)}{':' + v if v else ''}":
-          SWEEP_BASES.get(p.stem, [REFERENCE, REFERENCE])[i]
-          for p in SWEEP_FILES for i, v in enumerate(SWEEP_VARIANTS.get(p.stem, ["", "smoke"]))}
+          SWEEP_BASES.get(p.stem, [REFERENCE] * len(variants[p]))[i]
+          for p in SWEEP_FILES for i, v in enumerate(variants[p])}
 
 
 def take_snapshot() -> dict:
