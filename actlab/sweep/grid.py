@@ -72,13 +72,12 @@ def parse(d: dict) -> Sweep:
 def _fixed_by(axes: dict[str, list], fixed_by: dict) -> dict:
   """`fixed_by` ({axis: {value: {field: value}}}: fixed values for the cells of one value of an
   axis, e.g. each activation's own LR), checked against the axes; no field an axis varies."""
-  items = [(a, v, o) for a, by_value in fixed_by.items()
-           for v, o in (by_value.items() if isinstance(by_value, dict) else [(None, None)])]
-  for axis, value, overrides in items:
-    if value not in axes.get(axis, []) or not isinstance(overrides, dict) or (
-        set(overrides) & {*axes, SEED_KEY}):
-      raise config_lib.ConfigError(f"sweep: fixed_by: {axis}={value!r}: {overrides!r}: give "
-                                   "values of an axis, each setting fields no axis varies")
+  for axis, by_value in fixed_by.items():
+    if not isinstance(by_value, dict) or any(
+        value not in axes.get(axis, []) or not isinstance(o, dict) or set(o) & {*axes, SEED_KEY}
+        for value, o in by_value.items()):
+      raise config_lib.ConfigError(f"sweep: fixed_by: {axis}: {by_value!r}: give values of that "
+                                   "axis, each mapped to fields no axis varies")
   return {axis: {value: dict(o) for value, o in by_value.items()}
           for axis, by_value in fixed_by.items()}
 
