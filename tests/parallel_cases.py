@@ -112,7 +112,7 @@ def case_checkpoint(tmp):
   for name, c, d in (("dp2", config("dp"), devs[:2]), ("single", config("dp"), devs[:1])):
     fns = steps.Program.create(c, VOCAB, plan=parallel.plan(c, d))
     ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
-    restored, _ = ck.restore(2, fns.run_like())  # abstract: everything from the checkpoint
+    restored, _ = ck.restore(2, fns.run_like)  # abstract: everything from the checkpoint
     ck.close()
     restored_diff = tree_max_abs_diff(saved, restored)
     devices = len(restored.params["wte"]["embedding"].sharding.device_set)

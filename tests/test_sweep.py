@@ -168,7 +168,7 @@ def test_divergence_is_a_result_and_keeps_the_last_good_checkpoint(swept):
   assert all(r["status"] != "diverged" for n, r in swept.results.items() if "lr=0.5" not in n)
   compiled = next(iter(swept.cache.values()))
   ckpt = Checkpoints(ckpts.absolute(), 3)
-  restored, _ = ckpt.restore(10, compiled.run_like())
+  restored, _ = ckpt.restore(10, compiled.run_like)
   ckpt.close()
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(restored.params))
   # Rerunning a diverged run returns its recorded result without training.

@@ -62,7 +62,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
            vocab_size: int) -> list[dict]:
   config = lanes[0].config
   t, plan, evaluators_ = config.train, program.plan, program.evaluators
-  counts = models.count_params(program.run_like().params)
+  counts = models.count_params(program.run_like.params)
   val_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches()]  # Placed once.
   test_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches(test=True)]
   # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.

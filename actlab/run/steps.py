@@ -136,6 +136,8 @@ class Program:
   plan: parallel.Plan
   runs: int
   shardings: TrainState  # of the stacked state
+  run_like: TrainState   # one run's state as abstract arrays with their shardings: what a
+                         # checkpoint restores into
   init: Callable        # ([R] seeds, [R] peak LRs) -> TrainState
   train_step: Callable  # (state, batch) -> (state, metrics); donates the state
   log_step: Callable    # the same step with `diagnostics`: for the steps the loop logs
@@ -148,8 +150,11 @@ class Program:
              plan: parallel.Plan | None = None) -> "Program":
     steps = Steps.create(config, vocab_size)
     plan = plan or parallel.plan(config)
-    state = jax.tree.map(lambda s: NamedSharding(plan.mesh, P(None, *s.spec)),
-                         plan.state_shardings(jax.eval_shape(steps.init, 0, 1.0)))
+    shape = jax.eval_shape(steps.init, 0, 1.0)
+    one = plan.state_shardings(shape)
+    run_like = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            shape, one)
+    state = jax.tree.map(lambda s: NamedSharding(plan.mesh, P(None, *s.spec)), one)
     batch, shared_batch = plan.batch_sharding(2, stacked=True), plan.batch_sharding(1)
     evaluators = evaluators_lib.Evaluators.create(config)
     jit_step = lambda diagnostics: jax.jit(
@@ -157,7 +162,7 @@ class Program:
         donate_argnums=0, in_shardings=(state, batch), out_shardings=(state, plan.replicated))
     on_params = lambda fn: jax.jit(over_runs(functools.partial(fn, steps), runs, (0, None)),
                                    in_shardings=(state.params, shared_batch))
-    return cls(steps, plan, runs, state,
+    return cls(steps, plan, runs, state, run_like,
                init=jax.jit(over_runs(steps.init, runs), out_shardings=state),
                train_step=jit_step(False), log_step=jit_step(True), evaluators=evaluators,
                eval_step=on_params(evaluators.validation_step),
@@ -167,12 +172,6 @@ class Program:
     """The initial state of the runs of `configs` (their seeds and peak LRs)."""
     return self.init(np.array([c.train.seed for c in configs]),
                      np.array([c.optim.lr for c in configs], np.float32))
-
-  def run_like(self) -> TrainState:
-    """One run's state as abstract arrays with its shardings: what a checkpoint restores into."""
-    shape = jax.eval_shape(self.steps.init, 0, 1.0)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        shape, self.plan.state_shardings(shape))
 
   def stack(self, states: Sequence[TrainState]) -> TrainState:
     """Single runs' states (restored checkpoints) as this program's state: stacked in host memory

@@ -64,7 +64,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
     held.enter_context(workdir_lib.full_disk_reported(run_dirs[0].root))
     summaries = [finished(c, r) for c, r in zip(configs, run_dirs)]  # Again, now they are ours.
     by_start = {}  # start step -> [(run index, its Checkpoints, its restored checkpoint)]
-    like = program.run_like()  # What each run's checkpoint restores into.
+    like = program.run_like  # What each run's checkpoint restores into.
     for i, (c, r) in enumerate(zip(configs, run_dirs)):
       if summaries[i] is not None:
         continue
