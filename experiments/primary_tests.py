@@ -82,6 +82,8 @@ def seeds_needed(sd: float, delta: float = DELTA, alpha: float = ALPHA / K,
   """The smallest n ≥ MIN_SEEDS whose two-sided paired t-test at `alpha` has `power` against a
   mean difference `delta` when the differences' sd is `sd` (noncentral t)."""
   n = MIN_SEEDS
+  if sd == 0:  # differences without noise: the floor
+    return n
   while True:
     df, shift = n - 1, delta / (sd / math.sqrt(n))
     t = stats.t.ppf(1 - alpha / 2, df)
@@ -92,13 +94,19 @@ def seeds_needed(sd: float, delta: float = DELTA, alpha: float = ALPHA / K,
 
 def pilot(name: str) -> dict | None:
   """The test's pilot, from its committed summaries: each arm's LR chosen on validation and the
-  paired sd of the outcome there; None until the pilot is committed."""
+  paired sd of the outcome there; None until the pilot is committed, ValueError while what is
+  committed of it is incomplete (not every (activation, LR) cell of the two arms at the same
+  seeds, at least two)."""
   _, a, b, fixed, studies = TESTS[name]
   by = {}  # (activation, lr) -> {seed: summary}
   for (act, lr, seed), summary in finished(*studies).items():
     by.setdefault((act, lr), {})[seed] = summary
   if not {a, b} <= {act for act, _ in by}:
     return None
+  seed_sets = {cell: sorted(seeds) for cell, seeds in by.items() if cell[0] in (a, b)}
+  if len({tuple(s) for s in seed_sets.values()}) > 1 or len(min(seed_sets.values())) < 2:
+    raise ValueError(f"primary_tests:{name}: its pilot is incomplete (seeds per (activation, "
+                     f"LR): {seed_sets}); commit it when every run has finished")
   kind = "encoder" if fixed.get("model.kind") == "encoder" else "decoder"
   select, outcome = OUTCOME[kind]
   chosen = {}
@@ -249,4 +257,7 @@ def main(what: str = "plan") -> None:
 
 
 if __name__ == "__main__":
-  main(*sys.argv[1:])
+  try:
+    main(*sys.argv[1:])
+  except ValueError as e:
+    sys.exit(str(e))

@@ -23,6 +23,7 @@ def test_seeds_needed_matches_the_textbook_paired_t_test():
   assert primary.seeds_needed(0.2, delta=0.1, alpha=0.05) == 34
   assert primary.seeds_needed(0.125, delta=0.1, alpha=0.05) == 15
   assert primary.seeds_needed(0.001) == primary.MIN_SEEDS  # never fewer
+  assert primary.seeds_needed(0.0) == primary.MIN_SEEDS
   # At α/K a larger n: its power reaches 0.8, one seed fewer does not.
   n = primary.seeds_needed(0.167)
   assert n > primary.seeds_needed(0.167, alpha=0.05)
@@ -59,6 +60,20 @@ def test_the_pilot_chooses_each_arms_lr_on_validation_and_takes_the_sd_on_test(t
   assert {(c.config.model.activation, c.config.optim.lr) for c in cells} == {
       ("relu", 1e-3), ("gelu", 3e-3)}  # each arm at its own LR
   assert sorted({c.config.train.seed for c in cells}) == list(range(100, 100 + plan["n"]))
+
+
+def test_an_incomplete_pilot_is_refused_not_read(tmp_path, monkeypatch):
+  """A pilot archived before all its runs finished would choose LRs and n on part of it."""
+  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  study = tmp_path / "relu_vs_gelu_cpu_epoch"
+  for act, lr, seed in [("relu", 1e-3, 0), ("relu", 1e-3, 1), ("relu", 3e-3, 0),
+                        ("gelu", 1e-3, 0), ("gelu", 1e-3, 1)]:
+    write_run(study, act, lr, seed, 3.0, 3.0 + seed / 10 + (act == "relu") * seed / 7)
+  incomplete = r"relu_gelu: its pilot is incomplete.*\('relu', 0.003\): \[0\]"
+  with pytest.raises(ValueError, match=incomplete):
+    primary.pilot("relu_gelu")
+  write_run(study, "relu", 3e-3, 1, 3.0, 3.1)
+  assert primary.pilot("relu_gelu")["seeds"] == [0, 1]
 
 
 def test_a_difference_is_claimed_only_above_the_seed_and_platform_sd():
