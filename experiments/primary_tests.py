@@ -104,17 +104,18 @@ def pilot(name: str) -> dict | None:
   if not {a, b} <= {act for act, _ in by}:
     return None
   seed_sets = {cell: sorted(seeds) for cell, seeds in by.items() if cell[0] in (a, b)}
-  if len({tuple(s) for s in seed_sets.values()}) > 1 or len(min(seed_sets.values())) < 2:
+  distinct = {tuple(s) for s in seed_sets.values()}
+  if len(distinct) > 1 or len(next(iter(distinct))) < 2:
     raise ValueError(f"primary_tests:{name}: its pilot is incomplete (seeds per (activation, "
                      f"LR): {seed_sets}); commit it when every run has finished")
+  seeds = list(next(iter(distinct)))  # the same in every cell
   kind = "encoder" if fixed.get("model.kind") == "encoder" else "decoder"
   select, outcome = OUTCOME[kind]
   chosen = {}
   for arm in (a, b):
-    lrs = {lr: np.mean([s[select] for s in seeds.values()])
-           for (act, lr), seeds in by.items() if act == arm}
+    lrs = {lr: np.mean([s[select] for s in cell.values()])
+           for (act, lr), cell in by.items() if act == arm}
     chosen[arm] = min(lrs, key=lrs.get)
-  seeds = sorted(set(by[(a, chosen[a])]) & set(by[(b, chosen[b])]))
   diffs = [by[(a, chosen[a])][s][outcome] - by[(b, chosen[b])][s][outcome] for s in seeds]
   sd = float(np.std(diffs, ddof=1))
   return {"lr": chosen, "seeds": seeds, "diffs": diffs, "sd": sd, "n": seeds_needed(sd)}

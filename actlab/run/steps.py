@@ -151,10 +151,10 @@ class Program:
     steps = Steps.create(config, vocab_size)
     plan = plan or parallel.plan(config)
     shape = jax.eval_shape(steps.init, 0, 1.0)
-    one = plan.state_shardings(shape)
+    run_shardings = plan.state_shardings(shape)
     run_like = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            shape, one)
-    state = jax.tree.map(lambda s: NamedSharding(plan.mesh, P(None, *s.spec)), one)
+                            shape, run_shardings)
+    state = jax.tree.map(lambda s: NamedSharding(plan.mesh, P(None, *s.spec)), run_shardings)
     batch, shared_batch = plan.batch_sharding(2, stacked=True), plan.batch_sharding(1)
     evaluators = evaluators_lib.Evaluators.create(config)
     jit_step = lambda diagnostics: jax.jit(
