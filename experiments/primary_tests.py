@@ -17,6 +17,12 @@ share their batches and, where shapes agree, their initial weights). The rule is
   experiments/primary_tests.py` prints the calculation (`... report`: and the results so far;
   `... excess`: the pilot's loss excess over the best LR, integrated over training). A test
   whose pilot is not run yet gets its n from that pilot, committed before its fresh seeds.
+- **What this machine can afford.** An encoder run costs about 50 minutes of one core, so the
+  encoder's tests are capped at `MAX_SEEDS["encoder"]` = 10 seed pairs (its four arms, GELU shared:
+  40 runs, about 17 hours of both cores). A test whose calculated n is above its cap runs at the
+  cap, and the plan prints its power against δ there and the difference it detects with 80% power
+  (the cap was set after 14 of the encoder pilot's 16 runs, when ReLU − GELU's two seeds differed
+  by 0.69 nats: n ≈ 290).
 - **δ = 0.1 nats** for every test: about a 10% change in perplexity, the smallest difference
   that would change which activation one picks at this scale. Smaller differences are reported,
   not claimed.
@@ -40,12 +46,13 @@ import pathlib
 import sys
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 from actlab.config import sizes
 from actlab.measure import comparisons
 
 ALPHA, POWER, DELTA, MIN_SEEDS = 0.05, 0.8, 0.1, 10
+MAX_SEEDS = {"decoder": None, "encoder": 10}  # the seed pairs this machine can afford
 FRESH_SEED = 100  # fresh seeds are 100, 101, …: every pilot used seeds below 10
 PILOT_LRS = [1e-3, 3e-3, 1e-2]
 DECODER = sizes.SIZES["cpu_epoch"]  # 0.94M parameters, one epoch of the TinyStories sample
@@ -77,19 +84,37 @@ OUTCOME = {"decoder": ("final_val_loss", "final_test_loss"),
            "encoder": ("final_val_mask_loss", "final_test_mask_loss")}
 
 
+def paired_power(n: int, sd: float, delta: float = DELTA, alpha: float = ALPHA / K) -> float:
+  """The power of a two-sided paired t-test of n pairs at `alpha` against a mean difference
+  `delta` when the differences' sd is `sd` (noncentral t)."""
+  if sd == 0:  # differences without noise
+    return 1.0
+  df, shift = n - 1, delta / (sd / math.sqrt(n))
+  t = stats.t.ppf(1 - alpha / 2, df)
+  # Both tails as upper tails: scipy's nct.cdf is NaN far out in the lower one.
+  return float(stats.nct.sf(t, df, shift) + stats.nct.sf(t, df, -shift))
+
+
 def seeds_needed(sd: float, delta: float = DELTA, alpha: float = ALPHA / K,
                  power: float = POWER) -> int:
-  """The smallest n ≥ MIN_SEEDS whose two-sided paired t-test at `alpha` has `power` against a
-  mean difference `delta` when the differences' sd is `sd` (noncentral t)."""
+  """The smallest n ≥ MIN_SEEDS whose paired t-test has `power` against `delta`."""
   n = MIN_SEEDS
-  if sd == 0:  # differences without noise: the floor
-    return n
-  while True:
-    df, shift = n - 1, delta / (sd / math.sqrt(n))
-    t = stats.t.ppf(1 - alpha / 2, df)
-    if stats.nct.sf(t, df, shift) + stats.nct.cdf(-t, df, shift) >= power:
-      return n
+  while paired_power(n, sd, delta, alpha) < power:
     n += 1
+  return n
+
+
+def detectable(n: int, sd: float, alpha: float = ALPHA / K) -> float:
+  """The mean difference n pairs detect with power POWER at `alpha` (at most the critical t
+  plus 10 standard errors, where the power is near 1)."""
+  se = sd / math.sqrt(n)
+  most = (stats.t.ppf(1 - alpha / 2, n - 1) + 10) * se
+  return optimize.brentq(lambda d: paired_power(n, sd, d, alpha) - POWER, 0.0, most)
+
+
+def kind(name: str) -> str:
+  """The model family of test `name`: "encoder" or "decoder"."""
+  return "encoder" if TESTS[name][3].get("model.kind") == "encoder" else "decoder"
 
 
 def pilot(name: str) -> dict | None:
@@ -97,7 +122,7 @@ def pilot(name: str) -> dict | None:
   paired sd of the outcome there; None until the pilot is committed, ValueError while what is
   committed of it is incomplete (not every (activation, LR) cell of the two arms at the same
   seeds, at least two)."""
-  _, a, b, fixed, studies = TESTS[name]
+  _, a, b, _, studies = TESTS[name]
   by = {}  # (activation, lr) -> {seed: summary}
   for (act, lr, seed), summary in finished(*studies).items():
     by.setdefault((act, lr), {})[seed] = summary
@@ -109,8 +134,7 @@ def pilot(name: str) -> dict | None:
     raise ValueError(f"primary_tests:{name}: its pilot is incomplete (seeds per (activation, "
                      f"LR): {seed_sets}); commit it when every run has finished")
   seeds = list(next(iter(distinct)))  # the same in every cell
-  kind = "encoder" if fixed.get("model.kind") == "encoder" else "decoder"
-  select, outcome = OUTCOME[kind]
+  select, outcome = OUTCOME[kind(name)]
   chosen = {}
   for arm in (a, b):
     lrs = {lr: np.mean([s[select] for s in cell.values()])
@@ -118,7 +142,10 @@ def pilot(name: str) -> dict | None:
     chosen[arm] = min(lrs, key=lrs.get)
   diffs = [by[(a, chosen[a])][s][outcome] - by[(b, chosen[b])][s][outcome] for s in seeds]
   sd = float(np.std(diffs, ddof=1))
-  return {"lr": chosen, "seeds": seeds, "diffs": diffs, "sd": sd, "n": seeds_needed(sd)}
+  needed, cap = seeds_needed(sd), MAX_SEEDS[kind(name)]
+  n = needed if cap is None else min(needed, cap)
+  return {"lr": chosen, "seeds": seeds, "diffs": diffs, "sd": sd, "needed": needed, "n": n,
+          "power": paired_power(n, sd), "detectable": detectable(n, sd) if sd else 0.0}
 
 
 def finished(*studies: str) -> dict:
@@ -141,8 +168,8 @@ def result(name: str) -> dict | None:
   """Test `name` on its fresh seeds (results/primary_<name>/, both arms finished): the paired
   comparison of the outcome, the seed sd, and the platform sd where the two-core reruns
   (results/primary_<name>_two_cores/) are committed; None before any pair has finished."""
-  _, a, b, fixed, _ = TESTS[name]
-  outcome = OUTCOME["encoder" if fixed.get("model.kind") == "encoder" else "decoder"][1]
+  _, a, b, _, _ = TESTS[name]
+  outcome = OUTCOME[kind(name)][1]
   runs = summaries(f"primary_{name}")
   seeds = sorted(s for (act, s) in runs if act == a and (b, s) in runs)
   if not seeds:
@@ -246,7 +273,10 @@ def main(what: str = "plan") -> None:
     diffs = ", ".join(f"{d:+.4f}" for d in plan["diffs"])
     print(f"- {name}: {question}\n    pilot {study}, seeds {plan['seeds']}: LR "
           f"{plan['lr'][a]:g} ({a}), {plan['lr'][b]:g} ({b}); {a} - {b} = {diffs}; "
-          f"sd {plan['sd']:.4f} -> n = {plan['n']} fresh seeds")
+          f"sd {plan['sd']:.4f} -> n = {plan['needed']} fresh seeds"
+          + ("" if plan["n"] == plan["needed"] else
+             f"; capped at {plan['n']}: power {plan['power']:.2f} against delta, 80% power "
+             f"above {plan['detectable']:.3f} nats"))
   if what == "report":
     report()
   if what == "excess":

@@ -10,7 +10,7 @@ import pytest
 
 from actlab.measure import comparisons
 from actlab.sweep import grid
-from conftest import REPO, tiny
+from conftest import REPO, tiny, tiny_encoder
 
 spec = importlib.util.spec_from_file_location("primary_tests",
                                               REPO / "experiments" / "primary_tests.py")
@@ -30,12 +30,21 @@ def test_seeds_needed_matches_the_textbook_paired_t_test():
   assert primary.seeds_needed(0.167, power=0.79) <= n
 
 
-def write_run(root, act, lr, seed, val, test):
+def test_a_capped_test_states_its_power_and_the_difference_it_detects():
+  d = primary.detectable(10, 0.485)
+  assert primary.paired_power(10, 0.485, d) == pytest.approx(primary.POWER, abs=1e-9)
+  assert primary.seeds_needed(0.485, delta=1.001 * d) == 10
+  assert primary.seeds_needed(0.485, delta=0.99 * d) > 10
+  assert primary.paired_power(10, 0.0) == 1.0
+
+
+def write_run(root, act, lr, seed, val, test, outcome="loss"):
   run = root / f"activation={act},lr={lr},seed={seed}"
   run.mkdir(parents=True)
   config = {"model": {"activation": act}, "optim": {"lr": lr}, "train": {"seed": seed}}
   (run / "config.json").write_text(json.dumps(config))
-  (run / "summary.json").write_text(json.dumps({"final_val_loss": val, "final_test_loss": test}))
+  (run / "summary.json").write_text(json.dumps({f"final_val_{outcome}": val,
+                                                f"final_test_{outcome}": test}))
 
 
 def test_the_pilot_chooses_each_arms_lr_on_validation_and_takes_the_sd_on_test(tmp_path,
@@ -60,6 +69,21 @@ def test_the_pilot_chooses_each_arms_lr_on_validation_and_takes_the_sd_on_test(t
   assert {(c.config.model.activation, c.config.optim.lr) for c in cells} == {
       ("relu", 1e-3), ("gelu", 3e-3)}  # each arm at its own LR
   assert sorted({c.config.train.seed for c in cells}) == list(range(100, 100 + plan["n"]))
+
+
+def test_the_encoders_tests_run_at_most_their_cap_and_read_the_mask_loss(tmp_path, monkeypatch):
+  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  study = tmp_path / "bert_past_plateau_pilot"
+  for seed, (relu, gelu) in enumerate([(3.61, 3.21), (3.09, 3.39)]):  # sd 0.49: n ≈ 290
+    for lr, worse in ((1e-3, 0.5), (3e-3, 0.0)):
+      write_run(study, "relu", lr, seed, relu + worse, relu + worse, outcome="mask_loss")
+      write_run(study, "gelu", lr, seed, gelu + worse, gelu + worse, outcome="mask_loss")
+  plan = primary.pilot("bert_relu_gelu")
+  assert plan["lr"] == {"relu": 3e-3, "gelu": 3e-3}
+  assert plan["needed"] > 200 and plan["n"] == primary.MAX_SEEDS["encoder"] == 10
+  assert plan["power"] < 0.1 and plan["detectable"] == primary.detectable(10, plan["sd"]) > 0.5
+  cells = grid.cells(tiny_encoder(), grid.parse(primary.get_sweep("bert_relu_gelu")))
+  assert sorted({c.config.train.seed for c in cells}) == list(range(100, 110))
 
 
 def test_an_incomplete_pilot_is_refused_not_read(tmp_path, monkeypatch):
