@@ -42,8 +42,10 @@ SWEEP_FILES = [*sorted((REPO / "experiments").glob("*.py")), REPO / "benchmarks/
 # The variants of each sweep file in the snapshot (default: none and `:smoke`), and the config
 # each runs on (default: the reference).
 SWEEP_VARIANTS = {"primary_tests": ["gated_pilot", "relu_gelu", "swiglu_silu", "geglu_gelu",
-                                   "reglu_relu"]}
-SWEEP_BASES = {"bert_ffn_activation": ["configs/bert_gelu.py", "configs/bert_gelu.py"],
+                                   "reglu_relu", "bert_relu_gelu", "bert_tanh_gelu",
+                                   "bert_swiglu_gelu"]}
+SWEEP_BASES = {"primary_tests": [REFERENCE] * 5 + ["configs/bert_gelu.py"] * 3,
+               "bert_ffn_activation": ["configs/bert_gelu.py", "configs/bert_gelu.py"],
                "bert_pooler": ["configs/bert_gelu.py:classify",
                                "configs/bert_gelu.py:smoke_classify"]}
 
