@@ -22,7 +22,7 @@ share their batches and, where shapes agree, their initial weights). The rule is
   40 runs, about 17 hours of both cores). A test whose calculated n is above its cap runs at the
   cap, and the plan prints its power against δ there and the difference it detects with 80% power
   (the cap was set after 14 of the encoder pilot's 16 runs, when ReLU − GELU's two seeds differed
-  by 0.69 nats: n ≈ 290).
+  by 0.69 nats: n = 298).
 - **δ = 0.1 nats** for every test: about a 10% change in perplexity, the smallest difference
   that would change which activation one picks at this scale. Smaller differences are reported,
   not claimed.
@@ -134,7 +134,8 @@ def pilot(name: str) -> dict | None:
     raise ValueError(f"primary_tests:{name}: its pilot is incomplete (seeds per (activation, "
                      f"LR): {seed_sets}); commit it when every run has finished")
   seeds = list(next(iter(distinct)))  # the same in every cell
-  select, outcome = OUTCOME[kind(name)]
+  model_kind = kind(name)
+  select, outcome = OUTCOME[model_kind]
   chosen = {}
   for arm in (a, b):
     lrs = {lr: np.mean([s[select] for s in cell.values()])
@@ -142,7 +143,7 @@ def pilot(name: str) -> dict | None:
     chosen[arm] = min(lrs, key=lrs.get)
   diffs = [by[(a, chosen[a])][s][outcome] - by[(b, chosen[b])][s][outcome] for s in seeds]
   sd = float(np.std(diffs, ddof=1))
-  needed, cap = seeds_needed(sd), MAX_SEEDS[kind(name)]
+  needed, cap = seeds_needed(sd), MAX_SEEDS[model_kind]
   n = needed if cap is None else min(needed, cap)
   return {"lr": chosen, "seeds": seeds, "diffs": diffs, "sd": sd, "needed": needed, "n": n,
           "power": paired_power(n, sd), "detectable": detectable(n, sd) if sd else 0.0}
