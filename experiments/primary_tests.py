@@ -15,7 +15,8 @@ share their batches and, where shapes agree, their initial weights). The rule is
   ≥ 0.8 against a difference of δ at α/K (Holm's strictest step), with the sd of the paired
   differences at the chosen LRs in the pilot (`final_test_loss`): `python
   experiments/primary_tests.py` prints the calculation (`... report`: and the results so far;
-  `... excess`: the pilot's loss excess over the best LR, integrated over training). A test
+  `... excess`: the pilot's loss excess over the best LR, integrated over training; `...
+  plateau`: when each encoder run leaves the MLM plateau, beside where it ends). A test
   whose pilot is not run yet gets its n from that pilot, committed before its fresh seeds.
 - **What this machine can afford.** An encoder run costs about 50 minutes of one core, so the
   encoder's tests are capped at `MAX_SEEDS["encoder"]` = 10 seed pairs (its four arms, GELU shared:
@@ -82,6 +83,9 @@ RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
 # The outcome each family reads: the encoder's is the loss at the [MASK] positions.
 OUTCOME = {"decoder": ("final_val_loss", "final_test_loss"),
            "encoder": ("final_val_mask_loss", "final_test_mask_loss")}
+# An encoder run has left the MLM plateau (about 5.7 nats) once its validation [MASK] loss is
+# below this: descriptive, between the plateau and every run's end (2.3-3.6 nats).
+PLATEAU_EXIT = 4.0
 
 
 def paired_power(n: int, sd: float, delta: float = DELTA, alpha: float = ALPHA / K) -> float:
@@ -193,8 +197,7 @@ def loss_excess(study: str) -> dict:
   for path in (RESULTS / study).glob("*/metrics.jsonl"):
     config = json.loads((path.parent / "config.json").read_text())
     key = (config["model"]["activation"], config["optim"]["lr"], config["train"]["seed"])
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    curves[key] = {r["step"]: r["val_loss"] for r in rows if r.get("val_loss") is not None}
+    curves[key] = curve(path, "val_loss")
     finals.setdefault(key[:2], []).append(curves[key][max(curves[key])])
   best = {}
   for act, lr in finals:
@@ -207,6 +210,47 @@ def loss_excess(study: str) -> dict:
     excess = [curve[t] - ref[t] for t in steps]
     out.setdefault((act, lr), []).append(np.trapezoid(excess, steps) / steps[-1])
   return out
+
+
+def curve(metrics_jsonl: pathlib.Path, key: str) -> dict:
+  """step -> `key` at the logged steps that have it, from a run's metrics.jsonl."""
+  rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines()]
+  return {r["step"]: r[key] for r in rows if r.get(key) is not None}
+
+
+def plateau_exit(val_mask_loss: dict, bar: float = PLATEAU_EXIT) -> float | None:
+  """The step at which the validation [MASK] loss first falls below `bar`, interpolated linearly
+  between the two evaluations around it; None if it never does."""
+  points = sorted(val_mask_loss.items())
+  for (s0, l0), (s1, l1) in zip(points, points[1:]):
+    if l0 >= bar > l1:
+      return s0 + (l0 - bar) / (l0 - l1) * (s1 - s0)
+  return None
+
+
+def plateau_exits() -> dict:
+  """(activation, seed) -> (plateau exit step, final test [MASK] loss) of each finished
+  fresh-seed run of the encoder's tests (a GELU run shared by the tests counted once)."""
+  out = {}
+  for name in (name for name in TESTS if kind(name) == "encoder"):
+    for run in (RESULTS / f"primary_{name}").glob("*/summary.json"):
+      config = json.loads((run.parent / "config.json").read_text())
+      out[config["model"]["activation"], config["train"]["seed"]] = (
+          plateau_exit(curve(run.parent / "metrics.jsonl", "val_mask_loss")),
+          json.loads(run.read_text())[OUTCOME["encoder"][1]])
+  return out
+
+
+def seed_correlation(exits: dict) -> tuple[float, int]:
+  """Pearson r of plateau exit and final loss between seeds: each run's two values less its
+  activation's means (runs that never exit, and activations with one run, left out); and n."""
+  by_act = {}
+  for (act, _), (step, loss) in exits.items():
+    if step is not None:
+      by_act.setdefault(act, []).append((step, loss))
+  centred = [v - v.mean(axis=0) for v in map(np.array, by_act.values()) if len(v) > 1]
+  steps, losses = np.concatenate(centred).T
+  return float(stats.pearsonr(steps, losses).statistic), len(steps)
 
 
 def get_sweep(arg=None):
@@ -280,6 +324,15 @@ def main(what: str = "plan") -> None:
              f"above {plan['detectable']:.3f} nats"))
   if what == "report":
     report()
+  if what == "plateau":
+    exits = plateau_exits()
+    print(f"encoder runs: the step their validation [MASK] loss falls below {PLATEAU_EXIT} nats "
+          "(interpolated), and their final test [MASK] loss:")
+    for (act, seed), (step, loss) in sorted(exits.items()):
+      print(f"  {act} seed {seed}: " + (f"{step:.0f}" if step is not None else "never")
+            + f", {loss:.3f}")
+    r, n = seed_correlation(exits)
+    print(f"between seeds (each activation's means removed): Pearson r {r:.2f} over {n} runs")
   if what == "excess":
     for study in ("relu_vs_gelu_cpu_epoch",):
       print(f"loss excess over the best LR, integrated over training ({study}):")

@@ -109,3 +109,35 @@ def test_a_difference_is_claimed_only_above_the_seed_and_platform_sd():
     assert claim(d(mean, sd), 0.01, 1.0, platform).startswith(comparisons.NOT_RESOLVED)
   assert claim(d(-0.15, 0.10), 0.2, 1.0, 0.02) == comparisons.NOT_RESOLVED  # p decides first
   assert claim(d(0.01, 0.05), 1.0, 0.01, None) == comparisons.EQUIVALENT
+
+
+def test_the_plateau_exit_is_the_first_crossing_interpolated_between_evaluations():
+  assert primary.plateau_exit({0: 6.0, 250: 5.8, 500: 4.5, 750: 3.5, 1000: 4.2, 1250: 3.0}) == 625
+  assert primary.plateau_exit({0: 6.0, 250: 4.0, 500: 3.0}) == 250  # at the bar is not below
+  assert primary.plateau_exit({0: 6.0, 250: 4.5}) is None
+
+
+def test_each_encoder_run_is_read_once_with_its_exit_and_final_test_loss(tmp_path, monkeypatch):
+  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  curves = {("gelu", 100): {0: 5.8, 1000: 4.4, 1250: 3.6}, ("tanh", 100): {0: 5.8, 1000: 4.4},
+            ("relu", 100): {0: 5.8, 1500: 4.0, 1750: 3.0}}
+  final = {"gelu": 2.5, "tanh": 2.6, "relu": 3.4}
+  for test, act in (("bert_tanh_gelu", "tanh"), ("bert_relu_gelu", "relu")):
+    for arm in (act, "gelu"):  # GELU's run archived in both tests
+      write_run(tmp_path / f"primary_{test}", arm, 3e-3, 100, 0.0, final[arm], "mask_loss")
+      run = next((tmp_path / f"primary_{test}").glob(f"activation={arm},*"))
+      (run / "metrics.jsonl").write_text("\n".join(
+          json.dumps({"step": s, "val_mask_loss": v}) for s, v in curves[arm, 100].items()))
+  assert primary.plateau_exits() == {("gelu", 100): (1125.0, 2.5), ("tanh", 100): (None, 2.6),
+                                     ("relu", 100): (1500.0, 3.4)}
+
+
+def test_the_seed_correlation_removes_the_activations_means():
+  """Within each activation a later exit ends higher; between them the opposite."""
+  exits = {("relu", 0): (2000, 2.0), ("relu", 1): (2200, 2.2), ("relu", 2): (2100, 2.1),
+           ("gelu", 0): (1000, 3.0), ("gelu", 1): (1200, 3.2), ("tanh", 0): (None, 9.0),
+           ("swiglu", 0): (500, 9.0)}
+  r, n = primary.seed_correlation(exits)
+  assert r == pytest.approx(1.0) and n == 5
+  pooled = [v for v in exits.values() if v[0] is not None]
+  assert np.corrcoef(np.array(pooled).T)[0, 1] < 0
