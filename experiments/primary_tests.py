@@ -204,10 +204,10 @@ def loss_excess(study: str) -> dict:
     if act not in best or np.mean(finals[act, lr]) < np.mean(finals[act, best[act]]):
       best[act] = lr
   out = {}
-  for (act, lr, seed), curve in curves.items():
+  for (act, lr, seed), run in curves.items():
     ref = curves[(act, best[act], seed)]
-    steps = sorted(set(curve) & set(ref))
-    excess = [curve[t] - ref[t] for t in steps]
+    steps = sorted(set(run) & set(ref))
+    excess = [run[t] - ref[t] for t in steps]
     out.setdefault((act, lr), []).append(np.trapezoid(excess, steps) / steps[-1])
   return out
 

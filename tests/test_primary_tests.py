@@ -132,6 +132,20 @@ def test_each_encoder_run_is_read_once_with_its_exit_and_final_test_loss(tmp_pat
                                      ("relu", 100): (1500.0, 3.4)}
 
 
+def test_the_loss_excess_integrates_each_lrs_curve_above_the_best_lrs(tmp_path, monkeypatch):
+  """1e-3 is the best LR (lower final loss); 3e-3 is 1 nat above it at steps 0 and 100, 0 at 200:
+  the trapezoid gives (1 + 0.5) * 100 / 200 = 0.75 nats."""
+  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  for lr, losses in ((1e-3, (5.0, 3.0, 2.0)), (3e-3, (6.0, 4.0, 2.0 + 1e-6))):
+    write_run(tmp_path / "study", "gelu", lr, 0, losses[-1], losses[-1])
+    run = next((tmp_path / "study").glob(f"activation=gelu,lr={lr},*"))
+    (run / "metrics.jsonl").write_text("\n".join(
+        json.dumps({"step": s, "val_loss": v}) for s, v in zip((0, 100, 200), losses)))
+  excess = primary.loss_excess("study")
+  assert excess[("gelu", 1e-3)] == [0.0]
+  assert excess[("gelu", 3e-3)] == [pytest.approx(0.75, abs=1e-6)]
+
+
 def test_the_seed_correlation_removes_the_activations_means():
   """Within each activation a later exit ends higher; between them the opposite."""
   exits = {("relu", 0): (2000, 2.0), ("relu", 1): (2200, 2.2), ("relu", 2): (2100, 2.1),
