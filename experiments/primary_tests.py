@@ -153,15 +153,20 @@ def pilot(name: str) -> dict | None:
           "power": paired_power(n, sd), "detectable": detectable(n, sd) if sd else 0.0}
 
 
-def finished(*studies: str) -> dict:
-  """(activation, peak LR, seed) -> summary of each finished run in results/<study>/."""
+def run_dirs(*studies: str) -> dict:
+  """(activation, peak LR, seed) -> the directory of each finished run in results/<study>/."""
   out = {}
   for path in (RESULTS / study for study in studies):
     for run in path.glob("*/summary.json"):
       c = json.loads((run.parent / "config.json").read_text())
-      out[c["model"]["activation"], c["optim"]["lr"], c["train"]["seed"]] = json.loads(
-          run.read_text())
+      out[c["model"]["activation"], c["optim"]["lr"], c["train"]["seed"]] = run.parent
   return out
+
+
+def finished(*studies: str) -> dict:
+  """(activation, peak LR, seed) -> summary of each finished run in results/<study>/."""
+  return {key: json.loads((run / "summary.json").read_text())
+          for key, run in run_dirs(*studies).items()}
 
 
 def summaries(study: str) -> dict:
@@ -231,14 +236,10 @@ def plateau_exit(val_mask_loss: dict, bar: float = PLATEAU_EXIT) -> float | None
 def plateau_exits() -> dict:
   """(activation, seed) -> (plateau exit step, final test [MASK] loss) of each finished
   fresh-seed run of the encoder's tests (a GELU run shared by the tests counted once)."""
-  out = {}
-  for name in (name for name in TESTS if kind(name) == "encoder"):
-    for run in (RESULTS / f"primary_{name}").glob("*/summary.json"):
-      config = json.loads((run.parent / "config.json").read_text())
-      out[config["model"]["activation"], config["train"]["seed"]] = (
-          plateau_exit(curve(run.parent / "metrics.jsonl", "val_mask_loss")),
-          json.loads(run.read_text())[OUTCOME["encoder"][1]])
-  return out
+  studies = [f"primary_{name}" for name in TESTS if kind(name) == "encoder"]
+  return {(act, seed): (plateau_exit(curve(run / "metrics.jsonl", "val_mask_loss")),
+                        json.loads((run / "summary.json").read_text())[OUTCOME["encoder"][1]])
+          for (act, _, seed), run in run_dirs(*studies).items()}
 
 
 def seed_correlation(exits: dict) -> tuple[float, int]:
