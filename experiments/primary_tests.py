@@ -153,14 +153,16 @@ def pilot(name: str) -> dict | None:
           "power": paired_power(n, sd), "detectable": detectable(n, sd) if sd else 0.0}
 
 
+def run_key(run: pathlib.Path) -> tuple:
+  """(activation, peak LR, seed) of the run in directory `run`, from its config.json."""
+  c = json.loads((run / "config.json").read_text())
+  return c["model"]["activation"], c["optim"]["lr"], c["train"]["seed"]
+
+
 def run_dirs(*studies: str) -> dict:
   """(activation, peak LR, seed) -> the directory of each finished run in results/<study>/."""
-  out = {}
-  for path in (RESULTS / study for study in studies):
-    for run in path.glob("*/summary.json"):
-      c = json.loads((run.parent / "config.json").read_text())
-      out[c["model"]["activation"], c["optim"]["lr"], c["train"]["seed"]] = run.parent
-  return out
+  return {run_key(summary.parent): summary.parent
+          for study in studies for summary in (RESULTS / study).glob("*/summary.json")}
 
 
 def finished(*studies: str) -> dict:
@@ -200,8 +202,7 @@ def loss_excess(study: str) -> dict:
   over the evaluations and divided by the steps: the mean excess in nats over the run."""
   curves, finals = {}, {}
   for path in (RESULTS / study).glob("*/metrics.jsonl"):
-    config = json.loads((path.parent / "config.json").read_text())
-    key = (config["model"]["activation"], config["optim"]["lr"], config["train"]["seed"])
+    key = run_key(path.parent)
     curves[key] = curve(path, "val_loss")
     finals.setdefault(key[:2], []).append(curves[key][max(curves[key])])
   best = {}
