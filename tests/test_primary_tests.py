@@ -38,13 +38,19 @@ def test_a_capped_test_states_its_power_and_the_difference_it_detects():
   assert primary.paired_power(10, 0.0) == 1.0
 
 
-def write_run(root, act, lr, seed, val, test, outcome="loss"):
+def write_run(root, act, lr, seed, val, test, outcome="loss", curve=None):
+  """A finished run's config and summary; with `curve` (metric -> {step: value}), its
+  metrics.jsonl too."""
   run = root / f"activation={act},lr={lr},seed={seed}"
   run.mkdir(parents=True)
   config = {"model": {"activation": act}, "optim": {"lr": lr}, "train": {"seed": seed}}
   (run / "config.json").write_text(json.dumps(config))
   (run / "summary.json").write_text(json.dumps({f"final_val_{outcome}": val,
                                                 f"final_test_{outcome}": test}))
+  if curve:
+    (key, values), = curve.items()
+    (run / "metrics.jsonl").write_text("\n".join(
+        json.dumps({"step": s, key: v}) for s, v in values.items()))
 
 
 def test_the_pilot_chooses_each_arms_lr_on_validation_and_takes_the_sd_on_test(tmp_path,
@@ -124,10 +130,8 @@ def test_each_encoder_run_is_read_once_with_its_exit_and_final_test_loss(tmp_pat
   final = {"gelu": 2.5, "tanh": 2.6, "relu": 3.4}
   for test, act in (("bert_tanh_gelu", "tanh"), ("bert_relu_gelu", "relu")):
     for arm in (act, "gelu"):  # GELU's run archived in both tests
-      write_run(tmp_path / f"primary_{test}", arm, 3e-3, 100, 0.0, final[arm], "mask_loss")
-      run = next((tmp_path / f"primary_{test}").glob(f"activation={arm},*"))
-      (run / "metrics.jsonl").write_text("\n".join(
-          json.dumps({"step": s, "val_mask_loss": v}) for s, v in curves[arm, 100].items()))
+      write_run(tmp_path / f"primary_{test}", arm, 3e-3, 100, 0.0, final[arm], "mask_loss",
+                {"val_mask_loss": curves[arm, 100]})
   assert primary.plateau_exits() == {("gelu", 100): (1125.0, 2.5), ("tanh", 100): (None, 2.6),
                                      ("relu", 100): (1500.0, 3.4)}
 
@@ -137,10 +141,8 @@ def test_the_loss_excess_integrates_each_lrs_curve_above_the_best_lrs(tmp_path, 
   the trapezoid gives (1 + 0.5) * 100 / 200 = 0.75 nats."""
   monkeypatch.setattr(primary, "RESULTS", tmp_path)
   for lr, losses in ((1e-3, (5.0, 3.0, 2.0)), (3e-3, (6.0, 4.0, 2.0 + 1e-6))):
-    write_run(tmp_path / "study", "gelu", lr, 0, losses[-1], losses[-1])
-    run = next((tmp_path / "study").glob(f"activation=gelu,lr={lr},*"))
-    (run / "metrics.jsonl").write_text("\n".join(
-        json.dumps({"step": s, "val_loss": v}) for s, v in zip((0, 100, 200), losses)))
+    write_run(tmp_path / "study", "gelu", lr, 0, losses[-1], losses[-1],
+              curve={"val_loss": dict(zip((0, 100, 200), losses))})
   excess = primary.loss_excess("study")
   assert excess[("gelu", 1e-3)] == [0.0]
   assert excess[("gelu", 3e-3)] == [pytest.approx(0.75, abs=1e-6)]
