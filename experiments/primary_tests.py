@@ -16,7 +16,8 @@ share their batches and, where shapes agree, their initial weights). The rule is
   differences at the chosen LRs in the pilot (`final_test_loss`): `python
   experiments/primary_tests.py` prints the calculation (`... report`: and the results so far;
   `... excess`: the pilot's loss excess over the best LR, integrated over training; `...
-  plateau`: when each encoder run leaves the MLM plateau, beside where it ends). A test
+  plateau`: when each encoder run leaves the MLM plateau, beside where it ends; `... stability`:
+  each arm's stability measures over its fresh seeds, descriptive). A test
   whose pilot is not run yet gets its n from that pilot, committed before its fresh seeds.
 - **What this machine can afford.** An encoder run costs about 50 minutes of one core, so the
   encoder's tests are capped at `MAX_SEEDS["encoder"]` = 10 seed pairs (its four arms, GELU shared:
@@ -86,6 +87,13 @@ OUTCOME = {"decoder": ("final_val_loss", "final_test_loss"),
 # An encoder run has left the MLM plateau (about 5.7 nats) once its validation [MASK] loss is
 # below this: descriptive, between the plateau and every run's end (2.3-3.6 nats).
 PLATEAU_EXIT = 4.0
+LATE_STEPS = 500  # a run still descending at its end: its loss falls over these last steps
+# The stability measures `stability` ranges over (descriptive; docs/metrics.md): summary key ->
+# what it is, as printed.
+STABILITY = {"grad_norm_max_rel": "largest gradient norm / its initial value",
+             "attn_entropy_min": "least attention entropy (nats)",
+             "attn_logit_max": "largest attention logit",
+             "dead_units": "dead FFN units (fraction)"}
 
 
 def paired_power(n: int, sd: float, delta: float = DELTA, alpha: float = ALPHA / K) -> float:
@@ -234,20 +242,47 @@ def plateau_exit(val_mask_loss: dict, bar: float = PLATEAU_EXIT) -> float | None
   return None
 
 
+def late_descent(val_mask_loss: dict, steps: int = LATE_STEPS) -> float | None:
+  """How far the validation [MASK] loss falls over the last `steps` steps (positive: still
+  descending); None where the evaluation `steps` before the last is not logged."""
+  last = max(val_mask_loss)
+  start = val_mask_loss.get(last - steps)
+  return None if start is None else start - val_mask_loss[last]
+
+
 def plateau_exits() -> dict:
-  """(activation, seed) -> (plateau exit step, final test [MASK] loss) of each finished
-  fresh-seed run of the encoder's tests (a GELU run shared by the tests counted once)."""
+  """(activation, seed) -> (plateau exit step, final test [MASK] loss, late descent) of each
+  finished fresh-seed run of the encoder's tests (a GELU run shared by the tests counted once)."""
   studies = [f"primary_{name}" for name in TESTS if kind(name) == "encoder"]
-  return {(act, seed): (plateau_exit(curve(run / "metrics.jsonl", "val_mask_loss")),
-                        json.loads((run / "summary.json").read_text())[OUTCOME["encoder"][1]])
-          for (act, _, seed), run in run_dirs(*studies).items()}
+  out = {}
+  for (act, _, seed), run in run_dirs(*studies).items():
+    val_mask_loss = curve(run / "metrics.jsonl", "val_mask_loss")
+    final = json.loads((run / "summary.json").read_text())[OUTCOME["encoder"][1]]
+    out[act, seed] = (plateau_exit(val_mask_loss), final, late_descent(val_mask_loss))
+  return out
+
+
+def stability(name: str) -> dict:
+  """arm -> status (docs/metrics.md §6) -> the descriptive stability of test `name`'s fresh-seed
+  runs of that arm with that status: their number and the (least, largest) value of each measure
+  in STABILITY."""
+  _, a, b, _, _ = TESTS[name]
+  out = {a: {}, b: {}}
+  for (act, _), summary in summaries(f"primary_{name}").items():
+    if act in out:
+      out[act].setdefault(summary["status"], []).append(summary)
+  return {arm: {status: {"runs": len(runs),
+                         **{m: (min(r[m] for r in runs), max(r[m] for r in runs))
+                            for m in STABILITY}}
+                for status, runs in sorted(by_status.items())}
+          for arm, by_status in out.items()}
 
 
 def seed_correlation(exits: dict) -> tuple[float, int]:
   """Pearson r of plateau exit and final loss between seeds: each run's two values less its
   activation's means (runs that never exit, and activations with one run, left out); and n."""
   by_act = {}
-  for (act, _), (step, loss) in exits.items():
+  for (act, _), (step, loss, *_) in exits.items():
     if step is not None:
       by_act.setdefault(act, []).append((step, loss))
   centred = [v - v.mean(axis=0) for v in map(np.array, by_act.values()) if len(v) > 1]
@@ -329,12 +364,24 @@ def main(what: str = "plan") -> None:
   if what == "plateau":
     exits = plateau_exits()
     print(f"encoder runs: the step their validation [MASK] loss falls below {PLATEAU_EXIT} nats "
-          "(interpolated), and their final test [MASK] loss:")
-    for (act, seed), (step, loss) in sorted(exits.items()):
+          f"(interpolated), their final test [MASK] loss, and how far their validation [MASK] "
+          f"loss falls over the last {LATE_STEPS} steps:")
+    for (act, seed), (step, loss, descent) in sorted(exits.items()):
       print(f"  {act} seed {seed}: " + (f"{step:.0f}" if step is not None else "never")
-            + f", {loss:.3f}")
+            + f", {loss:.3f}, " + (f"{descent:.3f}" if descent is not None else "not logged"))
     r, n = seed_correlation(exits)
     print(f"between seeds (each activation's means removed): Pearson r {r:.2f} over {n} runs")
+    descents = [d for _, _, d in exits.values() if d is not None]
+    print(f"over the last {LATE_STEPS} steps the loss falls {min(descents):.3f} to "
+          f"{max(descents):.3f} nats ({len(descents)} runs)")
+  if what == "stability":
+    for name in TESTS:
+      print(f"- {name} (fresh seeds; descriptive):")
+      for arm, by_status in stability(name).items():
+        for status, g in by_status.items() or [("none finished", {"runs": 0})]:
+          ranges = "".join(f"; {label} {g[m][0]:.3g} to {g[m][1]:.3g}"
+                           for m, label in STABILITY.items() if m in g)
+          print(f"    {arm}, {g['runs']} {status}{ranges}")
   if what == "excess":
     for study in ("relu_vs_gelu_cpu_epoch",):
       print(f"loss excess over the best LR, integrated over training ({study}):")

@@ -126,14 +126,44 @@ def test_the_plateau_exit_is_the_first_crossing_interpolated_between_evaluations
 def test_each_encoder_run_is_read_once_with_its_exit_and_final_test_loss(tmp_path, monkeypatch):
   monkeypatch.setattr(primary, "RESULTS", tmp_path)
   curves = {("gelu", 100): {0: 5.8, 1000: 4.4, 1250: 3.6}, ("tanh", 100): {0: 5.8, 1000: 4.4},
-            ("relu", 100): {0: 5.8, 1500: 4.0, 1750: 3.0}}
+            ("relu", 100): {0: 5.8, 1250: 4.5, 1500: 4.0, 1750: 3.0}}
   final = {"gelu": 2.5, "tanh": 2.6, "relu": 3.4}
   for test, act in (("bert_tanh_gelu", "tanh"), ("bert_relu_gelu", "relu")):
     for arm in (act, "gelu"):  # GELU's run archived in both tests
       write_run(tmp_path / f"primary_{test}", arm, 3e-3, 100, 0.0, final[arm], "mask_loss",
                 {"val_mask_loss": curves[arm, 100]})
-  assert primary.plateau_exits() == {("gelu", 100): (1125.0, 2.5), ("tanh", 100): (None, 2.6),
-                                     ("relu", 100): (1500.0, 3.4)}
+  assert primary.plateau_exits() == {("gelu", 100): (1125.0, 2.5, None),  # no step 750
+                                     ("tanh", 100): (None, 2.6, None),
+                                     ("relu", 100): (1500.0, 3.4, 1.5)}  # 4.5 - 3.0
+
+
+def test_the_late_descent_is_the_fall_over_the_last_steps():
+  assert primary.late_descent({0: 6.0, 2500: 3.2, 2750: 3.1, 3000: 3.05}) == pytest.approx(0.15)
+  assert primary.late_descent({0: 6.0, 2500: 3.0, 3000: 3.1}) == pytest.approx(-0.1)  # rising
+  assert primary.late_descent({0: 6.0, 2600: 3.2, 3000: 3.0}) is None
+
+
+def test_stability_ranges_each_arms_measures_over_its_fresh_seeds(tmp_path, monkeypatch):
+  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  study = tmp_path / "primary_relu_gelu"
+  measures = {"relu": [(1.2, 1.6, 20.0, 0.03, "stable"), (3.3, 1.5, 25.0, 0.05, "stable")],
+              "gelu": [(56.0, 0.9, 40.0, 0.0, "unstable"), (2.0, 1.7, 18.0, 0.0, "stable"),
+                       (12.0, 1.1, 30.0, 0.001, "unstable")]}
+  for act, runs in measures.items():
+    for seed, (grad, entropy, logit, dead, status) in enumerate(runs, start=100):
+      write_run(study, act, 3e-3, seed, 4.0, 4.0)
+      summary = study / f"activation={act},lr=0.003,seed={seed}" / "summary.json"
+      summary.write_text(json.dumps({**json.loads(summary.read_text()), "status": status,
+                                     "grad_norm_max_rel": grad, "attn_entropy_min": entropy,
+                                     "attn_logit_max": logit, "dead_units": dead}))
+  s = primary.stability("relu_gelu")
+  assert s["relu"] == {"stable": {"runs": 2, "grad_norm_max_rel": (1.2, 3.3),
+                                  "attn_entropy_min": (1.5, 1.6), "attn_logit_max": (20.0, 25.0),
+                                  "dead_units": (0.03, 0.05)}}
+  assert {status: g["runs"] for status, g in s["gelu"].items()} == {"stable": 1, "unstable": 2}
+  assert s["gelu"]["unstable"]["grad_norm_max_rel"] == (12.0, 56.0)
+  assert s["gelu"]["stable"]["attn_entropy_min"] == (1.7, 1.7)
+  assert primary.stability("swiglu_silu") == {"swiglu": {}, "silu": {}}  # none finished
 
 
 def test_the_loss_excess_integrates_each_lrs_curve_above_the_best_lrs(tmp_path, monkeypatch):
@@ -150,10 +180,11 @@ def test_the_loss_excess_integrates_each_lrs_curve_above_the_best_lrs(tmp_path, 
 
 def test_the_seed_correlation_removes_the_activations_means():
   """Within each activation a later exit ends higher; between them the opposite."""
-  exits = {("relu", 0): (2000, 2.0), ("relu", 1): (2200, 2.2), ("relu", 2): (2100, 2.1),
-           ("gelu", 0): (1000, 3.0), ("gelu", 1): (1200, 3.2), ("tanh", 0): (None, 9.0),
-           ("swiglu", 0): (500, 9.0)}
+  exits = {("relu", 0): (2000, 2.0, 0.1), ("relu", 1): (2200, 2.2, 0.1),
+           ("relu", 2): (2100, 2.1, 0.1), ("gelu", 0): (1000, 3.0, 0.1),
+           ("gelu", 1): (1200, 3.2, None), ("tanh", 0): (None, 9.0, 0.1),
+           ("swiglu", 0): (500, 9.0, 0.1)}
   r, n = primary.seed_correlation(exits)
   assert r == pytest.approx(1.0) and n == 5
-  pooled = [v for v in exits.values() if v[0] is not None]
+  pooled = [v[:2] for v in exits.values() if v[0] is not None]
   assert np.corrcoef(np.array(pooled).T)[0, 1] < 0
