@@ -278,6 +278,23 @@ def stability(name: str) -> dict:
           for arm, by_status in out.items()}
 
 
+SEEDS_WHERE = {"stable": "both arms stable:", "unstable": "either arm unstable:"}
+
+
+def by_stability(name: str) -> dict:
+  """Test `name`'s paired differences A − B split by whether either arm of the seed is unstable:
+  "unstable" / "stable" -> (pairs, mean, sd); descriptive."""
+  r = result(name)
+  runs = summaries(f"primary_{name}")
+  _, a, b, _, _ = TESTS[name]
+  groups = {}
+  for seed, diff in (r["diffs"] if r else {}).items():
+    stable = runs[(a, seed)]["status"] == runs[(b, seed)]["status"] == "stable"
+    groups.setdefault("stable" if stable else "unstable", []).append(diff)
+  return {g: (len(d), float(np.mean(d)), float(np.std(d, ddof=1)) if len(d) > 1 else None)
+          for g, d in sorted(groups.items())}
+
+
 def seed_correlation(exits: dict) -> tuple[float, int]:
   """Pearson r of plateau exit and final loss between seeds: each run's two values less its
   activation's means (runs that never exit, and activations with one run, left out); and n."""
@@ -382,6 +399,11 @@ def main(what: str = "plan") -> None:
           ranges = "".join(f"; {label} {g[m][0]:.3g} to {g[m][1]:.3g}"
                            for m, label in STABILITY.items() if m in g)
           print(f"    {arm}, {g['runs']} {status}{ranges}")
+      groups = by_stability(name)
+      if len(groups) > 1:
+        print("    A - B: " + "; ".join(
+            f"{SEEDS_WHERE[g]} {n} pairs, {mean:+.3f}" + (f" (sd {sd:.3f})" if sd else "")
+            for g, (n, mean, sd) in groups.items()))
   if what == "excess":
     for study in ("relu_vs_gelu_cpu_epoch",):
       print(f"loss excess over the best LR, integrated over training ({study}):")

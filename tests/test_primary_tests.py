@@ -151,7 +151,7 @@ def test_stability_ranges_each_arms_measures_over_its_fresh_seeds(tmp_path, monk
                        (12.0, 1.1, 30.0, 0.001, "unstable")]}
   for act, runs in measures.items():
     for seed, (grad, entropy, logit, dead, status) in enumerate(runs, start=100):
-      write_run(study, act, 3e-3, seed, 4.0, 4.0)
+      write_run(study, act, 3e-3, seed, 4.0, 4.0 + grad / 100)  # A - B: -0.548, +0.013
       summary = study / f"activation={act},lr=0.003,seed={seed}" / "summary.json"
       summary.write_text(json.dumps({**json.loads(summary.read_text()), "status": status,
                                      "grad_norm_max_rel": grad, "attn_entropy_min": entropy,
@@ -164,6 +164,10 @@ def test_stability_ranges_each_arms_measures_over_its_fresh_seeds(tmp_path, monk
   assert s["gelu"]["unstable"]["grad_norm_max_rel"] == (12.0, 56.0)
   assert s["gelu"]["stable"]["attn_entropy_min"] == (1.7, 1.7)
   assert primary.stability("swiglu_silu") == {"swiglu": {}, "silu": {}}  # none finished
+  # Seed 100: GELU unstable; seed 101: both stable; seed 102: no ReLU run, no pair.
+  assert primary.by_stability("relu_gelu") == {"stable": (1, pytest.approx(0.013), None),
+                                               "unstable": (1, pytest.approx(-0.548), None)}
+  assert primary.by_stability("swiglu_silu") == {}
 
 
 def test_the_loss_excess_integrates_each_lrs_curve_above_the_best_lrs(tmp_path, monkeypatch):
