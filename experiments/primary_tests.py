@@ -342,10 +342,12 @@ def report() -> None:
       print(f"- {name}: no fresh-seed pair finished")
       continue
     d, plan = r["paired"], pilot(name)
+    a_lower = sum(diff < 0 for diff in r["diffs"].values())
     platform = (f"platform sd {r['platform_sd']:.4f} ({r['platform_n']} reruns)"
                 if r["platform_sd"] is not None else "platform sd: not yet measured")
     print(f"- {name}: {d.n} of {plan['n']} seed pairs; A - B = {d.mean:+.4f} "
-          f"[{d.ci_low:+.4f}, {d.ci_high:+.4f}], seed sd {d.sd:.4f}, {platform}; p {d.p:.3g} "
+          f"[{d.ci_low:+.4f}, {d.ci_high:+.4f}], A lower in {a_lower} of {d.n}, "
+          f"seed sd {d.sd:.4f}, {platform}; p {d.p:.3g} "
           f"(Holm {ph:.3g}), TOST +-{DELTA} p {d.p_equiv:.3g} (Holm {peh:.3g}): "
           f"{claim(d, ph, peh, r['platform_sd'])}" + ("" if d.n >= plan["n"] else " (interim)"))
 
