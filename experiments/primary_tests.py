@@ -194,12 +194,13 @@ def result(name: str) -> dict | None:
   seeds = sorted(s for (act, s) in runs if act == a and (b, s) in runs)
   if not seeds:
     return None
-  diffs = {s: runs[(a, s)][outcome] - runs[(b, s)][outcome] for s in seeds}
-  paired = comparisons.paired_difference([runs[(a, s)][outcome] for s in seeds],
-                                         [runs[(b, s)][outcome] for s in seeds], DELTA)
+  arm_a, arm_b = ([runs[(arm, s)][outcome] for s in seeds] for arm in (a, b))
+  diffs = {s: va - vb for s, va, vb in zip(seeds, arm_a, arm_b)}
+  paired = comparisons.paired_difference(arm_a, arm_b, DELTA)
   reruns = summaries(f"primary_{name}_two_cores")
   platform = [reruns[k][outcome] - runs[k][outcome] for k in reruns if k in runs]
   return {"seeds": seeds, "diffs": diffs, "paired": paired,
+          "means": (float(np.mean(arm_a)), float(np.mean(arm_b))),
           "platform_sd": float(np.std(platform, ddof=1)) if len(platform) > 1 else None,
           "platform_n": len(platform)}
 
@@ -345,11 +346,13 @@ def report() -> None:
     a_lower = sum(diff < 0 for diff in r["diffs"].values())
     platform = (f"platform sd {r['platform_sd']:.4f} ({r['platform_n']} reruns)"
                 if r["platform_sd"] is not None else "platform sd: not yet measured")
-    print(f"- {name}: {d.n} of {plan['n']} seed pairs; A - B = {d.mean:+.4f} "
+    print(f"- {name}: {d.n} of {plan['n']} seed pairs; means A {r['means'][0]:.4f}, B "
+          f"{r['means'][1]:.4f}; A - B = {d.mean:+.4f} "
           f"[{d.ci_low:+.4f}, {d.ci_high:+.4f}], A lower in {a_lower} of {d.n}, "
           f"seed sd {d.sd:.4f}, {platform}; p {d.p:.3g} "
           f"(Holm {ph:.3g}), TOST +-{DELTA} p {d.p_equiv:.3g} (Holm {peh:.3g}): "
           f"{claim(d, ph, peh, r['platform_sd'])}" + ("" if d.n >= plan["n"] else " (interim)"))
+    print("    A - B by seed: " + ", ".join(f"{s} {diff:+.3f}" for s, diff in r["diffs"].items()))
 
 
 def claim(d, p_holm: float, p_equiv_holm: float, platform_sd: float | None) -> str:

@@ -117,6 +117,30 @@ def test_a_difference_is_claimed_only_above_the_seed_and_platform_sd():
   assert claim(d(0.01, 0.05), 1.0, 0.01, None) == comparisons.EQUIVALENT
 
 
+def test_a_tests_result_pairs_its_fresh_seeds_and_takes_the_platform_sd_from_the_reruns(
+    tmp_path, monkeypatch):
+  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  study, reruns = tmp_path / "primary_relu_gelu", tmp_path / "primary_relu_gelu_two_cores"
+  relu, gelu = [3.9, 3.7, 3.8], [4.0, 4.1, 3.7]
+  for seed, (r, g) in enumerate(zip(relu, gelu), start=100):
+    write_run(study, "relu", 3e-3, seed, 0.0, r)
+    write_run(study, "gelu", 3e-3, seed, 0.0, g)
+  write_run(study, "relu", 3e-3, 103, 0.0, 9.0)  # no GELU partner: not paired
+  assert primary.result("swiglu_silu") is None
+  r = primary.result("relu_gelu")
+  assert r["seeds"] == [100, 101, 102]
+  assert r["diffs"] == pytest.approx({100: -0.1, 101: -0.4, 102: 0.1})
+  assert r["means"] == pytest.approx((3.8, 3.9333333333333))
+  assert r["paired"].mean == pytest.approx(-0.4 / 3)
+  assert r["platform_sd"] is None and r["platform_n"] == 0
+  for act, values, seed, shift in (("relu", relu, 100, 0.01), ("gelu", gelu, 100, -0.02),
+                                   ("relu", relu, 101, 0.0)):  # rerun - run
+    write_run(reruns, act, 3e-3, seed, 0.0, values[seed - 100] + shift)
+  r = primary.result("relu_gelu")
+  assert r["platform_n"] == 3
+  assert r["platform_sd"] == pytest.approx(np.std([0.01, -0.02, 0.0], ddof=1))
+
+
 def test_the_plateau_exit_is_the_first_crossing_interpolated_between_evaluations():
   assert primary.plateau_exit({0: 6.0, 250: 5.8, 500: 4.5, 750: 3.5, 1000: 4.2, 1250: 3.0}) == 625
   assert primary.plateau_exit({0: 6.0, 250: 4.0, 500: 3.0}) == 250  # at the bar is not below
