@@ -94,6 +94,7 @@ STABILITY = {"grad_norm_max_rel": "largest gradient norm / its initial value",
              "attn_entropy_min": "least attention entropy (nats)",
              "attn_logit_max": "largest attention logit",
              "dead_units": "dead FFN units (fraction)"}
+SEEDS_WHERE = {"stable": "both arms stable:", "unstable": "either arm unstable:"}  # by_stability
 
 
 def paired_power(n: int, sd: float, delta: float = DELTA, alpha: float = ALPHA / K) -> float:
@@ -199,7 +200,9 @@ def result(name: str) -> dict | None:
   paired = comparisons.paired_difference(arm_a, arm_b, DELTA)
   reruns = summaries(f"primary_{name}_two_cores")
   platform = [reruns[k][outcome] - runs[k][outcome] for k in reruns if k in runs]
-  return {"seeds": seeds, "diffs": diffs, "paired": paired,
+  unstable = {s for s in seeds  # either arm not stable
+              if not runs[(a, s)]["status"] == runs[(b, s)]["status"] == "stable"}
+  return {"seeds": seeds, "diffs": diffs, "paired": paired, "unstable_seeds": unstable,
           "means": (float(np.mean(arm_a)), float(np.mean(arm_b))),
           "platform_sd": float(np.std(platform, ddof=1)) if len(platform) > 1 else None,
           "platform_n": len(platform)}
@@ -279,19 +282,13 @@ def stability(name: str) -> dict:
           for arm, by_status in out.items()}
 
 
-SEEDS_WHERE = {"stable": "both arms stable:", "unstable": "either arm unstable:"}
-
-
 def by_stability(name: str) -> dict:
   """Test `name`'s paired differences A − B split by whether either arm of the seed is unstable:
   "unstable" / "stable" -> (pairs, mean, sd); descriptive."""
   r = result(name)
-  runs = summaries(f"primary_{name}")
-  _, a, b, _, _ = TESTS[name]
   groups = {}
   for seed, diff in (r["diffs"] if r else {}).items():
-    stable = runs[(a, seed)]["status"] == runs[(b, seed)]["status"] == "stable"
-    groups.setdefault("stable" if stable else "unstable", []).append(diff)
+    groups.setdefault("unstable" if seed in r["unstable_seeds"] else "stable", []).append(diff)
   return {g: (len(d), float(np.mean(d)), float(np.std(d, ddof=1)) if len(d) > 1 else None)
           for g, d in sorted(groups.items())}
 
@@ -407,7 +404,7 @@ def main(what: str = "plan") -> None:
       groups = by_stability(name)
       if len(groups) > 1:
         print("    A - B: " + "; ".join(
-            f"{SEEDS_WHERE[g]} {n} pairs, {mean:+.3f}" + (f" (sd {sd:.3f})" if sd else "")
+            f"{SEEDS_WHERE[g]} {n} pairs, {mean:+.3f}" + (f" (sd {sd:.3f})" if sd is not None else "")
             for g, (n, mean, sd) in groups.items()))
   if what == "excess":
     for study in ("relu_vs_gelu_cpu_epoch",):

@@ -39,13 +39,13 @@ def test_a_capped_test_states_its_power_and_the_difference_it_detects():
 
 
 def write_run(root, act, lr, seed, val, test, outcome="loss", curve=None):
-  """A finished run's config and summary; with `curve` (metric -> {step: value}), its
+  """A finished, stable run's config and summary; with `curve` (metric -> {step: value}), its
   metrics.jsonl too."""
   run = root / f"activation={act},lr={lr},seed={seed}"
   run.mkdir(parents=True)
   config = {"model": {"activation": act}, "optim": {"lr": lr}, "train": {"seed": seed}}
   (run / "config.json").write_text(json.dumps(config))
-  (run / "summary.json").write_text(json.dumps({f"final_val_{outcome}": val,
+  (run / "summary.json").write_text(json.dumps({"status": "stable", f"final_val_{outcome}": val,
                                                 f"final_test_{outcome}": test}))
   if curve:
     (key, values), = curve.items()
