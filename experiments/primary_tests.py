@@ -56,6 +56,7 @@ from actlab.measure import comparisons
 ALPHA, POWER, DELTA, MIN_SEEDS = 0.05, 0.8, 0.1, 10
 MAX_SEEDS = {"decoder": None, "encoder": 10}  # the seed pairs this machine can afford
 FRESH_SEED = 100  # fresh seeds are 100, 101, …: every pilot used seeds below 10
+PLATFORM_SEEDS = 3  # the first fresh seeds, rerun for the platform sd (both arms of each)
 PILOT_LRS = [1e-3, 3e-3, 1e-2]
 DECODER = sizes.SIZES["cpu_epoch"]  # 0.94M parameters, one epoch of the TinyStories sample
 ENCODER = {**sizes.SIZES["bert_cpu_past_plateau"], "model.kind": "encoder", "model.task": "mlm"}
@@ -348,7 +349,7 @@ def report() -> None:
           f"[{d.ci_low:+.4f}, {d.ci_high:+.4f}], A lower in {a_lower} of {d.n}, "
           f"seed sd {d.sd:.4f}, {platform}; p {d.p:.3g} "
           f"(Holm {ph:.3g}), TOST +-{DELTA} p {d.p_equiv:.3g} (Holm {peh:.3g}): "
-          f"{claim(d, ph, peh, r['platform_sd'])}" + ("" if d.n >= plan["n"] else " (interim)"))
+          f"{claim(d, ph, peh, r['platform_sd'])}{pending(r, plan['n'])}")
     print("    A - B by seed: " + ", ".join(f"{s} {diff:+.3f}" for s, diff in r["diffs"].items()))
 
 
@@ -356,10 +357,22 @@ def claim(d, p_holm: float, p_equiv_holm: float, platform_sd: float | None) -> s
   """The verdict, with a difference claimed only where it exceeds both the seed sd and the
   platform sd (unmeasured: not claimed)."""
   verdict = comparisons.verdict(d.mean, p_holm, p_equiv_holm)
-  if verdict in (comparisons.A_BETTER, comparisons.B_BETTER) and not (
-      platform_sd is not None and abs(d.mean) > max(d.sd, platform_sd)):
+  if verdict not in (comparisons.A_BETTER, comparisons.B_BETTER):
+    return verdict
+  if platform_sd is None:
+    return f"{comparisons.NOT_RESOLVED} (p says {verdict}; the platform sd is not measured yet)"
+  if abs(d.mean) <= max(d.sd, platform_sd):
     return f"{comparisons.NOT_RESOLVED} (p says {verdict}, but |A - B| is not above the noise)"
   return verdict
+
+
+def pending(r: dict, n: int) -> str:
+  """What test result `r` still waits for before its verdict is final: its n seed pairs and the
+  platform reruns of both arms ("" once it has them)."""
+  missing = [f"{r['paired'].n} of {n} seed pairs"] if r["paired"].n < n else []
+  if r["platform_n"] < 2 * PLATFORM_SEEDS:
+    missing.append(f"{r['platform_n']} of {2 * PLATFORM_SEEDS} platform reruns")
+  return f" (interim: {', '.join(missing)})" if missing else ""
 
 
 def main(what: str = "plan") -> None:

@@ -111,8 +111,11 @@ def test_a_difference_is_claimed_only_above_the_seed_and_platform_sd():
   claim = primary.claim
   assert claim(d(-0.15, 0.10), 0.01, 1.0, 0.02) == comparisons.A_BETTER
   assert claim(d(0.15, 0.10), 0.01, 1.0, 0.02) == comparisons.B_BETTER
-  for mean, sd, platform in ((-0.15, 0.20, 0.02), (-0.15, 0.10, 0.30), (-0.15, 0.10, None)):
-    assert claim(d(mean, sd), 0.01, 1.0, platform).startswith(comparisons.NOT_RESOLVED)
+  for mean, sd, platform in ((-0.15, 0.20, 0.02), (-0.15, 0.10, 0.30)):
+    assert claim(d(mean, sd), 0.01, 1.0, platform).endswith("is not above the noise)")
+  assert claim(d(-0.15, 0.10), 0.01, 1.0, None) == (
+      f"{comparisons.NOT_RESOLVED} (p says {comparisons.A_BETTER}; the platform sd is not "
+      "measured yet)")
   assert claim(d(-0.15, 0.10), 0.2, 1.0, 0.02) == comparisons.NOT_RESOLVED  # p decides first
   assert claim(d(0.01, 0.05), 1.0, 0.01, None) == comparisons.EQUIVALENT
 
@@ -133,12 +136,17 @@ def test_a_tests_result_pairs_its_fresh_seeds_and_takes_the_platform_sd_from_the
   assert r["means"] == pytest.approx((3.8, 3.9333333333333))
   assert r["paired"].mean == pytest.approx(-0.4 / 3)
   assert r["platform_sd"] is None and r["platform_n"] == 0
+  assert primary.pending(r, 4) == " (interim: 3 of 4 seed pairs, 0 of 6 platform reruns)"
   for act, values, seed, shift in (("relu", relu, 100, 0.01), ("gelu", gelu, 100, -0.02),
                                    ("relu", relu, 101, 0.0)):  # rerun - run
     write_run(reruns, act, 3e-3, seed, 0.0, values[seed - 100] + shift)
   r = primary.result("relu_gelu")
   assert r["platform_n"] == 3
   assert r["platform_sd"] == pytest.approx(np.std([0.01, -0.02, 0.0], ddof=1))
+  assert primary.pending(r, 3) == " (interim: 3 of 6 platform reruns)"
+  for act, seed in (("gelu", 101), ("relu", 102), ("gelu", 102)):
+    write_run(reruns, act, 3e-3, seed, 0.0, 4.0)
+  assert primary.pending(primary.result("relu_gelu"), 3) == ""
 
 
 def test_the_plateau_exit_is_the_first_crossing_interpolated_between_evaluations():
