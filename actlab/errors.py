@@ -49,12 +49,16 @@ def reported():
 
 def run(main) -> None:
   """`app.run(main)` with `parse_flags`; a UserError in either is `reported`. Drops the
-  unraisable "Event loop is closed" errors that tensorstore's threads post to Orbax's after a
-  failed checkpoint read, a traceback each, after the one-line error: they carry no news."""
+  unraisable errors that Orbax's abandoned reads leave after a failed checkpoint read, tens of
+  traceback lines each that add nothing to actlab's one line about it: the error each read
+  raises in Orbax's code as it is finalized, and the "Event loop is closed" that tensorstore's
+  threads get from Orbax's loop, which it closes at the first error."""
 
   def unraisablehook(unraisable, hook=sys.unraisablehook):
     value = unraisable.exc_value
-    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+    closed_loop = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+    frames = traceback.extract_tb(unraisable.exc_traceback)
+    if not (closed_loop or any("/orbax/" in frame.filename for frame in frames)):
       hook(unraisable)
 
   sys.unraisablehook = unraisablehook

@@ -11,11 +11,20 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from actlab.errors import UserError
+from actlab.errors import UserError, short_cause
 
 
 class CheckpointError(UserError):
   """No checkpoint can be restored; the message says what to do."""
+
+
+def _root_cause(e: BaseException) -> str:
+  """The error at the end of `e`'s chain, in short (`short_cause`): where Orbax wraps
+  TensorStore's error, the array, the file and what is wrong with it, not Orbax's dump of its
+  spec."""
+  while e.__cause__ is not None:
+    e = e.__cause__
+  return short_cause(e, limit=300)
 
 
 @jax.jit
@@ -105,9 +114,8 @@ class Checkpoints:
         raise CheckpointError(f"checkpoint {self.directory}/{step} was written by an older actlab "
                               "without checksums; resume it with that version, or start a fresh "
                               "--workdir") from None
-      reason = (str(e).strip() or type(e).__name__).splitlines()[0][:200]
       raise CheckpointError(f"checkpoint {self.directory}/{step} could not be read "
-                            f"({reason})") from None
+                            f"({_root_cause(e)})") from None
     expected = restored.meta.get("checksums") if isinstance(restored.meta, dict) else None
     actual = checksums(restored.state)
     if expected != actual:
