@@ -5,6 +5,7 @@ mistakes in the flags (an unknown flag or field, a bad value, a broken config fi
 
 import contextlib
 import difflib
+import inspect
 import os
 import pathlib
 import runpy
@@ -50,15 +51,16 @@ def reported():
 def run(main) -> None:
   """`app.run(main)` with `parse_flags`; a UserError in either is `reported`. Drops the
   unraisable errors that Orbax's abandoned reads leave after a failed checkpoint read, tens of
-  traceback lines each that add nothing to actlab's one line about it: the error each read
-  raises in Orbax's code as it is finalized, and the "Event loop is closed" that tensorstore's
-  threads get from Orbax's loop, which it closes at the first error."""
+  traceback lines each that add nothing to actlab's one line about it: the error each read (a
+  coroutine of Orbax's) raises as it is finalized, and the "Event loop is closed" that
+  tensorstore's threads get from Orbax's loop, which it closes at the first error."""
 
   def unraisablehook(unraisable, hook=sys.unraisablehook):
     value = unraisable.exc_value
     closed_loop = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
-    frames = traceback.extract_tb(unraisable.exc_traceback)
-    if not (closed_loop or any("/orbax/" in frame.filename for frame in frames)):
+    read = unraisable.object
+    orbax_read = inspect.iscoroutine(read) and "/orbax/" in read.cr_code.co_filename
+    if not (closed_loop or orbax_read):
       hook(unraisable)
 
   sys.unraisablehook = unraisablehook
