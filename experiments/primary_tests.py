@@ -32,10 +32,51 @@ share their batches and, where shapes agree, their initial weights). The rule is
   one process per core (`--workers=2`, as their pilots did); the first 3 fresh seeds of both
   arms are rerun with both cores in one process (`--workers=1`: XLA:CPU splits reductions over
   its threads, so the float order differs), and the sd of rerun − run is the platform's. A
-  difference is claimed only where it exceeds both.
+  difference is claimed only where it exceeds both (the page family's first rule; `RULE` below
+  replaces it, and the page shows both verdicts).
 - **Everything else is descriptive**: other LRs, other measures (stability verdicts, the
   largest gradient norm relative to initialisation, attention entropy and logits, dead units),
   and the committed exploratory studies.
+
+**The claim rule (`RULE`, stated 2026-11-25; it replaces "exceeds both noises", which compared a
+mean with the sd of single differences: a threshold on the standardised effect with no error
+rate).** Each test's A − B gets a simultaneous interval: the paired t interval at level 1 − α/K
+(Bonferroni, the first step of Holm's procedure; Holm's step-down has no sharper intervals that
+still bound a difference's size), so that all K intervals of a family cover their differences
+together with probability ≥ 1 − α. Held against ±δ it gives one of four verdicts:
+*A lower by at least δ* (the interval lies below −δ; B likewise above +δ); *A lower, by less
+than δ or by an amount not resolved* (it lies below 0 but reaches past −δ); *equivalent within
+±δ* (the two one-sided tests against ±δ, Holm-adjusted over the family, reject at α; said with
+the direction where the interval also excludes 0); *not resolved*. The Holm-adjusted p of a
+difference of 0 is printed beside it. Platform noise is a reported variance component, not a
+threshold: the sd of the platform's shift of A − B, (A′ − B′) − (A − B) over the seeds whose
+both arms were rerun on the other platform. The seven page tests are re-analysed under it
+(`report` prints the old verdict beside the new); nothing else about them changes.
+
+**The recipe family (family 2, K = 6; stated 2026-11-25, before any of its runs).** Is the page's
+first answer (ReLU − GELU on the decoder, test 1: no gradient clipping, 45 warm-up steps,
+d_model 128) the recipe's or the activation's? The same question, ReLU − GELU on the
+`cpu_epoch` decoder at each one's LR chosen on its own pilot, under four recipes (`RECIPES`):
+(a) `clip`: global-norm gradient clipping at 1.0; (b) `warmup`: a warm-up of 180 of the 450
+steps; (c) `wide`: twice the width (d_model 256, FFN 1,024, 8 heads of 32 dimensions);
+(d) `clip_warmup`: (a) and (b) together. Two places are kept in the family for the modern
+block's tests (`modern_relu_gelu`: ReLU − GELU in the modern block with a plain FFN;
+`modern_relu2_gelu`: ReLU² − GELU there); their settings are stated here when the block exists,
+before their runs, and K stays 6 whether or not they run (an unrun test counts as p = 1).
+The family is corrected alone (Holm and the intervals at α/6), apart from the page's first
+family, whose verdicts it leaves as they are.
+- **Pilot** (`:recipe_<r>_pilot`): ReLU and GELU × LR {1e-3, 3e-3, 1e-2} × seeds 0–2 under the
+  recipe. Where an arm's best LR (lowest mean validation loss) is at the grid's edge, the grid is
+  extended one step past it for that arm (`EDGE_STEP`: 3e-4 below, 3e-2 above; the same seeds;
+  `:recipe_<r>_edge`) before choosing, once: the arm then chooses among its four LRs, and an
+  arm whose choice is again at the edge says so on the page.
+- **Fresh seeds** (`:recipe_<r>`): from `RECIPE_FRESH_SEED` = 200 (no run of either family used
+  them), n from the pilot's paired sd at the chosen LRs by the power rule above at α/6, at least
+  10 pairs and at most `MAX_SEEDS` (40 pairs; 20 for `wide`, whose runs cost about 3× as much);
+  a test capped below its n states its power. The first 3 fresh seeds of both arms are rerun on
+  the other platform (`:recipe_<r>` with `--workers=1`) for the platform's variance component.
+- **Descriptive beside it**: where the spike starts (per-parameter-group gradient norms in
+  warm-up), the stability measures, the other LRs.
 
 The sweeps: `:<test>` trains a test's fresh seeds; `:gated_pilot` the 3-LR pilot of the gated
 FFNs and SiLU (ReLU and GELU have theirs: results/relu_vs_gelu_cpu_epoch), which picks the LRs of
@@ -54,8 +95,10 @@ from actlab.config import sizes
 from actlab.measure import comparisons
 
 ALPHA, POWER, DELTA, MIN_SEEDS = 0.05, 0.8, 0.1, 10
-MAX_SEEDS = {"decoder": None, "encoder": 10}  # the seed pairs this machine can afford
+MAX_SEEDS = {"decoder": None, "encoder": 10,  # the seed pairs this machine can afford
+             "recipe": 40, "recipe_wide": 20}
 FRESH_SEED = 100  # fresh seeds are 100, 101, …: every pilot used seeds below 10
+RECIPE_FRESH_SEED = 200  # the recipe family's: no run of either family used them
 PLATFORM_SEEDS = 3  # the first fresh seeds, rerun for the platform sd (both arms of each)
 PILOT_LRS = [1e-3, 3e-3, 1e-2]
 DECODER = sizes.SIZES["cpu_epoch"]  # 0.94M parameters, one epoch of the TinyStories sample
@@ -80,7 +123,23 @@ TESTS = {
     "bert_swiglu_gelu": ("Does SwiGLU change BERT's [MASK] loss against GELU (encoder, MLM)?",
                          "swiglu", "gelu", ENCODER, ("bert_past_plateau_pilot",)),
 }
-K = len(TESTS)
+PAGE = tuple(TESTS)  # family 1: the page's seven tests
+# Family 2: ReLU − GELU on the decoder under other recipes (name -> the fields they change).
+RECIPES = {"clip": {"optim.clip_norm": 1.0},
+           "warmup": {"optim.warmup_steps": 180},
+           "wide": {"model.d_model": 256, "model.d_ff": 1024, "model.num_heads": 8},
+           "clip_warmup": {"optim.clip_norm": 1.0, "optim.warmup_steps": 180}}
+RECIPE_PILOT_SEEDS = [0, 1, 2]
+EDGE_STEP = {min(PILOT_LRS): 3e-4, max(PILOT_LRS): 3e-2}  # one step past each edge of the grid
+for _r, _fields in RECIPES.items():
+  TESTS[f"recipe_{_r}"] = (f"Does ReLU or GELU give the lower loss at its best LR (decoder, "
+                           f"recipe {_r})?", "relu", "gelu", {**DECODER, **_fields},
+                           (f"primary_recipe_{_r}_pilot", f"primary_recipe_{_r}_edge"))
+# The modern block's places in family 2: stated with the block, before their runs.
+MODERN = {"modern_relu_gelu": "ReLU − GELU in the modern block, plain FFN",
+          "modern_relu2_gelu": "ReLU² − GELU in the modern block, plain FFN"}
+FAMILIES = {"page": PAGE, "recipe": (*(f"recipe_{r}" for r in RECIPES), *MODERN)}
+K = len(PAGE)
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
 # The outcome each family reads: the encoder's is the loss at the [MASK] positions.
 OUTCOME = {"decoder": ("final_val_loss", "final_test_loss"),
@@ -131,11 +190,36 @@ def kind(name: str) -> str:
   return "encoder" if TESTS[name][3].get("model.kind") == "encoder" else "decoder"
 
 
+def family_of(name: str) -> str:
+  """The family test `name` is corrected in: "page" or "recipe"."""
+  return next(f for f, names in FAMILIES.items() if name in names)
+
+
+def family_alpha(name: str) -> float:
+  """α/K of test `name`'s family: the level its power and its simultaneous interval use."""
+  return ALPHA / len(FAMILIES[family_of(name)])
+
+
+def cap(name: str) -> int | None:
+  """The most seed pairs test `name` runs (None: no cap)."""
+  if family_of(name) == "recipe":
+    return MAX_SEEDS["recipe_wide" if name == "recipe_wide" else "recipe"]
+  return MAX_SEEDS[kind(name)]
+
+
+def fresh_seeds(name: str, n: int) -> list[int]:
+  """The first n fresh seeds of test `name`'s family."""
+  first = RECIPE_FRESH_SEED if family_of(name) == "recipe" else FRESH_SEED
+  return list(range(first, first + n))
+
+
 def pilot(name: str) -> dict | None:
   """The test's pilot, from its committed summaries: each arm's LR chosen on validation and the
   paired sd of the outcome there; None until the pilot is committed, ValueError while what is
   committed of it is incomplete (not every (activation, LR) cell of the two arms at the same
-  seeds, at least two)."""
+  seeds, at least two; in the recipe family, not every LR of the grid). In the recipe family,
+  an arm whose best LR is at the grid's edge waits for the step past it (`EDGE_STEP`): the plan
+  then has "edge" ({arm: the LR to run}) and no LR chosen."""
   _, a, b, _, studies = TESTS[name]
   by = {}  # (activation, lr) -> {seed: summary}
   for (act, lr, seed), summary in finished(*studies).items():
@@ -144,23 +228,31 @@ def pilot(name: str) -> dict | None:
     return None
   seed_sets = {cell: sorted(seeds) for cell, seeds in by.items() if cell[0] in (a, b)}
   distinct = {tuple(s) for s in seed_sets.values()}
-  if len(distinct) > 1 or len(next(iter(distinct))) < 2:
+  recipe = family_of(name) == "recipe"
+  missing = [(arm, lr) for arm in (a, b) for lr in PILOT_LRS if recipe and (arm, lr) not in by]
+  if len(distinct) > 1 or len(next(iter(distinct))) < 2 or missing:
     raise ValueError(f"primary_tests:{name}: its pilot is incomplete (seeds per (activation, "
                      f"LR): {seed_sets}); commit it when every run has finished")
   seeds = list(next(iter(distinct)))  # the same in every cell
-  model_kind = kind(name)
-  select, outcome = OUTCOME[model_kind]
-  chosen = {}
+  select, outcome = OUTCOME[kind(name)]
+  mean = lambda arm, lrs: {lr: np.mean([s[select] for s in by[arm, lr].values()]) for lr in lrs}
+  chosen, edge = {}, {}
   for arm in (a, b):
-    lrs = {lr: np.mean([s[select] for s in cell.values()])
-           for (act, lr), cell in by.items() if act == arm}
+    lrs = mean(arm, [lr for act, lr in by if act == arm])
+    if recipe:
+      best = min(l := mean(arm, PILOT_LRS), key=l.get)
+      if best in EDGE_STEP and (arm, EDGE_STEP[best]) not in by:
+        edge[arm] = EDGE_STEP[best]
     chosen[arm] = min(lrs, key=lrs.get)
+  if edge:
+    return {"edge": edge, "seeds": seeds}
   diffs = [by[(a, chosen[a])][s][outcome] - by[(b, chosen[b])][s][outcome] for s in seeds]
-  sd = float(np.std(diffs, ddof=1))
-  needed, cap = seeds_needed(sd), MAX_SEEDS[model_kind]
-  n = needed if cap is None else min(needed, cap)
+  sd, alpha = float(np.std(diffs, ddof=1)), family_alpha(name)
+  needed, most = seeds_needed(sd, alpha=alpha), cap(name)
+  n = needed if most is None else min(needed, most)
   return {"lr": chosen, "seeds": seeds, "diffs": diffs, "sd": sd, "needed": needed, "n": n,
-          "power": paired_power(n, sd), "detectable": detectable(n, sd) if sd else 0.0}
+          "power": paired_power(n, sd, alpha=alpha),
+          "detectable": detectable(n, sd, alpha=alpha) if sd else 0.0}
 
 
 def run_key(run: pathlib.Path) -> tuple:
@@ -312,17 +404,27 @@ def get_sweep(arg=None):
             "axes": {"model.activation": ["swiglu", "geglu", "reglu", "silu"],
                      "optim.lr": PILOT_LRS},
             "seeds": [0, 1, 2], "fixed": DECODER}
+  recipe = arg.removeprefix("recipe_").rsplit("_", 1) if arg and arg.startswith("recipe_") else ()
+  if len(recipe) == 2 and recipe[0] in RECIPES and recipe[1] == "pilot":
+    return {"description": f"Recipe family, pilot: ReLU vs GELU across 3 LRs, recipe {recipe[0]}",
+            "axes": {"model.activation": ["relu", "gelu"], "optim.lr": PILOT_LRS},
+            "seeds": RECIPE_PILOT_SEEDS, "fixed": TESTS[f"recipe_{recipe[0]}"][3]}
+  if len(recipe) == 2 and recipe[0] in RECIPES and recipe[1] == "edge":
+    return edge_sweep(f"recipe_{recipe[0]}")
   if arg not in TESTS:
     raise ValueError(f"primary_tests: unknown variant {arg!r}; use one of "
-                     f"{[':gated_pilot', *(':' + t for t in TESTS)]}")
+                     f"{[':gated_pilot', *(f':recipe_{r}_{v}' for r in RECIPES for v in ('pilot', 'edge')), *(':' + t for t in TESTS)]}")
   question, a, b, fixed, _ = TESTS[arg]
   plan = pilot(arg)
   if plan is None:
     raise ValueError(f"primary_tests:{arg}: its pilot ({', '.join(TESTS[arg][4])}) is not "
                      "committed yet")
+  if "edge" in plan:
+    raise ValueError(f"primary_tests:{arg}: its pilot's best LR is at the grid's edge for "
+                     f"{sorted(plan['edge'])}: run :{arg}_edge first")
   sweep = {"description": f"Primary test {arg}: {question}",
            "axes": {"model.activation": [a, b]},
-           "seeds": list(range(FRESH_SEED, FRESH_SEED + plan["n"])),
+           "seeds": fresh_seeds(arg, plan["n"]),
            "fixed": {**fixed, "optim.lr": plan["lr"][a]}, "baseline": b,
            "equivalence_margin": DELTA}
   if plan["lr"][b] != plan["lr"][a]:  # each arm at its own LR
@@ -330,10 +432,27 @@ def get_sweep(arg=None):
   return sweep
 
 
+def edge_sweep(name: str) -> dict:
+  """The recipe pilot's step past the grid's edge: each arm whose best LR is at an edge, at the
+  LR one step past it, on the pilot's seeds."""
+  plan = pilot(name)
+  if plan is None or "edge" not in plan:
+    raise ValueError(f"primary_tests:{name}_edge: " + (
+        "its pilot is not committed yet" if plan is None else
+        "no arm's best LR is at the grid's edge: nothing to run"))
+  arms = sorted(plan["edge"])
+  sweep = {"description": f"Recipe family, pilot: the step past the grid's edge ({name})",
+           "axes": {"model.activation": arms}, "seeds": plan["seeds"],
+           "fixed": {**TESTS[name][3], "optim.lr": plan["edge"][arms[0]]}}
+  if len(arms) > 1 and plan["edge"][arms[1]] != plan["edge"][arms[0]]:
+    sweep["fixed_by"] = {"model.activation": {arms[1]: {"optim.lr": plan["edge"][arms[1]]}}}
+  return sweep
+
+
 def report() -> None:
   """The family's results so far: Holm over all K tests, a test without results counting as
   p = 1 (so an interim adjusted p is never smaller than the final one would be for that p)."""
-  results = {name: result(name) for name in TESTS}
+  results = {name: result(name) for name in PAGE}
   p = [r["paired"].p if r else 1.0 for r in results.values()]
   p_equiv = [r["paired"].p_equiv if r else 1.0 for r in results.values()]
   for (name, r), ph, peh in zip(results.items(), comparisons.holm(p), comparisons.holm(p_equiv)):
