@@ -16,6 +16,7 @@ share their batches and, where shapes agree, their initial weights). The rule is
   differences at the chosen LRs in the pilot (`final_test_loss`): `python
   experiments/primary_tests.py` prints the calculation (`... report`: and the results so far;
   `... excess`: the pilot's loss excess over the best LR, integrated over training; `...
+  figure`: docs/img/activation_x_recipe.png, ReLU − GELU per recipe; `...
   plateau`: when each encoder run leaves the MLM plateau, beside where it ends; `... stability`:
   each arm's stability measures over its fresh seeds, descriptive). A test
   whose pilot is not run yet gets its n from that pilot, committed before its fresh seeds.
@@ -32,14 +33,14 @@ share their batches and, where shapes agree, their initial weights). The rule is
   one process per core (`--workers=2`, as their pilots did); the first 3 fresh seeds of both
   arms are rerun with both cores in one process (`--workers=1`: XLA:CPU splits reductions over
   its threads, so the float order differs), and the sd of rerun − run is the platform's. A
-  difference is claimed only where it exceeds both (the page family's first rule; `RULE` below
-  replaces it, and the page shows both verdicts).
+  difference is claimed only where it exceeds both (the page family's first rule; the claim rule
+  below replaces it, and the page shows both verdicts).
 - **Everything else is descriptive**: other LRs, other measures (stability verdicts, the
   largest gradient norm relative to initialisation, attention entropy and logits, dead units),
   and the committed exploratory studies.
 
-**The claim rule (`RULE`, stated 2026-11-25; it replaces "exceeds both noises", which compared a
-mean with the sd of single differences: a threshold on the standardised effect with no error
+**The claim rule (stated 2026-11-25; `comparisons.claim`). It replaces "exceeds both noises", which
+compared a mean with the sd of single differences: a threshold on the standardised effect with no error
 rate).** Each test's A − B gets a simultaneous interval: the paired t interval at level 1 − α/K
 (Bonferroni, the first step of Holm's procedure; Holm's step-down has no sharper intervals that
 still bound a difference's size), so that all K intervals of a family cover their differences
@@ -280,8 +281,10 @@ def summaries(study: str) -> dict:
 
 def result(name: str) -> dict | None:
   """Test `name` on its fresh seeds (results/primary_<name>/, both arms finished): the paired
-  comparison of the outcome, the seed sd, and the platform sd where the two-core reruns
-  (results/primary_<name>_two_cores/) are committed; None before any pair has finished."""
+  comparison of the outcome, the seed sd, and where the two-core reruns
+  (results/primary_<name>_two_cores/) are committed, the platform's noise: the sd of rerun − run
+  over single runs, and the sd of its shift of A − B, (A′ − B′) − (A − B), over the seeds whose
+  both arms were rerun; None before any pair has finished."""
   _, a, b, _, _ = TESTS[name]
   outcome = OUTCOME[kind(name)][1]
   runs = summaries(f"primary_{name}")
@@ -293,12 +296,16 @@ def result(name: str) -> dict | None:
   paired = comparisons.paired_difference(arm_a, arm_b, DELTA)
   reruns = summaries(f"primary_{name}_two_cores")
   platform = [reruns[k][outcome] - runs[k][outcome] for k in reruns if k in runs]
+  shift = [(reruns[(a, s)][outcome] - reruns[(b, s)][outcome]) - diffs[s] for s in seeds
+           if (a, s) in reruns and (b, s) in reruns]
   unstable = {s for s in seeds  # either arm not stable
               if not runs[(a, s)]["status"] == runs[(b, s)]["status"] == "stable"}
   return {"seeds": seeds, "diffs": diffs, "paired": paired, "unstable_seeds": unstable,
           "means": (float(np.mean(arm_a)), float(np.mean(arm_b))),
           "platform_sd": float(np.std(platform, ddof=1)) if len(platform) > 1 else None,
-          "platform_n": len(platform)}
+          "platform_n": len(platform),
+          "platform_shift_sd": float(np.std(shift, ddof=1)) if len(shift) > 1 else None,
+          "platform_shift_n": len(shift)}
 
 
 def loss_excess(study: str) -> dict:
@@ -450,31 +457,55 @@ def edge_sweep(name: str) -> dict:
 
 
 def report() -> None:
-  """The family's results so far: Holm over all K tests, a test without results counting as
-  p = 1 (so an interim adjusted p is never smaller than the final one would be for that p)."""
-  results = {name: result(name) for name in PAGE}
-  p = [r["paired"].p if r else 1.0 for r in results.values()]
-  p_equiv = [r["paired"].p_equiv if r else 1.0 for r in results.values()]
-  for (name, r), ph, peh in zip(results.items(), comparisons.holm(p), comparisons.holm(p_equiv)):
-    if r is None:
-      print(f"- {name}: no fresh-seed pair finished")
-      continue
-    d, plan = r["paired"], pilot(name)
-    a_lower = sum(diff < 0 for diff in r["diffs"].values())
-    platform = (f"platform sd {r['platform_sd']:.4f} ({r['platform_n']} reruns)"
-                if r["platform_sd"] is not None else "platform sd: not yet measured")
-    print(f"- {name}: {d.n} of {plan['n']} seed pairs; means A {r['means'][0]:.4f}, B "
-          f"{r['means'][1]:.4f}; A - B = {d.mean:+.4f} "
-          f"[{d.ci_low:+.4f}, {d.ci_high:+.4f}], A lower in {a_lower} of {d.n}, "
-          f"seed sd {d.sd:.4f}, {platform}; p {d.p:.3g} "
-          f"(Holm {ph:.3g}), TOST +-{DELTA} p {d.p_equiv:.3g} (Holm {peh:.3g}): "
-          f"{claim(d, ph, peh, r['platform_sd'])}{pending(r, plan['n'])}")
-    print("    A - B by seed: " + ", ".join(f"{s} {diff:+.3f}" for s, diff in r["diffs"].items()))
+  """Each family's results so far under the claim rule: per test the paired difference, its simultaneous
+  interval at α/K, the Holm-adjusted p of no difference and of the TOST against ±δ (a test
+  without results counting as p = 1, so an interim adjusted p is never smaller than the final
+  one would be for that p), the noise, and the verdict; the page's tests also under the rule
+  the claim rule replaced (`superseded_claim`), side by side."""
+  for fam, names in FAMILIES.items():
+    k = len(names)
+    print(f"family {fam!r}: K = {k}; simultaneous intervals at 1 - {ALPHA}/{k} "
+          f"(level {1 - ALPHA / k:.4f}), Holm over the family")
+    results = {name: result(name) if name in TESTS else None for name in names}
+    p = [r["paired"].p if r else 1.0 for r in results.values()]
+    p_equiv = [r["paired"].p_equiv if r else 1.0 for r in results.values()]
+    for (name, r), ph, peh in zip(results.items(), comparisons.holm(p),
+                                  comparisons.holm(p_equiv)):
+      if r is None:
+        print(f"- {name}: " + (MODERN[name] + ": stated with the modern block"
+                               if name in MODERN else "no fresh-seed pair finished"))
+        continue
+      _, a, b, _, _ = TESTS[name]
+      d, plan = r["paired"], pilot(name)
+      low, high = comparisons.simultaneous_interval(d, k)
+      a_lower = sum(diff < 0 for diff in r["diffs"].values())
+      print(f"- {name}: {d.n} of {plan['n']} seed pairs; means {a} {r['means'][0]:.4f}, {b} "
+            f"{r['means'][1]:.4f}; {a} - {b} = {d.mean:+.4f}, 95% [{d.ci_low:+.4f}, "
+            f"{d.ci_high:+.4f}], simultaneous [{low:+.4f}, {high:+.4f}]; {a} lower in {a_lower} "
+            f"of {d.n}; p {d.p:.3g} (Holm {ph:.3g}), TOST +-{DELTA} p {d.p_equiv:.3g} (Holm "
+            f"{peh:.3g}); seed sd {d.sd:.4f}, {platform(r)}")
+      print(f"    verdict: {comparisons.claim((low, high), DELTA, peh, a, b)}"
+            + (" (interim)" if d.n < plan["n"] else ""))
+      if fam == "page":
+        print(f"    under the rule it replaces: {superseded_claim(d, ph, peh, r['platform_sd'])}"
+              f"{pending(r, plan['n'])}")
+      print("    A - B by seed: " + ", ".join(f"{s} {x:+.3f}" for s, x in r["diffs"].items()))
 
 
-def claim(d, p_holm: float, p_equiv_holm: float, platform_sd: float | None) -> str:
-  """The verdict, with a difference claimed only where it exceeds both the seed sd and the
-  platform sd (unmeasured: not claimed)."""
+def platform(r: dict) -> str:
+  """The platform's noise in test result `r`, as printed."""
+  if r["platform_sd"] is None:
+    return "platform: not yet measured"
+  shift = (f"sd {r['platform_shift_sd']:.4f} over {r['platform_shift_n']} seeds"
+           if r["platform_shift_sd"] is not None else "not yet measured")
+  return (f"platform: shift of A - B {shift}; rerun - run sd {r['platform_sd']:.4f} "
+          f"({r['platform_n']} runs)")
+
+
+def superseded_claim(d, p_holm: float, p_equiv_holm: float, platform_sd: float | None) -> str:
+  """The page's first rule, replaced by the claim rule and kept to show the re-analysis: a Holm verdict,
+  with a difference claimed only where it exceeds both the seed sd and the platform sd
+  (unmeasured: not claimed)."""
   verdict = comparisons.verdict(d.mean, p_holm, p_equiv_holm)
   if verdict not in (comparisons.A_BETTER, comparisons.B_BETTER):
     return verdict
@@ -486,23 +517,28 @@ def claim(d, p_holm: float, p_equiv_holm: float, platform_sd: float | None) -> s
 
 
 def pending(r: dict, n: int) -> str:
-  """What test result `r` still waits for before its verdict is final: its n seed pairs and the
-  platform reruns of both arms ("" once it has them)."""
+  """What test result `r` still waits for before its verdict under the superseded rule is
+  final: its n seed pairs and the platform reruns of both arms ("" once it has them)."""
   missing = [f"{r['paired'].n} of {n} seed pairs"] if r["paired"].n < n else []
   if r["platform_n"] < 2 * PLATFORM_SEEDS:
     missing.append(f"{r['platform_n']} of {2 * PLATFORM_SEEDS} platform reruns")
   return f" (interim: {', '.join(missing)})" if missing else ""
 
 
-def main(what: str = "plan") -> None:
-  print(f"family: K = {K} tests, family-wise alpha {ALPHA} (Holm); power {POWER} against "
-        f"delta = {DELTA} nats at alpha/K = {ALPHA / K:.4f}, two-sided paired t-test")
-  for name, (question, a, b, _, studies) in TESTS.items():
-    plan = pilot(name)
-    study = " + ".join(f"results/{s}" for s in studies)
-    if plan is None:
-      print(f"- {name}: {question} pilot {study}: not run yet")
-      continue
+def print_plan(name: str) -> None:
+  """Test `name`'s pilot and the fresh seeds it asks for, as `main` prints them."""
+  if name in MODERN:
+    print(f"- {name}: {MODERN[name]}: stated with the modern block, before its runs")
+    return
+  question, a, b, _, studies = TESTS[name]
+  plan, study = pilot(name), " + ".join(f"results/{s}" for s in studies)
+  if plan is None:
+    print(f"- {name}: {question}\n    pilot {study}: not run yet")
+  elif "edge" in plan:
+    print(f"- {name}: {question}\n    pilot {study}: best LR at the grid's edge for "
+          + ", ".join(f"{arm} (next: {lr:g})" for arm, lr in sorted(plan["edge"].items()))
+          + f": run :{name}_edge")
+  else:
     diffs = ", ".join(f"{d:+.4f}" for d in plan["diffs"])
     print(f"- {name}: {question}\n    pilot {study}, seeds {plan['seeds']}: LR "
           f"{plan['lr'][a]:g} ({a}), {plan['lr'][b]:g} ({b}); {a} - {b} = {diffs}; "
@@ -510,8 +546,50 @@ def main(what: str = "plan") -> None:
           + ("" if plan["n"] == plan["needed"] else
              f"; capped at {plan['n']}: power {plan['power']:.2f} against delta, 80% power "
              f"above {plan['detectable']:.3f} nats"))
+
+
+FIGURE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "img" / "activation_x_recipe.png"
+
+
+def figure(path: pathlib.Path = FIGURE) -> None:
+  """ReLU − GELU on the decoder per recipe: the mean and its simultaneous interval (family 1's
+  test 1 at α/7, family 2's tests at α/6), ±δ marked; tests without fresh seeds left out."""
+  import matplotlib
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt
+  rows = []
+  for name, label in (("relu_gelu", "no clipping, warm-up 45, d 128\n(family 1, test 1)"),
+                      *((f"recipe_{r}", r.replace("_", " + ")) for r in RECIPES)):
+    r = result(name)
+    if r is not None:
+      k = len(FAMILIES[family_of(name)])
+      rows.append((f"{label}\n({r['paired'].n} pairs)", r["paired"].mean,
+                   comparisons.simultaneous_interval(r["paired"], k)))
+  fig, ax = plt.subplots(figsize=(6.4, 0.7 * len(rows) + 1.2))
+  for y, (label, mean, (low, high)) in enumerate(rows):
+    ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="k", capsize=4)
+  ax.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)
+  ax.invert_yaxis()
+  for x in (-DELTA, DELTA):
+    ax.axvline(x, color="tab:red", ls="--", lw=1)
+  ax.axvline(0, color="0.6", lw=1)
+  ax.set_xlabel("ReLU − GELU, final test loss (nats): mean and simultaneous interval; ±δ dashed")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  print(f"wrote {path.relative_to(path.parents[2])}")
+
+
+def main(what: str = "plan") -> None:
+  for fam, names in FAMILIES.items():
+    print(f"family {fam!r}: K = {len(names)} tests, family-wise alpha {ALPHA}; power {POWER} "
+          f"against delta = {DELTA} nats at alpha/K = {ALPHA / len(names):.4f}, two-sided "
+          "paired t-test")
+    for name in names:
+      print_plan(name)
   if what == "report":
     report()
+  if what == "figure":
+    figure()
   if what == "plateau":
     exits = plateau_exits()
     print(f"encoder runs: the step their validation [MASK] loss falls below {PLATEAU_EXIT} nats "

@@ -1,5 +1,6 @@
 """experiments/primary_tests.py: the seeds a power calculation asks for, each arm's LR chosen on
-the pilot's validation windows, and a difference claimed only above the noise."""
+the pilot's validation windows (in the recipe family, one step past an edge first), the claim
+rule's simultaneous intervals and verdicts, and the rule it replaced."""
 
 import importlib.util
 import json
@@ -7,6 +8,7 @@ import types
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from actlab.measure import comparisons
 from actlab.sweep import grid
@@ -106,9 +108,9 @@ def test_an_incomplete_pilot_is_refused_not_read(tmp_path, monkeypatch):
   assert primary.pilot("relu_gelu")["seeds"] == [0, 1]
 
 
-def test_a_difference_is_claimed_only_above_the_seed_and_platform_sd():
+def test_the_superseded_rule_claimed_a_difference_only_above_the_seed_and_platform_sd():
   d = lambda mean, sd: types.SimpleNamespace(mean=mean, sd=sd)
-  claim = primary.claim
+  claim = primary.superseded_claim
   assert claim(d(-0.15, 0.10), 0.01, 1.0, 0.02) == comparisons.A_BETTER
   assert claim(d(0.15, 0.10), 0.01, 1.0, 0.02) == comparisons.B_BETTER
   for mean, sd, platform in ((-0.15, 0.20, 0.02), (-0.15, 0.10, 0.30)):
@@ -224,3 +226,99 @@ def test_the_seed_correlation_removes_the_activations_means():
   assert r == pytest.approx(1.0) and n == 5
   pooled = [v[:2] for v in exits.values() if v[0] is not None]
   assert np.corrcoef(np.array(pooled).T)[0, 1] < 0
+
+
+def test_the_simultaneous_interval_is_the_paired_t_interval_at_alpha_over_k():
+  d = comparisons.paired_difference([1.0, 1.3, 0.8, 1.1, 0.9], [1.0] * 5)
+  assert comparisons.simultaneous_interval(d, 1) == pytest.approx((d.ci_low, d.ci_high))
+  low, high = comparisons.simultaneous_interval(d, 7)
+  half = stats.t.ppf(1 - 0.05 / 14, 4) * d.sd / np.sqrt(5)  # closed form
+  assert (low, high) == pytest.approx((d.mean - half, d.mean + half), rel=1e-12)
+  assert low < d.ci_low and high > d.ci_high
+  # Seven such intervals cover their true differences together in about 95% of families
+  # ((1 - 0.05/7)^7 = 0.951), unadjusted 95% intervals in about 70% (0.95^7).
+  families = [[comparisons.paired_difference(x, np.zeros(10)) for x in fam]
+              for fam in np.random.default_rng(0).normal(0.3, 0.2, (400, 7, 10))]
+  cover = lambda k: np.mean([all(lo <= 0.3 <= hi for lo, hi in (
+      comparisons.simultaneous_interval(d, k) for d in fam)) for fam in families])
+  assert cover(7) > 0.93 and cover(1) < 0.8
+
+
+def test_the_claim_holds_the_interval_against_the_margin():
+  claim = lambda low, high, p_equiv=1.0: comparisons.claim((low, high), 0.1, p_equiv, "relu",
+                                                            "gelu")
+  assert claim(-0.28, -0.12) == "relu lower by at least 0.1"
+  assert claim(0.12, 0.3) == "gelu lower by at least 0.1"
+  assert claim(0.019, 0.185) == "gelu lower, by less than 0.1 or by an amount not resolved"
+  assert claim(-0.2, -0.01) == "relu lower, by less than 0.1 or by an amount not resolved"
+  assert claim(-0.007, 0.035, p_equiv=6e-7) == "equivalent within ±0.1"
+  assert claim(0.001, 0.03, p_equiv=1e-4) == "equivalent within ±0.1 (gelu lower by less than 0.1)"
+  assert claim(-0.4, 0.6) == claim(-0.007, 0.035, p_equiv=0.2) == comparisons.NOT_RESOLVED
+
+
+def test_the_claim_rule_resolves_a_small_standardised_effect_with_enough_seeds():
+  """The rule it replaced asked |A − B| > the sd of the differences, so a real difference of
+  half an sd was never claimed, at any n; held against an interval it is, once n is large."""
+  rng = np.random.default_rng(1)
+  diffs = 0.15 + 0.3 * rng.standard_normal(200)  # d_z = 0.5
+  d = comparisons.paired_difference(diffs, np.zeros(200), primary.DELTA)
+  assert abs(d.mean) < d.sd and primary.superseded_claim(d, 1e-6, 1.0, 0.0).startswith(
+      comparisons.NOT_RESOLVED)
+  assert comparisons.claim(comparisons.simultaneous_interval(d, 7), 0.1, 1.0) == (
+      "B lower, by less than 0.1 or by an amount not resolved")
+
+
+def test_the_platform_shift_of_a_minus_b_is_taken_over_seeds_with_both_arms_rerun(tmp_path,
+                                                                              monkeypatch):
+  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  study, reruns = tmp_path / "primary_relu_gelu", tmp_path / "primary_relu_gelu_two_cores"
+  for seed, (r, g) in enumerate([(3.9, 4.0), (3.7, 4.1), (3.8, 3.7)], start=100):
+    write_run(study, "relu", 3e-3, seed, 0.0, r)
+    write_run(study, "gelu", 3e-3, seed, 0.0, g)
+  for act, seed, test in (("relu", 100, 3.95), ("gelu", 100, 4.0), ("relu", 101, 3.7),
+                          ("gelu", 101, 4.2), ("relu", 102, 3.9)):  # seed 102: one arm only
+    write_run(reruns, act, 3e-3, seed, 0.0, test)
+  r = primary.result("relu_gelu")
+  assert r["platform_shift_n"] == 2  # shifts +0.05 and -0.1
+  assert r["platform_shift_sd"] == pytest.approx(np.std([0.05, -0.1], ddof=1))
+
+
+def test_a_recipe_pilot_at_the_grids_edge_is_extended_one_step_before_choosing(tmp_path,
+                                                                             monkeypatch):
+  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  pilot_dir = tmp_path / "primary_recipe_clip_pilot"
+  val = {"relu": {1e-3: 4.2, 3e-3: 4.0, 1e-2: 4.1},  # ReLU's best inside the grid
+         "gelu": {1e-3: 4.0, 3e-3: 4.1, 1e-2: 4.3}}  # GELU's at its lower edge
+  for act, by_lr in val.items():
+    for lr, v in by_lr.items():
+      for seed in primary.RECIPE_PILOT_SEEDS:
+        write_run(pilot_dir, act, lr, seed, v, v + 0.01 * seed * (act == "relu"))
+  with pytest.raises(ValueError, match="run :recipe_clip_edge first"):
+    primary.get_sweep("recipe_clip")
+  assert primary.pilot("recipe_clip") == {"edge": {"gelu": 3e-4}, "seeds": [0, 1, 2]}
+  edge = grid.cells(tiny(), grid.parse(primary.get_sweep("recipe_clip_edge")))
+  assert {(c.config.model.activation, c.config.optim.lr, c.config.optim.clip_norm)
+          for c in edge} == {("gelu", 3e-4, 1.0)}
+  assert sorted(c.config.train.seed for c in edge) == [0, 1, 2]
+  for seed in primary.RECIPE_PILOT_SEEDS:  # the step past the edge is worse: GELU keeps 1e-3
+    write_run(tmp_path / "primary_recipe_clip_edge", "gelu", 3e-4, seed, 4.05, 4.05)
+  plan = primary.pilot("recipe_clip")
+  assert plan["lr"] == {"relu": 3e-3, "gelu": 1e-3}
+  assert plan["n"] == primary.seeds_needed(plan["sd"], alpha=0.05 / 6)
+  with pytest.raises(ValueError, match="no arm's best LR is at the grid's edge"):
+    primary.get_sweep("recipe_clip_edge")
+  cells = grid.cells(tiny(), grid.parse(primary.get_sweep("recipe_clip")))
+  assert {(c.config.model.activation, c.config.optim.lr) for c in cells} == {
+      ("relu", 3e-3), ("gelu", 1e-3)}
+  assert sorted({c.config.train.seed for c in cells}) == list(range(200, 200 + plan["n"]))
+
+
+def test_a_recipe_pilot_missing_an_lr_is_incomplete(tmp_path, monkeypatch):
+  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  for act in ("relu", "gelu"):
+    for lr in primary.PILOT_LRS[:2]:  # 1e-2 not finished
+      for seed in primary.RECIPE_PILOT_SEEDS:
+        write_run(tmp_path / "primary_recipe_wide_pilot", act, lr, seed, 4.0, 4.0)
+  with pytest.raises(ValueError, match="recipe_wide: its pilot is incomplete"):
+    primary.pilot("recipe_wide")
+  assert primary.cap("recipe_wide") == 20 and primary.cap("recipe_clip") == 40

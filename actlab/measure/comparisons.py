@@ -1,6 +1,7 @@
 """The report's paired comparisons (docs/metrics.md §9): the paired t interval and tests (t test,
-TOST), the minimum detectable difference, Holm's adjustment, the verdicts, and which pairs are
-compared on which seeds at which LR. Pure functions of numbers and of a sweep's runs (stats.py)."""
+TOST), the minimum detectable difference, Holm's adjustment, the verdicts, the simultaneous
+intervals and the claim they make against a margin, and which pairs are compared on which seeds
+at which LR. Pure functions of numbers and of a sweep's runs (stats.py)."""
 
 import dataclasses
 import math
@@ -74,6 +75,34 @@ def verdict(mean: float, p_holm: float, p_equiv_holm: float, alpha: float = ALPH
   if p_holm <= alpha:
     return A_BETTER if mean < 0 else B_BETTER
   return EQUIVALENT if p_equiv_holm <= alpha else NOT_RESOLVED
+
+
+def simultaneous_interval(d: Paired, k: int, alpha: float = ALPHA) -> tuple[float, float]:
+  """The paired t interval of d at level 1 − α/k: k such intervals cover their mean differences
+  together with probability ≥ 1 − α (Bonferroni, the first step of Holm's procedure; Holm's
+  step-down has no sharper intervals that still bound a difference's size). NaN below 2 pairs."""
+  if d.n < 2:
+    return math.nan, math.nan
+  half = float(sps.t.ppf(1 - alpha / (2 * k), d.n - 1)) * d.sd / math.sqrt(d.n)
+  return d.mean - half, d.mean + half
+
+
+def claim(interval: tuple[float, float], margin: float, p_equiv_holm: float, a="A", b="B",
+          alpha: float = ALPHA) -> str:
+  """What a simultaneous `interval` of A − B (lower is better) claims against ±`margin`, with the
+  Holm-adjusted TOST p: "<X> lower by at least δ" (the interval beyond the margin), "equivalent
+  within ±δ" (TOST rejects; with the direction where the interval excludes 0), "<X> lower, by
+  less than δ or by an amount not resolved" (it excludes 0, not the margin), or NOT_RESOLVED."""
+  low, high = interval
+  lower = a if high < 0 else b if low > 0 else None
+  if high < -margin or low > margin:
+    return f"{lower} lower by at least {margin:g}"
+  if p_equiv_holm <= alpha:
+    return f"equivalent within ±{margin:g}" + (f" ({lower} lower by less than {margin:g})"
+                                              if lower else "")
+  if lower:
+    return f"{lower} lower, by less than {margin:g} or by an amount not resolved"
+  return NOT_RESOLVED
 
 
 @dataclasses.dataclass(frozen=True)
