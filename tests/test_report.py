@@ -18,10 +18,11 @@ import pytest
 
 from actlab import report
 from actlab.errors import UserError
-from actlab.measure import comparisons, stats
+from actlab.measure import comparisons, metrics, stats
 from actlab.report import load as report_load
 from actlab.report import plots
 from actlab.report import series as report_series
+from actlab.report import tables
 from actlab.report import to_csv as report_csv
 from conftest import REPO
 
@@ -203,6 +204,26 @@ def test_torn_and_unfinished_runs_are_marked_not_crashed(tmp_path):
   assert "17 of 18 runs finished" in text
 
 
+def test_the_console_names_each_run_with_unreadable_lines(tmp_path, capsys):
+  """`python -m actlab.report` says on the console, one line per run, what report.md's runs table
+  says: the torn lines it skipped, an unreadable summary."""
+  _fake_sweep(tmp_path, np.random.default_rng(3))
+  torn, empty = _name("relu", 1e-3, 0), _name("gelu", 3e-3, 1)
+  log = tmp_path / torn / "metrics.jsonl"
+  whole = log.read_text()
+  log.write_text(whole[:-30] + '\n{"step": 100, "train_lo{"step"\n')
+  (tmp_path / empty / "summary.json").write_text("")
+  assert report.main(["actlab.report", str(tmp_path)]) == 0
+  err = capsys.readouterr().err.splitlines()
+  assert err == [f"actlab.report: {torn}: 2 unreadable line(s) in metrics.jsonl skipped",
+                 f"actlab.report: {empty}: summary.json unreadable: the run counts as not "
+                 "finished"], err
+  log.write_text(whole)
+  (tmp_path / empty / "summary.json").unlink()
+  assert report.main(["actlab.report", str(tmp_path)]) == 0
+  assert capsys.readouterr().err == ""  # nothing unreadable, nothing said
+
+
 # Designed final val losses: relu = base(LR) + 0.3·seed (seeds differ far more than activations
 # do, so only pairing by seed can resolve the differences), the others relu + d(seed).
 BASE = {1e-4: 2.3, 1e-3: 2.0, 3e-3: 2.1}
@@ -214,7 +235,11 @@ def _designed(act, lr, seed):
   relu = 3.05 if (lr, seed) == (3e-3, 2) else BASE[lr] + 0.3 * seed  # 3.05 ≥ unigram: not learned
   d = 0.0 if act == "relu" else DIFF.get((act, lr), [0.3, 0.1, -0.2])[seed]
   out = {"final_val_loss": relu + d, "unigram_loss": 3.0}
-  return {**out, "status": "unstable"} if (act, lr, seed) == ("tanh", 3e-3, 1) else out
+  return {**out, "status": "unstable", "status_reasons": [GRAD_REASON]} \
+      if (act, lr, seed) == ("tanh", 3e-3, 1) else out
+
+
+GRAD_REASON = "gradient norm 31.2 by step 40 > 10× its value at initialisation (2.01)"
 
 
 def _section(text, title):
@@ -259,9 +284,12 @@ def test_paired_comparisons_stability_and_not_learned_end_to_end(tmp_path):
   assert "| tanh | 0.001 | relu | 0.001 | 2 | -0.050 |" in best
 
   stable = _section(text, "Largest stable LR")
-  assert "| relu | 0.001 | 0.003: 3 stable; 1 not learned |" in stable   # 1e-4: a seed missing
-  assert "| gelu | 0.003 | — (the grid's largest) |" in stable
-  assert "| tanh | 0.001 | 0.003: 2 stable, 1 unstable |" in stable
+  assert "| activation | largest LR where every seed is stable | next LR up" in stable
+  assert ("| relu | 0.001 | 0.003: 1 of 3 not learned (final val loss ≥ the unigram loss) |"
+          in stable)  # 1e-4: a seed missing
+  assert "| gelu | 0.003 | — (none swept higher) |" in stable
+  assert ("| tanh | 0.001 | 0.003: 1 of 3 unstable (gradient norm above 10× its initial value) |"
+          in stable)
   assert "not checked" not in stable
   assert _row(text, "relu", 3e-3).endswith("| 3 stable; 1 not learned |")
   assert ("| activation=relu,lr=0.003,seed=2 | stable, not learned | 3.050 | not learned: final "
@@ -288,8 +316,8 @@ def test_not_learned_is_not_checked_without_unigram_loss(tmp_path):
   text = report.write(tmp_path).read_text()
   stable = _section(text, "Largest stable LR")
   assert "17 finished run(s) have no `unigram_loss` in their summary: not checked" in stable
-  assert "| relu | 0.003 | — (the grid's largest) |" in stable
-  assert "| gelu | 0.001 | 0.003: 2 stable, 1 diverged |" in stable
+  assert "| relu | 0.003 | — (none swept higher) |" in stable
+  assert "| gelu | 0.001 | 0.003: 1 of 3 diverged (non-finite train_loss) |" in stable
   assert "not learned" not in _section(text, "Runs")
 
 
@@ -367,6 +395,53 @@ def test_best_lr_section_says_why_it_is_missing_with_one_seed(tmp_path):
   assert "*Not shown: with one seed there is none left to choose the LR on" in best
 
 
+def _verdict(train_losses, grad_norm_max=2.0, val_losses=(4.0,)):
+  """The status and reasons `metrics.verdict` gives rows of these values (warm-up 5 steps,
+  spikes above 1.5× the best, gradient norm above 10× its initial 2.0, final val loss above
+  1.05× the best)."""
+  rows = [{"step": 0, "grad_norm_init": 2.0, "val_loss": 5.0}]
+  rows += [{"step": 10 * (i + 1), "train_loss": x, "grad_norm_max": grad_norm_max}
+           for i, x in enumerate(train_losses)]
+  rows += [{"step": 100 + i, "val_loss": v} for i, v in enumerate(val_losses)]
+  v = metrics.verdict(rows, warmup_steps=5, uniform_loss=5.5, spike_rel=0.5, final_gap_rel=0.05,
+                      uniform_frac=0.9, grad_rel_max=10.0)
+  return {"status": v["status"], "status_reasons": v["reasons"]}
+
+
+def test_the_largest_stable_lr_table_says_which_lr_failed_and_why():
+  """Each activation's largest LR with every seed stable, and at the next LR up (the lowest when
+  none is) how many seeds failed, how, and the verdict's reasons without each run's numbers."""
+  grad = _verdict([4.0, 3.0], grad_norm_max=31.0)
+  grad_and_spike = _verdict([4.0, 2.0, 3.5], grad_norm_max=40.0)
+  diverged = _verdict([4.0, math.nan])
+  assert grad["status"] == grad_and_spike["status"] == "unstable" and len(
+      grad_and_spike["status_reasons"]) == 2 and diverged["status"] == "diverged"
+  manifest = {"axes": {"model.activation": ["relu", "gelu", "tanh"], "optim.lr": [1e-3, 1e-4]},
+              "seeds": [0, 1, 2]}
+  good = {"status": "stable", "status_reasons": [], "final_val_loss": 2.0, "unigram_loss": 3.0}
+  cells = {("relu", 1e-4): [good] * 3, ("relu", 1e-3): [grad, grad_and_spike, good],
+           ("gelu", 1e-4): [{**good, "final_val_loss": 3.5}, diverged, None],  # seed 2: not run
+           ("gelu", 1e-3): [grad] * 3, ("tanh", 1e-4): [good] * 3, ("tanh", 1e-3): [good] * 3}
+  runs = [stats.Run(_name(a, lr, k), {"model.activation": a, "optim.lr": lr, "train.seed": k},
+                    "done", {"final_val_loss": 2.0, "unigram_loss": 3.0, **summary})
+          for (a, lr), summaries in cells.items() for k, summary in enumerate(summaries)
+          if summary is not None]
+  lines = tables.stability_table(manifest, runs).splitlines()
+  assert lines[0] == ("| activation | largest LR where every seed is stable | next LR up (the "
+                      "lowest, if none is): seeds that failed, and why |")
+  assert lines[2:] == [
+      "| relu | 0.0001 | 0.001: 2 of 3 unstable (gradient norm above 10× its initial value; "
+      "train-loss spike above 1.5× the best earlier loss after warm-up in 1) |",
+      "| gelu | none, not even the lowest | 0.0001: 3 of 3 failed: 1 not learned (final val loss "
+      "≥ the unigram loss), 1 diverged (non-finite train_loss), 1 not run |",
+      "| tanh | 0.001 | — (none swept higher) |"]
+  # Every reason the verdict gives has its short form.
+  chance = _verdict([4.0], val_losses=(5.2,))["status_reasons"]
+  gap = _verdict([4.0, 3.0], val_losses=(3.0, 3.5))["status_reasons"]
+  assert [tables.reason_kind(r) for r in [*chance, *gap]] == [
+      "final val loss no better than chance", "final val loss above 1.05× its best"]
+
+
 # --- The plots' numbers (actlab.report.series) ------------------------------------------------
 
 
@@ -426,6 +501,47 @@ def test_layer_stats_at_each_groups_best_lr_over_finished_seeds():
   np.testing.assert_allclose(relu["act_mean"][1], [0.3, 0.0], atol=1e-12)
   np.testing.assert_allclose(gelu["act_zero_frac"][1], [0.4, 0.3])
   assert np.isnan(gelu["act_mean"][2]).all()  # one seed: no sd
+
+
+def _drawn_axes(monkeypatch):
+  """The axes the next plot draws, kept (`plots._save` saves nothing)."""
+  kept = []
+  def save(fig, axes, path, *args, **kwargs):
+    kept.extend(axes)
+    return True
+  monkeypatch.setattr(plots, "_save", save)
+  return kept
+
+
+def test_error_bars_and_bands_of_fractions_stay_within_0_and_1(monkeypatch):
+  """A fraction's mean ± sd is cut to [0, 1] (0 and 100%): dead units 0, 0, 0.3 over three seeds
+  (mean 0.1, sd 0.17) have a bar from 0%, not −7%; zero fractions 1, 1, 0.7 one to 100%. The act
+  mean, not a fraction, keeps its symmetric bar below 0."""
+  import matplotlib
+  matplotlib.use("Agg")
+  manifest = {"axes": {"model.activation": ["relu"], "optim.lr": [1e-3]}, "seeds": [0, 1, 2]}
+  values = [(0.0, 1.0, -0.1), (0.0, 1.0, -0.1), (0.3, 0.7, 0.2)]  # dead, zero frac, act mean
+  runs = [_run("relu", 1e-3, k, [{**_layer_row(100, dead_units=[d], act_zero_frac=[z],
+                                                act_mean=[m]), "act_zero_frac": z}],
+               final=2.0) for k, (d, z, m) in enumerate(values)]
+  axes = _drawn_axes(monkeypatch)
+  assert plots.plot_layers(manifest, runs, None)
+  sd = np.std([0.0, 0.0, 0.3], ddof=1)
+  ends = []
+  for ax in axes:  # dead units, zero fraction, act mean: each panel's one bar
+    (bar,) = ax.containers[0].lines[2][0].get_segments()
+    ends.append(sorted(bar[:, 1]))
+  np.testing.assert_allclose(ends[0], [0.0, 100 * (0.1 + sd)])
+  np.testing.assert_allclose(ends[1], [100 * (0.9 - sd), 100.0])
+  np.testing.assert_allclose(ends[2], [0.0 - sd, 0.0 + sd], atol=1e-12)
+  # The curve of act_zero_frac over steps: its band likewise.
+  axes.clear()
+  assert plots.plot_curves(manifest, runs, "act_zero_frac", "", None)
+  (band,) = [c for c in axes[0].collections if len(c.get_paths())]
+  y = band.get_paths()[0].vertices[:, 1]
+  assert y.max() == pytest.approx(1.0) and y.min() == pytest.approx(0.9 - sd)
+  np.testing.assert_allclose(report_series.spread(np.array([0.1]), np.array([0.2]), "act_mean"),
+                             [[-0.1], [0.3]])
 
 
 def test_forest_intervals_are_95_percent_t_intervals_best_group_first():
@@ -496,6 +612,61 @@ def test_runs_csv_has_one_row_per_run_and_parses_back(tmp_path):
           rows[incomplete]["final_val_loss"]) == ("incomplete", "incomplete", "100", "")
   m = rows[_name("relu", 1e-3, 2)]
   assert (m["state"], m["last_step"], m["initial_val_loss"]) == ("missing", "", "")
+  assert d["status_reasons"] == "non-finite train_loss at step 100" and r["status_reasons"] == ""
+
+
+def test_runs_csv_has_every_measure_of_the_summaries_and_empty_cells_where_one_lacks_it(
+    tmp_path):
+  """Keys added since (or only some runs') are columns, empty where a run does not have them; a
+  task's measures (MLM accuracy) only where some run has them; a number unknown to `COLUMNS` too;
+  the spike steps and the verdict's reasons as text."""
+  newer = lambda act, lr, seed: {} if seed == 0 else {  # seed 0 predates these keys
+      "final_test_loss": 2.25, "grad_norm_init": 1.5, "grad_norm_max_rel": 12.5,
+      "attn_entropy_min": 0.75, "spike_steps": [60, 80], "params": 937472, "new_measure": 0.5,
+      "note": "text, not a number", "status_reasons": ["a", "b"]}
+  _fake_sweep(tmp_path, np.random.default_rng(7), summary_for=newer)
+  report_csv.write(*report_load.load(tmp_path), tmp_path / "runs.csv")
+  with open(tmp_path / "runs.csv", newline="") as f:
+    reader = csv.DictReader(f)
+    rows = {r["run"]: r for r in reader}
+  header = reader.fieldnames
+  assert "note" not in header and "final_val_accuracy" not in header and "provenance" not in header
+  assert header[-2:] == ["new_measure", "status_reasons"]
+  new, old = rows[_name("gelu", 1e-3, 1)], rows[_name("gelu", 1e-3, 0)]
+  assert (new["final_test_loss"], new["grad_norm_init"], new["grad_norm_max_rel"],
+          new["attn_entropy_min"], new["new_measure"]) == ("2.25", "1.5", "12.5", "0.75", "0.5")
+  assert (new["spike_steps"], new["params"], new["status_reasons"]) == ("60 80", "937472", "a; b")
+  assert (old["final_test_loss"], old["grad_norm_init"], old["grad_norm_max_rel"],
+          old["attn_entropy_min"], old["spike_steps"], old["new_measure"]) == ("",) * 6
+
+
+@pytest.mark.parametrize("study", ["primary_relu_gelu", "primary_bert_relu_gelu"])
+def test_runs_csv_carries_every_measure_of_a_committed_run(tmp_path, study):
+  """What RESULTS.md cites of a run (the decoder's and the encoder's `summary.json`, the test
+  and [MASK] losses and accuracies, the gradient norms, the attention entropy): each key but the
+  provenance is a column of runs.csv, with its value."""
+  summary = json.loads(sorted((REPO / "results" / study).glob("*/summary.json"))[0].read_text())
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+  (tmp_path / "sweep.json").write_text(json.dumps(
+      {"sweep": "x", "axes": {"model.activation": ["relu"]}, "seeds": [0],
+       "cells": [{"name": "run", "overrides": {"model.activation": "relu", "train.seed": 0}}]}))
+  report_csv.write(*report_load.load(tmp_path), tmp_path / "runs.csv")
+  with open(tmp_path / "runs.csv", newline="") as f:
+    (row,) = csv.DictReader(f)
+  assert "final_test_loss" in summary and "attn_entropy_min" in summary
+  for key, value in summary.items():
+    if key == "provenance":
+      assert key not in row
+    elif key == "status_reasons":
+      assert row[key] == "; ".join(value)
+    elif key == "status":
+      assert row[key] == value
+    elif isinstance(value, list):
+      assert row[key] == " ".join(map(str, value)), key
+    else:
+      assert row[key] == ("" if value is None else str(value) if isinstance(value, int)
+                          else repr(float(value))), key
 
 
 # --- Several sweep directories ----------------------------------------------------------------

@@ -6,6 +6,7 @@ markdown, `plots` draws, `to_csv` writes runs.csv."""
 import argparse
 import pathlib
 import shutil
+import sys
 from typing import Sequence
 
 from actlab.errors import UserError, reported
@@ -36,6 +37,15 @@ def relative(path) -> str:
       else str(path)
 
 
+def _consequence(unreadable: str) -> str:
+  """What `report_load.load` could not read of a run, with what the report does about it."""
+  if unreadable.endswith("metrics.jsonl"):
+    return unreadable + " skipped"
+  if unreadable.startswith("summary.json"):
+    return unreadable + ": the run counts as not finished"
+  return unreadable
+
+
 def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()) -> pathlib.Path:
   """Writes `<out>/report.md`, `<out>/runs.csv` and `<out>/plots/*.png` for the sweep directory
   `roots` or several merged (`out` defaults to the only one; `axes`: fields they fix at
@@ -45,6 +55,10 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
     raise UserError("several sweep directories: say where the report goes with --out=DIR")
   out = pathlib.Path(out if out is not None else roots[0])
   manifest, runs, duplicates = report_load.load_many(roots, axes)
+  for run in runs:  # the runs table says it too; the console, so that it is not missed
+    if run.unreadable:
+      print(f"actlab.report: {run.name}: {'; '.join(map(_consequence, run.unreadable))}",
+            file=sys.stderr)
   out.mkdir(parents=True, exist_ok=True)
   done = sum(r.state == "done" for r in runs)
   not_done = f" ({len(runs) - done} not: see *Runs*)" if done < len(runs) else ""

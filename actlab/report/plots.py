@@ -97,7 +97,8 @@ def plot_curves(manifest, runs, key: str, ylabel: str, path: pathlib.Path,
       ax.plot(b.steps, b.mean, color=color, linestyle=style, lw=1.4,
               marker="o" if len(b.steps) <= 12 else None, ms=3, label=_label(group))
       if b.n > 1:  # on a log axis, not where mean − sd ≤ 0 (it has no place there)
-        ax.fill_between(b.steps, b.mean - b.sd, b.mean + b.sd, color=color, alpha=0.15, lw=0,
+        low, high = series.spread(b.mean, b.sd, key)  # a fraction's cut to [0, 1]
+        ax.fill_between(b.steps, low, high, color=color, alpha=0.15, lw=0,
                         where=b.mean - b.sd > 0 if log else None)
     ns = sorted({b.n for (at, _), b in bands.items() if at == lr})
     seeds = f"n = {ns[0]}" + (f"–{ns[-1]}" if len(ns) > 1 else "") if ns else "no runs"
@@ -125,10 +126,11 @@ def plot_layers(manifest, runs, path: pathlib.Path) -> bool:
       layers, mean, sd = e[stat]
       color, style = styles[key]
       lr = f" @ LR {e['lr']:g}" if e["lr"] is not None else ""
+      low, high = series.spread(mean, sd, stat)  # a fraction's cut to [0, 1]: asymmetric
       ax.errorbar(layers + (i - (len(data) - 1) / 2) * width, mean * scale,
-                  yerr=None if e["n"] < 2 else sd * scale, color=color, linestyle=style,
-                  marker=_MARKERS[i % len(_MARKERS)], ms=4, capsize=3, lw=1,
-                  label=f"{_label(key)}{lr} (n={e['n']})")
+                  yerr=None if e["n"] < 2 else [(mean - low) * scale, (high - mean) * scale],
+                  color=color, linestyle=style, marker=_MARKERS[i % len(_MARKERS)], ms=4,
+                  capsize=3, lw=1, label=f"{_label(key)}{lr} (n={e['n']})")
     ax.set_xticks(sorted({int(x) for e in data.values() for x in e[stat][0]}))
     ax.set_xlabel("layer")
     ax.set_title(labels[stat], fontsize=9)
@@ -181,7 +183,8 @@ BAND = ("*Curves: per group, the mean over its seeds (n per group in the panel t
         "sd band, at the steps where every seed of the group logged a finite value: a seed that "
         "diverged or has not finished ends its group's curve there. Log y for grad norm and "
         "attention logits, and for any quantity whose plotted means span more than a factor of "
-        "30; there, no band where mean − sd ≤ 0.*")
+        "30; there, no band where mean − sd ≤ 0. A fraction's band (act_zero_frac) is cut at 0 "
+        "and 1.*")
 
 
 def write(manifest, runs, directory: pathlib.Path) -> list[str]:
@@ -206,5 +209,5 @@ def write(manifest, runs, directory: pathlib.Path) -> list[str]:
     lines += ["", f"![activation statistics by layer]({directory.name}/layers.png)", "",
               "*Activation statistics by layer at the last evaluation of the finished stable or "
               "unstable runs, each group at its best LR (lowest mean final val loss): mean ± sd "
-              "over seeds.*"]
+              "over seeds, the bars of the two percentages cut at 0% and 100%.*"]
   return lines

@@ -13,6 +13,7 @@ from actlab.measure import stats
 from actlab.measure.stats import LR_KEY, Run, finite
 
 LAYER_STATS = ("dead_units", "act_zero_frac", "act_mean")
+FRACTIONS = ("act_zero_frac", "dead_units")  # shares in [0, 1]: mean ± sd is cut to [0, 1]
 _LINE_STYLES = ("-", "--", ":", "-.")
 
 
@@ -52,6 +53,13 @@ def band(runs: Sequence[Run], key: str) -> Band | None:
     return None
   values = np.array([[s[t] for t in steps] for s in series], np.float64)
   return Band(np.array(steps), *_mean_sd(values), len(series))
+
+
+def spread(mean, sd, key: str) -> tuple[np.ndarray, np.ndarray]:
+  """The ends of mean ± sd, each cut to [0, 1] where `key` is a fraction (`FRACTIONS`): a share's
+  bar or band never reaches below 0 or above 1, so it is asymmetric near either end."""
+  low, high = np.asarray(mean) - np.asarray(sd), np.asarray(mean) + np.asarray(sd)
+  return (np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0)) if key in FRACTIONS else (low, high)
 
 
 def log_scale(values: Sequence[float], span: float = 30.0) -> bool:

@@ -1,6 +1,7 @@
 """The report's markdown tables, each with the rules above it (`sections`, `runs_table`); the
 numbers come from `actlab.measure.stats` and `actlab.measure.comparisons`."""
 
+import re
 from typing import Sequence
 
 from actlab.measure import comparisons, stats
@@ -131,6 +132,64 @@ def comparison_texts(manifest, runs, per_lr, best) -> tuple[str, str]:
   return per_lr_text, best_text
 
 
+# The verdict's reasons (`metrics.verdict`) without the run's own numbers, so that seeds that
+# failed alike read as one reason: (pattern, the reason as the stability table says it).
+REASON_KINDS = [
+    (r"non-finite (\S+) at step", r"non-finite \1"),
+    (r"final val loss .*: no better than chance", "final val loss no better than chance"),
+    (r"train-loss spike\(s\) > (\S+)× the best earlier loss",
+     r"train-loss spike above \1× the best earlier loss after warm-up"),
+    (r"gradient norm .* > (\S+)× its value at initialisation",
+     r"gradient norm above \1× its initial value"),
+    (r"final val loss .* > (\S+)× the best", r"final val loss above \1× its best"),
+]
+
+
+def reason_kind(reason: str) -> str:
+  """A verdict reason as `REASON_KINDS` shortens it (an unknown one as it is)."""
+  for pattern, kind in REASON_KINDS:
+    if m := re.search(pattern, reason):
+      return m.expand(kind)
+  return reason
+
+
+def _failure(run: Run | None) -> tuple[str, list[str]]:
+  """Why a seed does not count as stable: (what happened, its reasons), or ("", []) if it does."""
+  if run is None or run.state == "missing":
+    return "not run", []
+  if run.state != "done":
+    return "not finished", []
+  bar = "the copy predictor's loss" if "copy_loss" in run.summary else "the unigram loss"
+  not_learned = [f"not learned: final val loss ≥ {bar}"] if run.learned is False else []
+  if run.status == "stable":
+    return ("not learned", [f"final val loss ≥ {bar}"]) if not_learned else ("", [])
+  return run.status, [*map(reason_kind, run.summary.get("status_reasons") or []), *not_learned]
+
+
+def failures(runs: Sequence[Run | None]) -> str:
+  """How many of `runs` (one per seed; None: not run) failed, how and why, e.g. "3 of 3 unstable
+  (gradient norm above 10× its initial value)"; a reason that only some of the seeds that failed
+  alike share says in how many ("… in 1")."""
+  kinds: dict[str, list[list[str]]] = {}
+  for run in runs:
+    what, reasons = _failure(run)
+    if what:
+      kinds.setdefault(what, []).append(reasons)
+  parts = []
+  for what, reasons in kinds.items():
+    counted = {}
+    for reason in (x for seed in reasons for x in dict.fromkeys(seed)):
+      counted[reason] = counted.get(reason, 0) + 1
+    why = "; ".join(r + ("" if k == len(reasons) else f" in {k}") for r, k in counted.items())
+    parts.append(f"{len(reasons)} {what}" + (f" ({why})" if why else ""))
+  failed = sum(map(len, kinds.values()))
+  if not parts:
+    return f"none of {len(runs)} failed"
+  if len(parts) == 1:
+    return f"{failed} of {len(runs)} " + parts[0].split(" ", 1)[1]
+  return f"{failed} of {len(runs)} failed: " + ", ".join(parts)
+
+
 def stability_table(manifest, runs) -> str:
   if LR_KEY not in manifest["axes"]:
     return ""
@@ -138,11 +197,14 @@ def stability_table(manifest, runs) -> str:
   rows = []
   for key, lr in stats.largest_stable_lr(manifest, runs).items():
     up = next((x for x in lrs if lr is None or x > lr), None)
-    counts = status_counts([r for (x, _), r in cells[key].items() if x == up])
-    rows.append([*map(stats.fmt_value, key), "none" if lr is None else stats.fmt_value(lr),
-                 "— (the grid's largest)" if up is None else f"{stats.fmt_value(up)}: {counts}"])
-  return _table([*map(_header, stats.other_axes(manifest)), "largest LR stable in every seed",
-                 "next LR up: status"], rows)
+    at_up = [cells[key].get((up, seed)) for seed in manifest["seeds"]]
+    rows.append([*map(stats.fmt_value, key),
+                 "none, not even the lowest" if lr is None else stats.fmt_value(lr),
+                 "— (none swept higher)" if up is None else f"{stats.fmt_value(up)}: "
+                 f"{failures(at_up)}"])
+  return _table([*map(_header, stats.other_axes(manifest)),
+                 "largest LR where every seed is stable",
+                 "next LR up (the lowest, if none is): seeds that failed, and why"], rows)
 
 
 def sensitivity_table(manifest, runs) -> str:
@@ -201,8 +263,11 @@ def sections(manifest, runs, base) -> list[tuple[str, str, str]]:
        comparison_table(manifest, best, comparisons.best_lr_keys(manifest), best_lr=True)
        or best_missing),
       ("Largest stable LR",
-       "The largest swept LR at which every seed of the grid finished stable and learned (final "
-       "val loss below the unigram loss); the status counts one LR up say why it is not higher."
+       "The largest swept LR at which every seed of the grid finished stable (docs/metrics.md §6) "
+       "and learned (final val loss below the unigram loss; MLM: the copy predictor's), and why "
+       "it is not higher: at the next LR up (at the lowest when no LR qualifies), how many seeds "
+       "failed and how (unstable, diverged, not learned, not finished, not run), with the "
+       "reasons of the verdict."
        + (f" {unchecked} finished run(s) have no `unigram_loss` in their summary: not checked "
           "for learning." if unchecked else ""), stability_table(manifest, runs)),
       ("LR sensitivity",
