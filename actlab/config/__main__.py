@@ -1,5 +1,6 @@
 """python -m actlab.config: every field with its default and meaning (`fields.listing`), or with
---config=FILE[:arg] the config it resolves to, as JSON (what a run writes to its config.json)."""
+--config=FILE[:arg] the config it resolves to, as JSON (what a run writes to its config.json,
+which records absolute paths relative to the run directory: docs/running.md)."""
 
 from actlab import errors
 from actlab.config import fields

@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import functools
 import importlib.metadata
-import json
 import os
 import pathlib
 import socket
@@ -54,8 +53,10 @@ def _code() -> dict:
           "git_dirty": None if status is None else bool(status)}
 
 
-def segment(config: ml_collections.ConfigDict, start_step: int) -> dict:
-  """Where, with what and how this process (re)started the run at `start_step`."""
+def segment(config: ml_collections.ConfigDict, start_step: int,
+            run_dir: "str | os.PathLike" = ".") -> dict:
+  """Where, with what and how this process (re)started the run in `run_dir` at `start_step`; its
+  paths as the run directory records them (`workdir.recorded_command`, `recorded_config`)."""
   devices = jax.devices()
   return {
       "start_step": start_step, "started": workdir_lib.now(), **_code(),
@@ -64,8 +65,9 @@ def segment(config: ml_collections.ConfigDict, start_step: int) -> dict:
       # results differ in rounding between CPU counts (docs/sweeps.md, "Using all the hardware").
       "cpus": len(os.sched_getaffinity(0)),
       "process_count": jax.process_count(), "host": socket.gethostname(),
-      "command": [sys.executable, *sys.argv],
-      "runtime": {k: v for k, v in workdir_lib.dotted(json.loads(config.to_json())).items()
+      "command": workdir_lib.recorded_command(sys.argv, sys.executable, run_dir),
+      "runtime": {k: v for k, v in
+                  workdir_lib.dotted(workdir_lib.recorded_config(config, run_dir)).items()
                   if k.startswith(workdir_lib.RUNTIME_FIELDS)},
   }
 
@@ -107,7 +109,7 @@ class Lane:
     """The run of `config` (of `task`) in `run_dir`, resuming at `start` with the restored
     checkpoint's `meta` (None for a fresh run)."""
     meta, path = meta or {}, run_dir.logdir
-    segments = append_segment(path, segment(config, start))
+    segments = append_segment(path, segment(config, start, run_dir.root))
     return cls(config, task, run_dir, dataset, ckpts,
                metrics_log.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
                tracking.open_writers(config, path, start, segments), segments,
