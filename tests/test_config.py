@@ -38,13 +38,15 @@ DECODER_VARIANTS = ["", "smoke"]
 ENCODER_VARIANTS = ["", "smoke", "base", "classify", "smoke_classify", "base_classify"]
 OTHER_CONFIGS = {"benchmarks/gpt2_small.py": ["", "fp32", "smoke"],
                  "tests/tiny_config.py": ["", "swiglu"]}
-SWEEP_FILES = [*sorted((REPO / "experiments").glob("*.py")), REPO / "benchmarks/six_run_study.py"]
+SWEEP_FILES = [*(p for p in sorted((REPO / "experiments").glob("*.py"))
+                 if "def get_sweep(" in p.read_text()), REPO / "benchmarks/six_run_study.py"]
 # The variants of each sweep file in the snapshot (default: none and `:smoke`), and the config
 # each runs on (default: the reference).
 SWEEP_VARIANTS = {"primary_tests": ["gated_pilot", "relu_gelu", "swiglu_silu", "geglu_gelu",
                                    "reglu_relu", "bert_relu_gelu", "bert_tanh_gelu",
-                                   "bert_swiglu_gelu"]}
-SWEEP_BASES = {"primary_tests": [REFERENCE] * 5 + ["configs/bert_gelu.py"] * 3,
+                                   "bert_swiglu_gelu", "recipe_clip_pilot", "recipe_warmup_pilot",
+                                   "recipe_wide_pilot", "recipe_clip_warmup_pilot"]}
+SWEEP_BASES = {"primary_tests": [REFERENCE] * 5 + ["configs/bert_gelu.py"] * 3 + [REFERENCE] * 4,
                "bert_ffn_activation": ["configs/bert_gelu.py", "configs/bert_gelu.py"],
                "bert_pooler": ["configs/bert_gelu.py:classify",
                                "configs/bert_gelu.py:smoke_classify"]}
@@ -227,7 +229,9 @@ def test_command_line_overrides():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("model.activation", "gelu2", "model.activation: unknown activation 'gelu2'; valid names: "),
+    ("model.activation", "gelu2", "model.activation: unknown activation 'gelu2'; did you mean "
+                                  "'gelu'? valid names: "),
+    ("model.activation", "swish", "model.activation: unknown activation 'swish'; valid names: "),
     ("model.num_heads", 5, "model.d_model=32 is not divisible by model.num_heads=5"),
     ("optim.lr", 0.0, "optim.lr=0.0 must be positive"),
     ("optim.lr", -1e-3, "optim.lr=-0.001 must be positive"),

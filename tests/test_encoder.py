@@ -11,7 +11,9 @@ import pytest
 from actlab import models, tasks
 from actlab import config as config_lib
 from actlab.models.spec import Spec
-from actlab.models.transformer import Attention, Block, FeedForward, layer_norm
+from actlab.models.attention import Attention
+from actlab.models.layers import norm as layer_norm
+from actlab.models.transformer import Block, FeedForward
 
 SPEC = Spec("gelu", num_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=32, vocab_size=128,
             norm="post", norm_eps=1e-12)

@@ -16,7 +16,7 @@ import pytest
 from actlab import data, models
 from actlab import config as config_lib
 from actlab.measure import evaluators, metrics
-from actlab.models import transformer
+from actlab.models import attention
 from actlab.run import steps
 from conftest import tiny
 
@@ -133,7 +133,7 @@ def test_layers_ordered_by_index_and_scan_stacks_split():
 
 
 def logit_max(q, k, mask, *, causal):
-  return transformer.attention_stats(transformer.attention_logits(q, k, mask, causal=causal))[0]
+  return attention.attention_stats(attention.attention_logits(q, k, mask, causal=causal))[0]
 
 
 def test_attention_logit_max_ignores_invisible_positions():
@@ -160,8 +160,8 @@ def test_attention_entropy_closed_forms():
   L = 6
   q = np.zeros((2, 2, L, 4), np.float32)
   k = np.zeros((2, 2, L, 4), np.float32)
-  entropy = lambda mask, causal: np.asarray(transformer.attention_stats(
-      transformer.attention_logits(q, k, mask, causal=causal))[1])
+  entropy = lambda mask, causal: np.asarray(attention.attention_stats(
+      attention.attention_logits(q, k, mask, causal=causal))[1])
   np.testing.assert_allclose(entropy(None, True), np.mean(np.log(np.arange(1, L + 1))), rtol=1e-6)
   pad = np.ones((2, 1, 1, L), bool)
   pad[..., -1] = False

@@ -8,7 +8,7 @@ import pytest
 
 from actlab import models, tasks
 from actlab import config as config_lib
-from actlab.models import activations, transformer
+from actlab.models import activations, attention, transformer
 from actlab.models.spec import Spec
 from conftest import tiny
 
@@ -151,22 +151,22 @@ def test_attention_equals_jax_reference(causal, padded):
   to_BLHK = lambda x: x.transpose(0, 2, 1, 3)
   ref = to_BLHK(jax.nn.dot_product_attention(to_BLHK(q), to_BLHK(k), to_BLHK(v), mask=mask,
                                              is_causal=causal, implementation="xla"))
-  np.testing.assert_allclose(transformer.xla_attention(q, k, v, mask, causal=causal)[0], ref,
+  np.testing.assert_allclose(attention.xla_attention(q, k, v, mask, causal=causal)[0], ref,
                              atol=1e-6)
 
   spec = Spec.from_config(tiny().model, 64)
   x = jnp.asarray(r.normal(size=(2, 5, spec.d_model)), jnp.float32)
-  split = transformer.HeadsDense(spec, split=True)
+  split = attention.HeadsDense(spec, split=True)
   params = split.init(jax.random.PRNGKey(1), x)
   dense = {"params": params["params"]}  # the same parameters an nn.Dense(d_model) has
   y = jax.nn.relu(x) @ params["params"]["kernel"] + params["params"]["bias"]
   heads = split.apply(dense, jax.nn.relu(x))
   B, H, L, K = heads.shape
   np.testing.assert_allclose(heads.transpose(0, 2, 1, 3).reshape(B, L, H * K), y, atol=1e-5)
-  merge = transformer.HeadsDense(spec, split=False)
+  merge = attention.HeadsDense(spec, split=False)
   np.testing.assert_allclose(merge.apply(dense, heads), y.reshape(B, L, -1) @ params["params"][
       "kernel"] + params["params"]["bias"], atol=1e-5)
-  reference = flax.linen.Dense(spec.d_model, kernel_init=transformer.normal(0.02))
+  reference = flax.linen.Dense(spec.d_model, kernel_init=jax.nn.initializers.normal(0.02))
   assert all(jax.tree.leaves(jax.tree.map(jnp.array_equal, params,
                                           reference.init(jax.random.PRNGKey(1), x))))
 
@@ -186,7 +186,7 @@ def test_hidden_is_the_tied_heads_input(gelu):
 def attention_and_input(qk_norm: bool, seed: int = 0):
   """A tiny decoder's first attention layer, its parameters and an input [2, 8, D]."""
   spec = Spec.from_config(tiny(**{"model.qk_norm": qk_norm}).model, 64)
-  attn = transformer.Attention(spec, causal=True)
+  attn = attention.Attention(spec, causal=True)
   x = jnp.asarray(np.random.default_rng(seed).normal(size=(2, 8, spec.d_model)), jnp.float32)
   return spec, attn, attn.init(jax.random.PRNGKey(seed), x)["params"], x
 

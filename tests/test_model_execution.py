@@ -12,7 +12,7 @@ import pytest
 
 from actlab import models, tasks
 from actlab.measure import evaluators, histogram, metrics
-from actlab.models import execution, hf, transformer
+from actlab.models import attention, execution, hf
 from actlab.run import steps
 from conftest import tiny, tiny_encoder
 
@@ -208,9 +208,9 @@ def test_cudnn_attention_sows_the_logit_max_only_in_evaluation(monkeypatch):
   logit_maxes = lambda sown: [float(s.logit_max)
                               for s in metrics.per_layer(sown, models.AttentionStats)]
   xla = logit_maxes(models.apply(model, params, tokens, stats=True)[1])
-  monkeypatch.setattr(transformer, "attention_impl", lambda *args: "cudnn")
-  monkeypatch.setattr(transformer, "cudnn_attention",
-                      lambda *args, causal: transformer.xla_attention(*args, causal=causal)[0])
+  monkeypatch.setattr(attention, "attention_impl", lambda *args: "cudnn")
+  monkeypatch.setattr(attention, "cudnn_attention",
+                      lambda *args, causal: attention.xla_attention(*args, causal=causal)[0])
   assert logit_maxes(models.apply(model, params, tokens, stats=True)[1]) == xla
   assert len(xla) == c.model.num_layers
   _, sown = models.apply(model, params, tokens, train=True, rngs={"dropout": jax.random.PRNGKey(1)},

@@ -173,6 +173,10 @@ class TorchBench:
     c = config
     if not tasks.get(c).causal or c.model.norm != "pre":
       raise ValueError("--torch compares the pre-LN decoder (causal LM) only")
+    gpt2 = {"norm_type": "layer", "position": "learned", "bias": True, "tie_head": True,
+            "ffn": "auto"}
+    if other := [f"model.{k}={c.model[k]!r}" for k, v in gpt2.items() if c.model[k] != v]:
+      raise ValueError(f"--torch builds GPT-2's block only; {', '.join(other)} it cannot build")
     if mode not in TORCH_MODES:
       raise ValueError(f"--torch_mode={mode!r}: choose one of {', '.join(TORCH_MODES)}")
     self.name = f"PyTorch {mode} (nanoGPT)"

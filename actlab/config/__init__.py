@@ -13,7 +13,7 @@ from actlab.config.sizes import (CLASSIFY_SETTINGS, DECODER_SIZES, ENCODER_PREFI
                                  ENCODER_SIZES, SIZES)
 from actlab.config.validation import ConfigError, check, choices, validate
 
-__all__ = ["ConfigError", "base", "decoder", "encoder", "override", "parse_arg", "parse_overrides",
+__all__ = ["BLOCKS", "ConfigError", "base", "decoder", "encoder", "override", "parse_arg", "parse_overrides",
            "validate"]
 
 
@@ -32,10 +32,20 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   m.max_len = 128               # learned position embeddings (context length)
   m.vocab_size = 0              # 0: the tokenizer's vocabulary; always padded to a multiple of 64
   m.dropout = 0.0
-  m.norm = "pre"                # "pre" (GPT-2) or "post" (BERT) LayerNorm placement
-  m.norm_eps = 1e-5             # LayerNorm epsilon (GPT-2 1e-5, BERT 1e-12)
-  m.qk_norm = False             # qk-layernorm: LayerNorm of queries and keys over the head dim
-                                # before q·k (Wortsman et al. 2023); no Hugging Face export
+  m.norm = "pre"                # "pre" (GPT-2) or "post" (BERT) placement of the norms
+  m.norm_type = "layer"         # "layer" (LayerNorm) or "rms" (RMSNorm as Llama's: float32,
+                                # a scale only)
+  m.norm_eps = 1e-5             # the norms' epsilon (GPT-2 1e-5, BERT 1e-12, Llama 1e-6)
+  m.position = "learned"        # "learned" position embeddings (max_len of them) or "rope"
+                                # (rotary on queries and keys, transformers' half-split layout)
+  m.rope_theta = 10000.0        # RoPE's base (position="rope")
+  m.bias = True                 # every linear and norm bias (false: none, as Llama)
+  m.tie_head = True             # the LM head is the token embedding (GPT-2) or its own matrix
+  m.ffn = "auto"                # "plain" W₂·act(W₁x), "gated" W₂·(act(W_g x) ⊙ W₁x) for any
+                                # activation, "auto": gated for the GLU names (swiglu, ...)
+  m.qk_norm = False             # qk-norm: the block's norm of queries and keys over the head dim
+                                # before q·k (Wortsman et al. 2023; Qwen3); Hugging Face export
+                                # with norm_type="rms" only (Qwen3)
   m.dtype = "float32"           # compute dtype: "float32" or "bfloat16" (params stay float32)
   m.attention_impl = "xla"      # jax.nn.dot_product_attention implementation: "xla", "cudnn",
                                 # "auto"
@@ -125,13 +135,22 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   return c
 
 
-def decoder(activation: str = "gelu", size: str | None = None) -> ml_collections.ConfigDict:
+# The decoder's blocks by name: GPT-2's (`base`), and the LLaMA-style block (RMSNorm, rotary
+# positions, no biases, an untied head, a gated FFN for any activation).
+BLOCKS = {"gpt2": {},
+          "llama": {"model.norm_type": "rms", "model.norm_eps": 1e-6, "model.position": "rope",
+                    "model.bias": False, "model.tie_head": False, "model.ffn": "gated"}}
+
+
+def decoder(activation: str = "gelu", size: str | None = None,
+            block: str = "gpt2") -> ml_collections.ConfigDict:
   """`configs/decoder.py` (and `tinystories_<activation>.py`): `base` at a decoder size of
-  `SIZES` ("reference", the default, is `base` itself)."""
+  `SIZES` ("reference", the default, is `base` itself) with a block of `BLOCKS`."""
   size = size or "reference"
   if size not in DECODER_SIZES:
     raise ConfigError(f"unknown config variant {size!r}; choose one of: {choices(DECODER_SIZES)}")
-  return override(base(activation), SIZES[size])
+  check(block in BLOCKS, f"unknown block {block!r}; choose one of: {choices(BLOCKS)}")
+  return override(override(base(activation), SIZES[size]), BLOCKS[block])
 
 
 def encoder(activation: str = "gelu", size: str | None = None,

@@ -16,7 +16,7 @@ WANDB_MODES = ("", "online", "offline", "disabled")  # metrics.wandb_mode
 POSITIVE = ("model.num_layers", "model.d_model", "model.num_heads", "model.d_ff", "model.max_len",
             "train.steps", "train.batch_size", "train.log_every", "train.eval_every",
             "train.checkpoint_every", "train.keep_checkpoints", "optim.lr", "data.seq_len",
-            "data.val_batches", "metrics.sharpness_iters", "metrics.spike_rel",
+            "data.val_batches", "model.rope_theta", "metrics.sharpness_iters", "metrics.spike_rel",
             "metrics.final_gap_rel", "metrics.uniform_frac", "metrics.ffn_hist_range")
 # The fields that may be 0, with what 0 means for those where it means something.
 NON_NEGATIVE = {"model.vocab_size": " (0 = tokenizer's)", "parallel.fsdp_min_size": "",
@@ -25,8 +25,10 @@ NON_NEGATIVE = {"model.vocab_size": " (0 = tokenizer's)", "parallel.fsdp_min_siz
                 "optim.clip_norm": " (0 disables)", "optim.z_loss": " (0 = off)",
                 "data.test_batches": " (0 = no test split)",
                 "metrics.sharpness_every": " (0 = off)", "metrics.grad_rel_max": " (0 = off)"}
-BOOLEAN = ("model.qk_norm", "model.scan_layers", "parallel.distributed", "sweep.vectorize")
-ONE_OF = {"model.norm": ("pre", "post"), "model.dtype": ("float32", "bfloat16"),
+BOOLEAN = ("model.qk_norm", "model.bias", "model.tie_head", "model.scan_layers", "parallel.distributed", "sweep.vectorize")
+ONE_OF = {"model.norm": ("pre", "post"), "model.norm_type": ("layer", "rms"),
+          "model.position": ("learned", "rope"), "model.ffn": ("auto", "plain", "gated"),
+          "model.dtype": ("float32", "bfloat16"),
           "model.attention_impl": ("xla", "cudnn", "auto"), "model.loss_impl": ("fused", "plain"),
           "model.remat": ("none", "full", "dots"), "parallel.mode": ("dp", "fsdp"),
           "data.source": ("tinystories", "synthetic"), "data.tinystories_version": ("v1", "v2")}
@@ -87,6 +89,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
     check_one_of(key, _field(c, key), options)
   check(m.d_model % m.num_heads == 0,
         f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}")
+  check(m.position != "rope" or (m.d_model // m.num_heads) % 2 == 0,
+        f"model.position='rope' rotates pairs of features: the head dim d_model/num_heads = "
+        f"{m.d_model // m.num_heads} must be even")
+  check(m.ffn != "plain" or not activations.get(m.activation).gated,
+        f"model.ffn='plain' with model.activation={m.activation!r}, a gated (GLU) name: use its "
+        f"plain activation ({activations.GATE_BASE.get(m.activation)!r}) or model.ffn='gated'")
   check(0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} must be in [0, 1)")
   check(0.0 <= o.min_lr_ratio <= 1.0, f"optim.min_lr_ratio={o.min_lr_ratio} must be in [0, 1]")
   check(0 <= o.warmup_steps < t.steps,
@@ -118,6 +126,10 @@ def _check_encoder(config) -> None:
   missing = [f for f in ENCODER_FIELDS if f.split(".")[1] not in config[f.split(".")[0]]]
   check(not missing, f"model.kind='encoder' needs the encoder's fields ({', '.join(missing)} "
         "missing): start from configs/bert_<activation>.py (config.encoder)")
+  bert = {"norm_type": "layer", "position": "learned", "bias": True, "tie_head": True}
+  changed = [f"model.{k}={m[k]!r}" for k, v in bert.items() if m[k] != v]
+  check(not changed, f"{', '.join(changed)}: the encoder builds BERT's block (LayerNorm, learned "
+        "positions, biases, the tied MLM head); these options are the decoder's")
   check(not _parsed("model.pooler_activation", activations.get, m.pooler_activation).gated,
         f"model.pooler_activation={m.pooler_activation!r} is gated; the pooler takes a plain "
         "activation (tanh, gelu, identity, ...)")

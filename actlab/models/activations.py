@@ -11,6 +11,7 @@ plain activation `GATE_BASE` names. `python -m actlab.models` prints `value_tabl
 """
 
 import dataclasses
+import difflib
 import math
 from typing import Callable
 
@@ -88,12 +89,15 @@ NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 
 def get(name: str) -> Activation:
-  """The registered activation called `name`; ValueError (listing valid names) otherwise."""
+  """The registered activation called `name`; ValueError (the closest name, if one is close, and
+  the valid names) otherwise."""
   try:
     return _REGISTRY[name]
   except KeyError:
-    raise ValueError(f"unknown activation {name!r}; valid names: "
-                     f"{', '.join(sorted(_REGISTRY))}") from None
+    close = difflib.get_close_matches(str(name), _REGISTRY, n=1)
+    raise ValueError(f"unknown activation {name!r}; "
+                     + (f"did you mean {close[0]!r}? " if close else "")
+                     + f"valid names: {', '.join(sorted(_REGISTRY))}") from None
 
 
 def value_table(zs=(-3, -1, 0, 0.5, 1, 3)) -> str:

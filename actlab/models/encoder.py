@@ -9,7 +9,8 @@ import jax.numpy as jnp
 from actlab.models import activations
 from actlab.models.execution import Execution
 from actlab.models.spec import Spec
-from actlab.models.transformer import dense, embed, layer_norm, stack, tied_logits
+from actlab.models.layers import dense, embed, norm
+from actlab.models.transformer import stack, tied_logits
 
 HEADS = ("mlm", "classify", "all")
 
@@ -24,7 +25,7 @@ class MLMHead(nn.Module):
   def __call__(self, x_BPD, embedding_VD):
     s, ex = self.spec, self.execution
     h_BPD = dense(s.d_model, ex, name="dense")(x_BPD)
-    h_BPD = layer_norm(s, ex, "ln")(activations.get(s.activation).fn(h_BPD))
+    h_BPD = norm(s, ex, "ln")(activations.get(s.activation).fn(h_BPD))
     bias_V = self.param("bias", nn.initializers.zeros, (s.vocab_size,), jnp.float32)
     return tied_logits(h_BPD, embedding_VD) + bias_V
 
@@ -57,11 +58,11 @@ class Encoder(nn.Module):
     wte = embed(s.vocab_size, s, ex, "wte")
     x_BLD = (wte(tokens_BL) + embed(s.max_len, s, ex, "wpe")(jnp.arange(L))[None]
              + embed(self.type_vocab_size, s, ex, "wtt")(segments_BL))
-    x_BLD = layer_norm(s, ex, "ln_emb")(x_BLD)
+    x_BLD = norm(s, ex, "ln_emb")(x_BLD)
     x_BLD = nn.Dropout(s.dropout)(x_BLD, deterministic=not train)
     x_BLD = stack(s, ex, x_BLD, mask_BL, causal=False, train=train)
     if s.norm == "pre":
-      x_BLD = layer_norm(s, ex, "ln_f")(x_BLD)
+      x_BLD = norm(s, ex, "ln_f")(x_BLD)
 
     out = {}
     if self.head in ("mlm", "all"):

@@ -12,7 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from actlab.errors import UserError
-from actlab.models import activations, hf, hf_gpt2
+from actlab.models import hf, hf_gpt2
+from actlab.models.spec import gated
 
 INSTALL = 'pip install -e ".[hf]"'  # transformers, safetensors
 EXPORTED = "actlab"  # the config.json entry of an export: where from, step, steps, finished, status
@@ -44,9 +45,17 @@ REQUIRED = {"gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_id
 
 
 def _check_architecture(config, arch: Architecture, doing: str) -> None:
-  """UserError unless the model has `arch`'s plain FFN, LayerNorm placement and no qk-norm."""
+  """UserError unless the model has `arch`'s block: GPT-2's or BERT's (LayerNorm with biases at
+  its placement, learned positions, the tied head), a plain FFN and no qk-norm."""
   m, cls, norm = config.model, arch.cls, arch.norm
-  if activations.get(m.activation).gated:
+  block = {"norm_type": "layer", "position": "learned", "bias": True, "tie_head": True}
+  other = [f"model.{k}={m[k]!r}" for k, v in block.items() if m[k] != v]
+  if other:
+    raise UserError(f"{doing}: {', '.join(other)}: {cls} has "
+                    f"{'GPT-2' if arch.model_type == 'gpt2' else 'BERT'}'s block (LayerNorm with "
+                    "biases, learned positions, the tied head); no transformers class for this "
+                    "block is mapped yet")
+  if gated(m.activation, m.ffn):
     raise UserError(f"{doing}: model.activation={m.activation!r} is a gated FFN (a third matrix), "
                     f"which {cls} cannot express; use a plain activation "
                     f"({', '.join(ACTIVATIONS)})")

@@ -21,9 +21,15 @@ class Spec:
   vocab_size: int               # padded to a multiple of 64
   dropout: float = 0.0
   norm: str = "pre"             # "pre" (GPT-2: x + f(LN(x))) or "post" (BERT: LN(x + f(x)))
+  norm_type: str = "layer"      # "layer" (LayerNorm) or "rms" (RMSNorm, as Llama's)
   norm_eps: float = 1e-5
+  position: str = "learned"     # "learned" (`wpe`) or "rope" (rotary, on queries and keys)
+  rope_theta: float = 10000.0
+  bias: bool = True             # every linear and norm bias
+  tie_head: bool = True         # the LM head is the token embedding, or its own matrix
+  ffn: str = "auto"             # "plain", "gated", or "auto": gated for the GLU names
   gated_match_params: bool = True
-  qk_norm: bool = False         # LayerNorm of queries and keys over the head dim before q·k
+  qk_norm: bool = False         # the block's norm of queries and keys over the head dim
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "Spec":
@@ -31,8 +37,16 @@ class Spec:
     return cls(**{**config_fields(cls, model), "vocab_size": vocab_size})
 
   @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+  @property
+  def gated(self) -> bool:
+    return gated(self.activation, self.ffn)
+
+  @property
   def ffn_width(self) -> int:
-    return ffn_width(self.activation, self.d_ff, self.gated_match_params)
+    return ffn_width(self.activation, self.d_ff, self.gated_match_params, self.ffn)
 
 
 def execution_from_config(model: ml_collections.ConfigDict) -> Execution:
@@ -45,10 +59,16 @@ def config_fields(cls, model: ml_collections.ConfigDict) -> dict:
   return {k: v for k, v in model.to_dict().items() if k in names}
 
 
-def ffn_width(activation: str, d_ff: int, gated_match_params: bool = True) -> int:
+def gated(activation: str, ffn: str = "auto") -> bool:
+  """Whether the FFN is gated: `ffn` "gated", or "auto" with a GLU name (swiglu, geglu, …)."""
+  return ffn == "gated" or (ffn == "auto" and activations.get(activation).gated)
+
+
+def ffn_width(activation: str, d_ff: int, gated_match_params: bool = True,
+              ffn: str = "auto") -> int:
   """Hidden width F: d_ff, or for gated FFNs round(2/3·d_ff) to a multiple of 64 (Shazeer 2020's
   parameter match)."""
-  if activations.get(activation).gated and gated_match_params:
+  if gated(activation, ffn) and gated_match_params:
     return max(64, round(2 * d_ff / 3 / 64) * 64)
   return d_ff
 

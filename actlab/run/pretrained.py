@@ -19,8 +19,8 @@ from actlab.run.workdir import RunDir, WorkdirError
 
 # Fields that must agree between a run and the run it is initialised from (`train.init_from`).
 INIT_FROM_FIELDS = {"model": ("kind", "activation", "num_layers", "d_model", "num_heads", "d_ff",
-                              "gated_match_params", "max_len", "vocab_size", "norm",
-                              "type_vocab_size"),
+                              "gated_match_params", "max_len", "vocab_size", "norm", "norm_type",
+                              "position", "bias", "tie_head", "ffn", "type_vocab_size"),
                     "data": ("source", "tokenizer", "tinystories_version")}
 
 
@@ -35,7 +35,7 @@ def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
     return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.get(config).hf,
                               models.pad_vocab(config.model.vocab_size or vocab_size))
   source = pathlib.Path(config.train.init_from)
-  old = workdir_lib.read_json(source / "config.json")
+  old = workdir_lib.run_config(source)
   if old is None:
     raise WorkdirError(f"train.init_from={str(source)!r} holds no run (no readable config.json); "
                        "train the model to start from there first (e.g. the :smoke MLM config), "
