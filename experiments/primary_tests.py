@@ -64,6 +64,14 @@ steps; (c) `wide`: twice the width (d_model 256, FFN 1,024, 8 heads of 32 dimens
 block's tests (`modern_relu_gelu`: ReLU − GELU in the modern block with a plain FFN;
 `modern_relu2_gelu`: ReLU² − GELU there); their settings are stated here when the block exists,
 before their runs, and K stays 6 whether or not they run (an unrun test counts as p = 1).
+**The modern block's tests (stated 2026-11-25, with the block and before any of their runs):**
+test 1's question with the block swapped and its recipe kept — the `cpu_epoch` decoder and
+schedule (no clipping, 45 warm-up steps, d_model 128, FFN 512, 4 heads) in
+`config.BLOCKS["llama"]` (RMSNorm with eps 1e-6, RoPE with θ = 10,000, no biases, an untied
+head) with a plain FFN (`MODERN_BLOCK`), so that a change from test 1 is the block's. One pilot
+for both (`:modern_pilot`: ReLU, ReLU² and GELU × LR {1e-3, 3e-3, 1e-2} × seeds 0–2; the step
+past an edge, `:modern_edge`, for every arm that needs it), then each test's fresh seeds
+(`:modern_relu_gelu`, `:modern_relu2_gelu`; GELU's runs serve both), by the rules below.
 The family is corrected alone (Holm and the intervals at α/6), apart from the page's first
 family, whose verdicts it leaves as they are.
 - **Pilot** (`:recipe_<r>_pilot`): ReLU and GELU × LR {1e-3, 3e-3, 1e-2} × seeds 0–2 under the
@@ -92,7 +100,7 @@ import sys
 import numpy as np
 from scipy import optimize, stats
 
-from actlab.config import sizes
+from actlab.config import BLOCKS, sizes
 from actlab.measure import comparisons
 
 ALPHA, POWER, DELTA, MIN_SEEDS = 0.05, 0.8, 0.1, 10
@@ -136,9 +144,14 @@ for _r, _fields in RECIPES.items():
   TESTS[f"recipe_{_r}"] = (f"Does ReLU or GELU give the lower loss at its best LR (decoder, "
                            f"recipe {_r})?", "relu", "gelu", {**DECODER, **_fields},
                            (f"primary_recipe_{_r}_pilot", f"primary_recipe_{_r}_edge"))
-# The modern block's places in family 2: stated with the block, before their runs.
-MODERN = {"modern_relu_gelu": "ReLU − GELU in the modern block, plain FFN",
-          "modern_relu2_gelu": "ReLU² − GELU in the modern block, plain FFN"}
+# The modern block's tests in family 2: test 1's recipe in the LLaMA-style block, plain FFN.
+MODERN_BLOCK = {**DECODER, **BLOCKS["llama"], "model.ffn": "plain"}
+MODERN_ARMS = ["relu", "relu2", "gelu"]  # one pilot for both tests
+MODERN_STUDIES = ("primary_modern_pilot", "primary_modern_edge")
+MODERN = {"modern_relu_gelu": ("relu", "ReLU"), "modern_relu2_gelu": ("relu2", "ReLU²")}
+for _name, (_act, _label) in MODERN.items():
+  TESTS[_name] = (f"Does {_label} or GELU give the lower loss at its best LR (decoder, the "
+                  f"modern block, plain FFN)?", _act, "gelu", MODERN_BLOCK, MODERN_STUDIES)
 FAMILIES = {"page": PAGE, "recipe": (*(f"recipe_{r}" for r in RECIPES), *MODERN)}
 K = len(PAGE)
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
@@ -418,9 +431,16 @@ def get_sweep(arg=None):
             "seeds": RECIPE_PILOT_SEEDS, "fixed": TESTS[f"recipe_{recipe[0]}"][3]}
   if len(recipe) == 2 and recipe[0] in RECIPES and recipe[1] == "edge":
     return edge_sweep(f"recipe_{recipe[0]}")
+  if arg == "modern_pilot":
+    return {"description": "Recipe family, the modern block's pilot: ReLU, ReLU² and GELU "
+                           "across 3 LRs (plain FFN)",
+            "axes": {"model.activation": MODERN_ARMS, "optim.lr": PILOT_LRS},
+            "seeds": RECIPE_PILOT_SEEDS, "fixed": MODERN_BLOCK}
+  if arg == "modern_edge":
+    return edge_sweep(*MODERN)
   if arg not in TESTS:
     raise ValueError(f"primary_tests: unknown variant {arg!r}; use one of "
-                     f"{[':gated_pilot', *(f':recipe_{r}_{v}' for r in RECIPES for v in ('pilot', 'edge')), *(':' + t for t in TESTS)]}")
+                     f"{[':gated_pilot', *(f':recipe_{r}_{v}' for r in RECIPES for v in ('pilot', 'edge')), ':modern_pilot', ':modern_edge', *(':' + t for t in TESTS)]}")
   question, a, b, fixed, _ = TESTS[arg]
   plan = pilot(arg)
   if plan is None:
@@ -428,7 +448,7 @@ def get_sweep(arg=None):
                      "committed yet")
   if "edge" in plan:
     raise ValueError(f"primary_tests:{arg}: its pilot's best LR is at the grid's edge for "
-                     f"{sorted(plan['edge'])}: run :{arg}_edge first")
+                     f"{sorted(plan['edge'])}: run :{edge_variant(arg)} first")
   sweep = {"description": f"Primary test {arg}: {question}",
            "axes": {"model.activation": [a, b]},
            "seeds": fresh_seeds(arg, plan["n"]),
@@ -439,20 +459,29 @@ def get_sweep(arg=None):
   return sweep
 
 
-def edge_sweep(name: str) -> dict:
-  """The recipe pilot's step past the grid's edge: each arm whose best LR is at an edge, at the
-  LR one step past it, on the pilot's seeds."""
-  plan = pilot(name)
-  if plan is None or "edge" not in plan:
-    raise ValueError(f"primary_tests:{name}_edge: " + (
-        "its pilot is not committed yet" if plan is None else
-        "no arm's best LR is at the grid's edge: nothing to run"))
-  arms = sorted(plan["edge"])
-  sweep = {"description": f"Recipe family, pilot: the step past the grid's edge ({name})",
-           "axes": {"model.activation": arms}, "seeds": plan["seeds"],
-           "fixed": {**TESTS[name][3], "optim.lr": plan["edge"][arms[0]]}}
-  if len(arms) > 1 and plan["edge"][arms[1]] != plan["edge"][arms[0]]:
-    sweep["fixed_by"] = {"model.activation": {arms[1]: {"optim.lr": plan["edge"][arms[1]]}}}
+def edge_variant(name: str) -> str:
+  """The sweep variant that runs the step past the edge of test `name`'s pilot."""
+  return "modern_edge" if name in MODERN else f"{name}_edge"
+
+
+def edge_sweep(*names: str) -> dict:
+  """The recipe family's step past a pilot's grid edge for tests `names` (which share a pilot):
+  each arm whose best LR is at an edge, at the LR one step past it, on the pilot's seeds."""
+  plans = [pilot(name) for name in names]
+  where = ", ".join(names)
+  if any(plan is None for plan in plans):
+    raise ValueError(f"primary_tests: the edge of {where}: its pilot is not committed yet")
+  edge = {arm: lr for plan in plans for arm, lr in plan.get("edge", {}).items()}
+  if not edge:
+    raise ValueError(f"primary_tests: the edge of {where}: no arm's best LR is at the grid's "
+                     "edge: nothing to run")
+  arms = sorted(edge)
+  sweep = {"description": f"Recipe family, pilot: the step past the grid's edge ({where})",
+           "axes": {"model.activation": arms}, "seeds": plans[0]["seeds"],
+           "fixed": {**TESTS[names[0]][3], "optim.lr": edge[arms[0]]}}
+  others = {arm: {"optim.lr": edge[arm]} for arm in arms[1:] if edge[arm] != edge[arms[0]]}
+  if others:
+    sweep["fixed_by"] = {"model.activation": others}
   return sweep
 
 
@@ -466,14 +495,13 @@ def report() -> None:
     k = len(names)
     print(f"family {fam!r}: K = {k}; simultaneous intervals at 1 - {ALPHA}/{k} "
           f"(level {1 - ALPHA / k:.4f}), Holm over the family")
-    results = {name: result(name) if name in TESTS else None for name in names}
+    results = {name: result(name) for name in names}
     p = [r["paired"].p if r else 1.0 for r in results.values()]
     p_equiv = [r["paired"].p_equiv if r else 1.0 for r in results.values()]
     for (name, r), ph, peh in zip(results.items(), comparisons.holm(p),
                                   comparisons.holm(p_equiv)):
       if r is None:
-        print(f"- {name}: " + (MODERN[name] + ": stated with the modern block"
-                               if name in MODERN else "no fresh-seed pair finished"))
+        print(f"- {name}: no fresh-seed pair finished")
         continue
       _, a, b, _, _ = TESTS[name]
       d, plan = r["paired"], pilot(name)
@@ -527,9 +555,6 @@ def pending(r: dict, n: int) -> str:
 
 def print_plan(name: str) -> None:
   """Test `name`'s pilot and the fresh seeds it asks for, as `main` prints them."""
-  if name in MODERN:
-    print(f"- {name}: {MODERN[name]}: stated with the modern block, before its runs")
-    return
   question, a, b, _, studies = TESTS[name]
   plan, study = pilot(name), " + ".join(f"results/{s}" for s in studies)
   if plan is None:
@@ -537,7 +562,7 @@ def print_plan(name: str) -> None:
   elif "edge" in plan:
     print(f"- {name}: {question}\n    pilot {study}: best LR at the grid's edge for "
           + ", ".join(f"{arm} (next: {lr:g})" for arm, lr in sorted(plan["edge"].items()))
-          + f": run :{name}_edge")
+          + f": run :{edge_variant(name)}")
   else:
     diffs = ", ".join(f"{d:+.4f}" for d in plan["diffs"])
     print(f"- {name}: {question}\n    pilot {study}, seeds {plan['seeds']}: LR "

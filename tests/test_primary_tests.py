@@ -322,3 +322,33 @@ def test_a_recipe_pilot_missing_an_lr_is_incomplete(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match="recipe_wide: its pilot is incomplete"):
     primary.pilot("recipe_wide")
   assert primary.cap("recipe_wide") == 20 and primary.cap("recipe_clip") == 40
+
+
+def test_the_modern_blocks_tests_share_one_pilot_and_one_step_past_its_edge(tmp_path,
+                                                                          monkeypatch):
+  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  val = {"relu": {1e-3: 4.1, 3e-3: 4.0, 1e-2: 4.2},    # inside the grid
+         "relu2": {1e-3: 4.3, 3e-3: 4.2, 1e-2: 4.1},   # at its upper edge
+         "gelu": {1e-3: 4.0, 3e-3: 4.1, 1e-2: 4.3}}    # at its lower edge
+  for act, by_lr in val.items():
+    for lr, v in by_lr.items():
+      for seed in primary.RECIPE_PILOT_SEEDS:
+        write_run(tmp_path / "primary_modern_pilot", act, lr, seed, v, v + 0.01 * seed)
+  assert primary.pilot("modern_relu_gelu")["edge"] == {"gelu": 3e-4}
+  assert primary.pilot("modern_relu2_gelu")["edge"] == {"relu2": 3e-2, "gelu": 3e-4}
+  with pytest.raises(ValueError, match="run :modern_edge first"):
+    primary.get_sweep("modern_relu_gelu")
+  edge = grid.cells(tiny(), grid.parse(primary.get_sweep("modern_edge")))
+  assert sorted((c.config.model.activation, c.config.optim.lr, c.config.train.seed)
+                for c in edge) == sorted((act, lr, s) for act, lr in (("gelu", 3e-4),
+                                                                       ("relu2", 3e-2))
+                                         for s in (0, 1, 2))  # GELU once for both tests
+  assert {c.config.model.position for c in edge} == {"rope"}
+  for act, lr, v in (("gelu", 3e-4, 4.05), ("relu2", 3e-2, 4.0)):
+    for seed in primary.RECIPE_PILOT_SEEDS:
+      write_run(tmp_path / "primary_modern_edge", act, lr, seed, v, v)
+  assert primary.pilot("modern_relu2_gelu")["lr"] == {"relu2": 3e-2, "gelu": 1e-3}
+  cells = grid.cells(tiny(), grid.parse(primary.get_sweep("modern_relu_gelu")))
+  c = cells[0].config.model
+  assert (c.norm_type, c.position, c.bias, c.tie_head, c.ffn) == ("rms", "rope", False, False,
+                                                                   "plain")
