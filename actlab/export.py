@@ -3,9 +3,11 @@ tokenizer's files) that `transformers` loads with `from_pretrained` (docs/huggin
 
   python -m actlab.export --workdir=runs/gelu --out=hf/gelu      # or write(workdir, out)
 
-A decoder becomes `GPT2LMHeadModel`, an encoder `BertForMaskedLM` or
-`BertForSequenceClassification`; what GPT-2 or BERT cannot express is refused in one line
-(models/hf_checkpoint.py). Needs the `hf` extra (no torch): pip install -e ".[hf]".
+A decoder becomes `GPT2LMHeadModel`, or with the LLaMA-style block `LlamaForCausalLM`,
+`ArceeForCausalLM` or `Qwen3ForCausalLM`; an encoder `BertForMaskedLM` or
+`BertForSequenceClassification`; what these cannot express is refused in one line
+(models/hf_checkpoint.py, models/hf_llama.py). Needs the `hf` extra (no torch):
+pip install -e ".[hf]".
 """
 
 import importlib.util
@@ -50,7 +52,7 @@ def write(workdir: pathlib.Path, out: pathlib.Path) -> str:
   status = summary["status"] if summary else None
   run = {"exported_from": str(workdir.resolve()), "step": step, "steps": config.train.steps,
          "finished": summary is not None, "status": status}
-  arch = tasks.get(config).hf
+  arch = hf_checkpoint.resolve(config, tasks.get(config).hf, "export")
   hf_checkpoint.write(out, config, arch, params, tokenizer.vocab_size, tokenizer.eot_id, run)
   hf_tokenizer.write(tokenizer, out, config.model.max_len)
   state = {None: " (unfinished)", "diverged": " (diverged)"}.get(status, "")

@@ -1,5 +1,6 @@
 """The benchmark harness (actlab/bench/): the peak table and MFU, a short end-to-end
-`bench.run` (one run and vectorized runs), and the PyTorch reference. The FLOP formula is in
+`bench.run` (one run and vectorized runs), and the PyTorch reference (the same model as actlab's,
+GPT-2's block or the LLaMA-style one, and its worker). The FLOP formula is in
 tests/test_flops.py, the fused loss in tests/test_kernels.py, scan/remat/bf16/attention in
 tests/test_model_execution.py."""
 
@@ -11,12 +12,15 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
+import optax
 import pytest
 
-from actlab import bench, models
+from actlab import bench, models, tasks
+from actlab import config as config_lib
 from actlab.measure import flops
-from actlab.run import parallel, steps
-from conftest import REPO
+from actlab.run import parallel
+from conftest import REPO, tiny
 
 PEAKS = dict(bench.PEAK_TFLOPS)
 
@@ -151,21 +155,72 @@ def test_bench_vectorized_runs(tiny_config):
   assert r["runs"] == 3 and r["tokens_per_step"] == 3 * 8 * 32
 
 
+def torch_state(params, c) -> dict:
+  """actlab's decoder parameters under benchmarks/torch_ref.py's names: q, k, v in the fused
+  `c_attn`, Linear weights transposed, norm scales as `weight`, the head tied or `lm_head`."""
+  import torch
+  t = lambda *arrays: torch.tensor(np.concatenate([np.asarray(a) for a in arrays], axis=-1))
+  norm = lambda name, p: {f"{name}.{k}": t(v) for k, v in (("weight", p["scale"]),
+                                                           ("bias", p.get("bias"))) if v is not None}
+  linear = lambda name, *ps: {f"{name}.weight": t(*(p["kernel"] for p in ps)).T,
+                              **({f"{name}.bias": t(*(p["bias"] for p in ps))} if "bias" in ps[0]
+                                 else {})}
+  out = {"wte.weight": t(params["wte"]["embedding"]), **norm("ln_f", params["ln_f"])}
+  out["lm_head.weight"] = t(params["lm_head"]) if "lm_head" in params else out["wte.weight"]
+  if "wpe" in params:
+    out["wpe.weight"] = t(params["wpe"]["embedding"])
+  for i in range(c.model.num_layers):
+    b, h = params[f"block_{i}"], f"h.{i}"
+    attn, ffn = b["attn"], b["ffn"]
+    out.update({**norm(f"{h}.ln_1", b["ln_attn"]), **norm(f"{h}.ln_2", b["ln_ffn"]),
+                **linear(f"{h}.attn.c_attn", attn["query"], attn["key"], attn["value"]),
+                **linear(f"{h}.attn.c_proj", attn["out"]), **linear(f"{h}.mlp.c_fc", ffn["up"]),
+                **linear(f"{h}.mlp.c_proj", ffn["down"])})
+    if "gate" in ffn:
+      out.update(linear(f"{h}.mlp.c_gate", ffn["gate"]))
+    if "query_norm" in attn:
+      out.update({**norm(f"{h}.attn.q_norm", attn["query_norm"]),
+                  **norm(f"{h}.attn.k_norm", attn["key_norm"])})
+  return out
+
+
+MODERN = {**config_lib.BLOCKS["llama"], "model.qk_norm": True}
+
+
 @pytest.mark.slow
-def test_torch_reference_is_the_same_model(tiny_config):
-  pytest.importorskip("torch")
+@pytest.mark.parametrize("activation, block", [
+    ("gelu", {}), ("swiglu", {}), ("relu2", {**MODERN, "model.ffn": "plain"}), ("silu", MODERN)])
+def test_torch_reference_is_the_same_model(activation, block):
+  """GPT-2's block and the LLaMA-style one (RMSNorm, RoPE, no biases, an untied head, qk-norm;
+  plain and gated FFN): the same parameter count and, from the same random weights (norm scales
+  and biases too, far from initialisation so that the logits are not near uniform), the loss
+  actlab computes; and a step from torch_ref's own initialisation starts near uniform."""
+  torch = pytest.importorskip("torch")
   spec = importlib.util.spec_from_file_location("torch_ref", REPO / "benchmarks" / "torch_ref.py")
   torch_ref = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(torch_ref)
-  for act in ("gelu", "swiglu"):
-    c = tiny_config
-    c.model.activation = act
-    tb = bench.TorchBench(c)
-    trainer = torch_ref.Trainer({**tb.spec, "threads": 1})
-    params = jax.eval_shape(steps.Steps.create(c, 257).init, 0).params  # shapes: no compile
-    assert trainer.params == models.count_params(params)["total"], act
-    loss = trainer.step()
-    assert abs(loss - math.log(tb.spec["vocab"])) < 0.5  # starts near uniform, like actlab
+  c = tiny(activation, **block)
+  assert ("rms rope no-bias untied" in bench.config_summary(c)) == bool(block)  # the rows say so
+  tb = bench.TorchBench(c)
+  trainer = torch_ref.Trainer({**tb.spec, "threads": 1})
+  model = tasks.get(c).model(c, 257)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), trainer.x.numpy())["params"]
+  assert trainer.params == models.count_params(shapes)["total"]
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0.5 if len(s.shape) == 1 else 0, 0.3, s.shape)
+                        .astype(np.float32), shapes)
+  model_t = torch_ref.GPT(tb.spec["vocab"], c.model.max_len, c.model.num_layers,
+                          c.model.d_model, c.model.num_heads, models.ffn_width(
+                              activation, c.model.d_ff, c.model.gated_match_params, c.model.ffn),
+                          activation, {k: tb.spec[k] for k in torch_ref.GPT2_BLOCK})
+  model_t.load_state_dict(torch_state(params, c))  # strict: every tensor named, none left over
+  x, y = trainer.x.numpy(), trainer.y.numpy()
+  logits = jax.jit(model.apply)({"params": params}, x)
+  expected = float(optax.softmax_cross_entropy_with_integer_labels(logits, y).mean())
+  with torch.no_grad():
+    assert model_t(trainer.x, trainer.y).item() == pytest.approx(expected, rel=2e-5)
+  assert abs(expected - math.log(tb.spec["vocab"])) > 0.2  # the weights make a difference
+  assert abs(trainer.step() - math.log(tb.spec["vocab"])) < 0.5  # starts near uniform, as actlab
 
 
 @pytest.mark.slow
@@ -176,6 +231,9 @@ def test_torch_reference_runs_side_by_side_step_by_step_and_back_to_back(tiny_co
   pytest.importorskip("torch")
   if mode == "compile" and not shutil.which("cc"):
     pytest.skip("torch.compile on a CPU needs a C compiler")
+  if mode == "compile" and not os.environ.get("ACTLAB_TEST_TORCH_COMPILE"):
+    pytest.skip("torch.compile builds C++ for about 100 s on 2 CPU cores, half the suite's "
+                "budget: ACTLAB_TEST_TORCH_COMPILE=1 runs it")
   rows = bench.run(tiny_config, steps=2, warmup=1, rounds=2, torch=True, torch_mode=mode)
   jax_row, torch_row = rows
   assert torch_row["impl"] == f"PyTorch {mode} (nanoGPT)" and mode in torch_row["config"]

@@ -44,8 +44,8 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   m.ffn = "auto"                # "plain" W₂·act(W₁x), "gated" W₂·(act(W_g x) ⊙ W₁x) for any
                                 # activation, "auto": gated for the GLU names (swiglu, ...)
   m.qk_norm = False             # qk-norm: the block's norm of queries and keys over the head dim
-                                # before q·k (Wortsman et al. 2023; Qwen3); Hugging Face export
-                                # with norm_type="rms" only (Qwen3)
+                                # before q·k (Wortsman et al. 2023); Hugging Face export in the
+                                # LLaMA-style block only (Qwen3)
   m.dtype = "float32"           # compute dtype: "float32" or "bfloat16" (params stay float32)
   m.attention_impl = "xla"      # jax.nn.dot_product_attention implementation: "xla", "cudnn",
                                 # "auto"
@@ -79,8 +79,9 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   t.keep_checkpoints = 3        # how many checkpoints Orbax keeps
   t.init_from = ""              # start from a workdir (latest checkpoint: every parameter with the
                                 # same name and shape; classify: the MLM run's trunk) or hf:<dir>
-                                # (a local GPT-2/BERT save_pretrained directory; the FFN activation
-                                # stays this config's, docs/huggingface.md); "" = random init
+                                # (a local GPT-2, BERT, Llama, Arcee or Qwen3 save_pretrained
+                                # directory; the FFN activation stays this config's,
+                                # docs/huggingface.md); "" = random init
   t.progress = True             # tqdm progress bar on stderr
 
   c.metrics = mt = ml_collections.ConfigDict()  # what is measured; see docs/metrics.md

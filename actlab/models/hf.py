@@ -112,7 +112,7 @@ def fit(path: tuple[str, ...], name: str, value: np.ndarray, shape: tuple[int, .
   shape = tuple(shape)
   if value.ndim == len(shape) and value.shape[1:] == shape[1:]:
     extra = shape[0] - value.shape[0]  # rows the model has beyond the checkpoint's
-    if path[0] in ("wte", "mlm") and extra > 0:
+    if path[0] in ("wte", "mlm", "lm_head") and extra > 0:
       value = np.concatenate([value, np.repeat(value.mean(0, keepdims=True), extra, axis=0)])
     elif path[0] == "wpe" and extra < 0:
       value = value[:shape[0]]

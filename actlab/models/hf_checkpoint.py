@@ -1,8 +1,9 @@
 """A Hugging Face model directory (`config.json` + weights) against an actlab config, both ways
-(docs/huggingface.md): `write` exports a run's model as GPT-2 or BERT for `from_pretrained`,
-`read` checks and loads one for `train.init_from=hf:DIR`; what cannot map is refused in one line
-(`UserError`). Parameter names: hf.py (BERT), hf_gpt2.py. No torch needed (except for an old
-pytorch_model.bin): weights go through `safetensors.numpy`.
+(docs/huggingface.md): `write` exports a run's model as GPT-2, a LLaMA-style class (Llama, Arcee,
+Qwen3: hf_llama.py, `resolve`) or BERT for `from_pretrained`, `read` checks and loads one for
+`train.init_from=hf:DIR`; what cannot map is refused in one line (`UserError`). Parameter names:
+hf.py (BERT), hf_gpt2.py, hf_llama.py. No torch needed (except for an old pytorch_model.bin):
+weights go through `safetensors.numpy`.
 """
 
 import json
@@ -12,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from actlab.errors import UserError
-from actlab.models import hf, hf_gpt2
+from actlab.models import hf, hf_gpt2, hf_llama
 from actlab.models.spec import gated
 
 INSTALL = 'pip install -e ".[hf]"'  # transformers, safetensors
@@ -21,7 +22,7 @@ EXPORTED = "actlab"  # the config.json entry of an export: where from, step, ste
 
 class Architecture(NamedTuple):
   """The transformers model a task's model is (each task's `HF`)."""
-  model_type: str               # "gpt2" or "bert"
+  model_type: str               # "gpt2", "bert", or "llama", "arcee", "qwen3" (`resolve`)
   cls: str                      # the transformers class, e.g. "GPT2LMHeadModel"
   norm: str                     # its LayerNorm placement, "pre" or "post"
   pooler: bool = False          # it has BERT's tanh pooler
@@ -38,10 +39,20 @@ FIELDS = {"gpt2": {"num_layers": "n_layer", "d_model": "n_embd", "num_heads": "n
                    "num_heads": "num_attention_heads", "d_ff": "intermediate_size",
                    "max_len": "max_position_embeddings", "norm_eps": "layer_norm_eps",
                    "type_vocab_size": "type_vocab_size"}}
-NAMES = {"gpt2": hf_gpt2, "bert": hf}
+NAMES = {"gpt2": hf_gpt2, "bert": hf, **{kind: hf_llama for kind in hf_llama.CLASSES}}
 # config.json features actlab's model does not have, and the value it must have instead.
 REQUIRED = {"gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False},
             "bert": {"position_embedding_type": "absolute", "is_decoder": False}}
+
+
+def resolve(config, arch: Architecture, doing: str = "export") -> Architecture:
+  """The class of the config's model: `arch` (the task's `HF`), or for a decoder whose block is
+  not GPT-2's the LLaMA-style class its FFN and qk-norm choose (hf_llama.model_type; UserError
+  for a block no class has)."""
+  if arch.model_type != "gpt2" or hf_llama.is_gpt2_block(config):
+    return arch
+  kind = hf_llama.model_type(config, doing)
+  return Architecture(kind, hf_llama.CLASSES[kind], "pre")
 
 
 def _check_architecture(config, arch: Architecture, doing: str) -> None:
@@ -55,20 +66,26 @@ def _check_architecture(config, arch: Architecture, doing: str) -> None:
                     f"{'GPT-2' if arch.model_type == 'gpt2' else 'BERT'}'s block (LayerNorm with "
                     "biases, learned positions, the tied head); no transformers class for this "
                     "block is mapped yet")
+  llama = (", or the LLaMA-style block (configs/decoder.py:<size>,block=llama: {})"
+           if arch.model_type == "gpt2" else "")
   if gated(m.activation, m.ffn):
     raise UserError(f"{doing}: model.activation={m.activation!r} is a gated FFN (a third matrix), "
                     f"which {cls} cannot express; use a plain activation "
-                    f"({', '.join(ACTIVATIONS)})")
+                    f"({', '.join(ACTIVATIONS)})" + llama.format("LlamaForCausalLM"))
   if m.norm != norm:
     raise UserError(f"{doing}: {cls} is {norm}-LN and this model is model.norm={m.norm!r}; "
                     f"train with model.norm={norm!r}")
   if m.qk_norm:
     raise UserError(f"{doing}: model.qk_norm=True normalises queries and keys, which {cls} "
-                    "cannot express; train with model.qk_norm=False")
+                    "cannot express; train with model.qk_norm=False"
+                    + llama.format("Qwen3ForCausalLM, with a gated FFN"))
 
 
 def hf_config(config, arch: Architecture, vocab_size: int, eot_id: int) -> dict:
   """The `config.json` fields of the run's model (`vocab_size`: the tokenizer's, unpadded)."""
+  arch = resolve(config, arch, "export")
+  if arch.model_type in hf_llama.CLASSES:
+    return hf_llama.hf_config(config, arch.model_type, vocab_size, eot_id, ACTIVATIONS)
   _check_architecture(config, arch, "export")
   model_type, cls, m = arch.model_type, arch.cls, config.model
   if m.activation not in ACTIVATIONS:
@@ -92,11 +109,13 @@ def state_dict(params, arch: Architecture, vocab_size: int) -> dict[str, np.ndar
   """The transformers state dict of `params` with the padded vocabulary rows dropped."""
   if arch.model_type == "gpt2":
     state = hf_gpt2.to_hf(params)
+  elif arch.model_type in hf_llama.CLASSES:
+    state = hf_llama.to_hf(params)
   else:
     state = {("" if k.startswith(("cls.", "classifier")) else "bert.") + k: v
              for k, v in hf.to_hf(params).items()}
   vocab = ("transformer.wte.weight", "bert.embeddings.word_embeddings.weight",
-           "cls.predictions.bias")
+           "cls.predictions.bias", *hf_llama.VOCAB)
   return {k: np.ascontiguousarray(v[:vocab_size] if k in vocab else v, np.float32)
           for k, v in state.items()}
 
@@ -108,8 +127,14 @@ def write(directory: pathlib.Path, config, arch: Architecture, params, vocab_siz
   import transformers
   from safetensors.numpy import save_file
 
+  arch = resolve(config, arch, "export")
   fields = hf_config(config, arch, vocab_size, eot_id)
-  transformers.AutoConfig.for_model(**fields, **{EXPORTED: run}).save_pretrained(directory)
+  try:
+    hf_model_config = transformers.AutoConfig.for_model(**fields, **{EXPORTED: run})
+  except (KeyError, ValueError) as e:  # a transformers older than the class
+    raise UserError(f"export: this transformers ({transformers.__version__}) lacks {arch.cls} "
+                    f"({e.__class__.__name__}); pip install -U transformers") from None
+  hf_model_config.save_pretrained(directory)
   save_file(state_dict(params, arch, vocab_size), str(directory / "model.safetensors"),
             metadata={"format": "pt"})
 
@@ -125,16 +150,49 @@ def read(directory, config, arch: Architecture, vocab_size: int) -> dict[str, np
   except (OSError, ValueError) as e:
     raise UserError(f"{where}: no readable config.json ({e.__class__.__name__}); give a "
                     "directory written by save_pretrained") from None
+  arch = resolve(config, arch, where)
+  theirs = cfg.get("model_type")
+  family = {*hf_llama.CLASSES, *hf_llama.REFUSED}
+  if theirs != arch.model_type and (arch.model_type in family or theirs in family):
+    raise UserError(hf_llama.other_class(theirs, arch.model_type, arch.cls, where))
+  if arch.model_type in hf_llama.CLASSES:
+    return _read_llama(directory, cfg, config, vocab_size, where)
   _check_architecture(config, arch, where)
-  if cfg.get("model_type") != arch.model_type:
-    raise UserError(f"{where} is a {cfg.get('model_type')!r} model; this run starts from "
+  if theirs != arch.model_type:
+    raise UserError(f"{where} is a {theirs!r} model; this run starts from "
                     f"{arch.model_type} ({arch.cls})")
   check(cfg, config, arch.model_type, vocab_size, where)
-  theirs = cfg.get("activation_function" if arch.model_type == "gpt2" else "hidden_act")
-  if theirs != ACTIVATIONS.get(config.model.activation):
-    print(f"actlab: {where}: the FFN activation is the config's, {config.model.activation!r} "
-          f"(the checkpoint's: {theirs!r})", flush=True)
+  _note_activation(cfg.get("activation_function" if arch.model_type == "gpt2" else "hidden_act"),
+                   config.model.activation, where)
   return _weights(directory, where)
+
+
+def _read_llama(directory: pathlib.Path, cfg: dict, config, vocab_size: int,
+                where: str) -> dict[str, np.ndarray]:
+  """`read` for the LLaMA-style classes: `cfg` as transformers' config class reads it (its
+  defaults filled in, transformers 4's rope fields as 5's), checked (hf_llama.check); a tied
+  head's `lm_head.weight` is the embedding's."""
+  try:
+    import transformers
+    cfg = transformers.AutoConfig.from_pretrained(directory).to_dict()
+  except ImportError:
+    raise UserError(f"{where} needs transformers: {INSTALL}") from None
+  except (KeyError, ValueError, TypeError) as e:  # an older transformers, or a field it refuses
+    raise UserError(f"{where}: transformers cannot read its config.json: "
+                    f"{str(e).splitlines()[0] if str(e) else e.__class__.__name__}") from None
+  hf_llama.check(cfg, config, where)
+  _check_vocab(cfg, config, vocab_size, where)
+  _note_activation(cfg.get("hidden_act"), hf_llama.function(config.model.activation), where)
+  state = _weights(directory, where)
+  tied = cfg.get("tie_word_embeddings") and "lm_head.weight" not in state
+  embedding = state.get("model.embed_tokens.weight", state.get("embed_tokens.weight"))
+  return state | ({"lm_head.weight": embedding} if tied and embedding is not None else {})
+
+
+def _note_activation(theirs, ours: str, where: str) -> None:
+  if theirs != ACTIVATIONS.get(ours):
+    print(f"actlab: {where}: the FFN activation is the config's, {ours!r} "
+          f"(the checkpoint's: {theirs!r})", flush=True)
 
 
 def check(cfg: dict, config, model_type: str, vocab_size: int, where: str) -> None:
@@ -153,6 +211,10 @@ def check(cfg: dict, config, model_type: str, vocab_size: int, where: str) -> No
   if wrong:
     raise UserError(f"{where}: the checkpoint's sizes differ from the model's; set "
                     + " ".join(f"--config.model.{f}={v}" for f, v in wrong))
+  _check_vocab(cfg, config, vocab_size, where)
+
+
+def _check_vocab(cfg: dict, config, vocab_size: int, where: str) -> None:
   if cfg.get("vocab_size", 0) > vocab_size:
     raise UserError(f"{where}: the checkpoint's vocabulary ({cfg['vocab_size']}) is larger than "
                     f"the model's ({vocab_size}, data.tokenizer={config.data.tokenizer!r}); use "

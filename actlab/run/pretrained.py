@@ -24,7 +24,8 @@ INIT_FROM_FIELDS = {"model": ("kind", "activation", "num_layers", "d_model", "nu
                     "data": ("source", "tokenizer", "tinystories_version")}
 
 
-HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face GPT-2 or BERT directory (hf_checkpoint.py)
+HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face GPT-2, Llama, Arcee, Qwen3 or BERT directory
+#             (hf_checkpoint.py)
 
 
 def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
@@ -64,8 +65,8 @@ def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: i
     flat_old = flatten_dict(execution.per_layer_layout(flax.core.unfreeze(restored.params)))
     where = f"{where} step {step}"
   else:  # A Hugging Face state dict.
-    flat_old = hf_checkpoint.arrays(source, tasks.get(config).hf,
-                                    execution.per_layer_layout(params))
+    arch = hf_checkpoint.resolve(config, tasks.get(config).hf, where)
+    flat_old = hf_checkpoint.arrays(source, arch, execution.per_layer_layout(params))
   if "blocks" in params and any(k[0].startswith("block_") for k in flat_old):
     flat_old = flatten_dict(execution.scanned_layout(unflatten_dict(flat_old)))
   flat = flatten_dict(flax.core.unfreeze(params))

@@ -10,7 +10,10 @@ from actlab import data, models
 from actlab.models.hf_checkpoint import Architecture
 
 CAUSAL = True
-HF = Architecture("gpt2", "GPT2LMHeadModel", "pre")  # actlab.export writes it; hf:DIR reads it
+# actlab.export writes it and hf:DIR reads it: GPT-2's block; the LLaMA-style block (RMSNorm, RoPE,
+# no biases, an untied head) is Llama, Arcee or Qwen3 by its FFN and qk-norm
+# (hf_checkpoint.resolve).
+HF = Architecture("gpt2", "GPT2LMHeadModel", "pre")
 
 
 def model(config, vocab_size: int):
