@@ -1,13 +1,15 @@
 """A straightforward PyTorch implementation of actlab's decoder, for speed comparisons only.
 
 nanoGPT's architecture (Karpathy, model.py), eager or `torch.compile`d, float32 or under
-bfloat16 autocast, on the CPU or a CUDA device: token + position
-embeddings, pre-LN blocks (fused `c_attn` q/k/v projection, `F.scaled_dot_product_attention`
-with `is_causal=True`, MLP `c_fc` → activation → `c_proj`), a final LayerNorm and an LM head tied
-to the token embedding; `F.cross_entropy` over the materialised logits; `torch.optim.AdamW`
-(default implementation, decay on matrices and embeddings) after `clip_grad_norm_`. The same
-shapes, initialisation scales and hyperparameters as the actlab config it is built from, so both
-do the same FLOPs per step. It is *not* numerically identical to actlab (different RNGs).
+bfloat16 autocast, on the CPU or a CUDA device: token + position embeddings, pre-LN blocks
+(fused `c_attn` q/k/v projection, `F.scaled_dot_product_attention` with `is_causal=True`, MLP
+`c_fc` → activation → `c_proj`), a final LayerNorm and an LM head tied to the token embedding;
+`F.cross_entropy` over the materialised logits; `torch.optim.AdamW` (default implementation,
+decay on matrices and embeddings) after `clip_grad_norm_`. The same shapes, initialisation
+scales and hyperparameters as the actlab config it is built from, so both do the same FLOPs per
+step; not actlab's RNGs, but from the same weights the same loss (tests/test_bench.py). The
+block's options are actlab's (`GPT2_BLOCK`'s keys; docs/running.md, "The block, field by
+field"): e.g. RMSNorm, RoPE, no biases, an untied head, a gated FFN for any activation.
 
 Never imported by actlab at run time: `actlab.bench --torch` runs it in a subprocess, and the
 `bench` extra (`pip install -e '.[bench]'`; on CPU take the CPU wheel:
@@ -52,13 +54,59 @@ def _act(name: str):
   return table[name]
 
 
+GPT2_BLOCK = {"norm_type": "layer", "norm_eps": 1e-5, "position": "learned", "rope_theta": 10000.0,
+              "bias": True, "tie_head": True, "ffn": "auto", "qk_norm": False}
+
+
+def gated(activation: str, ffn: str = "auto") -> bool:
+  """Whether the FFN is gated: `ffn` "gated", or "auto" with a GLU name (actlab's `spec.gated`)."""
+  return ffn == "gated" or (ffn == "auto" and _act(activation)[1])
+
+
+class RMSNorm(nn.Module):
+  """x / √(mean(x²) + eps) · weight (from 1), as Llama's: float32 statistic, cast back, no bias."""
+
+  def __init__(self, d, eps):
+    super().__init__()
+    self.eps = eps
+    self.weight = nn.Parameter(torch.ones(d))
+
+  def forward(self, x):
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+    return self.weight * y.to(x.dtype)
+
+
+def make_norm(d, block):
+  """The block's norm over the last axis: LayerNorm (its bias as `bias` says) or RMSNorm."""
+  if block["norm_type"] == "rms":
+    return RMSNorm(d, block["norm_eps"])
+  return nn.LayerNorm(d, eps=block["norm_eps"], bias=block["bias"])
+
+
+def rope(x, cos, sin):
+  """x [B, H, T, K] rotated by positions 0 … T−1 (angles in float32, the result in x's dtype)."""
+  T = x.size(2)
+  x1, x2 = x.chunk(2, dim=-1)
+  return (x * cos[:T] + torch.cat([-x2, x1], dim=-1) * sin[:T]).to(x.dtype)
+
+
 class CausalSelfAttention(nn.Module):
-  def __init__(self, d_model, n_head, layers):
+  def __init__(self, d_model, n_head, layers, block=GPT2_BLOCK, max_len=0):
     super().__init__()
     self.n_head = n_head
-    self.c_attn = nn.Linear(d_model, 3 * d_model)
-    self.c_proj = nn.Linear(d_model, d_model)
+    self.c_attn = nn.Linear(d_model, 3 * d_model, bias=block["bias"])
+    self.c_proj = nn.Linear(d_model, d_model, bias=block["bias"])
     self.c_proj.residual = True
+    head_dim = d_model // n_head
+    self.q_norm = make_norm(head_dim, block) if block["qk_norm"] else None
+    self.k_norm = make_norm(head_dim, block) if block["qk_norm"] else None
+    self.rope = block["position"] == "rope"
+    if self.rope:  # angles position · theta^(−2j/K) of features j and j + K/2 (`rotate_half`)
+      inv_freq = 1.0 / block["rope_theta"] ** (torch.arange(0, head_dim, 2) / head_dim)
+      angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq).repeat(1, 2)
+      self.register_buffer("cos", angles.cos(), persistent=False)
+      self.register_buffer("sin", angles.sin(), persistent=False)
 
   def forward(self, x):
     B, T, C = x.size()
@@ -66,18 +114,23 @@ class CausalSelfAttention(nn.Module):
     q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
     k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
     v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    if self.rope:
+      q, k = rope(q, self.cos, self.sin), rope(k, self.cos, self.sin)
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     y = y.transpose(1, 2).contiguous().view(B, T, C)
     return self.c_proj(y)
 
 
 class MLP(nn.Module):
-  def __init__(self, d_model, d_ff, activation):
+  def __init__(self, d_model, d_ff, activation, block=GPT2_BLOCK):
     super().__init__()
-    self.act, self.gated = _act(activation)
-    self.c_fc = nn.Linear(d_model, d_ff)
-    self.c_gate = nn.Linear(d_model, d_ff) if self.gated else None
-    self.c_proj = nn.Linear(d_ff, d_model)
+    self.act = _act(activation)[0]
+    self.gated = gated(activation, block["ffn"])
+    self.c_fc = nn.Linear(d_model, d_ff, bias=block["bias"])
+    self.c_gate = nn.Linear(d_model, d_ff, bias=block["bias"]) if self.gated else None
+    self.c_proj = nn.Linear(d_ff, d_model, bias=block["bias"])
     self.c_proj.residual = True
 
   def forward(self, x):
@@ -86,12 +139,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-  def __init__(self, d_model, n_head, d_ff, activation, layers):
+  def __init__(self, d_model, n_head, d_ff, activation, layers, block=GPT2_BLOCK, max_len=0):
     super().__init__()
-    self.ln_1 = nn.LayerNorm(d_model, eps=1e-5)
-    self.attn = CausalSelfAttention(d_model, n_head, layers)
-    self.ln_2 = nn.LayerNorm(d_model, eps=1e-5)
-    self.mlp = MLP(d_model, d_ff, activation)
+    self.ln_1 = make_norm(d_model, block)
+    self.attn = CausalSelfAttention(d_model, n_head, layers, block, max_len)
+    self.ln_2 = make_norm(d_model, block)
+    self.mlp = MLP(d_model, d_ff, activation, block)
 
   def forward(self, x):
     x = x + self.attn(self.ln_1(x))
@@ -99,15 +152,19 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-  def __init__(self, vocab, max_len, layers, d_model, n_head, d_ff, activation):
+  """GPT-2's decoder, or with `block` (a dict of `GPT2_BLOCK`'s keys) e.g. the LLaMA-style one."""
+
+  def __init__(self, vocab, max_len, layers, d_model, n_head, d_ff, activation, block=None):
     super().__init__()
+    block = {**GPT2_BLOCK, **(block or {})}
     self.wte = nn.Embedding(vocab, d_model)
-    self.wpe = nn.Embedding(max_len, d_model)
-    self.h = nn.ModuleList([Block(d_model, n_head, d_ff, activation, layers)
+    self.wpe = nn.Embedding(max_len, d_model) if block["position"] == "learned" else None
+    self.h = nn.ModuleList([Block(d_model, n_head, d_ff, activation, layers, block, max_len)
                             for _ in range(layers)])
-    self.ln_f = nn.LayerNorm(d_model, eps=1e-5)
+    self.ln_f = make_norm(d_model, block)
     self.lm_head = nn.Linear(d_model, vocab, bias=False)
-    self.lm_head.weight = self.wte.weight  # tied, as nanoGPT
+    if block["tie_head"]:
+      self.lm_head.weight = self.wte.weight  # tied, as nanoGPT
     for name, p in self.named_parameters():
       if p.dim() >= 2:
         std = 0.02 / math.sqrt(2 * layers) if name.endswith("c_proj.weight") else 0.02
@@ -116,17 +173,17 @@ class GPT(nn.Module):
         nn.init.zeros_(p)
 
   def forward(self, idx, targets):
-    T = idx.size(1)
-    pos = torch.arange(T, dtype=torch.long, device=idx.device)
-    x = self.wte(idx) + self.wpe(pos)
+    x = self.wte(idx)
+    if self.wpe is not None:
+      x = x + self.wpe(torch.arange(idx.size(1), dtype=torch.long, device=idx.device))
     for block in self.h:
       x = block(x)
     logits = self.lm_head(self.ln_f(x))
     return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def ffn_width(activation, d_ff, gated_match_params=True):
-  if _act(activation)[1] and gated_match_params:
+def ffn_width(activation, d_ff, gated_match_params=True, ffn="auto"):
+  if gated(activation, ffn) and gated_match_params:
     return max(64, round(2 * d_ff / 3 / 64) * 64)
   return d_ff
 
@@ -141,9 +198,11 @@ class Trainer:
     if spec.get("threads"):
       torch.set_num_threads(int(spec["threads"]))
     self.device = torch.device(spec.get("device", "cpu"))
-    width = ffn_width(spec["activation"], spec["d_ff"], spec.get("gated_match_params", True))
+    block = {k: spec.get(k, v) for k, v in GPT2_BLOCK.items()}
+    width = ffn_width(spec["activation"], spec["d_ff"], spec.get("gated_match_params", True),
+                      block["ffn"])
     model = GPT(spec["vocab"], spec["max_len"], spec["layers"], spec["d_model"],
-                spec["heads"], width, spec["activation"]).to(self.device)
+                spec["heads"], width, spec["activation"], block).to(self.device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     self.opt = torch.optim.AdamW(

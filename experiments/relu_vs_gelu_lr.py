@@ -26,8 +26,13 @@ fields. Does the gap between the activations, or their LR sensitivity, change wi
 `:smoke`: the same question on the tiny `sizes.SIZES["mini"]` setup (embedded corpus, 150 steps,
 2 CPU cores, a few minutes). Its LRs {1e-4, 3e-3, 3e-2} span too low, near the best and too high
 for that tiny model; the reference LRs would all sit at or below its optimum.
+
+`:smoke_llama`: the `:smoke` grid on the LLaMA-style block (`config.BLOCKS["llama"]`: RMSNorm,
+RoPE, no biases, an untied head) with a plain FFN (`model.ffn="plain"`: W₂·act(W₁x), not gated),
+so that the activations compared are still ReLU and GELU themselves.
 """
 
+from actlab import config
 from actlab.config import sizes
 
 WIDTHS = {"d32": 32, "d64": 64}  # the width axis' narrower arms; `:cpu_epoch` is d_model 128
@@ -36,10 +41,13 @@ EPOCH_LRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
 
 
 def get_sweep(arg=None):
-  if arg == "smoke":
-    return {"description": "ReLU vs GELU across learning rates (smoke: tiny model, 150 steps)",
+  if arg in ("smoke", "smoke_llama"):
+    llama = arg == "smoke_llama"
+    return {"description": "ReLU vs GELU across learning rates (smoke: tiny model, 150 steps"
+                           + ("; LLaMA-style block, plain FFN)" if llama else ")"),
             "axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-4, 3e-3, 3e-2]},
-            "seeds": [0, 1, 2], "fixed": sizes.SIZES["mini"]}
+            "seeds": [0, 1, 2], "fixed": {**sizes.SIZES["mini"], **(
+                {**config.BLOCKS["llama"], "model.ffn": "plain"} if llama else {})}}
   if arg == "cpu":
     return {"description": "ReLU vs GELU across learning rates (CPU study: 0.94M parameters, "
                            "TinyStories, 200 steps)",
@@ -61,8 +69,8 @@ def get_sweep(arg=None):
             "fixed": {**sizes.SIZES["cpu_epoch"], **({"model.qk_norm": True} if qk else {}),
                       **width}}
   if arg:
-    raise ValueError(f"relu_vs_gelu_lr: unknown variant {arg!r}; use ':smoke', ':cpu', "
-                     "':cpu_epoch', ':cpu_epoch_qknorm' or nothing")
+    raise ValueError(f"relu_vs_gelu_lr: unknown variant {arg!r}; use ':smoke', ':smoke_llama', "
+                     "':cpu', ':cpu_epoch', ':cpu_epoch_qknorm' or nothing")
   return {"description": "ReLU vs GELU across learning rates (docs/reference.md §2)",
           "axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-4, 1e-3, 3e-3]},
           "seeds": [0, 1, 2]}

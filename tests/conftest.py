@@ -137,10 +137,10 @@ def pytest_xdist_auto_num_workers(config):
 LONGEST_FIRST = [
     "test_train.py", "test_resume.py", "test_sweep.py", "test_distributed.py", "test_parallel.py",
     "test_classify.py", "test_export.py", "test_hf_llama.py", "test_bench.py",
-    "test_vectorized.py", "test_model_execution.py", "test_sample.py", "test_model.py", "test_encoder.py",
-    "test_mlm.py", "test_kernels.py", "test_hf_import.py", "test_tracking.py",
-    "test_user_errors.py", "test_config.py", "test_report.py", "test_metrics.py",
-    "test_entry_points.py"]
+    "test_vectorized.py", "test_modern_block_runs.py", "test_model_execution.py", "test_sample.py",
+    "test_model.py", "test_encoder.py", "test_mlm.py", "test_kernels.py", "test_hf_import.py",
+    "test_tracking.py", "test_user_errors.py", "test_config.py", "test_report.py",
+    "test_metrics.py", "test_entry_points.py"]
 
 
 def pytest_configure(config):

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from actlab import config as config_lib  # noqa: E402
 from actlab.run import parallel, steps, train  # noqa: E402
 from actlab.run.checkpoint import Checkpoints  # noqa: E402
 from conftest import tiny  # noqa: E402
@@ -93,6 +94,24 @@ def case_step(tmp):
             float(fns1.eval_step(ref_state.params, bs[0])["loss"].loss_sum[0])),
     }
   out["state_bytes_single"] = state_bytes_per_device(ref_state)
+  return out
+
+
+def case_modern(tmp):
+  """The LLaMA-style block (RMSNorm, RoPE, no biases, an untied head; a plain relu2 FFN): DP and
+  FSDP over 4 devices = 1 device for 3 steps; FSDP splits the untied head as the embedding."""
+  kw = {**config_lib.BLOCKS["llama"], "model.ffn": "plain", "model.activation": "relu2"}
+  devs = jax.devices()
+  bs = batches(config(**kw), 3)
+  _, ref_state, ref = run_on(config("dp", **kw), devs[:1], bs)
+  out = {}
+  for mode in ("dp", "fsdp"):
+    _, state, got = run_on(config(mode, **kw), devs, bs)
+    out[mode] = {"metrics": metric_diff(ref, got),
+                 "params": tree_max_abs_diff(ref_state.params, state.params),
+                 "opt_state": tree_max_abs_diff(ref_state.opt_state, state.opt_state),
+                 "head_spec": str(P(*state.params["lm_head"].sharding.spec[1:])),
+                 "logged": sorted(got[-1])}
   return out
 
 

@@ -161,7 +161,8 @@ def torch_state(params, c) -> dict:
   import torch
   t = lambda *arrays: torch.tensor(np.concatenate([np.asarray(a) for a in arrays], axis=-1))
   norm = lambda name, p: {f"{name}.{k}": t(v) for k, v in (("weight", p["scale"]),
-                                                           ("bias", p.get("bias"))) if v is not None}
+                                                           ("bias", p.get("bias")))
+                          if v is not None}
   linear = lambda name, *ps: {f"{name}.weight": t(*(p["kernel"] for p in ps)).T,
                               **({f"{name}.bias": t(*(p["bias"] for p in ps))} if "bias" in ps[0]
                                  else {})}

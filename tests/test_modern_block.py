@@ -1,6 +1,8 @@
 """The block options (`model.norm_type`, `position`, `bias`, `tie_head`, `ffn`, `qk_norm`) and the
 LLaMA-style block they make: RMSNorm and RoPE against closed forms (half-split, not interleaved),
-parameter counts against the closed form, causality, cached decoding, and one-line errors."""
+parameter counts against the closed form, causality, cached decoding, the attention statistics
+after RoPE, and one-line errors. Trained, swept, reported, resumed: test_modern_block_runs.py;
+sharded: test_parallel.py; beside PyTorch: test_bench.py."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +11,7 @@ import pytest
 
 from actlab import config as config_lib
 from actlab import models, tasks
+from actlab.measure import metrics
 from actlab.models import attention, layers
 from conftest import tiny
 
@@ -131,6 +134,40 @@ def test_the_modern_block_is_causal_and_decodes_by_absolute_position():
     logits, v = step(v["cache"], tokens[:, t:t + 1])
     outs.append(logits)
   np.testing.assert_allclose(np.concatenate(outs, axis=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_statistics_are_those_of_the_rotated_queries_and_keys():
+  """The stability measures (`AttentionStats`: the largest logit, each head's mean entropy) of
+  the modern block are those of the logits attention uses, q·k/√K after qk-norm and RoPE: here
+  recomputed in float64 for layer 0 from its parameters (norm scales made non-trivial)."""
+  c = llama("relu2", **{"model.ffn": "plain", "model.qk_norm": True})
+  model, params = init(c)
+  rng = np.random.default_rng(6)
+  block = dict(params["block_0"], ln_attn={"scale": rng.uniform(0.5, 2, 32).astype(np.float32)})
+  block["attn"] = dict(block["attn"], **{n: {"scale": rng.uniform(0.5, 2, 16).astype(np.float32)}
+                                         for n in ("query_norm", "key_norm")})
+  params = dict(params, block_0=block)
+  tokens = rng.integers(0, 257, (2, c.data.seq_len))
+  _, sown = jax.jit(lambda p, t: models.apply(model, p, t, stats=True))(params, tokens)
+  stats = metrics.per_layer(sown, models.AttentionStats)[0]
+
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)["block_0"]
+  eps, (B, L), H = c.model.norm_eps, tokens.shape, c.model.num_heads
+  rms = lambda x, scale: x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * scale
+  x = rms(np.asarray(params["wte"]["embedding"], np.float64)[tokens], p["ln_attn"]["scale"])
+  K = x.shape[-1] // H
+  heads = lambda name: rms((x @ p["attn"][name]["kernel"]).reshape(B, L, H, K).transpose(
+      0, 2, 1, 3), p["attn"][f"{name}_norm"]["scale"])
+  half = [(m, m + K // 2) for m in range(K // 2)]
+  q, k = (rotate(heads(n), np.arange(L), c.model.rope_theta, half) for n in ("query", "key"))
+  logits = np.where(np.tril(np.ones((L, L), bool)), q @ k.swapaxes(-1, -2) / np.sqrt(K), -np.inf)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  entropy_H = -np.where(probs > 0, probs * np.log(np.where(probs > 0, probs, 1)), 0).sum(-1)
+  np.testing.assert_allclose(stats.logit_max, logits.max(), rtol=1e-5)
+  np.testing.assert_allclose(stats.entropy_H, entropy_H.mean((0, 2)), rtol=1e-5)
+  unrotated = heads("query") @ heads("key").swapaxes(-1, -2) / np.sqrt(K)
+  assert abs(unrotated[..., np.tril(np.ones((L, L), bool))].max() - logits.max()) > 1e-2
 
 
 def test_the_untied_head_is_its_own_matrix():

@@ -1,8 +1,9 @@
-"""Data parallelism and FSDP on 4 simulated CPU devices equal one device (≤ 1e-6), and
-checkpoints move between device counts. The cases live in tests/parallel_cases.py and run in one
-subprocess: the device count must be fixed before JAX starts, and a hung collective must not
-hang the test run (the subprocess has a timeout). One process for all the cases: the suite keeps
-both cores busy, and a process per case would only add its start-up and tracing."""
+"""Data parallelism and FSDP on 4 simulated CPU devices equal one device (≤ 1e-6), for GPT-2's
+block and the LLaMA-style one, and checkpoints move between device counts. The cases live in
+tests/parallel_cases.py and run in one subprocess: the device count must be fixed before JAX
+starts, and a hung collective must not hang the test run (the subprocess has a timeout). One
+process for all the cases: the suite keeps both cores busy, and a process per case would only
+add its start-up and tracing."""
 
 import json
 import os
@@ -19,7 +20,7 @@ from conftest import CPU_ONLY, FAST_COMPILE, tiny
 
 HERE = pathlib.Path(__file__).parent
 TOL = 1e-6
-CASES = ("step", "checkpoint", "run", "vectorized")
+CASES = ("step", "modern", "checkpoint", "run", "vectorized")
 
 
 def four_device_env() -> dict:
@@ -67,6 +68,19 @@ def test_dp_and_fsdp_steps_equal_one_device(results):
   assert r["fsdp"]["embedding_spec"] == "P('data', None)"
   assert r["fsdp"]["moment_spec"] == "P('data', None)"
   assert r["fsdp"]["state_bytes_per_device"] < 0.3 * r["state_bytes_single"]
+
+
+@pytest.mark.slow
+def test_the_modern_block_under_dp_and_fsdp_equals_one_device(results):
+  """The LLaMA-style block (RMSNorm, RoPE, an untied head, a plain relu2 FFN) split as GPT-2's
+  is: every logged metric (the attention logits after RoPE among them), the parameters and
+  Adam's moments after 3 steps within 1e-6 of one device."""
+  r = results["modern"]
+  for mode in ("dp", "fsdp"):
+    assert r[mode]["metrics"] <= TOL and r[mode]["params"] <= TOL, r
+    assert r[mode]["opt_state"] <= TOL, r
+    assert "train_attn_logit_max" in r[mode]["logged"], r[mode]["logged"]
+  assert r["dp"]["head_spec"] == "P()" and r["fsdp"]["head_spec"] == "P('data', None)"
 
 
 @pytest.mark.slow

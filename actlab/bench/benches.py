@@ -161,22 +161,22 @@ class JaxBench:
 
 
 TORCH_MODES = ("eager", "compile")
+# The block's fields (docs/running.md, "The block, field by field"), which torch_ref builds alike.
+BLOCK_FIELDS = ("norm_type", "norm_eps", "position", "rope_theta", "bias", "tie_head", "ffn",
+                "qk_norm")
 
 
 class TorchBench:
   """The PyTorch reference in a worker process (benchmarks/torch_ref.py --worker): eager, or
   `torch.compile`d with fused AdamW (the GPU comparator), on `device` ("cpu" or "cuda"), in
-  bfloat16 autocast where the config computes in bfloat16."""
+  bfloat16 autocast where the config computes in bfloat16; the config's block (`BLOCK_FIELDS`:
+  GPT-2's, the LLaMA-style one, any combination)."""
 
   def __init__(self, config: ml_collections.ConfigDict, mode: str = "eager",
                device: str = "cpu"):
     c = config
     if not tasks.get(c).causal or c.model.norm != "pre":
       raise ValueError("--torch compares the pre-LN decoder (causal LM) only")
-    gpt2 = {"norm_type": "layer", "position": "learned", "bias": True, "tie_head": True,
-            "ffn": "auto"}
-    if other := [f"model.{k}={c.model[k]!r}" for k, v in gpt2.items() if c.model[k] != v]:
-      raise ValueError(f"--torch builds GPT-2's block only; {', '.join(other)} it cannot build")
     if mode not in TORCH_MODES:
       raise ValueError(f"--torch_mode={mode!r}: choose one of {', '.join(TORCH_MODES)}")
     self.name = f"PyTorch {mode} (nanoGPT)"
@@ -188,6 +188,7 @@ class TorchBench:
         "layers": c.model.num_layers, "d_model": c.model.d_model, "heads": c.model.num_heads,
         "d_ff": c.model.d_ff, "activation": c.model.activation,
         "gated_match_params": c.model.gated_match_params, "seq_len": c.data.seq_len,
+        **{k: c.model[k] for k in BLOCK_FIELDS},
         "batch": c.train.batch_size, "lr": c.optim.lr, "b1": c.optim.b1, "b2": c.optim.b2,
         "eps": c.optim.eps, "weight_decay": c.optim.weight_decay, "clip_norm": c.optim.clip_norm,
         "compile": mode == "compile", "device": device, "dtype": c.model.dtype,

@@ -87,9 +87,15 @@ def summarize(name: str, c, res: dict, setup: dict, memory: dict, runs: int,
 
 
 def config_summary(c) -> str:
-  """The config in one line: task, activation, shapes, dtype and how it runs."""
+  """The config in one line: task, activation, the block where not GPT-2's (or BERT's), shapes,
+  dtype and how it runs."""
   m = c.model
-  return (f"{tasks.name(c)} {m.activation} L{m.num_layers} d{m.d_model} h{m.num_heads} ff{m.d_ff} "
+  block = [name for name, other in (("rms", m.norm_type == "rms"), ("rope", m.position == "rope"),
+                                    ("no-bias", not m.bias), ("untied", not m.tie_head),
+                                    (f"ffn={m.ffn}", m.ffn != "auto"), ("qk-norm", m.qk_norm))
+           if other]
+  return (f"{tasks.name(c)} {m.activation}{''.join(f' {b}' for b in block)} "
+          f"L{m.num_layers} d{m.d_model} h{m.num_heads} ff{m.d_ff} "
           f"ctx{c.data.seq_len} V{models.pad_vocab(tokenizer_vocab(c))} B{c.train.batch_size} "
           f"{m.dtype} attn={m.attention_impl} loss={m.loss_impl}"
           + (" scan" if m.scan_layers else "")

@@ -72,6 +72,10 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
            f"Sweep `{manifest['sweep']}`: {done} of {len(runs)} runs finished{not_done}; seeds "
            f"{', '.join(map(str, manifest['seeds']))}. {counted_once}Per-run numbers: "
            f"`runs.csv`. Written by `{command}`.", ""]
+  if block := report_load.block(roots):  # not GPT-2's, in every run
+    lines += ["Block: " + ", ".join(f"{k}={v!r}" for k, v in block.items()) + " in every run "
+              "(the other block fields at their defaults: docs/running.md, \"The block, field by "
+              "field\").", ""]
   for title, text, table in tables.sections(manifest, runs, pick_baseline(manifest, baseline)):
     if table:
       lines += [f"## {title}", "", text, "", table, ""]

@@ -24,6 +24,26 @@ def _configs(root: pathlib.Path) -> dict[str, dict]:
           if (c := workdir.read_json(p)) is not None}
 
 
+# The block's fields (docs/running.md, "The block, field by field") at GPT-2's values, those of
+# every run from before the fields existed (`workdir.ADDED_FIELDS`).
+GPT2_BLOCK = {f"model.{f}": workdir.ADDED_FIELDS[("model", f)]
+              for f in ("norm_type", "position", "rope_theta", "bias", "tie_head", "ffn")}
+
+
+def block(roots: Sequence) -> dict:
+  """The block fields that every run of the sweep directories `roots` sets alike, and not as
+  GPT-2's block does (BERT's sets them as GPT-2's): what a report says of the model beside its
+  axes."""
+  seen: dict[str, set] = {}
+  for root in roots:
+    for config in _configs(pathlib.Path(root)).values():
+      fields = workdir.dotted(workdir.with_added_fields(config))
+      for key in GPT2_BLOCK:
+        seen.setdefault(key, set()).add(json.dumps(fields.get(key)))
+  alike = {key: json.loads(next(iter(v))) for key, v in seen.items() if len(v) == 1}
+  return {key: value for key, value in alike.items() if value != GPT2_BLOCK[key]}
+
+
 def load(root) -> tuple[dict, list[Run]]:
   """The sweep manifest (or one inferred from the cell configs) and every cell's Run."""
   root = pathlib.Path(root)

@@ -196,15 +196,16 @@ def stability_table(manifest, runs) -> str:
   lrs, cells = sorted(manifest["axes"][LR_KEY]), stats.pivot(manifest, runs, LR_KEY)
   rows = []
   for key, lr in stats.largest_stable_lr(manifest, runs).items():
+    why = lambda x: (f"{stats.fmt_value(x)}: "
+                     f"{failures([cells[key].get((x, seed)) for seed in manifest['seeds']])}")
     up = next((x for x in lrs if lr is None or x > lr), None)
-    at_up = [cells[key].get((up, seed)) for seed in manifest["seeds"]]
     rows.append([*map(stats.fmt_value, key),
-                 "none, not even the lowest" if lr is None else stats.fmt_value(lr),
-                 "— (none swept higher)" if up is None else f"{stats.fmt_value(up)}: "
-                 f"{failures(at_up)}"])
+                 "none" if lr is None else stats.fmt_value(lr),
+                 "; ".join(map(why, lrs)) if lr is None else
+                 "— (none swept higher)" if up is None else why(up)])
   return _table([*map(_header, stats.other_axes(manifest)),
                  "largest LR where every seed is stable",
-                 "next LR up (the lowest, if none is): seeds that failed, and why"], rows)
+                 "the next LR up (every LR, if none is): seeds that failed, and why"], rows)
 
 
 def sensitivity_table(manifest, runs) -> str:
@@ -265,7 +266,7 @@ def sections(manifest, runs, base) -> list[tuple[str, str, str]]:
       ("Largest stable LR",
        "The largest swept LR at which every seed of the grid finished stable (docs/metrics.md §6) "
        "and learned (final val loss below the unigram loss; MLM: the copy predictor's), and why "
-       "it is not higher: at the next LR up (at the lowest when no LR qualifies), how many seeds "
+       "it is not higher: at the next LR up (at every LR when none qualifies), how many seeds "
        "failed and how (unstable, diverged, not learned, not finished, not run), with the "
        "reasons of the verdict."
        + (f" {unchecked} finished run(s) have no `unigram_loss` in their summary: not checked "
