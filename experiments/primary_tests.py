@@ -577,14 +577,19 @@ FIGURE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "img" / "activat
 
 
 def figure(path: pathlib.Path = FIGURE) -> None:
-  """ReLU − GELU on the decoder per recipe: the mean and its simultaneous interval (family 1's
-  test 1 at α/7, family 2's tests at α/6), ±δ marked; tests without fresh seeds left out."""
+  """ReLU − GELU on the decoder per recipe and block (ReLU² − GELU in the LLaMA-style block too):
+  the mean and its simultaneous interval (family 1's test 1 at α/7, family 2's tests at α/6), ±δ
+  marked; tests without fresh seeds left out."""
   import matplotlib
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
   rows = []
-  for name, label in (("relu_gelu", "no clipping, warm-up 45, d 128\n(family 1, test 1)"),
-                      *((f"recipe_{r}", r.replace("_", " + ")) for r in RECIPES)):
+  labels = {"relu_gelu": "no clipping, warm-up 45, d 128\n(family 1, test 1)",
+            "recipe_clip": "clipping at 1.0", "recipe_warmup": "warm-up 180",
+            "recipe_wide": "d 256, FFN 1,024", "recipe_clip_warmup": "clipping + warm-up 180",
+            "modern_relu_gelu": "LLaMA-style block",
+            "modern_relu2_gelu": "LLaMA-style block,\nReLU² − GELU"}
+  for name, label in labels.items():
     r = result(name)
     if r is not None:
       k = len(FAMILIES[family_of(name)])
