@@ -10,6 +10,7 @@ from actlab import errors
 from actlab.data import tokenizer
 from actlab.data import classify as classify_data
 from actlab.models import activations
+from actlab.models.spec import GPT2_BLOCK
 
 WANDB_MODES = ("", "online", "offline", "disabled")  # metrics.wandb_mode
 
@@ -126,8 +127,7 @@ def _check_encoder(config) -> None:
   missing = [f for f in ENCODER_FIELDS if f.split(".")[1] not in config[f.split(".")[0]]]
   check(not missing, f"model.kind='encoder' needs the encoder's fields ({', '.join(missing)} "
         "missing): start from configs/bert_<activation>.py (config.encoder)")
-  bert = {"norm_type": "layer", "position": "learned", "bias": True, "tie_head": True}
-  changed = [f"model.{k}={m[k]!r}" for k, v in bert.items() if m[k] != v]
+  changed = [f"model.{k}={m[k]!r}" for k, v in GPT2_BLOCK.items() if m[k] != v]
   check(not changed, f"{', '.join(changed)}: the encoder builds BERT's block (LayerNorm, learned "
         "positions, biases, the tied MLM head); these options are the decoder's")
   check(not _parsed("model.pooler_activation", activations.get, m.pooler_activation).gated,

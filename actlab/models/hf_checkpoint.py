@@ -14,7 +14,7 @@ import numpy as np
 
 from actlab.errors import UserError
 from actlab.models import hf, hf_gpt2, hf_llama
-from actlab.models.spec import gated
+from actlab.models.spec import GPT2_BLOCK, gated
 
 INSTALL = 'pip install -e ".[hf]"'  # transformers, safetensors
 EXPORTED = "actlab"  # the config.json entry of an export: where from, step, steps, finished, status
@@ -59,8 +59,7 @@ def _check_architecture(config, arch: Architecture, doing: str) -> None:
   """UserError unless the model has `arch`'s block: GPT-2's or BERT's (LayerNorm with biases at
   its placement, learned positions, the tied head), a plain FFN and no qk-norm."""
   m, cls, norm = config.model, arch.cls, arch.norm
-  block = {"norm_type": "layer", "position": "learned", "bias": True, "tie_head": True}
-  other = [f"model.{k}={m[k]!r}" for k, v in block.items() if m[k] != v]
+  other = [f"model.{k}={m[k]!r}" for k, v in GPT2_BLOCK.items() if m[k] != v]
   if other:
     raise UserError(f"{doing}: {', '.join(other)}: {cls} has "
                     f"{'GPT-2' if arch.model_type == 'gpt2' else 'BERT'}'s block (LayerNorm with "

@@ -17,13 +17,12 @@ from flax.traverse_util import flatten_dict
 
 from actlab.errors import UserError
 from actlab.models import activations, execution, hf
-from actlab.models.spec import ffn_width, gated
+from actlab.models.spec import GPT2_BLOCK, ffn_width, gated
 
 CLASSES = {"llama": "LlamaForCausalLM", "arcee": "ArceeForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # What each class needs of the model besides the block (`BLOCK`): (model.ffn, model.qk_norm).
 SETTINGS = {"llama": ("gated", False), "arcee": ("plain", False), "qwen3": ("gated", True)}
 BLOCK = {"norm_type": "rms", "position": "rope", "bias": False, "tie_head": False}
-GPT2_BLOCK = {"norm_type": "layer", "position": "learned", "bias": True, "tie_head": True}
 # Models like these that actlab's block cannot be: why, for the import's one line.
 REFUSED = {"qwen2": "Qwen2 always has biases on q_proj, k_proj and v_proj, and actlab's "
                     "LLaMA-style block has none (model.bias=False)",

@@ -9,6 +9,11 @@ from actlab.models import activations
 from actlab.models.execution import Execution
 
 
+# The block options' values that build GPT-2's and BERT's block: `Spec`'s defaults, which every
+# run before the options existed built (the encoder, the GPT-2 and BERT mappings keep to them).
+GPT2_BLOCK = {"norm_type": "layer", "position": "learned", "bias": True, "tie_head": True}
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
   """The architecture: `config.model` resolved, hashable for Flax."""
