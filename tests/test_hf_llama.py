@@ -67,6 +67,17 @@ def greedy_equal(torch, model, params, hf_model) -> list[int]:
   return ours
 
 
+def assert_same_model(torch, model, params, hf_model, what: str) -> None:
+  """actlab's `model` with `params` and `hf_model` compute the same function: float32 logits
+  within 1e-4 (the achieved error printed), the same greedy text, the same parameter count."""
+  ours = np.asarray(model.apply({"params": params}, tokens()))[..., :V]
+  theirs = hf_logits(torch, hf_model, tokens())
+  print(f"{what}: max |logit error| {np.abs(ours - theirs).max():.2e}")
+  np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
+  greedy_equal(torch, model, params, hf_model)
+  assert hf_count(hf_model) == actlab_count(params)
+
+
 def hf_count(hf_model) -> int:
   return sum(p.numel() for p in hf_model.parameters())
 
@@ -88,12 +99,7 @@ def test_export_equals_transformers(tmp_path, torch, cls):
   hf_checkpoint.write(tmp_path, c, HF, params, V, 256, RUN)
   assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [cls]
   hf_model = getattr(transformers, cls).from_pretrained(tmp_path).eval()
-  ours = np.asarray(model.apply({"params": params}, tokens()))[..., :V]
-  theirs = hf_logits(torch, hf_model, tokens())
-  print(f"{cls} export: max |logit error| {np.abs(ours - theirs).max():.2e}")
-  np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
-  greedy_equal(torch, model, params, hf_model)
-  assert hf_count(hf_model) == actlab_count(params)
+  assert_same_model(torch, model, params, hf_model, f"{cls} export")
 
 
 def hf_model_of(torch, cls: str, directory, **fields):
@@ -120,12 +126,7 @@ def test_import_equals_transformers(tmp_path, torch, cls):
   hf_model = hf_model_of(torch, cls, tmp_path, hidden_act=activation, **fields)
   c = llama_config(activation, **overrides, **{"train.init_from": f"hf:{tmp_path}"})
   model, params = imported(c, V)
-  ours = np.asarray(model.apply({"params": params}, tokens()))[..., :V]
-  theirs = hf_logits(torch, hf_model, tokens())
-  print(f"{cls} import: max |logit error| {np.abs(ours - theirs).max():.2e}")
-  np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
-  greedy_equal(torch, model, params, hf_model)
-  assert hf_count(hf_model) == actlab_count(params)
+  assert_same_model(torch, model, params, hf_model, f"{cls} import")
 
 
 @pytest.mark.slow
