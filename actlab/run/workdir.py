@@ -96,13 +96,9 @@ def run_config(workdir: pathlib.Path) -> dict | None:
   config = read_json(workdir / "config.json")
   if not (config and {"model", "train"} <= config.keys()):
     return None
-  config = with_added_fields(config)
-  for field in DATA_PATHS:  # recorded relative to the run directory (`recorded_config`)
-    section, key = field.split(".")
-    if isinstance(config.get(section), dict) and config[section].get(key):
-      config[section][key] = os.path.normpath(os.path.join(os.path.abspath(workdir),
-                                                           config[section][key]))
-  return config
+  # Recorded relative to the run directory (`recorded_config`).
+  return map_data_paths(with_added_fields(config),
+                        lambda path: os.path.normpath(os.path.join(os.path.abspath(workdir), path)))
 
 
 def is_run(path: pathlib.Path) -> bool:
@@ -299,12 +295,18 @@ def recorded_config(config: ml_collections.ConfigDict, run_dir: "str | os.PathLi
   """`config` as config.json (and provenance's `runtime`) records it: its DATA_PATHS made
   absolute against the working directory, then every absolute path `recorded_path`, so that the
   data paths are relative to the run directory (`run_config` reads them back against it)."""
-  out = json.loads(config.to_json())
+  out = map_data_paths(json.loads(config.to_json()),
+                       lambda path: os.path.abspath(os.path.expanduser(path)))
+  return recorded_paths(out, run_dir)
+
+
+def map_data_paths(config: dict, fn) -> dict:
+  """`config` (a nested dict, changed in place) with `fn` applied to each DATA_PATHS value set."""
   for field in DATA_PATHS:
     section, key = field.split(".")
-    if isinstance(out.get(section), dict) and out[section].get(key):
-      out[section][key] = os.path.abspath(os.path.expanduser(out[section][key]))
-  return recorded_paths(out, run_dir)
+    if isinstance(config.get(section), dict) and config[section].get(key):
+      config[section][key] = fn(config[section][key])
+  return config
 
 
 def recorded_command(argv: list[str], executable: str, run_dir: "str | os.PathLike",
