@@ -84,7 +84,7 @@ def continue_prompt(workdir: pathlib.Path, prompt: str, max_tokens: int | None,
     raise errors.UserError(
         f"the prompt takes {len(tokens)} of the model's {config.model.max_len} positions; "
         f"--max_tokens must be between 1 and {room}")
-  generate = make_generate(task.model, tokenizer.vocab_size, max_new, temperature, top_k)
+  generate = make_generate(task.objective.model, tokenizer.vocab_size, max_new, temperature, top_k)
   new = generate(params, jnp.asarray([tokens]), jax.random.PRNGKey(seed))[0].tolist()
   if tokenizer.eot_id in new:
     new = new[:new.index(tokenizer.eot_id)]

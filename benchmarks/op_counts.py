@@ -22,7 +22,7 @@ import numpy as np
 from actlab import errors, tasks
 from actlab import config as config_lib
 from actlab.bench.benches import tokenizer_vocab
-from actlab.run import steps
+from actlab.run import compiled
 
 
 def entry_ops(compiled_text: str) -> collections.Counter:
@@ -36,8 +36,8 @@ def main(spec: str, overrides: str = "", rounds: int = 0) -> None:
   if overrides:
     config = config_lib.override(config, config_lib.parse_overrides(overrides))
   vocab = tokenizer_vocab(config)
-  program = steps.Program.create(config, vocab)
-  state = jax.eval_shape(program.steps.init, 0, 1.0)
+  program = compiled.Program.create(config, vocab)
+  state = jax.eval_shape(program.step.init, 0, 1.0)
   batch = jax.eval_shape(lambda: tasks.get(config).random_batch(config, vocab, 0))
   variants = {name: getattr(program, name) for name in ("train_step", "log_step")}
   for name, step in variants.items():

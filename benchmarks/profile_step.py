@@ -25,7 +25,7 @@ import numpy as np
 from actlab import errors, tasks
 from actlab import config as config_lib
 from actlab.bench.benches import tokenizer_vocab
-from actlab.run import steps
+from actlab.run import compiled
 
 
 def median_ms(f, *args, n: int = 20) -> float:
@@ -80,13 +80,13 @@ def main(argv) -> None:
   if rest:
     c = config_lib.override(c, config_lib.parse_overrides(rest[0]))
   vocab = tokenizer_vocab(c)
-  fns = steps.Steps.create(c, vocab)
+  fns = compiled.create_step(c, vocab)
   state = jax.jit(fns.init)(0)
   batch = jax.numpy.asarray(tasks.get(c).random_batch(c, vocab))
   key = jax.random.PRNGKey(0)
 
   def loss(params):
-    out = fns.objective(fns.model, params, batch, key, train=True)
+    out = fns.objective(params, batch, key, train=True)
     return out.loss_sum / out.count
 
   grads = jax.jit(jax.grad(loss))(state.params)

@@ -1,4 +1,4 @@
-"""Every activation in the registry (`actlab.models.activations.NAMES`) at one peak LR, 1e-3.
+"""Every activation in the registry (`actlab.core.activations.NAMES`) at one peak LR, 1e-3.
 
 Gated ones use the parameter-matched hidden width (model.gated_match_params). `:smoke` runs them
 on the tiny `sizes.SIZES["mini"]` setup with one seed. `:cpu` is the CPU study (RESULTS.md):
@@ -13,7 +13,7 @@ stated before running: the equivalence margin, 0.02 nats.
 """
 
 from actlab.config import sizes
-from actlab.models import activations
+from actlab.core import activations
 
 CPU_ACTIVATIONS = ["relu", "tanh", "elu", "gelu", "gelu_tanh", "silu", "relu2", "swiglu", "geglu",
                    "reglu"]

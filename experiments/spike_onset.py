@@ -9,7 +9,7 @@ For each activation (`--activations`, default gelu,relu) and seed, the run's con
 the committed runs' was (`configs/tinystories_<act>.py`, the decoder size "cpu_epoch", LR 3e-3,
 TinyStories v1; compared with the committed run's `config.json` where there is one), and
 the run trains for `--steps` steps through actlab's own state init, batches
-(`Dataset.train_batch(k)`) and jitted train step (`steps.Program`: its `log_step` on the steps
+(`Dataset.train_batch(k)`) and jitted train step (`compiled.Program`: its `log_step` on the steps
 the loop logs, its `train_step` on the others, exactly as `run/loop.py` chooses). Before step
 k's update, one extra jitted `jax.grad` of the same loss at the same parameters, batch and
 dropout key measures, without changing the trajectory (the real step is then applied unchanged):
@@ -115,35 +115,33 @@ def group_squares(grads) -> dict:
 
 def make_measure(program):
   """A jitted `(state, batch) -> measures` for R = 1 runs of `program`: the gradient of the train
-  step's own loss (`Steps.train_step`'s: objective, dropout key fold_in(rng, step)) at the
+  step's own loss (`core.Step.train_step`'s: objective, dropout key fold_in(rng, step)) at the
   state's parameters, as group sums of squares, with the training forward's FFN pre-activation
   and attention statistics. It reads the state and changes nothing."""
   import jax
   import jax.numpy as jnp
-  from actlab import models
-  from actlab.measure import metrics as metrics_lib
-  from actlab.run import steps as steps_lib
-  s = program.steps
+  from actlab import core
+  s = program.step
 
   def one(state, batch):
     key = jax.random.fold_in(state.rng, state.step)
 
     def loss_fn(params):
-      out = s.objective(s.model, params, batch, key, train=True, stats=True)
+      out = s.objective(params, batch, key, train=True, stats=True)
       return out.loss_sum / out.count, out
 
     (loss, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     m = {"loss": loss, "groups": group_squares(grads), "ffn": [], "attn_logit_max": []}
-    for st in metrics_lib.per_layer(out.sown, models.FFNStats):
+    for st in core.per_layer(out.sown, core.FFNStats):
       z = st.z.astype(jnp.float32)
       m["ffn"].append({"mean": z.mean(), "sd": z.std(), "neg": jnp.mean(z < 0),
                        "absmax": jnp.max(jnp.abs(z))})
     m["attn_logit_max"] = [a.logit_max for a in
-                           metrics_lib.per_layer(out.sown, models.AttentionStats)]
+                           core.per_layer(out.sown, core.AttentionStats)]
     return m
 
-  return jax.jit(lambda state, batch: one(steps_lib.one_run(state, 0),
-                                          steps_lib.one_run(batch, 0)))
+  return jax.jit(lambda state, batch: one(core.one_run(state, 0),
+                                          core.one_run(batch, 0)))
 
 
 @dataclasses.dataclass
@@ -159,18 +157,17 @@ def trace(config, n_steps: int, measure: bool = True, cache: dict | None = None)
   `measure`, each step's row also holds the extra gradient's group norms and the FFN statistics,
   measured before the step's update."""
   import jax
-  from actlab import tasks
-  from actlab.run import parallel
-  from actlab.run import steps as steps_lib
+  from actlab import core, tasks
+  from actlab.run import compiled, parallel
   parallel.initialize(config)
   task = tasks.get(config)
   dataset = task.dataset(config)
   dataset = dataclasses.replace(dataset, seed=int(config.train.seed))  # as train.run_group
-  program = steps_lib.program(config, dataset.tokenizer.vocab_size, 1, cache)
+  program = compiled.get(config, dataset.tokenizer.vocab_size, 1, cache)
   state = program.start([config])
   measure_fn = None
   if measure:
-    key = ("spike_onset.measure", steps_lib.compile_key(config, dataset.tokenizer.vocab_size))
+    key = ("spike_onset.measure", compiled.compile_key(config, dataset.tokenizer.vocab_size))
     if cache is None or key not in cache:
       measure_fn = make_measure(program)
       if cache is not None:
@@ -195,7 +192,7 @@ def trace(config, n_steps: int, measure: bool = True, cache: dict | None = None)
         row.update({f"z_{stat}.l{i}": float(v) for stat, v in f.items()})
       row.update({f"attn_logit_max.l{i}": float(v) for i, v in enumerate(m["attn_logit_max"])})
     state, metrics = (program.log_step if log_now else program.train_step)(state, batch)
-    metrics = jax.device_get(steps_lib.one_run(metrics, 0))
+    metrics = jax.device_get(core.one_run(metrics, 0))
     row.update(train_loss=float(metrics["train_loss"]), lr=float(metrics["lr"]),
                grad_norm=float(metrics["grad_norm"]))
     rows.append(row)

@@ -1,4 +1,4 @@
-"""Tests for actlab.models.activations.
+"""Tests for actlab.core.activations.
 
 Expected values come from float64 closed forms (numpy / scipy) computed here, never from a rounded
 table. JAX computes in float32; inputs are cast to float32 first and the float64 references are
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import optimize, special
 
-from actlab.models import activations
+from actlab.core import activations
 
 ANCHORS = np.array([-3.0, -1.0, 0.0, 0.5, 1.0, 3.0])
 GRID = np.linspace(-8.0, 8.0, 4001)  # step 0.004; contains 0 exactly

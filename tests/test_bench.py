@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import bench, models, tasks
+from actlab import bench, core, tasks
 from actlab import config as config_lib
 from actlab.measure import flops
 from actlab.run import parallel
@@ -204,14 +204,14 @@ def test_torch_reference_is_the_same_model(activation, block):
   assert ("rms rope no-bias untied" in bench.config_summary(c)) == bool(block)  # the rows say so
   tb = bench.TorchBench(c)
   trainer = torch_ref.Trainer({**tb.spec, "threads": 1})
-  model = tasks.get(c).model(c, 257)
+  model = tasks.get(c).objective(c, 257).model
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), trainer.x.numpy())["params"]
-  assert trainer.params == models.count_params(shapes)["total"]
+  assert trainer.params == core.count_params(shapes)["total"]
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda s: rng.normal(0.5 if len(s.shape) == 1 else 0, 0.3, s.shape)
                         .astype(np.float32), shapes)
   model_t = torch_ref.GPT(tb.spec["vocab"], c.model.max_len, c.model.num_layers,
-                          c.model.d_model, c.model.num_heads, models.ffn_width(
+                          c.model.d_model, c.model.num_heads, core.ffn_width(
                               activation, c.model.d_ff, c.model.gated_match_params, c.model.ffn),
                           activation, {k: tb.spec[k] for k in torch_ref.GPT2_BLOCK})
   model_t.load_state_dict(torch_state(params, c))  # strict: every tensor named, none left over

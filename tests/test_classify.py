@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import conftest
-from actlab import data, models, tasks
+from actlab import core, data, tasks
 from actlab.data import classify, synthetic, tokenizer
 from actlab.run import pretrained as pretrained_lib
-from actlab.run import steps, train
+from actlab.run import compiled, train
 from actlab.tasks import mlm
 
 
@@ -156,13 +156,13 @@ def test_mlm_unigram_loss_is_the_val_loss_of_a_unigram_model(pretrained, monkeyp
   _, summary = pretrained
   c = tiny_encoder()
   ds = data.load(c)
-  fns = steps.Steps.create(c, ds.tokenizer.vocab_size)
+  fns = compiled.create_step(c, ds.tokenizer.vocab_size)
   log_p = ds.unigram_log_probs(exclude=(0, 2, 3, 4))  # [PAD] [CLS] [SEP] [MASK]
-  padded = np.full(models.pad_vocab(ds.tokenizer.vocab_size), -np.inf, np.float32)
+  padded = np.full(core.pad_vocab(ds.tokenizer.vocab_size), -np.inf, np.float32)
   padded[:log_p.size] = log_p
-  monkeypatch.setattr(mlm.models, "apply", lambda *a, masked_positions_BP, **k: (
+  monkeypatch.setattr(core.encoder, "apply", lambda *a, masked_positions_BP, **k: (
       jnp.broadcast_to(padded, (*masked_positions_BP.shape, padded.size)), None))
-  outs = [fns.objective(fns.model, None, jnp.asarray(b), jax.random.PRNGKey(0), train=False)
+  outs = [fns.objective(None, jnp.asarray(b), jax.random.PRNGKey(0), train=False)
           for b in ds.val_batches()]
   val_loss = sum(float(o.loss_sum) for o in outs) / sum(int(o.count) for o in outs)
   assert summary["unigram_loss"] == pytest.approx(val_loss, rel=1e-6)
@@ -199,11 +199,11 @@ def test_classification_trains_above_chance_and_fine_tunes_from_mlm(pretrained, 
   assert len(cache) == 1
   # The trunk starts from the MLM checkpoint; the pooler and classifier are new.
   vocab = summary["vocab_size"]
-  fresh = steps.program(c, vocab, cache=cache).start([c]).params  # as train.run: no compile
-  fresh = steps.one_run(fresh, 0)
+  fresh = compiled.get(c, vocab, cache=cache).start([c]).params  # as train.run: no compile
+  fresh = core.one_run(fresh, 0)
   params = pretrained_lib.params_from(c, pretrained_lib.init_from_config(c), fresh, vocab)
   mlm = pretrained_lib.Checkpoints(mlm_dir / "checkpoints", 3)
-  like = jax.eval_shape(steps.Steps.create(tiny_encoder(), vocab).init, 0, 1e-3)
+  like = jax.eval_shape(compiled.create_step(tiny_encoder(), vocab).init, 0, 1e-3)
   restored = mlm.restore(60, like)[0].params
   mlm.close()
   for name in ("wte", "wpe", "wtt", "ln_emb", "block_0", "block_1"):

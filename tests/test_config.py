@@ -22,11 +22,11 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from actlab import errors, models, tasks
+from actlab import core, errors, tasks
 from actlab import config as config_lib
 from actlab.config import sizes
 from actlab.data import tokenizer
-from actlab.models import activations
+from actlab.core import activations
 from actlab.sweep import grid
 from conftest import REPO, tiny
 
@@ -202,9 +202,9 @@ def test_reference_size_is_the_base():
     ("gpt2_small", 50257, 124_475_904)])
 def test_parameter_counts_in_the_sizes_table(size, vocab, total):
   c = config_lib.decoder("gelu", size)
-  model = tasks.get(c).model(c, vocab)
+  model = tasks.get(c).objective(c, vocab).model
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
-  assert models.count_params(shapes["params"])["total"] == total
+  assert core.count_params(shapes["params"])["total"] == total
 
 
 def test_decoder_configs_differ_only_in_activation():
@@ -368,7 +368,7 @@ def test_every_field_is_listed_with_its_default_and_comment():
       for name in values:
         assert f"  {section}.{name} = " in listed, f"{section}.{name}"
   notes = fields.comments()
-  assert notes["model.activation"] == "FFN activation: a name from actlab.models.activations.NAMES"
+  assert notes["model.activation"] == "FFN activation: a name from actlab.core.activations.NAMES"
   assert notes["model.loss_impl"].endswith("or \"plain\" (logits, then cross-entropy)")  # 2 lines
   assert "  data.mlm_prob = 0.15 [encoder]" in listed
   assert "  model.norm = 'pre' [encoder: 'post']" in listed
@@ -382,7 +382,7 @@ def test_every_field_is_listed_with_its_default_and_comment():
 
 def test_activation_fields_list_the_names_of_the_registry():
   """The listing names every activation for model.activation and the plain ones for the pooler,
-  as `actlab.models.activations` has them."""
+  as `actlab.core.activations` has them."""
   from actlab.config import fields
   listed = fields.listing()
   words = lambda key: set(re.findall(r"\w+", re.search(

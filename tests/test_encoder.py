@@ -8,12 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import models, tasks
+from actlab import core
+from actlab.config import specs
+from actlab.hf import bert
 from actlab import config as config_lib
-from actlab.models.spec import Spec
-from actlab.models.attention import Attention
-from actlab.models.layers import norm as layer_norm
-from actlab.models.transformer import Block, FeedForward
+from actlab.core.spec import Spec
+from actlab.core.attention import Attention
+from actlab.core.layers import norm as layer_norm
+from actlab.core.transformer import Block, FeedForward
 
 SPEC = Spec("gelu", num_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=32, vocab_size=128,
             norm="post", norm_eps=1e-12)
@@ -21,7 +23,7 @@ PAD = 0
 
 
 def make(spec=SPEC, head="all", **kw):
-  model = models.Encoder(spec, head=head, **kw)
+  model = core.Encoder(spec, head=head, **kw)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
   return model, params
 
@@ -55,10 +57,10 @@ def test_shapes(encoder):
 @pytest.mark.parametrize("head", ["mlm", "classify", "all"])
 def test_param_count_closed_form(activation, norm, head):
   spec = dataclasses.replace(SPEC, activation=activation, norm=norm)
-  model = models.Encoder(spec, head=head, num_classes=3)
+  model = core.Encoder(spec, head=head, num_classes=3)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
-  counts = models.count_params(shapes["params"])
-  assert counts["total"] == models.param_count(spec, head, num_classes=3)
+  counts = core.count_params(shapes["params"])
+  assert counts["total"] == core.param_count(spec, head, num_classes=3)
   assert counts["non_embedding"] == counts["total"] - 128 * 32
   assert ("ln_f" in shapes["params"]) == (norm == "pre")
 
@@ -66,7 +68,7 @@ def test_param_count_closed_form(activation, norm, head):
 def bert_base_shapes(head):
   """BERT-base's parameter shapes (no memory: `eval_shape`), built from the `:base` config."""
   c = config_lib.encoder("gelu", "base")
-  model = models.Encoder(models.Spec.from_config(c.model, 30522), head=head)
+  model = core.Encoder(specs.model_spec(c, 30522), head=head)
   return model, jax.eval_shape(model.init, jax.random.PRNGKey(0),
                                jnp.zeros((1, 128), jnp.int32))["params"]
 
@@ -82,11 +84,11 @@ def test_bert_base_parameter_count():
   assert spec.vocab_size == 30528 and spec.norm == "post" and spec.norm_eps == 1e-12
   # BERT as published: the trunk and the pooler (a classifier of no classes) at V = 30,522.
   published = dataclasses.replace(spec, vocab_size=30522)
-  assert models.param_count(published, "classify", num_classes=0) == 109_482_240
+  assert core.param_count(published, "classify", num_classes=0) == 109_482_240
   # Ours, as an `init` of the encoder counts them (the MLM projection is tied to wte):
   for head, total in (("all", 110_111_042), ("mlm", 109_518_912), ("classify", 109_488_386)):
     _, shapes = bert_base_shapes(head)
-    assert models.count_params(shapes)["total"] == models.param_count(spec, head) == total
+    assert core.count_params(shapes)["total"] == core.param_count(spec, head) == total
 
 
 def expected_hf_names(num_layers):
@@ -107,12 +109,12 @@ def expected_hf_names(num_layers):
 @pytest.mark.slow
 def test_bert_names_are_one_to_one(encoder):
   _, params = encoder
-  names = models.hf.hf_names(params)
+  names = bert.hf_names(params)
   assert len(set(names.values())) == len(names)
   assert set(names.values()) == expected_hf_names(2)
   assert names["block_1/ffn/up/kernel"] == "encoder.layer.1.intermediate.dense.weight"
   assert names["mlm/bias"] == "cls.predictions.bias"
-  state = models.hf.to_hf(params)
+  state = bert.to_hf(params)
   # PyTorch layout: Linear weights are (out, in).
   assert state["encoder.layer.0.intermediate.dense.weight"].shape == (64, 32)
   assert state["encoder.layer.0.output.dense.weight"].shape == (32, 64)
@@ -121,8 +123,8 @@ def test_bert_names_are_one_to_one(encoder):
 
 def test_from_hf_round_trip_prefix_gamma_and_vocab_padding(encoder):
   model, params = encoder
-  state = models.hf.to_hf(params)
-  back = models.hf.from_hf(state, params)
+  state = bert.to_hf(params)
+  back = bert.from_hf(state, params)
   jax.tree.map(np.testing.assert_array_equal, back, jax.tree.map(np.asarray, params))
   # A Hugging Face task model's names (`bert.` prefix, old gamma/beta), unpadded vocabulary.
   hf = {("" if k.startswith(("cls.", "classifier")) else "bert.") +
@@ -130,7 +132,7 @@ def test_from_hf_round_trip_prefix_gamma_and_vocab_padding(encoder):
         v for k, v in state.items()}
   hf["bert.embeddings.word_embeddings.weight"] = state["embeddings.word_embeddings.weight"][:100]
   hf["cls.predictions.bias"] = state["cls.predictions.bias"][:100]
-  loaded = models.hf.from_hf(hf, params)
+  loaded = bert.from_hf(hf, params)
   np.testing.assert_array_equal(loaded["wte"]["embedding"][:100], params["wte"]["embedding"][:100])
   for padded in (loaded["wte"]["embedding"], loaded["mlm"]["bias"]):  # the mean of the real rows
     mean = np.broadcast_to(padded[:100].mean(0), padded[100:].shape)
@@ -138,7 +140,7 @@ def test_from_hf_round_trip_prefix_gamma_and_vocab_padding(encoder):
   np.testing.assert_array_equal(loaded["ln_emb"]["scale"], params["ln_emb"]["scale"])
   del hf["bert.encoder.layer.1.output.dense.weight"]
   with pytest.raises(KeyError, match="encoder.layer.1.output.dense.weight"):
-    models.hf.from_hf(hf, params)
+    bert.from_hf(hf, params)
 
 
 def test_bidirectional(encoder):
@@ -171,13 +173,13 @@ def test_padding_never_changes_unpadded_outputs(encoder):
 @pytest.mark.slow
 def test_objective_masks_padding(encoder):
   """The classification objective derives the attention mask from [PAD]."""
-  model = models.Encoder(SPEC, head="classify")
+  model = core.Encoder(SPEC, head="classify")
   params = {k: v for k, v in encoder[1].items() if k != "mlm"}  # the classifier's subset
-  specials = tasks.mlm.Specials(pad=0, unk=1, cls=2, sep=3, mask=4)
+  specials = core.Specials(pad=0, unk=1, cls=2, sep=3, mask=4)
   real = jnp.concatenate([jnp.full((2, 1), 2), tokens((2, 8)), jnp.full((2, 1), 3)], axis=1)
   labels = jnp.array([0, 1])
-  loss = jax.jit(lambda batch: tasks.classify.loss(model, params, batch, jax.random.PRNGKey(0),
-                                                   False, specials=specials))
+  loss = jax.jit(lambda batch: core.Classifier(model, specials.pad)(
+      params, batch, jax.random.PRNGKey(0), train=False))
   short = loss({"tokens": real, "labels": labels})
   padded = jnp.concatenate([real, jnp.zeros((2, 7), jnp.int32)], axis=1)
   long = loss({"tokens": padded, "labels": labels})
@@ -200,7 +202,7 @@ def test_block_order(norm):
   p = jax.tree.map(lambda v: v + 0.1 * jax.random.normal(jax.random.PRNGKey(2), v.shape), p)
   attn = lambda h: _sub(Attention(spec, causal=False), p["attn"], h)
   ffn = lambda h: _sub(FeedForward(spec), p["ffn"], h)
-  ln = lambda name, h: _sub(layer_norm(spec, models.Execution(), name), p[name], h)
+  ln = lambda name, h: _sub(layer_norm(spec, core.Execution(), name), p[name], h)
 
   @jax.jit
   def by_hand(x):
@@ -222,10 +224,10 @@ def test_block_order(norm):
 @pytest.mark.slow
 def test_pooler_activation(encoder):
   """pooled = act(dense(h[CLS])): identity gives the dense output, tanh and gelu act on it."""
-  from actlab.models import activations
+  from actlab.core import activations
   _, params = encoder
   t = tokens((2, 8))
-  pooled = {name: jax.jit(models.Encoder(SPEC, head="all", pooler_activation=name).apply)(
+  pooled = {name: jax.jit(core.Encoder(SPEC, head="all", pooler_activation=name).apply)(
       {"params": params}, t)["pooled"] for name in ("identity", "tanh", "gelu")}
   for name in ("tanh", "gelu"):
     np.testing.assert_allclose(pooled[name], activations.get(name).fn(pooled["identity"]),
@@ -233,7 +235,7 @@ def test_pooler_activation(encoder):
   assert np.abs(pooled["tanh"]).max() < 1.0 and np.abs(pooled["identity"]).max() > 0.05
   # The pooler reads the first ([CLS]) position: later tokens act only through attention.
   t2 = t.at[:, 1:].set(t[:, 1:] % 50 + 7)
-  other = jax.jit(models.Encoder(SPEC, head="all", pooler_activation="identity").apply)(
+  other = jax.jit(core.Encoder(SPEC, head="all", pooler_activation="identity").apply)(
       {"params": params}, t2)["pooled"]
   assert np.abs(other - pooled["identity"]).max() > 1e-4
 
@@ -242,7 +244,7 @@ def test_mlm_head_is_tied_to_word_embeddings(encoder):
   _, params = encoder
   assert set(params["mlm"]) == {"dense", "ln", "bias"}
   assert not any("decoder" in k or "out" == k for k in params["mlm"])
-  model = models.Encoder(SPEC, head="mlm")
+  model = core.Encoder(SPEC, head="mlm")
   t = tokens((1, 8))
   p = jax.tree.map(lambda v: v, params)
   apply = jax.jit(model.apply)

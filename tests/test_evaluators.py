@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import models
+from actlab import core
 from actlab.measure import evaluators
-from actlab.run import steps
+from actlab.run import compiled
 from conftest import tiny
 
 
@@ -22,7 +22,7 @@ def test_the_config_chooses_the_evaluators(act_stats, sharpness_every):
   assert names == (["loss", "act_stats"] if act_stats else ["loss"]) + ["ffn_hist"]
   assert evals.sharpness == (evaluators.Sharpness(5, 3) if sharpness_every else None)
 
-  task = steps.Steps.create(c, 257)
+  task = compiled.create_step(c, 257)
   params = jax.jit(task.init)(0).params
   batch = np.random.default_rng(0).integers(0, 257, (4, c.data.seq_len + 1)).astype(np.int32)
   out = jax.device_get(jax.jit(functools.partial(evals.validation_step, task))(params, batch))
@@ -31,14 +31,14 @@ def test_the_config_chooses_the_evaluators(act_stats, sharpness_every):
   assert ("act_zero_frac" in row) == act_stats and "sharpness" not in row
   hist = row["ffn_preact/layer_1"]  # for the trackers: every z entry of both batches
   assert hist.num == 2 * batch.shape[0] * c.data.seq_len * c.model.d_ff
-  loss = task.objective(task.model, params, batch, jax.random.PRNGKey(0), train=False)
+  loss = task.objective(params, batch, jax.random.PRNGKey(0), train=False)
   assert row["val_loss"] == pytest.approx(float(loss.loss_sum / loss.count), rel=1e-6)
 
 
 def test_loss_pools_sums_not_means():
   """Batches of different sizes weigh by their counts: Σ loss / Σ count, not a mean of means."""
-  row = evaluators.Loss().pool([models.Sums(3.0, 1, 0.0, correct=1),
-                                models.Sums(3.0, 3, 0.0, correct=0)])
+  row = evaluators.Loss().pool([core.Sums(3.0, 1, 0.0, correct=1),
+                                core.Sums(3.0, 3, 0.0, correct=0)])
   assert row == {"val_loss": 1.5, "val_accuracy": 0.25}
 
 

@@ -1,4 +1,4 @@
-"""`actlab.export`: a run as a Hugging Face directory whose logits (through `transformers`) and
+"""`actlab.hf.export`: a run as a Hugging Face directory whose logits (through `transformers`) and
 tokenizer ids (through `AutoTokenizer`) are actlab's; what GPT-2 or BERT cannot express is one
 line; `--out` never in a run or over another's files; export and import without torch."""
 
@@ -11,10 +11,11 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import errors, export, tasks
+from actlab import errors, tasks
+from actlab.hf import export
 from actlab.data import hf_tokenizer, synthetic, tokenizer_store
-from actlab.models import hf_checkpoint
-from actlab.run import pretrained, steps, train
+from actlab.hf import checkpoint as hf_checkpoint
+from actlab.run import compiled, pretrained, train
 from conftest import REPO, SHARED_DATA, tiny
 from test_classify import tiny_encoder
 from test_resume import files
@@ -30,7 +31,7 @@ RUN = {"exported_from": "test", "step": 0, "steps": 0, "finished": False, "statu
 def perturbed_params(config, vocab_size, seed=0):
   """Initial parameters plus noise, so that LayerNorms and biases are not 1 and 0 (a swapped
   name would go unnoticed at the initialisation)."""
-  params = steps.Steps.create(config, vocab_size).init(seed).params
+  params = compiled.create_step(config, vocab_size).init(seed).params
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
   return jax.tree.unflatten(tree, [np.asarray(x + 0.1 * jax.random.normal(k, x.shape))
@@ -58,7 +59,7 @@ def test_decoder_logits_equal_gpt2(tmp_path, torch, activation):
   c = tiny(activation)
   params = perturbed_params(c, V)
   tokens = np.random.default_rng(0).integers(0, V, (2, 32))
-  ours = np.asarray(tasks.get(c).model(c, V).apply({"params": params}, tokens))
+  ours = np.asarray(tasks.get(c).objective(c, V).model.apply({"params": params}, tokens))
   hf_checkpoint.write(tmp_path, c, tasks.causal_lm.HF, params, V, 256, RUN)
   theirs = hf_logits(torch, tmp_path, "GPT2LMHeadModel", tokens)
   assert theirs.shape == (2, 32, V)  # the padded rows are dropped
@@ -74,7 +75,7 @@ def test_encoder_logits_equal_bert(tmp_path, torch, task):
   tokens = np.random.default_rng(0).integers(5, vocab, (2, 32))
   mask = np.arange(32)[None] < np.array([[32], [20]])  # the second row ends in padding
   tokens[~mask] = 0
-  ours = np.asarray(tasks.get(c).model(c, vocab).apply({"params": params}, tokens, mask))
+  ours = np.asarray(tasks.get(c).objective(c, vocab).model.apply({"params": params}, tokens, mask))
   hf_checkpoint.write(tmp_path, c, tasks.TASKS[task].hf, params, vocab, 3, RUN)
   theirs = hf_logits(torch, tmp_path, tasks.TASKS[task].hf.cls, tokens, mask)
   if task == "mlm":
@@ -150,7 +151,7 @@ NO_TORCH = ("import runpy, sys; sys.modules['torch'] = None; "
 
 def export_cli(workdir, out):
   """The export CLI, without torch."""
-  return subprocess.run([sys.executable, "-c", NO_TORCH, "actlab.export", f"--workdir={workdir}",
+  return subprocess.run([sys.executable, "-c", NO_TORCH, "actlab.hf.export", f"--workdir={workdir}",
                          f"--out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
@@ -178,14 +179,14 @@ def test_export_cli_of_a_trained_decoder(trained, exported, torch):
   its loss is actlab's less the padded rows' share."""
   config, _, task, params, _ = pretrained.load_run(trained)
   tokens = np.random.default_rng(0).integers(0, V, (2, 33))
-  ours = np.asarray(task.model.apply({"params": params}, tokens[:, :-1]))
+  ours = np.asarray(task.objective.model.apply({"params": params}, tokens[:, :-1]))
   model = transformers.GPT2LMHeadModel.from_pretrained(exported)
   with torch.no_grad():
     logits = model(torch.tensor(tokens[:, :-1])).logits
     hf_loss = float(torch.nn.functional.cross_entropy(logits.reshape(-1, V),
                                                       torch.tensor(tokens[:, 1:]).reshape(-1)))
   np.testing.assert_allclose(logits.numpy(), ours[..., :V], atol=1e-4, rtol=0)
-  out = task.objective(task.model, params, tokens, jax.random.PRNGKey(0), False)
+  out = task.objective(params, tokens, jax.random.PRNGKey(0), train=False)
   loss = float(out.loss_sum) / int(out.count)
   # The losses differ by exactly the padded rows' share of actlab's softmax (large after 8 steps
   # from the initialisation; training drives those logits down).
@@ -216,7 +217,7 @@ def test_export_cli_refuses_what_gpt2_cannot_express_in_one_line(trained, tmp_pa
     ("workdir", "is a run directory"),
     ("inside the workdir", "lies inside {trained}, which is a run directory"),
     ("another run", "is a run directory"),
-    ("foreign", "holds files that actlab.export did not write")])
+    ("foreign", "holds files that actlab.hf.export did not write")])
 def test_export_refuses_an_out_in_a_run_or_over_other_files(trained, tmp_path, where, message):
   """Nothing written: --out is the workdir, lies inside it, is another run's directory, or holds
   files that are not an earlier export's."""
@@ -267,6 +268,6 @@ def test_import_of_an_export_needs_no_torch(trained, exported, monkeypatch):
   source = pretrained.init_from_config(config, V)
   imported = pretrained.params_from(config, source, task.init(1).params, V)
   tokens = np.random.default_rng(0).integers(0, V, (2, 32))
-  ours, theirs = (np.asarray(task.model.apply({"params": p}, tokens)[..., :V])
+  ours, theirs = (np.asarray(task.objective.model.apply({"params": p}, tokens)[..., :V])
                   for p in (params, imported))
   np.testing.assert_allclose(theirs, ours, atol=1e-6, rtol=0)

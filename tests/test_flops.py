@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import models
+from actlab import core
 from actlab import config as config_lib
 from actlab.measure import flops
-from actlab.run import steps
+from actlab.run import compiled
 from conftest import tiny
 
 
@@ -51,11 +51,11 @@ def test_flops_encoder_mlm_head_runs_at_masked_positions_only():
 def test_flops_matmul_params_match_the_model(activation):
   """N of 6·N = every 2-D kernel of the real parameter tree + the tied head (V·D)."""
   c = model_cfg(activation=activation, d_ff=96)
-  step_fns = steps.Steps.create(c, 257)
+  step_fns = compiled.create_step(c, 257)
   params = jax.eval_shape(step_fns.init, 0).params
   kernels_ = sum(int(np.prod(x.shape)) for path, x in jax.tree_util.tree_leaves_with_path(params)
                  if path[-1].key == "kernel")
-  V, D = models.pad_vocab(257), c.model.d_model
+  V, D = core.pad_vocab(257), c.model.d_model
   assert params["wte"]["embedding"].shape == (V, D)
   assert flops.for_config(c, 257).matmul_params == kernels_ + V * D
 
@@ -65,10 +65,10 @@ def test_flops_forward_agrees_with_xla_cost_analysis():
   (plus a little elementwise work) independently of our formula."""
   c = model_cfg(seq_len=64, num_layers=2, d_model=64, num_heads=4, d_ff=256, activation="relu",
                 max_len=64)
-  step_fns = steps.Steps.create(c, 257)
+  step_fns = compiled.create_step(c, 257)
   params = jax.eval_shape(step_fns.init, 0).params
   tokens = jax.ShapeDtypeStruct((4, 64), jnp.int32)
-  cost = jax.jit(lambda p, t: step_fns.model.apply({"params": p}, t)).lower(params,
+  cost = jax.jit(lambda p, t: step_fns.objective.model.apply({"params": p}, t)).lower(params,
                                                                            tokens).compile()
   analysis = cost.cost_analysis()
   analysis = analysis[0] if isinstance(analysis, list) else analysis

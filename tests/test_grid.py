@@ -6,10 +6,10 @@ import re
 import jax
 import pytest
 
-from actlab import errors, models, sweep
+from actlab import core, errors, sweep
 from actlab import config as config_lib
-from actlab.models import activations
-from actlab.run import steps
+from actlab.core import activations
+from actlab.run import compiled
 from actlab.sweep import grid
 from conftest import REPO, tiny
 
@@ -116,8 +116,8 @@ def test_glu_variants_are_parameter_matched():
   names = s.axes["model.activation"]
   counts = {}
   for cell in grid.cells(config_lib.base(), s)[::len(s.seeds)]:
-    task = steps.Steps.create(cell.config, 257)
-    counts[cell.config.model.activation] = models.count_params(
+    task = compiled.create_step(cell.config, 257)
+    counts[cell.config.model.activation] = core.count_params(
         jax.eval_shape(task.init, 0).params)["non_embedding"]
   for plain, gated in zip(names[::2], names[1::2]):
     assert not activations.get(plain).gated and activations.get(gated).gated

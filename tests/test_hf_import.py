@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from actlab import errors, tasks
-from actlab.models import hf_checkpoint
-from actlab.run import pretrained, steps, train
+from actlab.hf import checkpoint as hf_checkpoint
+from actlab.run import compiled, pretrained, train
 from conftest import REPO, tiny
 from test_classify import tiny_encoder
 from test_export import RUN, perturbed_params, torch  # noqa: F401 -- torch: the fixture
@@ -35,9 +35,9 @@ def gpt2_dir(tmp_path_factory):
 
 def imported(config, vocab_size):
   """The config's model with parameters from its `train.init_from`."""
-  params = steps.Steps.create(config, vocab_size).init(0).params
+  params = compiled.create_step(config, vocab_size).init(0).params
   source = pretrained.init_from_config(config, vocab_size)
-  return tasks.get(config).model(config, vocab_size), pretrained.params_from(
+  return tasks.get(config).objective(config, vocab_size).model, pretrained.params_from(
       config, source, params, vocab_size)
 
 

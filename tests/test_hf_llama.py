@@ -14,9 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import config as config_lib, errors, export, models, sample, tasks
-from actlab.models import attention, hf_checkpoint
-from actlab.models.layers import RMSNorm
+from actlab import config as config_lib, core, errors, sample, tasks
+from actlab.hf import export
+from actlab.core import attention
+from actlab.hf import checkpoint as hf_checkpoint
+from actlab.core.layers import RMSNorm
 from actlab.run import pretrained, train
 from conftest import tiny
 from test_export import RUN, perturbed_params, torch  # noqa: F401 -- torch: the fixture
@@ -83,9 +85,9 @@ def hf_count(hf_model) -> int:
 
 
 def actlab_count(params) -> int:
-  """`models.count_params` less the rows actlab pads the vocabulary with (embedding and head)."""
-  padded_rows = models.pad_vocab(V) - V
-  return models.count_params(params)["total"] - 2 * padded_rows * SHAPE["model.d_model"]
+  """`core.count_params` less the rows actlab pads the vocabulary with (embedding and head)."""
+  padded_rows = core.pad_vocab(V) - V
+  return core.count_params(params)["total"] - 2 * padded_rows * SHAPE["model.d_model"]
 
 
 @pytest.mark.slow
@@ -95,7 +97,7 @@ def test_export_equals_transformers(tmp_path, torch, cls):
   activation, overrides, _ = CLASSES[cls]
   c = llama_config(activation, **overrides)
   params = perturbed_params(c, V)
-  model = tasks.get(c).model(c, V)
+  model = tasks.get(c).objective(c, V).model
   hf_checkpoint.write(tmp_path, c, HF, params, V, 256, RUN)
   assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [cls]
   hf_model = getattr(transformers, cls).from_pretrained(tmp_path).eval()
@@ -139,7 +141,7 @@ def test_other_activations_equal_transformers(tmp_path, torch, activation, ffn):
   hf_checkpoint.write(tmp_path, c, HF, params, V, 256, RUN)
   cls = {"gated": "LlamaForCausalLM", "plain": "ArceeForCausalLM"}[ffn]
   hf_model = getattr(transformers, cls).from_pretrained(tmp_path).eval()
-  ours = np.asarray(tasks.get(c).model(c, V).apply({"params": params}, tokens()))[..., :V]
+  ours = np.asarray(tasks.get(c).objective(c, V).model.apply({"params": params}, tokens()))[..., :V]
   np.testing.assert_allclose(hf_logits(torch, hf_model, tokens()), ours, atol=1e-4, rtol=0)
 
 
@@ -168,7 +170,7 @@ def test_interleaved_rope_weights_do_not_match(tmp_path, torch, monkeypatch):
       kernel = permuted[block]["attn"][name]["kernel"]  # [D, D] = (D, H, K)
       permuted[block]["attn"][name]["kernel"] = kernel.reshape(64, 4, K)[..., to_interleaved] \
           .reshape(64, 64)
-  model = tasks.get(c).model(c, V)
+  model = tasks.get(c).objective(c, V).model
   ours = np.asarray(model.apply({"params": params}, tokens()))[..., :V]
   with monkeypatch.context() as patched:
     patched.setattr(attention, "rope", interleaved_rope)
@@ -265,7 +267,7 @@ def test_what_cannot_export_is_one_line(overrides, match):
 
 @pytest.mark.slow
 def test_a_trained_run_exports_as_llama_and_a_run_starts_from_the_export(tmp_path, capsys):
-  """`actlab.export` of a trained LLaMA-style run (`export.write`, the command's function) names
+  """`actlab.hf.export` of a trained LLaMA-style run (`export.write`, the command's function) names
   the class; a run with `train.init_from=hf:` the export starts from every array of it."""
   c = llama_config(**{"train.steps": 2, "optim.warmup_steps": 1, "train.eval_every": 2,
                       "train.checkpoint_every": 2, "data.val_batches": 1})

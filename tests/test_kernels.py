@@ -1,4 +1,4 @@
-"""The fused LM-head cross-entropy (actlab/models/kernels.py) against the plain one: values, gradients,
+"""The fused LM-head cross-entropy (actlab/core/kernels.py) against the plain one: values, gradients,
 second order, vmap, bfloat16, chunking, and inside the decoder's loss."""
 
 import jax
@@ -7,8 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from actlab.models import kernels
-from actlab.run import steps
+from actlab.core import kernels
+from actlab.run import compiled
 from conftest import tiny
 
 
@@ -154,7 +154,7 @@ def test_fused_loss_never_holds_all_logits(monkeypatch, budget):
 @pytest.fixture(scope="module")
 def decoder_params():
   """The tiny decoder's initial parameters (the same for either loss and any z-loss)."""
-  return jax.jit(steps.Steps.create(tiny(), 257).init)(0).params
+  return jax.jit(compiled.create_step(tiny(), 257).init)(0).params
 
 
 @pytest.mark.slow
@@ -168,9 +168,9 @@ def test_decoder_loss_impls_agree(tiny_config, decoder_params, z_loss):
   out = {}
   for impl in ("plain", "fused"):
     c.model.loss_impl = impl
-    step_fns = steps.Steps.create(c, 257)
+    step_fns = compiled.create_step(c, 257)
     def f(p):
-      o = step_fns.objective(step_fns.model, p, batch, jax.random.PRNGKey(0), train=True,
+      o = step_fns.objective(p, batch, jax.random.PRNGKey(0), train=True,
                              stats=True)
       return o.loss_sum, o
     out[impl] = jax.jit(jax.value_and_grad(f, has_aux=True))(decoder_params)

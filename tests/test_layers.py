@@ -9,9 +9,15 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "actlab"
 
 # docs/design.md §2, lowest first: a module may import its own package and the layers below it.
-LAYERS = (("errors",), ("models", "data"), ("config",), ("tasks",), ("measure",), ("run",),
-          ("sweep", "report", "bench"), ("main", "sample", "export"))
+# `hf.export` is a command line: it sits with the Hugging Face code but uses a whole run.
+LAYERS = (("errors",), ("core", "data"), ("hf",), ("config",), ("tasks",), ("measure",), ("run",),
+          ("sweep", "report", "bench"), ("main", "sample", "hf.export"))
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
+ENTRIES = {part for part in RANK if "." not in part}  # the tree's top level
+# The core's boundary: it imports only itself and these libraries (tests/test_core.py uses it
+# from a notebook with none of the harness).
+CORE_LIBRARIES = {"dataclasses", "difflib", "functools", "math", "typing", "absl", "flax", "jax",
+                  "numpy", "optax"}
 
 
 def modules() -> dict[str, pathlib.Path]:
@@ -44,7 +50,24 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(module: str) -> str:
-  return module.split(".")[1] if "." in module else ""
+  parts = module.split(".")
+  return ".".join(parts[1:3]) if ".".join(parts[1:3]) in RANK else (parts[1:2] or [""])[0]
+
+
+def core_crossings(paths) -> list[str]:
+  """Every import of a core module (`paths`) that leaves the core: another actlab module, or a
+  library outside `CORE_LIBRARIES` (a config, a run directory: the harness's)."""
+  found = []
+  for path in paths:
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+               [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+      for name in names:
+        top = name.split(".")[0]
+        if (name.startswith("actlab.core") if top == "actlab" else top in CORE_LIBRARIES):
+          continue
+        found.append(f"{path.name} imports {name}")
+  return found
 
 
 def test_the_tree_has_at_most_14_entries():
@@ -54,7 +77,7 @@ def test_the_tree_has_at_most_14_entries():
 
 def test_every_entry_has_a_layer():
   assert {p.stem for p in PACKAGE.iterdir() if p.name not in ("__pycache__", "__init__.py")} \
-      == set(RANK)
+      == ENTRIES
 
 
 def test_imports_point_down_the_layers():
@@ -103,7 +126,7 @@ def test_the_layer_check_reads_imports_inside_functions(tmp_path):
   late (a `run` module touched JAX from a function the entry points called first)."""
   path = tmp_path / "m.py"
   path.write_text("def f():\n  from actlab.run import train\n")
-  assert imports("actlab.models.m", path, {"actlab.run.train", "actlab.run"}) \
+  assert imports("actlab.core.m", path, {"actlab.run.train", "actlab.run"}) \
       == {"actlab.run.train"}
 
 
@@ -112,8 +135,22 @@ def test_the_readme_and_the_design_notes_name_every_entry():
   repo = PACKAGE.parent
   layout = (repo / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
   design = (repo / "docs" / "design.md").read_text().split("## §2", 1)[1].split("\n## ", 1)[0]
-  for entry in sorted(RANK):
+  for entry in sorted(ENTRIES):
     name = f"{entry}.py" if (PACKAGE / f"{entry}.py").exists() else f"{entry}/"
     assert name in layout, f"README.md's Layout does not name actlab/{name}"
     assert f"`actlab/{name}" in design or f"{name}`" in design, \
         f"docs/design.md §2 does not name actlab/{name}"
+
+
+def test_the_core_imports_nothing_of_the_harness():
+  assert core_crossings(sorted((PACKAGE / "core").glob("*.py"))) == []
+
+
+def test_the_core_boundary_check_fails_on_a_planted_import(tmp_path):
+  """A core module that reaches for the config, a task or the run directory is caught."""
+  planted = tmp_path / "step.py"
+  planted.write_text((PACKAGE / "core" / "step.py").read_text()
+                     + "\nimport ml_collections\nfrom actlab import tasks\n"
+                     "def f():\n  from actlab.run import workdir\n")
+  assert core_crossings([planted]) == [
+      "step.py imports ml_collections", "step.py imports actlab", "step.py imports actlab.run"]

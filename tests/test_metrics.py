@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import data, models
+from actlab import core, data
 from actlab import config as config_lib
 from actlab.measure import evaluators, metrics
-from actlab.models import attention
-from actlab.run import steps
+from actlab.core import attention
+from actlab.run import compiled
 from conftest import tiny
 
 
@@ -28,7 +28,7 @@ from conftest import tiny
 def model_setup(request):
   c = tiny(request.param)
   ds = data.load(c)
-  task = steps.Steps.create(c, ds.tokenizer.vocab_size)
+  task = compiled.create_step(c, ds.tokenizer.vocab_size)
   params = jax.jit(task.init)(0).params
   return task, params, ds.val_batches()
 
@@ -43,10 +43,11 @@ def pooled(task, params, batches, act_stats: bool = True) -> dict:
 
 def _captured(task, params, batch):
   """The FFNStats per layer and the Dense outputs, straight from Flax (no actlab.measure.metrics code)."""
-  _, state = task.model.apply({"params": params}, batch[:, :-1], mutable=["stats", "intermediates"],
-                              capture_intermediates=True)
+  _, state = task.objective.model.apply({"params": params}, batch[:, :-1],
+                                        mutable=["stats", "intermediates"],
+                                        capture_intermediates=True)
   stats = state["stats"]
-  ffn = [stats[f"block_{i}"]["ffn"]["ffn"][0] for i in range(task.config.model.num_layers)]
+  ffn = [stats[f"block_{i}"]["ffn"]["ffn"][0] for i in range(task.objective.model.spec.num_layers)]
   assert [s.layer for s in ffn] == list(range(len(ffn)))
   return ffn, flax.core.unfreeze(state["intermediates"])
 
@@ -55,7 +56,7 @@ def _captured(task, params, batch):
 def test_pooled_statistics_match_numpy(model_setup):
   task, params, batches = model_setup
   got = pooled(task, params, batches)
-  num_layers = task.config.model.num_layers
+  num_layers = task.objective.model.spec.num_layers
   zs, hs = [[] for _ in range(num_layers)], [[] for _ in range(num_layers)]
   for batch in batches:
     stats, _ = _captured(task, params, batch)
@@ -82,7 +83,7 @@ def test_pooled_statistics_match_numpy(model_setup):
 @pytest.mark.slow
 def test_gated_statistics_use_the_gate_preactivation():
   c = tiny("swiglu")
-  task = steps.Steps.create(c, 257)
+  task = compiled.create_step(c, 257)
   params = jax.jit(task.init)(0).params
   batch = np.random.default_rng(0).integers(0, 257, (2, 33)).astype(np.int32)
   stats, inter = _captured(task, params, batch)
@@ -101,7 +102,7 @@ def test_dead_units_and_pooling_across_batches_exactly():
   z1[..., :2] = -np.abs(z1[..., :2])
   z2[..., 0] = -np.abs(z2[..., 0])
   h1, h2 = np.maximum(z1, 0), np.maximum(z2, 0)
-  sums = [jax.device_get(metrics.batch_sums([models.FFNStats(z, h, layer=0)]))
+  sums = [jax.device_get(metrics.batch_sums([core.FFNStats(z, h, layer=0)]))
           for z, h in ((z1, h1), (z2, h2))]
   got = metrics.pool(sums)
   z = np.concatenate([z1.reshape(-1, 4), z2.reshape(-1, 4)])
@@ -116,18 +117,18 @@ def test_layers_ordered_by_index_and_scan_stacks_split():
   """Layers come in the order of their sown index (10 after 2, whatever the collection's key
   order); a scanned stack (`layer` None) is split along its leading axis."""
   z = lambda v: jnp.full((1, 1, 2), v, jnp.float32)
-  sown = {"block_10": {"ffn": {"ffn": (models.FFNStats(z(-1.0), z(-1.0), layer=10),)},
-                       "attn": {"attention": (models.AttentionStats(jnp.float32(5), jnp.ones(2),
+  sown = {"block_10": {"ffn": {"ffn": (core.FFNStats(z(-1.0), z(-1.0), layer=10),)},
+                       "attn": {"attention": (core.AttentionStats(jnp.float32(5), jnp.ones(2),
                                                                     layer=10),)}},
-          "block_2": {"ffn": {"ffn": (models.FFNStats(z(1.0), z(1.0), layer=2),)},
-                      "attn": {"attention": (models.AttentionStats(jnp.float32(3), jnp.zeros(2),
+          "block_2": {"ffn": {"ffn": (core.FFNStats(z(1.0), z(1.0), layer=2),)},
+                      "attn": {"attention": (core.AttentionStats(jnp.float32(3), jnp.zeros(2),
                                                                    layer=2),)}}}
   got = metrics.pool([jax.device_get(metrics.batch_sums(sown))])
   assert got["act_zero_frac/layer_0"] == 0.0 and got["act_zero_frac/layer_1"] == 1.0
   assert got["attn_logit_max/layer_0"] == 3.0 and got["attn_logit_max/layer_1"] == 5.0
   assert got["attn_entropy_min/layer_1"] == 1.0 and got["attn_entropy_min"] == 0.0
-  stacked = [models.FFNStats(jnp.stack([z(1.0), z(-1.0)]), jnp.stack([z(1.0), z(-1.0)]), None),
-             models.AttentionStats(jnp.array([3.0, 5.0]), jnp.stack([jnp.zeros(2), jnp.ones(2)]),
+  stacked = [core.FFNStats(jnp.stack([z(1.0), z(-1.0)]), jnp.stack([z(1.0), z(-1.0)]), None),
+             core.AttentionStats(jnp.array([3.0, 5.0]), jnp.stack([jnp.zeros(2), jnp.ones(2)]),
                                    None)]
   assert metrics.pool([jax.device_get(metrics.batch_sums(stacked))]) == got
 
@@ -178,11 +179,11 @@ def test_statistics_cost_nothing_unless_requested(model_setup):
   task, params, batches = model_setup
   x = batches[0][:, :-1]
   count = lambda jaxpr: str(jaxpr).count("dot_general")
-  plain = jax.make_jaxpr(lambda p: task.model.apply({"params": p}, x))(params)
+  plain = jax.make_jaxpr(lambda p: task.objective.model.apply({"params": p}, x))(params)
   with_stats = jax.make_jaxpr(
-      lambda p: task.model.apply({"params": p}, x, mutable=["stats"]))(params)
+      lambda p: task.objective.model.apply({"params": p}, x, mutable=["stats"]))(params)
   assert count(with_stats) == count(plain)
-  assert not isinstance(task.model.apply({"params": params}, x), tuple)
+  assert not isinstance(task.objective.model.apply({"params": params}, x), tuple)
 
 
 # --- Sharpness ------------------------------------------------------------------------------

@@ -1,16 +1,18 @@
-"""The masked-LM task (actlab/tasks/mlm.py): BERT's masking (15% of maskable tokens; 80/10/10)
-on the device, reproducible from the key; loss and accuracy over the selected positions. (That
-the MLM loss falls on the embedded corpus through `train.run` is in tests/test_classify.py.)"""
+"""The masked-LM objective (`core.MaskedLM`, actlab/core/encoder.py) and task
+(actlab/tasks/mlm.py): BERT's masking (15% of maskable tokens; 80/10/10) on the device,
+reproducible from the key; loss and accuracy over the selected positions. (That the MLM loss
+falls on the embedded corpus through `train.run` is in tests/test_classify.py.)"""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import models
+from actlab import core
+from actlab.core import encoder
 from actlab.tasks import mlm
 
-SPECIALS = mlm.Specials(pad=0, unk=1, cls=2, sep=3, mask=4)
+SPECIALS = core.Specials(pad=0, unk=1, cls=2, sep=3, mask=4)
 VOCAB = 1000
 
 
@@ -32,7 +34,7 @@ def sequences(B=64, L=128, seed=0):
 def draws():
   tokens = sequences()
   keys = jax.random.split(jax.random.PRNGKey(0), 40)
-  fn = jax.jit(jax.vmap(lambda k: mlm.mask_tokens(k, tokens, SPECIALS, VOCAB)))
+  fn = jax.jit(jax.vmap(lambda k: encoder.mask_tokens(k, tokens, SPECIALS, VOCAB)))
   return tokens, jax.device_get(fn(keys))
 
 
@@ -40,7 +42,7 @@ def draws():
 def test_selection_counts_and_never_special(draws):
   tokens, (inputs, positions, targets, weights) = draws
   tokens = np.asarray(tokens)
-  assert positions.shape == (40, 64, mlm.max_predictions(128, 0.15)) == (40, 64, 20)
+  assert positions.shape == (40, 64, encoder.max_predictions(128, 0.15)) == (40, 64, 20)
   maskable = ~np.isin(tokens, [0, 2, 3, 4])
   n = maskable.sum(1).astype(np.float32)
   k = np.maximum(1, np.round(np.float32(0.15) * n))  # float32, as on the device
@@ -92,7 +94,7 @@ def test_80_10_10(draws):
 @pytest.mark.slow
 def test_masking_is_a_function_of_the_key():
   tokens = sequences(8, 64)
-  mask = jax.jit(lambda k: mlm.mask_tokens(k, tokens, SPECIALS, VOCAB))
+  mask = jax.jit(lambda k: encoder.mask_tokens(k, tokens, SPECIALS, VOCAB))
   a, b, c = mask(jax.random.PRNGKey(3)), mask(jax.random.PRNGKey(3)), mask(jax.random.PRNGKey(4))
   jax.tree.map(np.testing.assert_array_equal, a, b)
   assert not np.array_equal(a[0], c[0])
@@ -102,7 +104,7 @@ def test_masking_is_a_function_of_the_key():
 def test_proportions_follow_the_config():
   tokens = sequences(64, 128)
   keys = jax.random.split(jax.random.PRNGKey(1), 10)
-  fn = jax.jit(jax.vmap(lambda k: mlm.mask_tokens(k, tokens, SPECIALS, VOCAB, 0.3, 0.5,
+  fn = jax.jit(jax.vmap(lambda k: encoder.mask_tokens(k, tokens, SPECIALS, VOCAB, 0.3, 0.5,
                                                          0.0)))
   inputs, positions, targets, weights = jax.device_get(fn(keys))
   n = (~np.isin(np.asarray(tokens), [0, 2, 3, 4])).sum(1).astype(np.float32)
@@ -115,22 +117,21 @@ def test_proportions_follow_the_config():
 
 def test_encoder_sequences():
   windows = jnp.arange(2 * 9).reshape(2, 9) + 10
-  seq = mlm.encoder_sequences(windows, SPECIALS)
+  seq = encoder.encoder_sequences(windows, SPECIALS)
   assert seq.shape == (2, 8)
   np.testing.assert_array_equal(seq[0], [2, 10, 11, 12, 13, 14, 15, 3])
 
 
-SPEC = models.Spec("gelu", num_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=32,
+SPEC = core.Spec("gelu", num_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=32,
             vocab_size=320, norm="post", norm_eps=1e-12)
 
 
 @pytest.mark.slow
 def test_masked_lm_loss_and_accuracy_over_selected_positions():
-  model = models.Encoder(SPEC, head="mlm")
+  model = core.Encoder(SPEC, head="mlm")
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
   windows = jnp.asarray(np.random.default_rng(0).integers(5, 261, (4, 33)), jnp.int32)
-  loss = jax.jit(lambda p, k: mlm.loss(model, p, windows, k, False, specials=SPECIALS,
-                                       vocab_size=261))
+  loss = jax.jit(lambda p, k: core.MaskedLM(model, SPECIALS, 261)(p, windows, k, train=False))
   out = loss(params, jax.random.PRNGKey(0))
   assert int(out.count) == 4 * round(0.15 * 30)             # 30 maskable of [CLS] 30 [SEP]
   np.testing.assert_allclose(out.loss_sum / out.count, np.log(320), rtol=0.05)  # at init
@@ -141,8 +142,8 @@ def test_masked_lm_loss_and_accuracy_over_selected_positions():
   # By hand: the full-sequence logits at the selected positions give the same loss.
   @jax.jit
   def by_hand(params):
-    tokens = mlm.encoder_sequences(windows, SPECIALS)
-    inputs, positions, targets, weights = mlm.mask_tokens(
+    tokens = encoder.encoder_sequences(windows, SPECIALS)
+    inputs, positions, targets, weights = encoder.mask_tokens(
         jax.random.split(jax.random.PRNGKey(0))[0], tokens, SPECIALS, 261)
     logits = model.apply({"params": params}, inputs)
     picked = jnp.take_along_axis(logits, positions[..., None], 1)
@@ -163,13 +164,12 @@ class Oracle:
 
 def test_masked_lm_accuracy_counts_right_predictions_at_selected_positions_only():
   windows = jnp.asarray(np.random.default_rng(1).integers(5, 261, (4, 33)), jnp.int32)
-  tokens = mlm.encoder_sequences(windows, SPECIALS)
-  score = jax.jit(lambda answers: mlm.loss(Oracle(), {"answers": answers}, windows,
-                                           jax.random.PRNGKey(0), False, specials=SPECIALS,
-                                           vocab_size=261))
+  tokens = encoder.encoder_sequences(windows, SPECIALS)
+  score = jax.jit(lambda answers: core.MaskedLM(Oracle(), SPECIALS, 261)(
+      {"answers": answers}, windows, jax.random.PRNGKey(0), train=False))
   right, wrong, row_0_right = score(tokens), score(tokens + 1), score(tokens.at[1:].add(1))
   # Each row has unused prediction slots (weight 0); right answers there must not count.
-  assert mlm.max_predictions(32, 0.15) > round(0.15 * 30)
+  assert encoder.max_predictions(32, 0.15) > round(0.15 * 30)
   assert int(right.count) == 4 * round(0.15 * 30)
   assert int(right.correct) == int(right.count)
   assert int(wrong.correct) == 0
@@ -235,10 +235,10 @@ def test_copy_loss_is_the_context_free_predictors_and_below_the_unigram():
 def test_mask_positions_are_scored_apart():
   """`mask_*` sums count exactly the selected positions whose input is [MASK]."""
   windows = jnp.asarray(np.random.default_rng(2).integers(5, 261, (8, 33)), jnp.int32)
-  out = jax.jit(lambda w: mlm.loss(Oracle(), {"answers": mlm.encoder_sequences(w, SPECIALS)}, w,
-                                   jax.random.PRNGKey(0), False, specials=SPECIALS,
-                                   vocab_size=261))(windows)
-  (inputs, positions, _, weights), _ = jax.jit(lambda w: mlm.masked_batch(
+  out = jax.jit(lambda w: core.MaskedLM(Oracle(), SPECIALS, 261)(
+      {"answers": encoder.encoder_sequences(w, SPECIALS)}, w, jax.random.PRNGKey(0),
+      train=False))(windows)
+  (inputs, positions, _, weights), _ = jax.jit(lambda w: encoder.masked_batch(
       jax.random.PRNGKey(0), w, SPECIALS, 261, 0.15, 0.8, 0.1))(windows)
   masked = np.asarray(weights) & (np.take_along_axis(np.asarray(inputs), np.asarray(positions), 1)
                                   == SPECIALS.mask)

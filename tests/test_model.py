@@ -6,22 +6,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import models, tasks
+from actlab import core, tasks
 from actlab import config as config_lib
-from actlab.models import activations, attention, transformer
-from actlab.models.spec import Spec
+from actlab.core import activations, attention, transformer
+from actlab.config import specs
+from actlab.core.spec import Spec
 from conftest import tiny
 
 
 def init(c, vocab=257, seed=0):
-  model = tasks.get(c).model(c, vocab)
+  model = tasks.get(c).objective(c, vocab).model
   tokens = jnp.zeros((2, c.data.seq_len), jnp.int32)
   return model, jax.jit(model.init)(jax.random.PRNGKey(seed), tokens)["params"]
 
 
 def init_shapes(c, vocab=257):
   """The model of `c` and its parameters' shapes (`jax.eval_shape`: nothing is compiled)."""
-  model = tasks.get(c).model(c, vocab)
+  model = tasks.get(c).objective(c, vocab).model
   tokens = jnp.zeros((2, c.data.seq_len), jnp.int32)
   return model, jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)["params"]
 
@@ -42,20 +43,20 @@ def test_shapes_and_param_formula(activation):
   assert logits.shape == (3, 32, 320) and logits.dtype == jnp.float32
   gated = activations.get(activation).gated
   assert spec.ffn_width == (64 if gated else 96)  # gated: round(2/3·96 / 64)·64
-  counts = models.count_params(params)
-  assert counts["total"] == models.param_count(spec)
+  counts = core.count_params(params)
+  assert counts["total"] == core.param_count(spec)
   assert counts["non_embedding"] == counts["total"] - 320 * 32
 
 
 def test_reference_configuration_counts():
   """docs/reference.md §2.1: 6 layers, 384, 6 heads, ctx 128, vocab 50,304 → ≈10.7M without wte."""
   c = config_lib.decoder("gelu")
-  model = tasks.get(c).model(c, 50257)
+  model = tasks.get(c).objective(c, 50257).model
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
                                              jnp.zeros((1, 128), jnp.int32)))["params"]
-  counts = models.count_params(shapes)
+  counts = core.count_params(shapes)
   assert model.spec.vocab_size == 50304
-  assert counts["non_embedding"] == models.param_count(model.spec) - 50304 * 384 == 10_696_704
+  assert counts["non_embedding"] == core.param_count(model.spec) - 50304 * 384 == 10_696_704
   assert counts["total"] == 10_696_704 + 50304 * 384
 
 
@@ -69,10 +70,10 @@ def test_gated_width_is_parameter_matched(d_ff, width):
 
 def test_gated_ffn_matches_plain_within_a_few_percent():
   c = config_lib.decoder("gelu")
-  plain = tasks.get(c).model(c, 50257)
+  plain = tasks.get(c).objective(c, 50257).model
   c.model.activation = "swiglu"
-  gated = tasks.get(c).model(c, 50257)
-  count = lambda m: models.count_params(jax.eval_shape(
+  gated = tasks.get(c).objective(c, 50257).model
+  count = lambda m: core.count_params(jax.eval_shape(
       lambda: m.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))["params"])
   a, b = count(plain)["non_embedding"], count(gated)["non_embedding"]
   assert abs(a - b) / a < 0.03
@@ -128,7 +129,7 @@ def test_tied_head_uses_token_embedding(gelu):
 @pytest.mark.slow
 def test_dropout_only_in_training(gelu):
   c = tiny("gelu", **{"model.dropout": 0.5})
-  model, params = tasks.get(c).model(c, 257), gelu[1]  # dropout adds no parameters
+  model, params = tasks.get(c).objective(c, 257).model, gelu[1]  # dropout adds no parameters
   tokens = jnp.zeros((1, 8), jnp.int32)
   apply = jax.jit(model.apply, static_argnames="train")
   a = apply({"params": params}, tokens)
@@ -154,7 +155,7 @@ def test_attention_equals_jax_reference(causal, padded):
   np.testing.assert_allclose(attention.xla_attention(q, k, v, mask, causal=causal)[0], ref,
                              atol=1e-6)
 
-  spec = Spec.from_config(tiny().model, 64)
+  spec = specs.model_spec(tiny(), 64)
   x = jnp.asarray(r.normal(size=(2, 5, spec.d_model)), jnp.float32)
   split = attention.HeadsDense(spec, split=True)
   params = split.init(jax.random.PRNGKey(1), x)
@@ -185,7 +186,7 @@ def test_hidden_is_the_tied_heads_input(gelu):
 
 def attention_and_input(qk_norm: bool, seed: int = 0):
   """A tiny decoder's first attention layer, its parameters and an input [2, 8, D]."""
-  spec = Spec.from_config(tiny(**{"model.qk_norm": qk_norm}).model, 64)
+  spec = specs.model_spec(tiny(**{"model.qk_norm": qk_norm}), 64)
   attn = attention.Attention(spec, causal=True)
   x = jnp.asarray(np.random.default_rng(seed).normal(size=(2, 8, spec.d_model)), jnp.float32)
   return spec, attn, attn.init(jax.random.PRNGKey(seed), x)["params"], x
@@ -227,7 +228,7 @@ def test_qk_norm_off_by_default_leaves_the_model_unchanged(gelu):
   assert not has_norms(params)
   qk_model, qk_params = init_shapes(tiny(**{"model.qk_norm": True}))
   assert has_norms(qk_params)
-  assert models.count_params(qk_params)["total"] == models.param_count(qk_model.spec)
+  assert core.count_params(qk_params)["total"] == core.param_count(qk_model.spec)
   encoder = config_lib.encoder("gelu", "smoke")
   encoder.model.qk_norm = True
   assert has_norms(init_shapes(encoder, vocab=300)[1])

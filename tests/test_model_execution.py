@@ -1,5 +1,5 @@
 """How the model executes, not what it computes: scan over layers, remat, bfloat16 compute and
-the attention implementation (`Execution`, actlab/models/execution.py) all give the same
+the attention implementation (`Execution`, actlab/core/execution.py) all give the same
 function."""
 
 import functools
@@ -10,10 +10,11 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import models, tasks
-from actlab.measure import evaluators, histogram, metrics
-from actlab.models import attention, execution, hf
-from actlab.run import steps
+from actlab import core, tasks
+from actlab.measure import evaluators, histogram
+from actlab.core import attention, execution
+from actlab.hf import bert
+from actlab.run import compiled
 from conftest import tiny, tiny_encoder
 
 
@@ -22,8 +23,8 @@ def relative_error(a, b):
 
 
 def loss_and_grads(c, params, batch):
-  step_fns = steps.Steps.create(c, 257)
-  f = lambda p: step_fns.objective(step_fns.model, p, batch, jax.random.PRNGKey(0),
+  step_fns = compiled.create_step(c, 257)
+  f = lambda p: step_fns.objective(p, batch, jax.random.PRNGKey(0),
                                    train=True).loss_sum
   return jax.jit(jax.value_and_grad(f))(params)
 
@@ -42,7 +43,7 @@ def references():
     if kind not in made:
       c = config_of(kind)
       batch = jnp.asarray(np.random.default_rng(1).integers(0, 257, (8, 33)), jnp.int32)
-      params = jax.jit(steps.Steps.create(c, 257).init)(0).params
+      params = jax.jit(compiled.create_step(c, 257).init)(0).params
       made[kind] = params, batch, loss_and_grads(c, params, batch)
     return made[kind]
   return get
@@ -65,20 +66,20 @@ def test_scan_and_remat_compute_the_same_function(references, remat, kind):
     assert relative_error(ref[1], got[1]) <= 1e-6
   c.model.scan_layers = True
   scan_params = execution.scanned_layout(params)
-  like = jax.eval_shape(steps.Steps.create(c, 257).init, 0).params
+  like = jax.eval_shape(compiled.create_step(c, 257).init, 0).params
   assert jax.tree.structure(scan_params) == jax.tree.structure(like)
   if kind == "encoder":  # BERT's names hold for the scanned layout too, both ways.
-    state = hf.to_hf(params)
-    assert {k: v.tolist() for k, v in hf.to_hf(scan_params).items()} == {
+    state = bert.to_hf(params)
+    assert {k: v.tolist() for k, v in bert.to_hf(scan_params).items()} == {
         k: v.tolist() for k, v in state.items()}
-    jax.tree.map(np.testing.assert_array_equal, hf.from_hf(state, like), scan_params)
+    jax.tree.map(np.testing.assert_array_equal, bert.from_hf(state, like), scan_params)
   got = loss_and_grads(c, scan_params, batch)
   assert abs(float(got[0] - ref[0])) <= 1e-5 * float(ref[0])
   assert relative_error(execution.scanned_layout(ref[1]), got[1]) <= 1e-5
 
 
 def hlo_size(c):
-  step_fns = steps.Steps.create(c, 257)
+  step_fns = compiled.create_step(c, 257)
   state = jax.eval_shape(step_fns.init, 0)
   batch = jax.ShapeDtypeStruct((c.train.batch_size, c.data.seq_len + 1), jnp.int32)
   return len(jax.jit(step_fns.train_step).lower(state, batch).as_text())
@@ -107,7 +108,7 @@ def test_remat_marks_every_block_for_recomputation(tiny_config):
   for scan in (False, True):
     for remat in ("none", "full", "dots"):
       c.model.update(scan_layers=scan, remat=remat)
-      step_fns = steps.Steps.create(c, 257)
+      step_fns = compiled.create_step(c, 257)
       state = jax.eval_shape(step_fns.init, 0)
       batch = jax.ShapeDtypeStruct((8, 33), jnp.int32)
       text = str(jax.make_jaxpr(step_fns.train_step)(state, batch))
@@ -124,7 +125,7 @@ def test_scanned_model_sows_statistics_per_layer(references):
   out = {}
   for scan in (False, True):
     c.model.scan_layers = scan
-    step_fns = steps.Steps.create(c, 257)
+    step_fns = compiled.create_step(c, 257)
     params = execution.scanned_layout(out[False][1]) if scan else references("decoder")[0]
     evals = evaluators.Evaluators.create(c)
     stats = jax.jit(functools.partial(evals.validation_step, step_fns))(params, batch)
@@ -144,12 +145,12 @@ def test_scanned_model_sows_statistics_per_layer(references):
 def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tiny_config):
   c = tiny_config
   batch = jnp.asarray(np.random.default_rng(3).integers(0, 257, (8, 33)), jnp.int32)
-  ref_steps = steps.Steps.create(c, 257)
+  ref_steps = compiled.create_step(c, 257)
   state = jax.jit(ref_steps.init)(0)
   _, ref_metrics = jax.jit(ref_steps.train_step)(state, batch)
   c.model.dtype = "bfloat16"
-  step_fns = steps.Steps.create(c, 257)
-  hidden, logits = (jax.eval_shape(functools.partial(step_fns.model.apply, method=method),
+  step_fns = compiled.create_step(c, 257)
+  hidden, logits = (jax.eval_shape(functools.partial(step_fns.objective.model.apply, method=method),
                                    {"params": state.params}, batch[:, :-1])
                     for method in ("hidden", None))
   assert hidden.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
@@ -184,7 +185,7 @@ def test_attention_impl_is_decided_up_front_and_says_why(monkeypatch):
     execution.attention_impl("cudnn", jnp.bfloat16, 64)
   c = tiny(**{"model.attention_impl": "cudnn", "model.dtype": "bfloat16"})
   with pytest.raises(ValueError, match="cuDNN needs a GPU"):
-    jax.eval_shape(steps.Steps.create(c, 257).init, 0)
+    jax.eval_shape(compiled.create_step(c, 257).init, 0)
   said = []
   monkeypatch.setattr(execution.logging, "warning", said.append)
   execution._warn_once.cache_clear()
@@ -202,19 +203,19 @@ def test_cudnn_attention_sows_the_logit_max_only_in_evaluation(monkeypatch):
   `AttentionStats` (its log row has no `train_attn_logit_max`) and evaluation sows the XLA
   formulation's. (On a CPU, XLA attention stands in for cuDNN's.)"""
   c = tiny()
-  model = tasks.get(c).model(c, 257)
+  model = tasks.get(c).objective(c, 257).model
   tokens = jnp.asarray(np.random.default_rng(5).integers(0, 257, (2, 16)), jnp.int32)
   params = model.init(jax.random.PRNGKey(0), tokens)["params"]
   logit_maxes = lambda sown: [float(s.logit_max)
-                              for s in metrics.per_layer(sown, models.AttentionStats)]
-  xla = logit_maxes(models.apply(model, params, tokens, stats=True)[1])
+                              for s in core.per_layer(sown, core.AttentionStats)]
+  xla = logit_maxes(core.apply(model, params, tokens, stats=True)[1])
   monkeypatch.setattr(attention, "attention_impl", lambda *args: "cudnn")
   monkeypatch.setattr(attention, "cudnn_attention",
                       lambda *args, causal: attention.xla_attention(*args, causal=causal)[0])
-  assert logit_maxes(models.apply(model, params, tokens, stats=True)[1]) == xla
+  assert logit_maxes(core.apply(model, params, tokens, stats=True)[1]) == xla
   assert len(xla) == c.model.num_layers
-  _, sown = models.apply(model, params, tokens, train=True, rngs={"dropout": jax.random.PRNGKey(1)},
+  _, sown = core.apply(model, params, tokens, train=True, rngs={"dropout": jax.random.PRNGKey(1)},
                          stats=True)
-  assert logit_maxes(sown) == [] and metrics.per_layer(sown, models.FFNStats)
-  assert set(metrics.stability(models.Sums(1.0, 2, 0.0, logz_sum=3.0, sown=sown))) == {
+  assert logit_maxes(sown) == [] and core.per_layer(sown, core.FFNStats)
+  assert set(core.step.stability(core.Sums(1.0, 2, 0.0, logz_sum=3.0, sown=sown))) == {
       "train_logz_mean"}

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from actlab import config as config_lib
-from actlab import models, tasks
-from actlab.measure import metrics
-from actlab.models import attention, layers
+from actlab import core, tasks
+from actlab.core import attention, layers
 from conftest import tiny
 
 LLAMA = config_lib.BLOCKS["llama"]
@@ -23,7 +22,7 @@ def llama(activation="silu", **overrides):
 
 
 def init(c, vocab=257, seed=0):
-  model = tasks.get(c).model(c, vocab)
+  model = tasks.get(c).objective(c, vocab).model
   return model, jax.jit(model.init)(jax.random.PRNGKey(seed),
                                     jnp.zeros((2, c.data.seq_len), jnp.int32))["params"]
 
@@ -91,10 +90,10 @@ def test_rope_makes_attention_logits_depend_on_relative_position_only():
 def test_every_combination_counts_as_its_closed_form(overrides, activation):
   c = tiny(activation, **overrides)
   config_lib.validate(c)
-  model = tasks.get(c).model(c, 257)
+  model = tasks.get(c).objective(c, 257).model
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((2, 8), jnp.int32))
-  counted = models.count_params(shapes["params"])["total"]
-  assert counted == models.param_count(model.spec)
+  counted = core.count_params(shapes["params"])["total"]
+  assert counted == core.param_count(model.spec)
   names = {"/".join(map(str, (k.key for k in path)))
            for path, _ in jax.tree_util.tree_leaves_with_path(shapes["params"])}
   assert any(n.endswith("bias") for n in names) == c.model.bias
@@ -148,8 +147,8 @@ def test_attention_statistics_are_those_of_the_rotated_queries_and_keys():
                                          for n in ("query_norm", "key_norm")})
   params = dict(params, block_0=block)
   tokens = rng.integers(0, 257, (2, c.data.seq_len))
-  _, sown = jax.jit(lambda p, t: models.apply(model, p, t, stats=True))(params, tokens)
-  stats = metrics.per_layer(sown, models.AttentionStats)[0]
+  _, sown = jax.jit(lambda p, t: core.apply(model, p, t, stats=True))(params, tokens)
+  stats = core.per_layer(sown, core.AttentionStats)[0]
 
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)["block_0"]
   eps, (B, L), H = c.model.norm_eps, tokens.shape, c.model.num_heads

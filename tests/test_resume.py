@@ -23,7 +23,7 @@ import pytest
 
 from actlab import sample, sweep
 from actlab.errors import UserError
-from actlab.run import checkpoint, loop, steps, train
+from actlab.run import checkpoint, compiled as compiled_lib, loop, train
 from actlab.run.checkpoint import Checkpoints
 from conftest import REPO, tiny
 from test_workdir import hold_lock
@@ -76,7 +76,7 @@ def summary(workdir) -> dict:
 
 
 def final_params(workdir, step=STEPS):
-  task = steps.Steps.create(tiny(), 257)
+  task = compiled_lib.create_step(tiny(), 257)
   ckpt = Checkpoints(pathlib.Path(workdir, "checkpoints"), 3, read_only=True)
   state, _ = ckpt.restore(step, jax.eval_shape(task.init, 0))
   ckpt.close()
@@ -390,7 +390,7 @@ def test_full_disk_is_one_line_and_the_checkpoints_stay_intact(tmp_path):
                     "same command", result.stderr), result.stderr
     saved = checkpoint_steps(disk / "run")
     assert saved
-    like = steps.Steps.create(cli_config(), 257).init(0)
+    like = compiled_lib.create_step(cli_config(), 257).init(0)
     ck = Checkpoints(disk / "run" / "checkpoints", 3, read_only=True)
     assert ck.restore_latest(like)[0] == saved[-1]  # intact: checksums match
     ck.close()

@@ -20,7 +20,7 @@ TEXT = "Once upon a time, Lily said: \"Don't!\" — naïve café 123 <|endoftext
 
 def tiny_model(seed=0):
   c = tiny("swiglu")
-  model = tasks.get(c).model(c, 257)
+  model = tasks.get(c).objective(c, 257).model
   params = jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.zeros((1, 32), jnp.int32))["params"]
   return model, params
 

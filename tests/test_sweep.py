@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import errors, sweep
-from actlab.run import progress, steps, train
+from actlab import core, errors, sweep
+from actlab.run import progress, train
 from actlab.run.checkpoint import Checkpoints
 from actlab.sweep import grid, workers
 from conftest import REPO, production_env, tiny
@@ -42,7 +42,7 @@ def swept(tmp_path_factory):
   (Sharpness by 2 iterations, as in test_train's runs: the session's XLA cache then holds the
   one sharpness program both compile.)"""
   traces = []
-  original = steps.Steps.train_step
+  original = core.Step.train_step
 
   def counted(self, state, batch, diagnostics=True):
     traces.append(diagnostics)  # Python runs at trace time only.
@@ -61,7 +61,7 @@ def swept(tmp_path_factory):
       "                    'train.eval_every': 10, 'metrics.sharpness_every': 10,\n"
       "                    'metrics.sharpness_iters': 2}}\n")
   with pytest.MonkeyPatch.context() as mp, compilations() as compiled:
-    mp.setattr(steps.Steps, "train_step", counted)
+    mp.setattr(core.Step, "train_step", counted)
     cache, compiled_by_cell = {}, []
     results = sweep.run(tiny(), str(spec), tmp / "runs", cache=cache,
                         log=lambda _: compiled_by_cell.append(len(compiled)))

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from actlab import config as config_lib
-from actlab import tasks
-from actlab.models.hf_checkpoint import Architecture
+from actlab import core, tasks
+from actlab.hf.checkpoint import Architecture
 from conftest import tiny, tiny_encoder
 
 CONFIGS = {"causal_lm": lambda: tiny(), "mlm": lambda: tiny_encoder(**{"train.batch_size": 4}),
@@ -20,7 +20,7 @@ CONFIGS = {"causal_lm": lambda: tiny(), "mlm": lambda: tiny_encoder(**{"train.ba
 
 
 def test_every_task_is_a_whole_task():
-  """Each task module gives every field of `tasks.Task`: its functions, `CAUSAL` and `HF`."""
+  """Each task module's `TASK` gives every field of `tasks.Task`: its functions, `causal`, `hf`."""
   assert sorted(tasks.TASKS) == ["causal_lm", "classify", "mlm"]
   functions = [f.name for f in dataclasses.fields(tasks.Task) if f.type is Callable]
   for name, task in tasks.TASKS.items():
@@ -35,12 +35,11 @@ def test_objective_reads_the_random_batch(name):
   c = CONFIGS[name]()
   assert tasks.name(c) == name
   task, vocab = tasks.get(c), 300
-  model = task.model(c, vocab)
+  objective = task.objective(c, vocab)
   batch = task.random_batch(c, vocab, seed=1)
   inputs = batch["tokens"] if isinstance(batch, dict) else batch[:, :-1]
-  params = model.init(jax.random.PRNGKey(0), jnp.asarray(inputs))["params"]
-  out = jax.jit(lambda p, b: task.objective(c, vocab)(model, p, b, jax.random.PRNGKey(2),
-                                                      train=False))(params, batch)
+  params = objective.model.init(jax.random.PRNGKey(0), jnp.asarray(inputs))["params"]
+  out = jax.jit(lambda p, b: objective(p, b, jax.random.PRNGKey(2), train=False))(params, batch)
   loss = float(out.loss_sum / out.count)
   assert int(out.count) > 0 and math.isfinite(loss)
   # At initialisation the loss is near chance (ln of the outputs), as it should be for any task.
@@ -51,7 +50,7 @@ def test_objective_reads_the_random_batch(name):
 def test_a_batch_differs_by_seed_and_keeps_special_ids_out():
   c = tiny_encoder()
   a, b = (tasks.mlm.random_batch(c, 300, s) for s in (0, 1))
-  assert not np.array_equal(a, b) and a.min() >= len(tasks.mlm.Specials._fields)
+  assert not np.array_equal(a, b) and a.min() >= len(core.Specials._fields)
 
 
 @pytest.mark.parametrize("change, message", [

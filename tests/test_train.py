@@ -15,17 +15,19 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import data, models
-from actlab.measure import evaluators, metrics
+from actlab import core, data
+from actlab.config import specs
+from actlab.measure import evaluators
 from actlab.tasks import mlm
-from actlab.run import pretrained, steps, train
+from actlab.run import compiled as compiled_lib, pretrained, train
 from conftest import tiny, tiny_encoder
 
 
 def test_schedule_warmup_then_cosine_to_min():
   c = tiny()
   c.optim.update(warmup_steps=10, min_lr_ratio=0.1)
-  s = steps.schedule(c.optim, 110)
+  c.train.steps = 110
+  s = core.step.schedule(specs.optim(c))
   assert float(s(0)) == 0.0
   np.testing.assert_allclose(float(s(5)), 0.5, rtol=1e-6)
   np.testing.assert_allclose(float(s(10)), 1.0, rtol=1e-6)
@@ -34,9 +36,9 @@ def test_schedule_warmup_then_cosine_to_min():
 
 
 def test_weight_decay_mask_matrices_and_embeddings_only():
-  task = steps.Steps.create(tiny(), 257)
+  task = compiled_lib.create_step(tiny(), 257)
   params = jax.eval_shape(task.init, 0).params
-  mask = steps.decay_mask(params)
+  mask = core.step.decay_mask(params)
   flat = {"/".join(k.key for k in path): v
           for path, v in jax.tree_util.tree_leaves_with_path(mask)}
   assert flat["wte/embedding"] and flat["wpe/embedding"]
@@ -49,7 +51,8 @@ def test_adamw_matches_closed_form_first_step():
   """First AdamW step: update = -lr·(sign(g) + wd·p) on decayed leaves, -lr·sign(g) on others."""
   c = tiny()
   c.optim.update(warmup_steps=0, clip_norm=0.0, eps=0.0, weight_decay=0.5, lr=0.1)
-  tx = steps.optimizer(c.optim, 10)
+  c.train.steps = 10
+  tx = core.optimizer(specs.optim(c))
   params = {"kernel": jnp.array([[1.0, -2.0]]), "bias": jnp.array([3.0])}
   grads = {"kernel": jnp.array([[0.5, 0.25]]), "bias": jnp.array([-4.0])}
   updates, _ = tx.update(grads, tx.init(params), params)
@@ -60,13 +63,14 @@ def test_adamw_matches_closed_form_first_step():
 
 @pytest.mark.parametrize("clip_norm, scale", [(1.0, 1 / 50), (100.0, 1.0), (0.0, 1.0)])
 def test_clipping_scales_the_gradient_to_clip_norm_before_adamw(clip_norm, scale):
-  """The chain of `steps.optimizer` on a gradient of global norm 50: clipped to `clip_norm` when above
+  """The chain of `core.optimizer` on a gradient of global norm 50: clipped to `clip_norm` when above
   it (scale 1/50), untouched below it or with clipping off (0). First AdamW step in closed form
   (bias-corrected moments g and g², LR multiplier 1 without warm-up): update = -lr·(g/(|g| + eps)
   + wd·p·mask). eps = 1 keeps the gradient's scale in the update, so clipping shows."""
   c = tiny()
   c.optim.update(warmup_steps=0, clip_norm=clip_norm, eps=1.0, weight_decay=0.5, lr=0.1)
-  tx = steps.optimizer(c.optim, 10)
+  c.train.steps = 10
+  tx = core.optimizer(specs.optim(c))
   params = {"kernel": jnp.array([[1.0, -2.0]]), "bias": jnp.array([3.0])}
   grads = {"kernel": jnp.array([[30.0, 0.0]]), "bias": jnp.array([40.0])}  # global norm 50
   updates, _ = tx.update(grads, tx.init(params), params)
@@ -81,13 +85,13 @@ def test_clipping_scales_the_gradient_to_clip_norm_before_adamw(clip_norm, scale
 def test_grad_norm_metric_is_the_norm_before_clipping():
   """`grad_norm` is the raw gradient's norm (computed here independently), not the clipped one."""
   c = tiny(**{"optim.clip_norm": 1e-3, "optim.warmup_steps": 0})
-  step_fns = steps.Steps.create(c, 257)
+  step_fns = compiled_lib.create_step(c, 257)
   state = jax.jit(step_fns.init)(0)
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
   key = jax.random.fold_in(state.rng, state.step)
 
   def loss(params):
-    out = step_fns.objective(step_fns.model, params, batch, key, train=True)
+    out = step_fns.objective(params, batch, key, train=True)
     return out.loss_sum / out.count
 
   grads, (_, metrics) = jax.jit(
@@ -112,17 +116,18 @@ def dataset():
 @pytest.fixture(scope="module")
 def compiled():
   """The step functions of this module's tests, each compiled once: (config, vocab size) → the
-  config's `steps.Program` (its init, `train_step`, `log_step`), its `Steps`, and one run's
-  `init` and `reference`: `Steps.train_step` as defined (with diagnostics, donating nothing), jitted."""
+  config's `compiled.Program` (its init, `train_step`, `log_step`), its `core.Step`, and one
+  run's `init` and `reference`: `Step.train_step` as defined (with diagnostics, donating
+  nothing), jitted."""
   made = {}
 
   def get(config, vocab_size=257):
-    key = steps.compile_key(config, vocab_size)
+    key = compiled_lib.compile_key(config, vocab_size)
     if key not in made:
-      program = steps.Program.create(config, vocab_size)
-      made[key] = types.SimpleNamespace(program=program, steps=program.steps,
-                                        init=jax.jit(program.steps.init),
-                                        reference=jax.jit(program.steps.train_step))
+      program = compiled_lib.Program.create(config, vocab_size)
+      made[key] = types.SimpleNamespace(program=program, step=program.step,
+                                        init=jax.jit(program.step.init),
+                                        reference=jax.jit(program.step.train_step))
     return made[key]
   return get
 
@@ -131,7 +136,7 @@ def compiled():
 def test_train_step_is_pure(compiled, dataset):
   c = tiny()
   fns = compiled(c)
-  state = steps.one_run(fns.program.start([c]), 0)
+  state = core.one_run(fns.program.start([c]), 0)
   batch = dataset.train_batch(0)
   jit_state, jit_metrics = fns.reference(state, batch)
   again_state, _ = fns.reference(state, batch)  # same input → same output, input untouched
@@ -150,13 +155,13 @@ def test_one_run_program_is_the_plain_step_bitwise(compiled, dataset):
   fns = compiled(c)
   program = fns.program
   state = program.start([c])
-  plain = steps.one_run(jax.device_get(state), 0)
-  plain_step = jax.jit(functools.partial(fns.steps.train_step, diagnostics=False))
+  plain = core.one_run(jax.device_get(state), 0)
+  plain_step = jax.jit(functools.partial(fns.step.train_step, diagnostics=False))
   for k in range(10):
     batch = dataset.train_batch(k)
     state, _ = program.train_step(state, program.put_batches([batch]))
     plain, _ = plain_step(plain, batch)
-  for a, b in zip(jax.tree.leaves(steps.one_run(state, 0)), jax.tree.leaves(plain)):
+  for a, b in zip(jax.tree.leaves(core.one_run(state, 0)), jax.tree.leaves(plain)):
     np.testing.assert_array_equal(a, b)
 
 
@@ -164,12 +169,12 @@ def test_one_run_program_is_the_plain_step_bitwise(compiled, dataset):
 def test_loss_falls_over_50_steps(compiled, dataset):
   c = tiny()
   program = compiled(c).program
-  eval_step = jax.jit(functools.partial(LOSS.validation_step, program.steps))
+  eval_step = jax.jit(functools.partial(LOSS.validation_step, program.step))
   state = program.start([c])
-  before = val_loss(eval_step, steps.one_run(state.params, 0), dataset)
+  before = val_loss(eval_step, core.one_run(state.params, 0), dataset)
   for k in range(50):
     state, _ = program.train_step(state, program.put_batches([dataset.train_batch(k)]))
-  after = val_loss(eval_step, steps.one_run(state.params, 0), dataset)
+  after = val_loss(eval_step, core.one_run(state.params, 0), dataset)
   assert after < before - 1.0, (before, after)
 
 
@@ -177,7 +182,7 @@ def test_loss_falls_over_50_steps(compiled, dataset):
 def test_overfits_one_batch(dataset):
   c = tiny(**{"model.d_model": 64, "model.d_ff": 256, "optim.lr": 1e-2, "train.steps": 100,
               "train.batch_size": 4})
-  task = steps.Steps.create(c, dataset.tokenizer.vocab_size)
+  task = compiled_lib.create_step(c, dataset.tokenizer.vocab_size)
   step = jax.jit(task.train_step, donate_argnums=0)
   state = jax.jit(task.init)(0)
   batch = dataset.train_batch(0)[:4]
@@ -252,15 +257,14 @@ def test_run_writes_workdir_contract(runs):
   assert ["test_loss" in r for r in rows] == [False, False, False, True]
   assert saved["final_test_loss"] == rows[-1]["test_loss"]
   _, _, task, params, _ = pretrained.load_run(workdir)
-  objective = jax.jit(lambda b: task.objective(task.model, params, b,
-                                               jax.random.PRNGKey(data.VAL_SEED), train=False))
+  objective = jax.jit(lambda b: task.eval_step(params, b))
   outs = [objective(jnp.asarray(b)) for b in data.load(c).val_batches(test=True)]
   direct = sum(float(o.loss_sum) for o in outs) / sum(float(o.count) for o in outs)
   assert saved["final_test_loss"] == pytest.approx(direct, rel=1e-5)
   assert saved["final_test_loss"] != saved["final_val_loss"]
   # The gradient norm at the initial parameters: step 0's, recorded in the first row only.
   assert ["grad_norm_init" in r for r in rows] == [False, True, False, False]
-  program = steps.program(c, saved["vocab_size"], cache=run.cache)
+  program = compiled_lib.get(c, saved["vocab_size"], cache=run.cache)
   first = data.load(c).train_batch(0)
   _, m0 = program.train_step(program.start([c]), program.put_batches([first]))
   assert saved["grad_norm_init"] == rows[1]["grad_norm_init"] == float(m0["grad_norm"][0])
@@ -289,7 +293,7 @@ def test_rows_keep_the_largest_grad_norm_of_every_step(runs):
   run = runs[31]
   c = run.config
   ds = data.load(c)
-  program = steps.program(c, ds.tokenizer.vocab_size, cache=run.cache)
+  program = compiled_lib.get(c, ds.tokenizer.vocab_size, cache=run.cache)
   state, norms = program.start([c]), []
   for k in range(c.train.steps):
     state, m = program.train_step(state, program.put_batches([ds.train_batch(k)]))
@@ -336,16 +340,16 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
   batch = program.put_batches([batch])
   plain, m_plain = program.train_step(jax.device_put(old, program.shardings), batch)
   logged, m_log = program.log_step(jax.device_put(old, program.shardings), batch)
-  old, m_log = steps.one_run(old, 0), steps.one_run(m_log, 0)
+  old, m_log = core.one_run(old, 0), core.one_run(m_log, 0)
   for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(logged)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-10)
   assert set(m_log) - set(m_plain) == {"update_norm", "param_norm", "train_attn_logit_max",
                                        "train_attn_entropy_min", "train_logz_mean"}
   for k in m_plain:
     np.testing.assert_allclose(m_plain[k], m_log[k], rtol=1e-6)
-  _, m_ref = fns.reference(old, steps.one_run(batch, 0))  # the definition
+  _, m_ref = fns.reference(old, core.one_run(batch, 0))  # the definition
   assert {k: float(v) for k, v in m_ref.items()} == {k: float(v) for k, v in m_log.items()}
-  new_params = jax.device_get(steps.one_run(logged.params, 0))
+  new_params = jax.device_get(core.one_run(logged.params, 0))
   updates = jax.tree.map(lambda new, prev: np.float64(new) - np.float64(prev), new_params,
                          old.params)
   np.testing.assert_allclose(m_log["param_norm"], optax.tree.norm(new_params), rtol=1e-6)
@@ -369,9 +373,9 @@ def test_the_log_steps_stability_measures_are_those_of_its_training_forward(over
                                                                     c.data.seq_len + 1)), jnp.int32)
   _, m = fns.reference(state, batch)
   key = jax.random.fold_in(state.rng, state.step)
-  forward = jax.jit(functools.partial(models.apply, fns.steps.model, train=True, stats=True))
+  forward = jax.jit(functools.partial(core.apply, fns.step.objective.model, train=True, stats=True))
   if encoder:
-    (inputs, positions, _, weights), dropout_key = mlm.masked_batch(
+    (inputs, positions, _, weights), dropout_key = core.encoder.masked_batch(
         key, batch, mlm.specials_of(c), vocab, c.data.mlm_prob, c.data.mlm_mask_frac,
         c.data.mlm_random_frac)
     logits, sown = forward(state.params, inputs, inputs != 0, masked_positions_BP=positions,
@@ -380,7 +384,7 @@ def test_the_log_steps_stability_measures_are_those_of_its_training_forward(over
   else:
     logits, sown = forward(state.params, batch[:, :-1], rngs={"dropout": key})
     logz = np.mean(jax.nn.logsumexp(logits, -1))
-  logit_max = max(float(s.logit_max) for s in metrics.per_layer(sown, models.AttentionStats))
+  logit_max = max(float(s.logit_max) for s in core.per_layer(sown, core.AttentionStats))
   np.testing.assert_allclose(float(m["train_attn_logit_max"]), logit_max, rtol=1e-5)
   np.testing.assert_allclose(float(m["train_logz_mean"]), float(logz), rtol=1e-5)
 
@@ -393,11 +397,11 @@ def test_z_loss_is_trained_but_logged_apart(compiled):
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
   fns, off = compiled(c), compiled(tiny())
   state = jax.device_get(fns.init(0, c.optim.lr))
-  run_metrics = lambda program: steps.one_run(
+  run_metrics = lambda program: core.one_run(
       program.train_step(program.stack([state]), program.put_batches([batch]))[1], 0)
   m, m_off = run_metrics(fns.program), run_metrics(off.program)
   key = jax.random.fold_in(state.rng, state.step)
-  logits, _ = jax.jit(functools.partial(models.apply, fns.steps.model, train=True))(
+  logits, _ = jax.jit(functools.partial(core.apply, fns.step.objective.model, train=True))(
       state.params, batch[:, :-1], rngs={"dropout": key})
   np.testing.assert_allclose(float(m["z_loss"]),
                              0.05 * float(np.mean(jax.nn.logsumexp(logits, -1) ** 2)), rtol=1e-5)

@@ -16,9 +16,9 @@ import time
 import jax
 import ml_collections
 
-from actlab import models, tasks
+from actlab import core, tasks
 from actlab.data import tokenizer
-from actlab.run import steps
+from actlab.run import compiled
 
 
 def _busy_ticks() -> int | None:
@@ -113,7 +113,7 @@ class JaxBench:
 
   def setup(self, warmup: int) -> dict:
     c = self.config
-    program = steps.Program.create(c, self.vocab, self.runs)
+    program = compiled.Program.create(c, self.vocab, self.runs)
     self.state = program.start([c] * self.runs)
     self.batch = program.put_batches([tasks.get(c).random_batch(c, self.vocab, s)
                                       for s in range(self.runs)])
@@ -184,7 +184,7 @@ class TorchBench:
     if not self.script.exists():
       raise FileNotFoundError(f"{self.script} not found: --torch needs a source checkout")
     self.spec = {
-        "vocab": models.pad_vocab(tokenizer_vocab(c)), "max_len": c.model.max_len,
+        "vocab": core.pad_vocab(tokenizer_vocab(c)), "max_len": c.model.max_len,
         "layers": c.model.num_layers, "d_model": c.model.d_model, "heads": c.model.num_heads,
         "d_ff": c.model.d_ff, "activation": c.model.activation,
         "gated_match_params": c.model.gated_match_params, "seq_len": c.data.seq_len,

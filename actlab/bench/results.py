@@ -9,7 +9,7 @@ import sys
 import jax
 import numpy as np
 
-from actlab import models, tasks
+from actlab import core, tasks
 from actlab.bench.benches import tokenizer_vocab
 from actlab.measure import flops as flops_lib
 
@@ -96,7 +96,7 @@ def config_summary(c) -> str:
            if other]
   return (f"{tasks.name(c)} {m.activation}{''.join(f' {b}' for b in block)} "
           f"L{m.num_layers} d{m.d_model} h{m.num_heads} ff{m.d_ff} "
-          f"ctx{c.data.seq_len} V{models.pad_vocab(tokenizer_vocab(c))} B{c.train.batch_size} "
+          f"ctx{c.data.seq_len} V{core.pad_vocab(tokenizer_vocab(c))} B{c.train.batch_size} "
           f"{m.dtype} attn={m.attention_impl} loss={m.loss_impl}"
           + (" scan" if m.scan_layers else "")
           + (f" remat={m.remat}" if m.remat != "none" else "")

@@ -23,7 +23,7 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
 
   c.model = m = ml_collections.ConfigDict()
   m.kind = "decoder"            # "decoder" (GPT, causal LM) or "encoder" (BERT, MLM)
-  m.activation = activation     # FFN activation: a name from actlab.models.activations.NAMES
+  m.activation = activation     # FFN activation: a name from actlab.core.activations.NAMES
   m.num_layers = 6
   m.d_model = 384
   m.num_heads = 6
@@ -50,7 +50,7 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   m.attention_impl = "xla"      # jax.nn.dot_product_attention implementation: "xla", "cudnn",
                                 # "auto"
   m.loss_impl = "fused"         # decoder LM head + loss: "fused" (chunked, no [B, L, V] logits in
-                                # memory; models/kernels.py) or "plain" (logits, then cross-entropy)
+                                # memory; core/kernels.py) or "plain" (logits, then cross-entropy)
   m.scan_layers = False         # nn.scan over the blocks: compile time independent of depth
                                 # (params under "blocks" with a layer axis; another random init)
   m.remat = "none"              # recompute activations in the backward pass to save memory:

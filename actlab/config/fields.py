@@ -1,13 +1,13 @@
 """The listing `python -m actlab.config` prints: every config field with its default and comment,
 by section. The comments are read from the source of `config.base()` and `config.encoder()`, the
-names an activation field takes from `actlab.models.activations`: the listing cannot drift.
+names an activation field takes from `actlab.core.activations`: the listing cannot drift.
 """
 
 import inspect
 import re
 
 from actlab import config as config_lib
-from actlab.models import activations
+from actlab.core import activations
 
 _SECTION = re.compile(r"^\s*(?:c\.(\w+) = )?(\w+) = (?:ml_collections\.ConfigDict\(\)|c\.(\w+))")
 _FIELD = re.compile(r"^\s*(\w+)\.(\w+) = .*?(?:#\s*(.*))?$")

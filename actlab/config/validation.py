@@ -9,8 +9,8 @@ import ml_collections
 from actlab import errors
 from actlab.data import tokenizer
 from actlab.data import classify as classify_data
-from actlab.models import activations
-from actlab.models.spec import GPT2_BLOCK
+from actlab.core import activations
+from actlab.core.spec import GPT2_BLOCK
 
 WANDB_MODES = ("", "online", "offline", "disabled")  # metrics.wandb_mode
 

@@ -24,15 +24,10 @@ from actlab.errors import DataError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DataError", "Dataset", "Tokenizer", "VAL_SEED", "load", "load_tokenizer",
+__all__ = ["DataError", "Dataset", "Tokenizer", "load", "load_tokenizer",
            "data_dir"]
 
 _COUNT_CHUNK = 1 << 24  # tokens per np.bincount call, which copies its input as int64
-
-# The seed of the validation pass's randomness (MLM's masks): every evaluation of every run, and
-# MLM's baselines (`tasks/mlm.baselines`), score the same positions.
-VAL_SEED = 0
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:

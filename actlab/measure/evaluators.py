@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import ml_collections
 
-from actlab import data, models
+from actlab import core
 from actlab.measure import histogram, metrics
 
 
@@ -25,10 +25,10 @@ class Loss:
   name = "loss"
   sown = False
 
-  def read(self, out: models.Sums) -> models.Sums:
+  def read(self, out: core.Sums) -> core.Sums:
     return out.replace(sown=None)
 
-  def pool(self, outs: Sequence[models.Sums]) -> dict[str, float]:
+  def pool(self, outs: Sequence[core.Sums]) -> dict[str, float]:
     result = {}
     for prefix, sums in (("", outs), ("mask_", [o.mask for o in outs])):
       count = sum(s.count for s in sums) if sums[0] is not None else 0
@@ -45,7 +45,7 @@ class ActivationStats:
   name = "act_stats"
   sown = True
 
-  def read(self, out: models.Sums) -> dict:
+  def read(self, out: core.Sums) -> dict:
     return metrics.batch_sums(out.sown)
 
   def pool(self, outs: Sequence[Mapping]) -> dict[str, float]:
@@ -61,9 +61,9 @@ class PreactHistogram:
   name = "ffn_hist"
   sown = True
 
-  def read(self, out: models.Sums) -> list:
+  def read(self, out: core.Sums) -> list:
     edges = histogram.edges(self.bins, self.limit)
-    return [histogram.count(s.z, edges) for s in metrics.per_layer(out.sown, models.FFNStats)]
+    return [histogram.count(s.z, edges) for s in core.per_layer(out.sown, core.FFNStats)]
 
   def pool(self, outs: Sequence[Sequence]) -> dict[str, histogram.Histogram]:
     edges = histogram.edges(self.bins, self.limit)
@@ -78,10 +78,9 @@ class Sharpness:
   every: int
   iters: int
 
-  def __call__(self, steps, params, batch) -> jax.Array:
+  def __call__(self, step: core.Step, params, batch) -> jax.Array:
     def loss_fn(p):
-      out = steps.objective(steps.model, p, batch, jax.random.PRNGKey(data.VAL_SEED),
-                            train=False)
+      out = step.eval_step(p, batch)
       return out.loss_sum / out.count
     return metrics.top_hessian_eigenvalue(loss_fn, params, jax.random.PRNGKey(1), self.iters)
 
@@ -104,10 +103,9 @@ class Evaluators:
                  if 0 < m.sharpness_every <= config.train.steps else None)
     return cls(validation, sharpness)
 
-  def validation_step(self, steps, params, batch) -> dict:
+  def validation_step(self, step: core.Step, params, batch) -> dict:
     """Pure: one validation batch's `{evaluator name: its read of the output}` (no dropout)."""
-    out = steps.objective(steps.model, params, batch, jax.random.PRNGKey(data.VAL_SEED),
-                          train=False, stats=any(e.sown for e in self.validation))
+    out = step.eval_step(params, batch, stats=any(e.sown for e in self.validation))
     return {e.name: e.read(out) for e in self.validation}
 
   def pool(self, outs: Sequence[Mapping]) -> dict[str, Any]:

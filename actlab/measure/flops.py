@@ -18,7 +18,7 @@ model work and does not count.
 
 import dataclasses
 
-from actlab import models, tasks
+from actlab import core, tasks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +39,8 @@ def for_config(config, vocab_size: int) -> FlopCount:
   `vocab_size`: the tokenizer's (padded as the model pads it) unless `model.vocab_size` is set."""
   model, head = config.model, tasks.get(config).head_matmul_params(config, vocab_size)
   D, layers = model.d_model, model.num_layers
-  F = models.ffn_width(model.activation, model.d_ff, model.gated_match_params, model.ffn)
-  per_block = 4 * D * D + (3 if models.gated(model.activation, model.ffn) else 2) * D * F
+  F = core.ffn_width(model.activation, model.d_ff, model.gated_match_params, model.ffn)
+  per_block = 4 * D * D + (3 if core.gated(model.activation, model.ffn) else 2) * D * F
   return FlopCount(block_matmul=6 * per_block * layers, head_matmul=6 * head,
                    attention=12 * config.data.seq_len * D * layers,
                    matmul_params=int(round(per_block * layers + head)))

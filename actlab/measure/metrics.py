@@ -1,6 +1,6 @@
 """What actlab measures, defined in docs/metrics.md: the activation statistics at evaluation (§4),
-the training forward's stability measures and a row's training metrics (§2), sharpness (§5), the
-stability verdict (§6) and the run's summary (§7)."""
+a row's training metrics (§2; the training forward's stability measures are the step's own:
+core/step.py), sharpness (§5), the stability verdict (§6) and the run's summary (§7)."""
 
 import math
 from typing import Any, Callable, Mapping, Sequence
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from actlab import models
+from actlab import core
 from actlab.measure.stats import finite  # also metrics.finite: one definition, pure numpy
 
 STATUSES = ("stable", "unstable", "diverged")
@@ -19,25 +19,10 @@ TAIL_FRACTION = 0.1  # summary `grad_norm` / `final_train_loss`: mean over the l
 # --- Activation statistics ------------------------------------------------------------------
 
 
-def per_layer(sown, kind: type) -> list:
-  """The `kind` values (`models.FFNStats` or `models.AttentionStats`) in `sown`, one per layer in
-  layer order; a value stacked by `scan_layers` (`layer` None) is split along its layer axis."""
-  by_layer = {}
-  for value in jax.tree.leaves(sown, is_leaf=lambda x: isinstance(x, kind)):
-    if not isinstance(value, kind):
-      continue
-    if value.layer is not None:
-      by_layer[value.layer] = value
-      continue
-    for i in range(jax.tree.leaves(value)[0].shape[0]):
-      by_layer[i] = jax.tree.map(lambda x: x[i], value)
-  return [by_layer[i] for i in sorted(by_layer)]
-
-
 def batch_sums(sown) -> dict:
   """Per-layer sums of one batch's sown statistics (traced): small enough to fetch every eval."""
   ffn = []
-  for stats in per_layer(sown, models.FFNStats):
+  for stats in core.per_layer(sown, core.FFNStats):
     z_NF = stats.z.reshape(-1, stats.z.shape[-1]).astype(jnp.float32)
     h = stats.h.reshape(-1).astype(jnp.float32)
     mean = h.mean()
@@ -48,20 +33,9 @@ def batch_sums(sown) -> dict:
         "h_mean": mean,
         "h_m2": jnp.sum(jnp.square(h - mean)),            # centred: combined exactly by `pool`
     })
-  attn = per_layer(sown, models.AttentionStats)
+  attn = core.per_layer(sown, core.AttentionStats)
   return {"ffn": ffn, "attn_logit_max": [a.logit_max for a in attn],
           "attn_entropy_H": [a.entropy_H for a in attn]}
-
-
-def stability(out: models.Sums) -> dict:
-  """The training forward's instability measures (docs/metrics.md §2) from an objective's output
-  with `stats`; the attention's only where `AttentionStats` were sown (not by cuDNN attention)."""
-  attn = per_layer(out.sown, models.AttentionStats)
-  out = {"train_logz_mean": out.logz_sum / out.count}
-  if not attn:
-    return out
-  return {"train_attn_logit_max": jnp.max(jnp.stack([a.logit_max for a in attn])),
-          "train_attn_entropy_min": jnp.min(jnp.stack([a.entropy_H for a in attn])), **out}
 
 
 def pool(batches: Sequence[Mapping]) -> dict[str, float]:

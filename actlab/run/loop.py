@@ -1,4 +1,4 @@
-"""The training loop: R ≥ 1 runs of one program (`steps.Program`), each a `Lane` (lane.py: its
+"""The training loop: R ≥ 1 runs of one program (`compiled.Program`), each a `Lane` (lane.py: its
 run directory's files), trained step by step with logging, evaluation, checkpoints and signals.
 
 The loop's only host syncs are at log, evaluation and checkpoint steps. A run whose loss or
@@ -17,11 +17,11 @@ import jax
 import numpy as np
 import tqdm
 
-from actlab import models
+from actlab import core
 from actlab.errors import UserError
 from actlab.measure import evaluators
 from actlab.measure import metrics as metrics_lib
-from actlab.run import steps
+from actlab.run import compiled
 from actlab.run.lane import Lane
 
 
@@ -48,7 +48,7 @@ class Interrupted(UserError):
     self.exit_code = 128 + signum
 
 
-def train_lanes(program: steps.Program, lanes: list[Lane], state, start: int,
+def train_lanes(program: compiled.Program, lanes: list[Lane], state, start: int,
                 vocab_size: int) -> list[dict]:
   """Trains `lanes` (run r of `program` is `lanes[r]`) from step `start` (all at the same step,
   with the same schedule) and writes and returns their summaries, in order."""
@@ -58,11 +58,11 @@ def train_lanes(program: steps.Program, lanes: list[Lane], state, start: int,
     return _train(program, lanes, state, start, vocab_size)
 
 
-def _train(program: steps.Program, lanes: list[Lane], state, start: int,
+def _train(program: compiled.Program, lanes: list[Lane], state, start: int,
            vocab_size: int) -> list[dict]:
   config = lanes[0].config
   t, plan, evaluators_ = config.train, program.plan, program.evaluators
-  counts = models.count_params(program.run_like.params)
+  counts = core.count_params(program.run_like.params)
   val_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches()]  # Placed once.
   test_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches(test=True)]
   # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.
@@ -87,11 +87,11 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
     """Every lane's validation metrics (one pass); with `test`, also the test windows', `test_*`."""
     bar.set_description("evaluating")
     outs = jax.device_get([program.eval_step(params, b) for b in val_batches])
-    evals = [evaluators_.pool(steps.one_run(outs, r)) for r in range(len(lanes))]
+    evals = [evaluators_.pool(core.one_run(outs, r)) for r in range(len(lanes))]
     if test and test_batches:
       outs = jax.device_get([program.eval_step(params, b)["loss"] for b in test_batches])
       for r, ev in enumerate(evals):
-        pooled = evaluators.Loss().pool(steps.one_run(outs, r))
+        pooled = evaluators.Loss().pool(core.one_run(outs, r))
         ev.update({"test_" + k.removeprefix("val_"): v for k, v in pooled.items()})
     return evals
 
@@ -107,7 +107,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
     for r, lane in enumerate(lanes):
       if lane.stopped:
         continue
-      rows = since_row[r] = lane.carried + [steps.one_run(x, r) for x in fetched]
+      rows = since_row[r] = lane.carried + [core.one_run(x, r) for x in fetched]
       bad = metrics_lib.first_nonfinite(rows)
       if bad is not None:  # Log the rows up to the first bad step, then stop.
         lane.diverged_at, logged[r] = done - len(rows) + bad + 1, rows[:bad + 1]
@@ -194,7 +194,7 @@ def _train(program: steps.Program, lanes: list[Lane], state, start: int,
         pending = []
       for r, lane in enumerate(lanes):
         if save_now and not lane.stopped:
-          lane.save(done, steps.one_run(state, r), [] if log_now else since_row[r])
+          lane.save(done, core.one_run(state, r), [] if log_now else since_row[r])
       if all(lane.stopped for lane in lanes):
         break
       if stopping:

@@ -9,9 +9,10 @@ import jax
 import ml_collections
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from actlab import data, models, tasks
-from actlab.models import execution, hf_checkpoint
-from actlab.run import steps
+from actlab import core, data, tasks
+from actlab.core import execution
+from actlab.hf import checkpoint as hf_checkpoint
+from actlab.run import compiled
 from actlab.run import workdir as workdir_lib
 from actlab.run.checkpoint import Checkpoints
 from actlab.run.workdir import RunDir, WorkdirError
@@ -34,7 +35,7 @@ def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
   directory's state dict mapped onto this model (`vocab_size`: the tokenizer's)."""
   if config.train.init_from.startswith(HF):
     return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.get(config).hf,
-                              models.pad_vocab(config.model.vocab_size or vocab_size))
+                              core.pad_vocab(config.model.vocab_size or vocab_size))
   source = pathlib.Path(config.train.init_from)
   old = workdir_lib.run_config(source)
   if old is None:
@@ -60,7 +61,7 @@ def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: i
   where = config.train.init_from
   if isinstance(source, ml_collections.ConfigDict):  # Its arrays in the per-layer layout.
     with Checkpoints(pathlib.Path(where) / "checkpoints", 1, read_only=True) as checkpoints:
-      old_like = jax.eval_shape(steps.Steps.create(source, vocab_size).init, 0, source.optim.lr)
+      old_like = jax.eval_shape(compiled.create_step(source, vocab_size).init, 0, source.optim.lr)
       step, restored, _ = checkpoints.restore_latest(old_like)
     flat_old = flatten_dict(execution.per_layer_layout(flax.core.unfreeze(restored.params)))
     where = f"{where} step {step}"
@@ -84,14 +85,14 @@ def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: i
 
 def load_run(workdir: pathlib.Path):
   """A trained run's config, tokenizer, `steps.Steps`, latest parameters (on JAX's default
-  device, whatever the run trained on) and their step (`actlab.sample`, `actlab.export`)."""
+  device, whatever the run trained on) and their step (`actlab.sample`, `actlab.hf.export`)."""
   config = workdir_lib.run_config(workdir)
   if config is None:
     raise WorkdirError(f"{workdir} holds no run (no readable actlab config.json); train one with "
                        "actlab.main")
   config, run_dir = ml_collections.ConfigDict(config), RunDir.open(workdir)
   tokenizer = data.load_tokenizer(config, run_dir.tokenizer)
-  run_steps = steps.Steps.create(config, tokenizer.vocab_size)
+  run_steps = compiled.create_step(config, tokenizer.vocab_size)
   with Checkpoints(run_dir.checkpoints, 1, read_only=True) as checkpoints:  # Creates nothing.
     # On this process's first device, whatever devices and hosts the run trained on.
     one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])

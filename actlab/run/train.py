@@ -1,5 +1,5 @@
 """Trains runs in their workdirs: `run(config, workdir)` one run, `run_group` R runs of one
-config that differ only in `optim.lr` and `train.seed` as one program (`steps.Program`; a
+config that differ only in `optim.lr` and `train.seed` as one program (`compiled.Program`; a
 sweep's `sweep.vectorize`), each in its own workdir. One run is R = 1 of the same path.
 
 Everything that can refuse a run (config, devices, data, `train.init_from`, the workdirs' configs
@@ -13,10 +13,10 @@ from typing import Callable, Sequence
 
 import ml_collections
 
-from actlab import tasks
+from actlab import core, tasks
 from actlab import config as config_lib
 from actlab.data import tokenizer_store
-from actlab.run import loop, parallel, pretrained, steps
+from actlab.run import compiled, loop, parallel, pretrained
 from actlab.run import workdir as workdir_lib
 from actlab.run.checkpoint import Checkpoints
 from actlab.run.lane import Lane
@@ -48,7 +48,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
     config_lib.validate(c)
     workdir_lib.check_usable(r.root)
   if len(configs) > 1:
-    steps.check_group(configs)
+    compiled.check_group(configs)
   unfinished = sum(finished(c, r) is None for c, r in zip(configs, run_dirs))
   if not unfinished:
     return [r.summary() for r in run_dirs]
@@ -56,7 +56,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
   task = tasks.get(c0)
   dataset = task.dataset(c0)
   vocab_size = dataset.tokenizer.vocab_size
-  program = steps.program(c0, vocab_size, unfinished, cache)  # Checks the devices.
+  program = compiled.get(c0, vocab_size, unfinished, cache)  # Checks the devices.
   source = pretrained.init_from_config(c0, vocab_size) if c0.train.init_from else None
   with contextlib.ExitStack() as held:
     for r in run_dirs:
@@ -79,14 +79,14 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
           "after another")
     for start, members in sorted(by_start.items()):
       if program.runs != len(members):
-        program = steps.program(c0, vocab_size, len(members), cache)
+        program = compiled.get(c0, vocab_size, len(members), cache)
       group = [configs[i] for i, _, _ in members]
       if start:
         state = program.stack([restored[1] for _, _, restored in members])
       else:
         state = program.start(group)
         if source is not None:  # Each run's trunk from another run (e.g. MLM), GPT-2 or BERT.
-          runs = [steps.one_run(state, r) for r in range(len(group))]
+          runs = [core.one_run(state, r) for r in range(len(group))]
           state = program.stack([run.replace(params=pretrained.params_from(
               c0, source, run.params, vocab_size)) for run in runs])
       lanes = [Lane.open(c, task, run_dirs[i],

@@ -17,7 +17,7 @@ from ml_collections import config_flags
 
 from actlab import errors
 from actlab.measure import metrics
-from actlab.run import parallel, progress, steps, tracking, train
+from actlab.run import compiled, parallel, progress, tracking, train
 from actlab.run import workdir as workdir_lib
 from actlab.sweep import workers
 from actlab.sweep.grid import (SEED_KEY, Cell, cells, load, parse_shard, select, with_flags,
@@ -32,7 +32,7 @@ def group(cells_: Sequence[Cell]) -> list[list[Cell]]:
   """Cells that can share compiled functions (configs equal but for LR and seed), in order."""
   groups: dict[str, list[Cell]] = {}
   for cell in cells_:
-    groups.setdefault(steps.compile_key(cell.config, 0), []).append(cell)
+    groups.setdefault(compiled.compile_key(cell.config, 0), []).append(cell)
   return list(groups.values())
 
 

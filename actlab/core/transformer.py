@@ -1,17 +1,22 @@
 """The transformer, top-down: the `Decoder` (embeddings, the stack of blocks, the LM head, its
-next-token loss), the `Block`, its `FeedForward`, then helpers; its `Attention`: attention.py.
+next-token sums) and `CausalLM`, the decoder with its loss (an `Objective`, returning `Sums`);
+the `Block`, its `FeedForward`, then helpers; its `Attention`: attention.py.
 What it is: `Spec` (spec.py: GPT-2's block by default, or a LLaMA-style one: RMSNorm, rotary
 positions, no biases, an untied head, a gated FFN); the layers the `Spec` chooses: layers.py; how
-it runs: `Execution` (execution.py); what losses take from output logits: kernels.py; the
-BERT-style encoder from these blocks: encoder.py.
+it runs: `Execution` (execution.py); what a loss takes from its output logits, and the fused
+loss: kernels.py; the BERT-style encoder from these blocks, with its losses: encoder.py.
 
 Shape suffixes: B batch, L sequence (T: the keys' positions), D d_model, H heads, K head dim,
 F FFN hidden width, V vocabulary, P masked positions, C classes.
 
 Applied with the "stats" collection mutable (`apply(..., stats=True)`), every block also sows one
-`FFNStats` and one `AttentionStats` (not in training under cuDNN attention: `Attention`), the
-typed values actlab.measure.metrics reduces; otherwise nothing extra is computed.
+`FFNStats` and one `AttentionStats` (not in training under cuDNN attention: `Attention`), typed
+values that `per_layer` reads back in layer order (step.py, actlab.measure); otherwise nothing
+extra is computed.
 """
+
+import dataclasses
+from typing import Any, Protocol
 
 import flax
 import flax.linen as nn
@@ -20,11 +25,42 @@ import jax.numpy as jnp
 import optax
 from jax.nn.initializers import normal
 
-from actlab.models import activations, kernels
-from actlab.models.attention import Attention
-from actlab.models.execution import Execution
-from actlab.models.layers import dense, embed, norm, residual_std
-from actlab.models.spec import Spec
+from actlab.core import activations, kernels
+from actlab.core.attention import Attention
+from actlab.core.execution import Execution
+from actlab.core.layers import dense, embed, norm, residual_std
+from actlab.core.spec import Spec
+
+
+@flax.struct.dataclass
+class Sums:
+  """What an objective returns: sums over a batch. The fields are fixed; those a loss does not
+  compute are None."""
+  loss_sum: jax.Array        # the differentiated sum: cross-entropy (+ the z-loss in training)
+  count: jax.Array           # the positions (or examples) summed over
+  z_loss_sum: jax.Array      # the z-loss part of loss_sum: z_loss · Σ logZ² (0 without one)
+  logz_sum: jax.Array | None = None  # Σ logZ of the output logits (`stats`; not differentiated)
+  correct: jax.Array | None = None   # the right argmax predictions, where accuracy applies
+  mask: "Sums | None" = None  # MLM: the same over the positions whose input is [MASK]
+  sown: Any = None           # with `stats`: the blocks' `FFNStats` and `AttentionStats`
+
+  @classmethod
+  def of(cls, sums: dict, sown=None) -> "Sums":
+    """From named sums (a loss's own with `logit_sums`', or `xent_sum`'s; `mask_*`: the [MASK]
+    positions')."""
+    mask = {k.removeprefix("mask_"): v for k, v in sums.items() if k.startswith("mask_")}
+    return cls(sums["loss_sum"], sums["count"], sums.get("z_loss_sum", jnp.zeros((), jnp.float32)),
+               sums.get("logz_sum"), sums.get("correct"), cls.of(mask) if mask else None, sown)
+
+
+class Objective(Protocol):
+  """A model with its loss (`CausalLM`, `MaskedLM`, `Classifier`): pure, so a step can close over
+  it. `train`: dropout on and the z-loss added; `stats`: the blocks' sown statistics and
+  `logz_sum` too."""
+  model: nn.Module
+  z_loss: float
+
+  def __call__(self, params, batch, rng, *, train: bool, stats: bool = False) -> Sums: ...
 
 
 class Decoder(nn.Module):
@@ -53,8 +89,8 @@ class Decoder(nn.Module):
       return kernels.xent_sum(h_BLD, self.head_weights(), targets_BL, z_loss=z_loss, logz=logz)
     logits_BLV = self.logits(h_BLD)
     losses_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
-    return kernels.with_logit_sums({"loss_sum": losses_BL.sum()},
-                                   kernels.logit_sums(logits_BLV, z_loss=z_loss, logz=logz))
+    return kernels.logit_sums({"loss_sum": losses_BL.sum()}, logits_BLV, z_loss=z_loss,
+                              logz=logz)
 
   def head_weights(self) -> jax.Array:
     """The LM head's [V, D] weights: the token embedding `wte`'s when tied, else `lm_head`."""
@@ -79,6 +115,25 @@ class Decoder(nn.Module):
     x_BLD = nn.Dropout(s.dropout)(x_BLD, deterministic=not train)
     x_BLD = stack(s, ex, x_BLD, causal=True, train=train, decode=decode)
     return norm(s, ex, "ln_f")(x_BLD)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalLM:
+  """The decoder with its loss (an `Objective`): next-token cross-entropy (nats) of windows of
+  L+1 tokens, summed over positions 1…L; in training with the z-loss, and with `stats` what the
+  blocks sowed and `logz_sum`. `fused`: without the [B, L, V] logits in memory (kernels.py)."""
+  model: Decoder
+  fused: bool = False
+  z_loss: float = 0.0
+
+  def __call__(self, params, batch_BL1, rng, *, train: bool, stats: bool = False) -> Sums:
+    inputs_BL, targets_BL = batch_BL1[:, :-1], batch_BL1[:, 1:]
+    sums, sown = apply(self.model, params, inputs_BL, targets_BL, train=train, fused=self.fused,
+                       z_loss=self.z_loss if train else 0.0, logz=stats, rngs={"dropout": rng},
+                       stats=stats, method=Decoder.next_token_sums)
+    return Sums.of({**sums, "count": targets_BL.size}, sown)
+
 
 
 def stack(spec: Spec, ex: Execution, x_BLD, mask_BL=None, *, causal: bool, train: bool = False,
@@ -169,6 +224,21 @@ def apply(model: nn.Module, params, *args, stats: bool = False, **kwargs):
   out, state = model.apply({"params": params}, *args, mutable=["stats"], **kwargs)
   return out, state["stats"]
 
+
+
+def per_layer(sown, kind: type) -> list:
+  """The `kind` values (`FFNStats` or `AttentionStats`) in `sown`, one per layer in layer order;
+  a value stacked by `scan_layers` (`layer` None) is split along its layer axis."""
+  by_layer = {}
+  for value in jax.tree.leaves(sown, is_leaf=lambda x: isinstance(x, kind)):
+    if not isinstance(value, kind):
+      continue
+    if value.layer is not None:
+      by_layer[value.layer] = value
+      continue
+    for i in range(jax.tree.leaves(value)[0].shape[0]):
+      by_layer[i] = jax.tree.map(lambda x: x[i], value)
+  return [by_layer[i] for i in sorted(by_layer)]
 
 def tied_logits(h_BLD, embedding_VD) -> jax.Array:
   """= `nn.Embed.attend(h_BLD)`, with float32 logits also when computing in bfloat16."""

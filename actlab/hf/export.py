@@ -1,12 +1,12 @@
 """Writes a trained run as a Hugging Face model directory (`config.json`, `model.safetensors`, the
 tokenizer's files) that `transformers` loads with `from_pretrained` (docs/huggingface.md).
 
-  python -m actlab.export --workdir=runs/gelu --out=hf/gelu      # or write(workdir, out)
+  python -m actlab.hf.export --workdir=runs/gelu --out=hf/gelu      # or write(workdir, out)
 
 A decoder becomes `GPT2LMHeadModel`, or with the LLaMA-style block `LlamaForCausalLM`,
 `ArceeForCausalLM` or `Qwen3ForCausalLM`; an encoder `BertForMaskedLM` or
 `BertForSequenceClassification`; what these cannot express is refused in one line
-(models/hf_checkpoint.py, models/hf_llama.py). Needs the `hf` extra (no torch):
+(checkpoint.py, llama.py). Needs the `hf` extra (no torch):
 pip install -e ".[hf]".
 """
 
@@ -18,7 +18,7 @@ from absl import flags, logging
 
 from actlab import errors, tasks
 from actlab.data import hf_tokenizer
-from actlab.models import hf_checkpoint
+from actlab.hf import checkpoint as hf_checkpoint
 from actlab.run import pretrained
 from actlab.run import workdir as workdir_lib
 
@@ -36,7 +36,7 @@ def check_out(out: pathlib.Path) -> None:
   entry = (workdir_lib.read_json(out / "config.json") or {}).get(hf_checkpoint.EXPORTED)
   exported = isinstance(entry, dict) and "exported_from" in entry
   if out.is_dir() and any(out.iterdir()) and not exported:
-    raise errors.UserError(f"--out {out} holds files that actlab.export did not write; give a "
+    raise errors.UserError(f"--out {out} holds files that actlab.hf.export did not write; give a "
                            "new or empty directory, or one an earlier export wrote")
 
 

@@ -1,6 +1,6 @@
-"""What a loss takes from output logits: the logZ sums every loss adds (`logz_sums`: z-loss, logZ;
-`logit_sums` from logits in memory) and the fused, chunked LM-head cross-entropy `xent_sum`, the
-loss of `softmax(h·Eᵀ)` without the [B, L, V] logits.
+"""What a loss takes from its output logits: the logZ sums every loss adds (`logz_sums`, one
+formula: the z-loss and logZ), from logits in memory (`logit_sums`) or in the fused, chunked
+LM-head cross-entropy `xent_sum`: the loss of `softmax(h·Eᵀ)` without the [B, L, V] logits.
 
 For the reference decoder (GPT-2 vocabulary) the tied LM head is three quarters of the FLOPs,
 and the plain path (logits = h·Eᵀ, `softmax_cross_entropy` and its autodiff) writes and re-reads
@@ -17,12 +17,11 @@ statistics in float32, matmul operands in h's dtype; results agree with it to fl
 """
 
 import functools
-from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 
 # Logit elements per chunk: enough tokens to amortise adding each chunk's V×D weight gradient (on
 # a 2-core CPU 32M elements measured best, 4M cost ~12% more per step). The accelerator budget
@@ -45,8 +44,7 @@ def chunk_length(batch: int, length: int, vocab: int, budget: int | None = None)
 def logz_sums(logz_N, weights_N, *, z_loss: float = 0.0, logz: bool = False) -> dict:
   """What a loss adds from its output logits' logZ = logsumexp (nats), summed over positions
   with weights w: `z_loss_sum` = z_loss · Σ w·logZ² (PaLM's z-loss, when `z_loss` > 0) and,
-  with `logz`, `logz_sum` = Σ w·logZ (the output-logit scale a log step records). The one
-  formula of the plain losses (`logit_sums`) and the fused one (`xent_sum`)."""
+  with `logz`, `logz_sum` = Σ w·logZ (the output-logit scale a log step records)."""
   out = {}
   if z_loss:
     out["z_loss_sum"] = z_loss * jnp.sum(weights_N * jnp.square(logz_N))
@@ -55,43 +53,24 @@ def logz_sums(logz_N, weights_N, *, z_loss: float = 0.0, logz: bool = False) -> 
   return out
 
 
-def logit_sums(logits_NV, weights_N=None, *, z_loss: float = 0.0, logz: bool = False) -> dict:
-  """`logz_sums` of logits in memory (weights default 1; `logz_sum` not differentiated);
-  `logits_NV` and `weights_N` share their leading axes."""
-  if not (z_loss or logz):
-    return {}
-  logz_N = jax.nn.logsumexp(logits_NV, axis=-1)
-  weights_N = jnp.ones(logz_N.shape) if weights_N is None else weights_N
-  sums = logz_sums(logz_N, weights_N, z_loss=z_loss, logz=logz)
-  return {k: jax.lax.stop_gradient(v) if k == "logz_sum" else v for k, v in sums.items()}
-
-
-@flax.struct.dataclass
-class Sums:
-  """What an objective returns: sums over a batch, so that evaluation pools exactly over batches.
-  The fields are fixed; those a loss does not compute are None."""
-  loss_sum: jax.Array        # the differentiated sum: cross-entropy (+ the z-loss in training)
-  count: jax.Array           # the positions (or examples) summed over
-  z_loss_sum: jax.Array      # the z-loss part of loss_sum: z_loss · Σ logZ² (0 without one)
-  logz_sum: jax.Array | None = None  # Σ logZ of the output logits (`stats`; not differentiated)
-  correct: jax.Array | None = None   # the right argmax predictions, where accuracy applies
-  mask: "Sums | None" = None  # MLM: the same over the positions whose input is [MASK]
-  sown: Any = None           # with `stats`: the blocks' `FFNStats` and `AttentionStats`
-
-  @classmethod
-  def of(cls, sums: dict, sown=None) -> "Sums":
-    """From named sums (`xent_sum`'s, a loss's own and `logit_sums`'; `mask_*`: the [MASK]
-    positions')."""
-    mask = {k.removeprefix("mask_"): v for k, v in sums.items() if k.startswith("mask_")}
-    return cls(sums["loss_sum"], sums["count"], sums.get("z_loss_sum", jnp.zeros((), jnp.float32)),
-               sums.get("logz_sum"), sums.get("correct"), cls.of(mask) if mask else None, sown)
-
-
-def with_logit_sums(out: dict, sums: dict) -> dict:
+def plus_logz_sums(out: dict, sums: dict) -> dict:
   """A loss's own sums `out` with its `logz_sums` (the z-loss added to `loss_sum`)."""
   if "z_loss_sum" in sums:
     out = {**out, "loss_sum": out["loss_sum"] + sums["z_loss_sum"]}
   return {**out, **sums}
+
+
+def logit_sums(out: dict, logits_NV, weights_N=None, *, z_loss: float = 0.0,
+               logz: bool = False) -> dict:
+  """A loss's own sums `out` plus the `logz_sums` of its logits in memory (weights default 1;
+  `logz_sum` not differentiated); `logits_NV` and `weights_N` share their leading axes."""
+  if not (z_loss or logz):
+    return plus_logz_sums(out, {})
+  logz_N = jax.nn.logsumexp(logits_NV, axis=-1)
+  weights_N = jnp.ones(logz_N.shape) if weights_N is None else weights_N
+  sums = logz_sums(logz_N, weights_N, z_loss=z_loss, logz=logz)
+  return plus_logz_sums(
+      out, {k: jax.lax.stop_gradient(v) if k == "logz_sum" else v for k, v in sums.items()})
 
 
 def xent_sum(h_BLD, embedding_VD, targets_BL, weights_BL=None, *, chunk: int | None = None,
@@ -126,8 +105,8 @@ def _chunk_stats(h, E, t, w, z_loss, logz):
   s = p.sum(-1, keepdims=True)
   target = jnp.take_along_axis(logits, t[..., None], axis=-1)
   logz_BL1 = jnp.log(s) + m
-  sums = with_logit_sums({"loss_sum": (w * (logz_BL1 - target)[..., 0]).sum()},
-                         logz_sums(logz_BL1[..., 0], w, z_loss=z_loss, logz=logz))
+  sums = plus_logz_sums({"loss_sum": (w * (logz_BL1 - target)[..., 0]).sum()},
+                        logz_sums(logz_BL1[..., 0], w, z_loss=z_loss, logz=logz))
   return p, s, logz_BL1, sums
 
 

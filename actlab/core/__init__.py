@@ -1,23 +1,28 @@
-"""The models (built by the tasks: actlab/tasks/): the decoder read top-down in transformer.py,
-its attention in attention.py, what it is in spec.py, the layers it chooses in layers.py, how it
-runs in execution.py, what losses take from output logits in
-kernels.py, the BERT encoder in encoder.py and its parameter names in hf.py; parameter counting
-here."""
+"""actlab's core: the model, its loss and its step, from typed specs alone (never a config, a
+task, a run directory or a measurement; tests/test_layers.py holds it to that). Read top-down:
+step.py (`Step`: init, train_step, eval_step; the optimizer) → transformer.py (`CausalLM`, the
+`Decoder`, its blocks and FFN, `Sums`) → attention.py, layers.py, activations.py; what the model
+is: spec.py; how it runs: execution.py; what a loss takes from its logits, and the fused loss:
+kernels.py; the BERT-style encoder and its losses: encoder.py. Parameter counting here. In a
+notebook, docs/notebook.md trains the decoder in 15 lines.
+"""
 
 import jax
 import numpy as np
 
-from actlab.models import hf
-from actlab.models.encoder import Encoder
-from actlab.models.execution import Execution
-from actlab.models.kernels import Sums, logit_sums, with_logit_sums
-from actlab.models.spec import Spec, execution_from_config, ffn_width, gated, pad_vocab
-from actlab.models.attention import AttentionStats
-from actlab.models.transformer import Decoder, FFNStats, apply
+from actlab.core.attention import AttentionStats
+from actlab.core.encoder import Classifier, Encoder, MaskedLM, Specials
+from actlab.core.execution import Execution
+from actlab.core.spec import Spec, ffn_width, gated, pad_vocab
+from actlab.core.step import (EVAL_SEED, OptimSpec, Step, TrainState, one_run, optimizer,
+                              over_runs)
+from actlab.core.transformer import (CausalLM, Decoder, FFNStats, Objective, Sums, apply,
+                                     per_layer)
 
-__all__ = ["AttentionStats", "Decoder", "Encoder", "Execution", "FFNStats", "Spec", "Sums", "apply",
-           "count_params", "execution_from_config", "ffn_width", "gated", "hf", "logit_sums", "pad_vocab",
-           "param_count", "with_logit_sums"]
+__all__ = ["AttentionStats", "CausalLM", "Classifier", "Decoder", "EVAL_SEED", "Encoder",
+           "Execution", "FFNStats", "MaskedLM", "Objective", "OptimSpec", "Spec", "Specials",
+           "Step", "Sums", "TrainState", "apply", "count_params", "ffn_width", "gated", "one_run",
+           "optimizer", "over_runs", "pad_vocab", "param_count", "per_layer"]
 
 
 def count_params(params) -> dict[str, int]:

@@ -1,8 +1,8 @@
 """A Hugging Face model directory (`config.json` + weights) against an actlab config, both ways
 (docs/huggingface.md): `write` exports a run's model as GPT-2, a LLaMA-style class (Llama, Arcee,
-Qwen3: hf_llama.py, `resolve`) or BERT for `from_pretrained`, `read` checks and loads one for
+Qwen3: llama.py, `resolve`) or BERT for `from_pretrained`, `read` checks and loads one for
 `train.init_from=hf:DIR`; what cannot map is refused in one line (`UserError`). Parameter names:
-hf.py (BERT), hf_gpt2.py, hf_llama.py. No torch needed (except for an old pytorch_model.bin):
+bert.py (BERT), gpt2.py, llama.py. No torch needed (except for an old pytorch_model.bin):
 weights go through `safetensors.numpy`.
 """
 
@@ -13,8 +13,8 @@ from typing import NamedTuple
 import numpy as np
 
 from actlab.errors import UserError
-from actlab.models import hf, hf_gpt2, hf_llama
-from actlab.models.spec import GPT2_BLOCK, gated
+from actlab.hf import bert, gpt2, llama
+from actlab.core.spec import GPT2_BLOCK, gated
 
 INSTALL = 'pip install -e ".[hf]"'  # transformers, safetensors
 EXPORTED = "actlab"  # the config.json entry of an export: where from, step, steps, finished, status
@@ -39,7 +39,7 @@ FIELDS = {"gpt2": {"num_layers": "n_layer", "d_model": "n_embd", "num_heads": "n
                    "num_heads": "num_attention_heads", "d_ff": "intermediate_size",
                    "max_len": "max_position_embeddings", "norm_eps": "layer_norm_eps",
                    "type_vocab_size": "type_vocab_size"}}
-NAMES = {"gpt2": hf_gpt2, "bert": hf, **{kind: hf_llama for kind in hf_llama.CLASSES}}
+NAMES = {"gpt2": gpt2, "bert": bert, **{kind: llama for kind in llama.CLASSES}}
 # config.json features actlab's model does not have, and the value it must have instead.
 REQUIRED = {"gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False},
             "bert": {"position_embedding_type": "absolute", "is_decoder": False}}
@@ -47,12 +47,12 @@ REQUIRED = {"gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_id
 
 def resolve(config, arch: Architecture, doing: str = "export") -> Architecture:
   """The class of the config's model: `arch` (the task's `HF`), or for a decoder whose block is
-  not GPT-2's the LLaMA-style class its FFN and qk-norm choose (hf_llama.model_type; UserError
+  not GPT-2's the LLaMA-style class its FFN and qk-norm choose (llama.model_type; UserError
   for a block no class has)."""
-  if arch.model_type != "gpt2" or hf_llama.is_gpt2_block(config):
+  if arch.model_type != "gpt2" or llama.is_gpt2_block(config):
     return arch
-  kind = hf_llama.model_type(config, doing)
-  return Architecture(kind, hf_llama.CLASSES[kind], "pre")
+  kind = llama.model_type(config, doing)
+  return Architecture(kind, llama.CLASSES[kind], "pre")
 
 
 def _check_architecture(config, arch: Architecture, doing: str) -> None:
@@ -83,8 +83,8 @@ def _check_architecture(config, arch: Architecture, doing: str) -> None:
 def hf_config(config, arch: Architecture, vocab_size: int, eot_id: int) -> dict:
   """The `config.json` fields of the run's model (`vocab_size`: the tokenizer's, unpadded)."""
   arch = resolve(config, arch, "export")
-  if arch.model_type in hf_llama.CLASSES:
-    return hf_llama.hf_config(config, arch.model_type, vocab_size, eot_id, ACTIVATIONS)
+  if arch.model_type in llama.CLASSES:
+    return llama.hf_config(config, arch.model_type, vocab_size, eot_id, ACTIVATIONS)
   _check_architecture(config, arch, "export")
   model_type, cls, m = arch.model_type, arch.cls, config.model
   if m.activation not in ACTIVATIONS:
@@ -107,14 +107,14 @@ def hf_config(config, arch: Architecture, vocab_size: int, eot_id: int) -> dict:
 def state_dict(params, arch: Architecture, vocab_size: int) -> dict[str, np.ndarray]:
   """The transformers state dict of `params` with the padded vocabulary rows dropped."""
   if arch.model_type == "gpt2":
-    state = hf_gpt2.to_hf(params)
-  elif arch.model_type in hf_llama.CLASSES:
-    state = hf_llama.to_hf(params)
+    state = gpt2.to_hf(params)
+  elif arch.model_type in llama.CLASSES:
+    state = llama.to_hf(params)
   else:
     state = {("" if k.startswith(("cls.", "classifier")) else "bert.") + k: v
-             for k, v in hf.to_hf(params).items()}
+             for k, v in bert.to_hf(params).items()}
   vocab = ("transformer.wte.weight", "bert.embeddings.word_embeddings.weight",
-           "cls.predictions.bias", *hf_llama.VOCAB)
+           "cls.predictions.bias", *llama.VOCAB)
   return {k: np.ascontiguousarray(v[:vocab_size] if k in vocab else v, np.float32)
           for k, v in state.items()}
 
@@ -151,10 +151,10 @@ def read(directory, config, arch: Architecture, vocab_size: int) -> dict[str, np
                     "directory written by save_pretrained") from None
   arch = resolve(config, arch, where)
   theirs = cfg.get("model_type")
-  family = {*hf_llama.CLASSES, *hf_llama.REFUSED}
+  family = {*llama.CLASSES, *llama.REFUSED}
   if theirs != arch.model_type and (arch.model_type in family or theirs in family):
-    raise UserError(hf_llama.other_class(theirs, arch.model_type, arch.cls, where))
-  if arch.model_type in hf_llama.CLASSES:
+    raise UserError(llama.other_class(theirs, arch.model_type, arch.cls, where))
+  if arch.model_type in llama.CLASSES:
     return _read_llama(directory, cfg, config, vocab_size, where)
   _check_architecture(config, arch, where)
   if theirs != arch.model_type:
@@ -169,7 +169,7 @@ def read(directory, config, arch: Architecture, vocab_size: int) -> dict[str, np
 def _read_llama(directory: pathlib.Path, cfg: dict, config, vocab_size: int,
                 where: str) -> dict[str, np.ndarray]:
   """`read` for the LLaMA-style classes: `cfg` as transformers' config class reads it (its
-  defaults filled in, transformers 4's rope fields as 5's), checked (hf_llama.check); a tied
+  defaults filled in, transformers 4's rope fields as 5's), checked (llama.check); a tied
   head's `lm_head.weight` is the embedding's."""
   try:
     import transformers
@@ -179,9 +179,9 @@ def _read_llama(directory: pathlib.Path, cfg: dict, config, vocab_size: int,
   except (KeyError, ValueError, TypeError) as e:  # an older transformers, or a field it refuses
     raise UserError(f"{where}: transformers cannot read its config.json: "
                     f"{str(e).splitlines()[0] if str(e) else e.__class__.__name__}") from None
-  hf_llama.check(cfg, config, where)
+  llama.check(cfg, config, where)
   _check_vocab(cfg, config, vocab_size, where)
-  _note_activation(cfg.get("hidden_act"), hf_llama.function(config.model.activation), where)
+  _note_activation(cfg.get("hidden_act"), llama.function(config.model.activation), where)
   state = _weights(directory, where)
   tied = cfg.get("tie_word_embeddings") and "lm_head.weight" not in state
   embedding = state.get("model.embed_tokens.weight", state.get("embed_tokens.weight"))

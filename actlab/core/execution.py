@@ -13,7 +13,7 @@ from absl import logging
 
 @dataclasses.dataclass(frozen=True)
 class Execution:
-  """The execution settings of `config.model` (`spec.execution_from_config`). The decoder's loss
+  """The execution settings of `config.model` (`actlab/config/specs.py`). The decoder's loss
   implementation (`model.loss_impl`) is its task's choice: tasks/causal_lm.py."""
   dtype: str = "float32"        # compute dtype; parameters stay float32
   attention_impl: str = "xla"   # "xla", "cudnn" or "auto" (`attention_impl`)

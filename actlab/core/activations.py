@@ -7,7 +7,7 @@ go through erfc / σ, and grads use σ(−z) for 1 − σ(z), to keep full preci
 kinks every `grad` is `jax.grad(fn)`: ReLU′(0) = relu2′(0) = 0, ELU′(0) = 1 (tested).
 
 Gated (GLU) family, Shazeer 2020: the model computes `fn(x W_gate) * (x W_up)` with `fn` the
-plain activation `GATE_BASE` names. `python -m actlab.models` prints `value_table()` (§1.2).
+plain activation `GATE_BASE` names. `python -m actlab.core` prints `value_table()` (§1.2).
 """
 
 import dataclasses

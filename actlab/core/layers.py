@@ -8,8 +8,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.nn.initializers import normal
 
-from actlab.models.execution import Execution
-from actlab.models.spec import Spec
+from actlab.core.execution import Execution
+from actlab.core.spec import Spec
 
 
 def norm(spec: Spec, ex: Execution, name: str) -> nn.Module:

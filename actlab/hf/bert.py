@@ -5,7 +5,7 @@ the trunk with `bert.`): `_TOP`, `_BLOCK` and `_MLM` below. Kernels are transpos
 out), PyTorch (out, in)); LayerNorm `scale`/`bias` are `weight`/`bias` (`gamma`/`beta` in old
 files). A GLU's `ffn/gate` (`intermediate.gate`) and pre-LN's `ln_f` (`encoder.LayerNorm`) have no
 BERT equivalent; the MLM decoder is tied to the word embeddings. The vocabulary is padded to a
-multiple of 64 (BERT's 30,522 → 30,528, `fit`). GPT-2's names: hf_gpt2.py.
+multiple of 64 (BERT's 30,522 → 30,528, `fit`). GPT-2's names: gpt2.py.
 """
 
 from typing import Mapping
@@ -14,7 +14,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 import jax
 import numpy as np
 
-from actlab.models import execution
+from actlab.core import execution
 
 _LEAF = {"kernel": "weight", "bias": "bias", "scale": "weight", "embedding": "weight"}
 _TOP = {

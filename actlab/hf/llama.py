@@ -2,7 +2,7 @@
 an untied head) as transformers' `LlamaForCausalLM` (gated FFN), `ArceeForCausalLM` (plain FFN)
 or `Qwen3ForCausalLM` (gated FFN, qk-norm), both ways (docs/huggingface.md): which class a config
 is (`model_type`), its `config.json` fields (`hf_config`), the checks of one to import (`check`),
-and the parameter names (`hf_name`, `to_hf`, `found`; hf_checkpoint.py dispatches to them).
+and the parameter names (`hf_name`, `to_hf`, `found`; checkpoint.py dispatches to them).
 
 Names: `wte` = model.embed_tokens, block i = model.layers.i (`_BLOCK`), `ln_f` = model.norm,
 `lm_head` = lm_head. Kernels are transposed (Flax (in, out), PyTorch (out, in)); the [D, D]
@@ -16,8 +16,9 @@ import numpy as np
 from flax.traverse_util import flatten_dict
 
 from actlab.errors import UserError
-from actlab.models import activations, execution, hf
-from actlab.models.spec import GPT2_BLOCK, ffn_width, gated
+from actlab.core import activations, execution
+from actlab.hf import bert
+from actlab.core.spec import GPT2_BLOCK, ffn_width, gated
 
 CLASSES = {"llama": "LlamaForCausalLM", "arcee": "ArceeForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # What each class needs of the model besides the block (`BLOCK`): (model.ffn, model.qk_norm).
@@ -177,12 +178,12 @@ def hf_name(path: tuple[str, ...]) -> str:
 def to_hf(params: Mapping) -> dict[str, np.ndarray]:
   """A `LlamaForCausalLM` (Arcee, Qwen3) state dict (numpy, PyTorch layout) from decoder
   parameters, per-layer or scanned."""
-  return {hf_name(path): hf._transpose_kernel(path, np.asarray(value))
+  return {hf_name(path): bert._transpose_kernel(path, np.asarray(value))
           for path, value in flatten_dict(execution.per_layer_layout(params)).items()}
 
 
 def found(state: Mapping[str, np.ndarray], like: Mapping) -> tuple[dict, list[str]]:
-  """`hf.gather` from a Llama state dict (a base model's names lack the `model.` prefix)."""
+  """`bert.gather` from a Llama state dict (a base model's names lack the `model.` prefix)."""
   state = {(k if k.startswith(("model.", "lm_head.")) else "model." + k): v
            for k, v in state.items()}
-  return hf.gather(state, like, hf_name, hf._transpose_kernel)
+  return bert.gather(state, like, hf_name, bert._transpose_kernel)

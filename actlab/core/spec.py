@@ -1,12 +1,10 @@
-"""What `config.model` resolves to: `Spec`, the architecture, with the sizes derived from it (the
-FFN's hidden width, the padded vocabulary), and the `Execution` settings (execution.py)."""
+"""What the model is: `Spec`, the architecture, with the sizes derived from it (the FFN's hidden
+width, the padded vocabulary). How it runs is `Execution` (execution.py); both are built from a
+config in one place (actlab/config/specs.py)."""
 
 import dataclasses
 
-import ml_collections
-
-from actlab.models import activations
-from actlab.models.execution import Execution
+from actlab.core import activations
 
 
 # The block options' values that build GPT-2's and BERT's block: `Spec`'s defaults, which every
@@ -16,7 +14,7 @@ GPT2_BLOCK = {"norm_type": "layer", "position": "learned", "bias": True, "tie_he
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-  """The architecture: `config.model` resolved, hashable for Flax."""
+  """The architecture, hashable for Flax."""
   activation: str
   num_layers: int
   d_model: int
@@ -36,11 +34,6 @@ class Spec:
   gated_match_params: bool = True
   qk_norm: bool = False         # the block's norm of queries and keys over the head dim
 
-  @classmethod
-  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "Spec":
-    vocab_size = pad_vocab(model.vocab_size or vocab_size)
-    return cls(**{**config_fields(cls, model), "vocab_size": vocab_size})
-
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
@@ -52,16 +45,6 @@ class Spec:
   @property
   def ffn_width(self) -> int:
     return ffn_width(self.activation, self.d_ff, self.gated_match_params, self.ffn)
-
-
-def execution_from_config(model: ml_collections.ConfigDict) -> Execution:
-  return Execution(**config_fields(Execution, model))
-
-
-def config_fields(cls, model: ml_collections.ConfigDict) -> dict:
-  """The fields of dataclass `cls` that `config.model` sets."""
-  names = {f.name for f in dataclasses.fields(cls)}
-  return {k: v for k, v in model.to_dict().items() if k in names}
 
 
 def gated(activation: str, ffn: str = "auto") -> bool:

@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 from jax.nn.initializers import normal
 
-from actlab.models.layers import norm, residual_std
-from actlab.models.execution import Execution, attention_impl, cudnn_attention
-from actlab.models.spec import Spec
+from actlab.core.layers import norm, residual_std
+from actlab.core.execution import Execution, attention_impl, cudnn_attention
+from actlab.core.spec import Spec
 
 
 class Attention(nn.Module):

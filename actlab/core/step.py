@@ -1,0 +1,157 @@
+"""One run's training step, pure: the optimizer (`OptimSpec`: clip → AdamW with warm-up and
+cosine), the `TrainState`, and `Step`: `init(seed, peak_lr)`, `train_step(state, batch)` and
+`eval_step(params, batch)` of an `Objective` (transformer.py). `over_runs` maps a step over a
+leading axis of R runs, so R runs that differ only in LR and seed share one compiled program.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from actlab.core.attention import AttentionStats
+from actlab.core.transformer import Objective, Sums, per_layer
+
+# The key of every evaluation (no dropout): every evaluation of every run, and MLM's baselines
+# (`tasks/mlm.baselines`), score the same masked positions.
+EVAL_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSpec:
+  """The optimizer and its schedule (`config.optim` with `train.steps`)."""
+  total_steps: int
+  lr: float = 1e-3              # the peak, reached after warm-up (`init` may give another)
+  min_lr_ratio: float = 0.1     # cosine decays to min_lr_ratio · lr at the last step
+  warmup_steps: int = 100       # linear warm-up from 0
+  b1: float = 0.9
+  b2: float = 0.95
+  eps: float = 1e-8
+  weight_decay: float = 0.1     # decoupled (AdamW); matrices and embeddings only
+  clip_norm: float = 1.0        # clip_by_global_norm threshold; 0 disables clipping
+
+
+def schedule(optim: OptimSpec) -> optax.Schedule:
+  """The learning-rate multiplier: 0 → 1 over warm-up, then cosine to min_lr_ratio."""
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=1.0, warmup_steps=optim.warmup_steps,
+      decay_steps=optim.total_steps, end_value=optim.min_lr_ratio)
+
+
+def decay_mask(params):
+  """True for weight matrices and embeddings; False for biases and norm scales."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding"), params)
+
+
+def optimizer(optim: OptimSpec) -> optax.GradientTransformation:
+  """clip_by_global_norm → AdamW (decay on matrices and embeddings) at `peak_lr · schedule`; the
+  peak LR lives in the optimizer state (`optax.inject_hyperparams`), not in the compiled program."""
+  unit = schedule(optim)
+
+  @optax.inject_hyperparams
+  def adamw(peak_lr):
+    clip = optax.clip_by_global_norm(optim.clip_norm) if optim.clip_norm else optax.identity()
+    return optax.chain(clip, optax.adamw(
+        lambda step: peak_lr * unit(step), b1=optim.b1, b2=optim.b2, eps=optim.eps,
+        weight_decay=optim.weight_decay, mask=decay_mask))
+
+  return adamw(peak_lr=optim.lr)
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array       # completed optimizer steps
+  params: Any
+  opt_state: Any
+  rng: jax.Array        # root key; the key of step k is fold_in(rng, k)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """What one run's steps close over: the objective (the model with its loss) and the optimizer;
+  `seq_len`, the length of the token rows `init` traces the model with."""
+  objective: Objective
+  optim: OptimSpec
+  seq_len: int
+
+  @property
+  def tx(self) -> optax.GradientTransformation:
+    return optimizer(self.optim)
+
+  def init(self, seed, peak_lr=None) -> TrainState:
+    """The initial state; `seed` and `peak_lr` (default `optim.lr`) may be traced, so one
+    compiled init serves every seed and learning rate: the peak LR lives in the optimizer state."""
+    init_key, run_key = jax.random.split(jax.random.PRNGKey(seed))
+    tokens = jnp.zeros((1, self.seq_len), jnp.int32)
+    params = self.objective.model.init(init_key, tokens)["params"]
+    opt_state = self.tx.init(params)
+    if peak_lr is not None:
+      opt_state = opt_state._replace(hyperparams={
+          **opt_state.hyperparams, "peak_lr": jnp.asarray(peak_lr, jnp.float32)})
+    return TrainState(jnp.zeros((), jnp.int32), params, opt_state, run_key)
+
+  def train_step(self, state: TrainState, batch,
+                 diagnostics: bool = True) -> tuple[TrainState, dict]:
+    """One optimizer step; pure, so it runs under `jax.jit` with the state donated. Every step
+    measures its loss (the cross-entropy; the z-loss apart), learning rate and gradient norm;
+    with `diagnostics` (static: the loop's log steps) also the update and parameter norms and
+    `stability` (docs/metrics.md §2)."""
+    key = jax.random.fold_in(state.rng, state.step)
+
+    def loss_fn(params):
+      out = self.objective(params, batch, key, train=True, stats=diagnostics)
+      return out.loss_sum / out.count, out
+
+    (loss, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {
+        "train_loss": loss,
+        "lr": state.opt_state.hyperparams["peak_lr"] * schedule(self.optim)(state.step),
+        "grad_norm": optax.tree.norm(grads),
+    }
+    if self.objective.z_loss:
+      metrics.update(train_loss=(out.loss_sum - out.z_loss_sum) / out.count,
+                     z_loss=out.z_loss_sum / out.count)
+    if diagnostics:
+      metrics.update(update_norm=optax.tree.norm(updates), param_norm=optax.tree.norm(params),
+                     **stability(out))
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  def eval_step(self, params, batch, stats: bool = False) -> Sums:
+    """The objective's sums on one batch without dropout, under the fixed evaluation key."""
+    return self.objective(params, batch, jax.random.PRNGKey(EVAL_SEED), train=False, stats=stats)
+
+
+def stability(out: Sums) -> dict:
+  """The training forward's instability measures (docs/metrics.md §2) from an objective's output
+  with `stats`; the attention's only where `AttentionStats` were sown (not by cuDNN attention)."""
+  attn = per_layer(out.sown, AttentionStats)
+  out = {"train_logz_mean": out.logz_sum / out.count}
+  if not attn:
+    return out
+  return {"train_attn_logit_max": jnp.max(jnp.stack([a.logit_max for a in attn])),
+          "train_attn_entropy_min": jnp.min(jnp.stack([a.entropy_H for a in attn])), **out}
+
+
+def over_runs(fn: Callable, runs: int, in_axes: tuple | int = 0) -> Callable:
+  """One run's `fn` over the leading run axis of its arguments (`in_axes`: 0, or None for an
+  argument the runs share) and results: `jax.vmap` for R > 1 runs; for R = 1 the axis is
+  indexed away and put back, so that a single run compiles (and rounds) as `fn` does."""
+  if runs > 1:
+    return jax.vmap(fn, in_axes=in_axes)
+
+  def one(*args):
+    axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+    args = [a if axis is None else one_run(a, 0) for a, axis in zip(args, axes)]
+    return jax.tree.map(lambda x: jnp.expand_dims(x, 0), fn(*args))
+  return one
+
+
+def one_run(tree: Any, r: int) -> Any:
+  """Run r's part of a stacked tree: a state, metrics or device results."""
+  return jax.tree.map(lambda x: x[r], tree)

@@ -1,0 +1,84 @@
+"""The core without the harness: docs/notebook.md's snippet trains the decoder from typed specs
+alone, and the config becomes those specs in one place (actlab/config/specs.py), where a field
+that matches nothing is an error. (That the core imports nothing of the harness:
+tests/test_layers.py.)"""
+
+import dataclasses
+import functools
+import math
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from actlab import config as config_lib, core
+from actlab.config import specs
+from actlab.run import compiled
+from conftest import REPO, tiny, tiny_encoder
+
+
+def notebook_snippet() -> str:
+  text = (REPO / "docs" / "notebook.md").read_text()
+  return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+
+@pytest.mark.slow
+def test_the_notebook_snippet_trains_the_decoder_in_about_15_lines(capsys):
+  source = notebook_snippet()
+  assert len(source.strip().splitlines()) <= 16
+  names = {}
+  exec(compile(source, "docs/notebook.md", "exec"), names)  # noqa: S102 -- the docs' own code
+  assert int(names["state"].step) == 20
+  # From chance (ln 256 = 5.55 nats) to well below it on a repeated sentence.
+  assert float(names["metrics"]["train_loss"]) < math.log(256) - 2
+  assert "step 20: train loss" in capsys.readouterr().out
+
+
+def test_the_config_becomes_the_cores_specs():
+  c = tiny(**{"model.norm_type": "rms", "model.position": "rope", "model.bias": False})
+  spec, execution, optim = specs.model_spec(c, 257), specs.execution(c), specs.optim(c)
+  assert (spec.norm_type, spec.position, spec.bias) == ("rms", "rope", False)
+  assert spec.vocab_size == 320 and spec.activation == c.model.activation  # 257 padded to 64s
+  assert execution == core.Execution(c.model.dtype, c.model.attention_impl, c.model.scan_layers,
+                                     c.model.remat)
+  assert optim.total_steps == c.train.steps and optim.lr == c.optim.lr
+  encoder = tiny_encoder("classify")
+  assert specs.model_spec(encoder, 300).norm == encoder.model.norm
+
+
+@pytest.mark.parametrize("section, field", [("model", "norm_kind"), ("optim", "beta1")])
+def test_a_field_that_matches_nothing_is_an_error_not_ignored(section, field):
+  c = tiny()
+  with c.unlocked():
+    c[section][field] = 1
+  with pytest.raises(ValueError, match=f"{section}.{field} is no field of .* it would be ignored"):
+    specs.model_spec(c, 257) if section == "model" else specs.optim(c)
+
+
+def test_the_optimizer_defaults_are_the_configs():
+  """`core.OptimSpec`'s defaults (a notebook's) are the default config's `optim` values."""
+  optim = config_lib.base().optim
+  for f in dataclasses.fields(core.OptimSpec):
+    if f.name != "total_steps":
+      assert optim[f.name] == f.default, f.name
+
+
+@pytest.mark.slow
+def test_the_harness_trains_the_cores_step_bitwise():
+  """The program a run trains (`compiled.Program`, R = 1) and the core's `Step` jitted alone give
+  the same parameters after 3 steps, to the bit."""
+  c = tiny()
+  program = compiled.Program.create(c, 257)
+  decoder = core.Decoder(specs.model_spec(c, 257), specs.execution(c))
+  step = core.Step(core.CausalLM(decoder, fused=c.model.loss_impl == "fused"), specs.optim(c),
+                   c.data.seq_len)
+  state, alone = program.start([c]), jax.jit(step.init)(c.train.seed, np.float32(c.optim.lr))
+  train_step = jax.jit(functools.partial(step.train_step, diagnostics=False))
+  for k in range(3):
+    batch = np.random.default_rng([0, k]).integers(0, 257, (c.train.batch_size,
+                                                             c.data.seq_len + 1)).astype(np.int32)
+    state, _ = program.train_step(state, program.put_batches([batch]))
+    alone, _ = train_step(alone, batch)
+  for a, b in zip(jax.tree.leaves(core.one_run(state, 0)), jax.tree.leaves(alone)):
+    np.testing.assert_array_equal(a, b)
