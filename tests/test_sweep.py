@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from actlab import core, errors, sweep
-from actlab.run import progress, train
+from actlab.run import train
 from actlab.run.checkpoint import Checkpoints
-from actlab.sweep import grid, workers
+from actlab.sweep import grid, progress, workers
 from conftest import REPO, production_env, tiny
 from test_entry_points import guarded
 

@@ -17,7 +17,8 @@ from ml_collections import config_flags
 
 from actlab import errors
 from actlab.measure import metrics
-from actlab.run import compiled, parallel, progress, tracking, train
+from actlab.run import compiled, parallel, tracking, train
+from actlab.sweep import progress
 from actlab.run import workdir as workdir_lib
 from actlab.sweep import workers
 from actlab.sweep.grid import (SEED_KEY, Cell, cells, load, parse_shard, select, with_flags,
