@@ -56,6 +56,12 @@ def test_a_field_that_matches_nothing_is_an_error_not_ignored(section, field):
     specs.model_spec(c, 257) if section == "model" else specs.optim(c)
 
 
+def test_an_optimizer_whose_warmup_outlasts_its_steps_is_refused_in_one_line():
+  with pytest.raises(ValueError, match="warmup_steps=100 must be at least 0 and less than "
+                                       "total_steps=20"):
+    core.OptimSpec(total_steps=20)
+
+
 def test_the_optimizer_defaults_are_the_configs():
   """`core.OptimSpec`'s defaults (a notebook's) are the default config's `optim` values."""
   optim = config_lib.base().optim

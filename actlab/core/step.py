@@ -33,6 +33,11 @@ class OptimSpec:
   weight_decay: float = 0.1     # decoupled (AdamW); matrices and embeddings only
   clip_norm: float = 1.0        # clip_by_global_norm threshold; 0 disables clipping
 
+  def __post_init__(self):
+    if not 0 <= self.warmup_steps < self.total_steps:
+      raise ValueError(f"OptimSpec: warmup_steps={self.warmup_steps} must be at least 0 and less "
+                       f"than total_steps={self.total_steps}")
+
 
 def schedule(optim: OptimSpec) -> optax.Schedule:
   """The learning-rate multiplier: 0 → 1 over warm-up, then cosine to min_lr_ratio."""
