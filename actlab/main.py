@@ -11,7 +11,7 @@ from actlab.run import parallel, train
 
 _CONFIG = errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; reused to resume).")
-flags.mark_flags_as_required(["config", "workdir"])
+errors.require("config", "workdir")
 
 
 def main(argv):

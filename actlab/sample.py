@@ -24,7 +24,7 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 me
 _TOP_K = flags.DEFINE_integer("top_k", 40, "Sample among the k likeliest tokens; 0 means all.",
                               lower_bound=0)
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-flags.mark_flag_as_required("workdir")
+errors.require("workdir")
 
 
 def sample_token(logits_BV, key, temperature: float, top_k: int, vocab_size: int):

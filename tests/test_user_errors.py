@@ -83,6 +83,12 @@ def test_unknown_flag_suggests_the_closest(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def test_a_missing_required_flag_says_what_it_is_for():
+  line = run_cli("main", f"--config={GELU}:smoke")
+  assert line == ("error: flag --workdir=None: --workdir is required: Run directory (created; "
+                  "reused to resume). (see --helpshort)")
+
+
 def test_inconsistent_config_is_refused_before_anything_is_written(tmp_path):
   with pytest.raises(errors.UserError) as raised:
     train.run(tiny(**{"model.num_heads": 3}), tmp_path / "run")

@@ -58,7 +58,7 @@ def _drop_tpu_probe_line() -> None:
 if __name__ == "__main__":
   _drop_tpu_probe_line()
   _CONFIG = errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
-  flags.mark_flags_as_required(["config"])
+  errors.require("config")
   flags.DEFINE_integer("steps", 20, "timed steps (after warm-up)")
   flags.DEFINE_integer("warmup", 3, "untimed steps after compilation")
   flags.DEFINE_integer("rounds", 0, "with --torch or --variant: alternating rounds the timed "

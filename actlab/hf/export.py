@@ -73,5 +73,5 @@ if __name__ == "__main__":
   flags.DEFINE_string("workdir", None, "Run directory of a trained model.")
   flags.DEFINE_string("out", None, "Directory to write the Hugging Face model into: new, empty, "
                       "or one an earlier export wrote.")
-  flags.mark_flags_as_required(["workdir", "out"])
+  errors.require("workdir", "out")
   errors.run(main)

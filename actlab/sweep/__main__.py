@@ -11,5 +11,5 @@ flags.DEFINE_integer("workers", 1, "Cells trained at once on this host, each in 
                      "process with its share of the CPUs (or one GPU).", lower_bound=1)
 flags.DEFINE_string("shard", "0/1", "i/N: train only cells i, i+N, i+2N, ... (a job array: "
                     "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT).")
-flags.mark_flags_as_required(["config", "sweep", "workdir"])
+errors.require("config", "sweep", "workdir")
 errors.run(main)
