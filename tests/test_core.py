@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from actlab import config as config_lib, core
-from actlab.config import specs
+from actlab.config import specs, validation
 from actlab.run import compiled
 from conftest import REPO, tiny, tiny_encoder
 
@@ -60,6 +60,17 @@ def test_an_optimizer_whose_warmup_outlasts_its_steps_is_refused_in_one_line():
   with pytest.raises(ValueError, match="warmup_steps=100 must be at least 0 and less than "
                                        "total_steps=20"):
     core.OptimSpec(total_steps=20)
+
+
+def test_the_models_choices_are_written_once_on_the_core():
+  """The config's check of a model field's values reads them from the core's field (`choice`)."""
+  fields = {f.name: f for cls in (core.Spec, core.Execution) for f in dataclasses.fields(cls)}
+  chosen = {k: v for k, v in validation.ONE_OF.items() if k.removeprefix("model.") in fields}
+  assert set(chosen) == {f"model.{n}" for n, f in fields.items() if "choices" in f.metadata}
+  assert all(v is fields[k.removeprefix("model.")].metadata["choices"] for k, v in chosen.items())
+  with pytest.raises(config_lib.ConfigError, match="model.position='alibi': choose 'learned' or "
+                                                    "'rope'"):
+    config_lib.validate(tiny(**{"model.position": "alibi"}))
 
 
 def test_the_optimizer_defaults_are_the_configs():

@@ -2,6 +2,7 @@
 compiles or is written; the first problem found raises `ConfigError` with one readable line that
 says what to fix."""
 
+import dataclasses
 import importlib.util
 
 import ml_collections
@@ -9,7 +10,7 @@ import ml_collections
 from actlab import errors
 from actlab.data import tokenizer
 from actlab.data import classify as classify_data
-from actlab.core import activations
+from actlab.core import Execution, Spec, activations
 from actlab.core.spec import GPT2_BLOCK
 
 WANDB_MODES = ("", "online", "offline", "disabled")  # metrics.wandb_mode
@@ -27,11 +28,10 @@ NON_NEGATIVE = {"model.vocab_size": " (0 = tokenizer's)", "parallel.fsdp_min_siz
                 "data.test_batches": " (0 = no test split)",
                 "metrics.sharpness_every": " (0 = off)", "metrics.grad_rel_max": " (0 = off)"}
 BOOLEAN = ("model.qk_norm", "model.bias", "model.tie_head", "model.scan_layers", "parallel.distributed", "sweep.vectorize")
-ONE_OF = {"model.norm": ("pre", "post"), "model.norm_type": ("layer", "rms"),
-          "model.position": ("learned", "rope"), "model.ffn": ("auto", "plain", "gated"),
-          "model.dtype": ("float32", "bfloat16"),
-          "model.attention_impl": ("xla", "cudnn", "auto"), "model.loss_impl": ("fused", "plain"),
-          "model.remat": ("none", "full", "dots"), "parallel.mode": ("dp", "fsdp"),
+# The model's choices are written once, on the core's `Spec` and `Execution` fields (`choice`).
+ONE_OF = {**{f"model.{f.name}": f.metadata["choices"] for cls in (Spec, Execution)
+             for f in dataclasses.fields(cls) if "choices" in f.metadata},
+          "model.loss_impl": ("fused", "plain"), "parallel.mode": ("dp", "fsdp"),
           "data.source": ("tinystories", "synthetic"), "data.tinystories_version": ("v1", "v2")}
 
 

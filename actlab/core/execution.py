@@ -10,15 +10,17 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from actlab.core.spec import choice
+
 
 @dataclasses.dataclass(frozen=True)
 class Execution:
   """The execution settings of `config.model` (`actlab/config/specs.py`). The decoder's loss
   implementation (`model.loss_impl`) is its task's choice: tasks/causal_lm.py."""
-  dtype: str = "float32"        # compute dtype; parameters stay float32
-  attention_impl: str = "xla"   # "xla", "cudnn" or "auto" (`attention_impl`)
+  dtype: str = choice("float32", "bfloat16")  # compute dtype; parameters stay float32
+  attention_impl: str = choice("xla", "cudnn", "auto")  # (`attention_impl`)
   scan_layers: bool = False     # one nn.scan over the blocks (transformer.stack)
-  remat: str = "none"           # recompute in the backward pass: "none", "full", "dots"
+  remat: str = choice("none", "full", "dots")  # recompute in the backward pass
 
   @property
   def compute_dtype(self) -> jnp.dtype:

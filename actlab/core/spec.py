@@ -12,6 +12,12 @@ from actlab.core import activations
 GPT2_BLOCK = {"norm_type": "layer", "position": "learned", "bias": True, "tie_head": True}
 
 
+def choice(*values: str):
+  """A field that takes one of `values`, the first its default: written here once, and a config
+  is checked against them (actlab/config/validation.py)."""
+  return dataclasses.field(default=values[0], metadata={"choices": values})
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
   """The architecture, hashable for Flax."""
@@ -23,14 +29,14 @@ class Spec:
   max_len: int
   vocab_size: int               # padded to a multiple of 64
   dropout: float = 0.0
-  norm: str = "pre"             # "pre" (GPT-2: x + f(LN(x))) or "post" (BERT: LN(x + f(x)))
-  norm_type: str = "layer"      # "layer" (LayerNorm) or "rms" (RMSNorm, as Llama's)
+  norm: str = choice("pre", "post")  # GPT-2's x + f(LN(x)), or BERT's LN(x + f(x))
+  norm_type: str = choice("layer", "rms")  # LayerNorm, or RMSNorm as Llama's
   norm_eps: float = 1e-5
-  position: str = "learned"     # "learned" (`wpe`) or "rope" (rotary, on queries and keys)
+  position: str = choice("learned", "rope")  # `wpe`, or rotary on queries and keys
   rope_theta: float = 10000.0
   bias: bool = True             # every linear and norm bias
   tie_head: bool = True         # the LM head is the token embedding, or its own matrix
-  ffn: str = "auto"             # "plain", "gated", or "auto": gated for the GLU names
+  ffn: str = choice("auto", "plain", "gated")  # "auto": gated for the GLU names
   gated_match_params: bool = True
   qk_norm: bool = False         # the block's norm of queries and keys over the head dim
 
