@@ -73,12 +73,15 @@ def test_the_models_choices_are_written_once_on_the_core():
     config_lib.validate(tiny(**{"model.position": "alibi"}))
 
 
-def test_the_optimizer_defaults_are_the_configs():
-  """`core.OptimSpec`'s defaults (a notebook's) are the default config's `optim` values."""
-  optim = config_lib.base().optim
-  for f in dataclasses.fields(core.OptimSpec):
-    if f.name != "total_steps":
-      assert optim[f.name] == f.default, f.name
+@pytest.mark.parametrize("cls, section", [(core.OptimSpec, "optim"), (core.Spec, "model"),
+                                          (core.Execution, "model")])
+def test_the_cores_defaults_are_the_configs(cls, section):
+  """A notebook's `OptimSpec`, `Spec` and `Execution` defaults are the default config's values."""
+  values = config_lib.base()[section]
+  defaults = {f.name: f.default for f in dataclasses.fields(cls)
+              if f.default is not dataclasses.MISSING}
+  assert defaults and all(values[name] == value for name, value in defaults.items()), {
+      name: (values[name], value) for name, value in defaults.items() if values[name] != value}
 
 
 @pytest.mark.slow
