@@ -5,6 +5,7 @@ leading axis of R runs, so R runs that differ only in LR and seed share one comp
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax
@@ -83,9 +84,13 @@ class Step:
   optim: OptimSpec
   seq_len: int
 
-  @property
+  @functools.cached_property
   def tx(self) -> optax.GradientTransformation:
     return optimizer(self.optim)
+
+  @functools.cached_property
+  def lr_multiplier(self) -> optax.Schedule:
+    return schedule(self.optim)
 
   def init(self, seed, peak_lr=None) -> TrainState:
     """The initial state; `seed` and `peak_lr` (default `optim.lr`) may be traced, so one
@@ -116,7 +121,7 @@ class Step:
     params = optax.apply_updates(state.params, updates)
     metrics = {
         "train_loss": loss,
-        "lr": state.opt_state.hyperparams["peak_lr"] * schedule(self.optim)(state.step),
+        "lr": state.opt_state.hyperparams["peak_lr"] * self.lr_multiplier(state.step),
         "grad_norm": optax.tree.norm(grads),
     }
     if self.objective.z_loss:
