@@ -5,6 +5,8 @@ import atexit
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import tempfile
 
 from actlab.sweep import workers  # Imports JAX (starts no backend): see `jax.config` below.
@@ -44,32 +46,33 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # Compiling, not running, is most of the suite's time: its programs are tiny and run a few steps.
 # So the tests compile at XLA's backend optimisation level 0 (the same HLO, unoptimised machine
 # code; a few times slower per step: half the compile time of the default level) and, where this
-# jaxlib has them, with XLA:CPU's classic fusion emitters (a further third off the compile time
+# jaxlib accepts them, with XLA:CPU's classic fusion emitters (a further third off the compile time
 # at level 0) and its machine code generated in one piece rather than split for parallel threads
 # (with two pytest workers on two cores, the threads only add overhead: 214-218 s for the suite
 # against 228-236 s, 2026-11-23). Equivalence tests compare programs compiled alike, so their
 # tolerances mean what they did. XLA_FLAGS that set the level already are kept; the subprocesses
 # the tests start inherit them (`production_env` takes them out again).
-def _xla_knows(flag: str) -> bool:
-  """Whether this jaxlib's XLA defines `flag` (an unknown flag in XLA_FLAGS aborts the process)."""
-  import importlib.util
-  import mmap
-  library = pathlib.Path(importlib.util.find_spec("jaxlib").origin).parent
-  for path in filter(lambda p: p.stat().st_size, library.glob("*.so")):
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-      if m.find(flag.encode()) >= 0:
-        return True
-  return False
+def _xla_accepts(flags: list[str]) -> bool:
+  """Whether this jaxlib's XLA starts with `flags` (an unknown flag in XLA_FLAGS aborts the
+  process; a flag's name in its library is no proof: jaxlib 0.11's holds the fusion emitters'
+  flag and refuses it). Asked once per session, of a subprocess; workers and subprocesses inherit
+  the answer."""
+  if "ACTLAB_TEST_XLA_ACCEPTS" not in os.environ:
+    env = {**os.environ, **CPU_ONLY, "XLA_FLAGS": " ".join(flags)}
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                           capture_output=True)
+    os.environ["ACTLAB_TEST_XLA_ACCEPTS"] = str(int(probe.returncode == 0))
+  return os.environ["ACTLAB_TEST_XLA_ACCEPTS"] == "1"
 
 
 def _add_xla_flags(*flags: str) -> None:
   os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
 
 
-FAST_COMPILE = ["--xla_backend_optimization_level=0"] + [
-    f"--{flag}={value}" for flag, value in [("xla_cpu_use_fusion_emitters", "false"),
-                                            ("xla_cpu_parallel_codegen_split_count", "1")]
-    if _xla_knows(flag)]
+CPU_FAST_COMPILE = ["--xla_cpu_use_fusion_emitters=false",
+                    "--xla_cpu_parallel_codegen_split_count=1"]
+FAST_COMPILE = ["--xla_backend_optimization_level=0"] + (
+    CPU_FAST_COMPILE if _xla_accepts(CPU_FAST_COMPILE) else [])
 # On a GPU the tests compile as real runs do (level 0 is for XLA:CPU here; on XLA:GPU it would be
 # LLVM's -O0 for every kernel), and each pytest-xdist worker sees one GPU (worker k GPU k mod their
 # number): the tests assume one device, as on a CPU. A test process allocates GPU memory as it needs
