@@ -181,9 +181,18 @@ def test_interleaved_rope_weights_do_not_match(tmp_path, torch, monkeypatch):
   assert np.abs(hf_logits(torch, hf_model, tokens()) - ours).max() > 1e-2
 
 
+def test_gemma_rewrites_exact_gelu():
+  """The trap that sends exact GELU through Llama: Gemma's config turns hidden_act="gelu" into
+  the tanh form (transformers 5.24 does; 5.17 kept it)."""
+  if not hasattr(transformers, "GemmaConfig"):
+    pytest.skip("this transformers has no Gemma")
+  if transformers.GemmaConfig(hidden_act="gelu").hidden_act == "gelu":
+    pytest.skip(f"transformers {transformers.__version__}'s Gemma keeps exact GELU")
+  assert transformers.GemmaConfig(hidden_act="gelu").hidden_act == "gelu_pytorch_tanh"
+
+
 def test_exact_gelu_is_exported_as_llama():
-  """Llama keeps hidden_act="gelu" (exact, erf), where Gemma's config may turn it into the tanh
-  form (transformers 5.24 does, 5.17 does not): an actlab model with exact GELU is exported as
+  """Llama keeps hidden_act="gelu" (exact, erf): an actlab model with exact GELU is exported as
   Llama."""
   assert transformers.LlamaConfig(hidden_act="gelu").hidden_act == "gelu"
   fields = hf_checkpoint.hf_config(llama_config("gelu"), HF, V, 256)
