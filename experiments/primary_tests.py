@@ -101,7 +101,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from actlab.config import BLOCKS, sizes
-from actlab.measure import comparisons
+from actlab.report import comparisons
 
 ALPHA, POWER, DELTA, MIN_SEEDS = 0.05, 0.8, 0.1, 10
 MAX_SEEDS = {"decoder": None, "encoder": 10,  # the seed pairs this machine can afford

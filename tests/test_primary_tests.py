@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from actlab.measure import comparisons
+from actlab.report import comparisons
 from actlab.sweep import grid
 from conftest import REPO, tiny, tiny_encoder
 

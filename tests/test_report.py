@@ -18,7 +18,8 @@ import pytest
 
 from actlab import report
 from actlab.errors import UserError
-from actlab.measure import comparisons, metrics, stats
+from actlab.measure import metrics
+from actlab.report import comparisons, stats
 from actlab.report import load as report_load
 from actlab.report import plots
 from actlab.report import series as report_series

@@ -1,4 +1,4 @@
-"""actlab.measure.comparisons and stats: Holm's adjustment, the paired comparison, its tests
+"""actlab.report.comparisons and stats: Holm's adjustment, the paired comparison, its tests
 (paired t, TOST) and verdicts over a family, the MDD, "not learned", and the rules over a sweep's
 runs (largest stable LR, pairing by seed, the best LR chosen on other seeds), against hand-computed
 numbers and against scipy where it has the answer."""
@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from actlab.measure import comparisons, stats
+from actlab.report import comparisons, stats
 from scipy import stats as sps
 
 A = [2.31, 2.52, 2.18, 2.44]  # hand-made final val losses of four seeds; B is A's baseline

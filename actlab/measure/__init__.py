@@ -1,2 +1,1 @@
-"""What a run measures: step metrics and verdicts, evaluators, FFN histograms, FLOPs, and the
-statistics the report compares runs with."""
+"""What a run measures: step metrics and verdicts, evaluators, FFN histograms and FLOPs."""

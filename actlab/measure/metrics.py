@@ -10,10 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from actlab import core
-from actlab.measure.stats import finite  # also metrics.finite: one definition, pure numpy
 
 STATUSES = ("stable", "unstable", "diverged")
 TAIL_FRACTION = 0.1  # summary `grad_norm` / `final_train_loss`: mean over the last 10% of steps
+
+
+def finite(x) -> bool:
+  """True for a finite number; False for None (how JSON stores NaN/inf), NaN and inf."""
+  return x is not None and math.isfinite(x)
 
 
 # --- Activation statistics ------------------------------------------------------------------

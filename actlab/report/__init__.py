@@ -1,7 +1,7 @@
 """Sweep directories → `report.md`, `runs.csv` and `plots/*.png` (`python -m actlab.report
 --help`; what the report holds: docs/sweeps.md, "The report"; each number: docs/metrics.md §8,
 §9). This module assembles and writes the files; `load` reads the sweeps, `tables` writes the
-markdown, `plots` draws, `to_csv` writes runs.csv."""
+markdown, `plots` draws, `to_csv` writes runs.csv; `stats` and `comparisons` compute the numbers."""
 
 import argparse
 import pathlib
@@ -10,8 +10,7 @@ import sys
 from typing import Sequence
 
 from actlab.errors import UserError, reported
-from actlab.measure import stats
-from actlab.report import plots, tables
+from actlab.report import plots, stats, tables
 from actlab.report import load as report_load
 from actlab.report import to_csv as report_csv
 from actlab.run import workdir

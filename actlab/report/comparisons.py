@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy import stats as sps
 
-from actlab.measure.stats import LR_KEY, Run, activation_axis, finite, other_axes, pivot
+from actlab.report.stats import LR_KEY, Run, activation_axis, finite, other_axes, pivot
 
 A_BETTER, B_BETTER, EQUIVALENT, NOT_RESOLVED = "A better", "B better", "equivalent", "not resolved"
 ALPHA = 0.05  # each family's familywise error rate

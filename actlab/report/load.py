@@ -6,7 +6,7 @@ import pathlib
 from typing import Sequence
 
 from actlab.errors import UserError
-from actlab.measure.stats import LR_KEY, Run, SEED_KEY
+from actlab.report.stats import LR_KEY, Run, SEED_KEY
 from actlab.run import metrics_log, workdir
 
 _COMPLETE = {"done": 0, "incomplete": 1, "missing": 2}

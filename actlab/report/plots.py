@@ -8,8 +8,8 @@ import pathlib
 import matplotlib
 import matplotlib.pyplot as plt
 
-from actlab.measure import stats
-from actlab.measure.stats import LR_KEY, finite
+from actlab.report import stats
+from actlab.report.stats import LR_KEY, finite
 from actlab.report import series
 
 FOREST_MAX_LRS = 3  # the forest plot is drawn for sweeps with at most this many LRs

@@ -9,8 +9,8 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy import stats as sps
 
-from actlab.measure import stats
-from actlab.measure.stats import LR_KEY, Run, finite
+from actlab.report import stats
+from actlab.report.stats import LR_KEY, Run, finite
 
 LAYER_STATS = ("dead_units", "act_zero_frac", "act_mean")
 FRACTIONS = ("act_zero_frac", "dead_units")  # shares in [0, 1]: mean ± sd is cut to [0, 1]

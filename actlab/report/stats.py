@@ -1,12 +1,13 @@
 """A sweep's runs as `actlab.report` reads them (`Run`), its grid (axes, groups, `pivot`), and the
 rules over them (docs/metrics.md §8, §9): "not learned", the largest stable LR, the LR sensitivity.
-Pure numpy, no IO (training imports `finite` from here)."""
+Numbers in, numbers out: no IO."""
 
 import dataclasses
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from actlab.measure.metrics import finite
 
 LR_KEY, SEED_KEY = "optim.lr", "train.seed"
 
@@ -15,11 +16,6 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float | None]:
   """Mean and sample standard deviation (None for a single value)."""
   x = np.asarray(values, np.float64)
   return float(x.mean()), (float(x.std(ddof=1)) if x.size > 1 else None)
-
-
-def finite(x) -> bool:
-  """True for a finite number; False for None (how JSON stores NaN/inf), NaN and inf."""
-  return x is not None and math.isfinite(x)
 
 
 def learned(final_val_loss: float | None, unigram_loss: float | None) -> bool | None:

@@ -1,12 +1,12 @@
 """The report's markdown tables, each with the rules above it (`sections`, `runs_table`); the
-numbers come from `actlab.measure.stats` and `actlab.measure.comparisons`."""
+numbers come from `actlab.report.stats` and `actlab.report.comparisons`."""
 
 import re
 from typing import Sequence
 
-from actlab.measure import comparisons, stats
+from actlab.report import comparisons, stats
 from actlab.measure.metrics import STATUSES
-from actlab.measure.stats import LR_KEY, Run, finite
+from actlab.report.stats import LR_KEY, Run, finite
 
 HEADERS = {"optim.lr": "LR", "model.activation": "activation"}
 

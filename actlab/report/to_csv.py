@@ -7,7 +7,7 @@ import io
 import pathlib
 from typing import Sequence
 
-from actlab.measure.stats import Run, SEED_KEY, finite, group_keys
+from actlab.report.stats import Run, SEED_KEY, finite, group_keys
 from actlab.run import workdir
 
 COLUMNS = [  # (summary key, written always (else where some run has it)), after `last_step`

@@ -11,8 +11,8 @@ import ml_collections
 
 from actlab import errors
 from actlab import config as config_lib
-from actlab.measure import stats
-from actlab.measure.stats import SEED_KEY, fmt_value
+from actlab.report import stats
+from actlab.report.stats import SEED_KEY, fmt_value
 from actlab.run import workdir as workdir_lib
 
 
