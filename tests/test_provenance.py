@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from actlab.run import lane, train
+from actlab.run import lane, recorded, train
 from actlab.run import workdir as workdir_lib
 from conftest import REPO, tiny
 
@@ -28,25 +28,25 @@ def test_recorded_paths_are_relative_to_the_run_directory():
   relative to it, any other by its base name; a relative one as it is. The interpreter is its
   base name, an actlab entry point `-m <module>`."""
   run = "/work/runs/sweep/cell"
-  assert workdir_lib.recorded_path("/work/manual", run) == "../../../manual"
-  assert workdir_lib.recorded_path("/work/runs/sweep", run) == ".."
-  assert workdir_lib.recorded_path("/work/runs/sweep/cell/", run) == "."
-  assert workdir_lib.recorded_path("hf:/work/models/gpt2", run) == "hf:../../../models/gpt2"
-  assert workdir_lib.recorded_path("/data/tinystories", run) == "tinystories"
-  assert workdir_lib.recorded_path("manual", run) == "manual"
-  assert workdir_lib.recorded_path("hf:gpt2", run) == "hf:gpt2"
+  assert recorded.recorded_path("/work/manual", run) == "../../../manual"
+  assert recorded.recorded_path("/work/runs/sweep", run) == ".."
+  assert recorded.recorded_path("/work/runs/sweep/cell/", run) == "."
+  assert recorded.recorded_path("hf:/work/models/gpt2", run) == "hf:../../../models/gpt2"
+  assert recorded.recorded_path("/data/tinystories", run) == "tinystories"
+  assert recorded.recorded_path("manual", run) == "manual"
+  assert recorded.recorded_path("hf:gpt2", run) == "hf:gpt2"
   package = "/home/u/actlab/actlab"
-  assert workdir_lib.recorded_command(
+  assert recorded.recorded_command(
       [f"{package}/sweep/__main__.py", "--config=configs/tinystories_gelu.py",
        "--config.data.manual_dir=/work/manual", "--workdir=/work/runs/sweep", "--workers=2",
        "/work/runs/other"], "/home/u/.venv/bin/python3", run, package) == [
       "python3", "-m", "actlab.sweep", "--config=configs/tinystories_gelu.py",
       "--config.data.manual_dir=../../../manual", "--workdir=..", "--workers=2", "../../other"]
-  assert workdir_lib.recorded_command([f"{package}/main.py"], "python", run, package) \
+  assert recorded.recorded_command([f"{package}/main.py"], "python", run, package) \
       == ["python", "-m", "actlab.main"]
-  assert workdir_lib.recorded_command(["/opt/tools/train.py", "-x"], "/usr/bin/python", run) \
+  assert recorded.recorded_command(["/opt/tools/train.py", "-x"], "/usr/bin/python", run) \
       == ["python", "train.py", "-x"]
-  assert workdir_lib.recorded_command([], "/usr/bin/python", run) == ["python"]
+  assert recorded.recorded_command([], "/usr/bin/python", run) == ["python"]
 
 
 def test_a_config_on_absolute_paths_is_written_relative_and_read_back(tmp_path):

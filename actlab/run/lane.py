@@ -20,7 +20,7 @@ import numpy as np
 from actlab import tasks
 from actlab.measure import metrics as metrics_lib
 from actlab.measure.histogram import Histogram
-from actlab.run import metrics_log, tracking
+from actlab.run import metrics_log, recorded, tracking
 from actlab.run import workdir as workdir_lib
 from actlab.run.checkpoint import Checkpoints
 
@@ -56,7 +56,7 @@ def _code() -> dict:
 def segment(config: ml_collections.ConfigDict, start_step: int,
             run_dir: "str | os.PathLike" = ".") -> dict:
   """Where, with what and how this process (re)started the run in `run_dir` at `start_step`; its
-  paths as the run directory records them (`workdir.recorded_command`, `recorded_config`)."""
+  paths as the run directory records them (`recorded.recorded_command`, `recorded_config`)."""
   devices = jax.devices()
   return {
       "start_step": start_step, "started": workdir_lib.now(), **_code(),
@@ -65,9 +65,9 @@ def segment(config: ml_collections.ConfigDict, start_step: int,
       # results differ in rounding between CPU counts (docs/sweeps.md, "Using all the hardware").
       "cpus": len(os.sched_getaffinity(0)),
       "process_count": jax.process_count(), "host": socket.gethostname(),
-      "command": workdir_lib.recorded_command(sys.argv, sys.executable, run_dir),
+      "command": recorded.recorded_command(sys.argv, sys.executable, run_dir),
       "runtime": {k: v for k, v in
-                  workdir_lib.dotted(workdir_lib.recorded_config(config, run_dir)).items()
+                  workdir_lib.dotted(recorded.recorded_config(config, run_dir)).items()
                   if k.startswith(workdir_lib.RUNTIME_FIELDS)},
   }
 
