@@ -70,6 +70,12 @@ def core_crossings(paths) -> list[str]:
   return found
 
 
+def test_no_module_is_longer_than_300_lines():
+  long = {name: n for name, path in modules().items()
+          if (n := len(path.read_text().splitlines())) > 300}
+  assert not long, long
+
+
 def test_the_tree_has_at_most_14_entries():
   entries = [p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"]
   assert len(entries) <= 14, sorted(entries)
