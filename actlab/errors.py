@@ -142,8 +142,11 @@ def _dotted_fields(config: ml_collections.ConfigDict, prefix: str = ""):
 
 def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
   """A UserError for a config file flag's missing or broken `path[:arg]` in `argv`, or an
-  override `--<name>.<key>` that names no field: config_flags fails on these with tracebacks from
-  inside absl's parsing, which no public hook reaches."""
+  override `--<name>.<key>` that names no field. Why not config_flags' own answer: it raises these
+  from inside absl's parsing as a bare KeyError or AttributeError naming neither the flag nor
+  the section (`'optm'`, then "Did you mean" only where difflib finds a close name: nothing for
+  `optim.learning_rate`, which `_closest` answers with `optim.lr`), and no public hook reaches
+  them there."""
   mine = [f.name for f in _config_file_flags if f.name in flag_values and flag_values[f.name] is f]
   for name in mine:
     as_string = flags.FlagValues()  # Only the config flag, as a plain string (known_only).
