@@ -186,9 +186,10 @@ def test_gemma_rewrites_exact_gelu():
   the tanh form (transformers 5.24 does; 5.17 kept it)."""
   if not hasattr(transformers, "GemmaConfig"):
     pytest.skip("this transformers has no Gemma")
-  if transformers.GemmaConfig(hidden_act="gelu").hidden_act == "gelu":
+  hidden_act = transformers.GemmaConfig(hidden_act="gelu").hidden_act
+  if hidden_act == "gelu":
     pytest.skip(f"transformers {transformers.__version__}'s Gemma keeps exact GELU")
-  assert transformers.GemmaConfig(hidden_act="gelu").hidden_act == "gelu_pytorch_tanh"
+  assert hidden_act == "gelu_pytorch_tanh"
 
 
 def test_exact_gelu_is_exported_as_llama():
