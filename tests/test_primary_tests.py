@@ -1,18 +1,18 @@
-"""experiments/primary_tests.py: the seeds a power calculation asks for, each arm's LR chosen on
-the pilot's validation windows (in the recipe family, one step past an edge first), the claim
-rule's simultaneous intervals and verdicts, and the rule it replaced."""
+"""experiments/primary_tests.py, the project's pre-registered tests (actlab/report/preregistered.py;
+tests/test_preregistered.py): each arm's LR chosen on the pilot's validation windows (in the
+recipe family, one step past an edge first), the seeds it asks for, its fresh seeds' sweep, its
+results and the platform's noise, as the experiment states them."""
 
 import importlib.util
 import json
-import types
 
 import numpy as np
 import pytest
-from scipy import stats
 
-from actlab.report import comparisons
+from actlab.report import preregistered
 from actlab.sweep import grid
 from conftest import REPO, tiny, tiny_encoder
+from test_preregistered import write_run
 
 spec = importlib.util.spec_from_file_location("primary_tests",
                                               REPO / "experiments" / "primary_tests.py")
@@ -20,44 +20,15 @@ primary = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(primary)
 
 
-def test_seeds_needed_matches_the_textbook_paired_t_test():
-  """G*Power's paired t-test at α 0.05, power 0.8: n 34 for d = 0.5, 15 for d = 0.8."""
-  assert primary.seeds_needed(0.2, delta=0.1, alpha=0.05) == 34
-  assert primary.seeds_needed(0.125, delta=0.1, alpha=0.05) == 15
-  assert primary.seeds_needed(0.001) == primary.MIN_SEEDS  # never fewer
-  assert primary.seeds_needed(0.0) == primary.MIN_SEEDS
-  # At α/K a larger n: its power reaches 0.8, one seed fewer does not.
-  n = primary.seeds_needed(0.167)
-  assert n > primary.seeds_needed(0.167, alpha=0.05)
-  assert primary.seeds_needed(0.167, power=0.79) <= n
-
-
-def test_a_capped_test_states_its_power_and_the_difference_it_detects():
-  d = primary.detectable(10, 0.485)
-  assert primary.paired_power(10, 0.485, d) == pytest.approx(primary.POWER, abs=1e-9)
-  assert primary.seeds_needed(0.485, delta=1.001 * d) == 10
-  assert primary.seeds_needed(0.485, delta=0.99 * d) > 10
-  assert primary.paired_power(10, 0.0) == 1.0
-
-
-def write_run(root, act, lr, seed, val, test, outcome="loss", curve=None):
-  """A finished, stable run's config and summary; with `curve` (metric -> {step: value}), its
-  metrics.jsonl too."""
-  run = root / f"activation={act},lr={lr},seed={seed}"
-  run.mkdir(parents=True)
-  config = {"model": {"activation": act}, "optim": {"lr": lr}, "train": {"seed": seed}}
-  (run / "config.json").write_text(json.dumps(config))
-  (run / "summary.json").write_text(json.dumps({"status": "stable", f"final_val_{outcome}": val,
-                                                f"final_test_{outcome}": test}))
-  if curve:
-    (key, values), = curve.items()
-    (run / "metrics.jsonl").write_text("\n".join(
-        json.dumps({"step": s, key: v}) for s, v in values.items()))
+def needed(sd, name="relu_gelu"):
+  """The seeds test `name`'s power rule asks for at a pilot sd of `sd`."""
+  t = primary.TESTS[name]
+  return preregistered.seeds_needed(sd, t.rule.delta, t.alpha, t.rule.power, t.rule.min_seeds)
 
 
 def test_the_pilot_chooses_each_arms_lr_on_validation_and_takes_the_sd_on_test(tmp_path,
                                                                               monkeypatch):
-  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
   study = tmp_path / "relu_vs_gelu_cpu_epoch"
   rng = np.random.default_rng(0)
   test_relu, test_gelu = rng.normal(4.0, 0.1, 3), rng.normal(4.1, 0.1, 3)
@@ -71,7 +42,7 @@ def test_the_pilot_chooses_each_arms_lr_on_validation_and_takes_the_sd_on_test(t
   plan = primary.pilot("relu_gelu")
   assert plan["lr"] == {"relu": 1e-3, "gelu": 3e-3} and plan["seeds"] == [0, 1, 2]
   assert plan["sd"] == pytest.approx(np.std(test_relu - test_gelu, ddof=1), rel=1e-12)
-  assert plan["n"] == primary.seeds_needed(plan["sd"])
+  assert plan["n"] == needed(plan["sd"])
   assert primary.pilot("swiglu_silu") is None  # its pilot is not there
   cells = grid.cells(tiny(), grid.parse(primary.get_sweep("relu_gelu")))
   assert {(c.config.model.activation, c.config.optim.lr) for c in cells} == {
@@ -80,7 +51,7 @@ def test_the_pilot_chooses_each_arms_lr_on_validation_and_takes_the_sd_on_test(t
 
 
 def test_the_encoders_tests_run_at_most_their_cap_and_read_the_mask_loss(tmp_path, monkeypatch):
-  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
   study = tmp_path / "bert_past_plateau_pilot"
   for seed, (relu, gelu) in enumerate([(3.61, 3.21), (3.09, 3.39)]):  # sd 0.49: n ≈ 290
     for lr, worse in ((1e-3, 0.5), (3e-3, 0.0)):
@@ -89,14 +60,15 @@ def test_the_encoders_tests_run_at_most_their_cap_and_read_the_mask_loss(tmp_pat
   plan = primary.pilot("bert_relu_gelu")
   assert plan["lr"] == {"relu": 3e-3, "gelu": 3e-3}
   assert plan["needed"] > 200 and plan["n"] == primary.MAX_SEEDS["encoder"] == 10
-  assert plan["power"] < 0.1 and plan["detectable"] == primary.detectable(10, plan["sd"]) > 0.5
+  assert plan["power"] < 0.1 and plan["detectable"] == preregistered.detectable(
+      10, plan["sd"], 0.05 / 7, primary.RULE.power) > 0.5
   cells = grid.cells(tiny_encoder(), grid.parse(primary.get_sweep("bert_relu_gelu")))
   assert sorted({c.config.train.seed for c in cells}) == list(range(100, 110))
 
 
 def test_an_incomplete_pilot_is_refused_not_read(tmp_path, monkeypatch):
   """A pilot archived before all its runs finished would choose LRs and n on part of it."""
-  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
   study = tmp_path / "relu_vs_gelu_cpu_epoch"
   for act, lr, seed in [("relu", 1e-3, 0), ("relu", 1e-3, 1), ("relu", 3e-3, 0),
                         ("gelu", 1e-3, 0), ("gelu", 1e-3, 1)]:
@@ -108,23 +80,9 @@ def test_an_incomplete_pilot_is_refused_not_read(tmp_path, monkeypatch):
   assert primary.pilot("relu_gelu")["seeds"] == [0, 1]
 
 
-def test_the_superseded_rule_claimed_a_difference_only_above_the_seed_and_platform_sd():
-  d = lambda mean, sd: types.SimpleNamespace(mean=mean, sd=sd)
-  claim = primary.superseded_claim
-  assert claim(d(-0.15, 0.10), 0.01, 1.0, 0.02) == comparisons.A_BETTER
-  assert claim(d(0.15, 0.10), 0.01, 1.0, 0.02) == comparisons.B_BETTER
-  for mean, sd, platform in ((-0.15, 0.20, 0.02), (-0.15, 0.10, 0.30)):
-    assert claim(d(mean, sd), 0.01, 1.0, platform).endswith("is not above the noise)")
-  assert claim(d(-0.15, 0.10), 0.01, 1.0, None) == (
-      f"{comparisons.NOT_RESOLVED} (p says {comparisons.A_BETTER}; the platform sd is not "
-      "measured yet)")
-  assert claim(d(-0.15, 0.10), 0.2, 1.0, 0.02) == comparisons.NOT_RESOLVED  # p decides first
-  assert claim(d(0.01, 0.05), 1.0, 0.01, None) == comparisons.EQUIVALENT
-
-
 def test_a_tests_result_pairs_its_fresh_seeds_and_takes_the_platform_sd_from_the_reruns(
     tmp_path, monkeypatch):
-  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
   study, reruns = tmp_path / "primary_relu_gelu", tmp_path / "primary_relu_gelu_two_cores"
   relu, gelu = [3.9, 3.7, 3.8], [4.0, 4.1, 3.7]
   for seed, (r, g) in enumerate(zip(relu, gelu), start=100):
@@ -151,14 +109,8 @@ def test_a_tests_result_pairs_its_fresh_seeds_and_takes_the_platform_sd_from_the
   assert primary.pending(primary.result("relu_gelu"), 3) == ""
 
 
-def test_the_plateau_exit_is_the_first_crossing_interpolated_between_evaluations():
-  assert primary.plateau_exit({0: 6.0, 250: 5.8, 500: 4.5, 750: 3.5, 1000: 4.2, 1250: 3.0}) == 625
-  assert primary.plateau_exit({0: 6.0, 250: 4.0, 500: 3.0}) == 250  # at the bar is not below
-  assert primary.plateau_exit({0: 6.0, 250: 4.5}) is None
-
-
 def test_each_encoder_run_is_read_once_with_its_exit_and_final_test_loss(tmp_path, monkeypatch):
-  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
   curves = {("gelu", 100): {0: 5.8, 1000: 4.4, 1250: 3.6}, ("tanh", 100): {0: 5.8, 1000: 4.4},
             ("relu", 100): {0: 5.8, 1250: 4.5, 1500: 4.0, 1750: 3.0}}
   final = {"gelu": 2.5, "tanh": 2.6, "relu": 3.4}
@@ -171,14 +123,8 @@ def test_each_encoder_run_is_read_once_with_its_exit_and_final_test_loss(tmp_pat
                                      ("relu", 100): (1500.0, 3.4, 1.5)}  # 4.5 - 3.0
 
 
-def test_the_late_descent_is_the_fall_over_the_last_steps():
-  assert primary.late_descent({0: 6.0, 2500: 3.2, 2750: 3.1, 3000: 3.05}) == pytest.approx(0.15)
-  assert primary.late_descent({0: 6.0, 2500: 3.0, 3000: 3.1}) == pytest.approx(-0.1)  # rising
-  assert primary.late_descent({0: 6.0, 2600: 3.2, 3000: 3.0}) is None
-
-
 def test_stability_ranges_each_arms_measures_over_its_fresh_seeds(tmp_path, monkeypatch):
-  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
   study = tmp_path / "primary_relu_gelu"
   measures = {"relu": [(1.2, 1.6, 20.0, 0.03, "stable"), (3.3, 1.5, 25.0, 0.05, "stable")],
               "gelu": [(56.0, 0.9, 40.0, 0.0, "unstable"), (2.0, 1.7, 18.0, 0.0, "stable"),
@@ -190,87 +136,26 @@ def test_stability_ranges_each_arms_measures_over_its_fresh_seeds(tmp_path, monk
       summary.write_text(json.dumps({**json.loads(summary.read_text()), "status": status,
                                      "grad_norm_max_rel": grad, "attn_entropy_min": entropy,
                                      "attn_logit_max": logit, "dead_units": dead}))
-  s = primary.stability("relu_gelu")
+  stability = lambda name: preregistered.stability(primary.TESTS[name], primary.RESULTS,
+                                                   primary.STABILITY)
+  by_stability = lambda name: preregistered.by_stability(primary.TESTS[name], primary.RESULTS)
+  s = stability("relu_gelu")
   assert s["relu"] == {"stable": {"runs": 2, "grad_norm_max_rel": (1.2, 3.3),
                                   "attn_entropy_min": (1.5, 1.6), "attn_logit_max": (20.0, 25.0),
                                   "dead_units": (0.03, 0.05)}}
   assert {status: g["runs"] for status, g in s["gelu"].items()} == {"stable": 1, "unstable": 2}
   assert s["gelu"]["unstable"]["grad_norm_max_rel"] == (12.0, 56.0)
   assert s["gelu"]["stable"]["attn_entropy_min"] == (1.7, 1.7)
-  assert primary.stability("swiglu_silu") == {"swiglu": {}, "silu": {}}  # none finished
+  assert stability("swiglu_silu") == {"swiglu": {}, "silu": {}}  # none finished
   # Seed 100: GELU unstable; seed 101: both stable; seed 102: no ReLU run, no pair.
-  assert primary.by_stability("relu_gelu") == {"stable": (1, pytest.approx(0.013), None),
+  assert by_stability("relu_gelu") == {"stable": (1, pytest.approx(0.013), None),
                                                "unstable": (1, pytest.approx(-0.548), None)}
-  assert primary.by_stability("swiglu_silu") == {}
-
-
-def test_the_loss_excess_integrates_each_lrs_curve_above_the_best_lrs(tmp_path, monkeypatch):
-  """1e-3 is the best LR (lower final loss); 3e-3 is 1 nat above it at steps 0 and 100, 0 at 200:
-  the trapezoid gives (1 + 0.5) * 100 / 200 = 0.75 nats."""
-  monkeypatch.setattr(primary, "RESULTS", tmp_path)
-  for lr, losses in ((1e-3, (5.0, 3.0, 2.0)), (3e-3, (6.0, 4.0, 2.0 + 1e-6))):
-    write_run(tmp_path / "study", "gelu", lr, 0, losses[-1], losses[-1],
-              curve={"val_loss": dict(zip((0, 100, 200), losses))})
-  excess = primary.loss_excess("study")
-  assert excess[("gelu", 1e-3)] == [0.0]
-  assert excess[("gelu", 3e-3)] == [pytest.approx(0.75, abs=1e-6)]
-
-
-def test_the_seed_correlation_removes_the_activations_means():
-  """Within each activation a later exit ends higher; between them the opposite."""
-  exits = {("relu", 0): (2000, 2.0, 0.1), ("relu", 1): (2200, 2.2, 0.1),
-           ("relu", 2): (2100, 2.1, 0.1), ("gelu", 0): (1000, 3.0, 0.1),
-           ("gelu", 1): (1200, 3.2, None), ("tanh", 0): (None, 9.0, 0.1),
-           ("swiglu", 0): (500, 9.0, 0.1)}
-  r, n = primary.seed_correlation(exits)
-  assert r == pytest.approx(1.0) and n == 5
-  pooled = [v[:2] for v in exits.values() if v[0] is not None]
-  assert np.corrcoef(np.array(pooled).T)[0, 1] < 0
-
-
-def test_the_simultaneous_interval_is_the_paired_t_interval_at_alpha_over_k():
-  d = comparisons.paired_difference([1.0, 1.3, 0.8, 1.1, 0.9], [1.0] * 5)
-  assert comparisons.simultaneous_interval(d, 1) == pytest.approx((d.ci_low, d.ci_high))
-  low, high = comparisons.simultaneous_interval(d, 7)
-  half = stats.t.ppf(1 - 0.05 / 14, 4) * d.sd / np.sqrt(5)  # closed form
-  assert (low, high) == pytest.approx((d.mean - half, d.mean + half), rel=1e-12)
-  assert low < d.ci_low and high > d.ci_high
-  # Seven such intervals cover their true differences together in about 95% of families
-  # ((1 - 0.05/7)^7 = 0.951), unadjusted 95% intervals in about 70% (0.95^7).
-  families = [[comparisons.paired_difference(x, np.zeros(10)) for x in fam]
-              for fam in np.random.default_rng(0).normal(0.3, 0.2, (400, 7, 10))]
-  cover = lambda k: np.mean([all(lo <= 0.3 <= hi for lo, hi in (
-      comparisons.simultaneous_interval(d, k) for d in fam)) for fam in families])
-  assert cover(7) > 0.93 and cover(1) < 0.8
-
-
-def test_the_claim_holds_the_interval_against_the_margin():
-  claim = lambda low, high, p_equiv=1.0: comparisons.claim((low, high), 0.1, p_equiv, "relu",
-                                                            "gelu")
-  assert claim(-0.28, -0.12) == "relu lower by at least 0.1"
-  assert claim(0.12, 0.3) == "gelu lower by at least 0.1"
-  assert claim(0.019, 0.185) == "gelu lower, by less than 0.1 or by an amount not resolved"
-  assert claim(-0.2, -0.01) == "relu lower, by less than 0.1 or by an amount not resolved"
-  assert claim(-0.007, 0.035, p_equiv=6e-7) == "equivalent within ±0.1"
-  assert claim(0.001, 0.03, p_equiv=1e-4) == "equivalent within ±0.1 (gelu lower by less than 0.1)"
-  assert claim(-0.4, 0.6) == claim(-0.007, 0.035, p_equiv=0.2) == comparisons.NOT_RESOLVED
-
-
-def test_the_claim_rule_resolves_a_small_standardised_effect_with_enough_seeds():
-  """The rule it replaced asked |A − B| > the sd of the differences, so a real difference of
-  half an sd was never claimed, at any n; held against an interval it is, once n is large."""
-  rng = np.random.default_rng(1)
-  diffs = 0.15 + 0.3 * rng.standard_normal(200)  # d_z = 0.5
-  d = comparisons.paired_difference(diffs, np.zeros(200), primary.DELTA)
-  assert abs(d.mean) < d.sd and primary.superseded_claim(d, 1e-6, 1.0, 0.0).startswith(
-      comparisons.NOT_RESOLVED)
-  assert comparisons.claim(comparisons.simultaneous_interval(d, 7), 0.1, 1.0) == (
-      "B lower, by less than 0.1 or by an amount not resolved")
+  assert by_stability("swiglu_silu") == {}
 
 
 def test_the_platform_shift_of_a_minus_b_is_taken_over_seeds_with_both_arms_rerun(tmp_path,
                                                                               monkeypatch):
-  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
   study, reruns = tmp_path / "primary_relu_gelu", tmp_path / "primary_relu_gelu_two_cores"
   for seed, (r, g) in enumerate([(3.9, 4.0), (3.7, 4.1), (3.8, 3.7)], start=100):
     write_run(study, "relu", 3e-3, seed, 0.0, r)
@@ -285,7 +170,7 @@ def test_the_platform_shift_of_a_minus_b_is_taken_over_seeds_with_both_arms_reru
 
 def test_a_recipe_pilot_at_the_grids_edge_is_extended_one_step_before_choosing(tmp_path,
                                                                              monkeypatch):
-  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
   pilot_dir = tmp_path / "primary_recipe_clip_pilot"
   val = {"relu": {1e-3: 4.2, 3e-3: 4.0, 1e-2: 4.1},  # ReLU's best inside the grid
          "gelu": {1e-3: 4.0, 3e-3: 4.1, 1e-2: 4.3}}  # GELU's at its lower edge
@@ -304,7 +189,8 @@ def test_a_recipe_pilot_at_the_grids_edge_is_extended_one_step_before_choosing(t
     write_run(tmp_path / "primary_recipe_clip_edge", "gelu", 3e-4, seed, 4.05, 4.05)
   plan = primary.pilot("recipe_clip")
   assert plan["lr"] == {"relu": 3e-3, "gelu": 1e-3}
-  assert plan["n"] == primary.seeds_needed(plan["sd"], alpha=0.05 / 6)
+  assert primary.TESTS["recipe_clip"].alpha == 0.05 / 6
+  assert plan["n"] == needed(plan["sd"], "recipe_clip")
   with pytest.raises(ValueError, match="no arm's best LR is at the grid's edge"):
     primary.get_sweep("recipe_clip_edge")
   cells = grid.cells(tiny(), grid.parse(primary.get_sweep("recipe_clip")))
@@ -314,19 +200,19 @@ def test_a_recipe_pilot_at_the_grids_edge_is_extended_one_step_before_choosing(t
 
 
 def test_a_recipe_pilot_missing_an_lr_is_incomplete(tmp_path, monkeypatch):
-  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
   for act in ("relu", "gelu"):
     for lr in primary.PILOT_LRS[:2]:  # 1e-2 not finished
       for seed in primary.RECIPE_PILOT_SEEDS:
         write_run(tmp_path / "primary_recipe_wide_pilot", act, lr, seed, 4.0, 4.0)
   with pytest.raises(ValueError, match="recipe_wide: its pilot is incomplete"):
     primary.pilot("recipe_wide")
-  assert primary.cap("recipe_wide") == 20 and primary.cap("recipe_clip") == 40
+  assert primary.TESTS["recipe_wide"].cap == 20 and primary.TESTS["recipe_clip"].cap == 40
 
 
 def test_the_modern_blocks_tests_share_one_pilot_and_one_step_past_its_edge(tmp_path,
                                                                           monkeypatch):
-  monkeypatch.setattr(primary, "RESULTS", tmp_path)
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
   val = {"relu": {1e-3: 4.1, 3e-3: 4.0, 1e-2: 4.2},    # inside the grid
          "relu2": {1e-3: 4.3, 3e-3: 4.2, 1e-2: 4.1},   # at its upper edge
          "gelu": {1e-3: 4.0, 3e-3: 4.1, 1e-2: 4.3}}    # at its lower edge

@@ -1,0 +1,71 @@
+"""What a run's logged curves say beyond its final numbers, from its metrics.jsonl: the loss
+excess over the best LR integrated over training, when a loss first falls below a bar (the MLM
+plateau's exit), how far it still falls at the end, and whether seeds that exit later end higher.
+Descriptive; reads committed runs (preregistered.Results); never trains."""
+
+import json
+import pathlib
+
+import numpy as np
+from scipy import stats
+
+from actlab.report.preregistered import Results, run_key
+
+
+def curve(metrics_jsonl: pathlib.Path, key: str) -> dict:
+  """step -> `key` at the logged steps that have it, from a run's metrics.jsonl."""
+  rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines()]
+  return {r["step"]: r[key] for r in rows if r.get(key) is not None}
+
+
+def loss_excess(results: Results, study: str) -> dict:
+  """(activation, lr) -> each seed's validation loss above that of the same activation and seed
+  at its best LR (lowest mean final val loss), integrated over training by the trapezoid rule
+  over the evaluations and divided by the steps: the mean excess in nats over the run."""
+  curves, finals = {}, {}
+  for path in (results.root / study).glob("*/metrics.jsonl"):
+    key = run_key(path.parent)
+    curves[key] = curve(path, "val_loss")
+    finals.setdefault(key[:2], []).append(curves[key][max(curves[key])])
+  best = {}
+  for act, lr in finals:
+    if act not in best or np.mean(finals[act, lr]) < np.mean(finals[act, best[act]]):
+      best[act] = lr
+  out = {}
+  for (act, lr, seed), run in curves.items():
+    ref = curves[(act, best[act], seed)]
+    steps = sorted(set(run) & set(ref))
+    excess = [run[t] - ref[t] for t in steps]
+    out.setdefault((act, lr), []).append(np.trapezoid(excess, steps) / steps[-1])
+  return out
+
+
+def first_below(loss: dict, bar: float) -> float | None:
+  """The step at which `loss` ({step: value}) first falls below `bar`, interpolated linearly
+  between the two evaluations around it; None if it never does."""
+  points = sorted(loss.items())
+  for (s0, l0), (s1, l1) in zip(points, points[1:]):
+    if l0 >= bar > l1:
+      return s0 + (l0 - bar) / (l0 - l1) * (s1 - s0)
+  return None
+
+
+def late_descent(loss: dict, steps: int) -> float | None:
+  """How far `loss` ({step: value}) falls over the last `steps` steps (positive: still
+  descending); None where the evaluation `steps` before the last is not logged."""
+  last = max(loss)
+  start = loss.get(last - steps)
+  return None if start is None else start - loss[last]
+
+
+def seed_correlation(exits: dict) -> tuple[float, int]:
+  """Pearson r of the exit step and the final loss between seeds ({(activation, seed): (step,
+  loss, …)}): each run's two values less its activation's means (runs that never exit, and
+  activations with one run, left out); and n."""
+  by_act = {}
+  for (act, _), (step, loss, *_) in exits.items():
+    if step is not None:
+      by_act.setdefault(act, []).append((step, loss))
+  centred = [v - v.mean(axis=0) for v in map(np.array, by_act.values()) if len(v) > 1]
+  steps, losses = np.concatenate(centred).T
+  return float(stats.pearsonr(steps, losses).statistic), len(steps)
