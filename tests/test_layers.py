@@ -3,6 +3,8 @@ import pointing down the layers of docs/design.md §2, and no import cycles betw
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -160,3 +162,13 @@ def test_the_core_boundary_check_fails_on_a_planted_import(tmp_path):
                      "def f():\n  from actlab.run import workdir\n")
   assert core_crossings([planted]) == [
       "step.py imports ml_collections", "step.py imports actlab", "step.py imports actlab.run"]
+
+
+def test_training_and_sweeping_import_neither_matplotlib_nor_scipy_stats():
+  """Every sweep worker and test subprocess imports the sweep: the report's plotting and
+  statistics (about a second to import) load only where a report is written."""
+  code = ("import sys, actlab.main, actlab.sweep; "
+          "print(sorted({'matplotlib', 'scipy.stats'} & set(sys.modules)))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=PACKAGE.parent)
+  assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

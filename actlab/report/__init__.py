@@ -10,7 +10,7 @@ import sys
 from typing import Sequence
 
 from actlab.errors import UserError, reported
-from actlab.report import plots, stats, tables
+from actlab.report import stats
 from actlab.report import load as report_load
 from actlab.report import to_csv as report_csv
 from actlab.run import workdir
@@ -49,6 +49,9 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
   """Writes `<out>/report.md`, `<out>/runs.csv` and `<out>/plots/*.png` for the sweep directory
   `roots` or several merged (`out` defaults to the only one; `axes`: fields they fix at
   different values, compared as axes: `report_load.load_many`); returns the report's path."""
+  # Here, not at the top: matplotlib and scipy take about a second to import, and the sweep
+  # imports this package for `stats` alone (its grid checks), in every worker it starts.
+  from actlab.report import plots, tables
   roots = [roots] if isinstance(roots, (str, pathlib.Path)) else list(roots)
   if out is None and len(roots) > 1:
     raise UserError("several sweep directories: say where the report goes with --out=DIR")
