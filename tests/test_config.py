@@ -8,6 +8,7 @@ config.json to these, so a change is a deliberate one: then `python tests/test_c
 rewrites the snapshot.
 """
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -24,7 +25,7 @@ from ml_collections import config_flags
 
 from actlab import core, errors, tasks
 from actlab import config as config_lib
-from actlab.config import sizes
+from actlab.config import schema, sizes
 from actlab.data import tokenizer
 from actlab.core import activations
 from actlab.sweep import grid
@@ -248,6 +249,54 @@ def test_validate_gives_one_readable_line(field, value, message):
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(c)
   assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("optim.b2", 1.0, "optim.b2=1.0 must be in [0, 1)"),
+    ("optim.min_lr_ratio", 1.5, "optim.min_lr_ratio=1.5 must be in [0, 1]"),
+    ("metrics.ffn_hist_bins", 501, "metrics.ffn_hist_bins=501 must be in [0, 500] (0 = off)"),
+    ("optim.clip_norm", -1.0, "optim.clip_norm=-1.0 must be >= 0 (0 disables)"),
+    ("metrics.wandb_mode", "sometimes", "metrics.wandb_mode='sometimes': choose '', 'online', "
+                                        "'offline' or 'disabled'"),
+])
+def test_each_field_is_checked_by_the_rule_written_with_it(field, value, message):
+  """schema.py gives a field its default, its rule and its comment in one place; `validate`
+  applies the rule."""
+  section, name = field.split(".")
+  declared = {f.name: f for f in dataclasses.fields(schema.SECTIONS[section])}[name]
+  with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+    declared.metadata["rule"](field, value)
+  with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+    config_lib.validate(tiny(**{field: value}))
+
+
+def test_a_field_no_section_declares_is_refused_not_ignored():
+  """A config file that sets a field schema.py does not declare (a misspelling) would train
+  without it: `validate` refuses it, with the closest name."""
+  c = tiny()
+  c.model.actvation = "relu"
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      "model.actvation: no such field (model has no field 'actvation'; did you mean "
+      "'model.activation'?)")):
+    config_lib.validate(c)
+  c = config_lib.encoder("gelu", "smoke")
+  c.data.mlm_probability = 0.2
+  with pytest.raises(config_lib.ConfigError, match="did you mean 'data.mlm_prob'"):
+    config_lib.validate(c)
+  config_lib.validate(config_lib.encoder("gelu", "smoke"))  # its own fields are declared
+
+
+def test_the_default_config_is_the_schemas_and_the_cores_defaults():
+  """`base()` is schema.py's defaults, section by section and in order; a field the core owns
+  has the core's default."""
+  c = json.loads(config_lib.base().to_json())  # in the order a config.json holds it
+  assert list(c) == list(schema.SECTIONS)
+  for section, cls in schema.SECTIONS.items():
+    assert list(c[section].items()) == [(f.name, f.default) for f in dataclasses.fields(cls)]
+    for f in dataclasses.fields(cls):
+      if "core" in f.metadata:
+        core_default = {g.name: g.default for g in dataclasses.fields(f.metadata["core"])}
+        assert f.default == core_default[f.name], f"{section}.{f.name}"
 
 
 @pytest.mark.parametrize("spec", ["bpe:abc", "bpe:100", "wordpiece:5", "gpt-2", "BYTE"])

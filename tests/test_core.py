@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from actlab import config as config_lib, core
-from actlab.config import specs, validation
+from actlab.config import schema, specs
 from actlab.run import compiled
 from conftest import REPO, tiny, tiny_encoder
 
@@ -65,9 +65,15 @@ def test_an_optimizer_whose_warmup_outlasts_its_steps_is_refused_in_one_line():
 def test_the_models_choices_are_written_once_on_the_core():
   """The config's check of a model field's values reads them from the core's field (`choice`)."""
   fields = {f.name: f for cls in (core.Spec, core.Execution) for f in dataclasses.fields(cls)}
-  chosen = {k: v for k, v in validation.ONE_OF.items() if k.removeprefix("model.") in fields}
-  assert set(chosen) == {f"model.{n}" for n, f in fields.items() if "choices" in f.metadata}
-  assert all(v is fields[k.removeprefix("model.")].metadata["choices"] for k, v in chosen.items())
+  chosen = {f.name: f for f in dataclasses.fields(schema.Model) if "choices" in fields.get(
+      f.name, dataclasses.field()).metadata}
+  assert set(chosen) == {n for n, f in fields.items() if "choices" in f.metadata}
+  for name, f in chosen.items():
+    assert f.metadata["core"] in (core.Spec, core.Execution) and f.default == fields[name].default
+    for value in fields[name].metadata["choices"]:
+      f.metadata["rule"](f"model.{name}", value)  # each of the core's choices passes
+    with pytest.raises(config_lib.ConfigError, match=f"model.{name}='other': choose "):
+      f.metadata["rule"](f"model.{name}", "other")
   with pytest.raises(config_lib.ConfigError, match="model.position='alibi': choose 'learned' or "
                                                     "'rope'"):
     config_lib.validate(tiny(**{"model.position": "alibi"}))

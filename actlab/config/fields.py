@@ -1,34 +1,31 @@
 """The listing `python -m actlab.config` prints: every config field with its default and comment,
-by section. The comments are read from the source of `config.base()` and `config.encoder()`, the
-names an activation field takes from `actlab.core.activations`: the listing cannot drift.
+by section. The comments are read from the source of the sections in schema.py, the names an
+activation field takes from `actlab.core.activations`: the listing cannot drift.
 """
 
 import inspect
 import re
 
 from actlab import config as config_lib
+from actlab.config import schema
 from actlab.core import activations
 
-_SECTION = re.compile(r"^\s*(?:c\.(\w+) = )?(\w+) = (?:ml_collections\.ConfigDict\(\)|c\.(\w+))")
-_FIELD = re.compile(r"^\s*(\w+)\.(\w+) = .*?(?:#\s*(.*))?$")
-_MORE = re.compile(r"^(\s+)#\s*(.*)$")
+_FIELD = re.compile(r"^  (\w+): [^=]+ = .*?(?:#\s*(.*))?$")
+_MORE = re.compile(r"^ {3,}#\s*(.*)$")
 
 
 def comments() -> dict[str, str]:
-  """{"section.field": its comment} from the source of `config.base` and `config.encoder`: the
-  comment beside the field and the comment lines below it indented further."""
-  out, aliases, last = {}, {"c": None}, None
-  for fn in (config_lib.base, config_lib.encoder):
-    for line in inspect.getsource(fn).splitlines():
-      if section := _SECTION.match(line):
-        aliases[section.group(2)] = section.group(1) or section.group(3)
-        last = None
-      elif (field := _FIELD.match(line)) and aliases.get(field.group(1)):
-        last = f"{aliases[field.group(1)]}.{field.group(2)}"
-        indent = len(line) - len(line.lstrip())
-        out.setdefault(last, field.group(3) or "")
-      elif (more := _MORE.match(line)) and last and len(more.group(1)) > indent:
-        out[last] = f"{out[last]} {more.group(2)}".strip()
+  """{"section.field": its comment} from the sections' source in schema.py: the comment beside
+  the field and the comment lines below it indented further."""
+  out = {}
+  for section, cls in [*schema.SECTIONS.items(), *schema.ENCODER.items()]:
+    last = None
+    for line in inspect.getsource(cls).splitlines():
+      if field := _FIELD.match(line):
+        last = f"{section}.{field.group(1)}"
+        out[last] = field.group(2) or ""
+      elif (more := _MORE.match(line)) and last:
+        out[last] = f"{out[last]} {more.group(1)}".strip()
       else:
         last = None
   return out

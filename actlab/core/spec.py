@@ -14,7 +14,7 @@ GPT2_BLOCK = {"norm_type": "layer", "position": "learned", "bias": True, "tie_he
 
 def choice(*values: str):
   """A field that takes one of `values`, the first its default: written here once, and a config
-  is checked against them (actlab/config/validation.py)."""
+  is checked against them (actlab/config/schema.py)."""
   return dataclasses.field(default=values[0], metadata={"choices": values})
 
 
