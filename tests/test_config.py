@@ -272,7 +272,8 @@ def test_each_field_is_checked_by_the_rule_written_with_it(field, value, message
 
 def test_a_field_no_section_declares_is_refused_not_ignored():
   """A config file that sets a field schema.py does not declare (a misspelling) would train
-  without it: `validate` refuses it, with the closest name."""
+  without it: `validate` refuses it, with the closest name; a field the config lacks is one
+  line too."""
   c = tiny()
   c.model.actvation = "relu"
   with pytest.raises(config_lib.ConfigError, match=re.escape(
@@ -284,6 +285,10 @@ def test_a_field_no_section_declares_is_refused_not_ignored():
   with pytest.raises(config_lib.ConfigError, match="did you mean 'data.mlm_prob'"):
     config_lib.validate(c)
   config_lib.validate(config_lib.encoder("gelu", "smoke"))  # its own fields are declared
+  c = tiny()
+  del c.model["position"]  # e.g. a config.json from before the field existed, loaded as a config
+  with pytest.raises(config_lib.ConfigError, match=r"^model.position is missing: a config starts "):
+    config_lib.validate(c)
 
 
 def test_the_default_config_is_the_schemas_and_the_cores_defaults():

@@ -47,7 +47,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
 
 def _check_names(c: ml_collections.ConfigDict) -> None:
-  """A section or field no section of schema.py declares would be ignored: refused."""
+  """A section or field no section of schema.py declares would be ignored, and one it declares
+  but the config lacks would fail later: both refused."""
   known = schema.defaults()
   for section, values in schema.defaults(schema.ENCODER).items():
     known[section] = {**known[section], **values}
@@ -57,6 +58,10 @@ def _check_names(c: ml_collections.ConfigDict) -> None:
       key = section if name is None else f"{section}.{name}"
       problem = errors.unknown_field(known, key)
       check(problem is None, f"{key}: no such field ({problem})")
+  for section, values in schema.defaults().items():
+    for name in values:
+      check(section in c and name in c[section], f"{section}.{name} is missing: a config starts "
+            "from one of configs/*.py or actlab.config.base(), which have every field")
 
 
 def _check_encoder(config) -> None:
