@@ -117,7 +117,6 @@ class Decoder(nn.Module):
     return norm(s, ex, "ln_f")(x_BLD)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class CausalLM:
   """The decoder with its loss (an `Objective`): next-token cross-entropy (nats) of windows of
@@ -133,7 +132,6 @@ class CausalLM:
                        z_loss=self.z_loss if train else 0.0, logz=stats, rngs={"dropout": rng},
                        stats=stats, method=Decoder.next_token_sums)
     return Sums.of({**sums, "count": targets_BL.size}, sown)
-
 
 
 def stack(spec: Spec, ex: Execution, x_BLD, mask_BL=None, *, causal: bool, train: bool = False,
@@ -225,7 +223,6 @@ def apply(model: nn.Module, params, *args, stats: bool = False, **kwargs):
   return out, state["stats"]
 
 
-
 def per_layer(sown, kind: type) -> list:
   """The `kind` values (`FFNStats` or `AttentionStats`) in `sown`, one per layer in layer order;
   a value stacked by `scan_layers` (`layer` None) is split along its layer axis."""
@@ -239,6 +236,7 @@ def per_layer(sown, kind: type) -> list:
     for i in range(jax.tree.leaves(value)[0].shape[0]):
       by_layer[i] = jax.tree.map(lambda x: x[i], value)
   return [by_layer[i] for i in sorted(by_layer)]
+
 
 def tied_logits(h_BLD, embedding_VD) -> jax.Array:
   """= `nn.Embed.attend(h_BLD)`, with float32 logits also when computing in bfloat16."""
