@@ -6,8 +6,9 @@ Override any field with `--config.optim.lr=3e-3`; a config file takes a variant 
 
 from absl import flags, logging
 
-from actlab import errors
-from actlab.run import parallel, train
+from actlab.infra import errors
+from actlab.infra import parallel
+from actlab.run import train
 
 _CONFIG = errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; reused to resume).")

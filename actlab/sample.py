@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 from absl import flags, logging
 
-from actlab import errors, tasks
+from actlab import tasks
+from actlab.infra import errors
 from actlab.run.pretrained import load_run  # also `sample.load_run`, as before
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder.")

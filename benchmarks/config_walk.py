@@ -14,7 +14,7 @@ import tempfile
 
 import ml_collections
 
-from actlab import errors
+from actlab.infra import errors
 from actlab.run import train
 
 

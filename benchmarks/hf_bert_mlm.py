@@ -31,8 +31,9 @@ import torch
 import transformers
 
 from actlab import config as config_lib
-from actlab import data, errors
+from actlab import data
 from actlab.data.hf_tokenizer import hf_tokenizer
+from actlab.infra import errors
 from actlab.tasks import mlm
 
 

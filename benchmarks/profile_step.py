@@ -22,9 +22,10 @@ import time
 import jax
 import numpy as np
 
-from actlab import errors, tasks
 from actlab import config as config_lib
+from actlab import tasks
 from actlab.bench.benches import tokenizer_vocab
+from actlab.infra import errors
 from actlab.run import compiled
 
 

@@ -158,7 +158,8 @@ def trace(config, n_steps: int, measure: bool = True, cache: dict | None = None)
   measured before the step's update."""
   import jax
   from actlab import core, tasks
-  from actlab.run import compiled, parallel
+  from actlab.infra import parallel
+  from actlab.run import compiled
   parallel.initialize(config)
   task = tasks.get(config)
   dataset = task.dataset(config)
@@ -235,7 +236,7 @@ def committed_check(rows: list, run_dir: pathlib.Path, config) -> dict | None:
   """This trajectory against the committed run in `run_dir`: its config (identity fields), and
   the largest relative differences of `grad_norm` (logged steps), `grad_norm_max` (each logged
   interval's largest step) and `grad_norm_init` within the steps traced. None without one."""
-  from actlab.run import workdir
+  from actlab.infra import workdir
   if not (run_dir / "metrics.jsonl").is_file():
     return None
   committed = json.loads((run_dir / "config.json").read_text())

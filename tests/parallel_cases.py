@@ -21,8 +21,9 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from actlab import config as config_lib, core  # noqa: E402
-from actlab.run import compiled, parallel, train  # noqa: E402
-from actlab.run.checkpoint import Checkpoints  # noqa: E402
+from actlab.infra import parallel  # noqa: E402
+from actlab.infra.checkpoint import Checkpoints  # noqa: E402
+from actlab.run import compiled, train  # noqa: E402
 from conftest import tiny  # noqa: E402
 from tree_utils import state_bytes_per_device, tree_max_abs_diff  # noqa: E402
 

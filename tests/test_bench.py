@@ -18,8 +18,8 @@ import pytest
 
 from actlab import bench, core, tasks
 from actlab import config as config_lib
+from actlab.infra import parallel
 from actlab.measure import flops
-from actlab.run import parallel
 from conftest import REPO, tiny
 
 PEAKS = dict(bench.PEAK_TFLOPS)

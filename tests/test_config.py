@@ -23,11 +23,12 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from actlab import core, errors, tasks
 from actlab import config as config_lib
+from actlab import core, tasks
 from actlab.config import schema, sizes
-from actlab.data import tokenizer
 from actlab.core import activations
+from actlab.data import tokenizer
+from actlab.infra import errors
 from actlab.sweep import grid
 from conftest import REPO, tiny
 

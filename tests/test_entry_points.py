@@ -19,7 +19,7 @@ from conftest import CPU_ONLY, REPO
 GUARD = """
 import os, runpy, sys, traceback
 from jax._src import xla_bridge
-from actlab.run import parallel
+from actlab.infra import parallel
 set_up = []
 initialize, backends = parallel.initialize, xla_bridge.backends
 def guarded_initialize(*args, **kwargs):

@@ -11,10 +11,11 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import errors, tasks
-from actlab.hf import export
+from actlab import tasks
 from actlab.data import hf_tokenizer, synthetic, tokenizer_store
 from actlab.hf import checkpoint as hf_checkpoint
+from actlab.hf import export
+from actlab.infra import errors
 from actlab.run import compiled, pretrained, train
 from conftest import REPO, SHARED_DATA, tiny
 from test_classify import tiny_encoder

@@ -6,9 +6,10 @@ import re
 import jax
 import pytest
 
-from actlab import core, errors, sweep
 from actlab import config as config_lib
+from actlab import core, sweep
 from actlab.core import activations
+from actlab.infra import errors
 from actlab.run import compiled
 from actlab.sweep import grid
 from conftest import REPO, tiny

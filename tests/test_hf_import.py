@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from actlab import errors, tasks
+from actlab import tasks
 from actlab.hf import checkpoint as hf_checkpoint
+from actlab.infra import errors
 from actlab.run import compiled, pretrained, train
 from conftest import REPO, tiny
 from test_classify import tiny_encoder

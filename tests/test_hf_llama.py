@@ -14,11 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import config as config_lib, core, errors, sample, tasks
-from actlab.hf import export
+from actlab import config as config_lib, core, sample, tasks
 from actlab.core import attention
-from actlab.hf import checkpoint as hf_checkpoint
 from actlab.core.layers import RMSNorm
+from actlab.hf import checkpoint as hf_checkpoint
+from actlab.hf import export
+from actlab.infra import errors
 from actlab.run import pretrained, train
 from conftest import tiny
 from test_export import RUN, perturbed_params, torch  # noqa: F401 -- torch: the fixture

@@ -12,7 +12,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "actlab"
 
 # docs/design.md §2, lowest first: a module may import its own package and the layers below it.
 # `hf.export` is a command line: it sits with the Hugging Face code but uses a whole run.
-LAYERS = (("errors",), ("core", "data"), ("hf",), ("config",), ("tasks",), ("measure",), ("run",),
+LAYERS = (("infra",), ("core", "data"), ("hf",), ("config",), ("tasks",), ("measure",), ("run",),
           ("report",), ("sweep", "bench"), ("main", "sample", "hf.export"))
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 ENTRIES = {part for part in RANK if "." not in part}  # the tree's top level
@@ -159,9 +159,9 @@ def test_the_core_boundary_check_fails_on_a_planted_import(tmp_path):
   planted = tmp_path / "step.py"
   planted.write_text((PACKAGE / "core" / "step.py").read_text()
                      + "\nimport ml_collections\nfrom actlab import tasks\n"
-                     "def f():\n  from actlab.run import workdir\n")
+                     "def f():\n  from actlab.infra import workdir\n")
   assert core_crossings([planted]) == [
-      "step.py imports ml_collections", "step.py imports actlab", "step.py imports actlab.run"]
+      "step.py imports ml_collections", "step.py imports actlab", "step.py imports actlab.infra"]
 
 
 def test_training_and_sweeping_import_neither_matplotlib_nor_scipy_stats():

@@ -15,7 +15,7 @@ import jax
 import pytest
 
 from actlab import config as config_lib
-from actlab.run import parallel
+from actlab.infra import parallel
 from conftest import CPU_ONLY, FAST_COMPILE, tiny
 
 HERE = pathlib.Path(__file__).parent

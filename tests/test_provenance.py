@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from actlab.run import lane, recorded, train
-from actlab.run import workdir as workdir_lib
+from actlab.infra import recorded
+from actlab.infra import workdir as workdir_lib
+from actlab.run import lane, train
 from conftest import REPO, tiny
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from actlab import report
-from actlab.errors import UserError
+from actlab.infra.errors import UserError
 from actlab.measure import metrics
 from actlab.report import comparisons, stats
 from actlab.report import load as report_load

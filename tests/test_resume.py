@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 
 from actlab import sample, sweep
-from actlab.errors import UserError
-from actlab.run import checkpoint, compiled as compiled_lib, loop, train
-from actlab.run.checkpoint import Checkpoints
+from actlab.infra import checkpoint
+from actlab.infra.checkpoint import Checkpoints
+from actlab.infra.errors import UserError
+from actlab.run import compiled as compiled_lib, loop, train
 from conftest import REPO, tiny
 from test_workdir import hold_lock
 

@@ -11,8 +11,8 @@ from absl import flags
 
 from actlab import data, sample, tasks
 from actlab.data import synthetic, tokenizer_store
+from actlab.infra import workdir as workdir_lib
 from actlab.run import train
-from actlab.run import workdir as workdir_lib
 from conftest import SHARED_DATA, tiny
 
 TEXT = "Once upon a time, Lily said: \"Don't!\" — naïve café 123 <|endoftext|> end."

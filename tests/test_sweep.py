@@ -19,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import core, errors, sweep
+from actlab import core, sweep
+from actlab.infra import errors
+from actlab.infra.checkpoint import Checkpoints
 from actlab.run import train
-from actlab.run.checkpoint import Checkpoints
 from actlab.sweep import grid, progress, workers
 from conftest import REPO, production_env, tiny
 from test_entry_points import guarded

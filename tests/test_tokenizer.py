@@ -162,7 +162,7 @@ def test_encode_docs_real_text():
 def test_load_gpt2_offline_without_dir_is_a_user_error(tmp_path, monkeypatch):
   import tiktoken
 
-  from actlab import errors
+  from actlab.infra import errors
 
   def no_network(name):
     raise ConnectionError("Failed to resolve 'openaipublic.blob.core.windows.net'")

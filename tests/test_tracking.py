@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from actlab import config as config_lib
+from actlab.infra import workdir as workdir_lib
 from actlab.measure import histogram
 from actlab.run import tracking, train
-from actlab.run import workdir as workdir_lib
 from conftest import tiny
 
 

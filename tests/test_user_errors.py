@@ -10,7 +10,8 @@ import sys
 import pytest
 from absl import flags
 
-from actlab import errors, sample, sweep
+from actlab import sample, sweep
+from actlab.infra import errors
 from actlab.run import train
 from actlab.sweep import grid
 from conftest import REPO, tiny
@@ -182,8 +183,8 @@ def state():
   return sys.unraisablehook, filters, {name: flags.FLAGS[name].parser for name in flags.FLAGS}
 
 before = state()
-from actlab import errors
-from actlab.run import checkpoint
+from actlab.infra import checkpoint
+from actlab.infra import errors
 assert state() == before, ("import", before, state())
 with checkpoint.Checkpoints(tempfile.mkdtemp(), 1):
   assert state() != before, "no filter while a Checkpoints is open"
@@ -196,7 +197,7 @@ assert type(flags.FLAGS["config"].parser) is type(plain["config"].parser), "conf
 
 
 def test_imports_change_no_global_state():
-  """Importing actlab.errors and actlab.run.checkpoint installs no log filter, unraisable hook or
+  """Importing actlab.infra.errors and actlab.infra.checkpoint installs no log filter, unraisable hook or
   flag parser; Checkpoints filters Orbax's logs only while it is open; the config file flag keeps
   config_flags' parser."""
   result = subprocess.run([sys.executable, "-c", GLOBAL_STATE], cwd=REPO, capture_output=True,

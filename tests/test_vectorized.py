@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from actlab import sweep
+from actlab.infra.checkpoint import Checkpoints
 from actlab.run import compiled as compiled_lib, train
-from actlab.run.checkpoint import Checkpoints
 from conftest import tiny
 from tree_utils import tree_max_abs_diff
 

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from actlab.run import metrics_log, workdir
+from actlab.infra import metrics_log, workdir
 from conftest import tiny
 
 HOLD = ("import fcntl, sys, time\n"

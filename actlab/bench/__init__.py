@@ -10,7 +10,7 @@ from actlab.bench.benches import (JaxBench, TORCH_MODES, TorchBench, back_to_bac
                                   wait_quiet)
 from actlab.bench.results import (PEAK_TFLOPS, config_summary, environment, markdown_rows,
                                   peak_tflops, summarize, table)
-from actlab.run import parallel
+from actlab.infra import parallel
 
 __all__ = ["JaxBench", "PEAK_TFLOPS", "TORCH_MODES", "TorchBench", "environment", "markdown_rows",
            "peak_tflops", "run", "table"]

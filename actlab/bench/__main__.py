@@ -18,9 +18,9 @@ import logging
 from absl import flags
 from absl import logging as absl_logging
 
-from actlab import errors
 from actlab.bench import run
 from actlab.bench.results import markdown_rows, table, variant_tag
+from actlab.infra import errors
 
 
 def main(argv):

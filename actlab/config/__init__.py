@@ -8,9 +8,9 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from actlab import errors
 from actlab.config import schema
 from actlab.config.rules import ConfigError, check, choices
+from actlab.infra import errors
 from actlab.config.sizes import (CLASSIFY_SETTINGS, DECODER_SIZES, ENCODER_PREFIX,
                                  ENCODER_SIZES, SIZES)
 from actlab.config.validation import validate

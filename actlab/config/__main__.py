@@ -2,8 +2,8 @@
 --config=FILE[:arg] the config it resolves to, as JSON (what a run writes to its config.json,
 which records absolute paths relative to the run directory: docs/running.md)."""
 
-from actlab import errors
 from actlab.config import fields
+from actlab.infra import errors
 
 _CONFIG = errors.define_config_file(
     "config", "Config file to print as it resolves, e.g. configs/x.py:smoke (without it: every "

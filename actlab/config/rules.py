@@ -3,8 +3,8 @@
 
 from typing import Callable
 
-from actlab import errors
 from actlab.core import activations
+from actlab.infra import errors
 
 
 class ConfigError(errors.UserError, ValueError):

@@ -174,7 +174,7 @@ class Metrics:
 
 @dataclasses.dataclass(frozen=True)
 class Parallel:
-  """Devices and hosts; see actlab/run/parallel.py."""
+  """Devices and hosts; see actlab/infra/parallel.py."""
   mode: str = field("dp", one_of("dp", "fsdp"))  # "dp": batch split, state replicated; "fsdp":
                                 # state split too
   distributed: bool = field(False, boolean)  # several processes: jax.distributed.initialize()

@@ -6,12 +6,12 @@ import importlib.util
 
 import ml_collections
 
-from actlab import errors
 from actlab.config import schema
 from actlab.config.rules import check, parsed
 from actlab.core import activations
 from actlab.core.spec import GPT2_BLOCK
 from actlab.data import tokenizer
+from actlab.infra import errors
 
 
 def validate(c: ml_collections.ConfigDict) -> None:

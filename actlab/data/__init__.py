@@ -20,7 +20,7 @@ import numpy as np
 
 from actlab.data import cache, gpt2, tokenizer, tokenizer_store
 from actlab.data.tokenizer import Tokenizer
-from actlab.errors import DataError
+from actlab.infra.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from actlab.data.tokenizer import Tokenizer
-from actlab.errors import DataError
+from actlab.infra.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actlab.errors import DataError
+from actlab.infra.errors import DataError
 
 NUM_CLASSES = {"synthetic/hero_gender": 2, "glue/sst2": 2}
 SOURCES = tuple(NUM_CLASSES)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from actlab.data.tokenizer import DEFAULT_THREADS, EOT_TEXT, Tokenizer
-from actlab.errors import DataError, short_cause
+from actlab.infra.errors import DataError, short_cause
 
 GPT2_FILES = ("encoder.json", "vocab.bpe")
 _GPT2_FILES_HELP = ("OpenAI's GPT-2 files encoder.json and vocab.bpe "

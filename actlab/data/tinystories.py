@@ -15,7 +15,7 @@ from pathlib import Path
 import tensorflow_datasets as tfds
 
 from actlab.data import provenance
-from actlab.errors import DataError, short_cause
+from actlab.infra.errors import DataError, short_cause
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from actlab.data import gpt2
 from actlab.data.tokenizer import (ByteTokenizer, HFBPETokenizer, HFWordPieceTokenizer, Tokenizer,
                                    parse_spec)
-from actlab.errors import DataError
+from actlab.infra.errors import DataError
 
 MANIFEST = "actlab_tokenizer.json"  # in a saved tokenizer's directory: its name and checksums
 TRAINED = {"bpe": HFBPETokenizer, "wordpiece": HFWordPieceTokenizer}  # saved as tokenizer.json

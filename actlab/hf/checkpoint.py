@@ -12,9 +12,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from actlab.errors import UserError
-from actlab.hf import bert, gpt2, llama
 from actlab.core.spec import GPT2_BLOCK, gated
+from actlab.hf import bert, gpt2, llama
+from actlab.infra.errors import UserError
 
 INSTALL = 'pip install -e ".[hf]"'  # transformers, safetensors
 EXPORTED = "actlab"  # the config.json entry of an export: where from, step, steps, finished, status

@@ -16,11 +16,12 @@ import pathlib
 
 from absl import flags, logging
 
-from actlab import errors, tasks
+from actlab import tasks
 from actlab.data import hf_tokenizer
 from actlab.hf import checkpoint as hf_checkpoint
+from actlab.infra import errors
+from actlab.infra import workdir as workdir_lib
 from actlab.run import pretrained
-from actlab.run import workdir as workdir_lib
 
 
 def check_out(out: pathlib.Path) -> None:

@@ -15,10 +15,10 @@ from typing import Mapping
 import numpy as np
 from flax.traverse_util import flatten_dict
 
-from actlab.errors import UserError
 from actlab.core import activations, execution
-from actlab.hf import bert
 from actlab.core.spec import GPT2_BLOCK, ffn_width, gated
+from actlab.hf import bert
+from actlab.infra.errors import UserError
 
 CLASSES = {"llama": "LlamaForCausalLM", "arcee": "ArceeForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # What each class needs of the model besides the block (`BLOCK`): (model.ffn, model.qk_norm).

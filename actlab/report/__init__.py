@@ -9,11 +9,11 @@ import shutil
 import sys
 from typing import Sequence
 
-from actlab.errors import UserError, reported
-from actlab.report import stats
+from actlab.infra import workdir
+from actlab.infra.errors import UserError, reported
 from actlab.report import load as report_load
+from actlab.report import stats
 from actlab.report import to_csv as report_csv
-from actlab.run import workdir
 
 
 def pick_baseline(manifest, given: str | None = None) -> str | None:

@@ -5,9 +5,9 @@ import json
 import pathlib
 from typing import Sequence
 
-from actlab.errors import UserError
+from actlab.infra import metrics_log, workdir
+from actlab.infra.errors import UserError
 from actlab.report.stats import LR_KEY, Run, SEED_KEY
-from actlab.run import metrics_log, workdir
 
 _COMPLETE = {"done": 0, "incomplete": 1, "missing": 2}
 

@@ -7,8 +7,8 @@ import io
 import pathlib
 from typing import Sequence
 
+from actlab.infra import workdir
 from actlab.report.stats import Run, SEED_KEY, finite, group_keys
-from actlab.run import workdir
 
 COLUMNS = [  # (summary key, written always (else where some run has it)), after `last_step`
     ("initial_val_loss", True), ("best_val_loss", True), ("final_val_loss", True),

@@ -1,2 +1,3 @@
-"""One run: its config to a trained state in a run directory (train → loop → steps), with
-checkpoints, logs, provenance and the devices it runs on."""
+"""The engine: runs from their config to a trained state (train → compiled → loop, a lane per
+run), the trackers their rows go to, and parameters from elsewhere (`pretrained`); what it stands
+on (devices, the run directory, checkpoints, the metrics log) is actlab/infra/."""

@@ -19,9 +19,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from actlab import core, tasks
 from actlab.config import specs
-from actlab.errors import UserError
+from actlab.infra import parallel, workdir
+from actlab.infra.errors import UserError
 from actlab.measure import evaluators as evaluators_lib
-from actlab.run import parallel, workdir
 
 
 @dataclasses.dataclass(frozen=True)

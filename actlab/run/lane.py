@@ -18,11 +18,12 @@ import ml_collections
 import numpy as np
 
 from actlab import tasks
+from actlab.infra import metrics_log, recorded
+from actlab.infra import workdir as workdir_lib
+from actlab.infra.checkpoint import Checkpoints
 from actlab.measure import metrics as metrics_lib
 from actlab.measure.histogram import Histogram
-from actlab.run import metrics_log, recorded, tracking
-from actlab.run import workdir as workdir_lib
-from actlab.run.checkpoint import Checkpoints
+from actlab.run import tracking
 
 
 # --- provenance.json: one segment per start of a run (fresh or resumed) with what it ran with

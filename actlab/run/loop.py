@@ -18,7 +18,7 @@ import numpy as np
 import tqdm
 
 from actlab import core
-from actlab.errors import UserError
+from actlab.infra.errors import UserError
 from actlab.measure import evaluators
 from actlab.measure import metrics as metrics_lib
 from actlab.run import compiled

@@ -12,10 +12,10 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from actlab import core, data, tasks
 from actlab.core import execution
 from actlab.hf import checkpoint as hf_checkpoint
+from actlab.infra import workdir as workdir_lib
+from actlab.infra.checkpoint import Checkpoints
+from actlab.infra.workdir import RunDir, WorkdirError
 from actlab.run import compiled
-from actlab.run import workdir as workdir_lib
-from actlab.run.checkpoint import Checkpoints
-from actlab.run.workdir import RunDir, WorkdirError
 
 
 # Fields that must agree between a run and the run it is initialised from (`train.init_from`).

@@ -11,9 +11,9 @@ from typing import Any, Mapping, Sequence
 import jax
 import ml_collections
 
-from actlab.errors import UserError
+from actlab.infra import workdir as workdir_lib
+from actlab.infra.errors import UserError
 from actlab.measure.histogram import Histogram
-from actlab.run import workdir as workdir_lib
 
 STATUS_CODES = {"stable": 0.0, "unstable": 1.0, "diverged": 2.0}  # HParams: the verdict as a number
 

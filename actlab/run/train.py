@@ -13,14 +13,15 @@ from typing import Callable, Sequence
 
 import ml_collections
 
-from actlab import core, tasks
 from actlab import config as config_lib
+from actlab import core, tasks
 from actlab.data import tokenizer_store
-from actlab.run import compiled, loop, parallel, pretrained
-from actlab.run import workdir as workdir_lib
-from actlab.run.checkpoint import Checkpoints
+from actlab.infra import parallel
+from actlab.infra import workdir as workdir_lib
+from actlab.infra.checkpoint import Checkpoints
+from actlab.infra.workdir import RunDir
+from actlab.run import compiled, loop, pretrained
 from actlab.run.lane import Lane
-from actlab.run.workdir import RunDir
 
 
 def finished(config: ml_collections.ConfigDict, run_dir: RunDir) -> dict | None:

@@ -15,11 +15,12 @@ import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
 
-from actlab import errors
+from actlab.infra import errors
+from actlab.infra import parallel
+from actlab.infra import workdir as workdir_lib
 from actlab.measure import metrics
-from actlab.run import compiled, parallel, tracking, train
+from actlab.run import compiled, tracking, train
 from actlab.sweep import progress
-from actlab.run import workdir as workdir_lib
 from actlab.sweep import workers
 from actlab.sweep.grid import (SEED_KEY, Cell, cells, load, parse_shard, select, with_flags,
                                write_manifest)

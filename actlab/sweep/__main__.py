@@ -1,7 +1,7 @@
 """python -m actlab.sweep: the command line of a sweep (actlab/sweep/__init__.py)."""
 from absl import flags
 
-from actlab import errors
+from actlab.infra import errors
 from actlab.sweep import main
 
 errors.define_config_file("config", "Base config file, e.g. configs/x.py.")

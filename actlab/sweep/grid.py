@@ -9,11 +9,11 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from actlab import errors
 from actlab import config as config_lib
+from actlab.infra import errors
+from actlab.infra import workdir as workdir_lib
 from actlab.report import stats
 from actlab.report.stats import SEED_KEY, fmt_value
-from actlab.run import workdir as workdir_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ import pathlib
 import time
 from typing import Callable, Mapping, Sequence
 
-from actlab.run import workdir as workdir_lib
+from actlab.infra import workdir as workdir_lib
 
 
 def duration(seconds: float) -> str:

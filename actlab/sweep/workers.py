@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Callable, Hashable, Mapping, Sequence
 
-from actlab.errors import UserError
+from actlab.infra.errors import UserError
 
 ENV = "ACTLAB_SWEEP_WORKER"  # "k/N" in the environment of child k of N
 

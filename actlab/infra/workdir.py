@@ -18,8 +18,8 @@ from typing import Any, Iterator
 import jax
 import ml_collections
 
-from actlab.errors import UserError
-from actlab.run.recorded import map_data_paths, recorded_config, recorded_paths
+from actlab.infra.errors import UserError
+from actlab.infra.recorded import map_data_paths, recorded_config, recorded_paths
 
 
 class WorkdirError(UserError):

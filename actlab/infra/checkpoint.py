@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from actlab.errors import UserError, short_cause
+from actlab.infra.errors import UserError, short_cause
 
 
 class CheckpointError(UserError):

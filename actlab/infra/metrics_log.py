@@ -5,7 +5,7 @@ import json
 import pathlib
 import sys
 
-from actlab.run.workdir import write_text
+from actlab.infra.workdir import write_text
 
 
 def read_rows(path: pathlib.Path) -> tuple[list[dict], int]:

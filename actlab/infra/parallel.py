@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from actlab.errors import UserError
+from actlab.infra.errors import UserError
 
 AXIS = "data"
 MODES = ("dp", "fsdp")
