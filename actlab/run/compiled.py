@@ -1,9 +1,9 @@
 """A config's compiled program for R ≥ 1 runs: `Program` jits the core's pure `Step` (its
 `init`, `train_step` and the evaluators' device steps) for R runs of one config, the states
-stacked on a leading run axis (`core.over_runs`), with explicit shardings (parallel.py); one run
-is R = 1. The runs may differ in `optim.lr` and `train.seed`, which live in the state, not in the
-compiled code, so a sweep's cells share one compiled program (tests/test_vectorized.py: R runs
-equal R single runs, ≤ 1e-6).
+stacked on a leading run axis (`core.over_runs`), with explicit shardings (infra/parallel.py);
+one run is R = 1. The runs may differ in `optim.lr` and `train.seed`, which live in the state,
+not in the compiled code, so a sweep's cells share one compiled program
+(tests/test_vectorized.py: R runs equal R single runs, ≤ 1e-6).
 """
 
 import dataclasses

@@ -1,5 +1,5 @@
 """Where a run's parameters come from besides its own checkpoints: `train.init_from` (another
-run's latest intact checkpoint, or `hf:DIR`: hf_checkpoint.py), checked before anything is
+run's latest intact checkpoint, or `hf:DIR`: hf/checkpoint.py), checked before anything is
 written; and a trained run read back (`load_run`)."""
 
 import pathlib
@@ -26,7 +26,7 @@ INIT_FROM_FIELDS = {"model": ("kind", "activation", "num_layers", "d_model", "nu
 
 
 HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face GPT-2, Llama, Arcee, Qwen3 or BERT directory
-#             (hf_checkpoint.py)
+#             (hf/checkpoint.py)
 
 
 def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):

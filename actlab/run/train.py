@@ -4,7 +4,7 @@ sweep's `sweep.vectorize`), each in its own workdir. One run is R = 1 of the sam
 
 Everything that can refuse a run (config, devices, data, `train.init_from`, the workdirs' configs
 and owners) is checked before anything is written. A finished run returns its summary without
-touching its files. Runs resume from their latest intact checkpoint (checkpoint.py), exactly.
+touching its files. Runs resume from their latest intact checkpoint (infra/checkpoint.py), exactly.
 """
 
 import contextlib
