@@ -164,3 +164,12 @@ def test_a_familys_verdicts_adjust_over_every_test_counting_an_unrun_one_as_p_1(
   assert judged["interval"] == pytest.approx((d.mean - half, d.mean + half), rel=1e-12)
   assert judged["claim"] == comparisons.claim(judged["interval"], RULE.delta,
                                               judged["p_equiv_holm"], "relu", "gelu")
+
+
+def test_a_curve_is_read_with_the_logs_reader_and_a_torn_log_is_refused(tmp_path):
+  log = tmp_path / "metrics.jsonl"
+  log.write_text('{"step": 0, "val_loss": 5.0}\n{"step": 10}\n\n{"step": 20, "val_loss": 4.0}\n')
+  assert curves.curve(log, "val_loss") == {0: 5.0, 20: 4.0}
+  log.write_text('{"step": 0, "val_loss": 5.0}\n{"step": 20, "val_lo\n')  # cut mid-write
+  with pytest.raises(ValueError, match="1 unreadable line"):
+    curves.curve(log, "val_loss")

@@ -197,9 +197,9 @@ assert type(flags.FLAGS["config"].parser) is type(plain["config"].parser), "conf
 
 
 def test_imports_change_no_global_state():
-  """Importing actlab.infra.errors and actlab.infra.checkpoint installs no log filter, unraisable hook or
-  flag parser; Checkpoints filters Orbax's logs only while it is open; the config file flag keeps
-  config_flags' parser."""
+  """Importing actlab.infra.errors and actlab.infra.checkpoint installs no log filter, unraisable
+  hook or flag parser; Checkpoints filters Orbax's logs only while it is open; the config file
+  flag keeps config_flags' parser."""
   result = subprocess.run([sys.executable, "-c", GLOBAL_STATE], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
   assert result.returncode == 0, result.stderr

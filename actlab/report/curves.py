@@ -3,18 +3,21 @@ excess over the best LR integrated over training, when a loss first falls below 
 plateau's exit), how far it still falls at the end, and whether seeds that exit later end higher.
 Descriptive; reads committed runs (preregistered.Results); never trains."""
 
-import json
 import pathlib
 
 import numpy as np
 from scipy import stats
 
+from actlab.infra import metrics_log
 from actlab.report.preregistered import Results, run_key
 
 
 def curve(metrics_jsonl: pathlib.Path, key: str) -> dict:
-  """step -> `key` at the logged steps that have it, from a run's metrics.jsonl."""
-  rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines()]
+  """step -> `key` at the logged steps that have it, from a run's metrics.jsonl
+  (`metrics_log.read_rows`); ValueError for a log with torn lines, whose curve would have gaps."""
+  rows, torn = metrics_log.read_rows(metrics_jsonl)
+  if torn:
+    raise ValueError(f"{metrics_jsonl}: {torn} unreadable line(s); its curve is not whole")
   return {r["step"]: r[key] for r in rows if r.get(key) is not None}
 
 
