@@ -30,8 +30,16 @@ def main(argv):
   print(f"val loss: {summary['initial_val_loss']:.4f} at step 0 → "
         f"{summary['final_val_loss']:.4f} at step {summary['steps']} "
         f"(best {summary['best_val_loss']:.4f}); "
-        f"{summary['tokens_per_sec'] or 0:,.0f} tokens/s; {summary['wall_time_sec']:.0f} s; "
-        f"workdir {_WORKDIR.value}")
+        f"{summary['tokens_per_sec'] or 0:,.0f} tokens/s; {summary['wall_time_sec']:.0f} s"
+        f"{compiled(summary.get('timing', {}).get('compile'))}; workdir {_WORKDIR.value}")
+
+
+def compiled(tally: dict | None) -> str:
+  """The closing line's account of compilation (summary.json's `compile`; none in old runs)."""
+  if not tally:
+    return ""
+  return (f" ({tally['sec']:.1f} s compiling: {tally['programs_compiled']} programs compiled, "
+          f"{tally['programs_cached']} from the cache)")
 
 
 if __name__ == "__main__":

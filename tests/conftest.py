@@ -39,7 +39,7 @@ def session_dir(variable: str, prefix: str) -> None:
 # One token cache for the whole session (and for subprocesses the tests start).
 session_dir("ACTLAB_DATA_DIR", "actlab-test-data-")
 # One persistent XLA compilation cache likewise: tests build the same tiny programs many times
-# (every `compiled.Program` is a new jit), and subprocesses (resume after SIGKILL, simulated
+# (every `loop.Program` is a new jit), and subprocesses (resume after SIGKILL, simulated
 # devices) compile what an earlier process already did. Set before anything imports JAX.
 session_dir("JAX_COMPILATION_CACHE_DIR", "actlab-test-xla-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

@@ -23,7 +23,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from actlab import config as config_lib, core  # noqa: E402
 from actlab.infra import parallel  # noqa: E402
 from actlab.infra.checkpoint import Checkpoints  # noqa: E402
-from actlab.run import compiled, train  # noqa: E402
+from actlab.run import loop, train  # noqa: E402
 from conftest import tiny  # noqa: E402
 from tree_utils import state_bytes_per_device, tree_max_abs_diff  # noqa: E402
 
@@ -47,12 +47,12 @@ def take_steps(fns, state, bs):
   out = []
   for b in bs:
     state, m = fns.log_step(state, fns.put_batches([b]))  # every metric, norms included
-    out.append(jax.device_get(core.one_run(jax.block_until_ready(m), 0)))
+    out.append(jax.device_get(loop.one_run(jax.block_until_ready(m), 0)))
   return state, out
 
 
 def run_on(c, devices, bs, state=None):
-  fns = compiled.Program.create(c, VOCAB, plan=parallel.plan(c, devices))
+  fns = loop.Program.create(c, VOCAB, plan=parallel.plan(c, devices))
   if state is None:
     state = fns.init(np.array([0]), np.array([c.optim.lr], np.float32))
   else:
@@ -124,13 +124,13 @@ def case_checkpoint(tmp):
   bs = batches(c4, 3)
   fns4, state4, _ = run_on(c4, devs, bs[:2])
   ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
-  ck.save(2, core.one_run(state4, 0), {})  # its checksums must hold on 2 and 1 devices too
+  ck.save(2, loop.one_run(state4, 0), {})  # its checksums must hold on 2 and 1 devices too
   ck.close()
-  saved = jax.device_get(core.one_run(state4, 0))  # the next step donates state4
+  saved = jax.device_get(loop.one_run(state4, 0))  # the next step donates state4
   after4, m4 = take_steps(fns4, state4, bs[2:])
   out = {}
   for name, c, d in (("dp2", config("dp"), devs[:2]), ("single", config("dp"), devs[:1])):
-    fns = compiled.Program.create(c, VOCAB, plan=parallel.plan(c, d))
+    fns = loop.Program.create(c, VOCAB, plan=parallel.plan(c, d))
     ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
     restored, _ = ck.restore(2, fns.run_like)  # abstract: everything from the checkpoint
     ck.close()
@@ -185,7 +185,7 @@ def case_vectorized(tmp):
   ref = None
   for name, mode, d in (("single", "dp", devs[:1]), ("dp", "dp", devs), ("fsdp", "fsdp", devs)):
     c = config(mode)
-    g = compiled.Program.create(c, VOCAB, 2, parallel.plan(c, d))
+    g = loop.Program.create(c, VOCAB, 2, parallel.plan(c, d))
     state = g.init(np.array([0, 1]), np.array([3e-3, 1e-3], np.float32))
     ms = []
     for b in bs:

@@ -14,7 +14,7 @@ import pytest
 
 from actlab import config as config_lib, core
 from actlab.config import schema, specs
-from actlab.run import compiled
+from actlab.run import loop
 from conftest import REPO, tiny, tiny_encoder
 
 
@@ -92,10 +92,10 @@ def test_the_cores_defaults_are_the_configs(cls, section):
 
 @pytest.mark.slow
 def test_the_harness_trains_the_cores_step_bitwise():
-  """The program a run trains (`compiled.Program`, R = 1) and the core's `Step` jitted alone give
+  """The program a run trains (`loop.Program`, R = 1) and the core's `Step` jitted alone give
   the same parameters after 3 steps, to the bit."""
   c = tiny()
-  program = compiled.Program.create(c, 257)
+  program = loop.Program.create(c, 257)
   decoder = core.Decoder(specs.model_spec(c, 257), specs.execution(c))
   step = core.Step(core.CausalLM(decoder, fused=c.model.loss_impl == "fused"), specs.optim(c),
                    c.data.seq_len)
@@ -106,5 +106,5 @@ def test_the_harness_trains_the_cores_step_bitwise():
                                                              c.data.seq_len + 1)).astype(np.int32)
     state, _ = program.train_step(state, program.put_batches([batch]))
     alone, _ = train_step(alone, batch)
-  for a, b in zip(jax.tree.leaves(core.one_run(state, 0)), jax.tree.leaves(alone)):
+  for a, b in zip(jax.tree.leaves(loop.one_run(state, 0)), jax.tree.leaves(alone)):
     np.testing.assert_array_equal(a, b)

@@ -16,7 +16,7 @@ from actlab.data import hf_tokenizer, synthetic, tokenizer_store
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.hf import export
 from actlab.infra import errors
-from actlab.run import compiled, pretrained, train
+from actlab.run import loop, pretrained, train
 from conftest import REPO, SHARED_DATA, tiny
 from test_classify import tiny_encoder
 from test_resume import files
@@ -32,7 +32,7 @@ RUN = {"exported_from": "test", "step": 0, "steps": 0, "finished": False, "statu
 def perturbed_params(config, vocab_size, seed=0):
   """Initial parameters plus noise, so that LayerNorms and biases are not 1 and 0 (a swapped
   name would go unnoticed at the initialisation)."""
-  params = compiled.create_step(config, vocab_size).init(seed).params
+  params = loop.create_step(config, vocab_size).init(seed).params
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
   return jax.tree.unflatten(tree, [np.asarray(x + 0.1 * jax.random.normal(k, x.shape))

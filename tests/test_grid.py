@@ -10,7 +10,7 @@ from actlab import config as config_lib
 from actlab import core, sweep
 from actlab.core import activations
 from actlab.infra import errors
-from actlab.run import compiled
+from actlab.run import loop
 from actlab.sweep import grid
 from conftest import REPO, tiny
 
@@ -118,7 +118,7 @@ def test_glu_variants_are_parameter_matched():
   names = s.axes["model.activation"]
   counts = {}
   for cell in grid.cells(config_lib.base(), s)[::len(s.seeds)]:
-    task = compiled.create_step(cell.config, 257)
+    task = loop.create_step(cell.config, 257)
     counts[cell.config.model.activation] = core.count_params(
         jax.eval_shape(task.init, 0).params)["non_embedding"]
   for plain, gated in zip(names[::2], names[1::2]):

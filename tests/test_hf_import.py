@@ -13,7 +13,7 @@ import pytest
 from actlab import tasks
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.infra import errors
-from actlab.run import compiled, pretrained, train
+from actlab.run import loop, pretrained, train
 from conftest import REPO, tiny
 from test_classify import tiny_encoder
 from test_export import RUN, perturbed_params, torch  # noqa: F401 -- torch: the fixture
@@ -36,7 +36,7 @@ def gpt2_dir(tmp_path_factory):
 
 def imported(config, vocab_size):
   """The config's model with parameters from its `train.init_from`."""
-  params = compiled.create_step(config, vocab_size).init(0).params
+  params = loop.create_step(config, vocab_size).init(0).params
   source = pretrained.init_from_config(config, vocab_size)
   return tasks.get(config).objective(config, vocab_size).model, pretrained.params_from(
       config, source, params, vocab_size)

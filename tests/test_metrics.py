@@ -17,7 +17,7 @@ from actlab import core, data
 from actlab import config as config_lib
 from actlab.measure import evaluators, metrics
 from actlab.core import attention
-from actlab.run import compiled
+from actlab.run import loop
 from conftest import tiny
 
 
@@ -28,7 +28,7 @@ from conftest import tiny
 def model_setup(request):
   c = tiny(request.param)
   ds = data.load(c)
-  task = compiled.create_step(c, ds.tokenizer.vocab_size)
+  task = loop.create_step(c, ds.tokenizer.vocab_size)
   params = jax.jit(task.init)(0).params
   return task, params, ds.val_batches()
 
@@ -83,7 +83,7 @@ def test_pooled_statistics_match_numpy(model_setup):
 @pytest.mark.slow
 def test_gated_statistics_use_the_gate_preactivation():
   c = tiny("swiglu")
-  task = compiled.create_step(c, 257)
+  task = loop.create_step(c, 257)
   params = jax.jit(task.init)(0).params
   batch = np.random.default_rng(0).integers(0, 257, (2, 33)).astype(np.int32)
   stats, inter = _captured(task, params, batch)

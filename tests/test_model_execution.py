@@ -14,7 +14,7 @@ from actlab import core, tasks
 from actlab.measure import evaluators, histogram
 from actlab.core import attention, execution
 from actlab.hf import bert
-from actlab.run import compiled
+from actlab.run import loop
 from conftest import tiny, tiny_encoder
 
 
@@ -23,7 +23,7 @@ def relative_error(a, b):
 
 
 def loss_and_grads(c, params, batch):
-  step_fns = compiled.create_step(c, 257)
+  step_fns = loop.create_step(c, 257)
   f = lambda p: step_fns.objective(p, batch, jax.random.PRNGKey(0),
                                    train=True).loss_sum
   return jax.jit(jax.value_and_grad(f))(params)
@@ -43,7 +43,7 @@ def references():
     if kind not in made:
       c = config_of(kind)
       batch = jnp.asarray(np.random.default_rng(1).integers(0, 257, (8, 33)), jnp.int32)
-      params = jax.jit(compiled.create_step(c, 257).init)(0).params
+      params = jax.jit(loop.create_step(c, 257).init)(0).params
       made[kind] = params, batch, loss_and_grads(c, params, batch)
     return made[kind]
   return get
@@ -66,7 +66,7 @@ def test_scan_and_remat_compute_the_same_function(references, remat, kind):
     assert relative_error(ref[1], got[1]) <= 1e-6
   c.model.scan_layers = True
   scan_params = execution.scanned_layout(params)
-  like = jax.eval_shape(compiled.create_step(c, 257).init, 0).params
+  like = jax.eval_shape(loop.create_step(c, 257).init, 0).params
   assert jax.tree.structure(scan_params) == jax.tree.structure(like)
   if kind == "encoder":  # BERT's names hold for the scanned layout too, both ways.
     state = bert.to_hf(params)
@@ -79,7 +79,7 @@ def test_scan_and_remat_compute_the_same_function(references, remat, kind):
 
 
 def hlo_size(c):
-  step_fns = compiled.create_step(c, 257)
+  step_fns = loop.create_step(c, 257)
   state = jax.eval_shape(step_fns.init, 0)
   batch = jax.ShapeDtypeStruct((c.train.batch_size, c.data.seq_len + 1), jnp.int32)
   return len(jax.jit(step_fns.train_step).lower(state, batch).as_text())
@@ -108,7 +108,7 @@ def test_remat_marks_every_block_for_recomputation(tiny_config):
   for scan in (False, True):
     for remat in ("none", "full", "dots"):
       c.model.update(scan_layers=scan, remat=remat)
-      step_fns = compiled.create_step(c, 257)
+      step_fns = loop.create_step(c, 257)
       state = jax.eval_shape(step_fns.init, 0)
       batch = jax.ShapeDtypeStruct((8, 33), jnp.int32)
       text = str(jax.make_jaxpr(step_fns.train_step)(state, batch))
@@ -125,7 +125,7 @@ def test_scanned_model_sows_statistics_per_layer(references):
   out = {}
   for scan in (False, True):
     c.model.scan_layers = scan
-    step_fns = compiled.create_step(c, 257)
+    step_fns = loop.create_step(c, 257)
     params = execution.scanned_layout(out[False][1]) if scan else references("decoder")[0]
     evals = evaluators.Evaluators.create(c)
     stats = jax.jit(functools.partial(evals.validation_step, step_fns))(params, batch)
@@ -145,11 +145,11 @@ def test_scanned_model_sows_statistics_per_layer(references):
 def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tiny_config):
   c = tiny_config
   batch = jnp.asarray(np.random.default_rng(3).integers(0, 257, (8, 33)), jnp.int32)
-  ref_steps = compiled.create_step(c, 257)
+  ref_steps = loop.create_step(c, 257)
   state = jax.jit(ref_steps.init)(0)
   _, ref_metrics = jax.jit(ref_steps.train_step)(state, batch)
   c.model.dtype = "bfloat16"
-  step_fns = compiled.create_step(c, 257)
+  step_fns = loop.create_step(c, 257)
   hidden, logits = (jax.eval_shape(functools.partial(step_fns.objective.model.apply, method=method),
                                    {"params": state.params}, batch[:, :-1])
                     for method in ("hidden", None))
@@ -185,7 +185,7 @@ def test_attention_impl_is_decided_up_front_and_says_why(monkeypatch):
     execution.attention_impl("cudnn", jnp.bfloat16, 64)
   c = tiny(**{"model.attention_impl": "cudnn", "model.dtype": "bfloat16"})
   with pytest.raises(ValueError, match="cuDNN needs a GPU"):
-    jax.eval_shape(compiled.create_step(c, 257).init, 0)
+    jax.eval_shape(loop.create_step(c, 257).init, 0)
   said = []
   monkeypatch.setattr(execution.logging, "warning", said.append)
   execution._warn_once.cache_clear()

@@ -19,7 +19,7 @@ from actlab import core, data
 from actlab.config import specs
 from actlab.measure import evaluators
 from actlab.tasks import mlm
-from actlab.run import compiled as compiled_lib, pretrained, train
+from actlab.run import loop as loop_lib, pretrained, train
 from conftest import tiny, tiny_encoder
 
 
@@ -36,7 +36,7 @@ def test_schedule_warmup_then_cosine_to_min():
 
 
 def test_weight_decay_mask_matrices_and_embeddings_only():
-  task = compiled_lib.create_step(tiny(), 257)
+  task = loop_lib.create_step(tiny(), 257)
   params = jax.eval_shape(task.init, 0).params
   mask = core.step.decay_mask(params)
   flat = {"/".join(k.key for k in path): v
@@ -85,7 +85,7 @@ def test_clipping_scales_the_gradient_to_clip_norm_before_adamw(clip_norm, scale
 def test_grad_norm_metric_is_the_norm_before_clipping():
   """`grad_norm` is the raw gradient's norm (computed here independently), not the clipped one."""
   c = tiny(**{"optim.clip_norm": 1e-3, "optim.warmup_steps": 0})
-  step_fns = compiled_lib.create_step(c, 257)
+  step_fns = loop_lib.create_step(c, 257)
   state = jax.jit(step_fns.init)(0)
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
   key = jax.random.fold_in(state.rng, state.step)
@@ -116,15 +116,15 @@ def dataset():
 @pytest.fixture(scope="module")
 def compiled():
   """The step functions of this module's tests, each compiled once: (config, vocab size) → the
-  config's `compiled.Program` (its init, `train_step`, `log_step`), its `core.Step`, and one
+  config's `loop.Program` (its init, `train_step`, `log_step`), its `core.Step`, and one
   run's `init` and `reference`: `Step.train_step` as defined (with diagnostics, donating
   nothing), jitted."""
   made = {}
 
   def get(config, vocab_size=257):
-    key = compiled_lib.compile_key(config, vocab_size)
+    key = loop_lib.compile_key(config, vocab_size)
     if key not in made:
-      program = compiled_lib.Program.create(config, vocab_size)
+      program = loop_lib.Program.create(config, vocab_size)
       made[key] = types.SimpleNamespace(program=program, step=program.step,
                                         init=jax.jit(program.step.init),
                                         reference=jax.jit(program.step.train_step))
@@ -136,7 +136,7 @@ def compiled():
 def test_train_step_is_pure(compiled, dataset):
   c = tiny()
   fns = compiled(c)
-  state = core.one_run(fns.program.start([c]), 0)
+  state = loop_lib.one_run(fns.program.start([c]), 0)
   batch = dataset.train_batch(0)
   jit_state, jit_metrics = fns.reference(state, batch)
   again_state, _ = fns.reference(state, batch)  # same input → same output, input untouched
@@ -155,13 +155,13 @@ def test_one_run_program_is_the_plain_step_bitwise(compiled, dataset):
   fns = compiled(c)
   program = fns.program
   state = program.start([c])
-  plain = core.one_run(jax.device_get(state), 0)
+  plain = loop_lib.one_run(jax.device_get(state), 0)
   plain_step = jax.jit(functools.partial(fns.step.train_step, diagnostics=False))
   for k in range(10):
     batch = dataset.train_batch(k)
     state, _ = program.train_step(state, program.put_batches([batch]))
     plain, _ = plain_step(plain, batch)
-  for a, b in zip(jax.tree.leaves(core.one_run(state, 0)), jax.tree.leaves(plain)):
+  for a, b in zip(jax.tree.leaves(loop_lib.one_run(state, 0)), jax.tree.leaves(plain)):
     np.testing.assert_array_equal(a, b)
 
 
@@ -171,10 +171,10 @@ def test_loss_falls_over_50_steps(compiled, dataset):
   program = compiled(c).program
   eval_step = jax.jit(functools.partial(LOSS.validation_step, program.step))
   state = program.start([c])
-  before = val_loss(eval_step, core.one_run(state.params, 0), dataset)
+  before = val_loss(eval_step, loop_lib.one_run(state.params, 0), dataset)
   for k in range(50):
     state, _ = program.train_step(state, program.put_batches([dataset.train_batch(k)]))
-  after = val_loss(eval_step, core.one_run(state.params, 0), dataset)
+  after = val_loss(eval_step, loop_lib.one_run(state.params, 0), dataset)
   assert after < before - 1.0, (before, after)
 
 
@@ -182,7 +182,7 @@ def test_loss_falls_over_50_steps(compiled, dataset):
 def test_overfits_one_batch(dataset):
   c = tiny(**{"model.d_model": 64, "model.d_ff": 256, "optim.lr": 1e-2, "train.steps": 100,
               "train.batch_size": 4})
-  task = compiled_lib.create_step(c, dataset.tokenizer.vocab_size)
+  task = loop_lib.create_step(c, dataset.tokenizer.vocab_size)
   step = jax.jit(task.train_step, donate_argnums=0)
   state = jax.jit(task.init)(0)
   batch = dataset.train_batch(0)[:4]
@@ -264,7 +264,7 @@ def test_run_writes_workdir_contract(runs):
   assert saved["final_test_loss"] != saved["final_val_loss"]
   # The gradient norm at the initial parameters: step 0's, recorded in the first row only.
   assert ["grad_norm_init" in r for r in rows] == [False, True, False, False]
-  program = compiled_lib.get(c, saved["vocab_size"], cache=run.cache)
+  program = loop_lib.get(c, saved["vocab_size"], cache=run.cache)
   first = data.load(c).train_batch(0)
   _, m0 = program.train_step(program.start([c]), program.put_batches([first]))
   assert saved["grad_norm_init"] == rows[1]["grad_norm_init"] == float(m0["grad_norm"][0])
@@ -293,7 +293,7 @@ def test_rows_keep_the_largest_grad_norm_of_every_step(runs):
   run = runs[31]
   c = run.config
   ds = data.load(c)
-  program = compiled_lib.get(c, ds.tokenizer.vocab_size, cache=run.cache)
+  program = loop_lib.get(c, ds.tokenizer.vocab_size, cache=run.cache)
   state, norms = program.start([c]), []
   for k in range(c.train.steps):
     state, m = program.train_step(state, program.put_batches([ds.train_batch(k)]))
@@ -340,16 +340,16 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
   batch = program.put_batches([batch])
   plain, m_plain = program.train_step(jax.device_put(old, program.shardings), batch)
   logged, m_log = program.log_step(jax.device_put(old, program.shardings), batch)
-  old, m_log = core.one_run(old, 0), core.one_run(m_log, 0)
+  old, m_log = loop_lib.one_run(old, 0), loop_lib.one_run(m_log, 0)
   for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(logged)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-10)
   assert set(m_log) - set(m_plain) == {"update_norm", "param_norm", "train_attn_logit_max",
                                        "train_attn_entropy_min", "train_logz_mean"}
   for k in m_plain:
     np.testing.assert_allclose(m_plain[k], m_log[k], rtol=1e-6)
-  _, m_ref = fns.reference(old, core.one_run(batch, 0))  # the definition
+  _, m_ref = fns.reference(old, loop_lib.one_run(batch, 0))  # the definition
   assert {k: float(v) for k, v in m_ref.items()} == {k: float(v) for k, v in m_log.items()}
-  new_params = jax.device_get(core.one_run(logged.params, 0))
+  new_params = jax.device_get(loop_lib.one_run(logged.params, 0))
   updates = jax.tree.map(lambda new, prev: np.float64(new) - np.float64(prev), new_params,
                          old.params)
   np.testing.assert_allclose(m_log["param_norm"], optax.tree.norm(new_params), rtol=1e-6)
@@ -397,7 +397,7 @@ def test_z_loss_is_trained_but_logged_apart(compiled):
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
   fns, off = compiled(c), compiled(tiny())
   state = jax.device_get(fns.init(0, c.optim.lr))
-  run_metrics = lambda program: core.one_run(
+  run_metrics = lambda program: loop_lib.one_run(
       program.train_step(program.stack([state]), program.put_batches([batch]))[1], 0)
   m, m_off = run_metrics(fns.program), run_metrics(off.program)
   key = jax.random.fold_in(state.rng, state.step)

@@ -1,4 +1,4 @@
-"""Vectorized runs (`train.run_group`: one `compiled_lib.Program` for R runs) equal sequential runs,
+"""Vectorized runs (`train.run_group`: one `loop_lib.Program` for R runs) equal sequential runs,
 cell by cell; an interrupted group resumes exactly; a diverging run leaves the others alone."""
 
 import json
@@ -11,13 +11,13 @@ import pytest
 
 from actlab import sweep
 from actlab.infra.checkpoint import Checkpoints
-from actlab.run import compiled as compiled_lib, train
+from actlab.run import loop as loop_lib, train
 from conftest import tiny
 from tree_utils import tree_max_abs_diff
 
 TOL = 1e-6
 # The wall clock, and where and when a run ran: differ between any two runs.
-RUN_SPECIFIC = {"tokens_per_sec", "wall_time_sec", "train_time_sec", "provenance"}
+RUN_SPECIFIC = {"tokens_per_sec", "wall_time_sec", "train_time_sec", "provenance", "timing"}
 
 
 def cell_config(lr, seed, **overrides):
@@ -57,7 +57,7 @@ def without_key_bias(params):
 
 
 def final_params(workdir, config):
-  like = jax.eval_shape(compiled_lib.create_step(config, 257).init, 0, config.optim.lr)
+  like = jax.eval_shape(loop_lib.create_step(config, 257).init, 0, config.optim.lr)
   ck = Checkpoints((workdir / "checkpoints").absolute(), 3, read_only=True)
   try:
     return ck.restore(ck.latest_step(), like)[0].params
@@ -155,9 +155,9 @@ def test_diverging_run_leaves_the_other_unaffected_and_both_resume(uninterrupted
 
 def test_group_refuses_other_differences():
   a, b = cell_config(1e-3, 0), cell_config(1e-3, 0, **{"model.d_ff": 128})
-  with pytest.raises(compiled_lib.GroupError, match="model.d_ff"):
-    compiled_lib.check_group([a, b])
-  compiled_lib.check_group([a, cell_config(3e-3, 5)])  # LR and seed may differ
+  with pytest.raises(loop_lib.GroupError, match="model.d_ff"):
+    loop_lib.check_group([a, b])
+  loop_lib.check_group([a, cell_config(3e-3, 5)])  # LR and seed may differ
 
 
 @pytest.mark.slow

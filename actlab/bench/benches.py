@@ -18,7 +18,7 @@ import ml_collections
 
 from actlab import core, tasks
 from actlab.data import tokenizer
-from actlab.run import compiled
+from actlab.run import loop
 
 
 def _busy_ticks() -> int | None:
@@ -113,7 +113,7 @@ class JaxBench:
 
   def setup(self, warmup: int) -> dict:
     c = self.config
-    program = compiled.Program.create(c, self.vocab, self.runs)
+    program = loop.Program.create(c, self.vocab, self.runs)
     self.state = program.start([c] * self.runs)
     self.batch = program.put_batches([tasks.get(c).random_batch(c, self.vocab, s)
                                       for s in range(self.runs)])

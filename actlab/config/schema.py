@@ -137,6 +137,10 @@ class Train:
                                 # save_pretrained directory; the FFN activation stays this
                                 # config's, docs/huggingface.md); "" = random init
   progress: bool = field(True, boolean)  # tqdm progress bar on stderr
+  compile_cache: str = field("auto", text('"auto", "off" or a folder'))  # where compiled
+                                # programs are kept for the next run (docs/performance.md):
+                                # "auto" = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/actlab/xla;
+                                # "off"; or a folder
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,15 +14,14 @@ from actlab.core.attention import AttentionStats
 from actlab.core.encoder import Classifier, Encoder, MaskedLM, Specials
 from actlab.core.execution import Execution
 from actlab.core.spec import Spec, ffn_width, gated, pad_vocab
-from actlab.core.step import (EVAL_SEED, OptimSpec, Step, TrainState, one_run, optimizer,
-                              over_runs)
+from actlab.core.step import EVAL_SEED, OptimSpec, Step, TrainState, optimizer
 from actlab.core.transformer import (CausalLM, Decoder, FFNStats, Objective, Sums, apply,
                                      per_layer)
 
 __all__ = ["AttentionStats", "CausalLM", "Classifier", "Decoder", "EVAL_SEED", "Encoder",
            "Execution", "FFNStats", "MaskedLM", "Objective", "OptimSpec", "Spec", "Specials",
-           "Step", "Sums", "TrainState", "apply", "count_params", "ffn_width", "gated", "one_run",
-           "optimizer", "over_runs", "pad_vocab", "param_count", "per_layer"]
+           "Step", "Sums", "TrainState", "apply", "count_params", "ffn_width", "gated",
+           "optimizer", "pad_vocab", "param_count", "per_layer"]
 
 
 def count_params(params) -> dict[str, int]:

@@ -1,12 +1,11 @@
 """One run's training step, pure: the optimizer (`OptimSpec`: clip → AdamW with warm-up and
 cosine), the `TrainState`, and `Step`: `init(seed, peak_lr)`, `train_step(state, batch)` and
-`eval_step(params, batch)` of an `Objective` (transformer.py). `over_runs` maps a step over a
-leading axis of R runs, so R runs that differ only in LR and seed share one compiled program.
+`eval_step(params, batch)` of an `Objective` (transformer.py).
 """
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any
 
 import flax
 import jax
@@ -146,22 +145,3 @@ def stability(out: Sums) -> dict:
     return out
   return {"train_attn_logit_max": jnp.max(jnp.stack([a.logit_max for a in attn])),
           "train_attn_entropy_min": jnp.min(jnp.stack([a.entropy_H for a in attn])), **out}
-
-
-def over_runs(fn: Callable, runs: int, in_axes: tuple | int = 0) -> Callable:
-  """One run's `fn` over the leading run axis of its arguments (`in_axes`: 0, or None for an
-  argument the runs share) and results: `jax.vmap` for R > 1 runs; for R = 1 the axis is
-  indexed away and put back, so that a single run compiles (and rounds) as `fn` does."""
-  if runs > 1:
-    return jax.vmap(fn, in_axes=in_axes)
-
-  def one(*args):
-    axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
-    args = [a if axis is None else one_run(a, 0) for a, axis in zip(args, axes)]
-    return jax.tree.map(lambda x: jnp.expand_dims(x, 0), fn(*args))
-  return one
-
-
-def one_run(tree: Any, r: int) -> Any:
-  """Run r's part of a stacked tree: a state, metrics or device results."""
-  return jax.tree.map(lambda x: x[r], tree)

@@ -29,6 +29,7 @@ class WorkdirError(UserError):
 # Fields that say how or where a run executes, not what it computes: they may change when a run
 # resumes (each segment's values are in provenance.json).
 RUNTIME_FIELDS = ("parallel.", "sweep.", "train.progress", "train.keep_checkpoints",
+                  "train.compile_cache",
                   "metrics.tensorboard", "metrics.wandb_", "metrics.ffn_hist_", "data.dir",
                   "data.manual_dir", "data.gpt2_dir")
 
@@ -229,7 +230,8 @@ ADDED_FIELDS = {("train", "init_from"): "",  # decoders since 0.1.0 (encoders al
                 # The block options: every run before them built GPT-2's or BERT's block.
                 ("model", "norm_type"): "layer", ("model", "position"): "learned",
                 ("model", "rope_theta"): 10000.0, ("model", "bias"): True,
-                ("model", "tie_head"): True, ("model", "ffn"): "auto"}
+                ("model", "tie_head"): True, ("model", "ffn"): "auto",
+                ("train", "compile_cache"): "auto"}
 
 
 def with_added_fields(config: dict) -> dict:

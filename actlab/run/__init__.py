@@ -1,3 +1,3 @@
-"""The engine: runs from their config to a trained state (train → compiled → loop, a lane per
+"""The engine: runs from their config to a trained state (train → loop and its program, a lane per
 run), the trackers their rows go to, and parameters from elsewhere (`pretrained`); what it stands
 on (devices, the run directory, checkpoints, the metrics log) is actlab/infra/."""

@@ -140,8 +140,10 @@ class Lane:
       for writer in self.writers:
         closing.callback(writer.close, self.summary)
 
-  def finish(self, counts: dict, vocab_size: int, wall_time: float, runs: int) -> dict:
-    """Writes summary.json (with `vectorized_runs` when `runs` > 1) and returns it."""
+  def finish(self, counts: dict, vocab_size: int, wall_time: float, runs: int,
+             timing: dict) -> dict:
+    """Writes summary.json (with `vectorized_runs` when `runs` > 1, and `timing`: what this
+    process compiled, and the seconds its measurements took) and returns it."""
     steady = self.rates[1:] or self.rates  # Steady state: the first interval includes compilation.
     c = self.config
     verdict = metrics_lib.verdict(
@@ -165,6 +167,10 @@ class Lane:
         "vocab_size": vocab_size,
         **self.task.baselines(c, self.dataset),
         **({"vectorized_runs": runs} if runs > 1 else {}),
+        # Where this process's time went (docs/performance.md): compiling, to the first step,
+        # measuring, and measurement's share of the loop's wall time.
+        "timing": {**timing, "measure_share": sum(timing["measure_sec"].values())
+                   / max(wall_time, 1e-9)},
     })
     summary["provenance"] = self.segments
     workdir_lib.write_json(self.run_dir.logdir / "summary.json", summary)

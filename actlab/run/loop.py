@@ -1,78 +1,288 @@
-"""The training loop: R ≥ 1 runs of one program (`compiled.Program`), each a `Lane` (lane.py: its
+"""The training loop and the program it runs: R ≥ 1 runs of one config, each a `Lane` (lane.py: its
 run directory's files), trained step by step with logging, evaluation, checkpoints and signals.
 
-The loop's only host syncs are at log, evaluation and checkpoint steps. A run whose loss or
-parameters turn non-finite stops being logged and checkpointed (its divergence is its result);
-the others go on. SIGINT/SIGTERM: the step under way finishes, is checkpointed, and `Interrupted`
-says which step.
+`Program` jits the core's pure `Step` for R runs whose states are stacked on a leading run axis
+(`over_runs`), with explicit shardings (infra/parallel.py); one run is R = 1. The runs may differ
+in `optim.lr` and `train.seed`, which live in the state, so a sweep's cells share one program
+(tests/test_vectorized.py: R runs equal R single runs). The programs a run compiles, each once
+(infra/compile_cache.py keeps them for the next run): `init`; `train_step`; `log_step`, the same
+step with the diagnostics of a logged step; `eval_step`, every validation evaluator in one forward
+pass; `sharpness_step`, the power iteration (when on); `unstack`, one run's state out of R for its
+checkpoint. All but `init` compile in threads while the step-0 evaluation and the first steps run.
+
+The loop's only host syncs are at log, evaluation and checkpoint steps, each a step behind where it
+can be. A run whose loss or parameters turn non-finite stops being logged and checkpointed (its
+divergence is its result); the others go on. SIGINT/SIGTERM: the step under way finishes, is
+checkpointed, and `Interrupted` says which step.
 """
 
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
+import json
+import os
+import pathlib
 import signal
 import time
+from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import tqdm
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from actlab import core
+from actlab import core, tasks
+from actlab.config import specs
+from actlab.infra import compile_cache, parallel, workdir
 from actlab.infra.errors import UserError
-from actlab.measure import evaluators
+from actlab.measure import evaluators as evaluators_lib
 from actlab.measure import metrics as metrics_lib
-from actlab.run import compiled
 from actlab.run.lane import Lane
 
 
-def train_lanes(program: compiled.Program, lanes: list[Lane], state, start: int,
-                vocab_size: int) -> list[dict]:
+# --- The program --------------------------------------------------------------------------------
+
+def over_runs(fn: Callable, runs: int, in_axes: tuple | int = 0, name: str | None = None):
+  """One run's `fn` over the leading run axis of its arguments (`in_axes`: 0, or None for an
+  argument the runs share) and results: `jax.vmap` for R > 1 runs; for R = 1 the axis is indexed
+  away and put back, so that a single run compiles (and rounds) as `fn` does. `name`: the
+  program's name in JAX's logs and the compile tally."""
+  mapped = jax.vmap(fn, in_axes=in_axes)
+
+  def one(*args):
+    if runs > 1:
+      return mapped(*args)
+    axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+    args = [a if axis is None else one_run(a, 0) for a, axis in zip(args, axes)]
+    return jax.tree.map(lambda x: jnp.expand_dims(x, 0), fn(*args))
+  one.__name__ = one.__qualname__ = name or getattr(fn, "__name__", "one")
+  return one
+
+
+def one_run(tree: Any, r: int) -> Any:
+  """Run r's part of a stacked tree: a state, metrics or device results."""
+  return jax.tree.map(lambda x: x[r], tree)
+
+
+class Ahead:
+  """A jitted function compiled in a thread (`start`) for the arguments it will be called with;
+  a call waits for it. Before `start` (or for other arguments) it is the jitted function."""
+
+  def __init__(self, jitted: Callable):
+    self.jitted, self.compiled = jitted, None
+
+  def start(self, pool: concurrent.futures.Executor, *like) -> None:
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+        like)
+    self.compiled = pool.submit(lambda: self.jitted.lower(*abstract).compile())
+
+  def __call__(self, *args):
+    return (self.compiled.result() if self.compiled else self.jitted)(*args)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """A config's `core.Step` jitted for R runs (their LRs and seeds may differ): states, metrics
+  and device results have a leading, unsplit run axis of R; the validation and sharpness
+  batches are shared by the runs."""
+  step: core.Step
+  plan: parallel.Plan
+  runs: int
+  shardings: core.TrainState  # of the stacked state
+  run_like: core.TrainState   # one run's state as abstract arrays with their shardings: what a
+                              # checkpoint restores into
+  init: Callable        # ([R] seeds, [R] peak LRs) -> core.TrainState
+  train_step: Ahead     # (state, batch) -> (state, metrics); donates the state
+  log_step: Ahead       # the same step with `diagnostics`: for the steps the loop logs
+  evaluators: evaluators_lib.Evaluators
+  eval_step: Ahead      # (params, batch) -> the validation evaluators' device values
+  sharpness_step: Ahead | None  # (params, batch) -> top Hessian eigenvalues; None when off
+  unstack: Ahead        # state -> [R] single runs' states
+
+  @classmethod
+  def create(cls, config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
+             plan: parallel.Plan | None = None) -> "Program":
+    step = create_step(config, vocab_size)
+    plan = plan or parallel.plan(config)
+    shape = jax.eval_shape(step.init, 0, 1.0)
+    run_shardings = plan.state_shardings(shape)
+    run_like = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            shape, run_shardings)
+    state = jax.tree.map(lambda s: NamedSharding(plan.mesh, P(None, *s.spec)), run_shardings)
+    batch, shared_batch = plan.batch_sharding(2, stacked=True), plan.batch_sharding(1)
+    evaluators = evaluators_lib.Evaluators.create(config)
+    jit_step = lambda diagnostics, name: Ahead(jax.jit(
+        over_runs(functools.partial(step.train_step, diagnostics=diagnostics), runs, name=name),
+        donate_argnums=0, in_shardings=(state, batch), out_shardings=(state, plan.replicated)))
+    on_params = lambda fn, name: Ahead(jax.jit(
+        over_runs(functools.partial(fn, step), runs, (0, None), name=name),
+        in_shardings=(state.params, shared_batch)))
+    def unstack(s):
+      return [one_run(s, r) for r in range(runs)]
+    return cls(step, plan, runs, state, run_like,
+               init=jax.jit(over_runs(step.init, runs, name="init"), out_shardings=state),
+               train_step=jit_step(False, "train_step"), log_step=jit_step(True, "log_step"),
+               evaluators=evaluators,
+               eval_step=on_params(evaluators.validation_step, "eval_step"),
+               sharpness_step=evaluators.sharpness and on_params(evaluators.sharpness,
+                                                                 "sharpness_step"),
+               unstack=Ahead(jax.jit(unstack, out_shardings=[run_shardings] * runs)))
+
+  def start(self, configs: Sequence[ml_collections.ConfigDict]) -> core.TrainState:
+    """The initial state of the runs of `configs` (their seeds and peak LRs)."""
+    return self.init(np.array([c.train.seed for c in configs]),
+                     np.array([c.optim.lr for c in configs], np.float32))
+
+  def stack(self, states: Sequence[core.TrainState]) -> core.TrainState:
+    """Single runs' states (restored checkpoints) as this program's state: stacked in host memory
+    where this process holds them whole (no XLA program to compile at a resume), else by XLA."""
+    held = lambda x: getattr(x, "is_fully_addressable", True)  # numpy: always
+    stack = lambda *xs: np.stack(jax.device_get(xs)) if all(map(held, xs)) else jnp.stack(xs)
+    return jax.device_put(jax.tree.map(stack, *states), self.shardings)
+
+  def put_batches(self, batches: list) -> Any:
+    """One host batch per run → the devices, stacked."""
+    return self.plan.shard_batch(jax.tree.map(lambda *xs: np.stack(xs), *batches), stacked=True)
+
+  def compile_ahead(self, pool, state, batch, val_batch, sharpness_batch) -> None:
+    """Starts compiling, in `pool`'s threads, every program the loop will call, in the order it
+    needs them: the step-0 evaluation's first."""
+    self.eval_step.start(pool, state.params, val_batch)
+    if self.sharpness_step:
+      self.sharpness_step.start(pool, state.params, sharpness_batch)
+    if batch is not None:  # Else the run is at its last step: nothing to train.
+      self.train_step.start(pool, state, batch)
+      self.log_step.start(pool, state, batch)
+    self.unstack.start(pool, state)
+
+
+def create_step(config: ml_collections.ConfigDict, vocab_size: int) -> core.Step:
+  """The config's `core.Step`: its task's objective and the optimizer."""
+  return core.Step(tasks.get(config).objective(config, vocab_size), specs.optim(config),
+                   config.data.seq_len)
+
+
+class GroupError(UserError, ValueError):
+  """The runs cannot share one program; the message says why."""
+
+
+def compile_key(config: ml_collections.ConfigDict, vocab_size: int) -> str:
+  """The config as the compiled functions see it: everything but the peak LR, the seed, where
+  the initial parameters come from (`train.init_from`) and the runtime fields."""
+  c = config.to_dict()
+  c["optim"]["lr"] = c["train"]["seed"] = None
+  c["train"].pop("init_from", None)
+  c["train"].pop("compile_cache", None)
+  return json.dumps({"config": c, "vocab_size": vocab_size}, sort_keys=True, default=str)
+
+
+def check_group(configs: Sequence[ml_collections.ConfigDict]) -> None:
+  """Raises unless the configs differ only in `optim.lr` and `train.seed`."""
+  base = json.loads(compile_key(configs[0], 0))["config"]
+  for c in configs[1:]:
+    diffs = workdir.diff_configs(base, json.loads(compile_key(c, 0))["config"])
+    if diffs:
+      raise GroupError("runs trained as one program may differ only in optim.lr and train.seed; "
+                       "these also differ: " + "; ".join(diffs))
+
+
+def get(config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
+        cache: dict | None = None) -> Program:
+  """`Program.create`, reused from `cache` (a plain dict the caller owns) when one was made for
+  the same `compile_key` and number of runs: a sweep passes one cache to all its runs."""
+  if cache is None:
+    return Program.create(config, vocab_size, runs)
+  key = (runs, compile_key(config, vocab_size))
+  if key not in cache:
+    cache[key] = Program.create(config, vocab_size, runs)
+  return cache[key]
+
+
+# --- The loop -----------------------------------------------------------------------------------
+
+def train_lanes(program: Program, lanes: list[Lane], state, start: int, vocab_size: int,
+                compiles: compile_cache.Tally) -> list[dict]:
   """Trains `lanes` (run r of `program` is `lanes[r]`) from step `start` (all at the same step,
-  with the same schedule) and writes and returns their summaries, in order."""
+  with the same schedule) and writes and returns their summaries, in order, with what the process
+  compiled for them (`compiles`)."""
   with contextlib.ExitStack() as closing:  # The trackers last: W&B logs the summary.
     for lane in lanes:
       closing.callback(lane.close_writers)
-    return _train(program, lanes, state, start, vocab_size)
+    return _train(program, lanes, state, start, vocab_size, compiles)
 
 
-def _train(program: compiled.Program, lanes: list[Lane], state, start: int,
-           vocab_size: int) -> list[dict]:
-  """The loop itself: one step, then whatever that step is due for (`Due`)."""
-  t = lanes[0].config.train
+def _train(program: Program, lanes: list[Lane], state, start: int, vocab_size: int,
+           compiles: compile_cache.Tally) -> list[dict]:
+  """The loop itself: one step, then whatever that step is due for, each a plain `if`."""
+  config = lanes[0].config
+  t, sharpness = config.train, program.evaluators.sharpness
   counts = core.count_params(program.run_like.params)
   print(start_line(lanes, counts, start), flush=True)
-  work = Periodic(program, lanes, start)
+  rows = Rows(program, lanes, config, start)
+  if config.metrics.sharpness_every and sharpness is None:
+    print(f"actlab: no sharpness estimates: metrics.sharpness_every "
+          f"({config.metrics.sharpness_every}) is more than train.steps ({t.steps}), so "
+          "none would follow step 0's (docs/metrics.md §5)", flush=True)
   stop = StopRequest()
   batches = Prefetch(program, lanes, t.steps)
-  stopped_at = None
+  compiling = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+  program.compile_ahead(compiling, state, batches.peek(start), rows.val_batches[0],
+                        rows.sharpness_batch)
+  pending, behind, stopped_at = [], None, None  # behind: a plain row, written a step late
   try:
     if start == 0:
-      work.first_row(state)
-    work.start_clock()
+      rows.first(state)
+    rows.start_clock()
     for step in range(start, t.steps):
       done = step + 1
-      due = work.due(done)
-      state, metrics = (program.log_step if due.log else program.train_step)(
+      last = done == t.steps
+      evaluate = done % t.eval_every == 0 or last
+      sharp = sharpness is not None and done % sharpness.every == 0
+      log = done % t.log_every == 0 or evaluate or sharp
+      checkpoint = done % t.checkpoint_every == 0 or last
+
+      state, metrics = (program.log_step if log else program.train_step)(
           state, batches.take(step))
-      work.dispatched(metrics)
-      work.write_row_behind()  # The last row's metrics, fetched while this step runs.
-      if work.all_stopped:
+      if step == start:
+        rows.startup_sec = since_process_start()
+      if program.plan.sync_each_step:  # simulated CPU devices: parallel.Plan.sync_each_step
+        jax.block_until_ready(metrics)
+      pending.append(metrics)  # Kept on the device until its row.
+      if behind is not None:  # The last plain row, fetched while this step runs.
+        rows.write(*behind, log_now=True)
+        behind = None
+      if rows.all_stopped:
         break
       stopping = stop.signum is not None  # Read once: a signal during the host work below
       # is acted on after the next step, never between deciding to save and stopping.
-      save = due.checkpoint or stopping
-      if save or due.evaluate or due.sharpness:  # What reads the state now; a plain row waits.
-        work.write_row_now(state, done, due, save)
-        if work.all_stopped:
+      save = checkpoint or stopping
+      if save or evaluate or sharp:  # What reads the state now; a plain row waits.
+        since_row = rows.write(done, pending, log_now=log, state=state,
+                               evaluate=evaluate, sharp=sharp, test=last)
+        if log:
+          pending = []
+        if save:
+          runs = program.unstack(state)
+          for r, lane in enumerate(lanes):
+            if not lane.stopped:
+              lane.save(done, runs[r], [] if log else since_row[r])
+        if not pending:
+          rows.start_clock()  # After the host work (logging, evaluation, checkpoint).
+        if rows.all_stopped:
           break
         if stopping:
           stopped_at = done
           break
-      elif due.log:
-        work.defer_row(done)
+      elif log:
+        behind, pending = (done, pending), []
   finally:
-    work.bar.close()
+    rows.bar.close()
     batches.pool.shutdown(wait=True)
+    compiling.shutdown(wait=True, cancel_futures=True)
     stop.restore()
     with contextlib.ExitStack() as closing:  # Every lane, whatever one of them raises.
       for lane in lanes:  # Waits for the checkpoint being written (and raises its error).
@@ -84,28 +294,25 @@ def _train(program: compiled.Program, lanes: list[Lane], state, start: int,
             else f"latest checkpoints: {sorted(saved)}")
     raise Interrupted(f"stopped by signal {stop.signum} after step {stopped_at}; {what}; "
                       "rerun the same command to resume", stop.signum)
-  return [lane.finish(counts, vocab_size, work.wall_time(), len(lanes)) for lane in lanes]
-
-
-@dataclasses.dataclass(frozen=True)
-class Due:
-  """What a step is due for: a row, an evaluation (the last: and the test windows), a sharpness
-  estimate, a checkpoint."""
-  log: bool
-  evaluate: bool
-  sharpness: bool
-  checkpoint: bool
-  last: bool
+  timing = {"compile": compiles.summary(), "startup_sec": rows.startup_sec,
+            "measure_sec": rows.measure_sec}
+  return [lane.finish(counts, vocab_size, rows.wall_time(), len(lanes), timing)
+          for lane in lanes]
 
 
 class Prefetch:
   """Batch k + 1, built and sent to the devices (this host's rows only) by a thread while step k
   runs."""
 
-  def __init__(self, program: compiled.Program, lanes: list[Lane], steps: int):
+  def __init__(self, program: Program, lanes: list[Lane], steps: int):
     self.pool, self.next = concurrent.futures.ThreadPoolExecutor(max_workers=1), None
     self.fetch = lambda k: self.pool.submit(lambda: program.put_batches(
         [lane.dataset.train_batch(k) for lane in lanes])) if k < steps else None
+
+  def peek(self, k: int):
+    """Batch k, kept for `take(k)` (None past the last step)."""
+    self.next = self.next or self.fetch(k)
+    return self.next and self.next.result()
 
   def take(self, k: int):
     batch = (self.next or self.fetch(k)).result()
@@ -113,57 +320,40 @@ class Prefetch:
     return batch
 
 
-class Periodic:
-  """The loop's work besides the step: what a step is due for, the step metrics since the last
-  row (fetched only at rows and checkpoints), rows with evaluations and sharpness, checkpoints."""
+class Rows:
+  """What the loop writes: each lane's rows of step metrics (fetched at rows and checkpoints only),
+  with evaluations and sharpness where due, their cost (`measure_sec`), the clock and the bar."""
 
-  def __init__(self, program: compiled.Program, lanes: list[Lane], start: int):
-    config = lanes[0].config
-    self.program, self.lanes, self.t = program, lanes, config.train
+  def __init__(self, program: Program, lanes: list[Lane], config: ml_collections.ConfigDict,
+               start: int):
+    self.program, self.lanes, self.evaluators = program, lanes, program.evaluators
     self.tokens_per_step = config.train.batch_size * config.data.seq_len
-    plan, self.evaluators = program.plan, program.evaluators
-    self.val_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches()]  # Once.
-    self.test_batches = [plan.shard_batch(b) for b in lanes[0].dataset.val_batches(test=True)]
+    plan, dataset = program.plan, lanes[0].dataset
+    self.val_batches = [plan.shard_batch(b) for b in dataset.val_batches()]  # Once.
+    self.test_batches = [plan.shard_batch(b) for b in dataset.val_batches(test=True)]
     # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.
-    self.sharpness_batch = (
-        plan.shard_batch(dataclasses.replace(lanes[0].dataset, seed=0).train_batch(0))
-        if program.sharpness_step else None)
-    if config.metrics.sharpness_every and self.evaluators.sharpness is None:
-      print(f"actlab: no sharpness estimates: metrics.sharpness_every "
-            f"({config.metrics.sharpness_every}) is more than train.steps ({self.t.steps}), so "
-            "none would follow step 0's (docs/metrics.md §5)", flush=True)
+    self.sharpness_batch = (plan.shard_batch(dataclasses.replace(dataset, seed=0).train_batch(0))
+                            if program.sharpness_step else None)
     # A bar for a single run; its description says what it does (evaluation can take long).
-    self.bar = tqdm.tqdm(total=self.t.steps, initial=start, unit="step", dynamic_ncols=True,
-                         disable=not self.t.progress or len(lanes) > 1)
-    self.pending = []     # the device metrics of the steps since the last row
-    self.row_due = None   # (step, its pending): a row written once the next step is under way
+    self.bar = tqdm.tqdm(total=config.train.steps, initial=start, unit="step", dynamic_ncols=True,
+                         disable=not config.train.progress or len(lanes) > 1)
+    self.measure_sec = {"evaluation": 0.0, "sharpness": 0.0}
+    self.startup_sec = None  # from the process's start to the first step's dispatch
     self.t0 = self.wall0 = None
-
-  def due(self, done: int) -> Due:
-    t, sharpness = self.t, self.evaluators.sharpness
-    last = done == t.steps
-    evaluate = done % t.eval_every == 0 or last
-    sharp = sharpness is not None and done % sharpness.every == 0
-    return Due(log=done % t.log_every == 0 or evaluate or sharp, evaluate=evaluate,
-               sharpness=sharp, checkpoint=done % t.checkpoint_every == 0 or last, last=last)
 
   @property
   def all_stopped(self) -> bool:
     return all(lane.stopped for lane in self.lanes)
 
   def start_clock(self):
-    self.bar.set_description("training")
-    self.t0 = self.wall0 = time.perf_counter()
+    self.bar.set_description("training", refresh=False)
+    self.t0 = time.perf_counter()
+    self.wall0 = self.wall0 or self.t0
 
   def wall_time(self) -> float:
     return time.perf_counter() - self.wall0
 
-  def dispatched(self, metrics):
-    if self.program.plan.sync_each_step:  # simulated CPU devices: parallel.Plan.sync_each_step
-      jax.block_until_ready(metrics)
-    self.pending.append(metrics)  # Kept on the device until its row.
-
-  def first_row(self, state):
+  def first(self, state):
     """Step 0's row: the evaluations at initialisation."""
     evals = self.evaluate(state.params)
     sharp = self.sharpness(state.params) if self.program.sharpness_step else None
@@ -171,78 +361,22 @@ class Periodic:
       lane.write({"step": 0, **evals[r], **({} if sharp is None else
                                               {"sharpness": float(sharp[r])})})
 
-  def defer_row(self, done: int):
-    """A plain row: written after the next step is dispatched (`write_row_behind`)."""
-    self.row_due, self.pending = (done, self.pending), []
-
-  def write_row_behind(self):
-    if self.row_due is None:
-      return
-    done, pending = self.row_due
-    _, logged = self.fetch_rows(done, pending, True)
-    now = time.perf_counter()
-    self.write_rows(done, logged, len(pending), now - self.t0)
-    self.row_due, self.t0 = None, now
-
-  def write_row_now(self, state, done: int, due: Due, save: bool):
-    """The step's row (if due) with its evaluation and sharpness, and its checkpoint (`save`)."""
-    since_row, logged = self.fetch_rows(done, self.pending, due.log)
+  def write(self, done: int, pending: list, log_now: bool, state=None, evaluate=False,
+            sharp=False, test=False) -> dict:
+    """Fetches `pending` (the loop's only host sync) and writes each running lane's row where it
+    logs now (`log_now`) or has diverged, with the evaluation and sharpness of `state` where due;
+    returns each lane's step metrics since its last row."""
+    since_row, logged = self.fetch(done, pending, log_now)
     elapsed = time.perf_counter() - self.t0
     healthy = any(self.lanes[r].diverged_at is None for r in logged)
-    evals = self.evaluate(state.params, test=due.last) if due.evaluate and healthy else None
-    sharp = self.sharpness(state.params) if due.sharpness and healthy else None
+    evals = self.evaluate(state.params, test) if evaluate and healthy else None
+    sharps = self.sharpness(state.params) if sharp and healthy else None
     self.bar.set_description("training", refresh=False)
-    self.write_rows(done, logged, len(self.pending), elapsed, evals, sharp)
-    if due.log:
-      self.pending = []
-    for r, lane in enumerate(self.lanes):
-      if save and not lane.stopped:
-        lane.save(done, core.one_run(state, r), [] if due.log else since_row[r])
-    if not self.pending:  # Restart the clock after host work (logging, eval, checkpoint).
-      self.t0 = time.perf_counter()
-
-  def evaluate(self, params, test: bool = False) -> list[dict]:
-    """Every lane's validation metrics (one pass); with `test`, also the test windows', `test_*`."""
-    self.bar.set_description("evaluating")
-    outs = jax.device_get([self.program.eval_step(params, b) for b in self.val_batches])
-    evals = [self.evaluators.pool(core.one_run(outs, r)) for r in range(len(self.lanes))]
-    if test and self.test_batches:
-      outs = jax.device_get([self.program.eval_step(params, b)["loss"]
-                             for b in self.test_batches])
-      for r, ev in enumerate(evals):
-        pooled = evaluators.Loss().pool(core.one_run(outs, r))
-        ev.update({"test_" + k.removeprefix("val_"): v for k, v in pooled.items()})
-    return evals
-
-  def sharpness(self, params) -> np.ndarray:
-    self.bar.set_description("sharpness")
-    return jax.device_get(self.program.sharpness_step(params, self.sharpness_batch))
-
-  def fetch_rows(self, done: int, pending: list, log_now: bool) -> tuple[dict, dict]:
-    """Each running lane's step metrics since its last row (`pending` fetched to the host: the
-    loop's only host sync), and those it logs now: up to its first non-finite step, if any."""
-    fetched = jax.device_get(pending)
-    since_row, logged = {}, {}
-    for r, lane in enumerate(self.lanes):
-      if lane.stopped:
-        continue
-      rows = since_row[r] = lane.carried + [core.one_run(x, r) for x in fetched]
-      bad = metrics_lib.first_nonfinite(rows)
-      if bad is not None:  # Log the rows up to the first bad step, then stop.
-        lane.diverged_at, logged[r] = done - len(rows) + bad + 1, rows[:bad + 1]
-      elif log_now:
-        logged[r] = rows
-    return since_row, logged
-
-  def write_rows(self, done: int, logged: dict, steps: int, elapsed: float, evals=None,
-                 sharp=None) -> None:
-    """The rows of `logged` (`fetch_rows`) with evaluations and sharpness where due; a lane that
-    diverged stops: no more rows, no more checkpoints (its last good one stays the latest)."""
     for r, rows in logged.items():
       lane = self.lanes[r]
       lane.train_time += elapsed
       # Each run's rate as it experiences it: its tokens over the loop's wall time.
-      lane.rates.append(steps * self.tokens_per_step / elapsed)
+      lane.rates.append(len(pending) * self.tokens_per_step / elapsed)
       row = {"step": lane.diverged_at or done, **metrics_lib.interval(rows),
              "tokens_per_sec": lane.rates[-1]}
       if lane.log.rows[-1]["step"] == 0:  # The run's first row: rows[0] is step 0's.
@@ -251,15 +385,56 @@ class Periodic:
         row.update(evals[r])
         if not metrics_lib.finite(row["val_loss"]):
           lane.diverged_at = done
-      if sharp is not None and lane.diverged_at is None:
-        row["sharpness"] = float(sharp[r])
+      if sharps is not None and lane.diverged_at is None:
+        row["sharpness"] = float(sharps[r])
       lane.write(row)
       lane.carried = []
       self.bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{lane.rates[-1]:,.0f}",
                            refresh=False)
-      self.bar.update(steps)
+      self.bar.update(len(pending))
     for lane in self.lanes:
       lane.stopped |= lane.diverged_at is not None
+    if log_now and state is None:
+      self.start_clock()
+    return since_row
+
+  def fetch(self, done: int, pending: list, log_now: bool) -> tuple[dict, dict]:
+    """Each running lane's step metrics since its last row, and those it logs now: up to its first
+    non-finite step, if any."""
+    fetched = jax.device_get(pending)
+    since_row, logged = {}, {}
+    for r, lane in enumerate(self.lanes):
+      if lane.stopped:
+        continue
+      rows = since_row[r] = lane.carried + [one_run(x, r) for x in fetched]
+      bad = metrics_lib.first_nonfinite(rows)
+      if bad is not None:  # Log the rows up to the first bad step, then stop.
+        lane.diverged_at, logged[r] = done - len(rows) + bad + 1, rows[:bad + 1]
+      elif log_now:
+        logged[r] = rows
+    return since_row, logged
+
+  def evaluate(self, params, test: bool = False) -> list[dict]:
+    """Every lane's validation metrics (one pass); with `test`, also the test windows', `test_*`."""
+    self.bar.set_description("evaluating")
+    t0 = time.perf_counter()
+    outs = jax.device_get([self.program.eval_step(params, b) for b in self.val_batches])
+    evals = [self.evaluators.pool(one_run(outs, r)) for r in range(len(self.lanes))]
+    if test and self.test_batches:
+      outs = jax.device_get([self.program.eval_step(params, b)["loss"]
+                             for b in self.test_batches])
+      for r, ev in enumerate(evals):
+        pooled = evaluators_lib.Loss().pool(one_run(outs, r))
+        ev.update({"test_" + k.removeprefix("val_"): v for k, v in pooled.items()})
+    self.measure_sec["evaluation"] += time.perf_counter() - t0
+    return evals
+
+  def sharpness(self, params) -> np.ndarray:
+    self.bar.set_description("sharpness")
+    t0 = time.perf_counter()
+    out = jax.device_get(self.program.sharpness_step(params, self.sharpness_batch))
+    self.measure_sec["sharpness"] += time.perf_counter() - t0
+    return out
 
 
 class StopRequest:
@@ -285,6 +460,16 @@ class Interrupted(UserError):
     self.exit_code = 128 + signum
 
 
+def since_process_start() -> float | None:
+  """Seconds since this process started (Linux's /proc; None elsewhere)."""
+  try:
+    ticks = int(pathlib.Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(pathlib.Path("/proc/uptime").read_text().split()[0])
+  except (OSError, ValueError, IndexError):
+    return None
+  return uptime - ticks / os.sysconf("SC_CLK_TCK")
+
+
 def start_line(lanes: list[Lane], counts: dict, start: int) -> str:
   """What `train_lanes` prints first: the model, its size, the runs and where they start."""
   model = f"{lanes[0].task.name} {lanes[0].config.model.activation}"
@@ -296,5 +481,3 @@ def start_line(lanes: list[Lane], counts: dict, start: int) -> str:
   return (f"actlab: {len(lanes)} vectorized runs of {model}, {size}; "
           f"lr {', '.join(f'{l.config.optim.lr:g}' for l in lanes)}; "
           f"seeds {', '.join(str(l.config.train.seed) for l in lanes)}; {resuming or 'fresh runs'}")
-
-

@@ -15,7 +15,7 @@ from actlab.hf import checkpoint as hf_checkpoint
 from actlab.infra import workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
 from actlab.infra.workdir import RunDir, WorkdirError
-from actlab.run import compiled
+from actlab.run import loop
 
 
 # Fields that must agree between a run and the run it is initialised from (`train.init_from`).
@@ -61,7 +61,7 @@ def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: i
   where = config.train.init_from
   if isinstance(source, ml_collections.ConfigDict):  # Its arrays in the per-layer layout.
     with Checkpoints(pathlib.Path(where) / "checkpoints", 1, read_only=True) as checkpoints:
-      old_like = jax.eval_shape(compiled.create_step(source, vocab_size).init, 0, source.optim.lr)
+      old_like = jax.eval_shape(loop.create_step(source, vocab_size).init, 0, source.optim.lr)
       step, restored, _ = checkpoints.restore_latest(old_like)
     flat_old = flatten_dict(execution.per_layer_layout(flax.core.unfreeze(restored.params)))
     where = f"{where} step {step}"
@@ -92,7 +92,7 @@ def load_run(workdir: pathlib.Path):
                        "actlab.main")
   config, run_dir = ml_collections.ConfigDict(config), RunDir.open(workdir)
   tokenizer = data.load_tokenizer(config, run_dir.tokenizer)
-  run_steps = compiled.create_step(config, tokenizer.vocab_size)
+  run_steps = loop.create_step(config, tokenizer.vocab_size)
   with Checkpoints(run_dir.checkpoints, 1, read_only=True) as checkpoints:  # Creates nothing.
     # On this process's first device, whatever devices and hosts the run trained on.
     one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])

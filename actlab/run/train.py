@@ -1,5 +1,5 @@
 """Trains runs in their workdirs: `run(config, workdir)` one run, `run_group` R runs of one
-config that differ only in `optim.lr` and `train.seed` as one program (`compiled.Program`; a
+config that differ only in `optim.lr` and `train.seed` as one program (`loop.Program`; a
 sweep's `sweep.vectorize`), each in its own workdir. One run is R = 1 of the same path.
 
 Everything that can refuse a run (config, devices, data, `train.init_from`, the workdirs' configs
@@ -14,13 +14,13 @@ from typing import Callable, Sequence
 import ml_collections
 
 from actlab import config as config_lib
-from actlab import core, tasks
+from actlab import tasks
 from actlab.data import tokenizer_store
-from actlab.infra import parallel
+from actlab.infra import compile_cache, parallel
 from actlab.infra import workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
 from actlab.infra.workdir import RunDir
-from actlab.run import compiled, loop, pretrained
+from actlab.run import loop, pretrained
 from actlab.run.lane import Lane
 
 
@@ -33,7 +33,7 @@ def finished(config: ml_collections.ConfigDict, run_dir: RunDir) -> dict | None:
 
 def run(config: ml_collections.ConfigDict, workdir, cache: dict | None = None) -> dict:
   """Trains (or resumes) the run of `config` in `workdir`; returns its summary. `cache` (a dict
-  the caller owns, e.g. a sweep) reuses compiled programs across runs (`steps.program`)."""
+  the caller owns, e.g. a sweep) reuses programs across runs (`loop.get`)."""
   return run_group([config], [workdir], cache)[0]
 
 
@@ -48,8 +48,16 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
   for c, r in zip(configs, run_dirs):
     config_lib.validate(c)
     workdir_lib.check_usable(r.root)
+  compile_cache.enable(configs[0].train.compile_cache)
+  with compile_cache.tally() as compiles:
+    return _run_group(configs, run_dirs, cache, log, compiles)
+
+
+def _run_group(configs, run_dirs, cache, log, compiles) -> list[dict]:
+  """`run_group` once its run directories are open and checked; `compiles` counts what the
+  process compiles for them."""
   if len(configs) > 1:
-    compiled.check_group(configs)
+    loop.check_group(configs)
   unfinished = sum(finished(c, r) is None for c, r in zip(configs, run_dirs))
   if not unfinished:
     return [r.summary() for r in run_dirs]
@@ -57,7 +65,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
   task = tasks.get(c0)
   dataset = task.dataset(c0)
   vocab_size = dataset.tokenizer.vocab_size
-  program = compiled.get(c0, vocab_size, unfinished, cache)  # Checks the devices.
+  program = loop.get(c0, vocab_size, unfinished, cache)  # Checks the devices.
   source = pretrained.init_from_config(c0, vocab_size) if c0.train.init_from else None
   with contextlib.ExitStack() as held:
     for r in run_dirs:
@@ -80,21 +88,20 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
           "after another")
     for start, members in sorted(by_start.items()):
       if program.runs != len(members):
-        program = compiled.get(c0, vocab_size, len(members), cache)
+        program = loop.get(c0, vocab_size, len(members), cache)
       group = [configs[i] for i, _, _ in members]
       if start:
         state = program.stack([restored[1] for _, _, restored in members])
       else:
         state = program.start(group)
         if source is not None:  # Each run's trunk from another run (e.g. MLM), GPT-2 or BERT.
-          runs = [core.one_run(state, r) for r in range(len(group))]
           state = program.stack([run.replace(params=pretrained.params_from(
-              c0, source, run.params, vocab_size)) for run in runs])
+              c0, source, run.params, vocab_size)) for run in program.unstack(state)])
       lanes = [Lane.open(c, task, run_dirs[i],
                          dataclasses.replace(dataset, seed=int(c.train.seed)), ck, start,
                          restored[2] if restored else None)
                for c, (i, ck, restored) in zip(group, members)]
       for (i, _, _), summary in zip(members, loop.train_lanes(program, lanes, state, start,
-                                                              vocab_size)):
+                                                              vocab_size, compiles)):
         summaries[i] = summary
   return summaries

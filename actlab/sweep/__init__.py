@@ -19,7 +19,7 @@ from actlab.infra import errors
 from actlab.infra import parallel
 from actlab.infra import workdir as workdir_lib
 from actlab.measure import metrics
-from actlab.run import compiled, tracking, train
+from actlab.run import loop, tracking, train
 from actlab.sweep import progress
 from actlab.sweep import workers
 from actlab.sweep.grid import (SEED_KEY, Cell, cells, load, parse_shard, select, with_flags,
@@ -34,7 +34,7 @@ def group(cells_: Sequence[Cell]) -> list[list[Cell]]:
   """Cells that can share compiled functions (configs equal but for LR and seed), in order."""
   groups: dict[str, list[Cell]] = {}
   for cell in cells_:
-    groups.setdefault(compiled.compile_key(cell.config, 0), []).append(cell)
+    groups.setdefault(loop.compile_key(cell.config, 0), []).append(cell)
   return list(groups.values())
 
 

@@ -1,0 +1,170 @@
+"""Each program compiled once: JAX's persistent compilation cache, on by default
+(`train.compile_cache`), and the tally of what a run compiled and what it took from the cache.
+
+The cache lives in one folder per kind of host (`host_kind`: the platform, the CPUs this process
+may use and their instruction set), so that a program compiled for one machine, or for another
+number of XLA:CPU threads (whose float order differs), is never loaded on another. Several
+processes share it safely: JAX takes a file lock around each read and write (a size cap turns the
+lock on). A damaged entry (truncated by a killed writer, or overwritten) fails JAX's decompression
+check: the program is compiled again, the entry replaced, and one line says so.
+"""
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import pathlib
+import platform
+import threading
+import warnings
+import zlib
+
+import jax
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+DEFAULT = "~/.cache/actlab/xla"
+MAX_BYTES = 4 << 30  # JAX evicts the least recently used entries past this (and locks its files)
+_DAMAGED = "Error reading persistent compilation cache entry for '"
+
+
+def directory(setting: str) -> pathlib.Path | None:
+  """`train.compile_cache` as a folder: "off" → None; "auto" → $JAX_COMPILATION_CACHE_DIR, else
+  ~/.cache/actlab/xla; else the path given."""
+  if setting == "off":
+    return None
+  if setting == "auto":
+    setting = os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT
+  return pathlib.Path(setting).expanduser()
+
+
+def host_kind() -> str:
+  """The folder name of this host's programs: platform, usable CPUs, a hash of the CPU's model
+  and instruction-set flags (`/proc/cpuinfo` where there is one)."""
+  cpu = platform.machine() + platform.processor()
+  with contextlib.suppress(OSError):
+    lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    cpu += "".join(sorted({l for l in lines if l.startswith(("model name", "flags"))}))
+  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return f"{jax.default_backend()}-{cpus}cpu-{hashlib.sha256(cpu.encode()).hexdigest()[:10]}"
+
+
+def enable(setting: str) -> pathlib.Path | None:
+  """Points JAX's persistent cache at `directory(setting)/host_kind()` (every program, however
+  fast it compiles), or turns it off; returns the folder. Call before the run compiles."""
+  _listen()
+  root = directory(setting)
+  if root is None:
+    jax.config.update("jax_enable_compilation_cache", False)
+    return None
+  path = root / host_kind()
+  if jax.config.jax_compilation_cache_dir != str(path):
+    jax_cache.reset_cache()
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+  return path
+
+
+@dataclasses.dataclass
+class Tally:
+  """What a run's process compiled while the tally was open: each program's name (JAX's: `jit(<the
+  function's name>)`) and seconds, split into those XLA compiled and those taken from the cache;
+  `trace_sec`, the seconds spent tracing and lowering to XLA."""
+  compiled: list = dataclasses.field(default_factory=list)   # [(name, seconds)]
+  cached: list = dataclasses.field(default_factory=list)     # [(name, seconds)]
+  trace_sec: float = 0.0
+
+  def summary(self) -> dict:
+    """summary.json's `compile` entry."""
+    names = lambda entries: sorted({n for n, _ in entries})
+    return {"sec": round(sum(s for _, s in self.compiled + self.cached) + self.trace_sec, 3),
+            "programs_compiled": len(self.compiled), "programs_cached": len(self.cached),
+            "compiled": names(self.compiled), "cached": names(self.cached)}
+
+  def line(self) -> str:
+    """The run's closing line's part: e.g. '5 programs compiled in 5.8 s, 2 from the cache'."""
+    s = self.summary()
+    return (f"{s['programs_compiled']} programs compiled, {s['programs_cached']} from the cache, "
+            f"{s['sec']:.1f} s")
+
+
+_open: list[Tally] = []   # the tallies counting now (a run's, a benchmark's)
+_hit = threading.local()  # set by a cache hit, read by the same thread's compile event
+_listening = False
+
+
+@contextlib.contextmanager
+def tally():
+  """A `Tally` of the programs compiled (or loaded) by any thread until the block ends."""
+  t = Tally()
+  _open.append(t)
+  try:
+    yield t
+  finally:
+    _open.remove(t)
+
+
+def _listen() -> None:
+  """Registers, once per process, JAX's monitoring listeners behind `tally` and the warning of a
+  damaged entry."""
+  global _listening
+  if _listening:
+    return
+  _listening = True
+
+  def on_event(event: str, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+      _hit.value = True
+
+  def on_duration(event: str, seconds: float, fun_name: str = "?", **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+      hit, _hit.value = getattr(_hit, "value", False), False
+      for t in _open:
+        (t.cached if hit else t.compiled).append((fun_name, seconds))
+    elif event in ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration"):
+      for t in _open:
+        t.trace_sec += seconds
+
+  jax.monitoring.register_event_listener(on_event)
+  jax.monitoring.register_event_duration_secs_listener(on_duration)
+  warnings.filterwarnings("always", message=_DAMAGED)
+  shown = warnings.showwarning
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    if str(message).startswith(_DAMAGED):
+      replace_damaged(str(message)[len(_DAMAGED):].split("'")[0])
+    else:
+      shown(message, category, filename, lineno, file, line)
+  warnings.showwarning = show
+
+
+def replace_damaged(module: str) -> None:
+  """Removes the entries of `module` whose contents fail decompression (JAX then compiles the
+  program and writes it anew: it never overwrites an entry) and says so in one line."""
+  folder = pathlib.Path(jax.config.jax_compilation_cache_dir)
+  for path in folder.glob(f"{module}-*-cache"):
+    with contextlib.suppress(OSError):
+      if not _readable(path.read_bytes()):
+        path.unlink()
+        print(f"actlab: a damaged compilation-cache entry ({path.name[:40]}…, in {folder}) was "
+              "removed; its program is compiled again", flush=True)
+
+
+def _readable(data: bytes) -> bool:
+  """Whether an entry decompresses as JAX wrote it: zlib, or zstd where Python 3.14's
+  `compression.zstd` or the zstandard package is there (each checks its data)."""
+  decompressors = [zlib.decompress]
+  with contextlib.suppress(ImportError):
+    from compression import zstd  # noqa: PLC0415 -- Python 3.14
+    decompressors.append(zstd.decompress)
+  with contextlib.suppress(ImportError):
+    import zstandard  # noqa: PLC0415
+    decompressors.append(zstandard.ZstdDecompressor().decompress)
+  for decompress in decompressors:
+    with contextlib.suppress(Exception):
+      decompress(data)
+      return True
+  return False
