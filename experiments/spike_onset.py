@@ -9,7 +9,7 @@ For each activation (`--activations`, default gelu,relu) and seed, the run's con
 the committed runs' was (`configs/tinystories_<act>.py`, the decoder size "cpu_epoch", LR 3e-3,
 TinyStories v1; compared with the committed run's `config.json` where there is one), and
 the run trains for `--steps` steps through actlab's own state init, batches
-(`Dataset.train_batch(k)`) and jitted train step (`compiled.Program`: its `log_step` on the steps
+(`Dataset.train_batch(k)`) and jitted train step (`loop.Program`: its `log_step` on the steps
 the loop logs, its `train_step` on the others, exactly as `run/loop.py` chooses). Before step
 k's update, one extra jitted `jax.grad` of the same loss at the same parameters, batch and
 dropout key measures, without changing the trajectory (the real step is then applied unchanged):
@@ -140,8 +140,8 @@ def make_measure(program):
                            core.per_layer(out.sown, core.AttentionStats)]
     return m
 
-  return jax.jit(lambda state, batch: one(core.one_run(state, 0),
-                                          core.one_run(batch, 0)))
+  return jax.jit(lambda state, batch: one(loop.one_run(state, 0),
+                                          loop.one_run(batch, 0)))
 
 
 @dataclasses.dataclass
@@ -159,16 +159,16 @@ def trace(config, n_steps: int, measure: bool = True, cache: dict | None = None)
   import jax
   from actlab import core, tasks
   from actlab.infra import parallel
-  from actlab.run import compiled
+  from actlab.run import loop
   parallel.initialize(config)
   task = tasks.get(config)
   dataset = task.dataset(config)
   dataset = dataclasses.replace(dataset, seed=int(config.train.seed))  # as train.run_group
-  program = compiled.get(config, dataset.tokenizer.vocab_size, 1, cache)
+  program = loop.get(config, dataset.tokenizer.vocab_size, 1, cache)
   state = program.start([config])
   measure_fn = None
   if measure:
-    key = ("spike_onset.measure", compiled.compile_key(config, dataset.tokenizer.vocab_size))
+    key = ("spike_onset.measure", loop.compile_key(config, dataset.tokenizer.vocab_size))
     if cache is None or key not in cache:
       measure_fn = make_measure(program)
       if cache is not None:
@@ -193,7 +193,7 @@ def trace(config, n_steps: int, measure: bool = True, cache: dict | None = None)
         row.update({f"z_{stat}.l{i}": float(v) for stat, v in f.items()})
       row.update({f"attn_logit_max.l{i}": float(v) for i, v in enumerate(m["attn_logit_max"])})
     state, metrics = (program.log_step if log_now else program.train_step)(state, batch)
-    metrics = jax.device_get(core.one_run(metrics, 0))
+    metrics = jax.device_get(loop.one_run(metrics, 0))
     row.update(train_loss=float(metrics["train_loss"]), lr=float(metrics["lr"]),
                grad_norm=float(metrics["grad_norm"]))
     rows.append(row)
