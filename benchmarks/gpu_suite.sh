@@ -4,10 +4,35 @@
 # (--torch: torch.compile with fused AdamW on a GPU), step by step and back to back.
 # Needs: pip install -e '.[cuda]'. For the six-run study also TinyStories + the GPT-2 BPE files
 # (see docs/data.md). Output: markdown rows on stdout, JSON lines in $OUT.
+# Usage: bash benchmarks/gpu_suite.sh [WHEELS]: WHEELS, a folder of wheels for what a bare GPU
+# image lacks (ml_collections, tensorboardX, tensorflow-datasets, importlib_resources and their
+# dependencies), installed offline first. The rows run most wanted first, so that a run cut short
+# (8 minutes on a bare machine) keeps them: a run's fixed cost and the six-run study, then the
+# step's rows.
 set -euo pipefail
+if [ -n "${1:-}" ]; then
+  pip install -q --no-index --find-links "$1" ml_collections tensorboardX tensorflow-datasets \
+      importlib_resources
+  pip install -q --no-deps --no-build-isolation -e .
+fi
 OUT=${OUT:-benchmarks/results_gpu.jsonl}
 B="python -m actlab.bench --json_out=$OUT --markdown --steps=30 --warmup=5"
 G=benchmarks/gpt2_small.py
+
+# A run's fixed cost: two cells of a sweep sharing a fresh compilation cache, at the smoke size and
+# as a default 1,000-step reference run (targets: <= 15 s with a warm cache; the loop >= 0.9x the
+# back-to-back step).
+python benchmarks/run_cost.py --sizes=smoke
+python benchmarks/run_cost.py --sizes=reference --steps=1000
+
+# The six-run study end to end (target: <= 3 minutes), vectorized and not.
+R=configs/tinystories_gelu.py
+for v in true false; do
+  rm -rf /tmp/six_$v
+  /usr/bin/time -f "six-run study, vectorize=$v: %e s" python -m actlab.sweep \
+      --config=$R --config.model.dtype=bfloat16 --config.sweep.vectorize=$v \
+      --sweep=benchmarks/six_run_study.py --workdir=/tmp/six_$v
+done
 
 # GPT-2 small, 16 × 1024 tokens per step: targets >= 45% MFU in bf16, >= 1.1x torch.compile.
 $B --config=$G --label="bf16, cuDNN attention (auto), fused loss: all on"
@@ -21,17 +46,9 @@ $B --config=$G --config.model.remat=full --config.train.batch_size=64 --label="r
 $B --config=$G --config.train.batch_size=32 --label="batch 32"
 
 # The reference config (6 × 384, ctx 128, batch 32): one run vs 3 vectorized runs.
-R=configs/tinystories_gelu.py
 $B --config=$R --label="reference config, fp32"
 $B --config=$R --config.model.dtype=bfloat16 --label="reference config, bf16"
 $B --config=$R --config.model.dtype=bfloat16 --torch --rounds=6 --label="reference config, bf16, vs torch.compile"
 $B --config=$R --config.model.dtype=bfloat16 --runs=3 --label="reference config, bf16, 3 vectorized runs"
 $B --config=$R --config.model.dtype=bfloat16 --runs=6 --label="reference config, bf16, 6 vectorized runs"
 
-# The six-run study end to end (target: < 10 minutes total with vectorized sweeps).
-for v in true false; do
-  rm -rf /tmp/six_$v
-  /usr/bin/time -f "six-run study, vectorize=$v: %e s" python -m actlab.sweep \
-      --config=$R --config.model.dtype=bfloat16 --config.sweep.vectorize=$v \
-      --sweep=benchmarks/six_run_study.py --workdir=/tmp/six_$v
-done

@@ -119,7 +119,7 @@ class JaxBench:
                                       for s in range(self.runs)])
     self.sync_each_step = program.plan.sync_each_step
     with Window() as compiling:
-      self.compiled = program.train_step.lower(self.state, self.batch).compile()
+      self.compiled = program.train_step.jitted.lower(self.state, self.batch).compile()
     with Window() as warming:
       for _ in range(max(1, warmup)):
         self.state, metrics = self.compiled(self.state, self.batch)

@@ -1,0 +1,80 @@
+"""Where a run's time goes, as a user runs it: `python benchmarks/run_cost.py [--sizes=smoke,reference]
+[--steps=N]` (BENCHMARKS.md, "A run's fixed cost"; docs/performance.md).
+
+Per size, two cells of one sweep, each `python -m actlab.main` in its own process with one fresh
+compilation cache: cell 1 (seed 0, LR 1e-3) finds it empty, cell 2 (seed 1, LR 3e-3: the same
+shapes) finds cell 1's programs. Then `actlab.bench` times the same config's step queued back to
+back. Per cell it prints: the programs compiled and taken from the cache (summary.json's
+`timing.compile`), the seconds spent compiling, the fixed cost (process start to the first step,
+`timing.startup_sec`), the loop's steady step over the back-to-back step, measurement's share of the
+loop's wall (`timing.measure_share`), and the process's whole wall time. The sizes: `smoke`, the
+Quickstart's config; `reference`, configs/tinystories_gelu.py on the synthetic corpus with the byte
+tokenizer (6 × 384, context 128, batch 32), at its default measurement settings.
+"""
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SIZES = {
+    "smoke": ["--config=configs/tinystories_gelu.py:smoke"],
+    "reference": ["--config=configs/tinystories_gelu.py", "--config.data.source=synthetic",
+                  "--config.data.tokenizer=byte", "--config.metrics.tensorboard=false"],
+}
+CELLS = (("1 (empty cache)", 0, 1e-3), ("2 (other seed, LR)", 1, 3e-3))
+
+
+def cell(flags: list[str], workdir: pathlib.Path, cache: pathlib.Path, seed: int, lr: float):
+  start = time.perf_counter()
+  out = subprocess.run([sys.executable, "-m", "actlab.main", *flags, f"--workdir={workdir}",
+                        f"--config.train.seed={seed}", f"--config.optim.lr={lr}",
+                        f"--config.train.compile_cache={cache}", "--config.train.progress=false"],
+                       cwd=REPO, capture_output=True, text=True)
+  wall = time.perf_counter() - start
+  if out.returncode:
+    sys.exit(out.stdout[-2000:] + out.stderr[-2000:])
+  config = json.loads((workdir / "config.json").read_text())
+  tokens_per_step = config["train"]["batch_size"] * config["data"]["seq_len"]
+  return json.loads((workdir / "summary.json").read_text()), tokens_per_step, wall
+
+
+def back_to_back_ms(flags: list[str], out: pathlib.Path, steps: int) -> float:
+  """`actlab.bench`'s queued step (ms): the same config's step, back to back."""
+  subprocess.run([sys.executable, "-m", "actlab.bench", *flags, f"--steps={steps}", "--warmup=3",
+                  "--rounds=3", f"--json_out={out}"], cwd=REPO, check=True, capture_output=True)
+  return json.loads(out.read_text().splitlines()[-1])["queued_step_ms"]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--sizes", default="smoke,reference")
+  parser.add_argument("--steps", type=int, default=0,
+                      help="train.steps (0: the config's), with a tenth of them to warm up")
+  parser.add_argument("--bench_steps", type=int, default=30, help="actlab.bench's --steps")
+  args = parser.parse_args()
+  print("| size | cell | programs compiled / from the cache | compiling (s) | fixed cost (s) | "
+        "loop step / back-to-back step | measurement's share of the loop | whole run (s) |")
+  print("|---|---|---|---|---|---|---|---|")
+  for size in args.sizes.split(","):
+    flags = SIZES[size] + ([f"--config.train.steps={args.steps}",
+                            f"--config.optim.warmup_steps={args.steps // 10}"] if args.steps else [])
+    with tempfile.TemporaryDirectory(prefix="actlab-run-cost-") as tmp:
+      tmp = pathlib.Path(tmp)
+      bench_ms = back_to_back_ms(flags, tmp / "bench.jsonl", args.bench_steps)
+      for name, seed, lr in CELLS:
+        summary, tokens_per_step, wall = cell(flags, tmp / f"cell{seed}", tmp / "xla", seed, lr)
+        t, c = summary["timing"], summary["timing"]["compile"]
+        step_ms = 1e3 * tokens_per_step / summary["tokens_per_sec"]  # the loop's steady step
+        print(f"| {size} | {name} | {c['programs_compiled']} / {c['programs_cached']} | "
+              f"{c['sec']:.1f} | {t['startup_sec']:.1f} | {step_ms:.1f} / {bench_ms:.1f} ms = "
+              f"{bench_ms / step_ms:.2f}× | {100 * t['measure_share']:.1f}% | {wall:.1f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+  main()
