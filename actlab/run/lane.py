@@ -168,7 +168,7 @@ class Lane:
         **self.task.baselines(c, self.dataset),
         **({"vectorized_runs": runs} if runs > 1 else {}),
         # Where this process's time went (docs/performance.md): compiling, to the first step,
-        # measuring, and measurement's share of the loop's wall time.
+        # measuring, and measurement's share of the loop's wall time (from step 0's row on).
         "timing": {**timing, "measure_share": sum(timing["measure_sec"].values())
                    / max(wall_time, 1e-9)},
     })
