@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import core, data
+from actlab import config as config_lib, core, data
 from actlab.config import specs
 from actlab.measure import evaluators
 from actlab.tasks import mlm
@@ -45,6 +45,35 @@ def test_weight_decay_mask_matrices_and_embeddings_only():
   assert flat["block_0/attn/query/kernel"] and flat["block_1/ffn/down/kernel"]
   assert not flat["block_0/attn/query/bias"] and not flat["block_0/ln_ffn/scale"]
   assert not flat["ln_f/bias"]
+
+
+def flat_mask(config):
+  """{"a/b/leaf": (decayed, ndim)} of `config`'s model parameters."""
+  params = jax.eval_shape(compiled_lib.create_step(config, 257).init, 0).params
+  mask = core.step.decay_mask(params)
+  return {"/".join(k.key for k in path): (v, leaf.ndim) for (path, v), leaf in
+          zip(jax.tree_util.tree_leaves_with_path(mask), jax.tree.leaves(params))}
+
+
+def test_the_llama_style_blocks_untied_head_is_decayed_as_every_matrix():
+  """docs/running.md: weight decay on matrices and embeddings; nanoGPT and benchmarks/torch_ref.py
+  decay every parameter of two or more dimensions, the same set where no layer axis is stacked."""
+  flat = flat_mask(config_lib.decoder("silu", "tiny", "llama"))
+  assert flat["lm_head"] == (True, 2)
+  assert {k: v for k, (v, ndim) in flat.items() if v != (ndim >= 2)} == {}
+  assert not flat["block_0/ln_attn/scale"][0]
+
+
+@pytest.mark.parametrize("model, scanned", [("gpt2", False), ("encoder", False), ("gpt2", True)])
+def test_the_tied_blocks_masks_are_the_kernels_and_embeddings_as_before(model, scanned):
+  """GPT-2's head is its embedding and BERT's MLM head a bias over it: their masks are the old
+  rule's (leaves named `kernel` or `embedding`); under `model.scan_layers` a bias or scale has a
+  layer axis, two dimensions, and is still not decayed."""
+  config = (tiny if model == "gpt2" else tiny_encoder)(**{"model.scan_layers": scanned})
+  flat = flat_mask(config)
+  assert {k: v for k, (v, _) in flat.items()} == {
+      k: k.rsplit("/", 1)[-1] in ("kernel", "embedding") for k in flat}
+  assert any(not v and ndim == 2 for v, ndim in flat.values()) == scanned
 
 
 def test_adamw_matches_closed_form_first_step():

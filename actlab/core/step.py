@@ -47,10 +47,17 @@ def schedule(optim: OptimSpec) -> optax.Schedule:
       decay_steps=optim.total_steps, end_value=optim.min_lr_ratio)
 
 
+# The leaves weight decay applies to, by name: every matrix (a dense layer's kernel, the untied
+# LM head) and embedding; never a bias or a norm's scale. By name, not by `ndim >= 2`: under
+# `model.scan_layers` biases and scales carry a layer axis too.
+DECAYED = ("kernel", "embedding", "lm_head")
+
+
 def decay_mask(params):
-  """True for weight matrices and embeddings; False for biases and norm scales."""
+  """True for weight matrices (the untied head `lm_head` included) and embeddings; False for
+  biases and norm scales."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding"), params)
+      lambda path, _: getattr(path[-1], "key", None) in DECAYED, params)
 
 
 def optimizer(optim: OptimSpec) -> optax.GradientTransformation:
