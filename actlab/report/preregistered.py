@@ -356,6 +356,12 @@ def shared_seeds(fam: Factorial, runs: Mapping[str, Mapping[int, dict]]) -> list
   return sorted(set.intersection(*seeds))
 
 
+def has_finite(summary: dict, key: str) -> bool:
+  """Whether a run's summary has a finite `key` (a diverged run's losses are not)."""
+  value = summary.get(key)
+  return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def contrast_values(c: Contrast, runs: Mapping[str, Mapping[int, dict]], seeds: Sequence[int],
                     outcome: str) -> list[float]:
   """The contrast's value at each of `seeds`: Σ weight · the cell's outcome."""
@@ -376,6 +382,11 @@ def factorial_pilot(fam: Factorial, results: Results) -> dict | None:
     raise ValueError(f"family {fam.name}: its pilot is incomplete (seeds missing per cell: "
                      f"{missing}); commit it when every run has finished")
   seeds, rule, out = list(fam.pilot_seeds), fam.rule, {}
+  unfinished = [(cell, s) for cell in fam.cells for s in seeds
+                if not has_finite(runs[cell][s], fam.outcome)]
+  if unfinished:
+    raise ValueError(f"family {fam.name}: pilot runs without a finite {fam.outcome} (cell, seed): "
+                     f"{unfinished}; the sizing rule does not say what to do: state it first")
   for c in fam.contrasts:
     values = contrast_values(c, runs, seeds, fam.outcome)
     sd = float(np.std(values, ddof=1))
@@ -425,12 +436,14 @@ def spiking_share(fam: Factorial, c: Contrast, runs: Mapping[str, Mapping[int, d
 
 
 def factorial_verdicts(fam: Factorial, results: Results) -> dict | None:
-  """The family on its fresh seeds (those every cell has finished; None before one has): per
-  contrast its values, the paired statistics, the simultaneous interval at α/K, the Holm-adjusted
-  p of no difference, the exact sign-flip p (and Holm), at each margin the TOST p (Holm) and the
-  claim, the verdict beside the sign-flip test (`reconciled`) and the spiking seeds' share."""
+  """The family on its fresh seeds (those every cell has finished with a finite outcome; a seed
+  with a diverged run is left out, and listed; None before one is in): per contrast its values,
+  the paired statistics, the simultaneous interval at α/K, the Holm-adjusted p of no difference,
+  the exact sign-flip p (and Holm), at each margin the TOST p (Holm) and the claim, the verdict
+  beside the sign-flip test (`reconciled`) and the spiking seeds' share."""
   runs = cell_runs(fam, results, fam.study)
-  seeds = shared_seeds(fam, runs) if runs else []
+  finished = shared_seeds(fam, runs) if runs else []
+  seeds = [s for s in finished if all(has_finite(runs[c][s], fam.outcome) for c in fam.cells)]
   if not seeds:
     return None
   values = {c.name: contrast_values(c, runs, seeds, fam.outcome) for c in fam.contrasts}
@@ -456,6 +469,6 @@ def factorial_verdicts(fam: Factorial, results: Results) -> dict | None:
                    "interval": interval, "p_holm": float(p_holm[i]), "p_sign": sign[i],
                    "p_sign_holm": float(sign_holm[i]), "margins": at,
                    "spikes": spiking_share(fam, c, runs, seeds)}
-  return {"seeds": seeds, "contrasts": out,
+  return {"seeds": seeds, "left_out": sorted(set(finished) - set(seeds)), "contrasts": out,
           "descriptive": {c.name: comparisons.paired_difference(
               contrast_values(c, runs, seeds, fam.outcome), zeros) for c in fam.descriptive}}
