@@ -18,7 +18,8 @@ share their batches and, where shapes agree, their initial weights). The rule is
   `... excess`: the pilot's loss excess over the best LR, integrated over training; `...
   figure`: docs/img/activation_x_recipe.png, ReLU − GELU per recipe; `...
   plateau`: when each encoder run leaves the MLM plateau, beside where it ends; `... stability`:
-  each arm's stability measures over its fresh seeds, descriptive). A test
+  each arm's stability measures over its fresh seeds, descriptive; `... review`: the fresh sds
+  against the pilots', the power at them, the sign-flip p and the spiking seeds' share). A test
   whose pilot is not run yet gets its n from that pilot, committed before its fresh seeds.
 - **What this machine can afford.** An encoder run costs about 50 minutes of one core, so the
   encoder's tests are capped at `MAX_SEEDS["encoder"]` = 10 seed pairs (its four arms, GELU shared:
@@ -156,6 +157,7 @@ import pathlib
 import sys
 
 import numpy as np
+from scipy import stats
 
 from actlab.config import BLOCKS, sizes
 from actlab.core.spec import GPT2_BLOCK
@@ -555,6 +557,58 @@ def report_factorial() -> None:
       for name, d in v["descriptive"].items()))
 
 
+EARLY_STEPS = 150  # `review`: the early steps at which clipping's reach is counted
+
+
+def spiking(name: str) -> set:
+  """The fresh seeds of test `name` where a run of either arm passes `FACTORIAL.spike` × its
+  initial gradient norm (the stability rule's threshold)."""
+  test, r = TESTS[name], result(name)
+  runs = RESULTS.by_seed(test.study)
+  return {s for s in r["seeds"]
+          if max(runs[arm, s]["grad_norm_max_rel"] for arm in (test.a, test.b)) > FACTORIAL.spike}
+
+
+def review() -> None:
+  """What the first two families' numbers say past their verdicts (descriptive; the numbers the
+  page's review cites): per test the fresh seeds' sd against the pilot's, the power at it, the
+  normality of the differences and the exact sign-flip p; test 1's and `recipe_clip`'s pairs
+  with and without a spike; how often clipping at 1.0 acted in `recipe_clip`."""
+  for names in FAMILIES.values():
+    for name in names:
+      test, plan, d = TESTS[name], pilot(name), result(name)["paired"]
+      diffs = list(result(name)["diffs"].values())
+      print(f"- {name}: fresh sd {d.sd:.4f} / pilot sd {plan['sd']:.4f} = "
+            f"{d.sd / plan['sd']:.2f}; power against delta at the fresh sd "
+            f"{preregistered.paired_power(d.n, d.sd, RULE.delta, test.alpha):.2f} ({d.n} pairs); "
+            f"Shapiro p {stats.shapiro(diffs).pvalue:.2g}; exact sign-flip p "
+            f"{preregistered.sign_flip_p(diffs):.3g} ({test.a} lower in "
+            f"{sum(x < 0 for x in diffs)} of {d.n})")
+  without = {}
+  for name in ("relu_gelu", "recipe_clip"):
+    r, spikes = result(name), spiking(name)
+    without[name] = [x for s, x in r["diffs"].items() if s not in spikes]
+    print(f"{name}: {len(spikes)} of {len(r['seeds'])} seeds spike (> {FACTORIAL.spike:g}x), "
+          f"their pairs {min(r['diffs'][s] for s in spikes):+.3f} to "
+          f"{max(r['diffs'][s] for s in spikes):+.3f}; the other {len(without[name])} pairs "
+          f"{np.mean(without[name]):+.4f} (sd {np.std(without[name], ddof=1):.4f}); all "
+          f"{r['paired'].mean:+.4f}: the spiking seeds carry "
+          f"{r['paired'].mean - np.mean(without[name]):+.4f}")
+  welch = stats.ttest_ind(without["relu_gelu"], without["recipe_clip"], equal_var=False)
+  print(f"pairs without a spike, relu_gelu against recipe_clip: Welch p {welch.pvalue:.2g}")
+  test, summaries = TESTS["recipe_clip"], RESULTS.summaries(TESTS["recipe_clip"].study)
+  clip = test.fixed["optim.clip_norm"]
+  for arm in (test.a, test.b):
+    runs = {key: run for key, run in RESULTS.runs(test.study).items() if key[0] == arm}
+    early = [g for run in runs.values()
+             for step, g in curves.curve(run / "metrics.jsonl", "grad_norm").items()
+             if step <= EARLY_STEPS]
+    first = [summaries[key]["grad_norm_init"] for key in runs]
+    print(f"recipe_clip, {arm}: the gradient norm is above clip_norm {clip:g} at "
+          f"{sum(g > clip for g in early)} of {len(early)} logged steps <= {EARLY_STEPS} "
+          f"({len(runs)} runs); at step 0 {min(first):.2f}-{max(first):.2f}")
+
+
 FIGURE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "img" / "activation_x_recipe.png"
 
 
@@ -629,6 +683,8 @@ def main(what: str = "plan") -> None:
         print("    A - B: " + "; ".join(
             f"{SEEDS_WHERE[g]} {n} pairs, {mean:+.3f}" + (f" (sd {sd:.3f})" if sd is not None else "")
             for g, (n, mean, sd) in groups.items()))
+  if what == "review":
+    review()
   if what == "excess":
     for study in ("relu_vs_gelu_cpu_epoch",):
       print(f"loss excess over the best LR, integrated over training ({study}):")

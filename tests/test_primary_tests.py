@@ -151,6 +151,7 @@ def test_stability_ranges_each_arms_measures_over_its_fresh_seeds(tmp_path, monk
   assert by_stability("relu_gelu") == {"stable": (1, pytest.approx(0.013), None),
                                                "unstable": (1, pytest.approx(-0.548), None)}
   assert by_stability("swiglu_silu") == {}
+  assert primary.spiking("relu_gelu") == {100}  # GELU past 10x its initial norm; 102 unpaired
 
 
 def test_the_platform_shift_of_a_minus_b_is_taken_over_seeds_with_both_arms_rerun(tmp_path,
