@@ -141,7 +141,7 @@ LLaMA-style cells decay their head, which family 2's modern tests did not.
   spiking seeds carry. A seed spikes in a contrast where a run of a cell the contrast weighs
   passes 10× its initial gradient norm (the stability rule's threshold; the norm before
   clipping); what they carry is the mean over all seeds less the mean over the seeds without a
-  spike (`preregistered.spiking_share`).
+  spike (`factorial.spiking_share`).
 - The family is corrected alone, apart from families 1 and 2, whose verdicts it leaves as they
   are.
 
@@ -161,7 +161,7 @@ from scipy import stats
 
 from actlab.config import BLOCKS, sizes
 from actlab.core.spec import GPT2_BLOCK
-from actlab.report import comparisons, curves, preregistered
+from actlab.report import comparisons, curves, factorial, preregistered
 
 RULE = preregistered.Rule(alpha=0.05, power=0.8, delta=0.1, min_seeds=10)  # every family's
 MAX_SEEDS = {"decoder": None, "encoder": 10,  # the seed pairs this machine can afford
@@ -239,18 +239,18 @@ def relu_gelu(clip: str, block: str) -> dict:
 
 
 def change(to: tuple[str, str], from_: tuple[str, str], name: str,
-           question: str) -> preregistered.Contrast:
+           question: str) -> factorial.Contrast:
   """D(*to) − D(*from_): how ReLU − GELU changes from one (clipping, block) to another."""
   weights = {**relu_gelu(*to), **{k: -w for k, w in relu_gelu(*from_).items()}}
   label = lambda clip, block: f"ReLU − GELU {CLIP_WORDS[clip]} {BLOCK_WORDS[block]}"
-  return preregistered.Contrast(name, question, weights, label(*to), label(*from_))
+  return factorial.Contrast(name, question, weights, label(*to), label(*from_))
 
 
-FACTORIAL = preregistered.Factorial(
+FACTORIAL = factorial.Factorial(
     "factorial", FACTORIAL_CELLS,
-    (preregistered.Contrast("relu_gelu", "Does ReLU or GELU give the lower loss in GPT-2's block "
-                            "without clipping (test 1 again)?", relu_gelu("none", "gpt2"),
-                            "relu", "gelu"),
+    (factorial.Contrast("relu_gelu", "Does ReLU or GELU give the lower loss in GPT-2's block "
+                        "without clipping (test 1 again)?", relu_gelu("none", "gpt2"), "relu",
+                        "gelu"),
      change(("clip", "gpt2"), ("none", "gpt2"), "clip_change",
             "Does clipping at 1.0 change ReLU − GELU (GPT-2's block)?"),
      change(("spike", "gpt2"), ("none", "gpt2"), "spike_change",
@@ -262,8 +262,8 @@ FACTORIAL = preregistered.Factorial(
     pilot_seeds=tuple(range(300, 305)), first_seed=FACTORIAL_FRESH_SEED, cap=FACTORIAL_CAP,
     rule=preregistered.Rule(alpha=0.05, power=0.8, delta=0.1, min_seeds=20),
     margins=(0.1, 0.05), sd_confidence=0.8, outcome="final_test_loss", spike=10.0,
-    descriptive=(*(preregistered.Contrast(f"relu_gelu_{clip}_{block}", "", relu_gelu(clip, block),
-                                          "relu", "gelu")
+    descriptive=(*(factorial.Contrast(f"relu_gelu_{clip}_{block}", "", relu_gelu(clip, block),
+                                      "relu", "gelu")
                    for block in FACTORIAL_BLOCKS for clip in CLIPPINGS),
                  change(("clip", "llama"), ("none", "llama"), "clip_change_llama", ""),
                  change(("spike", "llama"), ("none", "llama"), "spike_change_llama", "")))
@@ -323,8 +323,8 @@ def plateau_exits() -> dict:
 
 
 def factorial_plan() -> dict | None:
-  """Family 3's pilot as committed (`preregistered.factorial_pilot`)."""
-  return preregistered.factorial_pilot(FACTORIAL, RESULTS)
+  """Family 3's pilot as committed (`factorial.pilot`)."""
+  return factorial.pilot(FACTORIAL, RESULTS)
 
 
 def factorial_sweep(seeds: list[int], description: str) -> dict:
@@ -493,7 +493,7 @@ def print_plan(name: str) -> None:
              f"above {plan['detectable']:.3f} nats"))
 
 
-def weights(c: preregistered.Contrast) -> str:
+def weights(c: factorial.Contrast) -> str:
   """A contrast's cells with their signs, as printed."""
   return " ".join(f"{'+' if w > 0 else '-'} {cell}" if abs(w) == 1 else f"{w:+g} {cell}"
                   for cell, w in c.weights.items()).removeprefix("+ ")
@@ -529,9 +529,9 @@ def print_factorial_plan() -> None:
 
 
 def report_factorial() -> None:
-  """Family 3 on its fresh seeds so far (`preregistered.factorial_verdicts`)."""
+  """Family 3 on its fresh seeds so far (`factorial.verdicts`)."""
   fam, plan = FACTORIAL, factorial_plan()
-  v = preregistered.factorial_verdicts(fam, RESULTS)
+  v = factorial.verdicts(fam, RESULTS)
   if v is None:
     print(f"family {fam.name!r}: no seed finished in every cell")
     return

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from actlab.report import comparisons, curves, preregistered
+from actlab.report import comparisons, curves, factorial, preregistered
 
 RULE = preregistered.Rule()
 ALPHA_K = RULE.alpha / 7  # a family of seven
@@ -216,10 +216,10 @@ def test_the_sign_flip_p_counts_every_pattern_exactly():
 CELLS = {f"{act}/{clip}": {"model.activation": act, "optim.clip_norm": c}
          for act in ("relu", "gelu") for clip, c in (("none", 0.0), ("clip", 1.0))}
 D = lambda clip: {f"relu/{clip}": 1.0, f"gelu/{clip}": -1.0}  # ReLU − GELU
-CHANGE = preregistered.Contrast("change", "?", {**D("clip"), **{k: -v for k, v in D("none").items()}},
+CHANGE = factorial.Contrast("change", "?", {**D("clip"), **{k: -v for k, v in D("none").items()}},
                                 "clipped", "unclipped")
-FAMILY = preregistered.Factorial(
-    "toy", CELLS, (preregistered.Contrast("unclipped", "?", D("none"), "relu", "gelu"), CHANGE),
+FAMILY = factorial.Factorial(
+    "toy", CELLS, (factorial.Contrast("unclipped", "?", D("none"), "relu", "gelu"), CHANGE),
     pilot_seeds=(0, 1, 2, 3, 4), first_seed=100, cap=30,
     rule=preregistered.Rule(min_seeds=20))
 
@@ -248,12 +248,12 @@ def test_a_factorials_pilot_sizes_it_by_the_bound_on_each_contrasts_sd(tmp_path)
         write_cell(root, cell, seed, v)
   results = preregistered.Results(tmp_path)
   with pytest.raises(ValueError, match=r"pilot is incomplete.*'gelu/clip': \[4\]"):
-    preregistered.factorial_pilot(FAMILY, results)
+    factorial.pilot(FAMILY, results)
   write_cell(root, "gelu/clip", 4, float("nan"))
   with pytest.raises(ValueError, match=r"without a finite final_test_loss.*\('gelu/clip', 4\)"):
-    preregistered.factorial_pilot(FAMILY, results)
+    factorial.pilot(FAMILY, results)
   write_cell(root, "gelu/clip", 4, 4.0, replace=True)
-  plan = preregistered.factorial_pilot(FAMILY, results)
+  plan = factorial.pilot(FAMILY, results)
   unclipped = np.subtract(loss["relu/none"], loss["gelu/none"])
   change = np.subtract(loss["relu/clip"], loss["gelu/clip"]) - unclipped
   for name, values in (("unclipped", unclipped), ("change", change)):
@@ -265,11 +265,11 @@ def test_a_factorials_pilot_sizes_it_by_the_bound_on_each_contrasts_sd(tmp_path)
   assert min(needs) > 30 and plan["needed"] == max(needs) and plan["n"] == 30  # capped
   assert plan["contrasts"]["change"]["power"] == pytest.approx(preregistered.paired_power(
       30, plan["contrasts"]["change"]["sd_upper"], 0.1, 0.025))
-  assert preregistered.factorial_pilot(FAMILY, preregistered.Results(tmp_path / "none")) is None
+  assert factorial.pilot(FAMILY, preregistered.Results(tmp_path / "none")) is None
 
 
 def test_a_direction_needs_the_interval_and_the_sign_flip_test_alike():
-  reconciled = lambda claim, interval, p: preregistered.reconciled(claim, interval, 0.1, p)
+  reconciled = lambda claim, interval, p: factorial.reconciled(claim, interval, 0.1, p)
   assert reconciled("relu lower by at least 0.1", (-0.3, -0.12), 0.001) == (
       "relu lower by at least 0.1")
   assert reconciled("relu lower by at least 0.1", (-0.3, -0.12), 0.2) == (
@@ -302,7 +302,7 @@ def test_a_factorials_verdicts_hold_each_contrast_at_both_margins_beside_the_sig
   write_cell(root, "gelu/none", 120, 1.0)
   for cell in CELLS:  # seed 121 diverged in one cell: no finite test loss, left out
     write_cell(root, cell, 121, None if cell == "gelu/none" else 4.0)
-  v = preregistered.factorial_verdicts(FAMILY, preregistered.Results(tmp_path))
+  v = factorial.verdicts(FAMILY, preregistered.Results(tmp_path))
   assert v["seeds"] == list(range(100, 120)) and v["left_out"] == [121]
   unclipped, change = v["contrasts"]["unclipped"], v["contrasts"]["change"]
   d = comparisons.paired_difference(list(unclipped["values"].values()), np.zeros(20), 0.1)
@@ -325,4 +325,4 @@ def test_a_factorials_verdicts_hold_each_contrast_at_both_margins_beside_the_sig
   assert spikes["carried"] == pytest.approx(0.25 * (-0.3 + 0.02), abs=0.01)
   assert change["spikes"]["spiking_seeds"] == spikes["spiking_seeds"]
   assert change["paired"].mean == pytest.approx(0.25 * 0.28, abs=0.01)
-  assert preregistered.factorial_verdicts(FAMILY, preregistered.Results(tmp_path / "x")) is None
+  assert factorial.verdicts(FAMILY, preregistered.Results(tmp_path / "x")) is None

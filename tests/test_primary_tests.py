@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from actlab.report import preregistered
+from actlab.report import factorial, preregistered
 from actlab.sweep import grid
 from conftest import REPO, tiny, tiny_encoder
 from test_preregistered import write_run
@@ -253,7 +253,7 @@ def test_the_factorials_pilot_is_its_12_cells_on_five_seeds_no_test_reads(tmp_pa
   assert len(cells) == 60 and {c.config.train.seed for c in cells} == {300, 301, 302, 303, 304}
   by_cell = {}
   for c in cells:
-    by_cell.setdefault(preregistered.cell_of(fam, c.config.to_dict()), []).append(c.config)
+    by_cell.setdefault(factorial.cell_of(fam, c.config.to_dict()), []).append(c.config)
   assert sorted(by_cell) == sorted(fam.cells) and {len(v) for v in by_cell.values()} == {5}
   for cell, configs in by_cell.items():
     act, clip, block = cell.split("/")
