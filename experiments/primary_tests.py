@@ -18,7 +18,8 @@ share their batches and, where shapes agree, their initial weights). The rule is
   `... excess`: the pilot's loss excess over the best LR, integrated over training; `...
   figure`: docs/img/activation_x_recipe.png, ReLU − GELU per recipe; `...
   plateau`: when each encoder run leaves the MLM plateau, beside where it ends; `... stability`:
-  each arm's stability measures over its fresh seeds, descriptive). A test
+  each arm's stability measures over its fresh seeds, descriptive; `... review`: the fresh sds
+  against the pilots', the power at them, the sign-flip p and the spiking seeds' share). A test
   whose pilot is not run yet gets its n from that pilot, committed before its fresh seeds.
 - **What this machine can afford.** An encoder run costs about 50 minutes of one core, so the
   encoder's tests are capped at `MAX_SEEDS["encoder"]` = 10 seed pairs (its four arms, GELU shared:
@@ -87,19 +88,80 @@ family, whose verdicts it leaves as they are.
 - **Descriptive beside it**: where the spike starts (per-parameter-group gradient norms in
   warm-up), the stability measures, the other LRs.
 
+**The mechanism family (family 3, K = 5; stated 2026-11-26, before any of its runs).** Families
+1 and 2 tell a story read across separate experiments, on different seeds and LRs: that GELU's
+warm-up spikes cost it test 1's gap, that clipping at 1.0 removes the cost by acting on the
+spike, that the LLaMA-style block removes the spike. Family 3 asks it in one design (`FACTORIAL`):
+ReLU and GELU × {no clipping, clipping at global norm 1.0, spike-only clipping at 10× the run's
+own gradient norm at its first step (`optim.spike_clip=10`, the stability rule's threshold)} ×
+{GPT-2's block, the LLaMA-style block with a plain FFN (`MODERN_BLOCK`)}: 12 cells, test 1's
+recipe otherwise (the `cpu_epoch` decoder and schedule: 45 warm-up steps of 450, d_model 128),
+**one LR for every cell, 3e-3** (where test 1 and the modern block's tests ran; no LR is chosen),
+and **the same seeds in all 12 cells**, so that every contrast is paired by seed. The untied
+head is decayed (weight decay on every matrix, `core.step.decay_mask` as of 2026-11-26): the
+LLaMA-style cells decay their head, which family 2's modern tests did not.
+- **The primary contrasts**, each per seed a linear combination of cells, with D(c, b) =
+  ReLU − GELU (final test loss) under clipping c in block b:
+  1. `relu_gelu`: D(none, GPT-2): test 1 again, on new seeds;
+  2. `clip_change`: D(clip 1.0, GPT-2) − D(none, GPT-2): its change under clipping at 1.0;
+  3. `spike_change`: D(spike-only, GPT-2) − D(none, GPT-2): its change under spike-only clipping;
+  4. `spike_vs_clip`: D(spike-only, GPT-2) − D(clip 1.0, GPT-2): spike-only against full clipping;
+  5. `block_change`: D(none, LLaMA-style) − D(none, GPT-2): its change from GPT-2's block to the
+     LLaMA-style one, unclipped.
+  No other contrast is tested. Descriptive beside them (unadjusted 95% intervals): D in each of
+  the six (clipping, block) cells, and D's change under each clipping in the LLaMA-style block.
+- **The claim rule** above with K = 5: each contrast's simultaneous interval at 1 − 0.05/5, held
+  against ±δ **at δ = 0.1 (the rule's) and at 0.05**, the TOST Holm-adjusted over the five at
+  each margin; the Holm-adjusted p of no difference beside it.
+- **An exact sign-flip test beside each interval**: the two-sided test of the same seeds'
+  contrast values over all 2^n sign patterns (`preregistered.sign_flip_p`), Holm-adjusted over
+  the five. How a disagreement is read, stated now: a direction (A lower or higher, by any
+  amount) is claimed only where the interval excludes 0 and the sign-flip test rejects 0 at α;
+  where one finds a direction and the other does not, the verdict claims none (an equivalence,
+  the TOST's, stands), the page says which test disagrees, and the disagreement is read as the
+  t interval's normality failing on a mixture of spiking and non-spiking seeds (or the sign-flip
+  test's weakness against a few large values), not as evidence for either side. The size against
+  ±δ is always the interval's.
+- **The pilot** (`:factorial_pilot`): the 12 cells × seeds 300–304, which no run of any family
+  used and no test reads: 60 runs.
+- **Sizing.** Each contrast's sd over the pilot's 5 seeds is replaced by its upper one-sided 80%
+  confidence bound (χ² with 4 df: 1.56 × the sd; `preregistered.sd_upper`), not its point
+  estimate; a contrast asks for the smallest n whose paired t-test has power 0.8 against δ = 0.1
+  at α/5 at that sd. The family runs the largest n any contrast asks for, **at least 20 shared
+  seeds** and at most `FACTORIAL_CAP` = 40 (the budget: 480 runs, about 17–33 core-hours at
+  130–250 s a run). Where a contrast asks for more than the cap, the plan states each contrast's
+  power at the cap (at its bound) and the difference it detects with 80% power; the pilot is
+  committed with that before any fresh run (`python experiments/primary_tests.py plan`).
+- **Fresh seeds** (`:factorial`): `FACTORIAL_FRESH_SEED` = 400 on, n of them, in all 12 cells,
+  one process per core (`--workers=2`, as the pilots). No platform reruns: the decoder's
+  platform shift of A − B had an sd of at most 0.025 nats in families 1 and 2. A seed where a
+  run diverges (no finite test loss) is left out of every contrast and named on the page; a
+  pilot run without one stops the sizing until what to do is stated.
+- **A secondary analysis, stated now** (descriptive): how much of each contrast's mean the
+  spiking seeds carry. A seed spikes in a contrast where a run of a cell the contrast weighs
+  passes 10× its initial gradient norm (the stability rule's threshold; the norm before
+  clipping); what they carry is the mean over all seeds less the mean over the seeds without a
+  spike (`factorial.spiking_share`).
+- The family is corrected alone, apart from families 1 and 2, whose verdicts it leaves as they
+  are.
+
 The sweeps: `:<test>` trains a test's fresh seeds; `:gated_pilot` the 3-LR pilot of the gated
 FFNs and SiLU (ReLU and GELU have theirs: results/relu_vs_gelu_cpu_epoch), which picks the LRs of
-tests 2–4; the encoder's pilot is `experiments/bert_ffn_activation.py:past_plateau_pilot`.
+tests 2–4; the encoder's pilot is `experiments/bert_ffn_activation.py:past_plateau_pilot`;
+`:factorial_pilot` and `:factorial` family 3's pilot and fresh seeds.
 """
 
+import itertools
 import json
 import pathlib
 import sys
 
 import numpy as np
+from scipy import stats
 
 from actlab.config import BLOCKS, sizes
-from actlab.report import comparisons, curves, preregistered
+from actlab.core.spec import GPT2_BLOCK
+from actlab.report import comparisons, curves, factorial, preregistered
 
 RULE = preregistered.Rule(alpha=0.05, power=0.8, delta=0.1, min_seeds=10)  # every family's
 MAX_SEEDS = {"decoder": None, "encoder": 10,  # the seed pairs this machine can afford
@@ -155,6 +217,58 @@ for _name, (_act, _label) in MODERN.items():
                    f"modern block, plain FFN)?", _act, "gelu", MODERN_BLOCK, MODERN_STUDIES)
 
 
+# Family 3: ReLU − GELU × clipping × block, one design at one LR, every cell on the same seeds.
+FACTORIAL_LR = 3e-3
+CLIPPINGS = {"none": {"optim.clip_norm": 0.0, "optim.spike_clip": 0.0},
+             "clip": {"optim.clip_norm": 1.0, "optim.spike_clip": 0.0},
+             "spike": {"optim.clip_norm": 0.0, "optim.spike_clip": 10.0}}
+FACTORIAL_BLOCKS = {"gpt2": {f"model.{k}": v for k, v in GPT2_BLOCK.items()},
+                    "llama": {k: MODERN_BLOCK[k] for k in BLOCKS["llama"]}}
+FACTORIAL_CAP = 40  # shared seeds: 480 runs, the budget
+FACTORIAL_FRESH_SEED = 400  # no run of any family used 300 on
+FACTORIAL_CELLS = {f"{act}/{clip}/{block}": {"model.activation": act, **CLIPPINGS[clip],
+                                             **FACTORIAL_BLOCKS[block]}
+                   for act in ("relu", "gelu") for clip in CLIPPINGS for block in FACTORIAL_BLOCKS}
+CLIP_WORDS = {"none": "unclipped", "clip": "clipped at 1.0", "spike": "with spike-only clipping"}
+BLOCK_WORDS = {"gpt2": "in GPT-2's block", "llama": "in the LLaMA-style block"}
+
+
+def relu_gelu(clip: str, block: str) -> dict:
+  """D(clip, block): ReLU − GELU under clipping `clip` in `block`, as cell weights."""
+  return {f"relu/{clip}/{block}": 1.0, f"gelu/{clip}/{block}": -1.0}
+
+
+def change(to: tuple[str, str], from_: tuple[str, str], name: str,
+           question: str) -> factorial.Contrast:
+  """D(*to) − D(*from_): how ReLU − GELU changes from one (clipping, block) to another."""
+  weights = {**relu_gelu(*to), **{k: -w for k, w in relu_gelu(*from_).items()}}
+  label = lambda clip, block: f"ReLU − GELU {CLIP_WORDS[clip]} {BLOCK_WORDS[block]}"
+  return factorial.Contrast(name, question, weights, label(*to), label(*from_))
+
+
+FACTORIAL = factorial.Factorial(
+    "factorial", FACTORIAL_CELLS,
+    (factorial.Contrast("relu_gelu", "Does ReLU or GELU give the lower loss in GPT-2's block "
+                        "without clipping (test 1 again)?", relu_gelu("none", "gpt2"), "relu",
+                        "gelu"),
+     change(("clip", "gpt2"), ("none", "gpt2"), "clip_change",
+            "Does clipping at 1.0 change ReLU − GELU (GPT-2's block)?"),
+     change(("spike", "gpt2"), ("none", "gpt2"), "spike_change",
+            "Does spike-only clipping change ReLU − GELU (GPT-2's block)?"),
+     change(("spike", "gpt2"), ("clip", "gpt2"), "spike_vs_clip",
+            "Does spike-only clipping leave ReLU − GELU where clipping at 1.0 does?"),
+     change(("none", "llama"), ("none", "gpt2"), "block_change",
+            "Does the LLaMA-style block change ReLU − GELU (unclipped)?")),
+    pilot_seeds=tuple(range(300, 305)), first_seed=FACTORIAL_FRESH_SEED, cap=FACTORIAL_CAP,
+    rule=preregistered.Rule(alpha=0.05, power=0.8, delta=0.1, min_seeds=20),
+    margins=(0.1, 0.05), sd_confidence=0.8, outcome="final_test_loss", spike=10.0,
+    descriptive=(*(factorial.Contrast(f"relu_gelu_{clip}_{block}", "", relu_gelu(clip, block),
+                                      "relu", "gelu")
+                   for block in FACTORIAL_BLOCKS for clip in CLIPPINGS),
+                 change(("clip", "llama"), ("none", "llama"), "clip_change_llama", ""),
+                 change(("spike", "llama"), ("none", "llama"), "spike_change_llama", "")))
+
+
 def _test(name: str, family: dict, question, a, b, fixed, pilot_studies) -> preregistered.Test:
   """Test `name` of `family` with the family's rules: its K, seeds, cap, outcome and grid."""
   model = "encoder" if fixed.get("model.kind") == "encoder" else "decoder"
@@ -208,7 +322,42 @@ def plateau_exits() -> dict:
   return out
 
 
+def factorial_plan() -> dict | None:
+  """Family 3's pilot as committed (`factorial.pilot`)."""
+  return factorial.pilot(FACTORIAL, RESULTS)
+
+
+def factorial_sweep(seeds: list[int], description: str) -> dict:
+  """Family 3's 12 cells at `seeds`: the activation, the two clipping fields (less the pair no
+  config takes together) and the block (GPT-2's, or the LLaMA-style one by `model.norm_type`
+  with its other fields) as axes."""
+  clip_fields = list(CLIPPINGS["none"])
+  values = {f: sorted({c[f] for c in CLIPPINGS.values()}) for f in clip_fields}
+  exclude = [dict(zip(clip_fields, combo)) for combo in itertools.product(*values.values())
+             if dict(zip(clip_fields, combo)) not in CLIPPINGS.values()]
+  llama = FACTORIAL_BLOCKS["llama"]
+  return {"description": description,
+          "axes": {"model.activation": ["relu", "gelu"], **values,
+                   "model.norm_type": [FACTORIAL_BLOCKS["gpt2"]["model.norm_type"],
+                                       llama["model.norm_type"]]},
+          "seeds": seeds, "fixed": {**DECODER, "optim.lr": FACTORIAL_LR},
+          "fixed_by": {"model.norm_type": {llama["model.norm_type"]: {
+              k: v for k, v in llama.items() if k != "model.norm_type"}}},
+          "exclude": exclude, "baseline": "gelu", "equivalence_margin": RULE.delta}
+
+
 def get_sweep(arg=None):
+  if arg == "factorial_pilot":
+    return factorial_sweep(list(FACTORIAL.pilot_seeds),
+                           "Family 3, pilot: ReLU and GELU × clipping (none, at 1.0, spike-only "
+                           "at 10×) × block (GPT-2, LLaMA-style)")
+  if arg == "factorial":
+    plan = factorial_plan()
+    if plan is None:
+      raise ValueError(f"primary_tests:factorial: its pilot (results/{FACTORIAL.pilot_study}) is "
+                       "not committed yet")
+    return factorial_sweep(FACTORIAL.fresh_seeds(plan["n"]), "Family 3: ReLU and GELU × "
+                           "clipping × block, the fresh seeds")
   if arg == "gated_pilot":
     return {"description": "Primary tests 2-4, pilot: gated FFNs and SiLU across 3 LRs",
             "axes": {"model.activation": ["swiglu", "geglu", "reglu", "silu"],
@@ -229,8 +378,10 @@ def get_sweep(arg=None):
   if arg == "modern_edge":
     return edge_sweep(*MODERN)
   if arg not in TESTS:
-    raise ValueError(f"primary_tests: unknown variant {arg!r}; use one of "
-                     f"{[':gated_pilot', *(f':recipe_{r}_{v}' for r in RECIPES for v in ('pilot', 'edge')), ':modern_pilot', ':modern_edge', *(':' + t for t in TESTS)]}")
+    variants = [":gated_pilot", *(f":recipe_{r}_{v}" for r in RECIPES for v in ("pilot", "edge")),
+                ":modern_pilot", ":modern_edge", ":factorial_pilot", ":factorial",
+                *(":" + t for t in TESTS)]
+    raise ValueError(f"primary_tests: unknown variant {arg!r}; use one of {variants}")
   test, plan = TESTS[arg], pilot(arg)
   if plan is None:
     raise ValueError(f"primary_tests:{arg}: its pilot ({', '.join(test.pilot_studies)}) is not "
@@ -342,6 +493,122 @@ def print_plan(name: str) -> None:
              f"above {plan['detectable']:.3f} nats"))
 
 
+def weights(c: factorial.Contrast) -> str:
+  """A contrast's cells with their signs, as printed."""
+  return " ".join(f"{'+' if w > 0 else '-'} {cell}" if abs(w) == 1 else f"{w:+g} {cell}"
+                  for cell, w in c.weights.items()).removeprefix("+ ")
+
+
+def print_factorial_plan() -> None:
+  """Family 3's design and its pilot's sizing, as `main` prints them."""
+  fam, rule = FACTORIAL, FACTORIAL.rule
+  print(f"family {fam.name!r}: K = {fam.k} contrasts over {len(fam.cells)} cells "
+        f"({', '.join(fam.cells)}) at LR {FACTORIAL_LR:g}, the same seeds in every cell; "
+        f"simultaneous intervals at 1 - {rule.alpha}/{fam.k}, verdicts at "
+        f"+-{' and +-'.join(f'{m:g}' for m in fam.margins)}, an exact sign-flip test beside "
+        f"each; power {rule.power} against delta = {rule.delta} at alpha/K = {fam.alpha:.4f} "
+        f"with each contrast's pilot sd at its upper one-sided {fam.sd_confidence:.0%} bound; "
+        f"n at least {rule.min_seeds}, at most {fam.cap}")
+  plan, pilot_dir = factorial_plan(), f"results/{fam.pilot_study}"
+  for c in fam.contrasts:
+    print(f"- {c.name}: {c.question}\n    {weights(c)}")
+    if plan is not None:
+      p = plan["contrasts"][c.name]
+      print(f"    pilot: {', '.join(f'{v:+.4f}' for v in p['values'])}; sd {p['sd']:.4f}, "
+            f"bound {p['sd_upper']:.4f} -> n = {p['needed']}"
+            + ("" if plan["n"] == plan["needed"] else f"; at {plan['n']}: power "
+               f"{p['power']:.2f} against delta, 80% power above {p['detectable']:.3f} nats"))
+  if plan is None:
+    print(f"  pilot {pilot_dir} (seeds {fam.pilot_seeds[0]}-{fam.pilot_seeds[-1]}, "
+          f"{len(fam.cells) * len(fam.pilot_seeds)} runs): not run yet")
+  else:
+    seeds = fam.fresh_seeds(plan["n"])
+    print(f"  pilot {pilot_dir}, seeds {plan['seeds']}: n = {plan['needed']}"
+          + ("" if plan["n"] == plan["needed"] else f", capped at {plan['n']}")
+          + f" shared seeds ({seeds[0]}-{seeds[-1]}), {len(fam.cells) * plan['n']} runs")
+
+
+def report_factorial() -> None:
+  """Family 3 on its fresh seeds so far (`factorial.verdicts`)."""
+  fam, plan = FACTORIAL, factorial_plan()
+  v = factorial.verdicts(fam, RESULTS)
+  if v is None:
+    print(f"family {fam.name!r}: no seed finished in every cell")
+    return
+  n, planned = len(v["seeds"]), plan["n"] if plan else None
+  print(f"family {fam.name!r}: {n} of {planned} shared seeds; K = {fam.k}, simultaneous "
+        f"intervals at 1 - {fam.rule.alpha}/{fam.k}, Holm over the family"
+        + (f"; left out (a run diverged): {v['left_out']}" if v["left_out"] else ""))
+  for c in fam.contrasts:
+    r = v["contrasts"][c.name]
+    d, (low, high), spikes = r["paired"], r["interval"], r["spikes"]
+    print(f"- {c.name}: {c.a} - ({c.b}) = {d.mean:+.4f}, 95% [{d.ci_low:+.4f}, "
+          f"{d.ci_high:+.4f}], simultaneous [{low:+.4f}, {high:+.4f}]; p {d.p:.3g} (Holm "
+          f"{r['p_holm']:.3g}); sign-flip p {r['p_sign']:.3g} (Holm {r['p_sign_holm']:.3g}); "
+          f"below 0 in {sum(x < 0 for x in r['values'].values())} of {n}; sd {d.sd:.4f}")
+    for m, at in r["margins"].items():
+      print(f"    at +-{m:g}: TOST p {at['p_equiv']:.3g} (Holm {at['p_equiv_holm']:.3g}); "
+            f"verdict: {at['verdict']}" + (" (interim)" if planned and n < planned else ""))
+    print(f"    spiking seeds {len(spikes['spiking_seeds'])} of {n} (mean "
+          f"{spikes['spiking_mean']:+.4f}); without them {spikes['without_spikes']:+.4f}: they "
+          f"carry {spikes['carried']:+.4f}")
+  print("  descriptive (unadjusted 95% intervals): " + "; ".join(
+      f"{name} {d.mean:+.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}]"
+      for name, d in v["descriptive"].items()))
+
+
+EARLY_STEPS = 150  # `review`: the early steps at which clipping's reach is counted
+
+
+def spiking(name: str) -> set:
+  """The fresh seeds of test `name` where a run of either arm passes `FACTORIAL.spike` × its
+  initial gradient norm (the stability rule's threshold)."""
+  test, r = TESTS[name], result(name)
+  runs = RESULTS.by_seed(test.study)
+  return {s for s in r["seeds"]
+          if max(runs[arm, s]["grad_norm_max_rel"] for arm in (test.a, test.b)) > FACTORIAL.spike}
+
+
+def review() -> None:
+  """What the first two families' numbers say past their verdicts (descriptive; the numbers the
+  page's review cites): per test the fresh seeds' sd against the pilot's, the power at it, the
+  normality of the differences and the exact sign-flip p; test 1's and `recipe_clip`'s pairs
+  with and without a spike; how often clipping at 1.0 acted in `recipe_clip`."""
+  for names in FAMILIES.values():
+    for name in names:
+      test, plan, d = TESTS[name], pilot(name), result(name)["paired"]
+      diffs = list(result(name)["diffs"].values())
+      print(f"- {name}: fresh sd {d.sd:.4f} / pilot sd {plan['sd']:.4f} = "
+            f"{d.sd / plan['sd']:.2f}; power against delta at the fresh sd "
+            f"{preregistered.paired_power(d.n, d.sd, RULE.delta, test.alpha):.2f} ({d.n} pairs); "
+            f"Shapiro p {stats.shapiro(diffs).pvalue:.2g}; exact sign-flip p "
+            f"{preregistered.sign_flip_p(diffs):.3g} ({test.a} lower in "
+            f"{sum(x < 0 for x in diffs)} of {d.n})")
+  without = {}
+  for name in ("relu_gelu", "recipe_clip"):
+    r, spikes = result(name), spiking(name)
+    without[name] = [x for s, x in r["diffs"].items() if s not in spikes]
+    print(f"{name}: {len(spikes)} of {len(r['seeds'])} seeds spike (> {FACTORIAL.spike:g}x), "
+          f"their pairs {min(r['diffs'][s] for s in spikes):+.3f} to "
+          f"{max(r['diffs'][s] for s in spikes):+.3f}; the other {len(without[name])} pairs "
+          f"{np.mean(without[name]):+.4f} (sd {np.std(without[name], ddof=1):.4f}); all "
+          f"{r['paired'].mean:+.4f}: the spiking seeds carry "
+          f"{r['paired'].mean - np.mean(without[name]):+.4f}")
+  welch = stats.ttest_ind(without["relu_gelu"], without["recipe_clip"], equal_var=False)
+  print(f"pairs without a spike, relu_gelu against recipe_clip: Welch p {welch.pvalue:.2g}")
+  test, summaries = TESTS["recipe_clip"], RESULTS.summaries(TESTS["recipe_clip"].study)
+  clip = test.fixed["optim.clip_norm"]
+  for arm in (test.a, test.b):
+    runs = {key: run for key, run in RESULTS.runs(test.study).items() if key[0] == arm}
+    early = [g for run in runs.values()
+             for step, g in curves.curve(run / "metrics.jsonl", "grad_norm").items()
+             if step <= EARLY_STEPS]
+    first = [summaries[key]["grad_norm_init"] for key in runs]
+    print(f"recipe_clip, {arm}: the gradient norm is above clip_norm {clip:g} at "
+          f"{sum(g > clip for g in early)} of {len(early)} logged steps <= {EARLY_STEPS} "
+          f"({len(runs)} runs); at step 0 {min(first):.2f}-{max(first):.2f}")
+
+
 FIGURE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "img" / "activation_x_recipe.png"
 
 
@@ -384,8 +651,10 @@ def main(what: str = "plan") -> None:
           f"{RULE.alpha / len(names):.4f}, two-sided paired t-test")
     for name in names:
       print_plan(name)
+  print_factorial_plan()
   if what == "report":
     report()
+    report_factorial()
   if what == "figure":
     figure()
   if what == "plateau":
@@ -414,6 +683,8 @@ def main(what: str = "plan") -> None:
         print("    A - B: " + "; ".join(
             f"{SEEDS_WHERE[g]} {n} pairs, {mean:+.3f}" + (f" (sd {sd:.3f})" if sd is not None else "")
             for g, (n, mean, sd) in groups.items()))
+  if what == "review":
+    review()
   if what == "excess":
     for study in ("relu_vs_gelu_cpu_epoch",):
       print(f"loss excess over the best LR, integrated over training ({study}):")

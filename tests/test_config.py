@@ -47,9 +47,10 @@ SWEEP_FILES = [*(p for p in sorted((REPO / "experiments").glob("*.py"))
 SWEEP_VARIANTS = {"primary_tests": ["gated_pilot", "relu_gelu", "swiglu_silu", "geglu_gelu",
                                    "reglu_relu", "bert_relu_gelu", "bert_tanh_gelu",
                                    "bert_swiglu_gelu", "recipe_clip_pilot", "recipe_warmup_pilot",
-                                   "recipe_wide_pilot", "recipe_clip_warmup_pilot"],
+                                   "recipe_wide_pilot", "recipe_clip_warmup_pilot",
+                                   "factorial_pilot"],
                   "relu_vs_gelu_lr": ["", "smoke", "smoke_llama"]}
-SWEEP_BASES = {"primary_tests": [REFERENCE] * 5 + ["configs/bert_gelu.py"] * 3 + [REFERENCE] * 4,
+SWEEP_BASES = {"primary_tests": [REFERENCE] * 5 + ["configs/bert_gelu.py"] * 3 + [REFERENCE] * 5,
                "bert_ffn_activation": ["configs/bert_gelu.py", "configs/bert_gelu.py"],
                "bert_pooler": ["configs/bert_gelu.py:classify",
                                "configs/bert_gelu.py:smoke_classify"]}

@@ -1,5 +1,6 @@
 """The grid of a sweep file: names, overrides, refusals, the shipped sweep files, shards."""
 
+import dataclasses
 import json
 import re
 
@@ -149,3 +150,19 @@ def test_fixed_by_sets_fields_for_the_cells_of_one_axis_value():
               {"model.activation": {"gelu": {"train.seed": 3}}}, {"model.activation": [1]}):
     with pytest.raises(config_lib.ConfigError, match="fixed_by"):
       grid.parse({"axes": {"model.activation": ["relu", "gelu"]}, "fixed_by": bad})
+
+
+def test_exclude_leaves_out_the_cells_with_every_value_of_an_entry():
+  """Three clipping settings from two fields that one config refuses together."""
+  s = grid.parse({"axes": {"model.activation": ["relu"], "optim.clip_norm": [0.0, 1.0],
+                           "optim.spike_clip": [0.0, 10.0]}, "seeds": [0],
+                  "exclude": [{"optim.clip_norm": 1.0, "optim.spike_clip": 10.0}]})
+  assert [c.name for c in grid.cells(tiny(), s)] == [
+      "activation=relu,clip_norm=0,spike_clip=0,seed=0",
+      "activation=relu,clip_norm=0,spike_clip=10,seed=0",
+      "activation=relu,clip_norm=1,spike_clip=0,seed=0"]
+  with pytest.raises(config_lib.ConfigError, match="one clipping at a time"):
+    grid.cells(tiny(), dataclasses.replace(s, exclude=[]))
+  for bad in ([{"optim.clip_norm": 2.0}], [{"optim.b1": 0.9}], [{}], ["optim.clip_norm"]):
+    with pytest.raises(config_lib.ConfigError, match="exclude"):
+      grid.parse({"axes": {"optim.clip_norm": [0.0, 1.0]}, "exclude": bad})

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from actlab.report import preregistered
+from actlab.report import factorial, preregistered
 from actlab.sweep import grid
 from conftest import REPO, tiny, tiny_encoder
 from test_preregistered import write_run
@@ -151,6 +151,7 @@ def test_stability_ranges_each_arms_measures_over_its_fresh_seeds(tmp_path, monk
   assert by_stability("relu_gelu") == {"stable": (1, pytest.approx(0.013), None),
                                                "unstable": (1, pytest.approx(-0.548), None)}
   assert by_stability("swiglu_silu") == {}
+  assert primary.spiking("relu_gelu") == {100}  # GELU past 10x its initial norm; 102 unpaired
 
 
 def test_the_platform_shift_of_a_minus_b_is_taken_over_seeds_with_both_arms_rerun(tmp_path,
@@ -238,3 +239,78 @@ def test_the_modern_blocks_tests_share_one_pilot_and_one_step_past_its_edge(tmp_
   c = cells[0].config.model
   assert (c.norm_type, c.position, c.bias, c.tie_head, c.ffn) == ("rms", "rope", False, False,
                                                                    "plain")
+
+
+def test_the_factorials_pilot_is_its_12_cells_on_five_seeds_no_test_reads(tmp_path, monkeypatch):
+  """ReLU, GELU × no clipping, clipping at 1.0, spike-only clipping at 10× × GPT-2's block, the
+  LLaMA-style one with a plain FFN, at LR 3e-3 and test 1's recipe; each sweep cell is one cell
+  of the family; the fresh seeds wait for the committed pilot."""
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
+  fam = primary.FACTORIAL
+  assert (fam.k, fam.alpha, fam.rule.min_seeds, fam.cap, fam.margins) == (5, 0.01, 20, 40,
+                                                                          (0.1, 0.05))
+  cells = grid.cells(tiny(), grid.parse(primary.get_sweep("factorial_pilot")))
+  assert len(cells) == 60 and {c.config.train.seed for c in cells} == {300, 301, 302, 303, 304}
+  by_cell = {}
+  for c in cells:
+    by_cell.setdefault(factorial.cell_of(fam, c.config.to_dict()), []).append(c.config)
+  assert sorted(by_cell) == sorted(fam.cells) and {len(v) for v in by_cell.values()} == {5}
+  for cell, configs in by_cell.items():
+    act, clip, block = cell.split("/")
+    m, o = configs[0].model, configs[0].optim
+    assert (m.activation, o.lr, o.warmup_steps, m.d_model, configs[0].train.steps) == (
+        act, 3e-3, 45, 128, 450)
+    assert (o.clip_norm, o.spike_clip) == {"none": (0.0, 0.0), "clip": (1.0, 0.0),
+                                           "spike": (0.0, 10.0)}[clip]
+    assert (m.norm_type, m.position, m.bias, m.tie_head, m.ffn) == (
+        ("rms", "rope", False, False, "plain") if block == "llama" else
+        ("layer", "learned", True, True, "auto"))
+  assert set(fam.pilot_seeds).isdisjoint(fam.fresh_seeds(fam.cap))
+  with pytest.raises(ValueError, match="factorial: its pilot .* is not committed yet"):
+    primary.get_sweep("factorial")
+
+
+def test_the_factorials_n_is_the_most_any_contrast_asks_at_its_sds_bound(tmp_path, monkeypatch,
+                                                                          capsys):
+  """A pilot whose spike-only cells vary most: spike_change and spike_vs_clip ask for the most
+  seeds; every cell's fresh runs are the same n seeds from 400; `plan` and `report` print it."""
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
+  fam, rng = primary.FACTORIAL, np.random.default_rng(2)
+  noise = {"none": 0.02, "clip": 0.02, "spike": 0.06}
+  for seed in fam.pilot_seeds:
+    for cell in fam.cells:
+      act, clip, _ = cell.split("/")
+      write_factorial_run(tmp_path / fam.pilot_study, cell, seed,
+                          4.0 + 0.1 * (act == "gelu") + noise[clip] * rng.standard_normal())
+  plan = primary.factorial_plan()
+  needs = {name: c["needed"] for name, c in plan["contrasts"].items()}
+  assert plan["n"] == min(max(needs.values()), 40) and max(needs, key=needs.get) in (
+      "spike_change", "spike_vs_clip")
+  sd = plan["contrasts"]["relu_gelu"]["sd"]
+  assert plan["contrasts"]["relu_gelu"]["sd_upper"] == pytest.approx(
+      sd * np.sqrt(4 / 1.6487766), rel=1e-6)
+  cells = grid.cells(tiny(), grid.parse(primary.get_sweep("factorial")))
+  assert len(cells) == 12 * plan["n"]
+  assert sorted({c.config.train.seed for c in cells}) == list(range(400, 400 + plan["n"]))
+  for seed in (400, 401, 402):
+    for cell in fam.cells:
+      write_factorial_run(tmp_path / fam.study, cell, seed, 4.0 + 0.01 * seed + 0.1 * (
+          cell.startswith("gelu/none/gpt2")), grad_rel=30.0 if cell == "gelu/none/gpt2" else 2.0)
+  primary.main("report")
+  out = capsys.readouterr().out
+  assert "family 'factorial': 3 of" in out and "sign-flip p 0.25" in out  # 2 of 8 patterns
+  assert "spiking seeds 3 of 3" in out
+
+
+def write_factorial_run(root, cell, seed, test, grad_rel=2.0):
+  """A finished run of family 3's `cell` (its config as the sweep writes it, nested)."""
+  fields = {**primary.FACTORIAL.cells[cell], "train.seed": seed}
+  config = {}
+  for key, value in fields.items():
+    section, name = key.split(".")
+    config.setdefault(section, {})[name] = value
+  run = root / f"{cell.replace('/', ',')},seed={seed}"
+  run.mkdir(parents=True)
+  (run / "config.json").write_text(json.dumps(config))
+  (run / "summary.json").write_text(json.dumps({"status": "stable", "final_test_loss": test,
+                                                "grad_norm_max_rel": grad_rel}))

@@ -143,6 +143,18 @@ def test_table_means_status_counts_and_missing_cells(tmp_path, drawn):
   assert not (tmp_path / "plots" / "sharpness.png").exists()
 
 
+def test_a_report_without_plots_draws_and_links_none_and_says_how_it_was_written(tmp_path):
+  """`--no-plots`: a report committed beside its runs links no file the repository does not keep
+  (results/*/plots/ is ignored); its command says so, so that running it again writes it again."""
+  _fake_sweep(tmp_path, np.random.default_rng(0))
+  assert report.main(["actlab.report", str(tmp_path), "--no-plots"]) == 0
+  text = (tmp_path / "report.md").read_text()
+  assert not (tmp_path / "plots").exists() and "](" not in text and "png" not in text
+  assert f"Written by `python -m actlab.report {tmp_path} --no-plots`" in text
+  assert text.split("## Plots")[1].split("## Runs")[0].strip() == report.NO_PLOTS
+  assert "/results/*/plots/" in (REPO / ".gitignore").read_text().splitlines()
+
+
 @pytest.mark.slow
 def test_lr_sensitivity_follows_wortsman_definition(tmp_path, drawn):
   rng = np.random.default_rng(1)

@@ -15,8 +15,9 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import core, data
+from actlab import config as config_lib, core, data
 from actlab.config import specs
+from actlab.infra import checkpoint
 from actlab.measure import evaluators
 from actlab.tasks import mlm
 from actlab.run import loop as loop_lib, pretrained, train
@@ -45,6 +46,35 @@ def test_weight_decay_mask_matrices_and_embeddings_only():
   assert flat["block_0/attn/query/kernel"] and flat["block_1/ffn/down/kernel"]
   assert not flat["block_0/attn/query/bias"] and not flat["block_0/ln_ffn/scale"]
   assert not flat["ln_f/bias"]
+
+
+def flat_mask(config):
+  """{"a/b/leaf": (decayed, ndim)} of `config`'s model parameters."""
+  params = jax.eval_shape(compiled_lib.create_step(config, 257).init, 0).params
+  mask = core.step.decay_mask(params)
+  return {"/".join(k.key for k in path): (v, leaf.ndim) for (path, v), leaf in
+          zip(jax.tree_util.tree_leaves_with_path(mask), jax.tree.leaves(params))}
+
+
+def test_the_llama_style_blocks_untied_head_is_decayed_as_every_matrix():
+  """docs/running.md: weight decay on matrices and embeddings; nanoGPT and benchmarks/torch_ref.py
+  decay every parameter of two or more dimensions, the same set where no layer axis is stacked."""
+  flat = flat_mask(config_lib.decoder("silu", "tiny", "llama"))
+  assert flat["lm_head"] == (True, 2)
+  assert {k: v for k, (v, ndim) in flat.items() if v != (ndim >= 2)} == {}
+  assert not flat["block_0/ln_attn/scale"][0]
+
+
+@pytest.mark.parametrize("model, scanned", [("gpt2", False), ("encoder", False), ("gpt2", True)])
+def test_the_tied_blocks_masks_are_the_kernels_and_embeddings_as_before(model, scanned):
+  """GPT-2's head is its embedding and BERT's MLM head a bias over it: their masks are the old
+  rule's (leaves named `kernel` or `embedding`); under `model.scan_layers` a bias or scale has a
+  layer axis, two dimensions, and is still not decayed."""
+  config = (tiny if model == "gpt2" else tiny_encoder)(**{"model.scan_layers": scanned})
+  flat = flat_mask(config)
+  assert {k: v for k, (v, _) in flat.items()} == {
+      k: k.rsplit("/", 1)[-1] in ("kernel", "embedding") for k in flat}
+  assert any(not v and ndim == 2 for v, ndim in flat.values()) == scanned
 
 
 def test_adamw_matches_closed_form_first_step():
@@ -79,6 +109,94 @@ def test_clipping_scales_the_gradient_to_clip_norm_before_adamw(clip_norm, scale
   np.testing.assert_allclose(updates["kernel"],
                              -0.1 * (g_kernel / (np.abs(g_kernel) + 1) + decay_kernel), rtol=1e-6)
   np.testing.assert_allclose(updates["bias"], -0.1 * g_bias / (np.abs(g_bias) + 1), rtol=1e-6)
+
+
+SPIKE_PARAMS = {"kernel": jnp.zeros((1, 2)), "bias": jnp.zeros(1)}
+
+
+def gradient(norm):
+  """A gradient of global norm `norm`, always in the direction (0.6, 0, 0.8)."""
+  return {"kernel": jnp.array([[0.6 * norm, 0.0]]), "bias": jnp.array([0.8 * norm])}
+
+
+def test_spike_clipping_scales_only_norms_above_the_multiple_of_the_first_steps():
+  """Threshold 10 × the first step's norm 2 = 20: norms 2, 15, 20 pass unchanged; 50 and 400 are
+  scaled to exactly 20; the first norm stays in the state throughout."""
+  tx, norms = core.step.clip_spikes(10.0), [2.0, 15.0, 50.0, 20.0, 400.0, 3.0]
+  state = tx.init(SPIKE_PARAMS)
+  for norm in norms:
+    clipped, state = tx.update(gradient(norm), state)
+    expected = jax.tree.map(lambda g: np.asarray(g) * min(1.0, 20.0 / norm), gradient(norm))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), clipped, expected)
+    assert float(optax.tree.norm(clipped)) == pytest.approx(min(norm, 20.0), rel=1e-6)
+    assert float(state.initial_norm) == pytest.approx(2.0, rel=1e-6)
+  assert core.step.clip_spikes(10.0).update(gradient(0.0), state)[0]["bias"][0] == 0.0
+
+
+def test_spike_clipping_keeps_each_runs_first_norm_vectorized_and_across_a_checkpoint(tmp_path):
+  """Under `jax.vmap` (a vectorized sweep) each run's threshold is its own first norm: 1 and 4,
+  threshold 10 and 40, so a norm of 30 is clipped in the first run only. The state is a leaf of
+  the checkpoint: saved after two steps and restored, the next steps are the uninterrupted ones,
+  bit for bit."""
+  tx = core.optimizer(core.OptimSpec(total_steps=10, warmup_steps=0, clip_norm=0.0,
+                                     spike_clip=10.0))
+  stack = lambda *trees: jax.tree.map(lambda *x: jnp.stack(x), *trees)
+  params = stack(SPIKE_PARAMS, SPIKE_PARAMS)
+  state = jax.vmap(tx.init)(params)
+  update = jax.jit(jax.vmap(tx.update))
+  steps = [stack(gradient(1.0), gradient(4.0)), stack(gradient(30.0), gradient(30.0)),
+           stack(gradient(500.0), gradient(2.0)), stack(gradient(20.0), gradient(80.0))]
+  states = [state]
+  for grads in steps:
+    states.append(update(grads, states[-1], params)[1])
+  inner = lambda s: s.inner_state[0]  # inject_hyperparams' chain: the clipping's state first
+  np.testing.assert_allclose(inner(states[-1]).initial_norm, [1.0, 4.0], rtol=1e-6)
+  clipped, _ = jax.vmap(core.step.clip_spikes(10.0).update)(steps[1], inner(states[1]))
+  np.testing.assert_allclose(optax.tree.norm(jax.tree.map(lambda g: g[0], clipped)), 10.0,
+                             rtol=1e-6)
+  np.testing.assert_array_equal(jax.tree.map(lambda g: g[1], clipped)["bias"], [24.0])
+  with checkpoint.Checkpoints(tmp_path, 3) as ck:
+    ck.save(2, states[2], {})
+  with checkpoint.Checkpoints(tmp_path, 3, read_only=True) as ck:
+    resumed, _ = ck.restore(2, state)
+  for grads in steps[2:]:
+    resumed = update(grads, resumed, params)[1]
+  jax.tree.map(np.testing.assert_array_equal, resumed, states[-1])
+
+
+@pytest.mark.parametrize("clip_norm", [1.0, 0.0])
+def test_without_spike_clipping_the_optimizer_is_the_one_before_it(clip_norm):
+  """spike_clip 0 (the default): the chain, its state's structure and its updates are those of
+  the optimizer before the field existed (written out here), bit for bit."""
+  optim = core.OptimSpec(total_steps=20, warmup_steps=5, clip_norm=clip_norm)
+  unit = core.step.schedule(optim)
+
+  @optax.inject_hyperparams
+  def before(peak_lr):
+    clip = optax.clip_by_global_norm(clip_norm) if clip_norm else optax.identity()
+    return optax.chain(clip, optax.adamw(
+        lambda step: peak_lr * unit(step), b1=optim.b1, b2=optim.b2, eps=optim.eps,
+        weight_decay=optim.weight_decay, mask=core.step.decay_mask))
+
+  old, new = before(peak_lr=optim.lr), core.optimizer(optim)
+  params = {"kernel": jnp.array([[1.0, -2.0]]), "bias": jnp.array([3.0])}
+  s_old, s_new = old.init(params), new.init(params)
+  assert jax.tree.structure(s_old) == jax.tree.structure(s_new)
+  for norm in (0.5, 3.0, 40.0):
+    (u_old, s_old), (u_new, s_new) = (tx.update(gradient(norm), s, params)
+                                      for tx, s in ((old, s_old), (new, s_new)))
+    jax.tree.map(np.testing.assert_array_equal, (u_new, s_new), (u_old, s_old))
+
+
+def test_clip_norm_and_spike_clip_are_one_clipping_at_a_time():
+  with pytest.raises(config_lib.ConfigError, match=r"^optim.clip_norm=1.0 and "
+                     r"optim.spike_clip=10.0: one clipping at a time; set the other to 0$"):
+    config_lib.validate(tiny(**{"optim.spike_clip": 10.0}))
+  with pytest.raises(config_lib.ConfigError, match=r"^optim.spike_clip=-1.0 must be >= 0"):
+    config_lib.validate(tiny(**{"optim.clip_norm": 0.0, "optim.spike_clip": -1.0}))
+  with pytest.raises(ValueError, match="one clipping at a time"):
+    core.OptimSpec(total_steps=200, spike_clip=10.0)
+  config_lib.validate(tiny(**{"optim.clip_norm": 0.0, "optim.spike_clip": 10.0}))
 
 
 @pytest.mark.slow

@@ -114,6 +114,11 @@ class Optim:
                                 # (AdamW); matrices and embeddings only
   clip_norm: float = core_field(core.OptimSpec, "clip_norm", non_negative(" (0 disables)"))
                                 # clip_by_global_norm threshold; 0 disables clipping
+  spike_clip: float = core_field(core.OptimSpec, "spike_clip", non_negative(" (0 = off)"))
+                                # spike-only clipping: a gradient whose global norm is above
+                                # spike_clip × the run's own at its first step is scaled to that
+                                # norm, any other left as it is (10: the stability rule's
+                                # threshold); 0 = off; not with clip_norm
   z_loss: float = field(0.0, non_negative(" (0 = off)"))  # z-loss coefficient (PaLM): training
                                 # adds z_loss · mean (log Z)² over the predicted positions, log Z
                                 # = logsumexp of the output logits; train_loss and val_loss stay

@@ -39,6 +39,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
         f"plain activation ({activations.GATE_BASE.get(m.activation)!r}) or model.ffn='gated'")
   check(0 <= o.warmup_steps < t.steps,
         f"optim.warmup_steps={o.warmup_steps} must be >= 0 and < train.steps={t.steps}")
+  check(not (o.clip_norm and o.spike_clip),
+        f"optim.clip_norm={o.clip_norm} and optim.spike_clip={o.spike_clip}: one clipping at a "
+        "time; set the other to 0")
   check(d.seq_len <= m.max_len,
         f"data.seq_len={d.seq_len} is longer than model.max_len={m.max_len}")
   check(not mt.wandb_project or importlib.util.find_spec("wandb") is not None,

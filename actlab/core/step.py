@@ -1,11 +1,11 @@
-"""One run's training step, pure: the optimizer (`OptimSpec`: clip → AdamW with warm-up and
-cosine), the `TrainState`, and `Step`: `init(seed, peak_lr)`, `train_step(state, batch)` and
-`eval_step(params, batch)` of an `Objective` (transformer.py).
+"""One run's training step, pure: the optimizer (`OptimSpec`: clipping, at a norm or of spikes
+only, → AdamW with warm-up and cosine), the `TrainState`, and `Step`: `init(seed, peak_lr)`,
+`train_step(state, batch)` and `eval_step(params, batch)` of an `Objective` (transformer.py).
 """
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax
 import jax
@@ -32,11 +32,15 @@ class OptimSpec:
   eps: float = 1e-8
   weight_decay: float = 0.1     # decoupled (AdamW); matrices and embeddings only
   clip_norm: float = 1.0        # clip_by_global_norm threshold; 0 disables clipping
+  spike_clip: float = 0.0       # spike-only clipping (`clip_spikes`) at this multiple; 0: off
 
   def __post_init__(self):
     if not 0 <= self.warmup_steps < self.total_steps:
       raise ValueError(f"OptimSpec: warmup_steps={self.warmup_steps} must be at least 0 and less "
                        f"than total_steps={self.total_steps}")
+    if self.clip_norm and self.spike_clip:
+      raise ValueError(f"OptimSpec: clip_norm={self.clip_norm} and spike_clip={self.spike_clip}: "
+                       "one clipping at a time (0 turns either off)")
 
 
 def schedule(optim: OptimSpec) -> optax.Schedule:
@@ -46,21 +50,61 @@ def schedule(optim: OptimSpec) -> optax.Schedule:
       decay_steps=optim.total_steps, end_value=optim.min_lr_ratio)
 
 
+# The leaves weight decay applies to, by name: every matrix (a dense layer's kernel, the untied
+# LM head) and embedding; never a bias or a norm's scale. By name, not by `ndim >= 2`: under
+# `model.scan_layers` biases and scales carry a layer axis too.
+DECAYED = ("kernel", "embedding", "lm_head")
+
+
 def decay_mask(params):
-  """True for weight matrices and embeddings; False for biases and norm scales."""
+  """True for weight matrices (the untied head `lm_head` included) and embeddings; False for
+  biases and norm scales."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding"), params)
+      lambda path, _: getattr(path[-1], "key", None) in DECAYED, params)
+
+
+class SpikeClipState(NamedTuple):
+  initial_norm: jax.Array       # the gradient's global norm at the run's first step; 0 before it
+
+
+def clip_spikes(multiple: float) -> optax.GradientTransformation:
+  """Spike-only clipping: a gradient whose global norm is above `multiple` × the run's own at its
+  first step is scaled to that norm, as `optax.clip_by_global_norm` scales; any other passes
+  unchanged. The first step's norm is kept in the state: a resumed run keeps it, and each run of
+  a vectorized program (the state mapped over runs) has its own."""
+  def init(params):
+    del params
+    return SpikeClipState(jnp.zeros((), jnp.float32))
+
+  def update(updates, state, params=None):
+    del params
+    norm = optax.tree.norm(updates)
+    initial = jnp.where(state.initial_norm > 0, state.initial_norm, norm).astype(jnp.float32)
+    limit = multiple * initial
+    keep = norm <= limit  # also a zero first gradient (limit 0)
+    updates = jax.tree.map(lambda t: jnp.where(keep, t, (t / norm.astype(t.dtype)) * limit),
+                           updates)
+    return updates, SpikeClipState(initial)
+
+  return optax.GradientTransformation(init, update)
+
+
+def clipping(optim: OptimSpec) -> optax.GradientTransformation:
+  """The gradient's clipping before AdamW: at the global norm `clip_norm`, of spikes only above
+  `spike_clip` × the first step's norm (`clip_spikes`), or none."""
+  if optim.clip_norm:
+    return optax.clip_by_global_norm(optim.clip_norm)
+  return clip_spikes(optim.spike_clip) if optim.spike_clip else optax.identity()
 
 
 def optimizer(optim: OptimSpec) -> optax.GradientTransformation:
-  """clip_by_global_norm → AdamW (decay on matrices and embeddings) at `peak_lr · schedule`; the
-  peak LR lives in the optimizer state (`optax.inject_hyperparams`), not in the compiled program."""
+  """`clipping` → AdamW (decay on matrices and embeddings) at `peak_lr · schedule`; the peak LR
+  lives in the optimizer state (`optax.inject_hyperparams`), not in the compiled program."""
   unit = schedule(optim)
 
   @optax.inject_hyperparams
   def adamw(peak_lr):
-    clip = optax.clip_by_global_norm(optim.clip_norm) if optim.clip_norm else optax.identity()
-    return optax.chain(clip, optax.adamw(
+    return optax.chain(clipping(optim), optax.adamw(
         lambda step: peak_lr * unit(step), b1=optim.b1, b2=optim.b2, eps=optim.eps,
         weight_decay=optim.weight_decay, mask=decay_mask))
 

@@ -226,6 +226,7 @@ def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
 # Fields a config gained after runs were written with it: a config.json without one had this value.
 ADDED_FIELDS = {("train", "init_from"): "",  # decoders since 0.1.0 (encoders always had it)
                 ("data", "test_batches"): 0, ("model", "qk_norm"): False, ("optim", "z_loss"): 0.0,
+                ("optim", "spike_clip"): 0.0,
                 ("metrics", "grad_rel_max"): 10.0,  # runs from before have no grad_norm_init
                 # The block options: every run before them built GPT-2's or BERT's block.
                 ("model", "norm_type"): "layer", ("model", "position"): "learned",

@@ -1,5 +1,6 @@
 """Sweep directories → `report.md`, `runs.csv` and `plots/*.png` (`python -m actlab.report
---help`; what the report holds: docs/sweeps.md, "The report"; each number: docs/metrics.md §8,
+--help`; `--no-plots` for a report committed beside its runs, whose plots/ is not kept; what the
+report holds: docs/sweeps.md, "The report"; each number: docs/metrics.md §8,
 §9). This module assembles and writes the files; `load` reads the sweeps, `tables` writes the
 markdown, `plots` draws, `to_csv` writes runs.csv; `stats` and `comparisons` compute the numbers."""
 
@@ -45,13 +46,21 @@ def _consequence(unreadable: str) -> str:
   return unreadable
 
 
-def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()) -> pathlib.Path:
-  """Writes `<out>/report.md`, `<out>/runs.csv` and `<out>/plots/*.png` for the sweep directory
-  `roots` or several merged (`out` defaults to the only one; `axes`: fields they fix at
-  different values, compared as axes: `report_load.load_many`); returns the report's path."""
+# The plots section of a report written without plots.
+NO_PLOTS = ("*Not drawn (`--no-plots`: a report committed beside its runs, whose `plots/` the "
+            "repository does not keep); the same command without the flag draws them into "
+            "`plots/` and links them here.*")
+
+
+def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = (),
+          plots: bool = True) -> pathlib.Path:
+  """Writes `<out>/report.md`, `<out>/runs.csv` and, with `plots`, `<out>/plots/*.png` (linked
+  from the report; without, the report links none) for the sweep directory `roots` or several
+  merged (`out` defaults to the only one; `axes`: fields they fix at different values, compared
+  as axes: `report_load.load_many`); returns the report's path."""
   # Here, not at the top: matplotlib and scipy take about a second to import, and the sweep
   # imports this package for `stats` alone (its grid checks), in every worker it starts.
-  from actlab.report import plots, tables
+  from actlab.report import plots as report_plots, tables
   roots = [roots] if isinstance(roots, (str, pathlib.Path)) else list(roots)
   if out is None and len(roots) > 1:
     raise UserError("several sweep directories: say where the report goes with --out=DIR")
@@ -69,7 +78,8 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
                   f"config and count once ({named}). " if duplicates else "")
   command = " ".join(["python -m actlab.report", *map(relative, roots),
                       *(f"--axis={a}" for a in axes),
-                      *([f"--out={relative(out)}"] if len(roots) > 1 else [])])
+                      *([f"--out={relative(out)}"] if len(roots) > 1 else []),
+                      *([] if plots else ["--no-plots"])])
   lines = [f"# {manifest.get('description') or 'Sweep report'}", "",
            f"Sweep `{manifest['sweep']}`: {done} of {len(runs)} runs finished{not_done}; seeds "
            f"{', '.join(map(str, manifest['seeds']))}. {counted_once}Per-run numbers: "
@@ -81,7 +91,8 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
   for title, text, table in tables.sections(manifest, runs, pick_baseline(manifest, baseline)):
     if table:
       lines += [f"## {title}", "", text, "", table, ""]
-  lines += ["## Plots", "", *plots.write(manifest, runs, out / "plots"), "",
+  drawn = report_plots.write(manifest, runs, out / "plots") if plots else [NO_PLOTS]
+  lines += ["## Plots", "", *drawn, "",
             "## Runs", "", tables.runs_table(runs), ""]
   report_csv.write(manifest, runs, out / "runs.csv")
   path = out / "report.md"
@@ -126,11 +137,15 @@ def main(argv: Sequence[str]) -> int:
   parser.add_argument("--archive", help="copy the sweep's per-run data (sweep.json; each run's "
                       "config.json, summary.json, metrics.jsonl) here, and write the report "
                       "from the copy (one sweep directory)")
+  parser.add_argument("--no-plots", dest="plots", action="store_false", help="draw no plots "
+                      "and link none: a report committed beside its runs (results/<study>), "
+                      "whose plots/ the repository does not keep")
   args = parser.parse_args(argv[1:])
   with reported():
     if args.archive and len(args.workdirs) > 1:
       raise UserError("--archive takes one sweep directory")
     roots = [archive(args.workdirs[0], args.archive)] if args.archive else args.workdirs
-    path = write(roots, args.baseline, args.out, args.axis)
-  print(f"wrote {path}, {path.parent / 'runs.csv'} and {path.parent / 'plots'}/")
+    path = write(roots, args.baseline, args.out, args.axis, args.plots)
+  print(f"wrote {path} and {path.parent / 'runs.csv'}"
+        + (f" and {path.parent / 'plots'}/" if args.plots else ""))
   return 0

@@ -1,11 +1,14 @@
 """Pre-registered paired tests: a `Test` states one comparison, A − B paired by seed, before any
 of its runs, under its family's `Rule`; its pilot chooses each arm's LR on validation and the
 number of fresh seeds by the power of a paired t-test (`pilot`); its fresh seeds answer it
-(`result`, `verdicts`: the claim rule of comparisons.py). Reads committed run directories
-(`Results`); never trains. experiments/primary_tests.py states the project's tests with it.
+(`result`, `verdicts`: the claim rule of comparisons.py); `sd_upper` bounds a pilot's sd and
+`sign_flip_p` tests beside the t (report/factorial.py, a factorial family, uses them). Reads
+committed run directories (`Results`); never trains. experiments/primary_tests.py states the
+project's tests with it.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import pathlib
@@ -240,3 +243,32 @@ def by_stability(test: Test, results: Results) -> dict:
     groups.setdefault("unstable" if seed in r["unstable_seeds"] else "stable", []).append(diff)
   return {g: (len(d), float(np.mean(d)), float(np.std(d, ddof=1)) if len(d) > 1 else None)
           for g, d in sorted(groups.items())}
+
+
+# --- For a family sized from a short pilot and tested beside the t (report/factorial.py)
+
+def sd_upper(sd: float, n: int, confidence: float = 0.8) -> float:
+  """The upper one-sided `confidence` bound of the sd of normal values whose sample sd over n of
+  them is `sd`: sd · √((n − 1) / χ²), χ² the chi-square quantile at 1 − confidence, n − 1 df."""
+  return sd * math.sqrt((n - 1) / stats.chi2.ppf(1 - confidence, n - 1))
+
+
+SIGN_FLIP_MAX = 44  # pairs: 2 × 2^22 half sums in memory
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float:
+  """The exact two-sided p of the sign-flip test of no difference: the share of the 2^n sign
+  patterns of the n values whose |sum| is at least the observed one (float ties within 1e-9 of
+  it count), exact under the sole assumption that each value is symmetric about 0 under the null.
+  Every pattern, counted in halves: the 2^(n/2) sums of each half, one sorted."""
+  d = np.asarray(diffs, np.float64)
+  if not 1 <= d.size <= SIGN_FLIP_MAX or not np.all(np.isfinite(d)):
+    raise ValueError(f"sign_flip_p: 1 to {SIGN_FLIP_MAX} finite values, got {d.size}")
+  observed = abs(d.sum()) - 1e-9 * np.abs(d).sum()
+  if observed <= 0:
+    return 1.0
+  sums = lambda xs: functools.reduce(lambda s, x: np.concatenate([s + x, s - x]), xs, np.zeros(1))
+  left, right = sums(d[: d.size // 2]), np.sort(sums(d[d.size // 2:]))
+  above = right.size - np.searchsorted(right, observed - left, "left")   # sum ≥ observed
+  below = np.searchsorted(right, -observed - left, "right")              # sum ≤ −observed
+  return float((above.sum() + below.sum()) / 2.0 ** d.size)

@@ -26,6 +26,7 @@ class Sweep:
   pairs: list = dataclasses.field(default_factory=list)  # [A, B]: also compared, A − B, per LR
   equivalence_margin: float | None = None  # nats of final val loss, stated before running
   fixed_by: dict = dataclasses.field(default_factory=dict)  # axis -> its value -> overrides
+  exclude: list = dataclasses.field(default_factory=list)  # [{axis: value}]: cells left out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +67,8 @@ def parse(d: dict) -> Sweep:
                                  f"final val loss), got {margin!r}")
   return Sweep(axes, seeds, dict(d.get("fixed", {})), d.get("description", ""),
                d.get("baseline"), _pairs(axes, d.get("pairs", [])),
-               None if margin is None else float(margin), _fixed_by(axes, d.get("fixed_by", {})))
+               None if margin is None else float(margin), _fixed_by(axes, d.get("fixed_by", {})),
+               _exclude(axes, d.get("exclude", [])))
 
 
 def _fixed_by(axes: dict[str, list], fixed_by: dict) -> dict:
@@ -80,6 +82,17 @@ def _fixed_by(axes: dict[str, list], fixed_by: dict) -> dict:
                                    "axis, each mapped to fields no axis varies")
   return {axis: {value: dict(o) for value, o in by_value.items()}
           for axis, by_value in fixed_by.items()}
+
+
+def _exclude(axes: dict[str, list], exclude) -> list[dict]:
+  """`exclude` ([{axis: value}]: the cells that have every value of one entry are not in the
+  grid, e.g. two settings one config refuses together), checked against the axes."""
+  for entry in exclude:
+    if not isinstance(entry, dict) or not entry or any(
+        value not in axes.get(axis, []) for axis, value in entry.items()):
+      raise config_lib.ConfigError(f"sweep: exclude: {entry!r}: give {{axis: value}} with values "
+                                   "of the sweep's axes")
+  return [dict(entry) for entry in exclude]
 
 
 def _pairs(axes: dict[str, list], pairs) -> list[list]:
@@ -125,6 +138,8 @@ def cells(base: ml_collections.ConfigDict, sweep: Sweep) -> list[Cell]:
   out = []
   for values in itertools.product(*sweep.axes.values(), sweep.seeds):
     overrides = dict(zip(keys, values))
+    if any(all(overrides[k] == v for k, v in entry.items()) for entry in sweep.exclude):
+      continue
     name = ",".join(f"{short[k]}={fmt_value(v)}" for k, v in overrides.items())
     by_value = {field: value for axis, v in overrides.items()
                 for field, value in sweep.fixed_by.get(axis, {}).get(v, {}).items()}
