@@ -121,6 +121,7 @@ def make_measure(program):
   import jax
   import jax.numpy as jnp
   from actlab import core
+  from actlab.run import loop
   s = program.step
 
   def one(state, batch):

@@ -5,6 +5,7 @@ one line and a recompile, with the same numbers. Each run is its own process, as
 across workers and sessions are, with its own cache folder: no test leans on a warm cache."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import sys
 import pytest
 
 from actlab.infra import compile_cache
-from conftest import REPO
+from conftest import REPO, production_env
 
 CONFIG_FILE = str(REPO / "tests" / "tiny_config.py")
 
@@ -33,41 +34,53 @@ PROGRAMS = {"jit(init)", "jit(train_step)", "jit(log_step)", "jit(eval_step)",
             "jit(sharpness_step)", "jit(unstack)"}
 
 
+@pytest.fixture(scope="module")
+def first_cell(tmp_path_factory):
+  """The sweep's first cell, trained with an empty cache: its summary and the cache it filled,
+  which the tests below share (JAX's cache keys name the folder: a copy elsewhere would miss). The
+  damaged-entry test leaves it repaired, as its last assertion shows."""
+  tmp = tmp_path_factory.mktemp("first_cell")
+  summary, _ = train(tmp / "a", tmp / "xla")
+  assert PROGRAMS <= set(summary["timing"]["compile"]["compiled"])
+  return summary, tmp / "xla"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("cache", ["folder", "off"])
-def test_a_second_cell_compiles_no_program_of_its_own(tmp_path, cache):
-  folder = str(tmp_path / "xla") if cache == "folder" else "off"
-  first, _ = train(tmp_path / "a", folder)
-  second, printed = train(tmp_path / "b", folder, "--config.train.seed=7",
-                          "--config.optim.lr=3e-3")
-  assert PROGRAMS <= set(first["timing"]["compile"]["compiled"])
+def test_a_second_cell_compiles_no_program_of_its_own(first_cell, tmp_path):
+  second, printed = train(tmp_path / "b", first_cell[1],
+                          "--config.train.seed=7", "--config.optim.lr=3e-3")
   compiled = second["timing"]["compile"]
-  if cache == "off":  # The claim below rests on the cache: without it every program compiles.
-    assert PROGRAMS <= set(compiled["compiled"]) and not compiled["cached"]
-    return
   assert compiled["programs_compiled"] == 0, compiled
   assert PROGRAMS <= set(compiled["cached"])
   assert "0 programs compiled" in printed
-  assert second["final_val_loss"] != first["final_val_loss"]  # another run, not a copy
+  assert second["final_val_loss"] != first_cell[0]["final_val_loss"]  # another run, not a copy
 
 
 @pytest.mark.slow
-def test_a_damaged_entry_is_one_line_and_a_recompile_with_the_same_numbers(tmp_path):
-  folder = tmp_path / "xla"
-  first, _ = train(tmp_path / "a", folder)
+def test_with_the_cache_off_the_second_cell_compiles_every_program(tmp_path):
+  """The claim above rests on the cache: without it every program compiles again."""
+  compiled = train(tmp_path / "b", "off", "--config.train.seed=7",
+                   "--config.optim.lr=3e-3")[0]["timing"]["compile"]
+  assert PROGRAMS <= set(compiled["compiled"]) and not compiled["cached"]
+
+
+@pytest.mark.slow
+def test_a_damaged_entry_is_one_line_and_a_recompile_with_the_same_numbers(first_cell, tmp_path):
+  folder = first_cell[1]
   entries = sorted((folder / compile_cache.host_kind()).glob("*-cache"))
   assert len(entries) >= len(PROGRAMS)
-  train_steps = [p for p in entries if p.name.startswith("jit_train_step-")]
-  train_steps[0].write_bytes(train_steps[0].read_bytes()[:100])  # a writer killed mid-file
+  train_step = next(p for p in entries if p.name.startswith("jit_train_step-"))
+  train_step.write_bytes(train_step.read_bytes()[:100])  # a writer killed mid-file
   garbage = next(p for p in entries if p.name.startswith("jit_eval_step-"))
   garbage.write_bytes(b"\x00not an executable" * 50)
   again, printed = train(tmp_path / "again", folder)
   damaged = [l for l in printed.splitlines() if "damaged compilation-cache entry" in l]
   assert len(damaged) == 2, printed
   assert set(again["timing"]["compile"]["compiled"]) == {"jit(train_step)", "jit(eval_step)"}
-  assert again["final_val_loss"] == first["final_val_loss"]
+  assert again["final_val_loss"] == first_cell[0]["final_val_loss"]
   third, printed = train(tmp_path / "third", folder)  # Replaced: all from the cache again.
-  assert third["timing"]["compile"]["programs_compiled"] == 0 and "compilation-cache entry" not in printed
+  assert third["timing"]["compile"]["programs_compiled"] == 0
+  assert "compilation-cache entry" not in printed
 
 
 def test_the_setting_names_a_folder_per_kind_of_host(monkeypatch, tmp_path):
@@ -78,4 +91,29 @@ def test_the_setting_names_a_folder_per_kind_of_host(monkeypatch, tmp_path):
   assert compile_cache.directory("off") is None
   assert compile_cache.directory("~/x") == pathlib.Path.home() / "x"
   assert compile_cache.host_kind() == compile_cache.host_kind()
-  assert f"-{len(__import__('os').sched_getaffinity(0))}cpu-" in compile_cache.host_kind()
+
+
+@pytest.mark.slow
+def test_a_program_compiled_with_two_cpus_computes_as_one_compiled_with_one(tmp_path):
+  """Why the CPU count is not in the cache's folder name: XLA:CPU's float order follows the
+  threads of the process that runs a program, not of the one that compiled it."""
+  def pinned(workdir, cache, cpus):
+    taskset = ["taskset", "-c", ",".join(map(str, sorted(os.sched_getaffinity(0))[:cpus]))]
+    out = subprocess.run([*taskset, sys.executable, "-m", "actlab.main",
+                          "--config=configs/tinystories_gelu.py:smoke", f"--workdir={workdir}",
+                          "--config.train.steps=4", "--config.train.log_every=2",
+                          "--config.optim.warmup_steps=2", "--config.metrics.sharpness_every=0", "--config.train.progress=false",
+                          "--config.metrics.tensorboard=false",
+                          f"--config.train.compile_cache={cache}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env=production_env())  # as real runs compile: threads and all
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [json.loads(l) | {"tokens_per_sec": None}
+            for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  if len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("needs two CPUs")
+  one = pinned(tmp_path / "one", "off", 1)
+  two = pinned(tmp_path / "two", tmp_path / "xla", 2)
+  loaded = pinned(tmp_path / "loaded", tmp_path / "xla", 1)
+  assert loaded == one
+  assert two != one, "two threads round as one here: the test shows nothing"

@@ -50,7 +50,7 @@ def test_weight_decay_mask_matrices_and_embeddings_only():
 
 def flat_mask(config):
   """{"a/b/leaf": (decayed, ndim)} of `config`'s model parameters."""
-  params = jax.eval_shape(compiled_lib.create_step(config, 257).init, 0).params
+  params = jax.eval_shape(loop_lib.create_step(config, 257).init, 0).params
   mask = core.step.decay_mask(params)
   return {"/".join(k.key for k in path): (v, leaf.ndim) for (path, v), leaf in
           zip(jax.tree_util.tree_leaves_with_path(mask), jax.tree.leaves(params))}

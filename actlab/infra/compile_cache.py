@@ -1,9 +1,12 @@
 """Each program compiled once: JAX's persistent compilation cache, on by default
 (`train.compile_cache`), and the tally of what a run compiled and what it took from the cache.
 
-The cache lives in one folder per kind of host (`host_kind`: the platform, the CPUs this process
-may use and their instruction set), so that a program compiled for one machine, or for another
-number of XLA:CPU threads (whose float order differs), is never loaded on another. Several
+The cache lives in one folder per kind of host (`host_kind`: the platform, the CPU's model and
+instruction set), so that a program compiled for one processor is never loaded on another. The
+number of CPUs a process may use is not part of it: XLA:CPU splits its work over the threads it
+finds when a program runs, not when it compiles, so a program compiled by a process with two CPUs
+and loaded by one pinned to one CPU computes exactly what that process would have compiled
+(tests/test_compile_cache.py). Several
 processes share it safely: JAX takes a file lock around each read and write (a size cap turns the
 lock on). A damaged entry (truncated by a killed writer, or overwritten) fails JAX's decompression
 check: the program is compiled again, the entry replaced, and one line says so.
@@ -38,14 +41,13 @@ def directory(setting: str) -> pathlib.Path | None:
 
 
 def host_kind() -> str:
-  """The folder name of this host's programs: platform, usable CPUs, a hash of the CPU's model
-  and instruction-set flags (`/proc/cpuinfo` where there is one)."""
+  """The folder name of this host's programs: the platform and a hash of the CPU's model and
+  instruction-set flags (`/proc/cpuinfo` where there is one)."""
   cpu = platform.machine() + platform.processor()
   with contextlib.suppress(OSError):
     lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
     cpu += "".join(sorted({l for l in lines if l.startswith(("model name", "flags"))}))
-  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return f"{jax.default_backend()}-{cpus}cpu-{hashlib.sha256(cpu.encode()).hexdigest()[:10]}"
+  return f"{jax.default_backend()}-{hashlib.sha256(cpu.encode()).hexdigest()[:10]}"
 
 
 def enable(setting: str) -> pathlib.Path | None:
