@@ -6,10 +6,13 @@ instruction set), so that a program compiled for one processor is never loaded o
 number of CPUs a process may use is not part of it: XLA:CPU splits its work over the threads it
 finds when a program runs, not when it compiles, so a program compiled by a process with two CPUs
 and loaded by one pinned to one CPU computes exactly what that process would have compiled
-(tests/test_compile_cache.py). Several
-processes share it safely: JAX takes a file lock around each read and write (a size cap turns the
-lock on). A damaged entry (truncated by a killed writer, or overwritten) fails JAX's decompression
-check: the program is compiled again, the entry replaced, and one line says so.
+(tests/test_compile_cache.py).
+
+Several processes share the folder: each entry is written whole by the process that compiled it,
+and one read while it is written, truncated by a killed writer or overwritten fails JAX's
+decompression check (zlib's or zstd's own): the program is compiled again, the entry replaced,
+and one line says so. JAX's size cap is left off: it rereads every entry's access time at every
+write, under one lock. The folder only grows; deleting it costs only compiles.
 """
 
 import contextlib
@@ -26,7 +29,6 @@ import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 DEFAULT = "~/.cache/actlab/xla"
-MAX_BYTES = 4 << 30  # JAX evicts the least recently used entries past this (and locks its files)
 _DAMAGED = "Error reading persistent compilation cache entry for '"
 
 
@@ -65,7 +67,6 @@ def enable(setting: str) -> pathlib.Path | None:
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
   return path
 
 
