@@ -110,38 +110,41 @@ def tally():
 
 
 def _listen() -> None:
-  """Registers, once per process, JAX's monitoring listeners behind `tally` and the warning of a
-  damaged entry."""
+  """Registers JAX's monitoring listeners behind `tally` (once per process) and the handler of a
+  damaged entry's warning (again wherever something, e.g. `warnings.catch_warnings`, put back
+  another `warnings.showwarning`)."""
   global _listening
-  if _listening:
-    return
-  _listening = True
+  if not _listening:
+    _listening = True
+    jax.monitoring.register_event_listener(_on_event)
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+  if not getattr(warnings.showwarning, "replaces_damaged", False):
+    shown = warnings.showwarning
 
-  def on_event(event: str, **_):
-    if event == "/jax/compilation_cache/cache_hits":
-      _hit.value = True
-
-  def on_duration(event: str, seconds: float, fun_name: str = "?", **_):
-    if event == "/jax/core/compile/backend_compile_duration":
-      hit, _hit.value = getattr(_hit, "value", False), False
-      for t in _open:
-        (t.cached if hit else t.compiled).append((fun_name, seconds))
-    elif event in ("/jax/core/compile/jaxpr_trace_duration",
-                   "/jax/core/compile/jaxpr_to_mlir_module_duration"):
-      for t in _open:
-        t.trace_sec += seconds
-
-  jax.monitoring.register_event_listener(on_event)
-  jax.monitoring.register_event_duration_secs_listener(on_duration)
+    def show(message, category, filename, lineno, file=None, line=None):
+      if str(message).startswith(_DAMAGED):
+        replace_damaged(str(message)[len(_DAMAGED):].split("'")[0])
+      else:
+        shown(message, category, filename, lineno, file, line)
+    show.replaces_damaged = True
+    warnings.showwarning = show
   warnings.filterwarnings("always", message=_DAMAGED)
-  shown = warnings.showwarning
 
-  def show(message, category, filename, lineno, file=None, line=None):
-    if str(message).startswith(_DAMAGED):
-      replace_damaged(str(message)[len(_DAMAGED):].split("'")[0])
-    else:
-      shown(message, category, filename, lineno, file, line)
-  warnings.showwarning = show
+
+def _on_event(event: str, **_):
+  if event == "/jax/compilation_cache/cache_hits":
+    _hit.value = True
+
+
+def _on_duration(event: str, seconds: float, fun_name: str = "?", **_):
+  if event == "/jax/core/compile/backend_compile_duration":
+    hit, _hit.value = getattr(_hit, "value", False), False
+    for t in _open:
+      (t.cached if hit else t.compiled).append((fun_name, seconds))
+  elif event in ("/jax/core/compile/jaxpr_trace_duration",
+                 "/jax/core/compile/jaxpr_to_mlir_module_duration"):
+    for t in _open:
+      t.trace_sec += seconds
 
 
 def replace_damaged(module: str) -> None:
