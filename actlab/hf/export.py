@@ -28,12 +28,9 @@ def check_out(out: pathlib.Path) -> None:
   """Refuses an `--out` that is a file, is or lies inside a run directory, or holds anything but
   an earlier export (config.json with the `EXPORTED` entry), before anything is read or written."""
   workdir_lib.check_usable(out, "--out")
-  resolved = out.resolve()
-  for path in (resolved, *resolved.parents):
-    if workdir_lib.is_run(path):
-      where = "is" if path == resolved else f"lies inside {path}, which is"
-      raise errors.UserError(f"--out {out} {where} a run directory; export into a new or empty "
-                             "directory outside it")
+  if where := workdir_lib.in_run(out):
+    raise errors.UserError(f"--out {out} {where} a run directory; export into a new or empty "
+                           "directory outside it")
   entry = (workdir_lib.read_json(out / "config.json") or {}).get(hf_checkpoint.EXPORTED)
   exported = isinstance(entry, dict) and "exported_from" in entry
   if out.is_dir() and any(out.iterdir()) and not exported:
