@@ -12,6 +12,7 @@ import pytest
 from absl import flags
 
 from actlab import sample, sweep
+from actlab.core import activations
 from actlab.infra import errors
 from actlab.infra.workdir import RunDir
 from actlab.run import train
@@ -157,6 +158,15 @@ def written_run(workdir, **model):
   config["model"].update(model)
   (workdir / "config.json").write_text(json.dumps(config))
   return workdir
+
+
+def test_sample_refuses_a_run_whose_activation_is_unregistered(tmp_path):
+  """As actlab.main does (tests/test_config.py); export too (tests/test_export.py)."""
+  run = written_run(tmp_path / "run", activation="Swish")
+  assert refusal(run) == (
+      f"{run} holds a run with model.activation: unknown activation 'Swish'; did you mean "
+      f"'silu'? valid names: {', '.join(sorted(activations.NAMES))}; register it again to load "
+      "the run (docs/extending.md)")
 
 
 def sweep_dir(path):

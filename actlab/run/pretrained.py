@@ -10,7 +10,7 @@ import ml_collections
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from actlab import core, data, tasks
-from actlab.core import execution
+from actlab.core import activations, execution
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.infra import workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
@@ -93,6 +93,13 @@ def load_run(workdir: pathlib.Path):
   if config is None:
     raise WorkdirError(f"{workdir} holds no run (no readable actlab config.json); train one with "
                        "actlab.main")
+  for field in ("activation", "pooler_activation"):  # Checked as actlab.main checks them.
+    if field in config["model"]:
+      try:
+        activations.get(config["model"][field])
+      except ValueError as e:
+        raise WorkdirError(f"{workdir} holds a run with model.{field}: {e}; register it again to "
+                           "load the run (docs/extending.md)") from None
   config, run_dir = ml_collections.ConfigDict(config), RunDir.open(workdir)
   tokenizer = data.load_tokenizer(config, run_dir.tokenizer)
   run_steps = loop.create_step(config, tokenizer.vocab_size)
