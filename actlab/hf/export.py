@@ -21,6 +21,7 @@ from actlab.data import hf_tokenizer
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
+from actlab.infra.recorded import recorded_path
 from actlab.run import pretrained
 
 
@@ -48,8 +49,8 @@ def write(workdir: pathlib.Path, out: pathlib.Path) -> str:
   config, tokenizer, _, params, step = pretrained.load_run(workdir)
   summary = workdir_lib.read_summary(workdir)  # Written when the run ended, or diverged.
   status = summary["status"] if summary else None
-  run = {"exported_from": str(workdir.resolve()), "step": step, "steps": config.train.steps,
-         "finished": summary is not None, "status": status}
+  run = {"exported_from": recorded_path(str(workdir.resolve()), out), "step": step,
+         "steps": config.train.steps, "finished": summary is not None, "status": status}
   arch = hf_checkpoint.resolve(config, tasks.get(config).hf, "export")
   hf_checkpoint.write(out, config, arch, params, tokenizer.vocab_size, tokenizer.eot_id, run)
   hf_tokenizer.write(tokenizer, out, config.model.max_len)
