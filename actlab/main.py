@@ -1,13 +1,14 @@
 """Trains one run: `python -m actlab.main --config=configs/tinystories_gelu.py --workdir=runs/x`.
 
 Override any field with `--config.optim.lr=3e-3`; a config file takes a variant after a colon
-(`configs/tinystories_gelu.py:smoke`). Running the same command again resumes the run.
+(`configs/tinystories_gelu.py:smoke`). Running the same command again resumes the run (a run that
+has ended is reported, not trained again).
 """
 
 from absl import flags, logging
 
 from actlab.infra import errors
-from actlab.infra import parallel
+from actlab.infra import parallel, workdir
 from actlab.run import train
 
 _CONFIG = errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
@@ -20,7 +21,11 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
   parallel.initialize(_CONFIG.value)  # Devices and hosts first: nothing has asked JAX for any.
-  summary = train.run(_CONFIG.value, _WORKDIR.value)
+  run_dir = workdir.RunDir.open(_WORKDIR.value)
+  ended = workdir.read_summary(run_dir.logdir, warn=False)  # train.run just returns its summary
+  summary = train.run(_CONFIG.value, run_dir)
+  if ended is not None:
+    print(f"nothing trained: {_WORKDIR.value} holds a run that had already ended; its result:")
   reasons = "; ".join(summary["status_reasons"])
   print(f"status: {summary['status']}" + (f" ({reasons})" if reasons else ""))
   if summary["status"] == "diverged" and summary["diverged_at"] is not None:

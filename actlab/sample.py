@@ -2,8 +2,9 @@
 
   python -m actlab.sample --workdir=runs/gelu --prompt="Once upon a time" --temperature=0.8
 
-Loads the run's config and latest checkpoint; decoding runs as one jitted `lax.scan` over a
-key/value cache (one compiled program, no per-token re-tracing).
+Loads the run's config and latest checkpoint; the model sees `<|endoftext|>` before the prompt, as
+each training document follows one. Decoding runs as one jitted `lax.scan` over a key/value cache
+(one compiled program, no per-token re-tracing).
 """
 
 import pathlib
@@ -17,7 +18,9 @@ from actlab.infra import errors
 from actlab.run.pretrained import load_run  # also `sample.load_run`, as before
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder.")
-_PROMPT = flags.DEFINE_string("prompt", "", "Text to continue (a story start if empty).")
+_PROMPT = flags.DEFINE_string("prompt", "", "Text to continue, after <|endoftext|> (the "
+                              "tokenizer's end of text, as each training document follows one); "
+                              "empty: a story start.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", None,
                                    "Tokens to generate (default: fill the context).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 means greedy.",

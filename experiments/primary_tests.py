@@ -474,9 +474,12 @@ def pending(r: dict, n: int) -> str:
 
 
 def print_plan(name: str) -> None:
-  """Test `name`'s pilot and the fresh seeds it asks for, as `main` prints them."""
+  """Test `name`'s pilot and the fresh seeds it asks for, as `main` prints them: the pilot's
+  studies that are committed (all of them while none is), a step past the edge unrun where it
+  was not needed."""
   test, plan = TESTS[name], pilot(name)
-  a, b, study = test.a, test.b, " + ".join(f"results/{s}" for s in test.pilot_studies)
+  held = [s for s in test.pilot_studies if (RESULTS.root / s).is_dir()]
+  a, b, study = test.a, test.b, " + ".join(f"results/{s}" for s in held or test.pilot_studies)
   if plan is None:
     print(f"- {name}: {test.question}\n    pilot {study}: not run yet")
   elif "edge" in plan:
@@ -485,6 +488,8 @@ def print_plan(name: str) -> None:
           + f": run :{edge_variant(name)}")
   else:
     diffs = ", ".join(f"{d:+.4f}" for d in plan["diffs"])
+    if len(held) < len(test.pilot_studies):
+      study += " (no step past the grid's edge needed)"
     print(f"- {name}: {test.question}\n    pilot {study}, seeds {plan['seeds']}: LR "
           f"{plan['lr'][a]:g} ({a}), {plan['lr'][b]:g} ({b}); {a} - {b} = {diffs}; "
           f"sd {plan['sd']:.4f} -> n = {plan['needed']} fresh seeds"

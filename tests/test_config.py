@@ -235,7 +235,12 @@ def test_command_line_overrides():
 @pytest.mark.parametrize("field, value, message", [
     ("model.activation", "gelu2", "model.activation: unknown activation 'gelu2'; did you mean "
                                   "'gelu'? valid names: "),
-    ("model.activation", "swish", "model.activation: unknown activation 'swish'; valid names: "),
+    ("model.activation", "swish", "model.activation: unknown activation 'swish'; did you mean "
+                                  "'silu'? valid names: "),
+    ("model.activation", "GELU", "model.activation: unknown activation 'GELU'; did you mean "
+                                 "'gelu'? valid names: "),
+    ("model.activation", "SwiGLU", "model.activation: unknown activation 'SwiGLU'; did you mean "
+                                   "'swiglu'? valid names: "),
     ("model.num_heads", 5, "model.d_model=32 is not divisible by model.num_heads=5"),
     ("optim.lr", 0.0, "optim.lr=0.0 must be positive"),
     ("optim.lr", -1e-3, "optim.lr=-0.001 must be positive"),

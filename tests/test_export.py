@@ -3,6 +3,8 @@ tokenizer ids (through `AutoTokenizer`) are actlab's; what GPT-2 or BERT cannot 
 line; `--out` never in a run or over another's files; export and import without torch."""
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from actlab.run import loop, pretrained, train
 from conftest import REPO, SHARED_DATA, tiny
 from test_classify import tiny_encoder
 from test_resume import files
+from test_user_errors import written_run
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 pytest.importorskip("safetensors", reason="the hf extra is not installed")
@@ -234,6 +237,15 @@ def test_export_refuses_an_out_in_a_run_or_over_other_files(trained, tmp_path, w
   assert [files(trained), files(tmp_path)] == before
 
 
+def test_export_refuses_a_run_whose_activation_is_unregistered(tmp_path):
+  """In one line, as actlab.main and actlab.sample do (tests/test_user_errors.py)."""
+  run = written_run(tmp_path / "run", activation="myact")
+  with pytest.raises(errors.UserError, match=rf"^{re.escape(str(run))} holds a run with "
+                     "model.activation: unknown activation 'myact'; valid names: "):
+    export.write(run, tmp_path / "hf")
+  assert not (tmp_path / "hf").exists()
+
+
 @pytest.mark.slow
 def test_export_says_which_step_of_how_many_and_may_redo_its_own_output(trained, tmp_path):
   """An unfinished run (no summary.json; killed after its first checkpoint), a finished and a
@@ -253,8 +265,8 @@ def test_export_says_which_step_of_how_many_and_may_redo_its_own_output(trained,
                                        (diverged, steps, " (diverged)", "diverged")]:
     assert f"from {workdir} step {step} of {steps}{state}, tokenizer" in export.write(workdir, out)
     assert json.loads((out / "config.json").read_text())["actlab"] == {
-        "exported_from": str(workdir.resolve()), "step": step, "steps": steps,
-        "finished": status is not None, "status": status}
+        "exported_from": os.path.relpath(workdir, out), "step": step, "steps": steps,
+        "finished": status is not None, "status": status}  # no machine path
   with pytest.raises(errors.UserError, match="holds no run"):  # An export is no run.
     export.write(out, tmp_path / "again")
 

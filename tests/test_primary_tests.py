@@ -200,6 +200,21 @@ def test_a_recipe_pilot_at_the_grids_edge_is_extended_one_step_before_choosing(t
   assert sorted({c.config.train.seed for c in cells}) == list(range(200, 200 + plan["n"]))
 
 
+def test_the_plan_names_the_committed_pilot_studies_and_an_edge_not_needed(tmp_path, monkeypatch,
+                                                                         capsys):
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
+  for act, v in (("relu", 4.0), ("gelu", 4.1)):
+    for lr, dv in zip(primary.PILOT_LRS, (0.2, 0.0, 0.3)):  # both best inside the grid
+      for seed in primary.RECIPE_PILOT_SEEDS:
+        val = v + dv + 0.01 * seed * (act == "relu")
+        write_run(tmp_path / "primary_recipe_clip_pilot", act, lr, seed, val, val)
+  primary.print_plan("recipe_clip")
+  out = capsys.readouterr().out
+  assert ("pilot results/primary_recipe_clip_pilot (no step past the grid's edge needed), seeds "
+          "[0, 1, 2]: LR 0.003 (relu), 0.003 (gelu)") in out
+  assert "primary_recipe_clip_edge" not in out
+
+
 def test_a_recipe_pilot_missing_an_lr_is_incomplete(tmp_path, monkeypatch):
   monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
   for act in ("relu", "gelu"):

@@ -297,7 +297,8 @@ def test_paired_comparisons_stability_and_not_learned_end_to_end(tmp_path):
   assert "| tanh | 0.001 | relu | 0.001 | 2 | -0.050 |" in best
 
   stable = _section(text, "Largest stable LR")
-  assert "| activation | largest LR where every seed is stable | the next LR up" in stable
+  assert ("| activation | largest LR where every seed is stable and learned | the next LR up"
+          in stable)
   assert ("| relu | 0.001 | 0.003: 1 of 3 not learned (final val loss ≥ the unigram loss) |"
           in stable)  # 1e-4: a seed missing
   assert "| gelu | 0.003 | — (none swept higher) |" in stable
@@ -440,8 +441,8 @@ def test_the_largest_stable_lr_table_says_which_lr_failed_and_why():
           for (a, lr), summaries in cells.items() for k, summary in enumerate(summaries)
           if summary is not None]
   lines = tables.stability_table(manifest, runs).splitlines()
-  assert lines[0] == ("| activation | largest LR where every seed is stable | the next LR up "
-                      "(every LR, if none is): seeds that failed, and why |")
+  assert lines[0] == ("| activation | largest LR where every seed is stable and learned | the "
+                      "next LR up (every LR, if none is): seeds that failed, and why |")
   assert lines[2:] == [
       "| relu | 0.0001 | 0.001: 2 of 3 unstable (gradient norm above 10× its initial value; "
       "train-loss spike above 1.5× the best earlier loss after warm-up in 1) |",

@@ -281,6 +281,8 @@ def test_finished_run_is_reported_and_its_files_untouched(short_run, tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr
   saved = json.loads((work / "summary.json").read_text())
+  assert result.stdout.startswith(f"nothing trained: {work} holds a run that had already ended; "
+                                  "its result:\nstatus: "), result.stdout
   assert f"{saved['final_val_loss']:.4f} at step 50" in result.stdout
   assert f"{saved['tokens_per_sec']:,.0f} tokens/s" in result.stdout
   assert files(work) == before

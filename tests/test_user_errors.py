@@ -3,6 +3,7 @@
 report in tests/test_report.py, export in tests/test_export.py; the other refusals are checked
 in-process)."""
 
+import json
 import re
 import subprocess
 import sys
@@ -11,7 +12,9 @@ import pytest
 from absl import flags
 
 from actlab import sample, sweep
+from actlab.core import activations
 from actlab.infra import errors
+from actlab.infra.workdir import RunDir
 from actlab.run import train
 from actlab.sweep import grid
 from conftest import REPO, tiny
@@ -144,6 +147,58 @@ def test_sample_refuses_more_new_tokens_than_the_context_holds(decoder_run):
 def test_sample_refuses_a_prompt_longer_than_the_context(decoder_run):
   assert refusal(decoder_run, prompt="x" * 40) == (
       "the prompt takes 41 tokens and the model's context is 32; shorten the prompt")
+
+
+def written_run(workdir, **model):
+  """`workdir` as a run of tiny() leaves it when it starts (config.json alone), with `model`'s
+  fields changed there afterwards (e.g. an activation since unregistered)."""
+  workdir.mkdir(parents=True)
+  RunDir.open(workdir).write_config(tiny())
+  config = json.loads((workdir / "config.json").read_text())
+  config["model"].update(model)
+  (workdir / "config.json").write_text(json.dumps(config))
+  return workdir
+
+
+def test_sample_refuses_a_run_whose_activation_is_unregistered(tmp_path):
+  """As actlab.main does (tests/test_config.py); export too (tests/test_export.py)."""
+  run = written_run(tmp_path / "run", activation="Swish")
+  assert refusal(run) == (
+      f"{run} holds a run with model.activation: unknown activation 'Swish'; did you mean "
+      f"'silu'? valid names: {', '.join(sorted(activations.NAMES))}; register it again to load "
+      "the run (docs/extending.md)")
+
+
+def sweep_dir(path):
+  """A sweep's directory as `actlab.sweep` leaves it before training (sweep.json); its cells."""
+  return sweep.plan(tiny(), f"{REPO}/experiments/relu_vs_gelu_lr.py:smoke", path,
+                    log=lambda _: None)
+
+
+def test_main_and_sweep_refuse_each_others_directory(tmp_path):
+  sweep_dir(tmp_path / "sweep")
+  with pytest.raises(errors.UserError) as raised:
+    train.run(tiny(), tmp_path / "sweep")
+  assert str(raised.value) == (
+      f"--workdir {tmp_path / 'sweep'} is a sweep directory (sweep.json); give the run a directory "
+      "of its own, or continue the sweep with actlab.sweep")
+  assert [p.name for p in (tmp_path / "sweep").iterdir()] == ["sweep.json"]
+  run = written_run(tmp_path / "run")
+  for workdir, where in [(run, "is"), (run / "sweep", f"lies inside {run}, which is")]:
+    with pytest.raises(errors.UserError) as raised:
+      sweep_dir(workdir)
+    assert str(raised.value) == (f"--workdir {workdir} {where} a run directory; give the sweep a "
+                                 "new directory, or an earlier sweep's")
+  assert [p.name for p in run.iterdir()] == ["config.json"]
+
+
+def test_sample_on_a_sweep_directory_names_a_cell(tmp_path):
+  cells = sweep_dir(tmp_path)
+  (tmp_path / cells[1].name / "checkpoints").mkdir(parents=True)  # the first with a checkpoint
+  with pytest.raises(errors.UserError) as raised:
+    sample.load_run(tmp_path)
+  assert str(raised.value) == (f"{tmp_path} is a sweep directory; pick one of its cells, e.g. "
+                               f"--workdir={tmp_path / cells[1].name}")
 
 
 def test_broken_sweep_file_names_file_and_line(tmp_path):

@@ -86,15 +86,21 @@ _REGISTRY = {name: Activation(name, *_PLAIN[name], gated=False) for name in _PLA
     name: Activation(name, *_PLAIN[base], gated=True) for name, base in GATE_BASE.items()
 }
 NAMES: tuple[str, ...] = tuple(_REGISTRY)
+# Other papers' and libraries' names for registered activations: suggested by `get`, not accepted
+# (a run's config.json names its activation one way).
+ALIASES = {"swish": "silu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+           "squared_relu": "relu2", "linear": "identity"}
 
 
 def get(name: str) -> Activation:
-  """The registered activation called `name`; ValueError (the closest name, if one is close, and
-  the valid names) otherwise."""
+  """The registered activation called `name`; ValueError otherwise, with the name it may mean
+  (in lower case, an alias's, or the closest) and the valid names."""
   try:
     return _REGISTRY[name]
   except KeyError:
-    close = difflib.get_close_matches(str(name), _REGISTRY, n=1)
+    lower = str(name).lower()
+    meant = ALIASES.get(lower, lower)
+    close = [meant] if meant in _REGISTRY else difflib.get_close_matches(meant, _REGISTRY, n=1)
     raise ValueError(f"unknown activation {name!r}; "
                      + (f"did you mean {close[0]!r}? " if close else "")
                      + f"valid names: {', '.join(sorted(_REGISTRY))}") from None

@@ -21,6 +21,7 @@ from actlab.data import hf_tokenizer
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
+from actlab.infra.recorded import recorded_path
 from actlab.run import pretrained
 
 
@@ -28,12 +29,9 @@ def check_out(out: pathlib.Path) -> None:
   """Refuses an `--out` that is a file, is or lies inside a run directory, or holds anything but
   an earlier export (config.json with the `EXPORTED` entry), before anything is read or written."""
   workdir_lib.check_usable(out, "--out")
-  resolved = out.resolve()
-  for path in (resolved, *resolved.parents):
-    if workdir_lib.is_run(path):
-      where = "is" if path == resolved else f"lies inside {path}, which is"
-      raise errors.UserError(f"--out {out} {where} a run directory; export into a new or empty "
-                             "directory outside it")
+  if where := workdir_lib.in_run(out):
+    raise errors.UserError(f"--out {out} {where} a run directory; export into a new or empty "
+                           "directory outside it")
   entry = (workdir_lib.read_json(out / "config.json") or {}).get(hf_checkpoint.EXPORTED)
   exported = isinstance(entry, dict) and "exported_from" in entry
   if out.is_dir() and any(out.iterdir()) and not exported:
@@ -51,8 +49,8 @@ def write(workdir: pathlib.Path, out: pathlib.Path) -> str:
   config, tokenizer, _, params, step = pretrained.load_run(workdir)
   summary = workdir_lib.read_summary(workdir)  # Written when the run ended, or diverged.
   status = summary["status"] if summary else None
-  run = {"exported_from": str(workdir.resolve()), "step": step, "steps": config.train.steps,
-         "finished": summary is not None, "status": status}
+  run = {"exported_from": recorded_path(str(workdir.resolve()), out), "step": step,
+         "steps": config.train.steps, "finished": summary is not None, "status": status}
   arch = hf_checkpoint.resolve(config, tasks.get(config).hf, "export")
   hf_checkpoint.write(out, config, arch, params, tokenizer.vocab_size, tokenizer.eot_id, run)
   hf_tokenizer.write(tokenizer, out, config.model.max_len)

@@ -108,6 +108,21 @@ def is_run(path: pathlib.Path) -> bool:
   return run_config(path) is not None or (path / "checkpoints").is_dir()
 
 
+def is_sweep(path: pathlib.Path) -> bool:
+  """Whether `path` is a sweep directory (actlab.sweep's --workdir): it holds sweep.json."""
+  return (path / "sweep.json").is_file()
+
+
+def in_run(path: pathlib.Path) -> str | None:
+  """How `path` is placed in a run directory, as a refusal says it ("is", "lies inside <run>,
+  which is"), or None where it is neither a run directory nor inside one."""
+  resolved = path.resolve()
+  run = next((p for p in (resolved, *resolved.parents) if is_run(p)), None)
+  if run is None:
+    return None
+  return "is" if run == resolved else f"lies inside {run}, which is"
+
+
 def check_usable(workdir: pathlib.Path, flag: str = "--workdir") -> None:
   """Refuses a directory to write (given as `flag`) that is a file or lies under one."""
   existing = next(path for path in (workdir, *workdir.parents) if path.exists())

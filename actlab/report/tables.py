@@ -204,7 +204,7 @@ def stability_table(manifest, runs) -> str:
                  "; ".join(map(why, lrs)) if lr is None else
                  "— (none swept higher)" if up is None else why(up)])
   return _table([*map(_header, stats.other_axes(manifest)),
-                 "largest LR where every seed is stable",
+                 "largest LR where every seed is stable and learned",
                  "the next LR up (every LR, if none is): seeds that failed, and why"], rows)
 
 

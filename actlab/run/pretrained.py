@@ -10,7 +10,7 @@ import ml_collections
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from actlab import core, data, tasks
-from actlab.core import execution
+from actlab.core import activations, execution
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.infra import workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
@@ -87,9 +87,19 @@ def load_run(workdir: pathlib.Path):
   """A trained run's config, tokenizer, `steps.Steps`, latest parameters (on JAX's default
   device, whatever the run trained on) and their step (`actlab.sample`, `actlab.hf.export`)."""
   config = workdir_lib.run_config(workdir)
+  if config is None and workdir_lib.is_sweep(workdir):
+    raise WorkdirError(f"{workdir} is a sweep directory; pick one of its cells, e.g. "
+                       f"--workdir={workdir / a_cell(workdir)}")
   if config is None:
     raise WorkdirError(f"{workdir} holds no run (no readable actlab config.json); train one with "
                        "actlab.main")
+  for field in ("activation", "pooler_activation"):  # Checked as actlab.main checks them.
+    if field in config["model"]:
+      try:
+        activations.get(config["model"][field])
+      except ValueError as e:
+        raise WorkdirError(f"{workdir} holds a run with model.{field}: {e}; register it again to "
+                           "load the run (docs/extending.md)") from None
   config, run_dir = ml_collections.ConfigDict(config), RunDir.open(workdir)
   tokenizer = data.load_tokenizer(config, run_dir.tokenizer)
   run_steps = loop.create_step(config, tokenizer.vocab_size)
@@ -103,3 +113,12 @@ def load_run(workdir: pathlib.Path):
     raise WorkdirError(f"{workdir}/checkpoints holds no checkpoint yet")
   step, state, _ = restored
   return config, tokenizer, run_steps, state.params, step
+
+
+def a_cell(sweep_dir: pathlib.Path) -> str:
+  """The name of a cell of the sweep in `sweep_dir`: the first in its sweep.json with a
+  checkpoint, else its first ("<cell>" when it lists none)."""
+  names = [c.get("name") for c in (workdir_lib.read_json(sweep_dir / "sweep.json") or {}).get(
+      "cells", []) if isinstance(c, dict) and c.get("name")]
+  return next((n for n in names if (sweep_dir / n / "checkpoints").is_dir()),
+              names[0] if names else "<cell>")

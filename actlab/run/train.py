@@ -48,6 +48,10 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
   for c, r in zip(configs, run_dirs):
     config_lib.validate(c)
     workdir_lib.check_usable(r.root)
+    if workdir_lib.is_sweep(r.root):
+      raise workdir_lib.WorkdirError(f"--workdir {r.root} is a sweep directory (sweep.json); give "
+                                     "the run a directory of its own, or continue the sweep with "
+                                     "actlab.sweep")
   compile_cache.enable(configs[0].train.compile_cache)
   with compile_cache.tally() as compiles:
     return _run_group(configs, run_dirs, cache, log, compiles)

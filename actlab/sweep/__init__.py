@@ -92,7 +92,11 @@ def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
          log: Callable[[str], None] = _say) -> list[Cell]:
   """The cells of `shard` of the sweep `spec` on top of `base`, the keys of its `--config.<key>=`
   flags (`overridden`) winning over the sweep's fixed values. With `manifest` (not in a
-  `--workers` child) also writes `sweep.json` and logs each fixed value a flag replaces."""
+  `--workers` child) also writes `sweep.json` and logs each fixed value a flag replaces. A
+  `workdir` that is or lies inside a run directory is refused."""
+  if where := workdir_lib.in_run(workdir):
+    raise errors.UserError(f"--workdir {workdir} {where} a run directory; give the sweep a new "
+                           "directory, or an earlier sweep's")
   sweep, replaced = with_flags(load(spec), base, overridden)
   grid = cells(base, sweep)
   if manifest:
