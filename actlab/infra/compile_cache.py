@@ -86,12 +86,6 @@ class Tally:
             "programs_compiled": len(self.compiled), "programs_cached": len(self.cached),
             "compiled": names(self.compiled), "cached": names(self.cached)}
 
-  def line(self) -> str:
-    """The run's closing line's part: e.g. '5 programs compiled in 5.8 s, 2 from the cache'."""
-    s = self.summary()
-    return (f"{s['programs_compiled']} programs compiled, {s['programs_cached']} from the cache, "
-            f"{s['sec']:.1f} s")
-
 
 _open: list[Tally] = []   # the tallies counting now (a run's, a benchmark's)
 _hit = threading.local()  # set by a cache hit, read by the same thread's compile event
