@@ -13,7 +13,7 @@ import pytest
 from actlab import core, tasks
 from actlab.measure import evaluators, histogram
 from actlab.core import attention, execution
-from actlab.hf import bert
+from actlab.hf import bert, layout
 from actlab.run import loop
 from conftest import tiny, tiny_encoder
 
@@ -65,7 +65,7 @@ def test_scan_and_remat_compute_the_same_function(references, remat, kind):
     assert abs(float(got[0] - ref[0])) <= 1e-6 * float(ref[0])
     assert relative_error(ref[1], got[1]) <= 1e-6
   c.model.scan_layers = True
-  scan_params = execution.scanned_layout(params)
+  scan_params = layout.scanned_layout(params)
   like = jax.eval_shape(loop.create_step(c, 257).init, 0).params
   assert jax.tree.structure(scan_params) == jax.tree.structure(like)
   if kind == "encoder":  # BERT's names hold for the scanned layout too, both ways.
@@ -75,7 +75,7 @@ def test_scan_and_remat_compute_the_same_function(references, remat, kind):
     jax.tree.map(np.testing.assert_array_equal, bert.from_hf(state, like), scan_params)
   got = loss_and_grads(c, scan_params, batch)
   assert abs(float(got[0] - ref[0])) <= 1e-5 * float(ref[0])
-  assert relative_error(execution.scanned_layout(ref[1]), got[1]) <= 1e-5
+  assert relative_error(layout.scanned_layout(ref[1]), got[1]) <= 1e-5
 
 
 def hlo_size(c):
@@ -126,7 +126,7 @@ def test_scanned_model_sows_statistics_per_layer(references):
   for scan in (False, True):
     c.model.scan_layers = scan
     step_fns = loop.create_step(c, 257)
-    params = execution.scanned_layout(out[False][1]) if scan else references("decoder")[0]
+    params = layout.scanned_layout(out[False][1]) if scan else references("decoder")[0]
     evals = evaluators.Evaluators.create(c)
     stats = jax.jit(functools.partial(evals.validation_step, step_fns))(params, batch)
     out[scan] = (evals.pool([jax.device_get(stats)]), params)

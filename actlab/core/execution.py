@@ -1,6 +1,6 @@
-"""How the model runs, not what it computes: `Execution`, the choice of attention with the cuDNN
-call, and the parameter layouts of scanned and per-layer blocks. Every choice computes the same
-function up to rounding (tests/test_model_execution.py).
+"""How the model runs, not what it computes: `Execution`, and the choice of attention with the
+cuDNN call. Every choice computes the same function up to rounding
+(tests/test_model_execution.py).
 """
 
 import dataclasses
@@ -80,24 +80,3 @@ def cudnn_attention(q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool):
       to_BLHK(q_BHLK), to_BLHK(k_BHTK), to_BLHK(v_BHTK), mask=mask, is_causal=causal,
       implementation="cudnn"))
 
-
-# --- The layouts of scanned and per-layer parameters --------------------------------------------
-
-
-def scanned_layout(params) -> dict:
-  """Per-layer `block_0` … `block_{n-1}` parameters (or any tree of that layout, e.g. gradients)
-  → the scanned model's `blocks`, stacked on a leading layer axis."""
-  n = sum(k.startswith("block_") for k in params)
-  out = {k: v for k, v in params.items() if not k.startswith("block_")}
-  out["blocks"] = jax.tree.map(lambda *xs: jnp.stack(xs), *[params[f"block_{i}"] for i in range(n)])
-  return out
-
-
-def per_layer_layout(params) -> dict:
-  """The inverse of `scanned_layout` (a tree without `blocks` is returned as it is)."""
-  if "blocks" not in params:
-    return params
-  out = {k: v for k, v in params.items() if k != "blocks"}
-  n = jax.tree.leaves(params["blocks"])[0].shape[0]
-  out.update({f"block_{i}": jax.tree.map(lambda x: x[i], params["blocks"]) for i in range(n)})
-  return out
