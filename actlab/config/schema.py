@@ -246,6 +246,11 @@ SECTIONS = {"model": Model, "optim": Optim, "train": Train, "metrics": Metrics,
             "parallel": Parallel, "sweep": Sweep, "data": Data}
 ENCODER = {"model": EncoderModel, "data": EncoderData}  # what `config.encoder` adds
 
+# The block options whose defaults (`core.Spec`'s) build GPT-2's block, at those defaults: the
+# block every run built before the options existed, and the one the encoder and the GPT-2 and
+# BERT mappings (actlab/hf/) keep to (`config.BLOCKS` names the decoder's blocks).
+GPT2_BLOCK = {name: getattr(Model, name) for name in ("norm_type", "position", "bias", "tie_head")}
+
 
 def defaults(sections: dict = SECTIONS) -> dict[str, dict]:
   """{section: {field: default}} of `sections`, in order."""

@@ -7,10 +7,6 @@ import dataclasses
 from actlab.core import activations
 
 
-# The block options' values that build GPT-2's and BERT's block: `Spec`'s defaults, which every
-# run before the options existed built (the encoder, the GPT-2 and BERT mappings keep to them).
-GPT2_BLOCK = {"norm_type": "layer", "position": "learned", "bias": True, "tie_head": True}
-
 
 def choice(*values: str):
   """A field that takes one of `values`, the first its default: written here once, and a config

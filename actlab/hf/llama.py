@@ -15,8 +15,9 @@ from typing import Mapping
 import numpy as np
 from flax.traverse_util import flatten_dict
 
+from actlab.config.schema import GPT2_BLOCK
 from actlab.core import activations
-from actlab.core.spec import GPT2_BLOCK, ffn_width, gated
+from actlab.core.spec import ffn_width, gated
 from actlab.hf import bert, layout
 from actlab.infra.errors import UserError
 
