@@ -22,7 +22,7 @@ def field(default, rule: Callable[[str, Any], None] | None = None):
 
 def core_field(cls, name: str, rule: Callable[[str, Any], None] | None = None):
   """The field `name` of the core's dataclass `cls`: its default, and its choices where it has
-  them (`core.spec.choice`), written there once."""
+  them (`core.model.choice`), written there once."""
   f = next(f for f in dataclasses.fields(cls) if f.name == name)
   rule = one_of(*f.metadata["choices"]) if "choices" in f.metadata else rule
   return dataclasses.field(default=f.default, metadata={"rule": rule, "core": cls})

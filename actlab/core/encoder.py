@@ -1,5 +1,5 @@
-"""The BERT-style encoder: the transformer's blocks (transformer.py), bidirectional with a padding
-mask, under BERT's embeddings and heads; and its losses (`Objective`s): `MaskedLM`, with BERT's
+"""The BERT-style encoder: the decoder's blocks (model.py), bidirectional with a padding mask,
+under BERT's embeddings and heads; and its losses (`Objective`s): `MaskedLM`, with BERT's
 masking on the device, and `Classifier`. BERT's parameter names: actlab/hf/bert.py.
 """
 
@@ -14,11 +14,8 @@ import numpy as np
 import optax
 
 from actlab.core import activations
-from actlab.core.execution import Execution
-from actlab.core.spec import Spec
-from actlab.core.layers import dense, embed, norm
 from actlab.core.kernels import logit_sums
-from actlab.core.transformer import Sums, apply, stack, tied_logits
+from actlab.core.model import Execution, Spec, Sums, apply, dense, embed, norm, stack, tied_logits
 
 HEADS = ("mlm", "classify", "all")
 

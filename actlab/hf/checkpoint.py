@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from actlab.config.schema import GPT2_BLOCK
-from actlab.core.spec import gated
+from actlab.core.model import gated
 from actlab.hf import bert, gpt2, llama
 from actlab.infra.errors import UserError
 

@@ -17,7 +17,7 @@ from flax.traverse_util import flatten_dict
 
 from actlab.config.schema import GPT2_BLOCK
 from actlab.core import activations
-from actlab.core.spec import ffn_width, gated
+from actlab.core.model import ffn_width, gated
 from actlab.hf import bert, layout
 from actlab.infra.errors import UserError
 
