@@ -12,6 +12,7 @@ import pytest
 
 from actlab import core, tasks
 from actlab.measure import evaluators, histogram
+from actlab.core import kernels
 from actlab.core import model as model_lib
 from actlab.hf import bert, layout
 from actlab.run import loop
@@ -165,16 +166,16 @@ def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tiny_config):
 
 def test_attention_auto_picks_cudnn_only_where_it_applies(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-  assert model_lib.attention_impl("auto", jnp.bfloat16, 64) == "xla"
-  assert model_lib.why_not_cudnn(jnp.bfloat16, 64) == "cuDNN needs a GPU (the backend is cpu)"
+  assert kernels.attention_impl("auto", jnp.bfloat16, 64) == "xla"
+  assert kernels.why_not_cudnn(jnp.bfloat16, 64) == "cuDNN needs a GPU (the backend is cpu)"
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert model_lib.attention_impl("auto", jnp.bfloat16, 64) == "cudnn"
-  assert model_lib.attention_impl("auto", jnp.float16, 128) == "cudnn"
-  assert model_lib.attention_impl("auto", jnp.bfloat16, 64, (128, 128)) == "cudnn"
-  assert model_lib.attention_impl("auto", jnp.float32, 64) == "xla"
-  assert model_lib.attention_impl("auto", jnp.bfloat16, 256) == "xla"
-  assert model_lib.attention_impl("auto", jnp.bfloat16, 60) == "xla"
-  assert model_lib.attention_impl("auto", jnp.bfloat16, 64, (1, 128)) == "xla"  # a decode step
+  assert kernels.attention_impl("auto", jnp.bfloat16, 64) == "cudnn"
+  assert kernels.attention_impl("auto", jnp.float16, 128) == "cudnn"
+  assert kernels.attention_impl("auto", jnp.bfloat16, 64, (128, 128)) == "cudnn"
+  assert kernels.attention_impl("auto", jnp.float32, 64) == "xla"
+  assert kernels.attention_impl("auto", jnp.bfloat16, 256) == "xla"
+  assert kernels.attention_impl("auto", jnp.bfloat16, 60) == "xla"
+  assert kernels.attention_impl("auto", jnp.bfloat16, 64, (1, 128)) == "xla"  # a decode step
 
 
 def test_attention_impl_is_decided_up_front_and_says_why(monkeypatch):
@@ -182,18 +183,18 @@ def test_attention_impl_is_decided_up_front_and_says_why(monkeypatch):
   CPU, through the model too. "auto" falling back to XLA on a GPU says why, once per cause."""
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   with pytest.raises(ValueError, match="'cudnn' cannot run: cuDNN needs a GPU"):
-    model_lib.attention_impl("cudnn", jnp.bfloat16, 64)
+    kernels.attention_impl("cudnn", jnp.bfloat16, 64)
   c = tiny(**{"model.attention_impl": "cudnn", "model.dtype": "bfloat16"})
   with pytest.raises(ValueError, match="cuDNN needs a GPU"):
     jax.eval_shape(loop.create_step(c, 257).init, 0)
   said = []
-  monkeypatch.setattr(model_lib.logging, "warning", said.append)
-  model_lib._warn_once.cache_clear()
+  monkeypatch.setattr(kernels.logging, "warning", said.append)
+  kernels._warn_once.cache_clear()
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   with pytest.raises(ValueError, match="cuDNN needs bfloat16 or float16"):
-    model_lib.attention_impl("cudnn", jnp.float32, 64)
+    kernels.attention_impl("cudnn", jnp.float32, 64)
   for _ in range(2):
-    assert model_lib.attention_impl("auto", jnp.float32, 48) == "xla"
+    assert kernels.attention_impl("auto", jnp.float32, 48) == "xla"
   assert said == ["model.attention_impl='auto' runs XLA attention: cuDNN needs bfloat16 or "
                   "float16 (the compute dtype is float32)"]
 
@@ -209,8 +210,8 @@ def test_cudnn_attention_sows_the_logit_max_only_in_evaluation(monkeypatch):
   logit_maxes = lambda sown: [float(s.logit_max)
                               for s in core.per_layer(sown, core.AttentionStats)]
   xla = logit_maxes(core.apply(model, params, tokens, stats=True)[1])
-  monkeypatch.setattr(model_lib, "attention_impl", lambda *args: "cudnn")
-  monkeypatch.setattr(model_lib, "cudnn_attention",
+  monkeypatch.setattr(kernels, "attention_impl", lambda *args: "cudnn")
+  monkeypatch.setattr(kernels, "cudnn_attention",
                       lambda *args, causal: model_lib.xla_attention(*args, causal=causal)[0])
   assert logit_maxes(core.apply(model, params, tokens, stats=True)[1]) == xla
   assert len(xla) == c.model.num_layers

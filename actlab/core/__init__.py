@@ -2,8 +2,8 @@
 task, a run directory or a measurement; tests/test_layers.py holds it to that). Read: model.py,
 the decoder whole, top-down (`Spec` and `Execution`, its layers, attention, FFN, block, stack,
 `Decoder`, `CausalLM` and its `Sums`), with activations.py (the FFN's functions); step.py
-(`Step`: init, train_step, eval_step; the optimizer). Off the reading path: kernels.py (what a
-loss takes from its logits, and the fused loss) and encoder.py (the BERT-style
+(`Step`: init, train_step, eval_step; the optimizer). Off the reading path: kernels.py (the
+fused loss and cuDNN attention, equal to model.py's plain ones) and encoder.py (the BERT-style
 encoder and its losses). Parameter counting here. In a notebook, docs/notebook.md trains the
 decoder in 15 lines.
 """

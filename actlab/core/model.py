@@ -2,7 +2,7 @@
 then its parts, each before the part built from it: the norms, `dense` and `embed`, rotary
 positions, `Attention` (XLA attention and the key/value cache), the `FeedForward`, the `Block`
 and the `stack` of blocks, the `Decoder`; last `CausalLM`, the decoder with its loss, returning
-`Sums`. What a loss takes from its output logits, and the fused loss: kernels.py; the BERT-style
+`Sums`. The faster equal variants (the fused loss, cuDNN attention): kernels.py; the BERT-style
 encoder from these blocks, with its losses: encoder.py.
 
 The `Spec` builds GPT-2's block by default, or a LLaMA-style one: RMSNorm, rotary positions, no
@@ -17,7 +17,6 @@ extra is computed.
 """
 
 import dataclasses
-import functools
 import math
 from typing import Any, Protocol
 
@@ -26,7 +25,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from absl import logging
 from jax import lax
 from jax.nn.initializers import normal
 
@@ -102,7 +100,7 @@ class Execution:
   computes the same function up to rounding (tests/test_model_execution.py). The decoder's loss
   implementation (`model.loss_impl`) is its task's choice: tasks/causal_lm.py."""
   dtype: str = choice("float32", "bfloat16")  # compute dtype; parameters stay float32
-  attention_impl: str = choice("xla", "cudnn", "auto")  # (`attention_impl`)
+  attention_impl: str = choice("xla", "cudnn", "auto")  # (`kernels.attention_impl`)
   scan_layers: bool = False     # one nn.scan over the blocks (`stack`)
   remat: str = choice("none", "full", "dots")  # recompute in the backward pass
 
@@ -120,7 +118,7 @@ class Execution:
 # --- The layers the `Spec` chooses --------------------------------------------------------------
 
 
-def norm(spec: Spec, ex: Execution, name: str) -> nn.Module:
+def norm(spec: Spec, ex: Execution, name: str | None = None) -> nn.Module:
   """The block's normalisation (`spec.norm_type`): LayerNorm, its bias as `spec.bias` says, or
   `RMSNorm`; over the last axis, with `spec.norm_eps`."""
   if spec.norm_type == "rms":
@@ -148,7 +146,7 @@ def dense(features: int, ex: Execution, std: float = 0.02, name: str | None = No
                   name=name)
 
 
-def embed(n: int, spec: Spec, ex: Execution, name: str) -> nn.Embed:
+def embed(n: int, spec: Spec, ex: Execution, name: str | None = None) -> nn.Embed:
   return nn.Embed(n, spec.d_model, embedding_init=normal(0.02), dtype=ex.compute_dtype, name=name)
 
 
@@ -179,9 +177,9 @@ class Attention(nn.Module):
   `key_norm`: one of [K] each, shared by the heads) before q·k (qk-layernorm: Dehghani et al.
   2023, Wortsman et al. 2023; Qwen3's RMSNorm). With `spec.position` "rope", queries and keys
   are then rotated by their absolute positions (`rope`). Its `AttentionStats` come from the
-  logits and probabilities XLA attention computes; cuDNN flash attention never forms
-  them, so in training it sows none (a log step would rebuild them), in evaluation (`train`
-  False) those of logits computed apart."""
+  logits and probabilities XLA attention computes; cuDNN flash attention (kernels.py) never
+  forms them, so in training it sows none (a log step would rebuild them), in evaluation
+  (`train` False) those of logits computed apart."""
   spec: Spec
   causal: bool
   execution: Execution = Execution()
@@ -208,10 +206,10 @@ class Attention(nn.Module):
       k_BHLK, v_BHLK, mask = self.extend_cache(k_BHLK, v_BHLK, index)
       causal = False  # the cache mask already hides the future
     lengths = None if mask is None else (q_BHLK.shape[2], k_BHLK.shape[2])
-    if attention_impl(ex.attention_impl, q_BHLK.dtype, q_BHLK.shape[-1], lengths) == "xla":
+    if kernels.attention_impl(ex.attention_impl, q_BHLK.dtype, q_BHLK.shape[-1], lengths) == "xla":
       out_BHLK, stats = xla_attention(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal)
     else:
-      out_BHLK = cudnn_attention(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal)
+      out_BHLK = kernels.cudnn_attention(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal)
       stats = None if self.train else attention_stats(
           attention_logits(q_BHLK, k_BHLK, mask, causal=causal))
     if stats is not None:  # sow: a no-op unless "stats" is mutable (unused, jit drops it)
@@ -261,51 +259,6 @@ def attention_stats(logits_BHLT, probs_BHLT=None) -> tuple[jax.Array, jax.Array]
   not see have probability 0 and add nothing)."""
   probs_BHLT = jax.nn.softmax(logits_BHLT, axis=-1) if probs_BHLT is None else probs_BHLT
   return logits_BHLT.max(), jax.scipy.special.entr(probs_BHLT).sum(-1).mean((0, 2))
-
-
-def why_not_cudnn(dtype, head_dim: int, masked_lengths: tuple[int, int] | None = None):
-  """Why cuDNN flash attention cannot run attention of this compute dtype and head dim, with a
-  boolean mask over (L queries, T keys) when `masked_lengths` is given; None where it can. Not
-  checked: the GPU's model and cuDNN version."""
-  if jax.default_backend() != "gpu":
-    return f"cuDNN needs a GPU (the backend is {jax.default_backend()})"
-  if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
-    return f"cuDNN needs bfloat16 or float16 (the compute dtype is {jnp.dtype(dtype)})"
-  if head_dim % 8 or head_dim > 128:
-    return f"cuDNN needs a head dim that is a multiple of 8 up to 128 (it is {head_dim})"
-  if masked_lengths and any(n % 2 for n in masked_lengths):
-    return f"cuDNN takes a mask only over even lengths (queries, keys: {masked_lengths})"
-  return None
-
-
-def attention_impl(requested: str, dtype, head_dim: int,
-                   masked_lengths: tuple[int, int] | None = None) -> str:
-  """The attention that runs, decided before tracing: "xla"; "cudnn", or a ValueError naming why
-  it cannot (`why_not_cudnn`); "auto": cuDNN where it can run, else XLA (on a GPU said once)."""
-  if requested == "xla":
-    return "xla"
-  reason = why_not_cudnn(dtype, head_dim, masked_lengths)
-  if reason is None:
-    return "cudnn"
-  if requested == "cudnn":
-    raise ValueError(f"model.attention_impl='cudnn' cannot run: {reason}")
-  if jax.default_backend() == "gpu":
-    _warn_once(f"model.attention_impl='auto' runs XLA attention: {reason}")
-  return "xla"
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-  logging.warning(message)
-
-
-def cudnn_attention(q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool):
-  """`jax.nn.dot_product_attention`'s cuDNN flash attention (which takes sequence-major
-  operands) of heads-major ones."""
-  to_BLHK = lambda x: x.transpose(0, 2, 1, 3)
-  return to_BLHK(jax.nn.dot_product_attention(
-      to_BLHK(q_BHLK), to_BLHK(k_BHTK), to_BLHK(v_BHTK), mask=mask, is_causal=causal,
-      implementation="cudnn"))
 
 
 @flax.struct.dataclass
@@ -380,9 +333,9 @@ class FFNStats:
 
 
 class Block(nn.Module):
-  """Pre-norm (GPT-2: x + f(LN(x))) or post-norm (BERT: LN(x + f(x))) block: `(x, mask) → (y, None)`,
-  the form `nn.scan` needs; `train` and `decode` are attributes (Python values: `nn.scan` and
-  `nn.remat` trace arguments)."""
+  """Pre-norm (GPT-2: x + f(LN(x))) or post-norm (BERT: LN(x + f(x))) block:
+  `(x, mask) → (y, None)`, the form `nn.scan` needs; `train` and `decode` are attributes (Python
+  values: `nn.scan` and `nn.remat` trace arguments)."""
   spec: Spec
   causal: bool
   execution: Execution = Execution()
@@ -431,35 +384,22 @@ class Decoder(nn.Module):
   """GPT-2: token (`wte`) + position (`wpe`) embeddings, causal blocks, a final LayerNorm
   (`ln_f`) and an LM head tied to `wte`. The `Spec` may drop `wpe` for rotary positions in
   attention (`position`), make the norms RMSNorm (`norm_type`) and give the head its own
-  [V, D] matrix `lm_head` (`tie_head` off)."""
+  [V, D] matrix `lm_head` (`tie_head` off). The embeddings, the final norm and the head are
+  declared in `setup`, so that the head reaches `wte` as an attribute; the blocks in `hidden`."""
   spec: Spec
   execution: Execution = Execution()
+
+  def setup(self):
+    s, ex = self.spec, self.execution
+    if not s.tie_head:  # the head's own weights, declared beside the embedding it would reuse
+      self.lm_head = self.param("lm_head", normal(0.02), (s.vocab_size, s.d_model), jnp.float32)
+    self.wte = embed(s.vocab_size, s, ex)
+    self.wpe = embed(s.max_len, s, ex) if s.position == "learned" else None
+    self.ln_f = norm(s, ex)
 
   def __call__(self, tokens_BL, *, train: bool = False, decode: bool = False):
     """Next-token logits [B, L, V] (float32) for every position; position t sees tokens ≤ t."""
     return self.logits(self.hidden(tokens_BL, train=train, decode=decode))
-
-  def logits(self, h_BLD) -> jax.Array:
-    """The LM head: h·Eᵀ with E `head_weights` (float32 logits)."""
-    return tied_logits(h_BLD, self.head_weights())
-
-  def next_token_sums(self, tokens_BL, targets_BL, *, train: bool = False, fused: bool = False,
-                      z_loss: float = 0.0, logz: bool = False) -> dict:
-    """The cross-entropy (nats) of `targets_BL` after `tokens_BL`, summed (`loss_sum`, with the
-    z-loss), and `kernels.logz_sums`. `fused`: the head and the loss in chunks of positions,
-    without the [B, L, V] logits (`kernels.xent_sum`); else from `logits`."""
-    h_BLD = self.hidden(tokens_BL, train=train)
-    if fused:
-      return kernels.xent_sum(h_BLD, self.head_weights(), targets_BL, z_loss=z_loss, logz=logz)
-    logits_BLV = self.logits(h_BLD)
-    losses_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
-    return kernels.logit_sums({"loss_sum": losses_BL.sum()}, logits_BLV, z_loss=z_loss,
-                              logz=logz)
-
-  def head_weights(self) -> jax.Array:
-    """The LM head's [V, D] weights: the token embedding `wte`'s when tied, else `lm_head`."""
-    params = self.variables["params"]
-    return params["wte"]["embedding"] if self.spec.tie_head else params["lm_head"]
 
   @nn.compact
   def hidden(self, tokens_BL, *, train: bool = False, decode: bool = False):
@@ -467,18 +407,28 @@ class Decoder(nn.Module):
     persist in the "cache" collection and `tokens_BL` continues the sequence cached so far
     (prompt first, then one token per call)."""
     s, ex = self.spec, self.execution
-    if not s.tie_head:  # the head's own weights, declared beside the embedding it would reuse
-      self.param("lm_head", normal(0.02), (s.vocab_size, s.d_model), jnp.float32)
-    x_BLD = embed(s.vocab_size, s, ex, "wte")(tokens_BL)
-    if s.position == "learned":
+    x_BLD = self.wte(tokens_BL)
+    if self.wpe is not None:
       L, start = tokens_BL.shape[1], 0
       if decode:
         position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
         start, position.value = position.value, position.value + L
-      x_BLD = x_BLD + embed(s.max_len, s, ex, "wpe")(start + jnp.arange(L))[None]
+      x_BLD = x_BLD + self.wpe(start + jnp.arange(L))[None]
     x_BLD = nn.Dropout(s.dropout)(x_BLD, deterministic=not train)
     x_BLD = stack(s, ex, x_BLD, causal=True, train=train, decode=decode)
-    return norm(s, ex, "ln_f")(x_BLD)
+    return self.ln_f(x_BLD)
+
+  def head_weights(self) -> jax.Array:
+    """The LM head's [V, D] weights: the token embedding's when tied, else `lm_head`."""
+    return self.wte.embedding if self.spec.tie_head else self.lm_head
+
+  def logits(self, h_BLD) -> jax.Array:
+    """The LM head: h·Eᵀ with E `head_weights` (float32 logits)."""
+    return tied_logits(h_BLD, self.head_weights())
+
+  def head_input(self, tokens_BL, *, train: bool = False):
+    """What a loss takes: (`hidden`, `head_weights`)."""
+    return self.hidden(tokens_BL, train=train), self.head_weights()
 
 
 def tied_logits(h_BLD, embedding_VD) -> jax.Array:
@@ -493,22 +443,14 @@ def tied_logits(h_BLD, embedding_VD) -> jax.Array:
 @flax.struct.dataclass
 class Sums:
   """What an objective returns: sums over a batch. The fields are fixed; those a loss does not
-  compute are None."""
+  compute are None (kernels.py's sums are keyed by these fields' names)."""
   loss_sum: jax.Array        # the differentiated sum: cross-entropy (+ the z-loss in training)
   count: jax.Array           # the positions (or examples) summed over
-  z_loss_sum: jax.Array      # the z-loss part of loss_sum: z_loss · Σ logZ² (0 without one)
+  z_loss_sum: jax.Array | None = None  # with a z-loss, its part of loss_sum: z_loss · Σ logZ²
   logz_sum: jax.Array | None = None  # Σ logZ of the output logits (`stats`; not differentiated)
   correct: jax.Array | None = None   # the right argmax predictions, where accuracy applies
   mask: "Sums | None" = None  # MLM: the same over the positions whose input is [MASK]
   sown: Any = None           # with `stats`: the blocks' `FFNStats` and `AttentionStats`
-
-  @classmethod
-  def of(cls, sums: dict, sown=None) -> "Sums":
-    """From named sums (a loss's own with `logit_sums`', or `xent_sum`'s; `mask_*`: the [MASK]
-    positions')."""
-    mask = {k.removeprefix("mask_"): v for k, v in sums.items() if k.startswith("mask_")}
-    return cls(sums["loss_sum"], sums["count"], sums.get("z_loss_sum", jnp.zeros((), jnp.float32)),
-               sums.get("logz_sum"), sums.get("correct"), cls.of(mask) if mask else None, sown)
 
 
 class Objective(Protocol):
@@ -525,17 +467,24 @@ class Objective(Protocol):
 class CausalLM:
   """The decoder with its loss (an `Objective`): next-token cross-entropy (nats) of windows of
   L+1 tokens, summed over positions 1…L; in training with the z-loss, and with `stats` what the
-  blocks sowed and `logz_sum`. `fused`: without the [B, L, V] logits in memory (kernels.py)."""
+  blocks sowed and `logz_sum`. `fused`: the same sums without the [B, L, V] logits in memory
+  (`kernels.xent_sum`)."""
   model: Decoder
   fused: bool = False
   z_loss: float = 0.0
 
   def __call__(self, params, batch_BL1, rng, *, train: bool, stats: bool = False) -> Sums:
     inputs_BL, targets_BL = batch_BL1[:, :-1], batch_BL1[:, 1:]
-    sums, sown = apply(self.model, params, inputs_BL, targets_BL, train=train, fused=self.fused,
-                       z_loss=self.z_loss if train else 0.0, logz=stats, rngs={"dropout": rng},
-                       stats=stats, method=Decoder.next_token_sums)
-    return Sums.of({**sums, "count": targets_BL.size}, sown)
+    z_loss = self.z_loss if train else 0.0
+    (h_BLD, head_VD), sown = apply(self.model, params, inputs_BL, train=train,
+                                   rngs={"dropout": rng}, stats=stats, method=Decoder.head_input)
+    if self.fused:
+      sums = kernels.xent_sum(h_BLD, head_VD, targets_BL, z_loss=z_loss, logz=stats)
+    else:
+      logits_BLV = tied_logits(h_BLD, head_VD)
+      losses_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
+      sums = kernels.logit_sums(losses_BL.sum(), logits_BLV, z_loss=z_loss, logz=stats)
+    return Sums(**sums, count=targets_BL.size, sown=sown)
 
 
 def apply(model: nn.Module, params, *args, stats: bool = False, **kwargs):
