@@ -159,8 +159,7 @@ import sys
 import numpy as np
 from scipy import stats
 
-from actlab.config import BLOCKS, sizes
-from actlab.core.spec import GPT2_BLOCK
+from actlab.config import BLOCKS, GPT2_BLOCK, sizes
 from actlab.report import comparisons, curves, factorial, preregistered
 
 RULE = preregistered.Rule(alpha=0.05, power=0.8, delta=0.1, min_seeds=10)  # every family's

@@ -12,10 +12,8 @@ from actlab import core
 from actlab.config import specs
 from actlab.hf import bert
 from actlab import config as config_lib
-from actlab.core.spec import Spec
-from actlab.core.attention import Attention
-from actlab.core.layers import norm as layer_norm
-from actlab.core.transformer import Block, FeedForward
+from actlab.core.model import Attention, Block, FeedForward, Spec
+from actlab.core.model import norm as layer_norm
 
 SPEC = Spec("gelu", num_layers=2, d_model=32, num_heads=2, d_ff=64, max_len=32, vocab_size=128,
             norm="post", norm_eps=1e-12)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from actlab import config as config_lib, core, sample, tasks
-from actlab.core import attention
-from actlab.core.layers import RMSNorm
+from actlab.core import model as model_lib
+from actlab.core.model import RMSNorm
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.hf import export
 from actlab.infra import errors
@@ -174,7 +174,7 @@ def test_interleaved_rope_weights_do_not_match(tmp_path, torch, monkeypatch):
   model = tasks.get(c).objective(c, V).model
   ours = np.asarray(model.apply({"params": params}, tokens()))[..., :V]
   with monkeypatch.context() as patched:
-    patched.setattr(attention, "rope", interleaved_rope)
+    patched.setattr(model_lib, "rope", interleaved_rope)
     same = np.asarray(model.apply({"params": permuted}, tokens()))[..., :V]
   np.testing.assert_allclose(same, ours, atol=1e-5, rtol=0)  # the same model, other layout
   hf_checkpoint.write(tmp_path, c, HF, permuted, V, 256, RUN)

@@ -16,7 +16,7 @@ import pytest
 from actlab import core, data
 from actlab import config as config_lib
 from actlab.measure import evaluators, metrics
-from actlab.core import attention
+from actlab.core import model as model_lib
 from actlab.run import loop
 from conftest import tiny
 
@@ -134,7 +134,7 @@ def test_layers_ordered_by_index_and_scan_stacks_split():
 
 
 def logit_max(q, k, mask, *, causal):
-  return attention.attention_stats(attention.attention_logits(q, k, mask, causal=causal))[0]
+  return model_lib.attention_stats(model_lib.attention_logits(q, k, mask, causal=causal))[0]
 
 
 def test_attention_logit_max_ignores_invisible_positions():
@@ -161,8 +161,8 @@ def test_attention_entropy_closed_forms():
   L = 6
   q = np.zeros((2, 2, L, 4), np.float32)
   k = np.zeros((2, 2, L, 4), np.float32)
-  entropy = lambda mask, causal: np.asarray(attention.attention_stats(
-      attention.attention_logits(q, k, mask, causal=causal))[1])
+  entropy = lambda mask, causal: np.asarray(model_lib.attention_stats(
+      model_lib.attention_logits(q, k, mask, causal=causal))[1])
   np.testing.assert_allclose(entropy(None, True), np.mean(np.log(np.arange(1, L + 1))), rtol=1e-6)
   pad = np.ones((2, 1, 1, L), bool)
   pad[..., -1] = False

@@ -8,9 +8,10 @@ import pytest
 
 from actlab import core, tasks
 from actlab import config as config_lib
-from actlab.core import activations, attention, transformer
+from actlab.core import activations
+from actlab.core import model as model_lib
 from actlab.config import specs
-from actlab.core.spec import Spec
+from actlab.core.model import Spec
 from conftest import tiny
 
 
@@ -152,19 +153,19 @@ def test_attention_equals_jax_reference(causal, padded):
   to_BLHK = lambda x: x.transpose(0, 2, 1, 3)
   ref = to_BLHK(jax.nn.dot_product_attention(to_BLHK(q), to_BLHK(k), to_BLHK(v), mask=mask,
                                              is_causal=causal, implementation="xla"))
-  np.testing.assert_allclose(attention.xla_attention(q, k, v, mask, causal=causal)[0], ref,
+  np.testing.assert_allclose(model_lib.xla_attention(q, k, v, mask, causal=causal)[0], ref,
                              atol=1e-6)
 
   spec = specs.model_spec(tiny(), 64)
   x = jnp.asarray(r.normal(size=(2, 5, spec.d_model)), jnp.float32)
-  split = attention.HeadsDense(spec, split=True)
+  split = model_lib.HeadsDense(spec, split=True)
   params = split.init(jax.random.PRNGKey(1), x)
   dense = {"params": params["params"]}  # the same parameters an nn.Dense(d_model) has
   y = jax.nn.relu(x) @ params["params"]["kernel"] + params["params"]["bias"]
   heads = split.apply(dense, jax.nn.relu(x))
   B, H, L, K = heads.shape
   np.testing.assert_allclose(heads.transpose(0, 2, 1, 3).reshape(B, L, H * K), y, atol=1e-5)
-  merge = attention.HeadsDense(spec, split=False)
+  merge = model_lib.HeadsDense(spec, split=False)
   np.testing.assert_allclose(merge.apply(dense, heads), y.reshape(B, L, -1) @ params["params"][
       "kernel"] + params["params"]["bias"], atol=1e-5)
   reference = flax.linen.Dense(spec.d_model, kernel_init=jax.nn.initializers.normal(0.02))
@@ -187,7 +188,7 @@ def test_hidden_is_the_tied_heads_input(gelu):
 def attention_and_input(qk_norm: bool, seed: int = 0):
   """A tiny decoder's first attention layer, its parameters and an input [2, 8, D]."""
   spec = specs.model_spec(tiny(**{"model.qk_norm": qk_norm}), 64)
-  attn = attention.Attention(spec, causal=True)
+  attn = model_lib.Attention(spec, causal=True)
   x = jnp.asarray(np.random.default_rng(seed).normal(size=(2, 8, spec.d_model)), jnp.float32)
   return spec, attn, attn.init(jax.random.PRNGKey(seed), x)["params"], x
 
@@ -203,10 +204,10 @@ def test_qk_norm_normalises_queries_and_keys_over_the_head_dim():
   scaled = {**params, **{n: jax.tree.map(lambda a: 30.0 * a, params[n]) for n in ("query", "key")}}
   np.testing.assert_allclose(attn.apply({"params": scaled}, x), attn.apply({"params": params}, x),
                              atol=1e-5)
-  _, sown = transformer.apply(attn, scaled, x, stats=True)
+  _, sown = model_lib.apply(attn, scaled, x, stats=True)
   assert float(sown["attention"][0].logit_max) <= np.sqrt(K)
   _, plain_attn, plain_params, _ = attention_and_input(qk_norm=False)
-  _, plain_sown = transformer.apply(plain_attn, {**plain_params, **{
+  _, plain_sown = model_lib.apply(plain_attn, {**plain_params, **{
       n: scaled[n] for n in ("query", "key")}}, x, stats=True)
   assert float(plain_sown["attention"][0].logit_max) > np.sqrt(K)  # without it, the scale shows
 

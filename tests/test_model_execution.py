@@ -1,5 +1,5 @@
 """How the model executes, not what it computes: scan over layers, remat, bfloat16 compute and
-the attention implementation (`Execution`, actlab/core/execution.py) all give the same
+the attention implementation (`Execution`, actlab/core/model.py) all give the same
 function."""
 
 import functools
@@ -12,8 +12,9 @@ import pytest
 
 from actlab import core, tasks
 from actlab.measure import evaluators, histogram
-from actlab.core import attention, execution
-from actlab.hf import bert
+from actlab.core import kernels
+from actlab.core import model as model_lib
+from actlab.hf import bert, layout
 from actlab.run import loop
 from conftest import tiny, tiny_encoder
 
@@ -55,7 +56,7 @@ def references():
 def test_scan_and_remat_compute_the_same_function(references, remat, kind):
   """Each remat policy, then scan over layers too, computes the reference's loss and gradients.
   The policies and the scan are the decoder's and the encoder's shared code
-  (transformer.stack): every policy on the decoder; the encoder (no causal mask, a
+  (model.stack): every policy on the decoder; the encoder (no causal mask, a
   padding mask through remat and scan, BERT's names) under one."""
   c = config_of(kind)
   params, batch, ref = references(kind)
@@ -65,7 +66,7 @@ def test_scan_and_remat_compute_the_same_function(references, remat, kind):
     assert abs(float(got[0] - ref[0])) <= 1e-6 * float(ref[0])
     assert relative_error(ref[1], got[1]) <= 1e-6
   c.model.scan_layers = True
-  scan_params = execution.scanned_layout(params)
+  scan_params = layout.scanned_layout(params)
   like = jax.eval_shape(loop.create_step(c, 257).init, 0).params
   assert jax.tree.structure(scan_params) == jax.tree.structure(like)
   if kind == "encoder":  # BERT's names hold for the scanned layout too, both ways.
@@ -75,7 +76,7 @@ def test_scan_and_remat_compute_the_same_function(references, remat, kind):
     jax.tree.map(np.testing.assert_array_equal, bert.from_hf(state, like), scan_params)
   got = loss_and_grads(c, scan_params, batch)
   assert abs(float(got[0] - ref[0])) <= 1e-5 * float(ref[0])
-  assert relative_error(execution.scanned_layout(ref[1]), got[1]) <= 1e-5
+  assert relative_error(layout.scanned_layout(ref[1]), got[1]) <= 1e-5
 
 
 def hlo_size(c):
@@ -126,7 +127,7 @@ def test_scanned_model_sows_statistics_per_layer(references):
   for scan in (False, True):
     c.model.scan_layers = scan
     step_fns = loop.create_step(c, 257)
-    params = execution.scanned_layout(out[False][1]) if scan else references("decoder")[0]
+    params = layout.scanned_layout(out[False][1]) if scan else references("decoder")[0]
     evals = evaluators.Evaluators.create(c)
     stats = jax.jit(functools.partial(evals.validation_step, step_fns))(params, batch)
     out[scan] = (evals.pool([jax.device_get(stats)]), params)
@@ -165,16 +166,16 @@ def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tiny_config):
 
 def test_attention_auto_picks_cudnn_only_where_it_applies(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-  assert execution.attention_impl("auto", jnp.bfloat16, 64) == "xla"
-  assert execution.why_not_cudnn(jnp.bfloat16, 64) == "cuDNN needs a GPU (the backend is cpu)"
+  assert kernels.attention_impl("auto", jnp.bfloat16, 64) == "xla"
+  assert kernels.why_not_cudnn(jnp.bfloat16, 64) == "cuDNN needs a GPU (the backend is cpu)"
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert execution.attention_impl("auto", jnp.bfloat16, 64) == "cudnn"
-  assert execution.attention_impl("auto", jnp.float16, 128) == "cudnn"
-  assert execution.attention_impl("auto", jnp.bfloat16, 64, (128, 128)) == "cudnn"
-  assert execution.attention_impl("auto", jnp.float32, 64) == "xla"
-  assert execution.attention_impl("auto", jnp.bfloat16, 256) == "xla"
-  assert execution.attention_impl("auto", jnp.bfloat16, 60) == "xla"
-  assert execution.attention_impl("auto", jnp.bfloat16, 64, (1, 128)) == "xla"  # a decode step
+  assert kernels.attention_impl("auto", jnp.bfloat16, 64) == "cudnn"
+  assert kernels.attention_impl("auto", jnp.float16, 128) == "cudnn"
+  assert kernels.attention_impl("auto", jnp.bfloat16, 64, (128, 128)) == "cudnn"
+  assert kernels.attention_impl("auto", jnp.float32, 64) == "xla"
+  assert kernels.attention_impl("auto", jnp.bfloat16, 256) == "xla"
+  assert kernels.attention_impl("auto", jnp.bfloat16, 60) == "xla"
+  assert kernels.attention_impl("auto", jnp.bfloat16, 64, (1, 128)) == "xla"  # a decode step
 
 
 def test_attention_impl_is_decided_up_front_and_says_why(monkeypatch):
@@ -182,18 +183,18 @@ def test_attention_impl_is_decided_up_front_and_says_why(monkeypatch):
   CPU, through the model too. "auto" falling back to XLA on a GPU says why, once per cause."""
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   with pytest.raises(ValueError, match="'cudnn' cannot run: cuDNN needs a GPU"):
-    execution.attention_impl("cudnn", jnp.bfloat16, 64)
+    kernels.attention_impl("cudnn", jnp.bfloat16, 64)
   c = tiny(**{"model.attention_impl": "cudnn", "model.dtype": "bfloat16"})
   with pytest.raises(ValueError, match="cuDNN needs a GPU"):
     jax.eval_shape(loop.create_step(c, 257).init, 0)
   said = []
-  monkeypatch.setattr(execution.logging, "warning", said.append)
-  execution._warn_once.cache_clear()
+  monkeypatch.setattr(kernels.logging, "warning", said.append)
+  kernels._warn_once.cache_clear()
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   with pytest.raises(ValueError, match="cuDNN needs bfloat16 or float16"):
-    execution.attention_impl("cudnn", jnp.float32, 64)
+    kernels.attention_impl("cudnn", jnp.float32, 64)
   for _ in range(2):
-    assert execution.attention_impl("auto", jnp.float32, 48) == "xla"
+    assert kernels.attention_impl("auto", jnp.float32, 48) == "xla"
   assert said == ["model.attention_impl='auto' runs XLA attention: cuDNN needs bfloat16 or "
                   "float16 (the compute dtype is float32)"]
 
@@ -209,9 +210,9 @@ def test_cudnn_attention_sows_the_logit_max_only_in_evaluation(monkeypatch):
   logit_maxes = lambda sown: [float(s.logit_max)
                               for s in core.per_layer(sown, core.AttentionStats)]
   xla = logit_maxes(core.apply(model, params, tokens, stats=True)[1])
-  monkeypatch.setattr(attention, "attention_impl", lambda *args: "cudnn")
-  monkeypatch.setattr(attention, "cudnn_attention",
-                      lambda *args, causal: attention.xla_attention(*args, causal=causal)[0])
+  monkeypatch.setattr(kernels, "attention_impl", lambda *args: "cudnn")
+  monkeypatch.setattr(kernels, "cudnn_attention",
+                      lambda *args, causal: model_lib.xla_attention(*args, causal=causal)[0])
   assert logit_maxes(core.apply(model, params, tokens, stats=True)[1]) == xla
   assert len(xla) == c.model.num_layers
   _, sown = core.apply(model, params, tokens, train=True, rngs={"dropout": jax.random.PRNGKey(1)},

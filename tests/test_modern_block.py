@@ -11,7 +11,7 @@ import pytest
 
 from actlab import config as config_lib
 from actlab import core, tasks
-from actlab.core import attention, layers
+from actlab.core import model as model_lib
 from conftest import tiny
 
 LLAMA = config_lib.BLOCKS["llama"]
@@ -29,7 +29,7 @@ def init(c, vocab=257, seed=0):
 
 def test_rms_norm_is_llamas_in_float32():
   x = np.random.default_rng(0).normal(0, 3, (2, 5, 16)).astype(np.float32)
-  norm = layers.RMSNorm(1e-6)
+  norm = model_lib.RMSNorm(1e-6)
   params = norm.init(jax.random.PRNGKey(0), x)["params"]
   np.testing.assert_array_equal(params["scale"], np.ones(16, np.float32))  # initialised to 1
   scale = np.linspace(0.5, 2.0, 16).astype(np.float32)
@@ -39,7 +39,7 @@ def test_rms_norm_is_llamas_in_float32():
   # bfloat16 in: the statistic in float32 (squares of 300 overflow no float32, and the mean is
   # not rounded to bfloat16's 8 bits), cast back before the scale, as Llama does.
   xb = jnp.asarray(x * 100, jnp.bfloat16)
-  yb = layers.RMSNorm(1e-6, jnp.bfloat16).apply({"params": {"scale": scale}}, xb)
+  yb = model_lib.RMSNorm(1e-6, jnp.bfloat16).apply({"params": {"scale": scale}}, xb)
   x32 = np.asarray(xb, np.float32)
   ref = (x32 / np.sqrt((x32**2).mean(-1, keepdims=True) + 1e-6)).astype(jnp.bfloat16)
   np.testing.assert_array_equal(np.asarray(yb), np.asarray(
@@ -64,7 +64,7 @@ def test_rope_is_the_half_split_rotation_not_the_interleaved_one():
   K, L = 8, 6
   x = np.random.default_rng(1).normal(size=(1, 2, L, K)).astype(np.float32)
   positions = np.arange(3, 3 + L)
-  y = np.asarray(attention.rope(jnp.asarray(x), jnp.asarray(positions), 10000.0))
+  y = np.asarray(model_lib.rope(jnp.asarray(x), jnp.asarray(positions), 10000.0))
   half = [(m, m + K // 2) for m in range(K // 2)]
   interleaved = [(2 * m, 2 * m + 1) for m in range(K // 2)]
   np.testing.assert_allclose(y, rotate(x, positions, 10000.0, half), atol=1e-5)
@@ -75,8 +75,8 @@ def test_rope_makes_attention_logits_depend_on_relative_position_only():
   K = 16
   rng = np.random.default_rng(2)
   q, k = (jnp.asarray(rng.normal(size=(1, 1, 1, K)), jnp.float32) for _ in range(2))
-  logit = lambda i, j: float((attention.rope(q, jnp.array([i]), 500.0)
-                              * attention.rope(k, jnp.array([j]), 500.0)).sum())
+  logit = lambda i, j: float((model_lib.rope(q, jnp.array([i]), 500.0)
+                              * model_lib.rope(k, jnp.array([j]), 500.0)).sum())
   assert logit(7, 3) == pytest.approx(logit(104, 100), abs=1e-4)
   assert logit(7, 3) != pytest.approx(logit(7, 4), abs=1e-3)
 

@@ -10,13 +10,14 @@ import ml_collections
 
 from actlab.config import schema
 from actlab.config.rules import ConfigError, check, choices
+from actlab.config.schema import GPT2_BLOCK
 from actlab.infra import errors
 from actlab.config.sizes import (CLASSIFY_SETTINGS, DECODER_SIZES, ENCODER_PREFIX,
                                  ENCODER_SIZES, SIZES)
 from actlab.config.validation import validate
 
-__all__ = ["BLOCKS", "ConfigError", "base", "decoder", "encoder", "override", "parse_arg",
-           "parse_overrides", "validate"]
+__all__ = ["BLOCKS", "ConfigError", "GPT2_BLOCK", "base", "decoder", "encoder", "override",
+           "parse_arg", "parse_overrides", "validate"]
 
 
 def base(activation: str = "gelu") -> ml_collections.ConfigDict:
@@ -27,8 +28,8 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   return c
 
 
-# The decoder's blocks by name: GPT-2's (`base`), and the LLaMA-style block (RMSNorm, rotary
-# positions, no biases, an untied head, a gated FFN for any activation).
+# The decoder's blocks by name: GPT-2's (`base`: `GPT2_BLOCK`, schema.py), and the LLaMA-style
+# block (RMSNorm, rotary positions, no biases, an untied head, a gated FFN for any activation).
 BLOCKS = {"gpt2": {},
           "llama": {"model.norm_type": "rms", "model.norm_eps": 1e-6, "model.position": "rope",
                     "model.bias": False, "model.tie_head": False, "model.ffn": "gated"}}

@@ -22,7 +22,7 @@ def field(default, rule: Callable[[str, Any], None] | None = None):
 
 def core_field(cls, name: str, rule: Callable[[str, Any], None] | None = None):
   """The field `name` of the core's dataclass `cls`: its default, and its choices where it has
-  them (`core.spec.choice`), written there once."""
+  them (`core.model.choice`), written there once."""
   f = next(f for f in dataclasses.fields(cls) if f.name == name)
   rule = one_of(*f.metadata["choices"]) if "choices" in f.metadata else rule
   return dataclasses.field(default=f.default, metadata={"rule": rule, "core": cls})
@@ -245,6 +245,11 @@ class EncoderData:
 SECTIONS = {"model": Model, "optim": Optim, "train": Train, "metrics": Metrics,
             "parallel": Parallel, "sweep": Sweep, "data": Data}
 ENCODER = {"model": EncoderModel, "data": EncoderData}  # what `config.encoder` adds
+
+# The block options whose defaults (`core.Spec`'s) build GPT-2's block, at those defaults: the
+# block every run built before the options existed, and the one the encoder and the GPT-2 and
+# BERT mappings (actlab/hf/) keep to (`config.BLOCKS` names the decoder's blocks).
+GPT2_BLOCK = {name: getattr(Model, name) for name in ("norm_type", "position", "bias", "tie_head")}
 
 
 def defaults(sections: dict = SECTIONS) -> dict[str, dict]:

@@ -8,8 +8,8 @@ import ml_collections
 
 from actlab.config import schema
 from actlab.config.rules import check, parsed
+from actlab.config.schema import GPT2_BLOCK
 from actlab.core import activations
-from actlab.core.spec import GPT2_BLOCK
 from actlab.data import tokenizer
 from actlab.infra import errors
 

@@ -1,22 +1,20 @@
 """actlab's core: the model, its loss and its step, from typed specs alone (never a config, a
-task, a run directory or a measurement; tests/test_layers.py holds it to that). Read top-down:
-step.py (`Step`: init, train_step, eval_step; the optimizer) → transformer.py (`CausalLM`, the
-`Decoder`, its blocks and FFN, `Sums`) → attention.py, layers.py, activations.py; what the model
-is: spec.py; how it runs: execution.py; what a loss takes from its logits, and the fused loss:
-kernels.py; the BERT-style encoder and its losses: encoder.py. Parameter counting here. In a
-notebook, docs/notebook.md trains the decoder in 15 lines.
+task, a run directory or a measurement; tests/test_layers.py holds it to that). Read: model.py,
+the decoder whole, top-down (`Spec` and `Execution`, its layers, attention, FFN, block, stack,
+`Decoder`, `CausalLM` and its `Sums`), with activations.py (the FFN's functions); step.py
+(`Step`: init, train_step, eval_step; the optimizer). Off the reading path: kernels.py (the
+fused loss and cuDNN attention, equal to model.py's plain ones) and encoder.py (the BERT-style
+encoder and its losses). Parameter counting here. In a notebook, docs/notebook.md trains the
+decoder in 15 lines.
 """
 
 import jax
 import numpy as np
 
-from actlab.core.attention import AttentionStats
 from actlab.core.encoder import Classifier, Encoder, MaskedLM, Specials
-from actlab.core.execution import Execution
-from actlab.core.spec import Spec, ffn_width, gated, pad_vocab
+from actlab.core.model import (AttentionStats, CausalLM, Decoder, Execution, FFNStats, Objective,
+                               Spec, Sums, apply, ffn_width, gated, pad_vocab, per_layer)
 from actlab.core.step import EVAL_SEED, OptimSpec, Step, TrainState, optimizer
-from actlab.core.transformer import (CausalLM, Decoder, FFNStats, Objective, Sums, apply,
-                                     per_layer)
 
 __all__ = ["AttentionStats", "CausalLM", "Classifier", "Decoder", "EVAL_SEED", "Encoder",
            "Execution", "FFNStats", "MaskedLM", "Objective", "OptimSpec", "Spec", "Specials",

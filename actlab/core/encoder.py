@@ -1,5 +1,5 @@
-"""The BERT-style encoder: the transformer's blocks (transformer.py), bidirectional with a padding
-mask, under BERT's embeddings and heads; and its losses (`Objective`s): `MaskedLM`, with BERT's
+"""The BERT-style encoder: the decoder's blocks (model.py), bidirectional with a padding mask,
+under BERT's embeddings and heads; and its losses (`Objective`s): `MaskedLM`, with BERT's
 masking on the device, and `Classifier`. BERT's parameter names: actlab/hf/bert.py.
 """
 
@@ -14,11 +14,8 @@ import numpy as np
 import optax
 
 from actlab.core import activations
-from actlab.core.execution import Execution
-from actlab.core.spec import Spec
-from actlab.core.layers import dense, embed, norm
 from actlab.core.kernels import logit_sums
-from actlab.core.transformer import Sums, apply, stack, tied_logits
+from actlab.core.model import Execution, Spec, Sums, apply, dense, embed, norm, stack, tied_logits
 
 HEADS = ("mlm", "classify", "all")
 
@@ -109,7 +106,7 @@ class Encoder(nn.Module):
 class MaskedLM:
   """The encoder with BERT's masked-LM loss (an `Objective`): cross-entropy (nats) and accuracy
   over the selected positions only (in training with the z-loss, and with `stats` `logz_sum`),
-  and apart over those whose input is [MASK] (`mask_*`). The mask comes from `rng` (the step's
+  and apart over those whose input is [MASK] (`Sums.mask`). The mask comes from `rng` (the step's
   key in training, a fixed key in evaluation); dropout gets an independent key. Batches are the
   decoder's windows of L+1 tokens (`encoder_sequences`)."""
   model: Encoder
@@ -130,11 +127,11 @@ class MaskedLM:
     losses_BP = optax.softmax_cross_entropy_with_integer_labels(logits_BPV, targets_BP)
     correct_BP = (logits_BPV.argmax(-1) == targets_BP) & weights_BP
     masked_BP = weights_BP & (jnp.take_along_axis(inputs_BL, positions_BP, 1) == specials.mask)
-    out = {"loss_sum": jnp.sum(losses_BP * weights_BP), "count": weights_BP.sum(),
-           "correct": correct_BP.sum(), "mask_loss_sum": jnp.sum(losses_BP * masked_BP),
-           "mask_count": masked_BP.sum(), "mask_correct": (correct_BP & masked_BP).sum()}
-    return Sums.of(logit_sums(out, logits_BPV, weights_BP, z_loss=self.z_loss if train else 0.0,
-                              logz=stats), sown)
+    mask = Sums(jnp.sum(losses_BP * masked_BP), masked_BP.sum(),
+                correct=(correct_BP & masked_BP).sum())
+    sums = logit_sums(jnp.sum(losses_BP * weights_BP), logits_BPV, weights_BP,
+                      z_loss=self.z_loss if train else 0.0, logz=stats)
+    return Sums(**sums, count=weights_BP.sum(), correct=correct_BP.sum(), mask=mask, sown=sown)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,10 +150,10 @@ class Classifier:
     valid_B = labels_B >= 0
     losses_B = optax.softmax_cross_entropy_with_integer_labels(logits_BC,
                                                                jnp.maximum(labels_B, 0))
-    out = {"loss_sum": jnp.sum(losses_B * valid_B), "count": valid_B.sum(),
-           "correct": jnp.sum((logits_BC.argmax(-1) == labels_B) & valid_B)}
-    return Sums.of(logit_sums(out, logits_BC, valid_B, z_loss=self.z_loss if train else 0.0,
-                              logz=stats), sown)
+    sums = logit_sums(jnp.sum(losses_B * valid_B), logits_BC, valid_B,
+                      z_loss=self.z_loss if train else 0.0, logz=stats)
+    return Sums(**sums, count=valid_B.sum(),
+                correct=jnp.sum((logits_BC.argmax(-1) == labels_B) & valid_B), sown=sown)
 
 
 def encoder_sequences(batch_BL1, specials: Specials):

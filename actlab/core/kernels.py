@@ -1,6 +1,10 @@
-"""What a loss takes from its output logits: the logZ sums every loss adds (`logz_sums`, one
-formula: the z-loss and logZ), from logits in memory (`logit_sums`) or in the fused, chunked
-LM-head cross-entropy `xent_sum`: the loss of `softmax(h·Eᵀ)` without the [B, L, V] logits.
+"""The faster variants of model.py's plain computations, equal to them up to rounding and off
+the reading path: the fused, chunked LM-head cross-entropy `xent_sum`, the loss of
+`softmax(h·Eᵀ)` without the [B, L, V] logits, and cuDNN flash attention (`attention_impl`
+decides, before tracing, whether it runs). Also what every loss takes from its output logits,
+one formula for both paths: the logZ sums (`logz_sums`: the z-loss and logZ), from logits in
+memory (`logit_sums`) or chunk by chunk in `xent_sum`; the sums are keyed by `model.Sums`' field
+names.
 
 For the reference decoder (GPT-2 vocabulary) the tied LM head is three quarters of the FLOPs,
 and the plain path (logits = h·Eᵀ, `softmax_cross_entropy` and its autodiff) writes and re-reads
@@ -21,6 +25,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 
 # Logit elements per chunk: enough tokens to amortise adding each chunk's V×D weight gradient (on
@@ -53,24 +58,24 @@ def logz_sums(logz_N, weights_N, *, z_loss: float = 0.0, logz: bool = False) -> 
   return out
 
 
-def plus_logz_sums(out: dict, sums: dict) -> dict:
-  """A loss's own sums `out` with its `logz_sums` (the z-loss added to `loss_sum`)."""
+def plus_logz_sums(loss_sum, sums: dict) -> dict:
+  """A loss's own `loss_sum` with its `logz_sums` (the z-loss added to `loss_sum`)."""
   if "z_loss_sum" in sums:
-    out = {**out, "loss_sum": out["loss_sum"] + sums["z_loss_sum"]}
-  return {**out, **sums}
+    loss_sum = loss_sum + sums["z_loss_sum"]
+  return {"loss_sum": loss_sum, **sums}
 
 
-def logit_sums(out: dict, logits_NV, weights_N=None, *, z_loss: float = 0.0,
+def logit_sums(loss_sum, logits_NV, weights_N=None, *, z_loss: float = 0.0,
                logz: bool = False) -> dict:
-  """A loss's own sums `out` plus the `logz_sums` of its logits in memory (weights default 1;
+  """A loss's own `loss_sum` plus the `logz_sums` of its logits in memory (weights default 1;
   `logz_sum` not differentiated); `logits_NV` and `weights_N` share their leading axes."""
   if not (z_loss or logz):
-    return plus_logz_sums(out, {})
+    return {"loss_sum": loss_sum}
   logz_N = jax.nn.logsumexp(logits_NV, axis=-1)
   weights_N = jnp.ones(logz_N.shape) if weights_N is None else weights_N
   sums = logz_sums(logz_N, weights_N, z_loss=z_loss, logz=logz)
   return plus_logz_sums(
-      out, {k: jax.lax.stop_gradient(v) if k == "logz_sum" else v for k, v in sums.items()})
+      loss_sum, {k: jax.lax.stop_gradient(v) if k == "logz_sum" else v for k, v in sums.items()})
 
 
 def xent_sum(h_BLD, embedding_VD, targets_BL, weights_BL=None, *, chunk: int | None = None,
@@ -105,7 +110,7 @@ def _chunk_stats(h, E, t, w, z_loss, logz):
   s = p.sum(-1, keepdims=True)
   target = jnp.take_along_axis(logits, t[..., None], axis=-1)
   logz_BL1 = jnp.log(s) + m
-  sums = plus_logz_sums({"loss_sum": (w * (logz_BL1 - target)[..., 0]).sum()},
+  sums = plus_logz_sums((w * (logz_BL1 - target)[..., 0]).sum(),
                         logz_sums(logz_BL1[..., 0], w, z_loss=z_loss, logz=logz))
   return p, s, logz_BL1, sums
 
@@ -159,3 +164,51 @@ def _xent_bwd(chunk, z_loss, logz, residuals, g):
 
 
 _xent.defvjp(_xent_fwd, _xent_bwd)
+
+
+# --- cuDNN attention ----------------------------------------------------------------------------
+
+
+def why_not_cudnn(dtype, head_dim: int, masked_lengths: tuple[int, int] | None = None):
+  """Why cuDNN flash attention cannot run attention of this compute dtype and head dim, with a
+  boolean mask over (L queries, T keys) when `masked_lengths` is given; None where it can. Not
+  checked: the GPU's model and cuDNN version."""
+  if jax.default_backend() != "gpu":
+    return f"cuDNN needs a GPU (the backend is {jax.default_backend()})"
+  if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+    return f"cuDNN needs bfloat16 or float16 (the compute dtype is {jnp.dtype(dtype)})"
+  if head_dim % 8 or head_dim > 128:
+    return f"cuDNN needs a head dim that is a multiple of 8 up to 128 (it is {head_dim})"
+  if masked_lengths and any(n % 2 for n in masked_lengths):
+    return f"cuDNN takes a mask only over even lengths (queries, keys: {masked_lengths})"
+  return None
+
+
+def attention_impl(requested: str, dtype, head_dim: int,
+                   masked_lengths: tuple[int, int] | None = None) -> str:
+  """The attention that runs, decided before tracing: "xla"; "cudnn", or a ValueError naming why
+  it cannot (`why_not_cudnn`); "auto": cuDNN where it can run, else XLA (on a GPU said once)."""
+  if requested == "xla":
+    return "xla"
+  reason = why_not_cudnn(dtype, head_dim, masked_lengths)
+  if reason is None:
+    return "cudnn"
+  if requested == "cudnn":
+    raise ValueError(f"model.attention_impl='cudnn' cannot run: {reason}")
+  if jax.default_backend() == "gpu":
+    _warn_once(f"model.attention_impl='auto' runs XLA attention: {reason}")
+  return "xla"
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+  logging.warning(message)
+
+
+def cudnn_attention(q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool):
+  """`jax.nn.dot_product_attention`'s cuDNN flash attention (which takes sequence-major
+  operands) of heads-major ones: `model.xla_attention`'s output, without its statistics."""
+  to_BLHK = lambda x: x.transpose(0, 2, 1, 3)
+  return to_BLHK(jax.nn.dot_product_attention(
+      to_BLHK(q_BHLK), to_BLHK(k_BHTK), to_BLHK(v_BHTK), mask=mask, is_causal=causal,
+      implementation="cudnn"))

@@ -1,6 +1,6 @@
 """One run's training step, pure: the optimizer (`OptimSpec`: clipping, at a norm or of spikes
 only, → AdamW with warm-up and cosine), the `TrainState`, and `Step`: `init(seed, peak_lr)`,
-`train_step(state, batch)` and `eval_step(params, batch)` of an `Objective` (transformer.py).
+`train_step(state, batch)` and `eval_step(params, batch)` of an `Objective` (model.py).
 """
 
 import dataclasses
@@ -12,8 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from actlab.core.attention import AttentionStats
-from actlab.core.transformer import Objective, Sums, per_layer
+from actlab.core.model import AttentionStats, Objective, Sums, per_layer
 
 # The key of every evaluation (no dropout): every evaluation of every run, and MLM's baselines
 # (`tasks/mlm.baselines`), score the same masked positions.

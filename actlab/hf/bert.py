@@ -14,7 +14,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 import jax
 import numpy as np
 
-from actlab.core import execution
+from actlab.hf import layout
 
 _LEAF = {"kernel": "weight", "bias": "bias", "scale": "weight", "embedding": "weight"}
 _TOP = {
@@ -56,7 +56,7 @@ def hf_names(params: Mapping) -> dict[str, str]:
 def to_hf(params: Mapping) -> dict[str, np.ndarray]:
   """A BERT state dict (numpy, PyTorch layout) from encoder parameters, per-layer or scanned."""
   return {hf_name(path): _transpose_kernel(path, np.asarray(value))
-          for path, value in flatten_dict(execution.per_layer_layout(params)).items()}
+          for path, value in flatten_dict(layout.per_layer_layout(params)).items()}
 
 
 def _transpose_kernel(path: tuple[str, ...], value: np.ndarray) -> np.ndarray:
@@ -97,12 +97,12 @@ def from_hf(state: Mapping[str, np.ndarray], like: Mapping) -> dict:
   KeyError if one is missing."""
   scanned = "blocks" in like
   if scanned:
-    like = execution.per_layer_layout(jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), like))
+    like = layout.per_layer_layout(jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), like))
   flat, missing = found(state, like)
   if missing:
     raise KeyError(f"the state dict lacks {len(missing)} parameters: {missing[:5]}")
   params = unflatten_dict(flat)
-  return execution.scanned_layout(params) if scanned else params
+  return layout.scanned_layout(params) if scanned else params
 
 
 def fit(path: tuple[str, ...], name: str, value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

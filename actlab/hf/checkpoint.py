@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from actlab.core.spec import GPT2_BLOCK, gated
+from actlab.config.schema import GPT2_BLOCK
+from actlab.core.model import gated
 from actlab.hf import bert, gpt2, llama
 from actlab.infra.errors import UserError
 

@@ -10,8 +10,7 @@ from typing import Mapping
 import numpy as np
 from flax.traverse_util import flatten_dict
 
-from actlab.core import execution
-from actlab.hf import bert
+from actlab.hf import bert, layout
 
 _BLOCK = {("ln_attn",): "ln_1", ("attn", "out"): "attn.c_proj", ("ln_ffn",): "ln_2",
           ("ffn", "up"): "mlp.c_fc", ("ffn", "down"): "mlp.c_proj"}
@@ -35,7 +34,7 @@ def hf_name(path: tuple[str, ...]) -> str:
 def to_hf(params: Mapping) -> dict[str, np.ndarray]:
   """A `GPT2LMHeadModel` state dict (numpy, no tied `lm_head.weight`) from decoder parameters."""
   out, qkv = {}, {}
-  for path, value in flatten_dict(execution.per_layer_layout(params)).items():
+  for path, value in flatten_dict(layout.per_layer_layout(params)).items():
     name = "transformer." + hf_name(path)
     if path[-2] in QKV:
       qkv.setdefault(name, {})[path[-2]] = np.asarray(value)

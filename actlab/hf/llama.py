@@ -15,9 +15,10 @@ from typing import Mapping
 import numpy as np
 from flax.traverse_util import flatten_dict
 
-from actlab.core import activations, execution
-from actlab.core.spec import GPT2_BLOCK, ffn_width, gated
-from actlab.hf import bert
+from actlab.config.schema import GPT2_BLOCK
+from actlab.core import activations
+from actlab.core.model import ffn_width, gated
+from actlab.hf import bert, layout
 from actlab.infra.errors import UserError
 
 CLASSES = {"llama": "LlamaForCausalLM", "arcee": "ArceeForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -179,7 +180,7 @@ def to_hf(params: Mapping) -> dict[str, np.ndarray]:
   """A `LlamaForCausalLM` (Arcee, Qwen3) state dict (numpy, PyTorch layout) from decoder
   parameters, per-layer or scanned."""
   return {hf_name(path): bert._transpose_kernel(path, np.asarray(value))
-          for path, value in flatten_dict(execution.per_layer_layout(params)).items()}
+          for path, value in flatten_dict(layout.per_layer_layout(params)).items()}
 
 
 def found(state: Mapping[str, np.ndarray], like: Mapping) -> tuple[dict, list[str]]:

@@ -10,8 +10,9 @@ import ml_collections
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from actlab import core, data, tasks
-from actlab.core import activations, execution
+from actlab.core import activations
 from actlab.hf import checkpoint as hf_checkpoint
+from actlab.hf import layout
 from actlab.infra import workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
 from actlab.infra.workdir import RunDir, WorkdirError
@@ -63,13 +64,13 @@ def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: i
     with Checkpoints(pathlib.Path(where) / "checkpoints", 1, read_only=True) as checkpoints:
       old_like = jax.eval_shape(loop.create_step(source, vocab_size).init, 0, source.optim.lr)
       step, restored, _ = checkpoints.restore_latest(old_like)
-    flat_old = flatten_dict(execution.per_layer_layout(flax.core.unfreeze(restored.params)))
+    flat_old = flatten_dict(layout.per_layer_layout(flax.core.unfreeze(restored.params)))
     where = f"{where} step {step}"
   else:  # A Hugging Face state dict.
     arch = hf_checkpoint.resolve(config, tasks.get(config).hf, where)
-    flat_old = hf_checkpoint.arrays(source, arch, execution.per_layer_layout(params))
+    flat_old = hf_checkpoint.arrays(source, arch, layout.per_layer_layout(params))
   if "blocks" in params and any(k[0].startswith("block_") for k in flat_old):
-    flat_old = flatten_dict(execution.scanned_layout(unflatten_dict(flat_old)))
+    flat_old = flatten_dict(layout.scanned_layout(unflatten_dict(flat_old)))
   flat = flatten_dict(flax.core.unfreeze(params))
   copied = [k for k, v in flat.items() if k in flat_old and flat_old[k].shape == v.shape]
   if not copied:

@@ -1,0 +1,512 @@
+"""The decoder whole, read top-down: what the model is (`Spec`) and how it runs (`Execution`);
+then its parts, each before the part built from it: the norms, `dense` and `embed`, rotary
+positions, `Attention` (XLA attention and the key/value cache), the `FeedForward`, the `Block`
+and the `stack` of blocks, the `Decoder`; last `CausalLM`, the decoder with its loss, returning
+`Sums`. The faster equal variants (the fused loss, cuDNN attention): kernels.py; the BERT-style
+encoder from these blocks, with its losses: encoder.py.
+
+The `Spec` builds GPT-2's block by default, or a LLaMA-style one: RMSNorm, rotary positions, no
+biases, an untied head, a gated FFN. Shape suffixes: B batch, L sequence (T: the keys'
+positions), D d_model, H heads, K head dim, F FFN hidden width, V vocabulary, P masked
+positions, C classes.
+
+Applied with the "stats" collection mutable (`apply(..., stats=True)`), every block also sows one
+`FFNStats` and one `AttentionStats` (not in training under cuDNN attention: `Attention`), typed
+values that `per_layer` reads back in layer order (step.py, actlab.measure); otherwise nothing
+extra is computed.
+"""
+
+import dataclasses
+import math
+from typing import Any, Protocol
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.nn.initializers import normal
+
+from actlab.core import activations, kernels
+
+
+# --- What the model is, and how it runs -------------------------------------------------------
+
+
+def choice(*values: str):
+  """A field that takes one of `values`, the first its default: written here once, and a config
+  is checked against them (actlab/config/schema.py)."""
+  return dataclasses.field(default=values[0], metadata={"choices": values})
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """The architecture, hashable for Flax; built from a config in one place, with `Execution`
+  (actlab/config/specs.py)."""
+  activation: str
+  num_layers: int
+  d_model: int
+  num_heads: int
+  d_ff: int
+  max_len: int
+  vocab_size: int               # padded to a multiple of 64
+  dropout: float = 0.0
+  norm: str = choice("pre", "post")  # GPT-2's x + f(LN(x)), or BERT's LN(x + f(x))
+  norm_type: str = choice("layer", "rms")  # LayerNorm, or RMSNorm as Llama's
+  norm_eps: float = 1e-5
+  position: str = choice("learned", "rope")  # `wpe`, or rotary on queries and keys
+  rope_theta: float = 10000.0
+  bias: bool = True             # every linear and norm bias
+  tie_head: bool = True         # the LM head is the token embedding, or its own matrix
+  ffn: str = choice("auto", "plain", "gated")  # "auto": gated for the GLU names
+  gated_match_params: bool = True
+  qk_norm: bool = False         # the block's norm of queries and keys over the head dim
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+  @property
+  def gated(self) -> bool:
+    return gated(self.activation, self.ffn)
+
+  @property
+  def ffn_width(self) -> int:
+    return ffn_width(self.activation, self.d_ff, self.gated_match_params, self.ffn)
+
+
+def gated(activation: str, ffn: str = "auto") -> bool:
+  """Whether the FFN is gated: `ffn` "gated", or "auto" with a GLU name (swiglu, geglu, …)."""
+  return ffn == "gated" or (ffn == "auto" and activations.get(activation).gated)
+
+
+def ffn_width(activation: str, d_ff: int, gated_match_params: bool = True,
+              ffn: str = "auto") -> int:
+  """Hidden width F: d_ff, or for gated FFNs round(2/3·d_ff) to a multiple of 64 (Shazeer 2020's
+  parameter match)."""
+  if gated(activation, ffn) and gated_match_params:
+    return max(64, round(2 * d_ff / 3 / 64) * 64)
+  return d_ff
+
+
+def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
+  return -(-vocab_size // multiple) * multiple
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+  """How the model runs, not what it computes (`config.model`'s execution fields): every choice
+  computes the same function up to rounding (tests/test_model_execution.py). The decoder's loss
+  implementation (`model.loss_impl`) is its task's choice: tasks/causal_lm.py."""
+  dtype: str = choice("float32", "bfloat16")  # compute dtype; parameters stay float32
+  attention_impl: str = choice("xla", "cudnn", "auto")  # (`kernels.attention_impl`)
+  scan_layers: bool = False     # one nn.scan over the blocks (`stack`)
+  remat: str = choice("none", "full", "dots")  # recompute in the backward pass
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def remat_policy(self):
+    """What `nn.remat` keeps of a block for the backward pass ("full": only its input)."""
+    return {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[
+        self.remat]
+
+
+# --- The layers the `Spec` chooses --------------------------------------------------------------
+
+
+def norm(spec: Spec, ex: Execution, name: str | None = None) -> nn.Module:
+  """The block's normalisation (`spec.norm_type`): LayerNorm, its bias as `spec.bias` says, or
+  `RMSNorm`; over the last axis, with `spec.norm_eps`."""
+  if spec.norm_type == "rms":
+    return RMSNorm(spec.norm_eps, ex.compute_dtype, name=name)
+  return nn.LayerNorm(epsilon=spec.norm_eps, use_bias=spec.bias, dtype=ex.compute_dtype, name=name)
+
+
+class RMSNorm(nn.Module):
+  """x / √(mean(x²) + eps) · scale, as transformers' Llama computes it: the statistic and the
+  division in float32, the result cast back to x's dtype before the scale (initialised to 1)."""
+  eps: float
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.initializers.ones_init(), (x.shape[-1],), jnp.float32)
+    x32 = x.astype(jnp.float32)
+    y = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (scale * y.astype(x.dtype)).astype(self.dtype)
+
+
+def dense(features: int, ex: Execution, std: float = 0.02, name: str | None = None,
+          bias: bool = True) -> nn.Dense:
+  return nn.Dense(features, use_bias=bias, dtype=ex.compute_dtype, kernel_init=normal(std),
+                  name=name)
+
+
+def embed(n: int, spec: Spec, ex: Execution, name: str | None = None) -> nn.Embed:
+  return nn.Embed(n, spec.d_model, embedding_init=normal(0.02), dtype=ex.compute_dtype, name=name)
+
+
+def residual_std(spec: Spec) -> float:
+  """GPT-2: residual output projections start at 0.02/√(2·layers)."""
+  return 0.02 / math.sqrt(2 * spec.num_layers)
+
+
+# --- Attention ----------------------------------------------------------------------------------
+
+
+def rope(x_BHLK, positions_L, theta: float) -> jax.Array:
+  """Rotary position embedding in the half-split convention of transformers' Llama
+  (`rotate_half`): feature j < K/2 pairs with j + K/2, rotated by position · theta^(−2j/K); the
+  angles in float32, the result in x's dtype."""
+  K = x_BHLK.shape[-1]
+  inv_freq_J = 1.0 / theta ** (jnp.arange(0, K, 2, dtype=jnp.float32) / K)
+  angles_LK = jnp.tile(positions_L.astype(jnp.float32)[:, None] * inv_freq_J[None], (1, 2))
+  x1, x2 = jnp.split(x_BHLK, 2, axis=-1)
+  rotated_BHLK = jnp.concatenate([-x2, x1], axis=-1)
+  return (x_BHLK * jnp.cos(angles_LK) + rotated_BHLK * jnp.sin(angles_LK)).astype(x_BHLK.dtype)
+
+
+class Attention(nn.Module):
+  """Multi-head self-attention: query, key, value and out projections of [D, D] (with biases as
+  `spec.bias` says), heads-major (B, H, L, K) in between; with `decode`, a key/value cache. With
+  `spec.qk_norm`, queries and keys pass the block's norm over the head dim K (`query_norm`,
+  `key_norm`: one of [K] each, shared by the heads) before q·k (qk-layernorm: Dehghani et al.
+  2023, Wortsman et al. 2023; Qwen3's RMSNorm). With `spec.position` "rope", queries and keys
+  are then rotated by their absolute positions (`rope`). Its `AttentionStats` come from the
+  logits and probabilities XLA attention computes; cuDNN flash attention (kernels.py) never
+  forms them, so in training it sows none (a log step would rebuild them), in evaluation
+  (`train` False) those of logits computed apart."""
+  spec: Spec
+  causal: bool
+  execution: Execution = Execution()
+  layer: int | None = None
+  train: bool = False
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x_BLD, mask_BL=None):
+    s, ex = self.spec, self.execution
+    q_BHLK, k_BHLK, v_BHLK = (HeadsDense(s, ex, split=True, name=name)(x_BLD)
+                              for name in ("query", "key", "value"))
+    if s.qk_norm:
+      q_BHLK = norm(s, ex, "query_norm")(q_BHLK)
+      k_BHLK = norm(s, ex, "key_norm")(k_BHLK)
+    index = (self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32)) if self.decode
+             else None)
+    if s.position == "rope":
+      positions_L = (0 if index is None else index.value) + jnp.arange(q_BHLK.shape[2])
+      q_BHLK, k_BHLK = (rope(x, positions_L, s.rope_theta) for x in (q_BHLK, k_BHLK))
+    mask = None if mask_BL is None else mask_BL[:, None, None, :]
+    causal = self.causal
+    if self.decode:
+      k_BHLK, v_BHLK, mask = self.extend_cache(k_BHLK, v_BHLK, index)
+      causal = False  # the cache mask already hides the future
+    lengths = None if mask is None else (q_BHLK.shape[2], k_BHLK.shape[2])
+    if kernels.attention_impl(ex.attention_impl, q_BHLK.dtype, q_BHLK.shape[-1], lengths) == "xla":
+      out_BHLK, stats = xla_attention(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal)
+    else:
+      out_BHLK = kernels.cudnn_attention(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal)
+      stats = None if self.train else attention_stats(
+          attention_logits(q_BHLK, k_BHLK, mask, causal=causal))
+    if stats is not None:  # sow: a no-op unless "stats" is mutable (unused, jit drops it)
+      self.sow("stats", "attention", AttentionStats(*stats, self.layer))
+    out_BLD = HeadsDense(s, ex, split=False, std=residual_std(s), name="out")(out_BHLK)
+    return nn.Dropout(s.dropout)(out_BLD, deterministic=not self.train)
+
+  def extend_cache(self, k_BHLK, v_BHLK, index):
+    """Appends this call's keys and values to a cache of `max_len` positions (the "cache"
+    collection, `index` the positions filled) and returns the whole cache with the mask that
+    lets query l (at absolute position index + l) see cache positions ≤ index + l."""
+    (B, H, L, K), T = k_BHLK.shape, self.spec.max_len
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, (B, H, T, K), k_BHLK.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, (B, H, T, K), v_BHLK.dtype)
+    i = index.value
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BHLK, (0, 0, i, 0))
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BHLK, (0, 0, i, 0))
+    index.value = i + L
+    visible_LT = jnp.arange(T)[None, :] <= (i + jnp.arange(L))[:, None]
+    return cached_k.value, cached_v.value, visible_LT[None, None]
+
+
+def xla_attention(q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool):
+  """softmax(q·kᵀ/√K)·v with float32 softmax, and the `attention_stats` of the same logits and
+  probabilities. Heads-major: every matmul is a plain batched matmul over (B, H), with no
+  transposes around it (the layout XLA:CPU runs fastest)."""
+  logits_BHLT = attention_logits(q_BHLK, k_BHTK, mask, causal=causal)
+  probs_BHLT = jax.nn.softmax(logits_BHLT, axis=-1)
+  return (jnp.einsum("bhlt,bhtk->bhlk", probs_BHLT.astype(v_BHTK.dtype), v_BHTK),
+          attention_stats(logits_BHLT, probs_BHLT))
+
+
+def attention_logits(q_BHLK, k_BHTK, mask, *, causal: bool) -> jax.Array:
+  """Pre-softmax logits q·k/√K [B, H, L, T] in float32; where a query may not look (`mask`
+  [B|1, 1, L|1, T] False, or the future when `causal`) at float32's lowest value (not −inf, so
+  that a row with nothing visible stays finite)."""
+  logits_BHLT = jnp.einsum("bhlk,bhtk->bhlt", q_BHLK, k_BHTK,
+                           preferred_element_type=jnp.float32) / math.sqrt(q_BHLK.shape[-1])
+  if causal:
+    tril_LL = jnp.tril(jnp.ones(logits_BHLT.shape[2:], bool))[None, None]
+    mask = tril_LL if mask is None else mask & tril_LL
+  return logits_BHLT if mask is None else jnp.where(mask, logits_BHLT, jnp.finfo(jnp.float32).min)
+
+
+def attention_stats(logits_BHLT, probs_BHLT=None) -> tuple[jax.Array, jax.Array]:
+  """`AttentionStats`' values: the largest logit, and each head's mean entropy (keys a query may
+  not see have probability 0 and add nothing)."""
+  probs_BHLT = jax.nn.softmax(logits_BHLT, axis=-1) if probs_BHLT is None else probs_BHLT
+  return logits_BHLT.max(), jax.scipy.special.entr(probs_BHLT).sum(-1).mean((0, 2))
+
+
+@flax.struct.dataclass
+class AttentionStats:
+  """What an attention layer sows: the largest pre-softmax logit q·k/√K over the positions it may
+  see (a scalar), and each head's entropy (nats) of its attention distribution, averaged over
+  the batch and the queries ([H]); a leading [layers] under `scan_layers`, with `layer` None."""
+  logit_max: jax.Array
+  entropy_H: jax.Array
+  layer: int | None = flax.struct.field(pytree_node=False)
+
+
+class HeadsDense(nn.Module):
+  """`nn.Dense(d_model)` (the same kernel [D, D], bias [D] unless `spec.bias` is off, and
+  initialisation) whose matmul splits its output into heads (`split=True`: x_BLD → y_BHLK) or
+  merges its input from them (x_BHLK → y_BLD), so that attention needs no transposes."""
+  spec: Spec
+  execution: Execution = Execution()
+  split: bool = True
+  std: float = 0.02
+
+  @nn.compact
+  def __call__(self, x):
+    D, H = self.spec.d_model, self.spec.num_heads
+    kernel = self.param("kernel", normal(self.std), (D, D), jnp.float32)
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.execution.compute_dtype)
+    if self.split:
+      y = jnp.einsum("bld,dhk->bhlk", x, kernel.reshape(D, H, D // H))
+    else:
+      y = jnp.einsum("bhlk,hkd->bld", x, kernel.reshape(H, D // H, D))
+    if not self.spec.bias:
+      return y
+    bias = self.param("bias", nn.initializers.zeros_init(), (D,), jnp.float32).astype(y.dtype)
+    return y + (bias.reshape(H, 1, D // H) if self.split else bias)
+
+
+# --- The FFN, the block and the stack -----------------------------------------------------------
+
+
+class FeedForward(nn.Module):
+  """W₂·act(W₁x) or, gated (`spec.gated`: `ffn` "gated", or a GLU name), W₂·(act(W_gate x) ⊙ W₁x)
+  (Shazeer 2020); biases as `spec.bias` says."""
+  spec: Spec
+  execution: Execution = Execution()
+  layer: int | None = None
+  train: bool = False
+
+  @nn.compact
+  def __call__(self, x_BLD):
+    s, ex = self.spec, self.execution
+    act = activations.get(s.activation).fn
+    up_BLF = dense(s.ffn_width, ex, name="up", bias=s.bias)(x_BLD)
+    if s.gated:
+      z_BLF = dense(s.ffn_width, ex, name="gate", bias=s.bias)(x_BLD)
+      h_BLF = act(z_BLF) * up_BLF
+    else:
+      z_BLF = up_BLF
+      h_BLF = act(z_BLF)
+    self.sow("stats", "ffn", FFNStats(z_BLF, h_BLF, self.layer))  # no-op unless mutable
+    out_BLD = dense(x_BLD.shape[-1], ex, residual_std(s), name="down", bias=s.bias)(h_BLF)
+    return nn.Dropout(s.dropout)(out_BLD, deterministic=not self.train)
+
+
+@flax.struct.dataclass
+class FFNStats:
+  """What an FFN sows: its pre-activation `z` (W₁x, or the gate's W_gate x) and hidden vector `h`
+  (the input of W₂), [B, L, F] each; `layer` is the block's index, or None under `scan_layers`,
+  where the arrays have a leading layer axis instead."""
+  z: jax.Array
+  h: jax.Array
+  layer: int | None = flax.struct.field(pytree_node=False)
+
+
+class Block(nn.Module):
+  """Pre-norm (GPT-2: x + f(LN(x))) or post-norm (BERT: LN(x + f(x))) block:
+  `(x, mask) → (y, None)`, the form `nn.scan` needs; `train` and `decode` are attributes (Python
+  values: `nn.scan` and `nn.remat` trace arguments)."""
+  spec: Spec
+  causal: bool
+  execution: Execution = Execution()
+  layer: int | None = None      # its index in the stack (for the statistics)
+  train: bool = False
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x_BLD, mask_BL=None):
+    s, ex = self.spec, self.execution
+    attn = Attention(s, self.causal, ex, self.layer, self.train, self.decode, name="attn")
+    ffn = FeedForward(s, ex, self.layer, self.train, name="ffn")
+    ln_attn, ln_ffn = norm(s, ex, "ln_attn"), norm(s, ex, "ln_ffn")
+    if s.norm == "pre":
+      x_BLD = x_BLD + attn(ln_attn(x_BLD), mask_BL)
+      return x_BLD + ffn(ln_ffn(x_BLD)), None
+    x_BLD = ln_attn(x_BLD + attn(x_BLD, mask_BL))
+    return ln_ffn(x_BLD + ffn(x_BLD)), None
+
+
+def stack(spec: Spec, ex: Execution, x_BLD, mask_BL=None, *, causal: bool, train: bool = False,
+          decode: bool = False):
+  """The `num_layers` blocks, created in the calling module's compact method: `block_0` …
+  `block_{n-1}`, each `nn.remat`-ed under `ex.remat`; under `ex.scan_layers` one `nn.scan` over
+  one traced block, `blocks` (parameters, sown statistics and decoding cache with a leading
+  layer axis; compile time independent of depth; the same function, but another random
+  initialisation for a given seed, as per-layer keys are split differently)."""
+  block = Block
+  if ex.remat != "none":
+    block = nn.remat(Block, policy=ex.remat_policy, prevent_cse=not ex.scan_layers)
+  flags = dict(causal=causal, execution=ex, train=train, decode=decode)
+  if ex.scan_layers:
+    blocks = nn.scan(block, variable_axes={"params": 0, "stats": 0, "cache": 0},
+                     split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast,),
+                     length=spec.num_layers)
+    return blocks(spec, **flags, name="blocks")(x_BLD, mask_BL)[0]
+  for i in range(spec.num_layers):
+    x_BLD, _ = block(spec, **flags, layer=i, name=f"block_{i}")(x_BLD, mask_BL)
+  return x_BLD
+
+
+# --- The decoder --------------------------------------------------------------------------------
+
+
+class Decoder(nn.Module):
+  """GPT-2: token (`wte`) + position (`wpe`) embeddings, causal blocks, a final LayerNorm
+  (`ln_f`) and an LM head tied to `wte`. The `Spec` may drop `wpe` for rotary positions in
+  attention (`position`), make the norms RMSNorm (`norm_type`) and give the head its own
+  [V, D] matrix `lm_head` (`tie_head` off). The embeddings, the final norm and the head are
+  declared in `setup`, so that the head reaches `wte` as an attribute; the blocks in `hidden`."""
+  spec: Spec
+  execution: Execution = Execution()
+
+  def setup(self):
+    s, ex = self.spec, self.execution
+    if not s.tie_head:  # the head's own weights, declared beside the embedding it would reuse
+      self.lm_head = self.param("lm_head", normal(0.02), (s.vocab_size, s.d_model), jnp.float32)
+    self.wte = embed(s.vocab_size, s, ex)
+    self.wpe = embed(s.max_len, s, ex) if s.position == "learned" else None
+    self.ln_f = norm(s, ex)
+
+  def __call__(self, tokens_BL, *, train: bool = False, decode: bool = False):
+    """Next-token logits [B, L, V] (float32) for every position; position t sees tokens ≤ t."""
+    return self.logits(self.hidden(tokens_BL, train=train, decode=decode))
+
+  @nn.compact
+  def hidden(self, tokens_BL, *, train: bool = False, decode: bool = False):
+    """The final norm's output [B, L, D], the head's input. With `decode`, keys and values
+    persist in the "cache" collection and `tokens_BL` continues the sequence cached so far
+    (prompt first, then one token per call)."""
+    s, ex = self.spec, self.execution
+    x_BLD = self.wte(tokens_BL)
+    if self.wpe is not None:
+      L, start = tokens_BL.shape[1], 0
+      if decode:
+        position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
+        start, position.value = position.value, position.value + L
+      x_BLD = x_BLD + self.wpe(start + jnp.arange(L))[None]
+    x_BLD = nn.Dropout(s.dropout)(x_BLD, deterministic=not train)
+    x_BLD = stack(s, ex, x_BLD, causal=True, train=train, decode=decode)
+    return self.ln_f(x_BLD)
+
+  def head_weights(self) -> jax.Array:
+    """The LM head's [V, D] weights: the token embedding's when tied, else `lm_head`."""
+    return self.wte.embedding if self.spec.tie_head else self.lm_head
+
+  def logits(self, h_BLD) -> jax.Array:
+    """The LM head: h·Eᵀ with E `head_weights` (float32 logits)."""
+    return tied_logits(h_BLD, self.head_weights())
+
+  def head_input(self, tokens_BL, *, train: bool = False):
+    """What a loss takes: (`hidden`, `head_weights`)."""
+    return self.hidden(tokens_BL, train=train), self.head_weights()
+
+
+def tied_logits(h_BLD, embedding_VD) -> jax.Array:
+  """= `nn.Embed.attend(h_BLD)`, with float32 logits also when computing in bfloat16."""
+  return jnp.einsum("bld,vd->blv", h_BLD, embedding_VD.astype(h_BLD.dtype),
+                    preferred_element_type=jnp.float32)
+
+
+# --- The decoder with its loss ------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class Sums:
+  """What an objective returns: sums over a batch. The fields are fixed; those a loss does not
+  compute are None (kernels.py's sums are keyed by these fields' names)."""
+  loss_sum: jax.Array        # the differentiated sum: cross-entropy (+ the z-loss in training)
+  count: jax.Array           # the positions (or examples) summed over
+  z_loss_sum: jax.Array | None = None  # with a z-loss, its part of loss_sum: z_loss · Σ logZ²
+  logz_sum: jax.Array | None = None  # Σ logZ of the output logits (`stats`; not differentiated)
+  correct: jax.Array | None = None   # the right argmax predictions, where accuracy applies
+  mask: "Sums | None" = None  # MLM: the same over the positions whose input is [MASK]
+  sown: Any = None           # with `stats`: the blocks' `FFNStats` and `AttentionStats`
+
+
+class Objective(Protocol):
+  """A model with its loss (`CausalLM`, `MaskedLM`, `Classifier`): pure, so a step can close over
+  it. `train`: dropout on and the z-loss added; `stats`: the blocks' sown statistics and
+  `logz_sum` too."""
+  model: nn.Module
+  z_loss: float
+
+  def __call__(self, params, batch, rng, *, train: bool, stats: bool = False) -> Sums: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalLM:
+  """The decoder with its loss (an `Objective`): next-token cross-entropy (nats) of windows of
+  L+1 tokens, summed over positions 1…L; in training with the z-loss, and with `stats` what the
+  blocks sowed and `logz_sum`. `fused`: the same sums without the [B, L, V] logits in memory
+  (`kernels.xent_sum`)."""
+  model: Decoder
+  fused: bool = False
+  z_loss: float = 0.0
+
+  def __call__(self, params, batch_BL1, rng, *, train: bool, stats: bool = False) -> Sums:
+    inputs_BL, targets_BL = batch_BL1[:, :-1], batch_BL1[:, 1:]
+    z_loss = self.z_loss if train else 0.0
+    (h_BLD, head_VD), sown = apply(self.model, params, inputs_BL, train=train,
+                                   rngs={"dropout": rng}, stats=stats, method=Decoder.head_input)
+    if self.fused:
+      sums = kernels.xent_sum(h_BLD, head_VD, targets_BL, z_loss=z_loss, logz=stats)
+    else:
+      logits_BLV = tied_logits(h_BLD, head_VD)
+      losses_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
+      sums = kernels.logit_sums(losses_BL.sum(), logits_BLV, z_loss=z_loss, logz=stats)
+    return Sums(**sums, count=targets_BL.size, sown=sown)
+
+
+def apply(model: nn.Module, params, *args, stats: bool = False, **kwargs):
+  """`model.apply({"params": params}, ...)` → (output, sown): with `stats`, the "stats" collection
+  is mutable and `sown` holds the blocks' `FFNStats` and `AttentionStats`; otherwise it is None
+  and nothing extra is computed (training never asks for statistics)."""
+  if not stats:
+    return model.apply({"params": params}, *args, **kwargs), None
+  out, state = model.apply({"params": params}, *args, mutable=["stats"], **kwargs)
+  return out, state["stats"]
+
+
+def per_layer(sown, kind: type) -> list:
+  """The `kind` values (`FFNStats` or `AttentionStats`) in `sown`, one per layer in layer order;
+  a value stacked by `scan_layers` (`layer` None) is split along its layer axis."""
+  by_layer = {}
+  for value in jax.tree.leaves(sown, is_leaf=lambda x: isinstance(x, kind)):
+    if not isinstance(value, kind):
+      continue
+    if value.layer is not None:
+      by_layer[value.layer] = value
+      continue
+    for i in range(jax.tree.leaves(value)[0].shape[0]):
+      by_layer[i] = jax.tree.map(lambda x: x[i], value)
+  return [by_layer[i] for i in sorted(by_layer)]
