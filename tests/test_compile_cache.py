@@ -1,12 +1,13 @@
 """The persistent compilation cache (infra/compile_cache.py): a second cell of a sweep (another
 seed and LR, the same shapes) compiles no program of its own, read from JAX's monitoring events
 (summary.json's `timing.compile`), and compiles them all with the cache off; a damaged entry is
-one line and a recompile, with the same numbers. Each run is its own process, as a sweep's cells
+one line and a recompile, with the same numbers; a resumed run compiles nothing new. Each run is its own process, as a sweep's cells
 across workers and sessions are, with its own cache folder: no test leans on a warm cache."""
 
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import pytest
 
 from actlab.infra import compile_cache
 from conftest import REPO, production_env
+import test_resume
 
 CONFIG_FILE = str(REPO / "tests" / "tiny_config.py")
 
@@ -117,3 +119,21 @@ def test_a_program_compiled_with_two_cpus_computes_as_one_compiled_with_one(tmp_
   loaded = pinned(tmp_path / "loaded", tmp_path / "xla", 1)
   assert loaded == one
   assert two != one, "two threads round as one here: the test shows nothing"
+
+
+@pytest.mark.slow
+def test_a_resumed_run_compiles_nothing_new(tmp_path):
+  """A run stopped by SIGTERM after a checkpoint resumes in a new process from the programs the
+  first process compiled: none of its own (the state is restacked on the host, not by XLA)."""
+  flags = [f"--config.train.compile_cache={tmp_path / 'xla'}"]
+  proc = test_resume.start(tmp_path / "run", *flags)
+  test_resume.wait_for_checkpoint(proc, tmp_path / "run", test_resume.KILL_AFTER)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 128 + signal.SIGTERM, out
+  resumed = subprocess.run(test_resume.cli(tmp_path / "run", *flags), cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+  assert "resuming at step" in resumed.stdout
+  compiled = json.loads((tmp_path / "run" / "summary.json").read_text())["timing"]["compile"]
+  assert compiled["programs_compiled"] == 0 and compiled["programs_cached"] > 0, compiled
