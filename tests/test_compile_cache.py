@@ -1,8 +1,9 @@
 """The persistent compilation cache (infra/compile_cache.py): a second cell of a sweep (another
 seed and LR, the same shapes) compiles no program of its own, read from JAX's monitoring events
 (summary.json's `timing.compile`), and compiles them all with the cache off; a damaged entry is
-one line and a recompile, with the same numbers; a resumed run compiles nothing new. Each run is its own process, as a sweep's cells
-across workers and sessions are, with its own cache folder: no test leans on a warm cache."""
+one line and a recompile, with the same numbers; a resumed run compiles nothing new. Each run is
+its own process, as a sweep's cells across workers and sessions are, with its own cache folder:
+no test leans on a warm cache."""
 
 import json
 import os
