@@ -28,7 +28,8 @@ from actlab import core, tasks
 from actlab.config import schema, sizes
 from actlab.core import activations
 from actlab.data import tokenizer
-from actlab.infra import errors
+from actlab.infra import errors, recorded, workdir
+from actlab.run import loop
 from actlab.sweep import grid
 from conftest import REPO, tiny
 
@@ -309,6 +310,52 @@ def test_the_default_config_is_the_schemas_and_the_cores_defaults():
       if "core" in f.metadata:
         core_default = {g.name: g.default for g in dataclasses.fields(f.metadata["core"])}
         assert f.default == core_default[f.name], f"{section}.{f.name}"
+
+
+STUDIES = sorted({p.parent.parent for p in (REPO / "results").glob("*/*/config.json")})
+
+
+@pytest.mark.parametrize("study", STUDIES, ids=lambda p: p.name)
+def test_every_committed_config_json_loads_and_means_what_it_meant(study):
+  """Each committed run's config.json, read as a resume, `train.init_from` and `load_run` read it
+  (`workdir.run_config`), is the file (its ADDED_FIELDS at their values of then, as the report
+  reads it), validates, resumes (the workdir's check passes) and builds the core's dataclasses
+  from the file's fields of the same names: `Spec` and `Execution` from `model` (the vocabulary:
+  the file's, else the tokenizer's, padded), `OptimSpec` from `optim` with `train.steps`, and the
+  task's objective from the rest."""
+  vocab = 257  # stands in for the tokenizer's
+  unmoved = lambda config: {k: v for k, v in workdir.dotted(config).items()
+                            if k not in recorded.DATA_PATHS}  # paths are read against the run's
+  names = lambda cls: [f.name for f in dataclasses.fields(cls)]
+  for path in sorted(study.glob("*/config.json")):
+    file = workdir.with_added_fields(json.loads(path.read_text()))
+    m, o, where = file["model"], file["optim"], str(path)
+    loaded = workdir.run_config(path.parent)
+    assert unmoved(loaded) == unmoved(file), where
+    c = ml_collections.ConfigDict(loaded)
+    config_lib.validate(c)
+    workdir.RunDir(path.parent, path.parent).check_config(c)
+    step = loop.create_step(c, vocab)
+    objective, model = step.objective, step.objective.model
+    assert dataclasses.asdict(model.spec) == {
+        **{name: m[name] for name in names(core.Spec)},
+        "vocab_size": core.pad_vocab(m["vocab_size"] or vocab)}, where
+    assert dataclasses.asdict(model.execution) == {n: m[n] for n in names(core.Execution)}, where
+    assert dataclasses.asdict(step.optim) == {
+        **{name: o[name] for name in names(core.OptimSpec) if name != "total_steps"},
+        "total_steps": file["train"]["steps"]}, where
+    assert objective.z_loss == o["z_loss"], where
+    if m["kind"] == "decoder":
+      assert objective.fused == (m["loss_impl"] == "fused"), where
+    else:
+      assert (model.head, model.type_vocab_size) == (m["task"], m["type_vocab_size"]), where
+    if m.get("task") == "mlm":
+      assert (objective.prob, objective.mask_frac, objective.random_frac) == (
+          file["data"]["mlm_prob"], file["data"]["mlm_mask_frac"],
+          file["data"]["mlm_random_frac"]), where
+    if m.get("task") == "classify":
+      assert (model.pooler_activation, model.num_classes) == (
+          m["pooler_activation"], m["num_classes"]), where
 
 
 @pytest.mark.parametrize("spec", ["bpe:abc", "bpe:100", "wordpiece:5", "gpt-2", "BYTE"])
