@@ -468,16 +468,17 @@ if __name__ == "__main__":
 @pytest.mark.slow
 def test_every_field_is_listed_with_its_default_and_comment():
   """`python -m actlab.config` lists every field of both configs, and every field of `base()`
-  carries the comment beside it in the source (the listing reads them: it cannot drift)."""
-  from actlab.config import fields
-  listed = fields.listing()
+  carries the help written with it (the listing reads it from the field: it cannot drift)."""
+  listed = config_lib.listing()
   for c in (config_lib.base(), config_lib.encoder()):
     for section, values in c.to_dict().items():
       for name in values:
         assert f"  {section}.{name} = " in listed, f"{section}.{name}"
-  notes = fields.comments()
+  notes = {f"{section}.{f.name}": f.metadata["help"]
+           for section, cls in [*schema.SECTIONS.items(), *schema.ENCODER.items()]
+           for f in dataclasses.fields(cls)}
   assert notes["model.activation"] == "FFN activation: a name from actlab.core.activations.NAMES"
-  assert notes["model.loss_impl"].endswith("or \"plain\" (logits, then cross-entropy)")  # 2 lines
+  assert notes["model.loss_impl"].endswith("or \"plain\" (logits, then cross-entropy)")
   assert "  data.mlm_prob = 0.15 [encoder]" in listed
   assert "  model.norm = 'pre' [encoder: 'post']" in listed
   out = subprocess.run([sys.executable, "-m", "actlab.config"], capture_output=True, text=True,
@@ -491,8 +492,7 @@ def test_every_field_is_listed_with_its_default_and_comment():
 def test_activation_fields_list_the_names_of_the_registry():
   """The listing names every activation for model.activation and the plain ones for the pooler,
   as `actlab.core.activations` has them."""
-  from actlab.config import fields
-  listed = fields.listing()
+  listed = config_lib.listing()
   words = lambda key: set(re.findall(r"\w+", re.search(
       rf"^  {re.escape(key)} = .*(?:\n {{6}}.*)*", listed, re.M)[0]))  # its line and its notes
   gated = {n for n in activations.NAMES if activations.get(n).gated}
