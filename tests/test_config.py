@@ -28,7 +28,8 @@ from actlab import core, tasks
 from actlab.config import schema, sizes
 from actlab.core import activations
 from actlab.data import tokenizer
-from actlab.infra import errors
+from actlab.infra import errors, recorded, workdir
+from actlab.run import loop
 from actlab.sweep import grid
 from conftest import REPO, tiny
 
@@ -311,6 +312,52 @@ def test_the_default_config_is_the_schemas_and_the_cores_defaults():
         assert f.default == core_default[f.name], f"{section}.{f.name}"
 
 
+STUDIES = sorted({p.parent.parent for p in (REPO / "results").glob("*/*/config.json")})
+
+
+@pytest.mark.parametrize("study", STUDIES, ids=lambda p: p.name)
+def test_every_committed_config_json_loads_and_means_what_it_meant(study):
+  """Each committed run's config.json, read as a resume, `train.init_from` and `load_run` read it
+  (`workdir.run_config`), is the file (its ADDED_FIELDS at their values of then, as the report
+  reads it), validates, resumes (the workdir's check passes) and builds the core's dataclasses
+  from the file's fields of the same names: `Spec` and `Execution` from `model` (the vocabulary:
+  the file's, else the tokenizer's, padded), `OptimSpec` from `optim` with `train.steps`, and the
+  task's objective from the rest."""
+  vocab = 257  # stands in for the tokenizer's
+  unmoved = lambda config: {k: v for k, v in workdir.dotted(config).items()
+                            if k not in recorded.DATA_PATHS}  # paths are read against the run's
+  names = lambda cls: [f.name for f in dataclasses.fields(cls)]
+  for path in sorted(study.glob("*/config.json")):
+    file = workdir.with_added_fields(json.loads(path.read_text()))
+    m, o, where = file["model"], file["optim"], str(path)
+    loaded = workdir.run_config(path.parent)
+    assert unmoved(loaded) == unmoved(file), where
+    c = ml_collections.ConfigDict(loaded)
+    config_lib.validate(c)
+    workdir.RunDir(path.parent, path.parent).check_config(c)
+    step = loop.create_step(c, vocab)
+    objective, model = step.objective, step.objective.model
+    assert dataclasses.asdict(model.spec) == {
+        **{name: m[name] for name in names(core.Spec)},
+        "vocab_size": core.pad_vocab(m["vocab_size"] or vocab)}, where
+    assert dataclasses.asdict(model.execution) == {n: m[n] for n in names(core.Execution)}, where
+    assert dataclasses.asdict(step.optim) == {
+        **{name: o[name] for name in names(core.OptimSpec) if name != "total_steps"},
+        "total_steps": file["train"]["steps"]}, where
+    assert objective.z_loss == o["z_loss"], where
+    if m["kind"] == "decoder":
+      assert objective.fused == (m["loss_impl"] == "fused"), where
+    else:
+      assert (model.head, model.type_vocab_size) == (m["task"], m["type_vocab_size"]), where
+    if m.get("task") == "mlm":
+      assert (objective.prob, objective.mask_frac, objective.random_frac) == (
+          file["data"]["mlm_prob"], file["data"]["mlm_mask_frac"],
+          file["data"]["mlm_random_frac"]), where
+    if m.get("task") == "classify":
+      assert (model.pooler_activation, model.num_classes) == (
+          m["pooler_activation"], m["num_classes"]), where
+
+
 @pytest.mark.parametrize("spec", ["bpe:abc", "bpe:100", "wordpiece:5", "gpt-2", "BYTE"])
 @pytest.mark.parametrize("kind", ["decoder", "encoder"])
 def test_validate_reports_the_tokenizer_parser_message(spec, kind):
@@ -421,16 +468,17 @@ if __name__ == "__main__":
 @pytest.mark.slow
 def test_every_field_is_listed_with_its_default_and_comment():
   """`python -m actlab.config` lists every field of both configs, and every field of `base()`
-  carries the comment beside it in the source (the listing reads them: it cannot drift)."""
-  from actlab.config import fields
-  listed = fields.listing()
+  carries the help written with it (the listing reads it from the field: it cannot drift)."""
+  listed = config_lib.listing()
   for c in (config_lib.base(), config_lib.encoder()):
     for section, values in c.to_dict().items():
       for name in values:
         assert f"  {section}.{name} = " in listed, f"{section}.{name}"
-  notes = fields.comments()
+  notes = {f"{section}.{f.name}": f.metadata["help"]
+           for section, cls in [*schema.SECTIONS.items(), *schema.ENCODER.items()]
+           for f in dataclasses.fields(cls)}
   assert notes["model.activation"] == "FFN activation: a name from actlab.core.activations.NAMES"
-  assert notes["model.loss_impl"].endswith("or \"plain\" (logits, then cross-entropy)")  # 2 lines
+  assert notes["model.loss_impl"].endswith("or \"plain\" (logits, then cross-entropy)")
   assert "  data.mlm_prob = 0.15 [encoder]" in listed
   assert "  model.norm = 'pre' [encoder: 'post']" in listed
   out = subprocess.run([sys.executable, "-m", "actlab.config"], capture_output=True, text=True,
@@ -444,8 +492,7 @@ def test_every_field_is_listed_with_its_default_and_comment():
 def test_activation_fields_list_the_names_of_the_registry():
   """The listing names every activation for model.activation and the plain ones for the pooler,
   as `actlab.core.activations` has them."""
-  from actlab.config import fields
-  listed = fields.listing()
+  listed = config_lib.listing()
   words = lambda key: set(re.findall(r"\w+", re.search(
       rf"^  {re.escape(key)} = .*(?:\n {{6}}.*)*", listed, re.M)[0]))  # its line and its notes
   gated = {n for n in activations.NAMES if activations.get(n).gated}

@@ -1,7 +1,7 @@
 """The core without the harness: docs/notebook.md's snippet trains the decoder from typed specs
-alone, and the config becomes those specs in one place (actlab/config/specs.py), where a field
-that matches nothing is an error. (That the core imports nothing of the harness:
-tests/test_layers.py.)"""
+alone, and the config's `model` and `optim` sections are those specs' fields (actlab/config/
+schema.py), built by the tasks and `loop.create_step`, where a field that matches nothing is an
+error. (That the core imports nothing of the harness: tests/test_layers.py.)"""
 
 import code
 import dataclasses
@@ -13,8 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import config as config_lib, core
-from actlab.config import schema, specs
+from actlab import config as config_lib, core, tasks
+from actlab.config import schema
 from actlab.run import loop
 from conftest import REPO, tiny, tiny_encoder
 
@@ -52,23 +52,26 @@ def test_the_notebook_snippet_trains_the_decoder_in_about_15_lines(capsys):
 
 def test_the_config_becomes_the_cores_specs():
   c = tiny(**{"model.norm_type": "rms", "model.position": "rope", "model.bias": False})
-  spec, execution, optim = specs.model_spec(c, 257), specs.execution(c), specs.optim(c)
+  step = loop.create_step(c, 257)
+  spec, execution, optim = step.objective.model.spec, step.objective.model.execution, step.optim
   assert (spec.norm_type, spec.position, spec.bias) == ("rms", "rope", False)
   assert spec.vocab_size == 320 and spec.activation == c.model.activation  # 257 padded to 64s
   assert execution == core.Execution(c.model.dtype, c.model.attention_impl, c.model.scan_layers,
                                      c.model.remat)
   assert optim.total_steps == c.train.steps and optim.lr == c.optim.lr
   encoder = tiny_encoder("classify")
-  assert specs.model_spec(encoder, 300).norm == encoder.model.norm
+  assert tasks.get(encoder).objective(encoder, 300).model.spec.norm == encoder.model.norm
 
 
 @pytest.mark.parametrize("section, field", [("model", "norm_kind"), ("optim", "beta1")])
 def test_a_field_that_matches_nothing_is_an_error_not_ignored(section, field):
+  """The sections are the core's fields (and the task's): any other is refused before a spec is
+  built from them."""
   c = tiny()
   with c.unlocked():
     c[section][field] = 1
-  with pytest.raises(ValueError, match=f"{section}.{field} is no field of .* it would be ignored"):
-    specs.model_spec(c, 257) if section == "model" else specs.optim(c)
+  with pytest.raises(ValueError, match=f"^{section}.{field}: no such field"):
+    config_lib.validate(c)
 
 
 def test_an_optimizer_whose_warmup_outlasts_its_steps_is_refused_in_one_line():
@@ -111,8 +114,10 @@ def test_the_harness_trains_the_cores_step_bitwise():
   the same parameters after 3 steps, to the bit."""
   c = tiny()
   program = loop.Program.create(c, 257)
-  decoder = core.Decoder(specs.model_spec(c, 257), specs.execution(c))
-  step = core.Step(core.CausalLM(decoder, fused=c.model.loss_impl == "fused"), specs.optim(c),
+  spec = config_lib.build(core.Spec, c.model, vocab_size=core.pad_vocab(257))
+  decoder = core.Decoder(spec, config_lib.build(core.Execution, c.model))
+  step = core.Step(core.CausalLM(decoder, fused=c.model.loss_impl == "fused"),
+                   config_lib.build(core.OptimSpec, c.optim, total_steps=c.train.steps),
                    c.data.seq_len)
   state, alone = program.start([c]), jax.jit(step.init)(c.train.seed, np.float32(c.optim.lr))
   train_step = jax.jit(functools.partial(step.train_step, diagnostics=False))

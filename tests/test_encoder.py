@@ -8,8 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import core
-from actlab.config import specs
+from actlab import core, tasks
 from actlab.hf import bert
 from actlab import config as config_lib
 from actlab.core.model import Attention, Block, FeedForward, Spec
@@ -66,7 +65,7 @@ def test_param_count_closed_form(activation, norm, head):
 def bert_base_shapes(head):
   """BERT-base's parameter shapes (no memory: `eval_shape`), built from the `:base` config."""
   c = config_lib.encoder("gelu", "base")
-  model = core.Encoder(specs.model_spec(c, 30522), head=head)
+  model = core.Encoder(tasks.get(c).objective(c, 30522).model.spec, head=head)
   return model, jax.eval_shape(model.init, jax.random.PRNGKey(0),
                                jnp.zeros((1, 128), jnp.int32))["params"]
 

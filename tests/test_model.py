@@ -10,9 +10,13 @@ from actlab import core, tasks
 from actlab import config as config_lib
 from actlab.core import activations
 from actlab.core import model as model_lib
-from actlab.config import specs
 from actlab.core.model import Spec
 from conftest import tiny
+
+
+def spec_of(c, vocab: int) -> Spec:
+  """The `Spec` the config's task builds."""
+  return tasks.get(c).objective(c, vocab).model.spec
 
 
 def init(c, vocab=257, seed=0):
@@ -156,7 +160,7 @@ def test_attention_equals_jax_reference(causal, padded):
   np.testing.assert_allclose(model_lib.xla_attention(q, k, v, mask, causal=causal)[0], ref,
                              atol=1e-6)
 
-  spec = specs.model_spec(tiny(), 64)
+  spec = spec_of(tiny(), 64)
   x = jnp.asarray(r.normal(size=(2, 5, spec.d_model)), jnp.float32)
   split = model_lib.HeadsDense(spec, split=True)
   params = split.init(jax.random.PRNGKey(1), x)
@@ -187,7 +191,7 @@ def test_hidden_is_the_tied_heads_input(gelu):
 
 def attention_and_input(qk_norm: bool, seed: int = 0):
   """A tiny decoder's first attention layer, its parameters and an input [2, 8, D]."""
-  spec = specs.model_spec(tiny(**{"model.qk_norm": qk_norm}), 64)
+  spec = spec_of(tiny(**{"model.qk_norm": qk_norm}), 64)
   attn = model_lib.Attention(spec, causal=True)
   x = jnp.asarray(np.random.default_rng(seed).normal(size=(2, 8, spec.d_model)), jnp.float32)
   return spec, attn, attn.init(jax.random.PRNGKey(seed), x)["params"], x

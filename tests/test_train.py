@@ -16,7 +16,6 @@ import optax
 import pytest
 
 from actlab import config as config_lib, core, data
-from actlab.config import specs
 from actlab.infra import checkpoint
 from actlab.measure import evaluators
 from actlab.tasks import mlm
@@ -28,7 +27,7 @@ def test_schedule_warmup_then_cosine_to_min():
   c = tiny()
   c.optim.update(warmup_steps=10, min_lr_ratio=0.1)
   c.train.steps = 110
-  s = core.step.schedule(specs.optim(c))
+  s = core.step.schedule(loop_lib.create_step(c, 257).optim)
   assert float(s(0)) == 0.0
   np.testing.assert_allclose(float(s(5)), 0.5, rtol=1e-6)
   np.testing.assert_allclose(float(s(10)), 1.0, rtol=1e-6)
@@ -82,7 +81,7 @@ def test_adamw_matches_closed_form_first_step():
   c = tiny()
   c.optim.update(warmup_steps=0, clip_norm=0.0, eps=0.0, weight_decay=0.5, lr=0.1)
   c.train.steps = 10
-  tx = core.optimizer(specs.optim(c))
+  tx = core.optimizer(loop_lib.create_step(c, 257).optim)
   params = {"kernel": jnp.array([[1.0, -2.0]]), "bias": jnp.array([3.0])}
   grads = {"kernel": jnp.array([[0.5, 0.25]]), "bias": jnp.array([-4.0])}
   updates, _ = tx.update(grads, tx.init(params), params)
@@ -100,7 +99,7 @@ def test_clipping_scales_the_gradient_to_clip_norm_before_adamw(clip_norm, scale
   c = tiny()
   c.optim.update(warmup_steps=0, clip_norm=clip_norm, eps=1.0, weight_decay=0.5, lr=0.1)
   c.train.steps = 10
-  tx = core.optimizer(specs.optim(c))
+  tx = core.optimizer(loop_lib.create_step(c, 257).optim)
   params = {"kernel": jnp.array([[1.0, -2.0]]), "bias": jnp.array([3.0])}
   grads = {"kernel": jnp.array([[30.0, 0.0]]), "bias": jnp.array([40.0])}  # global norm 50
   updates, _ = tx.update(grads, tx.init(params), params)

@@ -1,9 +1,11 @@
 """The default config (`base`, from the fields of schema.py), the builders of the shipped config
-files (`decoder`, `encoder`, at the sizes of sizes.py) and the one override parser. `validate`
+files (`decoder`, `encoder`, at the sizes of sizes.py), the one override parser, a section as the
+core's dataclass (`build`) and the listing `python -m actlab.config` prints. `validate`
 (validation.py) raises `ConfigError` with one readable line before anything compiles.
 """
 
 import ast
+import dataclasses
 from typing import Any, Mapping
 
 import ml_collections
@@ -11,18 +13,20 @@ import ml_collections
 from actlab.config import schema
 from actlab.config.rules import ConfigError, check, choices
 from actlab.config.schema import GPT2_BLOCK
+from actlab.core import activations
 from actlab.infra import errors
 from actlab.config.sizes import (CLASSIFY_SETTINGS, DECODER_SIZES, ENCODER_PREFIX,
                                  ENCODER_SIZES, SIZES)
 from actlab.config.validation import validate
 
-__all__ = ["BLOCKS", "ConfigError", "GPT2_BLOCK", "base", "decoder", "encoder", "override",
-           "parse_arg", "parse_overrides", "validate"]
+__all__ = ["BLOCKS", "ConfigError", "GPT2_BLOCK", "base", "build", "decoder", "encoder",
+           "listing", "override", "parse_arg", "parse_overrides", "validate"]
 
 
 def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   """The reference study's setup (docs/reference.md §2): GPT decoder on TinyStories, GPT-2 BPE.
-  Every field, its default, its rule and its meaning are written once, in schema.py."""
+  Every field, its default, its rule and its meaning are written once: in the core's dataclasses
+  (`model`, `optim`) or in schema.py, which makes the sections of them."""
   c = ml_collections.ConfigDict(schema.defaults())
   c.model.activation = activation
   return c
@@ -140,3 +144,37 @@ def override(config: ml_collections.ConfigDict,
       raise ConfigError(f"{key}={value!r}: expected {type(node[field]).__name__}, got "
                         f"{type(value).__name__}") from None
   return config
+
+
+# --- The core's dataclasses, and the listing ----------------------------------------------------
+
+
+def build(cls, section: ml_collections.ConfigDict, **given):
+  """The core's dataclass `cls` (`core.Spec`, `core.Execution`, `core.OptimSpec`) from its fields
+  in a config section (schema.py: each field of `cls` with a default; one the section lacks keeps
+  that default) and `given` (a field without one, or another value):
+  `build(core.OptimSpec, config.optim, total_steps=config.train.steps)`."""
+  return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)
+                if f.name in section and f.name not in given}, **given)
+
+
+def listing() -> str:
+  """Every field by section, in order, with its default (the decoder's, and the encoder's where it
+  differs), its help and the names it accepts (an activation field: from the registry)."""
+  dec, enc = base().to_dict(), encoder().to_dict()
+  plain = ", ".join(n for n in activations.NAMES if not activations.get(n).gated)
+  accepted = {"model.activation": f"{plain}; gated (GLU): {', '.join(activations.GATE_BASE)}",
+              "model.pooler_activation": plain}
+  lines = []
+  for section, cls in [*schema.SECTIONS.items(), *schema.ENCODER.items()]:
+    lines.append(f"\n{section}")
+    for f in dataclasses.fields(cls):
+      key, value = f"{section}.{f.name}", enc[section][f.name]
+      tag = (" [encoder]" if f.name not in dec[section] else
+             f" [encoder: {value!r}]" if value != dec[section][f.name] else "")
+      lines.append(f"  {key} = {dec[section].get(f.name, value)!r}{tag}")
+      if f.metadata["help"]:
+        lines.append(f"      {f.metadata['help']}")
+      if key in accepted:
+        lines.append(f"      one of: {accepted[key]}")
+  return "\n".join(lines).lstrip("\n")

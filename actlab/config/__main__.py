@@ -1,8 +1,8 @@
-"""python -m actlab.config: every field with its default and meaning (`fields.listing`), or with
+"""python -m actlab.config: every field with its default and meaning (`config.listing`), or with
 --config=FILE[:arg] the config it resolves to, as JSON (what a run writes to its config.json,
 which records absolute paths relative to the run directory: docs/running.md)."""
 
-from actlab.config import fields
+from actlab import config as config_lib
 from actlab.infra import errors
 
 _CONFIG = errors.define_config_file(
@@ -18,7 +18,7 @@ def main(argv):
   print("Every config field: its default (the decoder's, config.base()), the encoder's where it "
         "differs, and what it does.\nOverride any with --config.<section>.<field>=<value>; print "
         "a config as it resolves with --config=FILE[:arg].\n")
-  print(fields.listing())
+  print(config_lib.listing())
 
 
 errors.run(main)

@@ -29,39 +29,47 @@ from jax import lax
 from jax.nn.initializers import normal
 
 from actlab.core import activations, kernels
+from actlab.core.options import (activation_name, boolean, choice, non_negative, option,
+                                  positive, within)
 
 
 # --- What the model is, and how it runs -------------------------------------------------------
 
 
-def choice(*values: str):
-  """A field that takes one of `values`, the first its default: written here once, and a config
-  is checked against them (actlab/config/schema.py)."""
-  return dataclasses.field(default=values[0], metadata={"choices": values})
-
-
 @dataclasses.dataclass(frozen=True)
 class Spec:
-  """The architecture, hashable for Flax; built from a config in one place, with `Execution`
-  (actlab/config/specs.py)."""
-  activation: str
-  num_layers: int
-  d_model: int
-  num_heads: int
-  d_ff: int
-  max_len: int
-  vocab_size: int               # padded to a multiple of 64
-  dropout: float = 0.0
-  norm: str = choice("pre", "post")  # GPT-2's x + f(LN(x)), or BERT's LN(x + f(x))
-  norm_type: str = choice("layer", "rms")  # LayerNorm, or RMSNorm as Llama's
-  norm_eps: float = 1e-5
-  position: str = choice("learned", "rope")  # `wpe`, or rotary on queries and keys
-  rope_theta: float = 10000.0
-  bias: bool = True             # every linear and norm bias
-  tie_head: bool = True         # the LM head is the token embedding, or its own matrix
-  ffn: str = choice("auto", "plain", "gated")  # "auto": gated for the GLU names
-  gated_match_params: bool = True
-  qk_norm: bool = False         # the block's norm of queries and keys over the head dim
+  """The architecture, hashable for Flax. Each field is written once, here: its default (GPT-2's
+  block, at the reference study's size), the rule its values keep and its help text; a config's
+  `model` section has these fields (actlab/config/schema.py) and a task builds the `Spec` from
+  them (actlab/tasks/)."""
+  activation: str = option("gelu", activation_name(),
+                           help="FFN activation: a name from actlab.core.activations.NAMES")
+  num_layers: int = option(6, positive)
+  d_model: int = option(384, positive)
+  num_heads: int = option(6, positive)
+  d_ff: int = option(1536, positive, help="FFN hidden width of the plain (two-matrix) FFN")
+  max_len: int = option(128, positive, help="learned position embeddings (context length)")
+  vocab_size: int = option(0, non_negative(" (0 = tokenizer's)"),
+                           help="0: the tokenizer's vocabulary; always padded to a multiple of 64")
+  dropout: float = option(0.0, within(0, 1))
+  norm: str = choice("pre", "post", help='"pre" (GPT-2) or "post" (BERT) placement of the norms')
+  norm_type: str = choice("layer", "rms", help='"layer" (LayerNorm) or "rms" (RMSNorm as '
+                          "Llama's: float32, a scale only)")
+  norm_eps: float = option(1e-5, help="the norms' epsilon (GPT-2 1e-5, BERT 1e-12, Llama 1e-6)")
+  position: str = choice("learned", "rope", help='"learned" position embeddings (max_len of '
+                         'them) or "rope" (rotary on queries and keys, transformers\' half-split '
+                         "layout)")
+  rope_theta: float = option(10000.0, positive, help='RoPE\'s base (position="rope")')
+  bias: bool = option(True, boolean, help="every linear and norm bias (false: none, as Llama)")
+  tie_head: bool = option(True, boolean, help="the LM head is the token embedding (GPT-2) or its "
+                          "own matrix")
+  ffn: str = choice("auto", "plain", "gated", help='"plain" W₂·act(W₁x), "gated" W₂·(act(W_g x) '
+                    '⊙ W₁x) for any activation, "auto": gated for the GLU names (swiglu, ...)')
+  gated_match_params: bool = option(True, boolean, help="gated FFNs use round(2/3·d_ff) to a "
+                                    "multiple of 64 (Shazeer 2020)")
+  qk_norm: bool = option(False, boolean, help="qk-norm: the block's norm of queries and keys over "
+                         "the head dim before q·k (Wortsman et al. 2023); Hugging Face export in "
+                         "the LLaMA-style block only (Qwen3)")
 
   @property
   def head_dim(self) -> int:
@@ -96,13 +104,19 @@ def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Execution:
-  """How the model runs, not what it computes (`config.model`'s execution fields): every choice
-  computes the same function up to rounding (tests/test_model_execution.py). The decoder's loss
-  implementation (`model.loss_impl`) is its task's choice: tasks/causal_lm.py."""
-  dtype: str = choice("float32", "bfloat16")  # compute dtype; parameters stay float32
-  attention_impl: str = choice("xla", "cudnn", "auto")  # (`kernels.attention_impl`)
-  scan_layers: bool = False     # one nn.scan over the blocks (`stack`)
-  remat: str = choice("none", "full", "dots")  # recompute in the backward pass
+  """How the model runs, not what it computes (fields of a config's `model` section, as `Spec`'s
+  are): every choice computes the same function up to rounding (tests/test_model_execution.py).
+  The decoder's loss implementation (`model.loss_impl`) is its task's choice: tasks/causal_lm.py."""
+  dtype: str = choice("float32", "bfloat16", help='compute dtype: "float32" or "bfloat16" '
+                      "(params stay float32)")
+  attention_impl: str = choice("xla", "cudnn", "auto", help="jax.nn.dot_product_attention "
+                               'implementation: "xla", "cudnn", "auto"')  # kernels.attention_impl
+  scan_layers: bool = option(False, boolean, help="nn.scan over the blocks: compile time "
+                             'independent of depth (params under "blocks" with a layer axis; '
+                             "another random init)")  # `stack`
+  remat: str = choice("none", "full", "dots", help="recompute activations in the backward pass "
+                      'to save memory: "none", "full" (keep block inputs) or "dots" (also matmul '
+                      "outputs)")
 
   @property
   def compute_dtype(self) -> jnp.dtype:

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from actlab.core.model import AttentionStats, Objective, Sums, per_layer
+from actlab.core.options import non_negative, option, positive, within
 
 # The key of every evaluation (no dropout): every evaluation of every run, and MLM's baselines
 # (`tasks/mlm.baselines`), score the same masked positions.
@@ -21,17 +22,25 @@ EVAL_SEED = 0
 
 @dataclasses.dataclass(frozen=True)
 class OptimSpec:
-  """The optimizer and its schedule (`config.optim` with `train.steps`)."""
+  """The optimizer and its schedule. Each field with a default is a field of a config's `optim`
+  section, written once here with its rule and help (as `Spec`'s); `total_steps` is
+  `train.steps`. (`Step.init` may give another peak LR than `lr`.)"""
   total_steps: int
-  lr: float = 1e-3              # the peak, reached after warm-up (`init` may give another)
-  min_lr_ratio: float = 0.1     # cosine decays to min_lr_ratio · lr at the last step
-  warmup_steps: int = 100       # linear warm-up from 0
-  b1: float = 0.9
-  b2: float = 0.95
-  eps: float = 1e-8
-  weight_decay: float = 0.1     # decoupled (AdamW); matrices and embeddings only
-  clip_norm: float = 1.0        # clip_by_global_norm threshold; 0 disables clipping
-  spike_clip: float = 0.0       # spike-only clipping (`clip_spikes`) at this multiple; 0: off
+  lr: float = option(1e-3, positive, help="peak learning rate, reached after warm-up")
+  min_lr_ratio: float = option(0.1, within(0, 1, "[]"), help="cosine decays to min_lr_ratio · lr "
+                               "at the last step")
+  warmup_steps: int = option(100, help="linear warm-up from 0")
+  b1: float = option(0.9, within(0, 1))
+  b2: float = option(0.95, within(0, 1))
+  eps: float = option(1e-8)
+  weight_decay: float = option(0.1, non_negative(), help="decoupled (AdamW); matrices and "
+                               "embeddings only")
+  clip_norm: float = option(1.0, non_negative(" (0 disables)"), help="clip_by_global_norm "
+                            "threshold; 0 disables clipping")
+  spike_clip: float = option(0.0, non_negative(" (0 = off)"), help="spike-only clipping: a "
+                             "gradient whose global norm is above spike_clip × the run's own at "
+                             "its first step is scaled to that norm, any other left as it is (10: "
+                             "the stability rule's threshold); 0 = off; not with clip_norm")
 
   def __post_init__(self):
     if not 0 <= self.warmup_steps < self.total_steps:

@@ -34,8 +34,7 @@ import numpy as np
 import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from actlab import core, tasks
-from actlab.config import specs
+from actlab import config as config_lib, core, tasks
 from actlab.infra import compile_cache, parallel, workdir
 from actlab.infra.errors import UserError
 from actlab.measure import evaluators as evaluators_lib
@@ -168,7 +167,8 @@ class Program:
 
 def create_step(config: ml_collections.ConfigDict, vocab_size: int) -> core.Step:
   """The config's `core.Step`: its task's objective and the optimizer."""
-  return core.Step(tasks.get(config).objective(config, vocab_size), specs.optim(config),
+  return core.Step(tasks.get(config).objective(config, vocab_size),
+                   config_lib.build(core.OptimSpec, config.optim, total_steps=config.train.steps),
                    config.data.seq_len)
 
 

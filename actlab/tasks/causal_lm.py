@@ -5,8 +5,7 @@ import math
 
 import numpy as np
 
-from actlab import core, data
-from actlab.config import specs
+from actlab import config as config_lib, core, data
 from actlab.hf.checkpoint import Architecture
 from actlab.tasks.task import Task
 
@@ -19,8 +18,10 @@ HF = Architecture("gpt2", "GPT2LMHeadModel", "pre")
 def objective(config, vocab_size: int) -> core.CausalLM:
   """The decoder with its next-token loss: from the logits, or fused with the head
   (`model.loss_impl`)."""
-  return core.CausalLM(core.Decoder(specs.model_spec(config, vocab_size), specs.execution(config)),
-                       fused=config.model.loss_impl == "fused", z_loss=config.optim.z_loss)
+  m = config.model
+  spec = config_lib.build(core.Spec, m, vocab_size=core.pad_vocab(m.vocab_size or vocab_size))
+  return core.CausalLM(core.Decoder(spec, config_lib.build(core.Execution, m)),
+                       fused=m.loss_impl == "fused", z_loss=config.optim.z_loss)
 
 
 def dataset(config):

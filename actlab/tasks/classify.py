@@ -7,8 +7,7 @@ import math
 
 import numpy as np
 
-from actlab import core, data
-from actlab.config import specs
+from actlab import config as config_lib, core, data
 from actlab.hf.checkpoint import Architecture
 from actlab.tasks.task import Task
 from actlab.tasks.mlm import specials_of
@@ -18,10 +17,10 @@ HF = Architecture("bert", "BertForSequenceClassification", "post", pooler=True)
 
 def objective(config, vocab_size: int) -> core.Classifier:
   m = config.model
-  encoder = core.Encoder(specs.model_spec(config, vocab_size), head="classify",
-                         pooler_activation=m.pooler_activation,
+  spec = config_lib.build(core.Spec, m, vocab_size=core.pad_vocab(m.vocab_size or vocab_size))
+  encoder = core.Encoder(spec, head="classify", pooler_activation=m.pooler_activation,
                          type_vocab_size=m.type_vocab_size, num_classes=m.num_classes,
-                         execution=specs.execution(config))
+                         execution=config_lib.build(core.Execution, m))
   return core.Classifier(encoder, specials_of(config).pad, z_loss=config.optim.z_loss)
 
 

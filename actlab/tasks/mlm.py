@@ -8,8 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from actlab import core, data
-from actlab.config import specs
+from actlab import config as config_lib, core, data
 from actlab.core import encoder
 from actlab.data import tokenizer
 from actlab.hf.checkpoint import Architecture
@@ -25,8 +24,9 @@ def specials_of(config) -> core.Specials:
 
 def objective(config, vocab_size: int) -> core.MaskedLM:
   m, d = config.model, config.data
-  encoder = core.Encoder(specs.model_spec(config, vocab_size), head="mlm",
-                         type_vocab_size=m.type_vocab_size, execution=specs.execution(config))
+  spec = config_lib.build(core.Spec, m, vocab_size=core.pad_vocab(m.vocab_size or vocab_size))
+  encoder = core.Encoder(spec, head="mlm", type_vocab_size=m.type_vocab_size,
+                         execution=config_lib.build(core.Execution, m))
   return core.MaskedLM(encoder, specials_of(config), vocab_size, prob=d.mlm_prob,
                        mask_frac=d.mlm_mask_frac, random_frac=d.mlm_random_frac,
                        z_loss=config.optim.z_loss)

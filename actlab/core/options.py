@@ -1,0 +1,85 @@
+"""A field of the core's dataclasses (`Spec`, `Execution`, `OptimSpec`) with what a config needs
+of it, written with the field once: its default, the rule its values keep and its help text
+(`option`, `choice`). The config's `model` and `optim` sections are these fields
+(actlab/config/schema.py), checked by these rules and listed with this help
+(`python -m actlab.config`). A rule is `(key, value) -> None` and raises ValueError with one line
+that names the key and says what to fix.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+from actlab.core import activations
+
+Rule = Callable[[str, Any], None]
+
+
+def option(default, rule: Rule | None = None, help: str = ""):
+  """A field: its default, the rule its values keep (None: any value of its type), its help."""
+  return dataclasses.field(default=default, metadata={"rule": rule, "help": help})
+
+
+def choice(*values: str, help: str = ""):
+  """A field that takes one of `values`, the first its default."""
+  return dataclasses.field(default=values[0],
+                           metadata={"rule": one_of(*values), "help": help, "choices": values})
+
+
+def check(ok: bool, message: str) -> None:
+  if not ok:
+    raise ValueError(message)
+
+
+def choices(names) -> str:  # "'a', 'b', 'c'"
+  return ", ".join(repr(n) for n in names)
+
+
+def positive(k, v):
+  check(v > 0, f"{k}={v} must be positive")
+
+
+def boolean(k, v):
+  check(isinstance(v, bool), f"{k}={v!r} must be true or false")
+
+
+def non_negative(zero: str = "") -> Rule:
+  """>= 0; `zero` says what 0 means, where it means something."""
+  return lambda k, v: check(v >= 0, f"{k}={v} must be >= 0{zero}")
+
+
+def within(low, high, ends: str = "[)", note: str = "") -> Rule:
+  """In the interval from `low` to `high`, each end closed or open as `ends` says."""
+  above = (lambda v: v >= low) if ends[0] == "[" else (lambda v: v > low)
+  below = (lambda v: v <= high) if ends[1] == "]" else (lambda v: v < high)
+  return lambda k, v: check(above(v) and below(v),
+                            f"{k}={v} must be in {ends[0]}{low}, {high}{ends[1]}{note}")
+
+
+def at_least(n) -> Rule:
+  return lambda k, v: check(v >= n, f"{k}={v} must be at least {n}")
+
+
+def text(what: str) -> Rule:
+  return lambda k, v: check(isinstance(v, str), f"{k} must be {what}")
+
+
+def listed(options) -> Rule:
+  """One of a registry's names (`options`)."""
+  return lambda k, v: check(v in options, f"{k}={v!r}: choose one of {choices(options)}")
+
+
+def one_of(*options) -> Rule:
+  return lambda k, v: check(v in options,
+                            f"{k}={v!r}: choose {choices(options[:-1])} or {options[-1]!r}")
+
+
+def activation_name(plain: bool = False) -> Rule:
+  """An activation name of `activations` (with `plain`, not a gated one)."""
+  def rule(k, v):
+    try:
+      gated = activations.get(v).gated
+    except ValueError as e:
+      raise ValueError(f"{k}: {e}") from None
+    check(not (gated and plain),
+          f"{k}={v!r} is gated; the pooler takes a plain activation (tanh, gelu, identity, ...)")
+  return rule
