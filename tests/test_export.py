@@ -13,10 +13,10 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import tasks
+from actlab import config as config_lib, tasks
 from actlab.data import hf_tokenizer, synthetic, tokenizer_store
 from actlab.hf import checkpoint as hf_checkpoint
-from actlab.hf import export
+from actlab.hf import export, mapping
 from actlab.infra import errors
 from actlab.run import loop, pretrained, train
 from conftest import REPO, SHARED_DATA, tiny
@@ -110,6 +110,26 @@ def test_what_bert_cannot_express_is_one_line():
                             "bert", "classify", 300, 3)
 
 
+def test_the_named_family_is_written_and_another_refused_in_one_line():
+  """The family named (`--family`) is the class written; any other is refused in one line that
+  names the family to pass: the family is never chosen for the run."""
+  llama = config_lib.BLOCKS["llama"]
+  runs = {"gpt2": ("causal_lm", tiny()), "bert": ("mlm", tiny_encoder("mlm")),
+          "llama": ("causal_lm", tiny("silu", **llama)),
+          "arcee": ("causal_lm", tiny("relu2", **{**llama, "model.ffn": "plain"})),
+          "qwen3": ("causal_lm", tiny("silu", **{**llama, "model.qk_norm": True}))}
+  assert set(runs) == set(mapping.FAMILIES)
+  for family, (task, c) in runs.items():
+    cls = mapping.FAMILIES[family].classes[task]
+    fields = hf_checkpoint.hf_config(c, family, task, V, 256)
+    assert (fields["model_type"], fields["architectures"]) == (family, [cls])
+    for other in set(runs) - {family}:
+      with pytest.raises(errors.UserError) as refused:
+        hf_checkpoint.hf_config(c, other, task, V, 256)
+      assert str(refused.value) == (f"export: --family={other}: this run's model is {family}'s "
+                                    f"({cls}); pass --family={family}")
+
+
 def actlab_tokenizers(tmp_path):
   texts = lambda: list(synthetic.texts("train"))[:400]
   toks = [tokenizer_store.get("byte", directory=tmp_path),
@@ -155,11 +175,11 @@ NO_TORCH = ("import runpy, sys; sys.modules['torch'] = None; "
             "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
 
 
-def export_cli(workdir, out):
-  """The export CLI, without torch."""
+def export_cli(workdir, out, family="gpt2"):
+  """The export CLI, without torch (`family` None: no --family)."""
   return subprocess.run([sys.executable, "-c", NO_TORCH, "actlab.hf.export", f"--workdir={workdir}",
-                         f"--out={out}", "--family=gpt2"], cwd=REPO, capture_output=True,
-                        text=True, timeout=300)
+                         f"--out={out}", *([f"--family={family}"] if family else [])], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +236,21 @@ def test_export_cli_refuses_what_gpt2_cannot_express_in_one_line(trained, tmp_pa
   assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
   assert refused.stderr.startswith("error: export: transformers has no activation equal to "
                                    "actlab's 'elu'"), refused.stderr
+  assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.slow
+def test_export_cli_refuses_a_family_the_run_is_not_in_one_line(trained, tmp_path):
+  """A GPT-2-block run named `--family=llama`, or no family at all: one line, exit code 2, nothing
+  written; the line says what to pass."""
+  refused = export_cli(trained, tmp_path / "hf", "llama")
+  assert refused.returncode == 2 and refused.stderr.strip() == (
+      "error: export: --family=llama: this run's model is gpt2's (GPT2LMHeadModel); pass "
+      "--family=gpt2"), refused.stderr
+  missing = export_cli(trained, tmp_path / "hf", None)
+  assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+  assert missing.stderr.startswith("error: flag --family=None: --family is required"), \
+      missing.stderr
   assert not (tmp_path / "hf").exists()
 
 
