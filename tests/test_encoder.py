@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 from actlab import core, tasks
-from actlab.hf import bert
+from actlab.hf import mapping
 from actlab import config as config_lib
 from actlab.core.model import Attention, Block, FeedForward, Spec
 from actlab.core.model import norm as layer_norm
@@ -89,55 +90,57 @@ def test_bert_base_parameter_count():
 
 
 def expected_hf_names(num_layers):
-  names = {f"embeddings.{n}.weight" for n in
+  """A BERT with every head: the trunk under `bert.`, the heads' names at the top."""
+  names = {f"bert.embeddings.{n}.weight" for n in
            ("word_embeddings", "position_embeddings", "token_type_embeddings")}
-  names |= {"embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias", "cls.predictions.bias",
-            "pooler.dense.weight", "pooler.dense.bias", "classifier.weight", "classifier.bias"}
+  names |= {"bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.bias",
+            "cls.predictions.bias", "bert.pooler.dense.weight", "bert.pooler.dense.bias",
+            "classifier.weight", "classifier.bias"}
   names |= {f"cls.predictions.transform.{m}.{p}" for m in ("dense", "LayerNorm")
             for p in ("weight", "bias")}
   for i in range(num_layers):
     for m in ("attention.self.query", "attention.self.key", "attention.self.value",
               "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense",
               "output.dense", "output.LayerNorm"):
-      names |= {f"encoder.layer.{i}.{m}.weight", f"encoder.layer.{i}.{m}.bias"}
+      names |= {f"bert.encoder.layer.{i}.{m}.weight", f"bert.encoder.layer.{i}.{m}.bias"}
   return names
 
 
 @pytest.mark.slow
 def test_bert_names_are_one_to_one(encoder):
   _, params = encoder
-  names = bert.hf_names(params)
+  names = {"/".join(path): mapping.hf_name("bert", path) for path in flatten_dict(params)}
   assert len(set(names.values())) == len(names)
   assert set(names.values()) == expected_hf_names(2)
-  assert names["block_1/ffn/up/kernel"] == "encoder.layer.1.intermediate.dense.weight"
+  assert names["block_1/ffn/up/kernel"] == "bert.encoder.layer.1.intermediate.dense.weight"
   assert names["mlm/bias"] == "cls.predictions.bias"
-  state = bert.to_hf(params)
+  state = mapping.to_hf("bert", params, SPEC.vocab_size)
   # PyTorch layout: Linear weights are (out, in).
-  assert state["encoder.layer.0.intermediate.dense.weight"].shape == (64, 32)
-  assert state["encoder.layer.0.output.dense.weight"].shape == (32, 64)
-  assert state["embeddings.word_embeddings.weight"].shape == (128, 32)
+  assert state["bert.encoder.layer.0.intermediate.dense.weight"].shape == (64, 32)
+  assert state["bert.encoder.layer.0.output.dense.weight"].shape == (32, 64)
+  assert state["bert.embeddings.word_embeddings.weight"].shape == (128, 32)
 
 
 def test_from_hf_round_trip_prefix_gamma_and_vocab_padding(encoder):
   model, params = encoder
-  state = bert.to_hf(params)
-  back = bert.from_hf(state, params)
-  jax.tree.map(np.testing.assert_array_equal, back, jax.tree.map(np.asarray, params))
-  # A Hugging Face task model's names (`bert.` prefix, old gamma/beta), unpadded vocabulary.
-  hf = {("" if k.startswith(("cls.", "classifier")) else "bert.") +
-        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"):
-        v for k, v in state.items()}
-  hf["bert.embeddings.word_embeddings.weight"] = state["embeddings.word_embeddings.weight"][:100]
+  state = mapping.to_hf("bert", params, SPEC.vocab_size)
+  back, missing = mapping.gather("bert", state, params)
+  assert missing == []
+  jax.tree.map(np.testing.assert_array_equal, unflatten_dict(back),
+               jax.tree.map(np.asarray, params))
+  # A `BertModel`'s names (no `bert.` prefix), old gamma/beta, an unpadded vocabulary.
+  hf = {k.removeprefix("bert.").replace("LayerNorm.weight", "LayerNorm.gamma")
+        .replace("LayerNorm.bias", "LayerNorm.beta"): v for k, v in state.items()}
+  hf["embeddings.word_embeddings.weight"] = state["bert.embeddings.word_embeddings.weight"][:100]
   hf["cls.predictions.bias"] = state["cls.predictions.bias"][:100]
-  loaded = bert.from_hf(hf, params)
+  loaded = unflatten_dict(mapping.gather("bert", hf, params)[0])
   np.testing.assert_array_equal(loaded["wte"]["embedding"][:100], params["wte"]["embedding"][:100])
   for padded in (loaded["wte"]["embedding"], loaded["mlm"]["bias"]):  # the mean of the real rows
     mean = np.broadcast_to(padded[:100].mean(0), padded[100:].shape)
     np.testing.assert_allclose(padded[100:], mean, rtol=1e-6, atol=1e-7)
   np.testing.assert_array_equal(loaded["ln_emb"]["scale"], params["ln_emb"]["scale"])
-  del hf["bert.encoder.layer.1.output.dense.weight"]
-  with pytest.raises(KeyError, match="encoder.layer.1.output.dense.weight"):
-    bert.from_hf(hf, params)
+  del hf["encoder.layer.1.output.dense.weight"]
+  assert mapping.gather("bert", hf, params)[1] == ["bert.encoder.layer.1.output.dense.weight"]
 
 
 def test_bidirectional(encoder):

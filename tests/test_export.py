@@ -13,10 +13,10 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import tasks
+from actlab import config as config_lib, tasks
 from actlab.data import hf_tokenizer, synthetic, tokenizer_store
 from actlab.hf import checkpoint as hf_checkpoint
-from actlab.hf import export
+from actlab.hf import export, mapping
 from actlab.infra import errors
 from actlab.run import loop, pretrained, train
 from conftest import REPO, SHARED_DATA, tiny
@@ -64,7 +64,7 @@ def test_decoder_logits_equal_gpt2(tmp_path, torch, activation):
   params = perturbed_params(c, V)
   tokens = np.random.default_rng(0).integers(0, V, (2, 32))
   ours = np.asarray(tasks.get(c).objective(c, V).model.apply({"params": params}, tokens))
-  hf_checkpoint.write(tmp_path, c, tasks.causal_lm.HF, params, V, 256, RUN)
+  hf_checkpoint.write(tmp_path, c, "gpt2", "causal_lm", params, V, 256, RUN)
   theirs = hf_logits(torch, tmp_path, "GPT2LMHeadModel", tokens)
   assert theirs.shape == (2, 32, V)  # the padded rows are dropped
   np.testing.assert_allclose(theirs, ours[..., :V], atol=1e-4, rtol=0)
@@ -80,8 +80,9 @@ def test_encoder_logits_equal_bert(tmp_path, torch, task):
   mask = np.arange(32)[None] < np.array([[32], [20]])  # the second row ends in padding
   tokens[~mask] = 0
   ours = np.asarray(tasks.get(c).objective(c, vocab).model.apply({"params": params}, tokens, mask))
-  hf_checkpoint.write(tmp_path, c, tasks.TASKS[task].hf, params, vocab, 3, RUN)
-  theirs = hf_logits(torch, tmp_path, tasks.TASKS[task].hf.cls, tokens, mask)
+  hf_checkpoint.write(tmp_path, c, "bert", task, params, vocab, 3, RUN)
+  cls = {"mlm": "BertForMaskedLM", "classify": "BertForSequenceClassification"}[task]
+  theirs = hf_logits(torch, tmp_path, cls, tokens, mask)
   if task == "mlm":
     ours, theirs = ours[mask][:, :vocab], theirs[mask]  # padding positions are not predicted
   np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
@@ -95,17 +96,38 @@ def test_encoder_logits_equal_bert(tmp_path, torch, task):
 ])
 def test_what_gpt2_cannot_express_is_one_line(overrides, match):
   with pytest.raises(errors.UserError, match=match):
-    hf_checkpoint.hf_config(tiny(**overrides), tasks.causal_lm.HF, V, 256)
+    hf_checkpoint.hf_config(tiny(**overrides), "gpt2", "causal_lm", V, 256)
 
 
 def test_what_bert_cannot_express_is_one_line():
   with pytest.raises(errors.UserError, match="BertForMaskedLM is post-LN"):
-    hf_checkpoint.hf_config(tiny_encoder("mlm", **{"model.norm": "pre"}), tasks.mlm.HF, 300, 3)
+    hf_checkpoint.hf_config(tiny_encoder("mlm", **{"model.norm": "pre"}), "bert", "mlm", 300, 3)
   with pytest.raises(errors.UserError, match="qk_norm=True .* BertForMaskedLM cannot express"):
-    hf_checkpoint.hf_config(tiny_encoder("mlm", **{"model.qk_norm": True}), tasks.mlm.HF, 300, 3)
+    hf_checkpoint.hf_config(tiny_encoder("mlm", **{"model.qk_norm": True}), "bert", "mlm",
+                            300, 3)
   with pytest.raises(errors.UserError, match="pooler is tanh"):
     hf_checkpoint.hf_config(tiny_encoder("classify", **{"model.pooler_activation": "gelu"}),
-                            tasks.classify.HF, 300, 3)
+                            "bert", "classify", 300, 3)
+
+
+def test_the_named_family_is_written_and_another_refused_in_one_line():
+  """The family named (`--family`) is the class written; any other is refused in one line that
+  names the family to pass: the family is never chosen for the run."""
+  llama = config_lib.BLOCKS["llama"]
+  runs = {"gpt2": ("causal_lm", tiny()), "bert": ("mlm", tiny_encoder("mlm")),
+          "llama": ("causal_lm", tiny("silu", **llama)),
+          "arcee": ("causal_lm", tiny("relu2", **{**llama, "model.ffn": "plain"})),
+          "qwen3": ("causal_lm", tiny("silu", **{**llama, "model.qk_norm": True}))}
+  assert set(runs) == set(mapping.FAMILIES)
+  for family, (task, c) in runs.items():
+    cls = mapping.FAMILIES[family].classes[task]
+    fields = hf_checkpoint.hf_config(c, family, task, V, 256)
+    assert (fields["model_type"], fields["architectures"]) == (family, [cls])
+    for other in set(runs) - {family}:
+      with pytest.raises(errors.UserError) as refused:
+        hf_checkpoint.hf_config(c, other, task, V, 256)
+      assert str(refused.value) == (f"export: --family={other}: this run's model is {family}'s "
+                                    f"({cls}); pass --family={family}")
 
 
 def actlab_tokenizers(tmp_path):
@@ -153,10 +175,11 @@ NO_TORCH = ("import runpy, sys; sys.modules['torch'] = None; "
             "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
 
 
-def export_cli(workdir, out):
-  """The export CLI, without torch."""
+def export_cli(workdir, out, family="gpt2"):
+  """The export CLI, without torch (`family` None: no --family)."""
   return subprocess.run([sys.executable, "-c", NO_TORCH, "actlab.hf.export", f"--workdir={workdir}",
-                         f"--out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+                         f"--out={out}", *([f"--family={family}"] if family else [])], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +240,21 @@ def test_export_cli_refuses_what_gpt2_cannot_express_in_one_line(trained, tmp_pa
 
 
 @pytest.mark.slow
+def test_export_cli_refuses_a_family_the_run_is_not_in_one_line(trained, tmp_path):
+  """A GPT-2-block run named `--family=llama`, or no family at all: one line, exit code 2, nothing
+  written; the line says what to pass."""
+  refused = export_cli(trained, tmp_path / "hf", "llama")
+  assert refused.returncode == 2 and refused.stderr.strip() == (
+      "error: export: --family=llama: this run's model is gpt2's (GPT2LMHeadModel); pass "
+      "--family=gpt2"), refused.stderr
+  missing = export_cli(trained, tmp_path / "hf", None)
+  assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+  assert missing.stderr.startswith("error: flag --family=None: --family is required"), \
+      missing.stderr
+  assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("where, message", [
     ("workdir", "is a run directory"),
     ("inside the workdir", "lies inside {trained}, which is a run directory"),
@@ -231,7 +269,7 @@ def test_export_refuses_an_out_in_a_run_or_over_other_files(trained, tmp_path, w
   out = {"workdir": trained, "inside the workdir": trained / "hf"}.get(where, tmp_path / where)
   before = [files(trained), files(tmp_path)]
   with pytest.raises(errors.UserError) as refused:
-    export.write(trained, out)
+    export.write(trained, out, "gpt2")
   message = message.format(trained=trained.resolve())
   assert str(refused.value).startswith(f"--out {out} {message}"), refused.value
   assert [files(trained), files(tmp_path)] == before
@@ -242,7 +280,7 @@ def test_export_refuses_a_run_whose_activation_is_unregistered(tmp_path):
   run = written_run(tmp_path / "run", activation="myact")
   with pytest.raises(errors.UserError, match=rf"^{re.escape(str(run))} holds a run with "
                      "model.activation: unknown activation 'myact'; valid names: "):
-    export.write(run, tmp_path / "hf")
+    export.write(run, tmp_path / "hf", "gpt2")
   assert not (tmp_path / "hf").exists()
 
 
@@ -263,12 +301,13 @@ def test_export_says_which_step_of_how_many_and_may_redo_its_own_output(trained,
   for workdir, step, state, status in [(unfinished, every, " (unfinished)", None),
                                        (trained, steps, "", summary["status"]),
                                        (diverged, steps, " (diverged)", "diverged")]:
-    assert f"from {workdir} step {step} of {steps}{state}, tokenizer" in export.write(workdir, out)
+    line = export.write(workdir, out, "gpt2")
+    assert f"from {workdir} step {step} of {steps}{state}, tokenizer" in line
     assert json.loads((out / "config.json").read_text())["actlab"] == {
         "exported_from": os.path.relpath(workdir, out), "step": step, "steps": steps,
         "finished": status is not None, "status": status}  # no machine path
   with pytest.raises(errors.UserError, match="holds no run"):  # An export is no run.
-    export.write(out, tmp_path / "again")
+    export.write(out, tmp_path / "again", "gpt2")
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ def gpt2_dir(tmp_path_factory):
   exported without torch."""
   directory = tmp_path_factory.mktemp("gpt2")
   c = tiny("gelu_tanh", **{"model.max_len": 48})
-  hf_checkpoint.write(directory, c, tasks.causal_lm.HF, perturbed_params(c, V), V, 256, RUN)
+  hf_checkpoint.write(directory, c, "gpt2", "causal_lm", perturbed_params(c, V), V, 256, RUN)
   return directory
 
 

@@ -19,6 +19,7 @@ from actlab.core import model as model_lib
 from actlab.core.model import RMSNorm
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.hf import export
+from actlab.hf import mapping
 from actlab.infra import errors
 from actlab.run import pretrained, train
 from conftest import tiny
@@ -29,7 +30,6 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is not i
 pytest.importorskip("safetensors", reason="the hf extra is not installed")
 
 V = 300  # the models' vocabulary; actlab pads it to 320 (the export drops, the import adds 20 rows)
-HF = tasks.causal_lm.HF
 SHAPE = {"model.d_model": 64, "model.num_heads": 4, "model.num_layers": 2, "model.max_len": 64,
          "model.d_ff": 192}  # gated: the parameter-matched width 128
 # class -> (activation, the config's fields besides block=llama's, transformers' config fields).
@@ -40,6 +40,7 @@ CLASSES = {
     "Qwen3ForCausalLM": ("silu", {"model.qk_norm": True},
                          {"intermediate_size": 128, "head_dim": 16, "num_key_value_heads": 4}),
 }
+FAMILY = {"LlamaForCausalLM": "llama", "ArceeForCausalLM": "arcee", "Qwen3ForCausalLM": "qwen3"}
 NEW = 20  # greedy tokens
 
 
@@ -99,7 +100,7 @@ def test_export_equals_transformers(tmp_path, torch, cls):
   c = llama_config(activation, **overrides)
   params = perturbed_params(c, V)
   model = tasks.get(c).objective(c, V).model
-  hf_checkpoint.write(tmp_path, c, HF, params, V, 256, RUN)
+  hf_checkpoint.write(tmp_path, c, FAMILY[cls], "causal_lm", params, V, 256, RUN)
   assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [cls]
   hf_model = getattr(transformers, cls).from_pretrained(tmp_path).eval()
   assert_same_model(torch, model, params, hf_model, f"{cls} export")
@@ -139,8 +140,8 @@ def test_other_activations_equal_transformers(tmp_path, torch, activation, ffn):
   """Llama with exact GELU and ReLU, Arcee with the others transformers and actlab share."""
   c = llama_config(activation, **{"model.ffn": ffn})
   params = perturbed_params(c, V)
-  hf_checkpoint.write(tmp_path, c, HF, params, V, 256, RUN)
   cls = {"gated": "LlamaForCausalLM", "plain": "ArceeForCausalLM"}[ffn]
+  hf_checkpoint.write(tmp_path, c, FAMILY[cls], "causal_lm", params, V, 256, RUN)
   hf_model = getattr(transformers, cls).from_pretrained(tmp_path).eval()
   ours = np.asarray(tasks.get(c).objective(c, V).model.apply({"params": params}, tokens()))[..., :V]
   np.testing.assert_allclose(hf_logits(torch, hf_model, tokens()), ours, atol=1e-4, rtol=0)
@@ -177,7 +178,7 @@ def test_interleaved_rope_weights_do_not_match(tmp_path, torch, monkeypatch):
     patched.setattr(model_lib, "rope", interleaved_rope)
     same = np.asarray(model.apply({"params": permuted}, tokens()))[..., :V]
   np.testing.assert_allclose(same, ours, atol=1e-5, rtol=0)  # the same model, other layout
-  hf_checkpoint.write(tmp_path, c, HF, permuted, V, 256, RUN)
+  hf_checkpoint.write(tmp_path, c, "llama", "causal_lm", permuted, V, 256, RUN)
   hf_model = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
   assert np.abs(hf_logits(torch, hf_model, tokens()) - ours).max() > 1e-2
 
@@ -197,7 +198,7 @@ def test_exact_gelu_is_exported_as_llama():
   """Llama keeps hidden_act="gelu" (exact, erf): an actlab model with exact GELU is exported as
   Llama."""
   assert transformers.LlamaConfig(hidden_act="gelu").hidden_act == "gelu"
-  fields = hf_checkpoint.hf_config(llama_config("gelu"), HF, V, 256)
+  fields = hf_checkpoint.hf_config(llama_config("gelu"), "llama", "causal_lm", V, 256)
   assert (fields["architectures"], fields["hidden_act"]) == (["LlamaForCausalLM"], "gelu")
 
 
@@ -233,12 +234,17 @@ def test_transformers_4_rope_fields_are_read(tmp_path):
 
 def test_qwen2_is_refused_and_never_written(tmp_path):
   """Qwen2 forces biases on q/k/v (no config field turns them off): its import is one line, and
-  every block the export maps is Llama, Arcee or Qwen3."""
+  every LLaMA-style block the export maps is one family's, written as Llama, Arcee or Qwen3;
+  Qwen2 is no family."""
   assert "Qwen2 always has biases on q_proj, k_proj and v_proj" in refused(
       llama_config(), save_config(tmp_path, "qwen2", intermediate_size=128))
-  written = {hf_checkpoint.resolve(llama_config(**{"model.ffn": ffn, "model.qk_norm": q}), HF).cls
-             for ffn in ("plain", "gated") for q in (False, True) if not (ffn == "plain" and q)}
-  assert written == set(CLASSES)
+  written = set()
+  for ffn, qk_norm in [("plain", False), ("gated", False), ("gated", True)]:
+    c = llama_config(**{"model.ffn": ffn, "model.qk_norm": qk_norm})
+    family, why = hf_checkpoint.model_family(c, "causal_lm", None)
+    assert why is None
+    written |= set(hf_checkpoint.hf_config(c, family, "causal_lm", V, 256)["architectures"])
+  assert written == set(CLASSES) and "qwen2" not in mapping.FAMILIES
 
 
 @pytest.mark.parametrize("fields, overrides, match", [
@@ -271,7 +277,7 @@ def test_what_cannot_import_is_one_line(tmp_path, fields, overrides, match):
 def test_what_cannot_export_is_one_line(overrides, match):
   c = llama_config(**overrides) if "model.norm_type" not in overrides else tiny(**overrides)
   with pytest.raises(errors.UserError, match=match):
-    hf_checkpoint.hf_config(c, HF, V, 256)
+    hf_checkpoint.hf_config(c, "llama", "causal_lm", V, 256)
 
 
 @pytest.mark.slow
@@ -281,7 +287,7 @@ def test_a_trained_run_exports_as_llama_and_a_run_starts_from_the_export(tmp_pat
   c = llama_config(**{"train.steps": 2, "optim.warmup_steps": 1, "train.eval_every": 2,
                       "train.checkpoint_every": 2, "data.val_batches": 1})
   train.run(c, tmp_path / "run")
-  line = export.write(tmp_path / "run", tmp_path / "hf")
+  line = export.write(tmp_path / "run", tmp_path / "hf", "llama")
   assert "wrote" in line and ": LlamaForCausalLM from " in line, line
   c.train.init_from = f"hf:{tmp_path / 'hf'}"
   train.run(c, tmp_path / "again")
@@ -294,7 +300,7 @@ def test_a_tied_checkpoint_imports_its_embedding_as_the_head(tmp_path, scan):
   embedding's rows; the padded rows of both are the mean of the real ones."""
   from safetensors.numpy import load_file, save_file
   c = llama_config()
-  hf_checkpoint.write(tmp_path, c, HF, perturbed_params(c, V), V, 256, RUN)
+  hf_checkpoint.write(tmp_path, c, "llama", "causal_lm", perturbed_params(c, V), V, 256, RUN)
   state = load_file(str(tmp_path / "model.safetensors"))
   del state["lm_head.weight"]
   save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})

@@ -9,12 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax.traverse_util import unflatten_dict
 
 from actlab import core, tasks
 from actlab.measure import evaluators, histogram
 from actlab.core import kernels
 from actlab.core import model as model_lib
-from actlab.hf import bert, layout
+from actlab.hf import mapping
 from actlab.run import loop
 from conftest import tiny, tiny_encoder
 
@@ -66,17 +67,19 @@ def test_scan_and_remat_compute_the_same_function(references, remat, kind):
     assert abs(float(got[0] - ref[0])) <= 1e-6 * float(ref[0])
     assert relative_error(ref[1], got[1]) <= 1e-6
   c.model.scan_layers = True
-  scan_params = layout.scanned_layout(params)
+  scan_params = mapping.scanned_layout(params)
   like = jax.eval_shape(loop.create_step(c, 257).init, 0).params
   assert jax.tree.structure(scan_params) == jax.tree.structure(like)
   if kind == "encoder":  # BERT's names hold for the scanned layout too, both ways.
-    state = bert.to_hf(params)
-    assert {k: v.tolist() for k, v in bert.to_hf(scan_params).items()} == {
+    padded = core.pad_vocab(257)  # every row written
+    state = mapping.to_hf("bert", params, padded)
+    assert {k: v.tolist() for k, v in mapping.to_hf("bert", scan_params, padded).items()} == {
         k: v.tolist() for k, v in state.items()}
-    jax.tree.map(np.testing.assert_array_equal, bert.from_hf(state, like), scan_params)
+    back = unflatten_dict(mapping.gather("bert", state, params)[0])
+    jax.tree.map(np.testing.assert_array_equal, mapping.scanned_layout(back), scan_params)
   got = loss_and_grads(c, scan_params, batch)
   assert abs(float(got[0] - ref[0])) <= 1e-5 * float(ref[0])
-  assert relative_error(layout.scanned_layout(ref[1]), got[1]) <= 1e-5
+  assert relative_error(mapping.scanned_layout(ref[1]), got[1]) <= 1e-5
 
 
 def hlo_size(c):
@@ -127,7 +130,7 @@ def test_scanned_model_sows_statistics_per_layer(references):
   for scan in (False, True):
     c.model.scan_layers = scan
     step_fns = loop.create_step(c, 257)
-    params = layout.scanned_layout(out[False][1]) if scan else references("decoder")[0]
+    params = mapping.scanned_layout(out[False][1]) if scan else references("decoder")[0]
     evals = evaluators.Evaluators.create(c)
     stats = jax.jit(functools.partial(evals.validation_step, step_fns))(params, batch)
     out[scan] = (evals.pool([jax.device_get(stats)]), params)

@@ -1,6 +1,6 @@
 """The BERT-style encoder: the decoder's blocks (model.py), bidirectional with a padding mask,
 under BERT's embeddings and heads; and its losses (`Objective`s): `MaskedLM`, with BERT's
-masking on the device, and `Classifier`. BERT's parameter names: actlab/hf/bert.py.
+masking on the device, and `Classifier`. BERT's parameter names: actlab/hf/mapping.py.
 """
 
 import dataclasses

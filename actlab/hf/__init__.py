@@ -1,2 +1,2 @@
-"""Hugging Face: the parameter-name mappings (BERT, GPT-2, the LLaMA-style classes), a model
+"""Hugging Face: the transformers model families and their parameter names (`mapping`), a model
 directory against an actlab config both ways (`checkpoint`), and the export command line."""

@@ -1,9 +1,10 @@
 """A Hugging Face model directory (`config.json` + weights) against an actlab config, both ways
-(docs/huggingface.md): `write` exports a run's model as GPT-2, a LLaMA-style class (Llama, Arcee,
-Qwen3: llama.py, `resolve`) or BERT for `from_pretrained`, `read` checks and loads one for
-`train.init_from=hf:DIR`; what cannot map is refused in one line (`UserError`). Parameter names:
-bert.py (BERT), gpt2.py, llama.py. No torch needed (except for an old pytorch_model.bin):
-weights go through `safetensors.numpy`.
+(docs/huggingface.md): `write` exports a run's model as the family it is told (mapping.FAMILIES:
+GPT-2, BERT, Llama, Arcee, Qwen3) for `from_pretrained`, `read` checks and loads one for
+`train.init_from=hf:DIR` as the family its config.json names (`model_type`). A family the run's
+model is not, or what cannot map, is refused in one line (`UserError`) that says which family the
+model is, or why it is none (`model_family`). No torch needed (except for an old
+pytorch_model.bin): weights go through `safetensors.numpy`.
 """
 
 import json
@@ -12,137 +13,192 @@ from typing import NamedTuple
 
 import numpy as np
 
-from actlab.config.schema import GPT2_BLOCK
-from actlab.core.model import gated
-from actlab.hf import bert, gpt2, llama
+from actlab.core import activations
+from actlab.core.model import ffn_width, gated
+from actlab.hf import mapping
+from actlab.hf.mapping import BLOCKS, FAMILIES
 from actlab.infra.errors import UserError
 
 INSTALL = 'pip install -e ".[hf]"'  # transformers, safetensors
 EXPORTED = "actlab"  # the config.json entry of an export: where from, step, steps, finished, status
-
-
-class Architecture(NamedTuple):
-  """The transformers model a task's model is (each task's `HF`)."""
-  model_type: str               # "gpt2", "bert", or "llama", "arcee", "qwen3" (`resolve`)
-  cls: str                      # the transformers class, e.g. "GPT2LMHeadModel"
-  norm: str                     # its LayerNorm placement, "pre" or "post"
-  pooler: bool = False          # it has BERT's tanh pooler
-
+LLAMA_STYLE = [name for name, f in FAMILIES.items() if f.block == "llama"]
 
 # actlab activation -> transformers' name (transformers.activations.ACT2FN) of the same function.
 # gelu_tanh is GPT-2's "gelu_new", 0.5·z·(1 + tanh(√(2/π)(z + 0.044715 z³))).
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "relu2": "relu2",
                "silu": "silu", "tanh": "tanh", "sigmoid": "sigmoid", "identity": "linear"}
-# config.model field -> config.json field.
+# config.model field -> config.json field, written on export and compared on import.
 FIELDS = {"gpt2": {"num_layers": "n_layer", "d_model": "n_embd", "num_heads": "n_head",
                    "d_ff": "n_inner", "max_len": "n_positions", "norm_eps": "layer_norm_epsilon"},
           "bert": {"num_layers": "num_hidden_layers", "d_model": "hidden_size",
                    "num_heads": "num_attention_heads", "d_ff": "intermediate_size",
                    "max_len": "max_position_embeddings", "norm_eps": "layer_norm_eps",
-                   "type_vocab_size": "type_vocab_size"}}
-NAMES = {"gpt2": gpt2, "bert": bert, **{kind: llama for kind in llama.CLASSES}}
+                   "type_vocab_size": "type_vocab_size"},
+          **dict.fromkeys(LLAMA_STYLE, {"num_layers": "num_hidden_layers", "d_model": "hidden_size",
+                                        "num_heads": "num_attention_heads",
+                                        "norm_eps": "rms_norm_eps",
+                                        "max_len": "max_position_embeddings"})}
 # config.json features actlab's model does not have, and the value it must have instead.
 REQUIRED = {"gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False},
-            "bert": {"position_embedding_type": "absolute", "is_decoder": False}}
+            "bert": {"position_embedding_type": "absolute", "is_decoder": False},
+            **dict.fromkeys(LLAMA_STYLE, {"attention_bias": False, "mlp_bias": False,
+                                          "use_sliding_window": False})}
+# Models like the LLaMA-style ones that actlab's block cannot be: why, for the import's one line.
+REFUSED = {"qwen2": "Qwen2 always has biases on q_proj, k_proj and v_proj, and actlab's "
+                    "LLaMA-style block has none (model.bias=False)",
+           "gemma": "Gemma scales the embedding by √d_model and its RMSNorm by (1 + weight)"}
+# Each block as its classes have it ({}: their names), and as a run trains it.
+BLOCK_TEXT = {"gpt2": "{} has LayerNorm with biases, learned positions and the tied head",
+              "llama": "the LLaMA-style classes ({}) have RMSNorm, rotary positions, no biases and "
+                       "an untied head (configs/decoder.py:block=llama)"}
+TRAIN = {"gpt2": "GPT-2's block (configs/decoder.py:<size>)",
+         "llama": "the LLaMA-style block (configs/decoder.py:<size>,block=llama)"}
 
 
-def resolve(config, arch: Architecture, doing: str = "export") -> Architecture:
-  """The class of the config's model: `arch` (the task's `HF`), or for a decoder whose block is
-  not GPT-2's the LLaMA-style class its FFN and qk-norm choose (llama.model_type; UserError
-  for a block no class has)."""
-  if arch.model_type != "gpt2" or llama.is_gpt2_block(config):
-    return arch
-  kind = llama.model_type(config, doing)
-  return Architecture(kind, llama.CLASSES[kind], "pre")
+class Weights(NamedTuple):
+  """A model directory's state dict and the family its config.json names (`read`)."""
+  family: str
+  state: dict[str, np.ndarray]
 
 
-def _check_architecture(config, arch: Architecture, doing: str) -> None:
-  """UserError unless the model has `arch`'s block: GPT-2's or BERT's (LayerNorm with biases at
-  its placement, learned positions, the tied head), a plain FFN and no qk-norm."""
-  m, cls, norm = config.model, arch.cls, arch.norm
-  other = [f"model.{k}={m[k]!r}" for k, v in GPT2_BLOCK.items() if m[k] != v]
-  if other:
-    raise UserError(f"{doing}: {', '.join(other)}: {cls} has "
-                    f"{'GPT-2' if arch.model_type == 'gpt2' else 'BERT'}'s block (LayerNorm with "
-                    "biases, learned positions, the tied head); no transformers class for this "
-                    "block is mapped yet")
-  llama = (", or the LLaMA-style block (configs/decoder.py:<size>,block=llama: {})"
-           if arch.model_type == "gpt2" else "")
-  if gated(m.activation, m.ffn):
-    raise UserError(f"{doing}: model.activation={m.activation!r} is a gated FFN (a third matrix), "
-                    f"which {cls} cannot express; use a plain activation "
-                    f"({', '.join(ACTIVATIONS)})" + llama.format("LlamaForCausalLM"))
-  if m.norm != norm:
-    raise UserError(f"{doing}: {cls} is {norm}-LN and this model is model.norm={m.norm!r}; "
-                    f"train with model.norm={norm!r}")
-  if m.qk_norm:
-    raise UserError(f"{doing}: model.qk_norm=True normalises queries and keys, which {cls} "
-                    "cannot express; train with model.qk_norm=False"
-                    + llama.format("Qwen3ForCausalLM, with a gated FFN"))
+def families(task: str) -> list[str]:
+  """The families with a class for `task`."""
+  return [name for name, f in FAMILIES.items() if task in f.classes]
 
 
-def hf_config(config, arch: Architecture, vocab_size: int, eot_id: int) -> dict:
-  """The `config.json` fields of the run's model (`vocab_size`: the tokenizer's, unpadded)."""
-  arch = resolve(config, arch, "export")
-  if arch.model_type in llama.CLASSES:
-    return llama.hf_config(config, arch.model_type, vocab_size, eot_id, ACTIVATIONS)
-  _check_architecture(config, arch, "export")
-  model_type, cls, m = arch.model_type, arch.cls, config.model
-  if m.activation not in ACTIVATIONS:
-    raise UserError(f"export: transformers has no activation equal to actlab's "
-                    f"{m.activation!r}; use one of {', '.join(ACTIVATIONS)}")
-  if arch.pooler and m.pooler_activation != "tanh":
+def model_family(config, task: str, named: str | None) -> tuple[str, str | None]:
+  """The family whose model the config's (of `task`) is, and None (at most one is: their models
+  differ); else the family nearest it (`named` first among those of its block) and why the model
+  is not that one's. To check a family named against, never to choose one."""
+  fit = [name for name in families(task) if _unlike(config, name, task) is None]
+  if fit:
+    return fit[0], None
+  nearest = _nearest(config, task, named)
+  return nearest, _unlike(config, nearest, task)
+
+
+def _nearest(config, task: str, named: str | None) -> str:
+  """Of the task's families, one whose block the config's model has, `named` first."""
+  m = config.model
+  has_block = lambda name: all(m[k] == v for k, v in BLOCKS[FAMILIES[name].block].items())
+  return min(families(task), key=lambda name: (not has_block(name), name != named))
+
+
+def _unlike(config, family: str, task: str) -> str | None:
+  """Why the config's model is not the family's (the end of a line), or None if it is: its
+  block, its norm placement, a gated or plain FFN, qk-norm (`task`: one the family has)."""
+  m, f = config.model, FAMILIES[family]
+  cls, ffn = f.classes[task], "gated" if gated(m.activation, m.ffn) else "plain"
+
+  def differs(block):
+    return ", ".join(f"model.{k}={m[k]!r}" for k, v in BLOCKS[block].items() if m[k] != v)
+
+  def text(block):
+    return BLOCK_TEXT[block].format(", ".join(FAMILIES[name].classes[task]
+                                              for name in families(task)
+                                              if FAMILIES[name].block == block))
+
+  def elsewhere(want):
+    """', or <block>: <class>' of a family with another block that `want`s."""
+    other = [g for g in FAMILIES.values() if task in g.classes and g.block != f.block and want(g)]
+    return f", or {TRAIN[other[0].block]}: {other[0].classes[task]}" if other else ""
+
+  if differs(f.block):
+    return f"{differs(f.block)}: {text(f.block)}" + "".join(
+        f", and {text(block)}, which this model has not either ({differs(block)})"
+        for block in dict.fromkeys(FAMILIES[name].block for name in families(task))
+        if block != f.block)
+  if m.norm != f.norm:
+    return (f"{cls} is {f.norm}-LN (a {f.norm}-norm block) and this model is "
+            f"model.norm={m.norm!r}; train with model.norm={f.norm!r}")
+  if f.block == "llama" and m.qk_norm and ffn == "plain":  # the one pair no such class has
+    return ("model.qk_norm=True with a plain FFN: Qwen3ForCausalLM (qk-norm) has a gated FFN and "
+            "ArceeForCausalLM (the plain FFN) no qk-norm; train with model.ffn='gated' or "
+            "model.qk_norm=False")
+  if ffn == "gated" and f.ffn == "plain":
+    return (f"model.activation={m.activation!r} is a gated FFN (a third matrix), which {cls} "
+            f"cannot express; use a plain activation ({', '.join(ACTIVATIONS)})"
+            + elsewhere(lambda g: g.ffn == "gated" and not g.qk_norm))
+  if ffn == "plain" and f.ffn == "gated":
+    return f"{cls} has a gated FFN and this model a plain one; train with model.ffn='gated'"
+  if m.qk_norm and not f.qk_norm:
+    return (f"model.qk_norm=True normalises queries and keys, which {cls} cannot express; train "
+            "with model.qk_norm=False" + elsewhere(lambda g: g.qk_norm))
+  if f.qk_norm and not m.qk_norm:
+    return f"{cls} normalises queries and keys (qk-norm); train with model.qk_norm=True"
+  return None
+
+
+def function(activation: str) -> str:
+  """The plain activation the FFN applies (a gated name's gate function: swiglu -> silu)."""
+  return activations.GATE_BASE.get(activation, activation)
+
+
+def width(config) -> int:
+  """The FFN's hidden width, transformers' `intermediate_size` (`Spec.ffn_width`)."""
+  m = config.model
+  return ffn_width(m.activation, m.d_ff, m.gated_match_params, m.ffn)
+
+
+def hf_config(config, family: str, task: str, vocab_size: int, eot_id: int) -> dict:
+  """The `config.json` fields of the run's model (of `task`) as `family`, once it is that
+  family's (`model_family`; `vocab_size`: the tokenizer's, unpadded)."""
+  fit, why = model_family(config, task, family)
+  if why:
+    raise UserError(f"export: {why}")
+  if fit != family:
+    raise UserError(f"export: --family={family}: this run's model is {fit}'s "
+                    f"({FAMILIES[fit].classes[task]}); pass --family={fit}")
+  m, cls, act = config.model, FAMILIES[family].classes[task], function(config.model.activation)
+  if act not in ACTIVATIONS:
+    raise UserError(f"export: transformers has no activation equal to actlab's {act!r}; use one "
+                    f"of {', '.join(ACTIVATIONS)}")
+  if task == "classify" and m.pooler_activation != "tanh":
     raise UserError(f"export: {cls}'s pooler is tanh and this model's is "
                     f"model.pooler_activation={m.pooler_activation!r}; train with 'tanh'")
-  out = {"model_type": model_type, "architectures": [cls], "vocab_size": vocab_size,
-         "tie_word_embeddings": True,
-         **{hf_field: m[field] for field, hf_field in FIELDS[model_type].items()}}
-  if model_type == "gpt2":
-    return {**out, "activation_function": ACTIVATIONS[m.activation], "resid_pdrop": m.dropout,
-            "embd_pdrop": m.dropout, "attn_pdrop": 0.0, "bos_token_id": eot_id,
-            "eos_token_id": eot_id}
-  return {**out, "hidden_act": ACTIVATIONS[m.activation], "hidden_dropout_prob": m.dropout,
-          "attention_probs_dropout_prob": 0.0, "pad_token_id": 0, "num_labels": m.num_classes}
+  out = {"model_type": family, "architectures": [cls], "vocab_size": vocab_size,
+         **{hf_field: m[field] for field, hf_field in FIELDS[family].items()}}
+  if family == "gpt2":
+    return {**out, "tie_word_embeddings": True, "activation_function": ACTIVATIONS[act],
+            "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": 0.0,
+            "bos_token_id": eot_id, "eos_token_id": eot_id}
+  if family == "bert":
+    return {**out, "tie_word_embeddings": True, "hidden_act": ACTIVATIONS[act],
+            "hidden_dropout_prob": m.dropout, "attention_probs_dropout_prob": 0.0,
+            "pad_token_id": 0, "num_labels": m.num_classes}
+  return {**out, "intermediate_size": width(config), "num_key_value_heads": m.num_heads,
+          "head_dim": m.d_model // m.num_heads, "hidden_act": ACTIVATIONS[act],
+          "rope_theta": m.rope_theta, "attention_dropout": 0.0, "tie_word_embeddings": False,
+          "bos_token_id": eot_id, "eos_token_id": eot_id, "attention_bias": False,
+          **({"use_sliding_window": False} if family == "qwen3" else {"mlp_bias": False})}
 
 
-def state_dict(params, arch: Architecture, vocab_size: int) -> dict[str, np.ndarray]:
-  """The transformers state dict of `params` with the padded vocabulary rows dropped."""
-  if arch.model_type == "gpt2":
-    state = gpt2.to_hf(params)
-  elif arch.model_type in llama.CLASSES:
-    state = llama.to_hf(params)
-  else:
-    state = {("" if k.startswith(("cls.", "classifier")) else "bert.") + k: v
-             for k, v in bert.to_hf(params).items()}
-  vocab = ("transformer.wte.weight", "bert.embeddings.word_embeddings.weight",
-           "cls.predictions.bias", *llama.VOCAB)
-  return {k: np.ascontiguousarray(v[:vocab_size] if k in vocab else v, np.float32)
-          for k, v in state.items()}
-
-
-def write(directory: pathlib.Path, config, arch: Architecture, params, vocab_size: int,
-          eot_id: int, run: dict) -> None:
+def write(directory: pathlib.Path, config, family: str, task: str, params, vocab_size: int,
+          eot_id: int, run: dict) -> str:
   """`config.json` (with `run` as its `EXPORTED` entry), then `model.safetensors` of the run's
-  model in `directory`: an interrupted export is still recognised as an export's."""
+  model as `family` in `directory`: an interrupted export is still recognised as an export's.
+  Returns the transformers class written."""
   import transformers
   from safetensors.numpy import save_file
 
-  arch = resolve(config, arch, "export")
-  fields = hf_config(config, arch, vocab_size, eot_id)
+  fields = hf_config(config, family, task, vocab_size, eot_id)
+  cls = fields["architectures"][0]
   try:
     hf_model_config = transformers.AutoConfig.for_model(**fields, **{EXPORTED: run})
   except (KeyError, ValueError) as e:  # a transformers older than the class
-    raise UserError(f"export: this transformers ({transformers.__version__}) lacks {arch.cls} "
+    raise UserError(f"export: this transformers ({transformers.__version__}) lacks {cls} "
                     f"({e.__class__.__name__}); pip install -U transformers") from None
   hf_model_config.save_pretrained(directory)
-  save_file(state_dict(params, arch, vocab_size), str(directory / "model.safetensors"),
+  save_file(mapping.to_hf(family, params, vocab_size), str(directory / "model.safetensors"),
             metadata={"format": "pt"})
+  return cls
 
 
-def read(directory, config, arch: Architecture, vocab_size: int) -> dict[str, np.ndarray]:
+def read(directory, config, task: str, vocab_size: int) -> Weights:
   """The state dict of the model in `directory` (safetensors, or pytorch_model.bin through
-  torch) once its `config.json` maps onto the config's model (`check`). The FFN activation is
-  the config's, whatever the checkpoint's."""
+  torch) once its `config.json` names the family the config's model (of `task`) is and its
+  sizes are the model's (`_check_sizes`). The FFN activation is the config's, whatever the
+  checkpoint's; a tied LLaMA-style head's `lm_head.weight` is the embedding's."""
   directory = pathlib.Path(directory)
   where = f"train.init_from=hf:{directory}"
   try:
@@ -150,43 +206,50 @@ def read(directory, config, arch: Architecture, vocab_size: int) -> dict[str, np
   except (OSError, ValueError) as e:
     raise UserError(f"{where}: no readable config.json ({e.__class__.__name__}); give a "
                     "directory written by save_pretrained") from None
-  arch = resolve(config, arch, where)
   theirs = cfg.get("model_type")
-  family = {*llama.CLASSES, *llama.REFUSED}
-  if theirs != arch.model_type and (arch.model_type in family or theirs in family):
-    raise UserError(llama.other_class(theirs, arch.model_type, arch.cls, where))
-  if arch.model_type in llama.CLASSES:
-    return _read_llama(directory, cfg, config, vocab_size, where)
-  _check_architecture(config, arch, where)
-  if theirs != arch.model_type:
-    raise UserError(f"{where} is a {theirs!r} model; this run starts from "
-                    f"{arch.model_type} ({arch.cls})")
-  check(cfg, config, arch.model_type, vocab_size, where)
-  _note_activation(cfg.get("activation_function" if arch.model_type == "gpt2" else "hidden_act"),
-                   config.model.activation, where)
-  return _weights(directory, where)
+  if theirs in REFUSED:
+    raise UserError(f"{where} is a {theirs!r} model: {REFUSED[theirs]}")
+  ours, why = model_family(config, task, theirs)
+  if theirs != ours:
+    raise UserError(f"{where} is a {theirs!r} model; this run starts from {ours} "
+                    f"({FAMILIES[ours].classes[task]}){_hint(theirs, ours, task)}")
+  if why:
+    raise UserError(f"{where}: {why}")
+  llama_style = theirs in LLAMA_STYLE
+  if llama_style:
+    cfg = _transformers_config(directory, where)
+  _check_sizes(cfg, config, theirs, vocab_size, where)
+  _note_activation(cfg.get("activation_function" if theirs == "gpt2" else "hidden_act"),
+                   function(config.model.activation), where)
+  state = _weights(directory, where)
+  if llama_style and cfg.get("tie_word_embeddings") and "lm_head.weight" not in state:
+    embedding = state.get("model.embed_tokens.weight", state.get("embed_tokens.weight"))
+    state = state | ({"lm_head.weight": embedding} if embedding is not None else {})
+  return Weights(theirs, state)
 
 
-def _read_llama(directory: pathlib.Path, cfg: dict, config, vocab_size: int,
-                where: str) -> dict[str, np.ndarray]:
-  """`read` for the LLaMA-style classes: `cfg` as transformers' config class reads it (its
-  defaults filled in, transformers 4's rope fields as 5's), checked (llama.check); a tied
-  head's `lm_head.weight` is the embedding's."""
+def _hint(theirs, ours: str, task: str) -> str:
+  """What makes the run's model (`ours`, or near it) the checkpoint's family's, if that has
+  `task`."""
+  if theirs not in families(task):
+    return ""
+  t = FAMILIES[theirs]
+  if t.block != FAMILIES[ours].block:
+    return f": train {TRAIN[t.block]}"
+  return f": set --config.model.ffn={t.ffn} --config.model.qk_norm={t.qk_norm}"
+
+
+def _transformers_config(directory: pathlib.Path, where: str) -> dict:
+  """`config.json` as transformers' config class reads it: its defaults filled in (Qwen3's
+  `head_dim`), transformers 4's rope fields as 5's."""
   try:
     import transformers
-    cfg = transformers.AutoConfig.from_pretrained(directory).to_dict()
+    return transformers.AutoConfig.from_pretrained(directory).to_dict()
   except ImportError:
     raise UserError(f"{where} needs transformers: {INSTALL}") from None
   except (KeyError, ValueError, TypeError) as e:  # an older transformers, or a field it refuses
     raise UserError(f"{where}: transformers cannot read its config.json: "
                     f"{str(e).splitlines()[0] if str(e) else e.__class__.__name__}") from None
-  llama.check(cfg, config, where)
-  _check_vocab(cfg, config, vocab_size, where)
-  _note_activation(cfg.get("hidden_act"), llama.function(config.model.activation), where)
-  state = _weights(directory, where)
-  tied = cfg.get("tie_word_embeddings") and "lm_head.weight" not in state
-  embedding = state.get("model.embed_tokens.weight", state.get("embed_tokens.weight"))
-  return state | ({"lm_head.weight": embedding} if tied and embedding is not None else {})
 
 
 def _note_activation(theirs, ours: str, where: str) -> None:
@@ -195,30 +258,64 @@ def _note_activation(theirs, ours: str, where: str) -> None:
           f"(the checkpoint's: {theirs!r})", flush=True)
 
 
-def check(cfg: dict, config, model_type: str, vocab_size: int, where: str) -> None:
+def _check_sizes(cfg: dict, config, family: str, vocab_size: int, where: str) -> None:
   """UserError unless the checkpoint's features and sizes are the model's (more positions are
-  cut to `model.max_len`) and its vocabulary is no larger than `vocab_size`."""
+  cut to `model.max_len`) and its vocabulary is no larger than `vocab_size`. The LLaMA-style
+  classes' besides: as many key/value heads as heads (no GQA), the head dim d_model/heads, the
+  default RoPE at `model.rope_theta`, `intermediate_size` the FFN width actlab computes."""
   m = config.model
-  have = dict(cfg)
-  if model_type == "gpt2":
-    have["n_inner"] = have.get("n_inner") or 4 * have.get("n_embd", 0)
-  unsupported = [f"{k}={cfg[k]!r}" for k, v in REQUIRED[model_type].items() if cfg.get(k, v) != v]
+  unsupported = [f"{k}={cfg[k]!r}" for k, v in REQUIRED[family].items() if cfg.get(k, v) != v]
   if unsupported:
     raise UserError(f"{where}: {', '.join(unsupported)} has no actlab equivalent")
-  fields = {f: h for f, h in FIELDS[model_type].items() if f in m}
-  wrong = [(f, have.get(h)) for f, h in fields.items()
-           if not ((have.get(h) or 0) >= m[f] if f == "max_len" else have.get(h) == m[f])]
+  have = dict(cfg)
+  if family == "gpt2":
+    have["n_inner"] = have.get("n_inner") or 4 * have.get("n_embd", 0)
+  if family in LLAMA_STYLE:
+    _check_heads(cfg, where)
+  wrong = [f"--config.model.{f}={have.get(h)}" for f, h in FIELDS[family].items() if f in m
+           and not ((have.get(h) or 0) >= m[f] if f == "max_len" else have.get(h) == m[f])]
+  if family in LLAMA_STYLE:
+    theta = rope(cfg, where)
+    if theta != m.rope_theta:
+      wrong.append(f"--config.model.rope_theta={theta}")
+    inner = cfg.get("intermediate_size")
+    if inner != width(config):  # Read back into d_ff: the gated width is d_ff itself unmatched.
+      wrong.append(f"--config.model.d_ff={inner}" + (" --config.model.gated_match_params=False"
+                                                     if gated(m.activation, m.ffn) else ""))
   if wrong:
     raise UserError(f"{where}: the checkpoint's sizes differ from the model's; set "
-                    + " ".join(f"--config.model.{f}={v}" for f, v in wrong))
-  _check_vocab(cfg, config, vocab_size, where)
-
-
-def _check_vocab(cfg: dict, config, vocab_size: int, where: str) -> None:
+                    + " ".join(wrong))
   if cfg.get("vocab_size", 0) > vocab_size:
     raise UserError(f"{where}: the checkpoint's vocabulary ({cfg['vocab_size']}) is larger than "
                     f"the model's ({vocab_size}, data.tokenizer={config.data.tokenizer!r}); use "
                     "the checkpoint's tokenizer")
+
+
+def _check_heads(cfg: dict, where: str) -> None:
+  """UserError for grouped-query attention or a head dim other than hidden_size/heads."""
+  heads, kv = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
+  if kv not in (None, heads):
+    raise UserError(f"{where}: num_key_value_heads={kv} of num_attention_heads={heads} is "
+                    "grouped-query attention; actlab's attention has a key and value per head")
+  head_dim = cfg.get("head_dim") or cfg.get("hidden_size", 0) // max(heads or 1, 1)
+  if heads and head_dim * heads != cfg.get("hidden_size"):
+    raise UserError(f"{where}: head_dim={head_dim} × {heads} heads is not hidden_size="
+                    f"{cfg.get('hidden_size')}; actlab's head dim is d_model/num_heads")
+
+
+def rope(cfg: dict, where: str) -> float:
+  """The checkpoint's RoPE base, from transformers 5's `rope_parameters` or 4's `rope_theta` and
+  `rope_scaling`; UserError for any rope but the default (scaled, partial, per layer type)."""
+  params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+  if any(isinstance(v, dict) for v in params.values()):
+    raise UserError(f"{where}: rope parameters per layer type ({', '.join(params)}) have no actlab "
+                    "equivalent")
+  kind = params.get("rope_type", params.get("type", "default"))
+  partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+  if kind != "default" or partial != 1.0:
+    raise UserError(f"{where}: rope_type={kind!r}, partial_rotary_factor={partial}: actlab rotates "
+                    "every query and key feature by the default (unscaled) RoPE only")
+  return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
 def _weights(directory: pathlib.Path, where: str) -> dict[str, np.ndarray]:
@@ -243,7 +340,3 @@ def _weights(directory: pathlib.Path, where: str) -> dict[str, np.ndarray]:
     return {k: v.float().numpy() for k, v in state.items()}
   raise UserError(f"{where}: no model.safetensors or pytorch_model.bin")
 
-
-def arrays(state: dict[str, np.ndarray], arch: Architecture, like) -> dict:
-  """{path: array} of the parameters of the per-layer `like` that `state` has (`found`)."""
-  return NAMES[arch.model_type].found(state, like)[0]

@@ -1,13 +1,15 @@
 """Writes a trained run as a Hugging Face model directory (`config.json`, `model.safetensors`, the
 tokenizer's files) that `transformers` loads with `from_pretrained` (docs/huggingface.md).
 
-  python -m actlab.hf.export --workdir=runs/gelu --out=hf/gelu      # or write(workdir, out)
+  python -m actlab.hf.export --workdir=runs/gelu --out=hf/gelu --family=gpt2
+  # or write(workdir, out, family)
 
-A decoder becomes `GPT2LMHeadModel`, or with the LLaMA-style block `LlamaForCausalLM`,
-`ArceeForCausalLM` or `Qwen3ForCausalLM`; an encoder `BertForMaskedLM` or
-`BertForSequenceClassification`; what these cannot express is refused in one line
-(checkpoint.py, llama.py). Needs the `hf` extra (no torch):
-pip install -e ".[hf]".
+`--family` names the transformers family to write (mapping.FAMILIES): `gpt2` (a decoder with
+GPT-2's block: `GPT2LMHeadModel`), `llama`, `arcee` or `qwen3` (the LLaMA-style block:
+`LlamaForCausalLM`, `ArceeForCausalLM`, `Qwen3ForCausalLM`), `bert` (an encoder:
+`BertForMaskedLM` or `BertForSequenceClassification`). A family the run's model is not, and what
+the family cannot express, is refused in one line (checkpoint.py). Needs the `hf` extra (no
+torch): pip install -e ".[hf]".
 """
 
 import importlib.util
@@ -19,6 +21,7 @@ from absl import flags, logging
 from actlab import tasks
 from actlab.data import hf_tokenizer
 from actlab.hf import checkpoint as hf_checkpoint
+from actlab.hf.mapping import FAMILIES
 from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
 from actlab.infra.recorded import recorded_path
@@ -39,8 +42,9 @@ def check_out(out: pathlib.Path) -> None:
                            "new or empty directory, or one an earlier export wrote")
 
 
-def write(workdir: pathlib.Path, out: pathlib.Path) -> str:
-  """Writes the run in `workdir` into `out` (`check_out`); returns a line saying what it wrote."""
+def write(workdir: pathlib.Path, out: pathlib.Path, family: str) -> str:
+  """Writes the run in `workdir` into `out` (`check_out`) as `family`; returns a line saying what
+  it wrote."""
   missing = [m for m in ("transformers", "safetensors", "tokenizers")
              if importlib.util.find_spec(m) is None]
   if missing:
@@ -51,20 +55,21 @@ def write(workdir: pathlib.Path, out: pathlib.Path) -> str:
   status = summary["status"] if summary else None
   run = {"exported_from": recorded_path(str(workdir.resolve()), out), "step": step,
          "steps": config.train.steps, "finished": summary is not None, "status": status}
-  arch = hf_checkpoint.resolve(config, tasks.get(config).hf, "export")
-  hf_checkpoint.write(out, config, arch, params, tokenizer.vocab_size, tokenizer.eot_id, run)
+  cls = hf_checkpoint.write(out, config, family, tasks.name(config), params, tokenizer.vocab_size,
+                           tokenizer.eot_id, run)
   hf_tokenizer.write(tokenizer, out, config.model.max_len)
   state = {None: " (unfinished)", "diverged": " (diverged)"}.get(status, "")
-  return (f"wrote {out}: {arch.cls} from {workdir} step {step} of {config.train.steps}{state}, "
+  return (f"wrote {out}: {cls} from {workdir} step {step} of {config.train.steps}{state}, "
           f"tokenizer {tokenizer.name}; load it with "
-          f"transformers.{arch.cls}.from_pretrained({str(out)!r})")
+          f"transformers.{cls}.from_pretrained({str(out)!r})")
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found"
-  print(write(pathlib.Path(flags.FLAGS.workdir), pathlib.Path(flags.FLAGS.out)))
+  print(write(pathlib.Path(flags.FLAGS.workdir), pathlib.Path(flags.FLAGS.out),
+              flags.FLAGS.family))
 
 
 if __name__ == "__main__":
@@ -72,5 +77,8 @@ if __name__ == "__main__":
   flags.DEFINE_string("workdir", None, "Run directory of a trained model.")
   flags.DEFINE_string("out", None, "Directory to write the Hugging Face model into: new, empty, "
                       "or one an earlier export wrote.")
-  errors.require("workdir", "out")
+  classes = "; ".join(f"{name} ({', '.join(f.classes.values())})" for name, f in FAMILIES.items())
+  flags.DEFINE_enum("family", None, list(FAMILIES), "The transformers family to write the run as, "
+                    f"the one its model is: {classes}.")
+  errors.require("workdir", "out", "family")
   errors.run(main)

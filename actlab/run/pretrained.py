@@ -12,7 +12,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from actlab import core, data, tasks
 from actlab.core import activations
 from actlab.hf import checkpoint as hf_checkpoint
-from actlab.hf import layout
+from actlab.hf import mapping
 from actlab.infra import workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
 from actlab.infra.workdir import RunDir, WorkdirError
@@ -33,9 +33,10 @@ HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face GPT-2, Llama, Arcee, Qwen3 
 def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
   """What `train.init_from` names, checked before the workdir is touched: the config of a
   workdir's run (the same model and tokenizer, with a checkpoint), or for `hf:DIR` that
-  directory's state dict mapped onto this model (`vocab_size`: the tokenizer's)."""
+  directory's state dict and family (`hf_checkpoint.Weights`), checked against this model
+  (`vocab_size`: the tokenizer's)."""
   if config.train.init_from.startswith(HF):
-    return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.get(config).hf,
+    return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.name(config),
                               core.pad_vocab(config.model.vocab_size or vocab_size))
   source = pathlib.Path(config.train.init_from)
   old = workdir_lib.run_config(source)
@@ -64,13 +65,12 @@ def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: i
     with Checkpoints(pathlib.Path(where) / "checkpoints", 1, read_only=True) as checkpoints:
       old_like = jax.eval_shape(loop.create_step(source, vocab_size).init, 0, source.optim.lr)
       step, restored, _ = checkpoints.restore_latest(old_like)
-    flat_old = flatten_dict(layout.per_layer_layout(flax.core.unfreeze(restored.params)))
+    flat_old = flatten_dict(mapping.per_layer_layout(flax.core.unfreeze(restored.params)))
     where = f"{where} step {step}"
-  else:  # A Hugging Face state dict.
-    arch = hf_checkpoint.resolve(config, tasks.get(config).hf, where)
-    flat_old = hf_checkpoint.arrays(source, arch, layout.per_layer_layout(params))
+  else:  # A Hugging Face state dict (`hf_checkpoint.Weights`).
+    flat_old = mapping.gather(source.family, source.state, mapping.per_layer_layout(params))[0]
   if "blocks" in params and any(k[0].startswith("block_") for k in flat_old):
-    flat_old = flatten_dict(layout.scanned_layout(unflatten_dict(flat_old)))
+    flat_old = flatten_dict(mapping.scanned_layout(unflatten_dict(flat_old)))
   flat = flatten_dict(flax.core.unfreeze(params))
   copied = [k for k, v in flat.items() if k in flat_old and flat_old[k].shape == v.shape]
   if not copied:

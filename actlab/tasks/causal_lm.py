@@ -6,13 +6,7 @@ import math
 import numpy as np
 
 from actlab import config as config_lib, core, data
-from actlab.hf.checkpoint import Architecture
 from actlab.tasks.task import Task
-
-# actlab.hf.export writes it and hf:DIR reads it: GPT-2's block; the LLaMA-style block (RMSNorm,
-# RoPE, no biases, an untied head) is Llama, Arcee or Qwen3 by its FFN and qk-norm
-# (actlab/hf/checkpoint.py, `resolve`).
-HF = Architecture("gpt2", "GPT2LMHeadModel", "pre")
 
 
 def objective(config, vocab_size: int) -> core.CausalLM:
@@ -50,4 +44,4 @@ def head_matmul_params(config, vocab_size: int) -> float:
 
 
 TASK = Task("causal_lm", objective, dataset, random_batch, chance_loss, baselines, head_matmul_params,
-            causal=True, hf=HF)
+            causal=True)

@@ -8,11 +8,8 @@ import math
 import numpy as np
 
 from actlab import config as config_lib, core, data
-from actlab.hf.checkpoint import Architecture
 from actlab.tasks.task import Task
 from actlab.tasks.mlm import specials_of
-
-HF = Architecture("bert", "BertForSequenceClassification", "post", pooler=True)
 
 
 def objective(config, vocab_size: int) -> core.Classifier:
@@ -51,4 +48,4 @@ def baselines(config, dataset) -> dict[str, float]:
 
 
 TASK = Task("classify", objective, dataset, random_batch, chance_loss, baselines, head_matmul_params,
-            causal=False, hf=HF)
+            causal=False)

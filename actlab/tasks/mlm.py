@@ -11,10 +11,7 @@ import numpy as np
 from actlab import config as config_lib, core, data
 from actlab.core import encoder
 from actlab.data import tokenizer
-from actlab.hf.checkpoint import Architecture
 from actlab.tasks.task import Task
-
-HF = Architecture("bert", "BertForMaskedLM", "post")  # actlab.hf.export, train.init_from=hf:DIR
 
 
 def specials_of(config) -> core.Specials:
@@ -93,4 +90,4 @@ def baselines(config, dataset) -> dict[str, float]:
 
 
 TASK = Task("mlm", objective, dataset, random_batch, chance_loss, baselines, head_matmul_params,
-            causal=False, hf=HF)
+            causal=False)

@@ -3,8 +3,6 @@
 import dataclasses
 from typing import Callable
 
-from actlab.hf.checkpoint import Architecture
-
 
 @dataclasses.dataclass(frozen=True)
 class Task:
@@ -18,4 +16,3 @@ class Task:
   #                             val losses, where comparable (the report's "not learned" bar)
   head_matmul_params: Callable  # (config, vocab_size) -> the head's matrix entries per token
   causal: bool                # predicts the next token (`actlab.sample` continues text)
-  hf: Architecture            # the transformers model it is (actlab.hf.export, init_from=hf:DIR)
