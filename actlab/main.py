@@ -43,7 +43,8 @@ def compiled(tally: dict | None) -> str:
   """The closing line's account of compilation (summary.json's `compile`; none in old runs)."""
   if not tally:
     return ""
-  return (f" ({tally['sec']:.1f} s compiling: {tally['programs_compiled']} programs compiled, "
+  n = tally["programs_compiled"]
+  return (f" ({tally['sec']:.1f} s compiling: {n} program{'' if n == 1 else 's'} compiled, "
           f"{tally['programs_cached']} from the cache)")
 
 
