@@ -124,7 +124,7 @@ class Metrics:
   """What is measured; see docs/metrics.md."""
   act_stats: bool = field(True, boolean, "FFN activation statistics and attn_logit_max at every "
                           "evaluation")
-  sharpness_every: int = field(500, non_negative(" (0 = off)"), "steps between sharpness "
+  sharpness_every: int = field(1000, non_negative(" (0 = off)"), "steps between sharpness "
                                "estimates (also at step 0); 0 = off, and none in a run of fewer "
                                "train.steps (docs/metrics.md §5)")
   sharpness_iters: int = field(20, positive, "power-iteration steps (Hessian-vector products) "
