@@ -8,7 +8,9 @@ in `optim.lr` and `train.seed`, which live in the state, so a sweep's cells shar
 (infra/compile_cache.py keeps them for the next run): `init`; `train_step`; `log_step`, the same
 step with the diagnostics of a logged step; `eval_step`, every validation evaluator in one forward
 pass; `sharpness_step`, the power iteration (when on); `unstack`, one run's state out of R for its
-checkpoint. All but `init` compile in threads while the step-0 evaluation and the first steps run.
+checkpoint. All but `init` compile in threads: the step-0 evaluation's and the first step's first,
+the others once the first step is dispatched (tracing holds Python's lock: a program traced beside
+the first step's delays it).
 
 The loop's only host syncs are at log, evaluation and checkpoint steps, each a step behind where it
 can be. A run whose loss or parameters turn non-finite stops being logged and checkpointed (its
@@ -74,10 +76,8 @@ class Ahead:
     self.jitted, self.compiled = jitted, None
 
   def start(self, pool: concurrent.futures.Executor, *like) -> None:
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-        like)
-    self.compiled = pool.submit(lambda: self.jitted.lower(*abstract).compile())
+    args = abstract(like)
+    self.compiled = pool.submit(lambda: self.jitted.lower(*args).compile())
 
   def ready(self) -> "Ahead":
     """Waits for the compilation under way, if any."""
@@ -153,16 +153,32 @@ class Program:
     """One host batch per run → the devices, stacked."""
     return self.plan.shard_batch(jax.tree.map(lambda *xs: np.stack(xs), *batches), stacked=True)
 
-  def compile_ahead(self, pool, state, batch, val_batch, sharpness_batch) -> None:
-    """Starts compiling, in `pool`'s threads, every program the loop will call, in the order it
-    needs them: the step-0 evaluation's first."""
+  def compile_ahead(self, pool, state, batch, val_batch, sharpness_batch,
+                    first_logged: bool) -> Callable[[], None]:
+    """Starts compiling, in `pool`'s threads, what the loop needs before its first step: the step-0
+    evaluation's programs, then the first step's (`log_step` if `first_logged`). Returns the
+    function that starts the rest, to be called once the first step is dispatched: tracing holds
+    Python's lock, so a program traced beside the first step's would delay it."""
     self.eval_step.start(pool, state.params, val_batch)
     if self.sharpness_step:
       self.sharpness_step.start(pool, state.params, sharpness_batch)
-    if batch is not None:  # Else the run is at its last step: nothing to train.
-      self.train_step.start(pool, state, batch)
-      self.log_step.start(pool, state, batch)
-    self.unstack.start(pool, state)
+    if batch is None:  # The run is at its last step: nothing to train.
+      return lambda: None
+    state, batch = abstract((state, batch))  # The first step donates the state.
+    first, then = ((self.log_step, self.train_step) if first_logged
+                   else (self.train_step, self.log_step))
+    first.start(pool, state, batch)
+
+    def rest():
+      then.start(pool, state, batch)
+      self.unstack.start(pool, state)
+    return rest
+
+
+def abstract(tree):
+  """`tree`'s arrays as shapes, dtypes and shardings."""
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
 def create_step(config: ml_collections.ConfigDict, vocab_size: int) -> core.Step:
@@ -236,8 +252,9 @@ def _train(program: Program, lanes: list[Lane], state, start: int, vocab_size: i
   stop = StopRequest()
   batches = Prefetch(program, lanes, t.steps)
   compiling = concurrent.futures.ThreadPoolExecutor(max_workers=4)
-  program.compile_ahead(compiling, state, batches.peek(start), rows.val_batches[0],
-                        rows.sharpness_batch)
+  compile_rest = program.compile_ahead(
+      compiling, state, batches.peek(start), rows.val_batches[0], rows.sharpness_batch,
+      first_logged=is_logged(start + 1, t, sharpness))
   pending, behind, stopped_at = [], None, None  # behind: a plain row, written a step late
   try:
     if start == 0:
@@ -248,13 +265,14 @@ def _train(program: Program, lanes: list[Lane], state, start: int, vocab_size: i
       last = done == t.steps
       evaluate = done % t.eval_every == 0 or last
       sharp = sharpness is not None and done % sharpness.every == 0
-      log = done % t.log_every == 0 or evaluate or sharp
+      log = is_logged(done, t, sharpness)
       checkpoint = done % t.checkpoint_every == 0 or last
 
       state, metrics = (program.log_step if log else program.train_step)(
           state, batches.take(step))
       if step == start:
         rows.startup_sec = since_process_start()
+        compile_rest()
       if program.plan.sync_each_step:  # simulated CPU devices: parallel.Plan.sync_each_step
         jax.block_until_ready(metrics)
       pending.append(metrics)  # Kept on the device until its row.
@@ -304,6 +322,13 @@ def _train(program: Program, lanes: list[Lane], state, start: int, vocab_size: i
             "measure_sec": rows.measure_sec}
   return [lane.finish(counts, vocab_size, rows.wall_time(), len(lanes), timing)
           for lane in lanes]
+
+
+def is_logged(done: int, t: ml_collections.ConfigDict, sharpness) -> bool:
+  """Whether the step ending at `done` writes a row (`log_step`): a log, evaluation or sharpness
+  step, or the last."""
+  return (done % t.log_every == 0 or done % t.eval_every == 0 or done == t.steps
+          or (sharpness is not None and done % sharpness.every == 0))
 
 
 class Prefetch:
