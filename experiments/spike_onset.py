@@ -114,7 +114,7 @@ def group_squares(grads) -> dict:
 
 
 def make_measure(program):
-  """A jitted `(state, batch) -> measures` for R = 1 runs of `program`: the gradient of the train
+  """A jitted `(state, batch) -> measures` for a single run of `program`: the gradient of the train
   step's own loss (`core.Step.train_step`'s: objective, dropout key fold_in(rng, step)) at the
   state's parameters, as group sums of squares, with the training forward's FFN pre-activation
   and attention statistics. It reads the state and changes nothing."""
@@ -141,8 +141,7 @@ def make_measure(program):
                            core.per_layer(out.sown, core.AttentionStats)]
     return m
 
-  return jax.jit(lambda state, batch: one(loop.one_run(state, 0),
-                                          loop.one_run(batch, 0)))
+  return jax.jit(one)
 
 
 @dataclasses.dataclass
@@ -176,13 +175,11 @@ def trace(config, n_steps: int, measure: bool = True, cache: dict | None = None)
         cache[key] = measure_fn
     else:
       measure_fn = cache[key]
-  t, sharpness = config.train, program.evaluators.sharpness
+  t = config.train
   rows, groups = [], []
   for k in range(n_steps):
     batch = program.put_batches([dataset.train_batch(k)])
-    done = k + 1
-    log_now = (done % t.log_every == 0 or done % t.eval_every == 0 or done == t.steps
-               or (sharpness is not None and done % sharpness.every == 0))
+    log_now = loop.is_logged(k + 1, t, program.evaluators.sharpness)
     row = {"step": k}
     if measure_fn is not None:
       m = jax.device_get(measure_fn(state, batch))  # before the step: it donates the state
@@ -194,7 +191,7 @@ def trace(config, n_steps: int, measure: bool = True, cache: dict | None = None)
         row.update({f"z_{stat}.l{i}": float(v) for stat, v in f.items()})
       row.update({f"attn_logit_max.l{i}": float(v) for i, v in enumerate(m["attn_logit_max"])})
     state, metrics = (program.log_step if log_now else program.train_step)(state, batch)
-    metrics = jax.device_get(loop.one_run(metrics, 0))
+    metrics = jax.device_get(metrics)
     row.update(train_loss=float(metrics["train_loss"]), lr=float(metrics["lr"]),
                grad_norm=float(metrics["grad_norm"]))
     rows.append(row)

@@ -47,14 +47,14 @@ def take_steps(fns, state, bs):
   out = []
   for b in bs:
     state, m = fns.log_step(state, fns.put_batches([b]))  # every metric, norms included
-    out.append(jax.device_get(loop.one_run(jax.block_until_ready(m), 0)))
+    out.append(jax.device_get(fns.part(jax.block_until_ready(m), 0)))
   return state, out
 
 
 def run_on(c, devices, bs, state=None):
   fns = loop.Program.create(c, VOCAB, plan=parallel.plan(c, devices))
   if state is None:
-    state = fns.init(np.array([0]), np.array([c.optim.lr], np.float32))
+    state = fns.start([c])
   else:
     state = fns.stack([state])
   return fns, *take_steps(fns, state, bs)
@@ -79,7 +79,7 @@ def case_step(tmp):
   for mode in ("dp", "fsdp"):
     c = config(mode)
     fns, state, got = run_on(c, devs, bs)
-    run_spec = lambda x: str(P(*x.sharding.spec[1:]))  # one run's: after the run axis
+    run_spec = lambda x: str(P(*x.sharding.spec))
     emb = state.params["wte"]["embedding"]
     mu = state.opt_state.inner_state[1][0].mu["wte"]["embedding"]
     out[mode] = {
@@ -91,8 +91,8 @@ def case_step(tmp):
         "state_bytes_per_device": state_bytes_per_device(state),
         "batch_spec": str(fns.plan.shard_batch(bs[0]).sharding.spec),
         "eval": relative_diff(
-            float(fns.eval_step(state.params, fns.plan.shard_batch(bs[0]))["loss"].loss_sum[0]),
-            float(fns1.eval_step(ref_state.params, bs[0])["loss"].loss_sum[0])),
+            float(fns.eval_step(state.params, fns.plan.shard_batch(bs[0]))["loss"].loss_sum),
+            float(fns1.eval_step(ref_state.params, bs[0])["loss"].loss_sum)),
     }
   out["state_bytes_single"] = state_bytes_per_device(ref_state)
   return out
@@ -111,7 +111,7 @@ def case_modern(tmp):
     out[mode] = {"metrics": metric_diff(ref, got),
                  "params": tree_max_abs_diff(ref_state.params, state.params),
                  "opt_state": tree_max_abs_diff(ref_state.opt_state, state.opt_state),
-                 "head_spec": str(P(*state.params["lm_head"].sharding.spec[1:])),
+                 "head_spec": str(P(*state.params["lm_head"].sharding.spec)),
                  "logged": sorted(got[-1])}
   return out
 
@@ -124,9 +124,9 @@ def case_checkpoint(tmp):
   bs = batches(c4, 3)
   fns4, state4, _ = run_on(c4, devs, bs[:2])
   ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
-  ck.save(2, loop.one_run(state4, 0), {})  # its checksums must hold on 2 and 1 devices too
+  ck.save(2, state4, {})  # its checksums must hold on 2 and 1 devices too
   ck.close()
-  saved = jax.device_get(loop.one_run(state4, 0))  # the next step donates state4
+  saved = jax.device_get(state4)  # the next step donates state4
   after4, m4 = take_steps(fns4, state4, bs[2:])
   out = {}
   for name, c, d in (("dp2", config("dp"), devs[:2]), ("single", config("dp"), devs[:1])):
@@ -142,7 +142,7 @@ def case_checkpoint(tmp):
         "devices": devices,
         "next_step_metrics": metric_diff(m4, m),
         "next_step_params": tree_max_abs_diff(after4.params, state.params),
-        "step": int(state.step[0]),
+        "step": int(state.step),
     }
   return out
 

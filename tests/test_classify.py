@@ -200,7 +200,6 @@ def test_classification_trains_above_chance_and_fine_tunes_from_mlm(pretrained, 
   # The trunk starts from the MLM checkpoint; the pooler and classifier are new.
   vocab = summary["vocab_size"]
   fresh = loop.get(c, vocab, cache=cache).start([c]).params  # as train.run: no compile
-  fresh = loop.one_run(fresh, 0)
   params = pretrained_lib.params_from(c, pretrained_lib.init_from_config(c), fresh, vocab)
   mlm = pretrained_lib.Checkpoints(mlm_dir / "checkpoints", 3)
   like = jax.eval_shape(loop.create_step(tiny_encoder(), vocab).init, 0, 1e-3)

@@ -253,7 +253,7 @@ def compiled():
 def test_train_step_is_pure(compiled, dataset):
   c = tiny()
   fns = compiled(c)
-  state = loop_lib.one_run(fns.program.start([c]), 0)
+  state = fns.program.start([c])
   batch = dataset.train_batch(0)
   jit_state, jit_metrics = fns.reference(state, batch)
   again_state, _ = fns.reference(state, batch)  # same input → same output, input untouched
@@ -266,19 +266,19 @@ def test_train_step_is_pure(compiled, dataset):
 
 @pytest.mark.slow
 def test_one_run_program_is_the_plain_step_bitwise(compiled, dataset):
-  """A single run (R = 1) compiles as the plain jitted step, not as a vmap of it (whose batching
-  rounds differently): 10 steps give the same parameters to the bit."""
+  """A single run (R = 1) is the plain jitted step, not a vmap of it (whose batching rounds
+  differently): 10 steps give the same parameters to the bit."""
   c = tiny()
   fns = compiled(c)
   program = fns.program
   state = program.start([c])
-  plain = loop_lib.one_run(jax.device_get(state), 0)
+  plain = jax.device_get(state)
   plain_step = jax.jit(functools.partial(fns.step.train_step, diagnostics=False))
   for k in range(10):
     batch = dataset.train_batch(k)
     state, _ = program.train_step(state, program.put_batches([batch]))
     plain, _ = plain_step(plain, batch)
-  for a, b in zip(jax.tree.leaves(loop_lib.one_run(state, 0)), jax.tree.leaves(plain)):
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(plain)):
     np.testing.assert_array_equal(a, b)
 
 
@@ -288,10 +288,10 @@ def test_loss_falls_over_50_steps(compiled, dataset):
   program = compiled(c).program
   eval_step = jax.jit(functools.partial(LOSS.validation_step, program.step))
   state = program.start([c])
-  before = val_loss(eval_step, loop_lib.one_run(state.params, 0), dataset)
+  before = val_loss(eval_step, state.params, dataset)
   for k in range(50):
     state, _ = program.train_step(state, program.put_batches([dataset.train_batch(k)]))
-  after = val_loss(eval_step, loop_lib.one_run(state.params, 0), dataset)
+  after = val_loss(eval_step, state.params, dataset)
   assert after < before - 1.0, (before, after)
 
 
@@ -384,7 +384,7 @@ def test_run_writes_workdir_contract(runs):
   program = loop_lib.get(c, saved["vocab_size"], cache=run.cache)
   first = data.load(c).train_batch(0)
   _, m0 = program.train_step(program.start([c]), program.put_batches([first]))
-  assert saved["grad_norm_init"] == rows[1]["grad_norm_init"] == float(m0["grad_norm"][0])
+  assert saved["grad_norm_init"] == rows[1]["grad_norm_init"] == float(m0["grad_norm"])
   assert saved["grad_norm_max_rel"] == pytest.approx(saved["grad_norm_max"] / saved["grad_norm_init"])
   assert 0 < saved["attn_entropy_min"] <= min(r["train_attn_entropy_min"] for r in rows[1:])
 
@@ -414,7 +414,7 @@ def test_rows_keep_the_largest_grad_norm_of_every_step(runs):
   state, norms = program.start([c]), []
   for k in range(c.train.steps):
     state, m = program.train_step(state, program.put_batches([ds.train_batch(k)]))
-    norms.append(float(m["grad_norm"][0]))
+    norms.append(float(m["grad_norm"]))
   rows = run.rows[1:]
   assert [r["step"] for r in rows] == [10, 20, 30]
   intervals = [norms[:10], norms[10:20], norms[20:]]
@@ -457,16 +457,15 @@ def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(
   batch = program.put_batches([batch])
   plain, m_plain = program.train_step(jax.device_put(old, program.shardings), batch)
   logged, m_log = program.log_step(jax.device_put(old, program.shardings), batch)
-  old, m_log = loop_lib.one_run(old, 0), loop_lib.one_run(m_log, 0)
   for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(logged)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-10)
   assert set(m_log) - set(m_plain) == {"update_norm", "param_norm", "train_attn_logit_max",
                                        "train_attn_entropy_min", "train_logz_mean"}
   for k in m_plain:
     np.testing.assert_allclose(m_plain[k], m_log[k], rtol=1e-6)
-  _, m_ref = fns.reference(old, loop_lib.one_run(batch, 0))  # the definition
+  _, m_ref = fns.reference(old, batch)  # the definition
   assert {k: float(v) for k, v in m_ref.items()} == {k: float(v) for k, v in m_log.items()}
-  new_params = jax.device_get(loop_lib.one_run(logged.params, 0))
+  new_params = jax.device_get(logged.params)
   updates = jax.tree.map(lambda new, prev: np.float64(new) - np.float64(prev), new_params,
                          old.params)
   np.testing.assert_allclose(m_log["param_norm"], optax.tree.norm(new_params), rtol=1e-6)
@@ -514,8 +513,8 @@ def test_z_loss_is_trained_but_logged_apart(compiled):
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
   fns, off = compiled(c), compiled(tiny())
   state = jax.device_get(fns.init(0, c.optim.lr))
-  run_metrics = lambda program: loop_lib.one_run(
-      program.train_step(program.stack([state]), program.put_batches([batch]))[1], 0)
+  run_metrics = lambda program: program.train_step(
+      program.stack([state]), program.put_batches([batch]))[1]
   m, m_off = run_metrics(fns.program), run_metrics(off.program)
   key = jax.random.fold_in(state.rng, state.step)
   logits, _ = jax.jit(functools.partial(core.apply, fns.step.objective.model, train=True))(

@@ -1,14 +1,14 @@
 """The training loop and the program it runs: R ≥ 1 runs of one config, each a `Lane` (lane.py: its
 run directory's files), trained step by step with logging, evaluation, checkpoints and signals.
 
-`Program` jits the core's pure `Step` for R runs whose states are stacked on a leading run axis
-(`over_runs`), with explicit shardings (infra/parallel.py); one run is R = 1. The runs may differ
-in `optim.lr` and `train.seed`, which live in the state, so a sweep's cells share one program
-(tests/test_vectorized.py: R runs equal R single runs). The programs a run compiles, each once
-(infra/compile_cache.py keeps them for the next run): `init`; `train_step`; `log_step`, the same
-step with the diagnostics of a logged step; `eval_step`, every validation evaluator in one forward
-pass; `sharpness_step`, the power iteration (when on); `unstack`, one run's state out of R for its
-checkpoint. All but `init` compile in threads: the step-0 evaluation's and the first step's first,
+`Program` jits the core's pure `Step` with explicit shardings (infra/parallel.py): for one run
+as it is, for R > 1 runs vectorized (`over_runs`: their states stacked on a leading run axis). The
+runs may differ in `optim.lr` and `train.seed`, which live in the state, so a sweep's cells share
+one program (tests/test_vectorized.py: R runs equal R single runs). The programs a run compiles,
+each once (infra/compile_cache.py keeps them for the next run): `init`; `train_step`; `log_step`,
+the same step with the diagnostics of a logged step; `eval_step`, every validation evaluator in
+one forward pass; `sharpness_step`, the power iteration (when on); for R > 1, `unstack`, each
+run's state out of R for its checkpoint. All but `init` compile in threads: the step-0 evaluation's and the first step's first,
 the others once the first step is dispatched (tracing holds Python's lock: a program traced beside
 the first step's delays it).
 
@@ -47,20 +47,15 @@ from actlab.run.lane import Lane
 # --- The program --------------------------------------------------------------------------------
 
 def over_runs(fn: Callable, runs: int, in_axes: tuple | int = 0, name: str | None = None):
-  """One run's `fn` over the leading run axis of its arguments (`in_axes`: 0, or None for an
-  argument the runs share) and results: `jax.vmap` for R > 1 runs; for R = 1 the axis is indexed
-  away and put back, so that a single run compiles (and rounds) as `fn` does. `name`: the
-  program's name in JAX's logs and the compile tally."""
-  mapped = jax.vmap(fn, in_axes=in_axes)
+  """One run's `fn` for `runs` runs: itself for one run; for R > 1, `jax.vmap`ped over the leading
+  run axis of its arguments (`in_axes`: 0, or None for an argument the runs share) and results.
+  `name`: the program's name in JAX's logs and the compile tally."""
+  mapped = jax.vmap(fn, in_axes=in_axes) if runs > 1 else fn
 
-  def one(*args):
-    if runs > 1:
-      return mapped(*args)
-    axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
-    args = [a if axis is None else one_run(a, 0) for a, axis in zip(args, axes)]
-    return jax.tree.map(lambda x: jnp.expand_dims(x, 0), fn(*args))
-  one.__name__ = one.__qualname__ = name or getattr(fn, "__name__", "one")
-  return one
+  def program(*args):
+    return mapped(*args)
+  program.__name__ = program.__qualname__ = name or getattr(fn, "__name__", "program")
+  return program
 
 
 def one_run(tree: Any, r: int) -> Any:
@@ -91,13 +86,13 @@ class Ahead:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-  """A config's `core.Step` jitted for R runs (their LRs and seeds may differ): states, metrics
-  and device results have a leading, unsplit run axis of R; the validation and sharpness
-  batches are shared by the runs."""
+  """A config's `core.Step` jitted for R runs (their LRs and seeds may differ). For R > 1, states,
+  batches, metrics and device results have a leading, unsplit run axis of R, and the validation
+  and sharpness batches are shared by the runs; one run's have none."""
   step: core.Step
   plan: parallel.Plan
   runs: int
-  shardings: core.TrainState  # of the stacked state
+  shardings: core.TrainState  # of the program's state
   run_like: core.TrainState   # one run's state as abstract arrays with their shardings: what a
                               # checkpoint restores into
   init: Callable        # ([R] seeds, [R] peak LRs) -> core.TrainState
@@ -106,7 +101,7 @@ class Program:
   evaluators: evaluators_lib.Evaluators
   eval_step: Ahead      # (params, batch) -> the validation evaluators' device values
   sharpness_step: Ahead | None  # (params, batch) -> top Hessian eigenvalues; None when off
-  unstack: Ahead        # state -> [R] single runs' states
+  unstack: Ahead | None  # R > 1: state -> [R] single runs' states
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
@@ -117,8 +112,10 @@ class Program:
     run_shardings = plan.state_shardings(shape)
     run_like = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             shape, run_shardings)
-    state = jax.tree.map(lambda s: NamedSharding(plan.mesh, P(None, *s.spec)), run_shardings)
-    batch, shared_batch = plan.batch_sharding(2, stacked=True), plan.batch_sharding(1)
+    state = (run_shardings if runs == 1 else
+             jax.tree.map(lambda s: NamedSharding(plan.mesh, P(None, *s.spec)), run_shardings))
+    shared_batch = plan.batch_sharding(1)  # any rank: its first axis split
+    batch = plan.batch_sharding(2, stacked=True) if runs > 1 else shared_batch
     evaluators = evaluators_lib.Evaluators.create(config)
     jit_step = lambda diagnostics, name: Ahead(jax.jit(
         over_runs(functools.partial(step.train_step, diagnostics=diagnostics), runs, name=name),
@@ -135,22 +132,37 @@ class Program:
                eval_step=on_params(evaluators.validation_step, "eval_step"),
                sharpness_step=evaluators.sharpness and on_params(evaluators.sharpness,
                                                                  "sharpness_step"),
-               unstack=Ahead(jax.jit(unstack, out_shardings=[run_shardings] * runs)))
+               unstack=runs > 1 and Ahead(jax.jit(unstack,
+                                                  out_shardings=[run_shardings] * runs)) or None)
 
   def start(self, configs: Sequence[ml_collections.ConfigDict]) -> core.TrainState:
     """The initial state of the runs of `configs` (their seeds and peak LRs)."""
-    return self.init(np.array([c.train.seed for c in configs]),
-                     np.array([c.optim.lr for c in configs], np.float32))
+    seeds = np.array([c.train.seed for c in configs])
+    lrs = np.array([c.optim.lr for c in configs], np.float32)
+    return self.init(seeds, lrs) if self.runs > 1 else self.init(seeds[0], lrs[0])
 
   def stack(self, states: Sequence[core.TrainState]) -> core.TrainState:
-    """Single runs' states (restored checkpoints) as this program's state: stacked in host memory
-    where this process holds them whole (no XLA program to compile at a resume), else by XLA."""
+    """Single runs' states (restored checkpoints) as this program's state: for R > 1 stacked in
+    host memory where this process holds them whole (no XLA program to compile at a resume),
+    else by XLA."""
+    if self.runs == 1:
+      return jax.device_put(states[0], self.shardings)
     held = lambda x: getattr(x, "is_fully_addressable", True)  # numpy: always
     stack = lambda *xs: np.stack(jax.device_get(xs)) if all(map(held, xs)) else jnp.stack(xs)
     return jax.device_put(jax.tree.map(stack, *states), self.shardings)
 
+  def runs_of(self, state: core.TrainState) -> list[core.TrainState]:
+    """Each run's state."""
+    return self.unstack(state) if self.unstack else [state]
+
+  def part(self, tree: Any, r: int) -> Any:
+    """Run r's part of this program's states, metrics or device results."""
+    return one_run(tree, r) if self.runs > 1 else tree
+
   def put_batches(self, batches: list) -> Any:
-    """One host batch per run → the devices, stacked."""
+    """One host batch per run → the devices (stacked for R > 1)."""
+    if self.runs == 1:
+      return self.plan.shard_batch(batches[0])
     return self.plan.shard_batch(jax.tree.map(lambda *xs: np.stack(xs), *batches), stacked=True)
 
   def compile_ahead(self, pool, state, batch, val_batch, sharpness_batch,
@@ -171,7 +183,8 @@ class Program:
 
     def rest():
       then.start(pool, state, batch)
-      self.unstack.start(pool, state)
+      if self.unstack:
+        self.unstack.start(pool, state)
     return rest
 
 
@@ -290,7 +303,7 @@ def _train(program: Program, lanes: list[Lane], state, start: int, vocab_size: i
         if log:
           pending = []
         if save:
-          runs = program.unstack(state)
+          runs = program.runs_of(state)
           for r, lane in enumerate(lanes):
             if not lane.stopped:
               lane.save(done, runs[r], [] if log else since_row[r])
@@ -395,7 +408,7 @@ class Rows:
     sharp = self.sharpness(state.params) if self.program.sharpness_step else None
     for r, lane in enumerate(self.lanes):
       lane.write({"step": 0, **evals[r], **({} if sharp is None else
-                                              {"sharpness": float(sharp[r])})})
+                                              {"sharpness": float(self.program.part(sharp, r))})})
 
   def write(self, done: int, pending: list, log_now: bool, state=None, evaluate=False,
             sharp=False, test=False) -> dict:
@@ -422,7 +435,7 @@ class Rows:
         if not metrics_lib.finite(row["val_loss"]):
           lane.diverged_at = done
       if sharps is not None and lane.diverged_at is None:
-        row["sharpness"] = float(sharps[r])
+        row["sharpness"] = float(self.program.part(sharps, r))
       lane.write(row)
       lane.carried = []
       self.bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{lane.rates[-1]:,.0f}",
@@ -442,7 +455,7 @@ class Rows:
     for r, lane in enumerate(self.lanes):
       if lane.stopped:
         continue
-      rows = since_row[r] = lane.carried + [one_run(x, r) for x in fetched]
+      rows = since_row[r] = lane.carried + [self.program.part(x, r) for x in fetched]
       bad = metrics_lib.first_nonfinite(rows)
       if bad is not None:  # Log the rows up to the first bad step, then stop.
         lane.diverged_at, logged[r] = done - len(rows) + bad + 1, rows[:bad + 1]
@@ -455,12 +468,12 @@ class Rows:
     self.bar.set_description("evaluating")
     t0 = time.perf_counter()
     outs = jax.device_get([self.program.eval_step(params, b) for b in self.val_batches])
-    evals = [self.evaluators.pool(one_run(outs, r)) for r in range(len(self.lanes))]
+    evals = [self.evaluators.pool(self.program.part(outs, r)) for r in range(len(self.lanes))]
     if test and self.test_batches:
       outs = jax.device_get([self.program.eval_step(params, b)["loss"]
                              for b in self.test_batches])
       for r, ev in enumerate(evals):
-        pooled = evaluators_lib.Loss().pool(one_run(outs, r))
+        pooled = evaluators_lib.Loss().pool(self.program.part(outs, r))
         ev.update({"test_" + k.removeprefix("val_"): v for k, v in pooled.items()})
     self.measure_sec["evaluation"] += time.perf_counter() - t0
     return evals

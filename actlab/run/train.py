@@ -100,7 +100,7 @@ def _run_group(configs, run_dirs, cache, log, compiles) -> list[dict]:
         state = program.start(group)
         if source is not None:  # Each run's trunk from another run (e.g. MLM), GPT-2 or BERT.
           state = program.stack([run.replace(params=pretrained.params_from(
-              c0, source, run.params, vocab_size)) for run in program.unstack(state)])
+              c0, source, run.params, vocab_size)) for run in program.runs_of(state)])
       lanes = [Lane.open(c, task, run_dirs[i],
                          dataclasses.replace(dataset, seed=int(c.train.seed)), ck, start,
                          restored[2] if restored else None)
