@@ -1,5 +1,6 @@
-"""The training loop and the program it runs: R ≥ 1 runs of one config, each a `Lane` (lane.py: its
-run directory's files), trained step by step with logging, evaluation, checkpoints and signals.
+"""The training loop and the program it runs: one run or R vectorized runs of one config, each a
+`Lane` (lane.py: its run directory's files), trained step by step with logging, evaluation,
+checkpoints and signals.
 
 `Program` jits the core's pure `Step` with explicit shardings (infra/parallel.py): for one run
 as it is, for R > 1 runs vectorized (`over_runs`: their states stacked on a leading run axis). The

@@ -1,6 +1,6 @@
 """Trains runs in their workdirs: `run(config, workdir)` one run, `run_group` R runs of one
 config that differ only in `optim.lr` and `train.seed` as one program (`loop.Program`; a
-sweep's `sweep.vectorize`), each in its own workdir. One run is R = 1 of the same path.
+sweep's `sweep.vectorize`), each in its own workdir. One run takes the same path.
 
 Everything that can refuse a run (config, devices, data, `train.init_from`, the workdirs' configs
 and owners) is checked before anything is written. A finished run returns its summary without
