@@ -15,6 +15,7 @@ import pytest
 
 from actlab import config as config_lib, core, tasks
 from actlab.config import schema
+from actlab.core import kernels
 from actlab.run import loop
 from conftest import REPO, tiny, tiny_encoder
 
@@ -116,7 +117,8 @@ def test_the_harness_trains_the_cores_step_bitwise():
   program = loop.Program.create(c, 257)
   spec = config_lib.build(core.Spec, c.model, vocab_size=core.pad_vocab(257))
   decoder = core.Decoder(spec, config_lib.build(core.Execution, c.model))
-  step = core.Step(core.CausalLM(decoder, fused=c.model.loss_impl == "fused"),
+  objective = kernels.FusedCausalLM if c.model.loss_impl == "fused" else core.CausalLM
+  step = core.Step(objective(decoder),
                    config_lib.build(core.OptimSpec, c.optim, total_steps=c.train.steps),
                    c.data.seq_len)
   state, alone = program.start([c]), jax.jit(step.init)(c.train.seed, np.float32(c.optim.lr))

@@ -206,7 +206,7 @@ def test_cudnn_attention_sows_the_logit_max_only_in_evaluation(monkeypatch):
   """cuDNN flash attention never forms the logits: under it the training forward sows no
   `AttentionStats` (its log row has no `train_attn_logit_max`) and evaluation sows the XLA
   formulation's. (On a CPU, XLA attention stands in for cuDNN's.)"""
-  c = tiny()
+  c = tiny(**{"model.attention_impl": "auto"})  # kernels.Execution: cuDNN where it can run
   model = tasks.get(c).objective(c, 257).model
   tokens = jnp.asarray(np.random.default_rng(5).integers(0, 257, (2, 16)), jnp.int32)
   params = model.init(jax.random.PRNGKey(0), tokens)["params"]

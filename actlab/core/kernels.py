@@ -1,10 +1,9 @@
 """The faster variants of model.py's plain computations, equal to them up to rounding and off
-the reading path: the fused, chunked LM-head cross-entropy `xent_sum`, the loss of
-`softmax(h·Eᵀ)` without the [B, L, V] logits, and cuDNN flash attention (`attention_impl`
-decides, before tracing, whether it runs). Also what every loss takes from its output logits,
-one formula for both paths: the logZ sums (`logz_sums`: the z-loss and logZ), from logits in
-memory (`logit_sums`) or chunk by chunk in `xent_sum`; the sums are keyed by `model.Sums`' field
-names.
+the reading path: `FusedCausalLM`, the decoder with the fused, chunked LM-head cross-entropy
+`xent_sum` (the loss of `softmax(h·Eᵀ)` without the [B, L, V] logits, with model.py's logZ sums
+chunk by chunk), and `Execution`, which runs cuDNN flash attention where it can
+(`attention_impl` decides, before tracing). The tasks choose them where a config asks
+(`model.loss_impl`, `model.attention_impl`); model.py never imports this module.
 
 For the reference decoder (GPT-2 vocabulary) the tied LM head is three quarters of the FLOPs,
 and the plain path (logits = h·Eᵀ, `softmax_cross_entropy` and its autodiff) writes and re-reads
@@ -20,12 +19,15 @@ statistics in float32, matmul operands in h's dtype; results agree with it to fl
 (tests/test_kernels.py). Forward-over-reverse (the sharpness HVP) and vmap work through it.
 """
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
+
+from actlab.core import model
 
 
 # Logit elements per chunk: enough tokens to amortise adding each chunk's V×D weight gradient (on
@@ -46,36 +48,12 @@ def chunk_length(batch: int, length: int, vocab: int, budget: int | None = None)
               if length % lc == 0 and batch * lc * vocab <= budget), default=1)
 
 
-def logz_sums(logz_N, weights_N, *, z_loss: float = 0.0, logz: bool = False) -> dict:
-  """What a loss adds from its output logits' logZ = logsumexp (nats), summed over positions
-  with weights w: `z_loss_sum` = z_loss · Σ w·logZ² (PaLM's z-loss, when `z_loss` > 0) and,
-  with `logz`, `logz_sum` = Σ w·logZ (the output-logit scale a log step records)."""
-  out = {}
-  if z_loss:
-    out["z_loss_sum"] = z_loss * jnp.sum(weights_N * jnp.square(logz_N))
-  if logz:
-    out["logz_sum"] = jnp.sum(weights_N * logz_N)
-  return out
+@dataclasses.dataclass(frozen=True)
+class FusedCausalLM(model.CausalLM):
+  """`model.CausalLM` with its head's sums from `xent_sum`: no [B, L, V] logits in memory."""
 
-
-def plus_logz_sums(loss_sum, sums: dict) -> dict:
-  """A loss's own `loss_sum` with its `logz_sums` (the z-loss added to `loss_sum`)."""
-  if "z_loss_sum" in sums:
-    loss_sum = loss_sum + sums["z_loss_sum"]
-  return {"loss_sum": loss_sum, **sums}
-
-
-def logit_sums(loss_sum, logits_NV, weights_N=None, *, z_loss: float = 0.0,
-               logz: bool = False) -> dict:
-  """A loss's own `loss_sum` plus the `logz_sums` of its logits in memory (weights default 1;
-  `logz_sum` not differentiated); `logits_NV` and `weights_N` share their leading axes."""
-  if not (z_loss or logz):
-    return {"loss_sum": loss_sum}
-  logz_N = jax.nn.logsumexp(logits_NV, axis=-1)
-  weights_N = jnp.ones(logz_N.shape) if weights_N is None else weights_N
-  sums = logz_sums(logz_N, weights_N, z_loss=z_loss, logz=logz)
-  return plus_logz_sums(
-      loss_sum, {k: jax.lax.stop_gradient(v) if k == "logz_sum" else v for k, v in sums.items()})
+  def head_sums(self, h_BLD, head_VD, targets_BL, *, z_loss: float, logz: bool) -> dict:
+    return xent_sum(h_BLD, head_VD, targets_BL, z_loss=z_loss, logz=logz)
 
 
 def xent_sum(h_BLD, embedding_VD, targets_BL, weights_BL=None, *, chunk: int | None = None,
@@ -110,8 +88,8 @@ def _chunk_stats(h, E, t, w, z_loss, logz):
   s = p.sum(-1, keepdims=True)
   target = jnp.take_along_axis(logits, t[..., None], axis=-1)
   logz_BL1 = jnp.log(s) + m
-  sums = plus_logz_sums((w * (logz_BL1 - target)[..., 0]).sum(),
-                        logz_sums(logz_BL1[..., 0], w, z_loss=z_loss, logz=logz))
+  sums = model.plus_logz_sums((w * (logz_BL1 - target)[..., 0]).sum(),
+                              model.logz_sums(logz_BL1[..., 0], w, z_loss=z_loss, logz=logz))
   return p, s, logz_BL1, sums
 
 
@@ -167,6 +145,26 @@ _xent.defvjp(_xent_fwd, _xent_bwd)
 
 
 # --- cuDNN attention ----------------------------------------------------------------------------
+
+
+def execution_class(attention_impl: str) -> type[model.Execution]:
+  """The `Execution` that runs `attention_impl`: model.py's for "xla", else this module's."""
+  return model.Execution if attention_impl == "xla" else Execution
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution(model.Execution):
+  """`model.Execution` whose attention is cuDNN flash attention where `attention_impl` ("cudnn",
+  "auto") and the call allow it (`attention_impl`), else XLA's. cuDNN never forms the logits:
+  in training no `attention_stats` (None), in evaluation those of logits computed apart."""
+
+  def attend(self, q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool, train: bool):
+    lengths = None if mask is None else (q_BHLK.shape[2], k_BHTK.shape[2])
+    if attention_impl(self.attention_impl, q_BHLK.dtype, q_BHLK.shape[-1], lengths) == "xla":
+      return super().attend(q_BHLK, k_BHTK, v_BHTK, mask, causal=causal, train=train)
+    out_BHLK = cudnn_attention(q_BHLK, k_BHTK, v_BHTK, mask, causal=causal)
+    return out_BHLK, None if train else model.attention_stats(
+        model.attention_logits(q_BHLK, k_BHTK, mask, causal=causal))
 
 
 def why_not_cudnn(dtype, head_dim: int, masked_lengths: tuple[int, int] | None = None):

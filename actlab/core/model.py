@@ -2,8 +2,9 @@
 then its parts, each before the part built from it: the norms, `dense` and `embed`, rotary
 positions, `Attention` (XLA attention and the key/value cache), the `FeedForward`, the `Block`
 and the `stack` of blocks, the `Decoder`; last `CausalLM`, the decoder with its loss, returning
-`Sums`. The faster equal variants (the fused loss, cuDNN attention): kernels.py; the BERT-style
-encoder from these blocks, with its losses: encoder.py.
+`Sums`. The faster equal variants (the fused loss, cuDNN attention) are kernels.py's, which the
+tasks choose where a config asks for them; the BERT-style encoder from these blocks, with its
+losses: encoder.py.
 
 The `Spec` builds GPT-2's block by default, or a LLaMA-style one: RMSNorm, rotary positions, no
 biases, an untied head, a gated FFN. Shape suffixes: B batch, L sequence (T: the keys'
@@ -28,7 +29,7 @@ import optax
 from jax import lax
 from jax.nn.initializers import normal
 
-from actlab.core import activations, kernels
+from actlab.core import activations
 from actlab.core.options import (activation_name, boolean, choice, non_negative, option,
                                   positive, within)
 
@@ -110,7 +111,7 @@ class Execution:
   dtype: str = choice("float32", "bfloat16", help='compute dtype: "float32" or "bfloat16" '
                       "(params stay float32)")
   attention_impl: str = choice("xla", "cudnn", "auto", help="jax.nn.dot_product_attention "
-                               'implementation: "xla", "cudnn", "auto"')  # kernels.attention_impl
+                               'implementation: "xla", "cudnn", "auto"')  # kernels.Execution
   scan_layers: bool = option(False, boolean, help="nn.scan over the blocks: compile time "
                              'independent of depth (params under "blocks" with a layer axis; '
                              "another random init)")  # `stack`
@@ -121,6 +122,12 @@ class Execution:
   @property
   def compute_dtype(self) -> jnp.dtype:
     return jnp.dtype(self.dtype)
+
+  def attend(self, q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool, train: bool):
+    """Attention's output and its `attention_stats` (None where not formed): XLA attention.
+    (kernels.Execution runs cuDNN flash attention where `attention_impl` asks for it.)"""
+    del train
+    return xla_attention(q_BHLK, k_BHTK, v_BHTK, mask, causal=causal)
 
   @property
   def remat_policy(self):
@@ -219,13 +226,7 @@ class Attention(nn.Module):
     if self.decode:
       k_BHLK, v_BHLK, mask = self.extend_cache(k_BHLK, v_BHLK, index)
       causal = False  # the cache mask already hides the future
-    lengths = None if mask is None else (q_BHLK.shape[2], k_BHLK.shape[2])
-    if kernels.attention_impl(ex.attention_impl, q_BHLK.dtype, q_BHLK.shape[-1], lengths) == "xla":
-      out_BHLK, stats = xla_attention(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal)
-    else:
-      out_BHLK = kernels.cudnn_attention(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal)
-      stats = None if self.train else attention_stats(
-          attention_logits(q_BHLK, k_BHLK, mask, causal=causal))
+    out_BHLK, stats = ex.attend(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal, train=self.train)
     if stats is not None:  # sow: a no-op unless "stats" is mutable (unused, jit drops it)
       self.sow("stats", "attention", AttentionStats(*stats, self.layer))
     out_BLD = HeadsDense(s, ex, split=False, std=residual_std(s), name="out")(out_BHLK)
@@ -457,7 +458,7 @@ def tied_logits(h_BLD, embedding_VD) -> jax.Array:
 @flax.struct.dataclass
 class Sums:
   """What an objective returns: sums over a batch. The fields are fixed; those a loss does not
-  compute are None (kernels.py's sums are keyed by these fields' names)."""
+  compute are None (`logit_sums` and kernels.py's sums are keyed by these fields' names)."""
   loss_sum: jax.Array        # the differentiated sum: cross-entropy (+ the z-loss in training)
   count: jax.Array           # the positions (or examples) summed over
   z_loss_sum: jax.Array | None = None  # with a z-loss, its part of loss_sum: z_loss · Σ logZ²
@@ -477,28 +478,60 @@ class Objective(Protocol):
   def __call__(self, params, batch, rng, *, train: bool, stats: bool = False) -> Sums: ...
 
 
+def logz_sums(logz_N, weights_N, *, z_loss: float = 0.0, logz: bool = False) -> dict:
+  """What a loss adds from its output logits' logZ = logsumexp (nats), summed over positions
+  with weights w: `z_loss_sum` = z_loss · Σ w·logZ² (PaLM's z-loss, when `z_loss` > 0) and,
+  with `logz`, `logz_sum` = Σ w·logZ (the output-logit scale a log step records)."""
+  out = {}
+  if z_loss:
+    out["z_loss_sum"] = z_loss * jnp.sum(weights_N * jnp.square(logz_N))
+  if logz:
+    out["logz_sum"] = jnp.sum(weights_N * logz_N)
+  return out
+
+
+def plus_logz_sums(loss_sum, sums: dict) -> dict:
+  """A loss's own `loss_sum` with its `logz_sums` (the z-loss added to `loss_sum`)."""
+  if "z_loss_sum" in sums:
+    loss_sum = loss_sum + sums["z_loss_sum"]
+  return {"loss_sum": loss_sum, **sums}
+
+
+def logit_sums(loss_sum, logits_NV, weights_N=None, *, z_loss: float = 0.0,
+               logz: bool = False) -> dict:
+  """A loss's own `loss_sum` plus the `logz_sums` of its logits in memory (weights default 1;
+  `logz_sum` not differentiated); `logits_NV` and `weights_N` share their leading axes."""
+  if not (z_loss or logz):
+    return {"loss_sum": loss_sum}
+  logz_N = jax.nn.logsumexp(logits_NV, axis=-1)
+  weights_N = jnp.ones(logz_N.shape) if weights_N is None else weights_N
+  sums = logz_sums(logz_N, weights_N, z_loss=z_loss, logz=logz)
+  return plus_logz_sums(
+      loss_sum, {k: jax.lax.stop_gradient(v) if k == "logz_sum" else v for k, v in sums.items()})
+
+
 @dataclasses.dataclass(frozen=True)
 class CausalLM:
   """The decoder with its loss (an `Objective`): next-token cross-entropy (nats) of windows of
   L+1 tokens, summed over positions 1…L; in training with the z-loss, and with `stats` what the
-  blocks sowed and `logz_sum`. `fused`: the same sums without the [B, L, V] logits in memory
-  (`kernels.xent_sum`)."""
+  blocks sowed and `logz_sum`. (kernels.FusedCausalLM: the same sums without the [B, L, V]
+  logits in memory.)"""
   model: Decoder
-  fused: bool = False
   z_loss: float = 0.0
 
   def __call__(self, params, batch_BL1, rng, *, train: bool, stats: bool = False) -> Sums:
     inputs_BL, targets_BL = batch_BL1[:, :-1], batch_BL1[:, 1:]
-    z_loss = self.z_loss if train else 0.0
     (h_BLD, head_VD), sown = apply(self.model, params, inputs_BL, train=train,
                                    rngs={"dropout": rng}, stats=stats, method=Decoder.head_input)
-    if self.fused:
-      sums = kernels.xent_sum(h_BLD, head_VD, targets_BL, z_loss=z_loss, logz=stats)
-    else:
-      logits_BLV = tied_logits(h_BLD, head_VD)
-      losses_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
-      sums = kernels.logit_sums(losses_BL.sum(), logits_BLV, z_loss=z_loss, logz=stats)
+    sums = self.head_sums(h_BLD, head_VD, targets_BL, z_loss=self.z_loss if train else 0.0,
+                          logz=stats)
     return Sums(**sums, count=targets_BL.size, sown=sown)
+
+  def head_sums(self, h_BLD, head_VD, targets_BL, *, z_loss: float, logz: bool) -> dict:
+    """The LM head's logits and their cross-entropy with `logit_sums`' sums."""
+    logits_BLV = tied_logits(h_BLD, head_VD)
+    losses_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
+    return logit_sums(losses_BL.sum(), logits_BLV, z_loss=z_loss, logz=logz)
 
 
 def apply(model: nn.Module, params, *args, stats: bool = False, **kwargs):

@@ -6,16 +6,19 @@ import math
 import numpy as np
 
 from actlab import config as config_lib, core, data
+from actlab.core import kernels
 from actlab.tasks.task import Task
 
 
 def objective(config, vocab_size: int) -> core.CausalLM:
   """The decoder with its next-token loss: from the logits, or fused with the head
-  (`model.loss_impl`)."""
+  (`model.loss_impl`: kernels.FusedCausalLM); cuDNN attention where `model.attention_impl` asks
+  for it (kernels.Execution)."""
   m = config.model
   spec = config_lib.build(core.Spec, m, vocab_size=core.pad_vocab(m.vocab_size or vocab_size))
-  return core.CausalLM(core.Decoder(spec, config_lib.build(core.Execution, m)),
-                       fused=m.loss_impl == "fused", z_loss=config.optim.z_loss)
+  execution = config_lib.build(kernels.execution_class(m.attention_impl), m)
+  objective = kernels.FusedCausalLM if m.loss_impl == "fused" else core.CausalLM
+  return objective(core.Decoder(spec, execution), z_loss=config.optim.z_loss)
 
 
 def dataset(config):
