@@ -5,6 +5,7 @@ import json
 import pathlib
 from typing import Sequence
 
+from actlab import config as config_lib, core
 from actlab.infra import metrics_log, workdir
 from actlab.infra.errors import UserError
 from actlab.report.stats import LR_KEY, Run, SEED_KEY
@@ -24,10 +25,10 @@ def _configs(root: pathlib.Path) -> dict[str, dict]:
           if (c := workdir.read_json(p)) is not None}
 
 
-# The block's fields (docs/running.md, "The block, field by field") at GPT-2's values, those of
-# every run from before the fields existed (`workdir.ADDED_FIELDS`).
-GPT2_BLOCK = {f"model.{f}": workdir.ADDED_FIELDS[("model", f)]
-              for f in ("norm_type", "position", "rope_theta", "bias", "tie_head", "ffn")}
+# The block's fields a report names (docs/running.md, "The block, field by field") at GPT-2's
+# values: `config.GPT2_BLOCK`'s, with RoPE's base and the FFN's form at their defaults.
+GPT2_BLOCK = {f"model.{k}": v for k, v in {
+    **config_lib.GPT2_BLOCK, "rope_theta": core.Spec.rope_theta, "ffn": core.Spec.ffn}.items()}
 
 
 def block(roots: Sequence) -> dict:
