@@ -16,14 +16,16 @@ import types
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
+from absl import flags
 
-from actlab import core, sweep
-from actlab.infra import errors
+from actlab import config as config_lib, core, sweep
+from actlab.infra import errors, workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
 from actlab.run import train
-from actlab.sweep import grid, progress, workers
+from actlab.sweep import grid, progress, vectorized, workers
 from conftest import REPO, production_env, tiny
 from test_entry_points import guarded
 
@@ -492,8 +494,55 @@ def test_the_eta_leaves_out_the_compile_of_the_first_cell_each_worker_trains():
       {"axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-3, 3e-3]}, "seeds": [0, 1]}))
   assert sweep._at_once(cells[:1], 2) == 2  # a program of one cell per worker
   assert sweep._at_once(cells, 2) == 8  # a vectorized group of 4 per worker
-  cells[0].config.sweep.max_runs = 3
+  for cell in cells:  # a sweep's cells share its settings
+    cell.config.sweep.max_runs = 3
   assert sweep._at_once(cells, 1) == 3
+  auto = grid.cells(tiny(), grid.parse({"axes": {"optim.lr": [1e-3, 3e-3]}, "seeds": [0, 1]}))
+  assert sweep._at_once(auto, 2, "cpu") == 2 and sweep._at_once(auto, 2, "gpu") == 8
+
+
+# --- Vectorized or not, and how many runs one program holds ----------------------------------
+
+@pytest.mark.parametrize("setting, accelerator, cpu", [
+    ("auto", True, False), ("true", True, True), ("false", False, False), ("True", True, True),
+    (True, True, True), (False, False, False)])
+def test_auto_vectorizes_on_an_accelerator_only_and_true_or_false_everywhere(
+    setting, accelerator, cpu):
+  """A bool (a Python sweep file's or override's) is the field's text: `override`."""
+  c = tiny(**{"sweep.vectorize": setting})
+  config_lib.validate(c)
+  assert c.sweep.vectorize == (str(setting).lower() if isinstance(setting, bool) else setting)
+  assert [vectorized.vectorizes(c, b) for b in ("gpu", "tpu", "cpu")] == [accelerator] * 2 + [cpu]
+
+
+def test_a_config_json_from_before_auto_loads_and_means_what_it_meant(tmp_path):
+  """config.json files hold `"vectorize": true` or `false`: they validate, the run resumes under
+  today's default (a runtime field), and the bool means what it meant on any backend."""
+  for old in (True, False):
+    recorded = json.loads(tiny().to_json())
+    recorded["sweep"]["vectorize"] = old
+    c = ml_collections.ConfigDict(recorded)
+    config_lib.validate(c)
+    assert vectorized.vectorizes(c, "cpu") == vectorized.vectorizes(c, "gpu") == old
+    (tmp_path / "config.json").write_text(json.dumps(recorded))
+    workdir_lib.RunDir.open(tmp_path).check_config(tiny())
+
+
+def test_the_flag_takes_auto_true_or_false_and_refuses_other_values(monkeypatch, tmp_path):
+  for text in ("auto", "true", "false"):
+    monkeypatch.setattr(sys, "argv", ["sweep", f"--config={CONFIG_FILE}",
+                                      f"--config.sweep.vectorize={text}"])
+    values = flags.FlagValues()
+    errors.define_config_file("config", "", flag_values=values)
+    errors.parse_flags(sys.argv, values)
+    assert values.config.sweep.vectorize == text
+  spec = tmp_path / "grid.py"
+  spec.write_text("def get_sweep(arg=None):\n  return {'axes': {'optim.lr': [1e-3]}}\n")
+  with pytest.raises(errors.UserError, match=r"^sweep cell lr=0.001,seed=0: "
+                     r"sweep.vectorize='yes': choose 'auto', 'true' or 'false'$"):
+    sweep.run(tiny(**{"sweep.vectorize": "yes"}), str(spec), tmp_path / "runs",
+              log=lambda _: None)
+  assert not (tmp_path / "runs").exists()
 
 
 def test_sweep_prints_cell_k_of_n_and_skips_cells_done_before(tmp_path, monkeypatch):
