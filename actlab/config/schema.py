@@ -180,8 +180,9 @@ class Sweep:
                          "train.seed train as one vmapped program (train.run_group; per-cell "
                          'outputs unchanged): "auto" on a GPU or TPU, not on a CPU, where it does '
                          'not pay; "true" or "false" anywhere')
-  max_runs: int = field(0, non_negative(" (0 = no limit)"), "at most this many cells per "
-                        "vectorized program; 0 = no limit")
+  max_runs: int = field(0, non_negative(" (0 = as many as fit)"), "at most this many cells per "
+                        "vectorized program; 0 = as many as fit in the device's memory by an "
+                        "estimate (docs/sweeps.md; no limit on a CPU)")
 
 
 @dataclasses.dataclass(frozen=True)
