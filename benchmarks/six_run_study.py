@@ -1,6 +1,7 @@
 """The issue's timing target: the reference study's six runs (ReLU, GELU × peak LR 1e-4, 1e-3,
 3e-3; one seed; 5,000 steps each on the base config), for wall-clock comparisons of sequential vs
-vectorized sweeps (`--config.sweep.vectorize=true`: one program per activation, 3 runs each).
+vectorized sweeps (`--config.sweep.vectorize=true`, a GPU's default: one program per
+activation, 3 runs each; `false`: one run after another).
 
     time python -m actlab.sweep --config=configs/tinystories_gelu.py \\
         --sweep=benchmarks/six_run_study.py --workdir=runs/six --config.sweep.vectorize=true \\

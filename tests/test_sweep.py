@@ -4,6 +4,7 @@ test_grid.py)."""
 import collections
 import contextlib
 import json
+import math
 import os
 import pathlib
 import re
@@ -16,14 +17,16 @@ import types
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
+from absl import flags
 
-from actlab import core, sweep
-from actlab.infra import errors
+from actlab import config as config_lib, core, sweep
+from actlab.infra import errors, workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
-from actlab.run import train
-from actlab.sweep import grid, progress, workers
+from actlab.run import loop, train
+from actlab.sweep import grid, progress, vectorized, workers
 from conftest import REPO, production_env, tiny
 from test_entry_points import guarded
 
@@ -492,8 +495,117 @@ def test_the_eta_leaves_out_the_compile_of_the_first_cell_each_worker_trains():
       {"axes": {"model.activation": ["relu", "gelu"], "optim.lr": [1e-3, 3e-3]}, "seeds": [0, 1]}))
   assert sweep._at_once(cells[:1], 2) == 2  # a program of one cell per worker
   assert sweep._at_once(cells, 2) == 8  # a vectorized group of 4 per worker
-  cells[0].config.sweep.max_runs = 3
+  for cell in cells:  # a sweep's cells share its settings
+    cell.config.sweep.max_runs = 3
   assert sweep._at_once(cells, 1) == 3
+  auto = grid.cells(tiny(), grid.parse({"axes": {"optim.lr": [1e-3, 3e-3]}, "seeds": [0, 1]}))
+  assert sweep._at_once(auto, 2, "cpu") == 2 and sweep._at_once(auto, 2, "gpu") == 8
+  assert sweep._at_once(auto, 1, "gpu", bytes_limit=1) == 1  # memory for one run at a time
+
+
+# --- Vectorized or not, and how many runs one program holds ----------------------------------
+
+@pytest.mark.parametrize("setting, accelerator, cpu", [
+    ("auto", True, False), ("true", True, True), ("false", False, False), ("True", True, True),
+    (True, True, True), (False, False, False)])
+def test_auto_vectorizes_on_an_accelerator_only_and_true_or_false_everywhere(
+    setting, accelerator, cpu):
+  """A bool (a Python sweep file's or override's) is the field's text: `override`."""
+  c = tiny(**{"sweep.vectorize": setting})
+  config_lib.validate(c)
+  assert c.sweep.vectorize == (str(setting).lower() if isinstance(setting, bool) else setting)
+  assert [vectorized.vectorizes(c, b) for b in ("gpu", "tpu", "cpu")] == [accelerator] * 2 + [cpu]
+
+
+def test_a_config_json_from_before_auto_loads_and_means_what_it_meant(tmp_path):
+  """config.json files hold `"vectorize": true` or `false`: they validate, the run resumes under
+  today's default (a runtime field), and the bool means what it meant on any backend."""
+  for old in (True, False):
+    recorded = json.loads(tiny().to_json())
+    recorded["sweep"]["vectorize"] = old
+    c = ml_collections.ConfigDict(recorded)
+    config_lib.validate(c)
+    assert vectorized.vectorizes(c, "cpu") == vectorized.vectorizes(c, "gpu") == old
+    (tmp_path / "config.json").write_text(json.dumps(recorded))
+    workdir_lib.RunDir.open(tmp_path).check_config(tiny())
+
+
+def test_the_flag_takes_auto_true_or_false_and_refuses_other_values(monkeypatch, tmp_path):
+  for text in ("auto", "true", "false"):
+    monkeypatch.setattr(sys, "argv", ["sweep", f"--config={CONFIG_FILE}",
+                                      f"--config.sweep.vectorize={text}"])
+    values = flags.FlagValues()
+    errors.define_config_file("config", "", flag_values=values)
+    errors.parse_flags(sys.argv, values)
+    assert values.config.sweep.vectorize == text
+  spec = tmp_path / "grid.py"
+  spec.write_text("def get_sweep(arg=None):\n  return {'axes': {'optim.lr': [1e-3]}}\n")
+  with pytest.raises(errors.UserError, match=r"^sweep cell lr=0.001,seed=0: "
+                     r"sweep.vectorize='yes': choose 'auto', 'true' or 'false'$"):
+    sweep.run(tiny(**{"sweep.vectorize": "yes"}), str(spec), tmp_path / "runs",
+              log=lambda _: None)
+  assert not (tmp_path / "runs").exists()
+
+
+def test_a_program_holds_the_runs_that_fit_the_devices_memory():
+  c = tiny()
+  per_run = vectorized.run_bytes(c)
+  # The least memory that holds k runs' estimate (+1: the fraction's float rounding).
+  holding = lambda k: math.ceil(k * per_run / vectorized.MEMORY_FRACTION) + 1
+  lines = []
+  assert vectorized.program_size(c, 8, holding(3), lines.append) == 3
+  assert lines == [f"sweep: 3 cells per program (device memory: {holding(3) / 2**30:.1f} GiB, "
+                   f"about {per_run / 2**30:.1f} GiB a run)"]
+  assert vectorized.program_size(c, 8, holding(3) - 2) == 2
+  assert vectorized.program_size(c, 8, 1) == 1  # not even one run fits: one at a time
+  assert vectorized.program_size(c, 3, holding(3), lines.append) == 3 and len(lines) == 1
+  assert vectorized.program_size(c, 8, None) == 8  # the memory is not known (a CPU): no cap
+  c.sweep.max_runs = 2
+  assert vectorized.program_size(c, 8, holding(3)) == vectorized.program_size(c, 8, None) == 2
+
+
+def test_by_default_a_sweep_trains_cells_one_by_one_on_a_cpu_and_vectorized_on_a_gpu(
+    tmp_path, monkeypatch):
+  """On a GPU whose memory holds three runs, four cells train as programs of 3 and 1 (said)."""
+  spec = tmp_path / "grid.py"
+  spec.write_text("def get_sweep(arg=None):\n  return {'axes': {'optim.lr': [1e-3, 3e-3]}, "
+                  "'seeds': [0, 1]}\n")
+  programs = []
+
+  def fake_run_group(configs, workdirs, cache=None, log=print):
+    programs.append([pathlib.Path(w).name for w in workdirs])
+    return [{"status": "stable"}] * len(configs)
+
+  monkeypatch.setattr(train, "run_group", fake_run_group)
+  lines = []
+  sweep.run(tiny(), str(spec), tmp_path / "cpu", log=lines.append)
+  assert programs == [["lr=0.001,seed=0"], ["lr=0.003,seed=0"], ["lr=0.001,seed=1"],
+                      ["lr=0.003,seed=1"]]  # seed by seed
+  assert not any("per program" in l or "vectorized" in l for l in lines), lines
+  per_run = vectorized.run_bytes(tiny())
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  memory = math.ceil(3.5 * per_run / vectorized.MEMORY_FRACTION)
+  monkeypatch.setattr(vectorized, "device_memory", lambda: memory)
+  programs.clear()
+  sweep.run(tiny(), str(spec), tmp_path / "gpu", log=lines.append)
+  assert programs == [["lr=0.001,seed=0", "lr=0.001,seed=1", "lr=0.003,seed=0"],
+                      ["lr=0.003,seed=1"]]  # the whole group, in the grid's order
+  assert sum(l.startswith("sweep: 3 cells per program (device memory: ") for l in lines) == 1
+  assert "sweep: 3 cells as one program (vectorized ×3)" in lines
+
+
+def test_the_estimate_is_the_state_and_a_workspace_that_grows_with_the_batch():
+  """The state's bytes exactly (the parameters and AdamW's two moments, float32), a gradient and
+  an update as large as the parameters, and a workspace linear in the batch, 3× with sharpness
+  estimates on (`run_bytes`' docstring)."""
+  c = tiny()
+  step = loop.create_step(c, 257)
+  params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(step.init, 0, 1.0).params))
+  one, two = (vectorized.run_bytes(tiny(**{"train.batch_size": b})) for b in (8, 16))
+  fixed = one - (two - one)  # the estimate at batch 0
+  assert 5 * 4 * params < fixed < 5 * 4 * params + 1024  # + the step, the RNG key, the peak LR
+  sharpness = vectorized.run_bytes(tiny(**{"metrics.sharpness_every": 10}))
+  assert sharpness - fixed == 3 * (one - fixed)
 
 
 def test_sweep_prints_cell_k_of_n_and_skips_cells_done_before(tmp_path, monkeypatch):

@@ -128,7 +128,8 @@ def parse_overrides(text: str) -> dict[str, Any]:
 def override(config: ml_collections.ConfigDict,
              overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
   """`config` with each dotted `section.field` of `overrides` set (in place); ConfigError for a key
-  that names no field or a value of another type than the field's."""
+  that names no field or a value of another type than the field's. A str field takes True and
+  False as "true" and "false", as a `--config.` flag gives them (`sweep.vectorize`)."""
   for key, value in overrides.items():
     *sections, field = key.split(".")
     node = config
@@ -138,6 +139,8 @@ def override(config: ml_collections.ConfigDict,
         or isinstance(node[field], ml_collections.ConfigDict)):
       problem = errors.unknown_field(config, key)
       raise ConfigError(f"{key}: no such field" + (f" ({problem})" if problem else ""))
+    if isinstance(value, bool) and isinstance(node[field], str):
+      value = str(value).lower()
     try:
       node[field] = value
     except TypeError:

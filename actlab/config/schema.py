@@ -11,8 +11,8 @@ import dataclasses
 
 from actlab import core
 from actlab.config.rules import ConfigError, parsed
-from actlab.core.options import (Rule, activation_name, at_least, boolean, listed, non_negative,
-                                 one_of, positive, text, within)
+from actlab.core.options import (Rule, activation_name, at_least, auto_or_boolean, boolean, listed,
+                                 non_negative, one_of, positive, text, within)
 from actlab.data import classify as classify_data
 from actlab.data.tokenizer import parse_spec
 
@@ -176,10 +176,13 @@ class Parallel:
 @dataclasses.dataclass(frozen=True)
 class Sweep:
   """How actlab.sweep runs the cells of a grid."""
-  vectorize: bool = field(False, boolean, "cells that differ only in optim.lr / train.seed train "
-                          "as one vmapped program (train.run_group); per-cell outputs unchanged")
-  max_runs: int = field(0, non_negative(" (0 = no limit)"), "at most this many cells per "
-                        "vectorized program; 0 = no limit")
+  vectorize: str = field("auto", auto_or_boolean, "cells that differ only in optim.lr / "
+                         "train.seed train as one vmapped program (train.run_group; per-cell "
+                         'outputs unchanged): "auto" on a GPU or TPU, not on a CPU, where it does '
+                         'not pay; "true" or "false" anywhere')
+  max_runs: int = field(0, non_negative(" (0 = as many as fit)"), "at most this many cells per "
+                        "vectorized program; 0 = as many as fit in the device's memory by an "
+                        "estimate (docs/sweeps.md; no limit on a CPU)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,6 +42,12 @@ def boolean(k, v):
   check(isinstance(v, bool), f"{k}={v!r} must be true or false")
 
 
+def auto_or_boolean(k, v):
+  """"auto", "true" or "false" (in any case), or a bool: what the field held before "auto"."""
+  check(str(v).lower() in ("auto", "true", "false"),
+        f"{k}={v!r}: choose 'auto', 'true' or 'false'")
+
+
 def non_negative(zero: str = "") -> Rule:
   """>= 0; `zero` says what 0 means, where it means something."""
   return lambda k, v: check(v >= 0, f"{k}={v} must be >= 0{zero}")

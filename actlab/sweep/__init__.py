@@ -21,6 +21,7 @@ from actlab.infra import workdir as workdir_lib
 from actlab.measure import metrics
 from actlab.run import loop, tracking, train
 from actlab.sweep import progress
+from actlab.sweep import vectorized
 from actlab.sweep import workers
 from actlab.sweep.grid import (SEED_KEY, Cell, cells, load, parse_shard, select, with_flags,
                                write_manifest)
@@ -41,8 +42,9 @@ def group(cells_: Sequence[Cell]) -> list[list[Cell]]:
 def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
               log: Callable[[str], None] = _say,
               progress_: progress.Progress | None = None) -> list[dict | None]:
-  """Trains the unfinished cells of one group, one after another or, with `sweep.vectorize`, up
-  to `sweep.max_runs` at a time as one program (`train.run_group`); their summaries, None for a
+  """Trains the unfinished cells of one group (`train.run_group`), one after another or,
+  vectorized (`sweep.vectorize`), as many at a time as one program holds
+  (`vectorized.program_size`: `sweep.max_runs`, the device's memory); their summaries, None for a
   cell another process is training (each cell's lock decides). `progress_` hears of each end."""
   summaries, todo = {}, []
   run_dirs = {cell.name: workdir_lib.RunDir.open(workdir / cell.name) for cell in group_}
@@ -53,8 +55,10 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
       summaries[cell.name] = summary
     else:
       todo.append(cell)
-  vectorize = group_[0].config.sweep.vectorize and len(todo) > 1
-  size = (group_[0].config.sweep.max_runs or len(todo)) if vectorize else 1
+  config = group_[0].config
+  vectorize = vectorized.vectorizes(config) and len(todo) > 1
+  size = (vectorized.program_size(config, len(todo), vectorized.device_memory(), log)
+          if vectorize else 1)
   while todo:
     with contextlib.ExitStack() as held:
       chunk = []  # The next cells no other process is training, locked while they train here.
@@ -106,12 +110,14 @@ def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
   return select(grid, shard)
 
 
-def _at_once(cells_: Sequence[Cell], workers_: int = 1) -> int:
-  """Cells training at once: `workers_` × one program's (`sweep.vectorize`: ≤ `sweep.max_runs`)."""
-  s = cells_[0].config.sweep if cells_ else None
-  if not (s and s.vectorize):
+def _at_once(cells_: Sequence[Cell], workers_: int = 1, backend: str | None = None,
+             bytes_limit: int | None = None) -> int:
+  """Cells training at once: `workers_` × one program's (vectorized: its largest group's
+  `vectorized.program_size`, on `backend` with `bytes_limit` bytes)."""
+  if not (cells_ and vectorized.vectorizes(cells_[0].config, backend)):
     return workers_
-  return workers_ * min(s.max_runs or len(cells_), max(map(len, group(cells_))))
+  return workers_ * max(vectorized.program_size(g[0].config, len(g), bytes_limit)
+                        for g in group(cells_))
 
 
 def _ended(cells_: Sequence[Cell], workdir: pathlib.Path) -> dict[str, dict]:
@@ -136,7 +142,7 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
   of `--workers` leaves sweep.json and the end to its parent. `cache` holds the compiled
   functions (one compile per group); a caller may keep it across calls. Cells run seed by seed,
   each group in turn, so that a sweep stopped early pairs every activation and LR on the seeds it
-  finished; with `sweep.vectorize`, a whole group at once."""
+  finished; vectorized (`sweep.vectorize`), a whole group at once."""
   workdir = pathlib.Path(workdir)
   mine = plan(base, spec, workdir, shard, manifest=not worker, overridden=overridden, log=log)
   groups = group(mine)
@@ -145,11 +151,12 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
   log(f"sweep: {len(mine)} cells{part} ({len(ended)} done before) in {len(groups)} compile "
       f"group(s) → {workdir}")
   # The parent reports progress; a worker's parent does it for all of them.
-  progress_ = None if worker else progress.Progress([c.name for c in mine], list(ended), log,
-                                                    at_once=_at_once(mine))
+  progress_ = None if worker else progress.Progress(
+      [c.name for c in mine], list(ended), log,
+      at_once=_at_once(mine, bytes_limit=vectorized.device_memory()))
   cache = {} if cache is None else cache
   results = {}
-  vectorize = bool(mine) and mine[0].config.sweep.vectorize
+  vectorize = bool(mine) and vectorized.vectorizes(mine[0].config)
   for seed in [None] if vectorize else sorted({c.overrides[SEED_KEY] for c in mine}):
     for group_ in groups:
       cells_ = [c for c in group_ if seed is None or c.overrides[SEED_KEY] == seed]
@@ -191,8 +198,11 @@ def main(argv):
       team = workers.plan(min(FLAGS.workers, todo))  # No idle child holding CPUs.
       _say(f"sweep: {todo} of {len(mine)} cells to train, {len(team)} workers: " + "; ".join(
           f"worker {w.index} on {workers.describe(w.cpus, w.gpu)}" for w in team))
+      # The parent starts no backend (it would take GPU memory): its children's is the GPU's or
+      # the CPU's, their memory unknown here.
+      backend = "gpu" if team[0].gpu else "cpu"
       progress_ = progress.Progress([c.name for c in mine], list(ended), _say,
-                                    at_once=_at_once(mine, len(team)))
+                                    at_once=_at_once(mine, len(team), backend))
       try:
         workers.run(team, sys.argv[1:], _say, poll=lambda: progress_.poll(workdir))
       finally:
