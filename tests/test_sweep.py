@@ -23,6 +23,7 @@ import pytest
 from absl import flags
 
 from actlab import config as config_lib, core, sweep
+from actlab.core import kernels
 from actlab.infra import errors, workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
 from actlab.run import loop, train
@@ -606,6 +607,19 @@ def test_the_estimate_is_the_state_and_a_workspace_that_grows_with_the_batch():
   assert 5 * 4 * params < fixed < 5 * 4 * params + 1024  # + the step, the RNG key, the peak LR
   sharpness = vectorized.run_bytes(tiny(**{"metrics.sharpness_every": 10}))
   assert sharpness - fixed == 3 * (one - fixed)
+
+
+def test_the_estimate_counts_one_chunk_of_logits_under_the_fused_loss():
+  """The fused loss holds one chunk of positions' logits (`kernels.chunk_length`), the plain one
+  all [B, L, V]: the reference decoder's (GPT-2's vocabulary, B 32, L 128), 3 floats a logit."""
+  c = config_lib.decoder("gelu")
+  c.metrics.sharpness_every = 0
+  plain = config_lib.decoder("gelu")
+  plain.metrics.sharpness_every, plain.model.loss_impl = 0, "plain"
+  B, L, V = c.train.batch_size, c.data.seq_len, core.pad_vocab(50257)
+  chunk = kernels.chunk_length(B, L, V)
+  assert chunk < L
+  assert vectorized.run_bytes(plain) - vectorized.run_bytes(c) == 3 * B * (L - chunk) * V * 4
 
 
 def test_sweep_prints_cell_k_of_n_and_skips_cells_done_before(tmp_path, monkeypatch):

@@ -57,7 +57,8 @@ def run_bytes(config: ml_collections.ConfigDict) -> int:
   spec = step.objective.model.spec
   B, L, V = config.train.batch_size, config.data.seq_len, spec.vocab_size
   D, F, H = spec.d_model, spec.ffn_width, spec.num_heads
-  rows = B * (kernels.chunk_length(B, L, V) if getattr(step.objective, "fused", False) else L)
+  fused = isinstance(step.objective, kernels.FusedCausalLM)
+  rows = B * (kernels.chunk_length(B, L, V) if fused else L)
   workspace = spec.num_layers * B * L * (16 * D + 6 * F + 3 * H * L) * 4 + 3 * rows * V * 4
   if evaluators.Evaluators.create(config).sharpness:
     workspace *= 3
