@@ -5,7 +5,8 @@ bfloat16 autocast, on the CPU or a CUDA device: token + position embeddings, pre
 (fused `c_attn` q/k/v projection, `F.scaled_dot_product_attention` with `is_causal=True`, MLP
 `c_fc` → activation → `c_proj`), a final LayerNorm and an LM head tied to the token embedding;
 `F.cross_entropy` over the materialised logits; `torch.optim.AdamW` (default implementation,
-decay on matrices and embeddings) after `clip_grad_norm_`. The same shapes, initialisation
+decay on matrices and embeddings) after `clip_grad_norm_` or, with `spike_clip`, spike-only
+clipping (`clip_spikes`, as actlab's). The same shapes, initialisation
 scales and hyperparameters as the actlab config it is built from, so both do the same FLOPs per
 step; not actlab's RNGs, but from the same weights the same loss (tests/test_bench.py). The
 block's options are actlab's (`GPT2_BLOCK`'s keys; docs/running.md, "The block, field by
@@ -188,6 +189,22 @@ def ffn_width(activation, d_ff, gated_match_params=True, ffn="auto"):
   return d_ff
 
 
+def clip_spikes(parameters, multiple: float, initial_norm):
+  """actlab's spike-only clipping (core/step.py): gradients whose global norm is above `multiple`
+  × the first step's (`initial_norm`; None at the first step) scaled to that norm, others
+  unchanged, without a host sync. Returns the first step's norm."""
+  grads = [p.grad for p in parameters if p.grad is not None]
+  norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+  now = norm.detach()
+  initial_norm = now if initial_norm is None else torch.where(initial_norm > 0, initial_norm,
+                                                              now)  # a zero one: the next
+  limit = multiple * initial_norm
+  scale = torch.where(norm <= limit, torch.ones_like(norm), limit / norm)
+  for g in grads:
+    g.mul_(scale)
+  return initial_norm
+
+
 class Trainer:
   """Model, AdamW and one pre-made batch: `step()` is one full training step. With `compile`,
   the model is `torch.compile`d and, on CUDA, AdamW is the fused implementation; with dtype
@@ -215,6 +232,7 @@ class Trainer:
     self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
                                    enabled=spec.get("dtype") == "bfloat16")
     self.clip = spec.get("clip_norm", 1.0)
+    self.spike_clip, self.initial_norm = spec.get("spike_clip", 0.0), None
     g = torch.Generator().manual_seed(0)
     batch = torch.randint(0, spec["vocab"], (spec["batch"], spec["seq_len"] + 1), generator=g)
     self.x = batch[:, :-1].contiguous().to(self.device)
@@ -228,6 +246,8 @@ class Trainer:
     loss.backward()
     if self.clip:
       torch.nn.utils.clip_grad_norm_(self.parameters, self.clip)
+    elif self.spike_clip:
+      self.initial_norm = clip_spikes(self.parameters, self.spike_clip, self.initial_norm)
     self.opt.step()
     return loss
 

@@ -188,6 +188,36 @@ def torch_state(params, c) -> dict:
 MODERN = {**config_lib.BLOCKS["llama"], "model.qk_norm": True}
 
 
+def load_torch_ref():
+  spec = importlib.util.spec_from_file_location("torch_ref", REPO / "benchmarks" / "torch_ref.py")
+  torch_ref = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(torch_ref)
+  return torch_ref
+
+
+@pytest.mark.parametrize("first", [1.0, 0.0])
+def test_torch_reference_clips_spikes_as_actlab(first):
+  """torch_ref's spike-only clipping scales the gradients as actlab's `clip_spikes` over steps
+  whose norms are 1, 5, 20 and 0.5 × a base (the third above 10× the first: clipped), and with a
+  zero first gradient (the next step's norm becomes the reference, as in actlab)."""
+  torch = pytest.importorskip("torch")
+  torch_ref = load_torch_ref()
+  rng = np.random.default_rng(0)
+  base = [rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=5).astype(np.float32)]
+  tx = core.step.clip_spikes(10.0)
+  state = tx.init(base)
+  params = [torch.nn.Parameter(torch.zeros(g.shape)) for g in base]
+  initial = None
+  for scale in (first, 5.0, 20.0, 0.5):
+    grads = [scale * g for g in base]
+    expected, state = tx.update(grads, state)
+    for p, g in zip(params, grads):
+      p.grad = torch.tensor(g)
+    initial = torch_ref.clip_spikes(params, 10.0, initial)
+    for p, e in zip(params, expected):
+      np.testing.assert_allclose(p.grad.numpy(), np.asarray(e), rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("activation, block", [
     ("gelu", {}), ("swiglu", {}), ("relu2", {**MODERN, "model.ffn": "plain"}), ("silu", MODERN)])
@@ -197,9 +227,7 @@ def test_torch_reference_is_the_same_model(activation, block):
   and biases too, far from initialisation so that the logits are not near uniform), the loss
   actlab computes; and a step from torch_ref's own initialisation starts near uniform."""
   torch = pytest.importorskip("torch")
-  spec = importlib.util.spec_from_file_location("torch_ref", REPO / "benchmarks" / "torch_ref.py")
-  torch_ref = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(torch_ref)
+  torch_ref = load_torch_ref()
   c = tiny(activation, **block)
   assert ("rms rope no-bias untied" in bench.config_summary(c)) == bool(block)  # the rows say so
   tb = bench.TorchBench(c)

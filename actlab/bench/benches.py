@@ -191,6 +191,7 @@ class TorchBench:
         **{k: c.model[k] for k in BLOCK_FIELDS},
         "batch": c.train.batch_size, "lr": c.optim.lr, "b1": c.optim.b1, "b2": c.optim.b2,
         "eps": c.optim.eps, "weight_decay": c.optim.weight_decay, "clip_norm": c.optim.clip_norm,
+        "spike_clip": c.optim.spike_clip,
         "compile": mode == "compile", "device": device, "dtype": c.model.dtype,
     }
 
