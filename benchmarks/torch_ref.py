@@ -277,7 +277,12 @@ def worker() -> None:
   sys.stdout = sys.stderr  # Nothing else may write to the protocol channel.
   spec = json.loads(sys.stdin.readline())
   t0 = time.perf_counter()
-  trainer = Trainer(spec)
+  try:
+    trainer = Trainer(spec)
+  except ValueError as e:  # a config it cannot build (e.g. an activation it lacks): one line
+    out.write(json.dumps({"error": str(e)}) + "\n")
+    out.flush()
+    return
   trainer.step()  # The first step allocates; count it as set-up.
   out.write(json.dumps({"ready": True, "setup_s": time.perf_counter() - t0,
                         "params": trainer.params, "threads": torch.get_num_threads(),

@@ -19,6 +19,7 @@ import pytest
 from actlab import bench, core, tasks
 from actlab import config as config_lib
 from actlab.infra import parallel
+from actlab.infra.errors import UserError
 from actlab.measure import flops
 from conftest import REPO, tiny
 
@@ -216,6 +217,20 @@ def test_torch_reference_clips_spikes_as_actlab(first):
     initial = torch_ref.clip_spikes(params, 10.0, initial)
     for p, e in zip(params, expected):
       np.testing.assert_allclose(p.grad.numpy(), np.asarray(e), rtol=1e-6, atol=1e-7)
+
+
+def test_the_torch_worker_says_in_one_line_what_it_cannot_build():
+  """A config torch_ref cannot build (here an activation its table lacks) is one line from
+  `actlab.bench --torch`, not a worker's traceback and a guess that torch is missing."""
+  pytest.importorskip("torch")
+  tb = bench.TorchBench(tiny())
+  tb.spec = {**tb.spec, "activation": "softsign"}
+  try:
+    with pytest.raises(UserError, match=r"^actlab.bench --torch: torch_ref has no activation "
+                                        r"'softsign'; choose one of"):
+      tb.setup(1)
+  finally:
+    tb.close()
 
 
 @pytest.mark.slow

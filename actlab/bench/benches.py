@@ -18,6 +18,7 @@ import ml_collections
 
 from actlab import core, tasks
 from actlab.data import tokenizer
+from actlab.infra.errors import UserError
 from actlab.run import loop
 
 
@@ -211,7 +212,10 @@ class TorchBench:
     if not answer:
       raise RuntimeError(f"the torch worker exited (code {self.proc.wait()}); is torch installed? "
                          "pip install -e '.[bench]'")
-    return json.loads(answer)
+    reply = json.loads(answer)
+    if "error" in reply:
+      raise UserError(f"actlab.bench --torch: {reply['error']}")
+    return reply
 
   def timed(self, n: int) -> dict:
     return self._ask(f"run {n}")
