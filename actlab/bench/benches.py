@@ -98,10 +98,7 @@ def back_to_back(benches, steps: int, rounds: int) -> list[dict]:
 
 def tokenizer_vocab(config: ml_collections.ConfigDict) -> int:
   """The tokenizer's vocabulary size from its name alone (no files): what the model pads."""
-  if config.model.vocab_size:
-    return config.model.vocab_size
-  kind, size = tokenizer.parse_spec(config.data.tokenizer)
-  return size or {"byte": 257, "gpt2": 50257}[kind]
+  return config.model.vocab_size or tokenizer.nominal_vocab_size(config.data.tokenizer)
 
 
 class JaxBench:

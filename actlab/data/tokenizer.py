@@ -226,6 +226,13 @@ def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:
       return
 
 
+def nominal_vocab_size(spec: str) -> int:
+  """The ids a tokenizer of `spec` has, from its name alone (no files): at most that many for a
+  trained BPE or WordPiece, which may end with fewer."""
+  kind, size = parse_spec(spec)
+  return size or {"byte": ByteTokenizer.vocab_size, "gpt2": 50257}[kind]
+
+
 def parse_spec(spec: str) -> tuple[str, int | None]:
   """``"bpe:8192"`` -> ("bpe", 8192), ``"gpt2"`` -> ("gpt2", None): the one parser of the spec
   (``config.validate`` reports its ValueError as ``data.tokenizer: <message>``)."""

@@ -9,9 +9,9 @@ one program (tests/test_vectorized.py: R runs equal R single runs). The programs
 each once (infra/compile_cache.py keeps them for the next run): `init`; `train_step`; `log_step`,
 the same step with the diagnostics of a logged step; `eval_step`, every validation evaluator in
 one forward pass; `sharpness_step`, the power iteration (when on); for R > 1, `unstack`, each
-run's state out of R for its checkpoint. All but `init` compile in threads: the step-0 evaluation's and the first step's first,
-the others once the first step is dispatched (tracing holds Python's lock: a program traced beside
-the first step's delays it).
+run's state out of R for its checkpoint. All but `init` compile in threads: the step-0
+evaluation's and the first step's first, the others once the first step is dispatched (tracing
+holds Python's lock: a program traced beside the first step's delays it).
 
 The loop's only host syncs are at log, evaluation and checkpoint steps, each a step behind where it
 can be. A run whose loss or parameters turn non-finite stops being logged and checkpointed (its
@@ -133,8 +133,8 @@ class Program:
                eval_step=on_params(evaluators.validation_step, "eval_step"),
                sharpness_step=evaluators.sharpness and on_params(evaluators.sharpness,
                                                                  "sharpness_step"),
-               unstack=runs > 1 and Ahead(jax.jit(unstack,
-                                                  out_shardings=[run_shardings] * runs)) or None)
+               unstack=(Ahead(jax.jit(unstack, out_shardings=[run_shardings] * runs))
+                        if runs > 1 else None))
 
   def start(self, configs: Sequence[ml_collections.ConfigDict]) -> core.TrainState:
     """The initial state of the runs of `configs` (their seeds and peak LRs)."""

@@ -46,12 +46,14 @@ def run_bytes(config: ml_collections.ConfigDict) -> int:
                                        the fused loss (kernels.chunk_length)
   and with sharpness estimates on (`metrics.sharpness_every`), 3× the last two: the power
   iteration's Hessian-vector products (forward over reverse) keep more than a training step.
-  B = train.batch_size, L = data.seq_len, D = d_model, F = the FFN's hidden width, H = heads,
-  V = the padded vocabulary of `vocab_bound`. The coefficients are fitted to XLA's plans for the
-  smoke and reference decoders' programs on a CPU and rounded up (the estimate was 1.07-1.7× the
-  larger of the training and sharpness programs' plans there); activations count float32, which
-  a bfloat16 run keeps in part (norms, softmax; there bfloat16 saved 10-20%)."""
-  step = loop.create_step(config, vocab_bound(config))
+  B = train.batch_size, L = data.seq_len, D = d_model, F = the FFN's hidden width, H = heads, V =
+  the padded vocabulary (`model.vocab_size`, else the most ids the tokenizer can have). The
+  coefficients are fitted to XLA's plans for the smoke and reference decoders' programs on a CPU
+  and rounded up (the estimate was 1.07-1.7× the larger of the training and sharpness programs'
+  plans there); activations count float32, which a bfloat16 run keeps in part (norms, softmax;
+  there bfloat16 saved 10-20%)."""
+  step = loop.create_step(config, config.model.vocab_size
+                          or tokenizer.nominal_vocab_size(config.data.tokenizer))
   state = jax.eval_shape(step.init, 0, 1.0)
   nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
   spec = step.objective.model.spec
@@ -63,14 +65,6 @@ def run_bytes(config: ml_collections.ConfigDict) -> int:
   if evaluators.Evaluators.create(config).sharpness:
     workspace *= 3
   return nbytes(state) + 2 * nbytes(state.params) + workspace
-
-
-def vocab_bound(config: ml_collections.ConfigDict) -> int:
-  """The model's vocabulary before padding as far as the config says it: `model.vocab_size`, else
-  the most ids the tokenizer can have (a trained BPE may end with fewer)."""
-  kind, size = tokenizer.parse_spec(config.data.tokenizer)
-  return (config.model.vocab_size or size
-          or {"byte": tokenizer.ByteTokenizer.vocab_size, "gpt2": 50257}[kind])
 
 
 def program_size(config: ml_collections.ConfigDict, cells: int, bytes_limit: int | None,
