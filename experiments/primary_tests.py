@@ -145,10 +145,24 @@ LLaMA-style cells decay their head, which family 2's modern tests did not.
 - The family is corrected alone, apart from families 1 and 2, whose verdicts it leaves as they
   are.
 
+**Family 1's re-tests (stated 2026-11-26, before any of their runs).** Tests 2–4's gated arms
+(SwiGLU, GEGLU, ReGLU) and SiLU chose 1e-3, the lowest LR of their pilot's grid, before family 2's
+rule of one step past an edge existed. Their pilot now gets that step (`:gated_edge`: each of the
+four whose best of {1e-3, 3e-3, 1e-2} is 1e-3, at 3e-4, on the pilot's seeds 0–2), and each arm
+chooses among its four LRs as in family 2 (an arm again best at the edge says so on the page; no
+second step). A test whose choice moves for either arm is asked again on new seeds at the new LRs
+(`RETEST`, `:<test>_retest`): fresh seeds from `RETEST_FRESH_SEED` = 600 (no run of any family
+used them), n from the extended pilot's paired sd at the new LRs by the power rule above at α/3,
+at least 10 pairs and at most 40; no platform reruns. The three re-tests are a family of their
+own, K = 3 whether or not each runs (one whose choice stands is not re-run and counts as p = 1),
+corrected alone; the page shows each re-test beside its old row, which keeps its verdict at its
+old LR.
+
 The sweeps: `:<test>` trains a test's fresh seeds; `:gated_pilot` the 3-LR pilot of the gated
 FFNs and SiLU (ReLU and GELU have theirs: results/relu_vs_gelu_cpu_epoch), which picks the LRs of
 tests 2–4; the encoder's pilot is `experiments/bert_ffn_activation.py:past_plateau_pilot`;
-`:factorial_pilot` and `:factorial` family 3's pilot and fresh seeds.
+`:gated_edge` the step below it; `:factorial_pilot` and `:factorial` family 3's pilot and fresh
+seeds.
 """
 
 import itertools
@@ -216,6 +230,13 @@ for _name, (_act, _label) in MODERN.items():
                    f"modern block, plain FFN)?", _act, "gelu", MODERN_BLOCK, MODERN_STUDIES)
 
 
+# Family 1's re-tests: tests 2-4 with their pilot extended one step below its lowest LR.
+RETESTED = ("swiglu_silu", "geglu_gelu", "reglu_relu")
+RETEST = {f"{name}_retest": (*PAGE[name][:4], (*GATED, "primary_gated_edge")) for name in RETESTED}
+RETEST_FRESH_SEED = 600  # no run of any family used 600 on
+RETEST_EDGE = {min(PILOT_LRS): EDGE_STEP[min(PILOT_LRS)]}  # the step below; none above
+
+
 # Family 3: ReLU − GELU × clipping × block, one design at one LR, every cell on the same seeds.
 FACTORIAL_LR = 3e-3
 CLIPPINGS = {"none": {"optim.clip_norm": 0.0, "optim.spike_clip": 0.0},
@@ -271,19 +292,19 @@ FACTORIAL = factorial.Factorial(
 def _test(name: str, family: dict, question, a, b, fixed, pilot_studies) -> preregistered.Test:
   """Test `name` of `family` with the family's rules: its K, seeds, cap, outcome and grid."""
   model = "encoder" if fixed.get("model.kind") == "encoder" else "decoder"
-  recipe = family is RECIPE
-  cap = MAX_SEEDS["recipe_wide" if name == "recipe_wide" else "recipe"] if recipe else (
+  recipe, retest = family is RECIPE, family is RETEST
+  cap = MAX_SEEDS["recipe_wide" if name == "recipe_wide" else "recipe"] if recipe or retest else (
       MAX_SEEDS[model])
+  first_seed = RECIPE_FRESH_SEED if recipe else RETEST_FRESH_SEED if retest else FRESH_SEED
   return preregistered.Test(
-      name, question, a, b, fixed, pilot_studies, k=len(family),
-      first_seed=RECIPE_FRESH_SEED if recipe else FRESH_SEED, cap=cap, rule=RULE,
-      outcome=OUTCOME[model], grid=tuple(PILOT_LRS) if recipe else (),
-      edge_step=EDGE_STEP if recipe else {})
+      name, question, a, b, fixed, pilot_studies, k=len(family), first_seed=first_seed, cap=cap,
+      rule=RULE, outcome=OUTCOME[model], grid=tuple(PILOT_LRS) if recipe or retest else (),
+      edge_step=EDGE_STEP if recipe else RETEST_EDGE if retest else {})
 
 
-TESTS = {name: _test(name, family, *spec) for family in (PAGE, RECIPE)
+TESTS = {name: _test(name, family, *spec) for family in (PAGE, RECIPE, RETEST)
          for name, spec in family.items()}
-FAMILIES = {"page": tuple(PAGE), "recipe": tuple(RECIPE)}
+FAMILIES = {"page": tuple(PAGE), "recipe": tuple(RECIPE), "retest": tuple(RETEST)}
 RESULTS = preregistered.Results(pathlib.Path(__file__).resolve().parents[1] / "results")
 # An encoder run has left the MLM plateau (about 5.7 nats) once its validation [MASK] loss is
 # below this: descriptive, between the plateau and every run's end (2.3-3.6 nats).
@@ -376,9 +397,11 @@ def get_sweep(arg=None):
             "seeds": RECIPE_PILOT_SEEDS, "fixed": MODERN_BLOCK}
   if arg == "modern_edge":
     return edge_sweep(*MODERN)
+  if arg == "gated_edge":
+    return edge_sweep(*RETEST)
   if arg not in TESTS:
     variants = [":gated_pilot", *(f":recipe_{r}_{v}" for r in RECIPES for v in ("pilot", "edge")),
-                ":modern_pilot", ":modern_edge", ":factorial_pilot", ":factorial",
+                ":modern_pilot", ":modern_edge", ":gated_edge", ":factorial_pilot", ":factorial",
                 *(":" + t for t in TESTS)]
     raise ValueError(f"primary_tests: unknown variant {arg!r}; use one of {variants}")
   test, plan = TESTS[arg], pilot(arg)
@@ -388,6 +411,9 @@ def get_sweep(arg=None):
   if "edge" in plan:
     raise ValueError(f"primary_tests:{arg}: its pilot's best LR is at the grid's edge for "
                      f"{sorted(plan['edge'])}: run :{edge_variant(arg)} first")
+  if arg in RETEST and not moved(arg):
+    raise ValueError(f"primary_tests:{arg}: the step below the grid leaves the choice of LR where "
+                     f"it was ({plan['lr']}): {retested(arg)}'s verdict stands, nothing to re-test")
   a, b = test.a, test.b
   sweep = {"description": f"Primary test {arg}: {test.question}",
            "axes": {"model.activation": [a, b]},
@@ -401,11 +427,21 @@ def get_sweep(arg=None):
 
 def edge_variant(name: str) -> str:
   """The sweep variant that runs the step past the edge of test `name`'s pilot."""
-  return "modern_edge" if name in MODERN else f"{name}_edge"
+  return "modern_edge" if name in MODERN else "gated_edge" if name in RETEST else f"{name}_edge"
+
+
+def retested(name: str) -> str:
+  """The page's test that re-test `name` asks again."""
+  return name.removesuffix("_retest")
+
+
+def moved(name: str) -> bool:
+  """Whether re-test `name`'s extended pilot chooses another LR, for either arm, than its test's."""
+  return pilot(name)["lr"] != pilot(retested(name))["lr"]
 
 
 def edge_sweep(*names: str) -> dict:
-  """The recipe family's step past a pilot's grid edge for tests `names` (which share a pilot):
+  """The step past a pilot's grid edge for tests `names` (which share a pilot):
   each arm whose best LR is at an edge, at the LR one step past it, on the pilot's seeds."""
   plans = [pilot(name) for name in names]
   where = ", ".join(names)
@@ -416,7 +452,7 @@ def edge_sweep(*names: str) -> dict:
     raise ValueError(f"primary_tests: the edge of {where}: no arm's best LR is at the grid's "
                      "edge: nothing to run")
   arms = sorted(edge)
-  sweep = {"description": f"Recipe family, pilot: the step past the grid's edge ({where})",
+  sweep = {"description": f"Pilot: the step past the grid's edge ({where})",
            "axes": {"model.activation": arms}, "seeds": plans[0]["seeds"],
            "fixed": {**TESTS[names[0]].fixed, "optim.lr": edge[arms[0]]}}
   others = {arm: {"optim.lr": edge[arm]} for arm in arms[1:] if edge[arm] != edge[arms[0]]}
@@ -436,7 +472,9 @@ def report() -> None:
           f"(level {1 - RULE.alpha / k:.4f}), Holm over the family")
     for test, r in zip(tests, preregistered.verdicts(tests, RESULTS)):
       if r is None:
-        print(f"- {test.name}: no fresh-seed pair finished")
+        stands = test.name in RETEST and "lr" in (pilot(test.name) or {}) and not moved(test.name)
+        print(f"- {test.name}: " + ("the choice of LR stands: not re-tested" if stands else
+                                    "no fresh-seed pair finished"))
         continue
       a, b, d, plan = test.a, test.b, r["paired"], pilot(test.name)
       (low, high), ph, peh = r["interval"], r["p_holm"], r["p_equiv_holm"]
@@ -494,7 +532,9 @@ def print_plan(name: str) -> None:
           f"sd {plan['sd']:.4f} -> n = {plan['needed']} fresh seeds"
           + ("" if plan["n"] == plan["needed"] else
              f"; capped at {plan['n']}: power {plan['power']:.2f} against delta, 80% power "
-             f"above {plan['detectable']:.3f} nats"))
+             f"above {plan['detectable']:.3f} nats")
+          + ("" if name not in RETEST else "; the choice moved: re-test" if moved(name) else
+             f"; the choice stands: {retested(name)}'s verdict stands, not re-tested"))
 
 
 def weights(c: factorial.Contrast) -> str:
@@ -578,16 +618,15 @@ def review() -> None:
   page's review cites): per test the fresh seeds' sd against the pilot's, the power at it, the
   normality of the differences and the exact sign-flip p; test 1's and `recipe_clip`'s pairs
   with and without a spike; how often clipping at 1.0 acted in `recipe_clip`."""
-  for names in FAMILIES.values():
-    for name in names:
-      test, plan, d = TESTS[name], pilot(name), result(name)["paired"]
-      diffs = list(result(name)["diffs"].values())
-      print(f"- {name}: fresh sd {d.sd:.4f} / pilot sd {plan['sd']:.4f} = "
-            f"{d.sd / plan['sd']:.2f}; power against delta at the fresh sd "
-            f"{preregistered.paired_power(d.n, d.sd, RULE.delta, test.alpha):.2f} ({d.n} pairs); "
-            f"Shapiro p {stats.shapiro(diffs).pvalue:.2g}; exact sign-flip p "
-            f"{preregistered.sign_flip_p(diffs):.3g} ({test.a} lower in "
-            f"{sum(x < 0 for x in diffs)} of {d.n})")
+  for name in (*PAGE, *RECIPE):
+    test, plan, d = TESTS[name], pilot(name), result(name)["paired"]
+    diffs = list(result(name)["diffs"].values())
+    print(f"- {name}: fresh sd {d.sd:.4f} / pilot sd {plan['sd']:.4f} = "
+          f"{d.sd / plan['sd']:.2f}; power against delta at the fresh sd "
+          f"{preregistered.paired_power(d.n, d.sd, RULE.delta, test.alpha):.2f} ({d.n} pairs); "
+          f"Shapiro p {stats.shapiro(diffs).pvalue:.2g}; exact sign-flip p "
+          f"{preregistered.sign_flip_p(diffs):.3g} ({test.a} lower in "
+          f"{sum(x < 0 for x in diffs)} of {d.n})")
   without = {}
   for name in ("relu_gelu", "recipe_clip"):
     r, spikes = result(name), spiking(name)

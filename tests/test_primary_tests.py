@@ -256,6 +256,49 @@ def test_the_modern_blocks_tests_share_one_pilot_and_one_step_past_its_edge(tmp_
                                                                    "plain")
 
 
+def test_a_gated_test_is_re_tested_on_new_seeds_only_where_the_step_below_moves_its_choice(
+    tmp_path, monkeypatch, capsys):
+  """Family 1's gated tests chose the grid's lowest LR: the step below runs on the pilot's seeds
+  for every arm at that edge, and only a test whose choice then moves gets fresh seeds (600 on)."""
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
+  val = {"swiglu": {1e-3: 4.0, 3e-3: 4.1, 1e-2: 4.3}, "silu": {1e-3: 4.1, 3e-3: 4.2, 1e-2: 4.4},
+         "geglu": {1e-3: 4.0, 3e-3: 4.1, 1e-2: 4.3}, "reglu": {1e-3: 4.0, 3e-3: 4.1, 1e-2: 4.3}}
+  plain = {"relu": {1e-3: 4.2, 3e-3: 4.0, 1e-2: 4.1}, "gelu": {1e-3: 4.2, 3e-3: 4.0, 1e-2: 4.1}}
+  for study, arms in (("primary_gated_pilot", val), ("relu_vs_gelu_cpu_epoch", plain)):
+    for act, by_lr in arms.items():
+      for lr, v in by_lr.items():
+        for seed in (0, 1, 2):
+          write_run(tmp_path / study, act, lr, seed, v, v + 0.01 * seed * (act in plain))
+  assert primary.pilot("geglu_gelu")["lr"] == {"geglu": 1e-3, "gelu": 3e-3}  # the old test's
+  assert primary.pilot("geglu_gelu_retest")["edge"] == {"geglu": 3e-4}
+  with pytest.raises(ValueError, match="run :gated_edge first"):
+    primary.get_sweep("geglu_gelu_retest")
+  edge = grid.cells(tiny(), grid.parse(primary.get_sweep("gated_edge")))
+  assert sorted((c.config.model.activation, c.config.optim.lr, c.config.train.seed)
+                for c in edge) == [(act, 3e-4, s) for act in ("geglu", "reglu", "silu", "swiglu")
+                                   for s in (0, 1, 2)]
+  below = {"swiglu": 4.05, "silu": 4.15, "geglu": 3.9, "reglu": 4.05}  # only GEGLU moves
+  for act, v in below.items():
+    for seed in (0, 1, 2):
+      write_run(tmp_path / "primary_gated_edge", act, 3e-4, seed, v, v - 0.02 * seed)
+  assert primary.pilot("geglu_gelu_retest")["lr"] == {"geglu": 3e-4, "gelu": 3e-3}
+  assert primary.moved("geglu_gelu_retest") and not primary.moved("swiglu_silu_retest")
+  cells = grid.cells(tiny(), grid.parse(primary.get_sweep("geglu_gelu_retest")))
+  n = primary.pilot("geglu_gelu_retest")["n"]
+  assert n == needed(primary.pilot("geglu_gelu_retest")["sd"], "geglu_gelu_retest")
+  assert primary.TESTS["geglu_gelu_retest"].alpha == 0.05 / 3
+  assert {(c.config.model.activation, c.config.optim.lr) for c in cells} == {
+      ("geglu", 3e-4), ("gelu", 3e-3)}
+  assert sorted({c.config.train.seed for c in cells}) == list(range(600, 600 + n))
+  for name in ("swiglu_silu_retest", "reglu_relu_retest"):
+    with pytest.raises(ValueError, match="verdict stands, nothing to re-test"):
+      primary.get_sweep(name)
+  primary.report()
+  out = capsys.readouterr().out
+  assert "- swiglu_silu_retest: the choice of LR stands: not re-tested" in out
+  assert "- geglu_gelu_retest: no fresh-seed pair finished" in out
+
+
 def test_the_factorials_pilot_is_its_12_cells_on_five_seeds_no_test_reads(tmp_path, monkeypatch):
   """ReLU, GELU × no clipping, clipping at 1.0, spike-only clipping at 10× × GPT-2's block, the
   LLaMA-style one with a plain FFN, at LR 3e-3 and test 1's recipe; each sweep cell is one cell
