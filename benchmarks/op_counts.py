@@ -21,7 +21,7 @@ import numpy as np
 
 from actlab import config as config_lib
 from actlab import tasks
-from actlab.bench.benches import tokenizer_vocab
+from actlab.data.tokenizer import nominal_vocab_size
 from actlab.infra import errors
 from actlab.run import loop
 
@@ -36,7 +36,7 @@ def main(spec: str, overrides: str = "", rounds: int = 0) -> None:
   config = errors.call_file(path, "get_config", *([arg] if colon else []), kind="config")
   if overrides:
     config = config_lib.override(config, config_lib.parse_overrides(overrides))
-  vocab = tokenizer_vocab(config)
+  vocab = nominal_vocab_size(config)
   program = loop.Program.create(config, vocab)
   state = jax.eval_shape(program.step.init, 0, 1.0)
   batch = jax.eval_shape(lambda: tasks.get(config).random_batch(config, vocab, 0))

@@ -24,7 +24,7 @@ import numpy as np
 
 from actlab import config as config_lib
 from actlab import tasks
-from actlab.bench.benches import tokenizer_vocab
+from actlab.data.tokenizer import nominal_vocab_size
 from actlab.infra import errors
 from actlab.run import loop
 
@@ -80,7 +80,7 @@ def main(argv) -> None:
   c = errors.call_file(path, "get_config", arg or None, kind="config")
   if rest:
     c = config_lib.override(c, config_lib.parse_overrides(rest[0]))
-  vocab = tokenizer_vocab(c)
+  vocab = nominal_vocab_size(c)
   fns = loop.create_step(c, vocab)
   state = jax.jit(fns.init)(0)
   batch = jax.numpy.asarray(tasks.get(c).random_batch(c, vocab))

@@ -96,18 +96,13 @@ def back_to_back(benches, steps: int, rounds: int) -> list[dict]:
   return [{"queued_s": statistics.median(w)} for w in walls]
 
 
-def tokenizer_vocab(config: ml_collections.ConfigDict) -> int:
-  """The tokenizer's vocabulary size from its name alone (no files): what the model pads."""
-  return config.model.vocab_size or tokenizer.nominal_vocab_size(config.data.tokenizer)
-
-
 class JaxBench:
   """actlab's training step: `setup()` compiles and warms up, `timed(n)` times n steps."""
   name = "actlab (JAX)"
 
   def __init__(self, config: ml_collections.ConfigDict, runs: int = 1):
     self.config, self.runs = config, runs
-    self.vocab = tokenizer_vocab(config)
+    self.vocab = tokenizer.nominal_vocab_size(config)
 
   def setup(self, warmup: int) -> dict:
     c = self.config
@@ -182,7 +177,7 @@ class TorchBench:
     if not self.script.exists():
       raise FileNotFoundError(f"{self.script} not found: --torch needs a source checkout")
     self.spec = {
-        "vocab": core.pad_vocab(tokenizer_vocab(c)), "max_len": c.model.max_len,
+        "vocab": core.pad_vocab(tokenizer.nominal_vocab_size(c)), "max_len": c.model.max_len,
         "layers": c.model.num_layers, "d_model": c.model.d_model, "heads": c.model.num_heads,
         "d_ff": c.model.d_ff, "activation": c.model.activation,
         "gated_match_params": c.model.gated_match_params, "seq_len": c.data.seq_len,

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from actlab import core, tasks
-from actlab.bench.benches import tokenizer_vocab
+from actlab.data.tokenizer import nominal_vocab_size
 from actlab.measure import flops as flops_lib
 
 # Dense peak TFLOP/s per chip by (device kind substring, compute dtype). float32 on NVIDIA is the
@@ -68,7 +68,7 @@ def summarize(name: str, c, res: dict, setup: dict, memory: dict, runs: int,
   times = np.asarray(res["times"])
   step = float(np.median(times))
   tokens = c.train.batch_size * c.data.seq_len * runs
-  fl = flops_lib.for_config(c, tokenizer_vocab(c))
+  fl = flops_lib.for_config(c, nominal_vocab_size(c))
   tflops = fl.total * tokens / step / 1e12
   queued = res["queued_s"]
   return {
@@ -96,7 +96,7 @@ def config_summary(c) -> str:
            if other]
   return (f"{tasks.name(c)} {m.activation}{''.join(f' {b}' for b in block)} "
           f"L{m.num_layers} d{m.d_model} h{m.num_heads} ff{m.d_ff} "
-          f"ctx{c.data.seq_len} V{core.pad_vocab(tokenizer_vocab(c))} B{c.train.batch_size} "
+          f"ctx{c.data.seq_len} V{core.pad_vocab(nominal_vocab_size(c))} B{c.train.batch_size} "
           f"{m.dtype} attn={m.attention_impl} loss={m.loss_impl}"
           + (" scan" if m.scan_layers else "")
           + (f" remat={m.remat}" if m.remat != "none" else "")

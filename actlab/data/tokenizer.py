@@ -226,11 +226,13 @@ def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:
       return
 
 
-def nominal_vocab_size(spec: str) -> int:
-  """The ids a tokenizer of `spec` has, from its name alone (no files): at most that many for a
-  trained BPE or WordPiece, which may end with fewer."""
-  kind, size = parse_spec(spec)
-  return size or {"byte": ByteTokenizer.vocab_size, "gpt2": 50257}[kind]
+def nominal_vocab_size(config) -> int:
+  """The model's vocabulary before padding as far as `config` says it, from names alone (no
+  files): `model.vocab_size`, else the ids its tokenizer spec has (at most that many for a trained
+  BPE or WordPiece, which may end with fewer)."""
+  kind, size = parse_spec(config.data.tokenizer)
+  return (config.model.vocab_size or size
+          or {"byte": ByteTokenizer.vocab_size, "gpt2": 50257}[kind])
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
