@@ -13,6 +13,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import types
 
 import jax
@@ -67,11 +68,15 @@ def swept(tmp_path_factory):
       "                    'metrics.sharpness_iters': 2}}\n")
   with pytest.MonkeyPatch.context() as mp, compilations() as compiled:
     mp.setattr(core.Step, "train_step", counted)
-    cache, compiled_by_cell = {}, []
-    results = sweep.run(tiny(), str(spec), tmp / "runs", cache=cache,
-                        log=lambda _: compiled_by_cell.append(len(compiled)))
+    cache, compiled_by_cell, logged_at = {}, [], []
+
+    def log(_):
+      compiled_by_cell.append(len(compiled))
+      logged_at.append(time.perf_counter())
+    results = sweep.run(tiny(), str(spec), tmp / "runs", cache=cache, log=log)
     yield types.SimpleNamespace(root=tmp / "runs", spec=str(spec), results=results,
-                                traces=traces, cache=cache, compiled_by_cell=compiled_by_cell)
+                                traces=traces, cache=cache, compiled_by_cell=compiled_by_cell,
+                                logged_at=logged_at)
 
 
 @contextlib.contextmanager
@@ -107,6 +112,11 @@ def test_cells_differing_in_lr_and_seed_share_one_compiled_step(swept, tmp_path)
   assert first >= 4 and later == [first] * 3, swept.compiled_by_cell
   assert len(swept.compiled_by_cell) == 6, swept.compiled_by_cell
   assert list(swept.results) == [f"lr={lr:g},seed={s}" for s in SEEDS for lr in LRS]  # by seed
+  # A later cell's fixed cost is its own, from its start to its first step, not the process's
+  # age: within the time between the log lines around it, and short with the step compiled.
+  for k, summary in enumerate(list(swept.results.values())[1:], start=2):
+    startup = summary["timing"]["startup_sec"]
+    assert 0 < startup < swept.logged_at[k] - swept.logged_at[k - 1], (k, startup)
   # The LR and the seed reached the shared step: logged LRs scale with the peak LR, the seed
   # changes the initialisation and the LR does not (a row before the LR-0.5 cells diverge).
   lr_at = lambda name: _rows(swept.root / name)[1]["lr"]

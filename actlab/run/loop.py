@@ -241,18 +241,19 @@ def get(config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
 # --- The loop -----------------------------------------------------------------------------------
 
 def train_lanes(program: Program, lanes: list[Lane], state, start: int, vocab_size: int,
-                compiles: compile_cache.Tally) -> list[dict]:
+                compiles: compile_cache.Tally, began: float | None) -> list[dict]:
   """Trains `lanes` (run r of `program` is `lanes[r]`) from step `start` (all at the same step,
   with the same schedule) and writes and returns their summaries, in order, with what the process
-  compiled for them (`compiles`)."""
+  compiled for them (`compiles`) and their fixed cost: the seconds from `began` (a
+  `time.perf_counter()`; None: the process's start) to their first step's dispatch."""
   with contextlib.ExitStack() as closing:  # The trackers last: W&B logs the summary.
     for lane in lanes:
       closing.callback(lane.close_writers)
-    return _train(program, lanes, state, start, vocab_size, compiles)
+    return _train(program, lanes, state, start, vocab_size, compiles, began)
 
 
 def _train(program: Program, lanes: list[Lane], state, start: int, vocab_size: int,
-           compiles: compile_cache.Tally) -> list[dict]:
+           compiles: compile_cache.Tally, began: float | None) -> list[dict]:
   """The loop itself: one step, then whatever that step is due for, each a plain `if`."""
   config = lanes[0].config
   t, sharpness = config.train, program.evaluators.sharpness
@@ -285,7 +286,7 @@ def _train(program: Program, lanes: list[Lane], state, start: int, vocab_size: i
       state, metrics = (program.log_step if log else program.train_step)(
           state, batches.take(step))
       if step == start:
-        rows.startup_sec = since_process_start()
+        rows.startup_sec = seconds_since(began)
         compile_rest()
       if program.plan.sync_each_step:  # simulated CPU devices: parallel.Plan.sync_each_step
         jax.block_until_ready(metrics)
@@ -383,7 +384,7 @@ class Rows:
     self.bar = tqdm.tqdm(total=config.train.steps, initial=start, unit="step", dynamic_ncols=True,
                          disable=not config.train.progress or len(lanes) > 1)
     self.measure_sec = {"evaluation": 0.0, "sharpness": 0.0}
-    self.startup_sec = None  # from the process's start to the first step's dispatch
+    self.startup_sec = None  # from the runs' start (`train_lanes`) to the first step's dispatch
     self.t0 = self.wall0 = None
 
   @property
@@ -510,8 +511,11 @@ class Interrupted(UserError):
     self.exit_code = 128 + signum
 
 
-def since_process_start() -> float | None:
-  """Seconds since this process started (Linux's /proc; None elsewhere)."""
+def seconds_since(began: float | None) -> float | None:
+  """Seconds since `began` (a `time.perf_counter()`) or, for None, since this process started
+  (Linux's /proc; None elsewhere)."""
+  if began is not None:
+    return time.perf_counter() - began
   try:
     ticks = int(pathlib.Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
     uptime = float(pathlib.Path("/proc/uptime").read_text().split()[0])

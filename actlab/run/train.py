@@ -9,6 +9,7 @@ touching its files. Runs resume from their latest intact checkpoint (infra/check
 
 import contextlib
 import dataclasses
+import time
 from typing import Callable, Sequence
 
 import ml_collections
@@ -37,11 +38,18 @@ def run(config: ml_collections.ConfigDict, workdir, cache: dict | None = None) -
   return run_group([config], [workdir], cache)[0]
 
 
+_trained_before = False  # whether this process has started a run_group: the first one's fixed
+# cost counts from the process's start (imports included), a later one's from its own call
+
+
 def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
               cache: dict | None = None, log: Callable[[str], None] = print) -> list[dict]:
   """Trains (or resumes) the runs `configs[i]` in `workdirs[i]` (paths or `RunDir`s) and returns
   their summaries, in order. The unfinished runs that resume at the same step train as one
   program (R states stacked); runs at another step train after them as another."""
+  global _trained_before
+  began = time.perf_counter() if _trained_before else None
+  _trained_before = True
   configs = list(configs)
   parallel.initialize(configs[0])  # Before anything asks JAX for a device (`RunDir.open` does).
   run_dirs = [RunDir.open(w) for w in workdirs]
@@ -54,12 +62,12 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
                                      "actlab.sweep")
   compile_cache.enable(configs[0].train.compile_cache)
   with compile_cache.tally() as compiles:
-    return _run_group(configs, run_dirs, cache, log, compiles)
+    return _run_group(configs, run_dirs, cache, log, compiles, began)
 
 
-def _run_group(configs, run_dirs, cache, log, compiles) -> list[dict]:
+def _run_group(configs, run_dirs, cache, log, compiles, began) -> list[dict]:
   """`run_group` once its run directories are open and checked; `compiles` counts what the
-  process compiles for them."""
+  process compiles for them; their fixed cost counts from `began` (`loop.train_lanes`)."""
   if len(configs) > 1:
     loop.check_group(configs)
   unfinished = sum(finished(c, r) is None for c, r in zip(configs, run_dirs))
@@ -106,6 +114,7 @@ def _run_group(configs, run_dirs, cache, log, compiles) -> list[dict]:
                          restored[2] if restored else None)
                for c, (i, ck, restored) in zip(group, members)]
       for (i, _, _), summary in zip(members, loop.train_lanes(program, lanes, state, start,
-                                                              vocab_size, compiles)):
+                                                              vocab_size, compiles, began)):
         summaries[i] = summary
+      began = time.perf_counter()  # The next group's fixed cost counts from here.
   return summaries
