@@ -1,13 +1,14 @@
 """Where a run's time goes, as a user runs it: `python benchmarks/run_cost.py [--sizes=smoke,reference]
 [--steps=N]` (BENCHMARKS.md, "A run's fixed cost"; docs/performance.md).
 
-Per size, two cells of one sweep, each `python -m actlab.main` in its own process with one fresh
-compilation cache: cell 1 (seed 0, LR 1e-3) finds it empty, cell 2 (seed 1, LR 3e-3: the same
-shapes) finds cell 1's programs. Then `actlab.bench` times the same config's step queued back to
-back. Per cell it prints: the programs compiled and taken from the cache (summary.json's
+Per size, two cells of one sweep run two ways, each with a fresh compilation cache: each cell
+`python -m actlab.main` in its own process (cell 1, seed 0 and LR 1e-3, finds the cache empty;
+cell 2, seed 1 and LR 3e-3, the same shapes, finds cell 1's programs), and both cells (LR 1e-3 and
+3e-3, seed 0) in one `python -m actlab.sweep` process, as a sweep runs them (cell 2 runs the
+programs cell 1 built). `actlab.bench` times the same config's step queued back to back. Per cell it prints: the programs compiled and taken from the cache (summary.json's
 `timing.compile`), the seconds spent compiling, the fixed cost (process start to the first step,
-`timing.startup_sec`), the loop's steady step over the back-to-back step, measurement's share of the
-loop's wall (`timing.measure_share`), and the process's whole wall time. The sizes: `smoke`, the
+`timing.startup_sec`; for a sweep's cell 2, from its own start), the loop's steady step over the back-to-back step, measurement's share of the
+loop's wall (`timing.measure_share`), and the process's whole wall time (a sweep's: both cells'). The sizes: `smoke`, the
 Quickstart's config; `reference`, configs/tinystories_gelu.py on the synthetic corpus with the byte
 tokenizer (6 × 384, context 128, batch 32), at its default measurement settings.
 """
@@ -27,20 +28,26 @@ SIZES = {
                   "--config.data.tokenizer=byte", "--config.metrics.tensorboard=false"],
 }
 CELLS = (("1 (empty cache)", 0, 1e-3), ("2 (other seed, LR)", 1, 3e-3))
+SWEEP = "def get_sweep(arg=None):\n  return {'axes': {'optim.lr': [1e-3, 3e-3]}, 'seeds': [0]}\n"
+SWEEP_CELLS = (("sweep cell 1 (empty cache)", "lr=0.001,seed=0"),
+               ("sweep cell 2 (other LR)", "lr=0.003,seed=0"))
 
 
-def cell(flags: list[str], workdir: pathlib.Path, cache: pathlib.Path, seed: int, lr: float):
+def run(command: list[str], cache: pathlib.Path) -> float:
+  """Runs an actlab command with the cache `cache`; its wall time (s)."""
   start = time.perf_counter()
-  out = subprocess.run([sys.executable, "-m", "actlab.main", *flags, f"--workdir={workdir}",
-                        f"--config.train.seed={seed}", f"--config.optim.lr={lr}",
-                        f"--config.train.compile_cache={cache}", "--config.train.progress=false"],
-                       cwd=REPO, capture_output=True, text=True)
-  wall = time.perf_counter() - start
+  out = subprocess.run([sys.executable, "-m", *command, f"--config.train.compile_cache={cache}",
+                        "--config.train.progress=false"], cwd=REPO, capture_output=True, text=True)
   if out.returncode:
     sys.exit(out.stdout[-2000:] + out.stderr[-2000:])
+  return time.perf_counter() - start
+
+
+def results(workdir: pathlib.Path) -> tuple[dict, int]:
+  """A run's summary and tokens per step."""
   config = json.loads((workdir / "config.json").read_text())
   tokens_per_step = config["train"]["batch_size"] * config["data"]["seq_len"]
-  return json.loads((workdir / "summary.json").read_text()), tokens_per_step, wall
+  return json.loads((workdir / "summary.json").read_text()), tokens_per_step
 
 
 def back_to_back_ms(flags: list[str], out: pathlib.Path, steps: int) -> float:
@@ -66,13 +73,22 @@ def main():
     with tempfile.TemporaryDirectory(prefix="actlab-run-cost-") as tmp:
       tmp = pathlib.Path(tmp)
       bench_ms = back_to_back_ms(flags, tmp / "bench.jsonl", args.bench_steps)
+      rows = []
       for name, seed, lr in CELLS:
-        summary, tokens_per_step, wall = cell(flags, tmp / f"cell{seed}", tmp / "xla", seed, lr)
+        wall = run(["actlab.main", *flags, f"--workdir={tmp / f'cell{seed}'}",
+                    f"--config.train.seed={seed}", f"--config.optim.lr={lr}"], tmp / "xla")
+        rows.append((name, *results(tmp / f"cell{seed}"), f"{wall:.1f}"))
+      (tmp / "sweep.py").write_text(SWEEP)
+      wall = run(["actlab.sweep", *flags, f"--sweep={tmp / 'sweep.py'}",
+                  f"--workdir={tmp / 'sweep'}"], tmp / "sweep-xla")
+      for (name, cell), whole in zip(SWEEP_CELLS, ("", f"{wall:.1f} (both)")):
+        rows.append((name, *results(tmp / "sweep" / cell), whole))
+      for name, summary, tokens_per_step, whole in rows:
         t, c = summary["timing"], summary["timing"]["compile"]
         step_ms = 1e3 * tokens_per_step / summary["tokens_per_sec"]  # the loop's steady step
         print(f"| {size} | {name} | {c['programs_compiled']} / {c['programs_cached']} | "
               f"{c['sec']:.1f} | {t['startup_sec']:.1f} | {step_ms:.1f} / {bench_ms:.1f} ms = "
-              f"{bench_ms / step_ms:.2f}× | {100 * t['measure_share']:.1f}% | {wall:.1f} |",
+              f"{bench_ms / step_ms:.2f}× | {100 * t['measure_share']:.1f}% | {whole} |",
               flush=True)
 
 
