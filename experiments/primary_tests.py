@@ -687,6 +687,59 @@ def figure(path: pathlib.Path = FIGURE) -> None:
   print(f"wrote {path.relative_to(path.parents[2])}")
 
 
+FACTORIAL_FIGURE = FIGURE.with_name("factorial.png")
+CONTRAST_WORDS = {"relu_gelu": "GPT-2's block, unclipped",  # the figure's words for each
+                  "clip_change": "clipped at 1.0 − unclipped",
+                  "spike_change": "spike-only − unclipped",
+                  "spike_vs_clip": "spike-only − clipped at 1.0",
+                  "block_change": "LLaMA-style − GPT-2's block, unclipped"}
+
+
+def factorial_rows(v: dict) -> tuple[list, list]:
+  """Family 3's figure from its `factorial.verdicts`: per block and clipping, ReLU − GELU with its
+  unadjusted 95% interval (descriptive); then each contrast with its simultaneous interval. Rows
+  of (label, mean, low, high)."""
+  cells = []
+  for block in FACTORIAL_BLOCKS:
+    for clip in CLIPPINGS:
+      d = v["descriptive"][f"relu_gelu_{clip}_{block}"]
+      cells.append((f"{BLOCK_WORDS[block].removeprefix('in ')}, {CLIP_WORDS[clip]}", d.mean,
+                     d.ci_low, d.ci_high))
+  contrasts = [(f"{c.name}\n{CONTRAST_WORDS[c.name]}", v["contrasts"][c.name]["paired"].mean,
+                *v["contrasts"][c.name]["interval"]) for c in FACTORIAL.contrasts]
+  return cells, contrasts
+
+
+def figure_factorial(path: pathlib.Path = FACTORIAL_FIGURE) -> None:
+  """Family 3 on its fresh seeds (`factorial_rows`), both margins marked."""
+  v = factorial.verdicts(FACTORIAL, RESULTS)
+  if v is None:
+    print(f"family {FACTORIAL.name!r}: no seed finished in every cell; no figure")
+    return
+  import matplotlib
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt
+  panels = zip(factorial_rows(v), (
+      "ReLU − GELU per cell: mean, 95% interval (descriptive)",
+      f"contrasts: mean, simultaneous interval (α/{FACTORIAL.k})"))
+  fig, axes = plt.subplots(2, 1, figsize=(7.0, 6.4), height_ratios=(6, 5), sharex=True)
+  for ax, (rows, title) in zip(axes, panels):
+    for y, (_, mean, low, high) in enumerate(rows):
+      ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="k", capsize=4)
+    ax.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)
+    ax.invert_yaxis()
+    for m, style in zip(FACTORIAL.margins, ("--", ":")):
+      for x in (-m, m):
+        ax.axvline(x, color="tab:red", ls=style, lw=1)
+    ax.axvline(0, color="0.6", lw=1)
+    ax.set_title(title, fontsize=9)
+  axes[-1].set_xlabel(f"final test loss (nats); ±{FACTORIAL.margins[0]:g} dashed, "
+                      f"±{FACTORIAL.margins[1]:g} dotted; n = {len(v['seeds'])}", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  print(f"wrote {path.relative_to(path.parents[2])}")
+
+
 def main(what: str = "plan") -> None:
   for fam, names in FAMILIES.items():
     print(f"family {fam!r}: K = {len(names)} tests, family-wise alpha {RULE.alpha}; power "
@@ -700,6 +753,7 @@ def main(what: str = "plan") -> None:
     report_factorial()
   if what == "figure":
     figure()
+    figure_factorial()
   if what == "plateau":
     exits = plateau_exits()
     print(f"encoder runs: the step their validation [MASK] loss falls below {PLATEAU_EXIT} nats "

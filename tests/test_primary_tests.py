@@ -372,3 +372,30 @@ def write_factorial_run(root, cell, seed, test, grad_rel=2.0):
   (run / "config.json").write_text(json.dumps(config))
   (run / "summary.json").write_text(json.dumps({"status": "stable", "final_test_loss": test,
                                                 "grad_norm_max_rel": grad_rel}))
+
+
+def test_the_factorials_figure_shows_each_cells_gap_and_each_contrast_with_its_sign(
+    tmp_path, monkeypatch):
+  """GELU 0.1 nats above ReLU unclipped in GPT-2's block alone: that cell's ReLU − GELU is −0.1,
+  the others' 0; clipping, spike-only clipping and the LLaMA-style block each change it by +0.1,
+  spike-only against full clipping by 0. The figure is drawn from those rows."""
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
+  fam, rng = primary.FACTORIAL, np.random.default_rng(0)
+  for seed in (400, 401, 402, 403):
+    for cell in fam.cells:
+      write_factorial_run(tmp_path / fam.study, cell, seed, 4.0 + 0.01 * seed + 0.1 * (
+          cell == "gelu/none/gpt2") + 1e-3 * rng.standard_normal())
+  cells, contrasts = primary.factorial_rows(factorial.verdicts(fam, primary.RESULTS))
+  expected = {"GPT-2's block, unclipped": -0.1}
+  assert [label for label, *_ in cells] == [
+      f"{block}, {clip}" for block in ("GPT-2's block", "the LLaMA-style block")
+      for clip in ("unclipped", "clipped at 1.0", "with spike-only clipping")]
+  for label, mean, low, high in cells:
+    assert mean == pytest.approx(expected.get(label, 0.0), abs=5e-3) and low < mean < high
+  changes = {"relu_gelu": -0.1, "clip_change": 0.1, "spike_change": 0.1, "spike_vs_clip": 0.0,
+             "block_change": 0.1}
+  assert [label.split("\n")[0] for label, *_ in contrasts] == list(changes)
+  for (_, mean, low, high), want in zip(contrasts, changes.values()):
+    assert mean == pytest.approx(want, abs=5e-3) and low < mean < high
+  primary.figure_factorial(tmp_path / "factorial.png")
+  assert (tmp_path / "factorial.png").stat().st_size > 10_000
