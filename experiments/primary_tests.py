@@ -599,6 +599,29 @@ def report_factorial() -> None:
   print("  descriptive (unadjusted 95% intervals): " + "; ".join(
       f"{name} {d.mean:+.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}]"
       for name, d in v["descriptive"].items()))
+  print("\nAs RESULTS.md's table (each number rounded once, from the values above):\n")
+  print("\n".join(factorial_table(v)))
+
+
+def factorial_table(v: dict) -> list[str]:
+  """Family 3's verdicts (`factorial.verdicts`) as a markdown table, a row per contrast."""
+  margins, n = FACTORIAL.margins, len(v["seeds"])
+  signed = lambda x: f"{x:+.3f}".replace("-", "−")  # the page's minus sign
+  lines = ["| contrast | question | mean, 95% interval | simultaneous interval | p (Holm) | "
+           "sign-flip p (Holm) | below 0 in | " + " | ".join(f"verdict at ±{m:g}" for m in margins)
+           + " | the spiking seeds carry |",
+           "|---" * (8 + len(margins)) + "|"]
+  for c in FACTORIAL.contrasts:
+    r = v["contrasts"][c.name]
+    d, (low, high), spikes = r["paired"], r["interval"], r["spikes"]
+    below = sum(x < 0 for x in r["values"].values())
+    lines.append(
+        f"| `{c.name}` | {c.question} | {signed(d.mean)} [{signed(d.ci_low)}, "
+        f"{signed(d.ci_high)}] | [{signed(low)}, {signed(high)}] | {r['p_holm']:.2g} | "
+        f"{r['p_sign_holm']:.2g} | {below} of {n} | "
+        + " | ".join(f"**{r['margins'][m]['verdict']}**" for m in margins)
+        + f" | {signed(spikes['carried'])} ({len(spikes['spiking_seeds'])} seeds) |")
+  return lines
 
 
 EARLY_STEPS = 150  # `review`: the early steps at which clipping's reach is counted

@@ -399,3 +399,28 @@ def test_the_factorials_figure_shows_each_cells_gap_and_each_contrast_with_its_s
     assert mean == pytest.approx(want, abs=5e-3) and low < mean < high
   primary.figure_factorial(tmp_path / "factorial.png")
   assert (tmp_path / "factorial.png").stat().st_size > 10_000
+
+
+def test_the_factorials_table_rounds_each_number_once_from_the_verdicts(tmp_path, monkeypatch):
+  """A row per contrast, in the family's order, each number printed from the verdicts' raw value
+  (never from a rounded one) and both margins' verdicts."""
+  monkeypatch.setattr(primary, "RESULTS", preregistered.Results(tmp_path))
+  fam, rng = primary.FACTORIAL, np.random.default_rng(1)
+  for seed in range(400, 410):  # the sign-flip test needs 10 for Holm at K = 5
+    for cell in fam.cells:
+      write_factorial_run(tmp_path / fam.study, cell, seed, 4.0 + 0.02 * rng.standard_normal() + (
+          0.3 if cell == "gelu/none/gpt2" else 0.0), grad_rel=30.0 if (
+              cell == "gelu/none/gpt2" and seed < 402) else 2.0)
+  v = factorial.verdicts(fam, primary.RESULTS)
+  head, rule, *rows = primary.factorial_table(v)
+  assert head.count("|") == rule.count("|") == 11 and len(rows) == fam.k
+  assert [row.split(" | ")[0] for row in rows] == [f"| `{c.name}`" for c in fam.contrasts]
+  first = rows[0].split(" | ")
+  r = v["contrasts"]["relu_gelu"]
+  signed = lambda x: f"{x:+.3f}".replace("-", "−")
+  assert first[2] == (f"{signed(r['paired'].mean)} [{signed(r['paired'].ci_low)}, "
+                      f"{signed(r['paired'].ci_high)}]")
+  assert first[2].startswith("−0.3")  # ReLU lower by 0.3 where GELU's cell is 0.3 above
+  assert first[6] == "10 of 10"
+  assert first[7] == "**relu lower by at least 0.1**" and first[8] == "**relu lower by at least 0.05**"
+  assert first[9] == f"{signed(r['spikes']['carried'])} (2 seeds) |"
