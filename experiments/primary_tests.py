@@ -678,6 +678,19 @@ def review() -> None:
 FIGURE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "img" / "activation_x_recipe.png"
 
 
+def draw_intervals(ax, rows, margins: tuple[float, ...]) -> None:
+  """Rows of (label, mean, low, high) on `ax`, top down, each a mean with its interval; 0 marked
+  in grey and ±each margin in red (the first dashed, the second dotted)."""
+  for y, (_, mean, low, high) in enumerate(rows):
+    ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="k", capsize=4)
+  ax.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)
+  ax.invert_yaxis()
+  for m, style in zip(margins, ("--", ":")):
+    for x in (-m, m):
+      ax.axvline(x, color="tab:red", ls=style, lw=1)
+  ax.axvline(0, color="0.6", lw=1)
+
+
 def figure(path: pathlib.Path = FIGURE) -> None:
   """ReLU − GELU on the decoder per recipe and block (ReLU² − GELU in the LLaMA-style block too):
   the mean and its simultaneous interval (family 1's test 1 at α/7, family 2's tests at α/6), ±δ
@@ -695,15 +708,9 @@ def figure(path: pathlib.Path = FIGURE) -> None:
     r = result(name)
     if r is not None:
       rows.append((f"{label}\n({r['paired'].n} pairs)", r["paired"].mean,
-                   comparisons.simultaneous_interval(r["paired"], TESTS[name].k, RULE.alpha)))
+                   *comparisons.simultaneous_interval(r["paired"], TESTS[name].k, RULE.alpha)))
   fig, ax = plt.subplots(figsize=(6.4, 0.7 * len(rows) + 1.2))
-  for y, (label, mean, (low, high)) in enumerate(rows):
-    ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="k", capsize=4)
-  ax.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)
-  ax.invert_yaxis()
-  for x in (-RULE.delta, RULE.delta):
-    ax.axvline(x, color="tab:red", ls="--", lw=1)
-  ax.axvline(0, color="0.6", lw=1)
+  draw_intervals(ax, rows, (RULE.delta,))
   ax.set_xlabel("ReLU − GELU, final test loss (nats): mean and simultaneous interval; ±δ dashed")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -747,14 +754,7 @@ def figure_factorial(path: pathlib.Path = FACTORIAL_FIGURE) -> None:
       f"contrasts: mean, simultaneous interval (α/{FACTORIAL.k})"))
   fig, axes = plt.subplots(2, 1, figsize=(7.0, 6.4), height_ratios=(6, 5), sharex=True)
   for ax, (rows, title) in zip(axes, panels):
-    for y, (_, mean, low, high) in enumerate(rows):
-      ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="k", capsize=4)
-    ax.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)
-    ax.invert_yaxis()
-    for m, style in zip(FACTORIAL.margins, ("--", ":")):
-      for x in (-m, m):
-        ax.axvline(x, color="tab:red", ls=style, lw=1)
-    ax.axvline(0, color="0.6", lw=1)
+    draw_intervals(ax, rows, FACTORIAL.margins)
     ax.set_title(title, fontsize=9)
   axes[-1].set_xlabel(f"final test loss (nats); ±{FACTORIAL.margins[0]:g} dashed, "
                       f"±{FACTORIAL.margins[1]:g} dotted; n = {len(v['seeds'])}", fontsize=9)
