@@ -113,7 +113,7 @@ def test_cells_differing_in_lr_and_seed_share_one_compiled_step(swept, tmp_path)
   assert len(swept.compiled_by_cell) == 6, swept.compiled_by_cell
   assert list(swept.results) == [f"lr={lr:g},seed={s}" for s in SEEDS for lr in LRS]  # by seed
   # A later cell's fixed cost is its own, from its start to its first step, not the process's
-  # age: within the time between the log lines around it, and short with the step compiled.
+  # age: within the time between the log lines around it.
   for k, summary in enumerate(list(swept.results.values())[1:], start=2):
     startup = summary["timing"]["startup_sec"]
     assert 0 < startup < swept.logged_at[k] - swept.logged_at[k - 1], (k, startup)
