@@ -3,36 +3,36 @@
 # --label switched on or off against the baseline, or actlab side by side with PyTorch
 # (--torch: torch.compile with fused AdamW on a GPU), step by step and back to back.
 # Needs: pip install -e '.[cuda]'. For the six-run study also TinyStories + the GPT-2 BPE files
-# (see docs/data.md). Output: markdown rows on stdout, JSON lines in $OUT.
+# (see docs/data.md; ACTLAB_DATA_DIR and ACTLAB_GPT2_DIR point at them). Output: markdown rows on stdout, JSON lines in $OUT.
 # Usage: bash benchmarks/gpu_suite.sh [WHEELS]: WHEELS, a folder of wheels for what a bare GPU
 # image lacks (ml_collections, tensorboardX, tensorflow-datasets, importlib_resources and their
 # dependencies), installed offline first. The rows run most wanted first, so that a run cut short
 # (8 minutes on a bare machine) keeps them: a run's fixed cost and the six-run study, then the
 # step's rows.
 set -euo pipefail
-if [ -n "${1:-}" ]; then
-  pip install -q --no-index --find-links "$1" ml_collections tensorboardX tensorflow-datasets \
-      importlib_resources
-  pip install -q --no-deps --no-build-isolation -e .
+if [ -n "${1:-}" ]; then  # beside the image's packages, not over them; actlab from this checkout
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/actlab-site "$1"/*.whl
+  export PYTHONPATH=/tmp/actlab-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 OUT=${OUT:-benchmarks/results_gpu.jsonl}
-B="python -m actlab.bench --json_out=$OUT --markdown --steps=30 --warmup=5"
+B="python3 -m actlab.bench --json_out=$OUT --markdown --steps=30 --warmup=5"
 G=benchmarks/gpt2_small.py
 
-# A run's fixed cost: two cells of a sweep sharing a fresh compilation cache, at the smoke size and
-# as a default 1,000-step reference run (targets: <= 15 s with a warm cache; the loop >= 0.9x the
-# back-to-back step).
-python benchmarks/run_cost.py --sizes=smoke
-python benchmarks/run_cost.py --sizes=reference --steps=1000
+# A run's fixed cost: two cells of a sweep sharing a fresh compilation cache, as a default 1,000-step
+# reference run (targets: <= 15 s with a warm cache; the loop >= 0.9x the back-to-back step), and
+# after the six-run study at the smoke size.
+python3 benchmarks/run_cost.py --sizes=reference --steps=1000
 
 # The six-run study end to end (target: <= 3 minutes), vectorized and not.
 R=configs/tinystories_gelu.py
 for v in true false; do
   rm -rf /tmp/six_$v
-  /usr/bin/time -f "six-run study, vectorize=$v: %e s" python -m actlab.sweep \
-      --config=$R --config.model.dtype=bfloat16 --config.sweep.vectorize=$v \
-      --sweep=benchmarks/six_run_study.py --workdir=/tmp/six_$v
+  start=$SECONDS
+  python3 -m actlab.sweep --config=$R --config.model.dtype=bfloat16 \
+      --config.sweep.vectorize=$v --sweep=benchmarks/six_run_study.py --workdir=/tmp/six_$v
+  echo "six-run study, vectorize=$v: $((SECONDS - start)) s end to end"
 done
+python3 benchmarks/run_cost.py --sizes=smoke
 
 # GPT-2 small, 16 × 1024 tokens per step: targets >= 45% MFU in bf16, >= 1.1x torch.compile.
 $B --config=$G --label="bf16, cuDNN attention (auto), fused loss: all on"

@@ -244,6 +244,7 @@ def test_shards_partition_the_cells_and_each_trains_only_its_own(tmp_path, monke
     return [{"status": "stable", "final_val_loss": 1.0}] * len(configs)
 
   monkeypatch.setattr(train, "run_group", fake_run_group)
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # cell by cell, on a GPU host too
   for i in range(3):
     results = sweep.run(tiny(), str(spec), tmp_path / "runs", log=lambda _: None, shard=(i, 3))
     assert list(results) == trained[-4:] and sorted(trained[-4:]) == sorted(names[i::3])
@@ -588,6 +589,7 @@ def test_by_default_a_sweep_trains_cells_one_by_one_on_a_cpu_and_vectorized_on_a
     return [{"status": "stable"}] * len(configs)
 
   monkeypatch.setattr(train, "run_group", fake_run_group)
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # a CPU, on a GPU host too
   lines = []
   sweep.run(tiny(), str(spec), tmp_path / "cpu", log=lines.append)
   assert programs == [["lr=0.001,seed=0"], ["lr=0.003,seed=0"], ["lr=0.001,seed=1"],
@@ -649,6 +651,7 @@ def test_sweep_prints_cell_k_of_n_and_skips_cells_done_before(tmp_path, monkeypa
     return out
 
   monkeypatch.setattr(train, "run_group", fake_run_group)
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # cell by cell, on a GPU host too
   lines = []
   results = sweep.run(tiny(), str(spec), root, log=lines.append)
   assert len(results) == 4
