@@ -16,14 +16,14 @@ SUITE = REPO / "benchmarks" / "gpu_suite.sh"
 
 
 def commands() -> list[list[str]]:
-  """The suite's `$B ...` and `python -m actlab.sweep ...` commands as argument lists, with the
+  """The suite's `$B ...` and `python3 -m actlab.sweep ...` commands as argument lists, with the
   script's variables substituted (the loop variable `$v` as `true`)."""
   text = SUITE.read_text().replace("\\\n", " ")
   variables = {name: value for name, _, value in re.findall(r'^([A-Z]+)=("?)(.*?)\2$', text, re.M)}
   out = []
   for line in text.splitlines():
     line = line.strip()
-    if not line.startswith(("$B ", "/usr/bin/time")):
+    if not line.startswith(("$B ", "python3 -m actlab.sweep")):
       continue
     for name, value in variables.items():
       line = line.replace(f"${name} ", f"{value} ").replace(f"${name}:", f"{value}:")
@@ -49,6 +49,7 @@ def load(config_args: list[str]):
 def test_every_gpu_suite_command_resolves():
   cmds = commands()
   assert len(cmds) >= 12, cmds  # the GPT-2 small rows, the reference rows, the six-run study
+  assert any("--sweep=benchmarks/six_run_study.py" in args for args in cmds), cmds
   known = bench_flags() | {"sweep", "workdir"}
   for args in cmds:
     names = {a[2:].split("=")[0].split(".")[0] for a in args if a.startswith("--")}
