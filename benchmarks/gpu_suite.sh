@@ -3,7 +3,8 @@
 # --label switched on or off against the baseline, or actlab side by side with PyTorch
 # (--torch: torch.compile with fused AdamW on a GPU), step by step and back to back.
 # Needs: pip install -e '.[cuda]'. For the six-run study also TinyStories + the GPT-2 BPE files
-# (see docs/data.md; ACTLAB_DATA_DIR and ACTLAB_GPT2_DIR point at them). Output: markdown rows on stdout, JSON lines in $OUT.
+# (see docs/data.md; ACTLAB_DATA_DIR and ACTLAB_GPT2_DIR point at them). Output: markdown rows on
+# stdout, JSON lines in $OUT.
 # Usage: bash benchmarks/gpu_suite.sh [WHEELS]: WHEELS, a folder of wheels for what a bare GPU
 # image lacks (ml_collections, tensorboardX, tensorflow-datasets, importlib_resources and their
 # dependencies), installed offline first. The rows run most wanted first, so that a run cut short

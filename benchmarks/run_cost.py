@@ -6,7 +6,8 @@ Per size, two cells of one sweep run two ways, each with a fresh compilation cac
 cell 2, seed 1 and LR 3e-3, the same shapes, finds cell 1's programs), and both cells (LR 1e-3 and
 3e-3, seed 0) in one `python -m actlab.sweep` process, as a sweep runs them cell by cell (cell 2
 runs the programs cell 1 built; `sweep.vectorize=false`, a CPU's default, so that a GPU measures
-the same thing rather than one program of both cells). `actlab.bench` times the same config's step queued back to back. Per cell it prints: the programs compiled and taken from the cache (summary.json's
+the same thing rather than one program of both cells). `actlab.bench` times the same config's step
+queued back to back. Per cell it prints: the programs compiled and taken from the cache (summary.json's
 `timing.compile`), the seconds spent compiling, the fixed cost (process start to the first step,
 `timing.startup_sec`; for a sweep's cell 2, from its own start), the loop's steady step over the back-to-back step, measurement's share of the
 loop's wall (`timing.measure_share`), and the process's whole wall time (a sweep's: both cells'). The sizes: `smoke`, the
