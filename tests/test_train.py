@@ -7,6 +7,7 @@ import itertools
 import json
 import re
 import shutil
+import threading
 import types
 
 import jax
@@ -427,11 +428,12 @@ def test_rows_keep_the_largest_grad_norm_of_every_step(runs):
 
 @pytest.mark.slow
 def test_the_bar_says_what_the_run_does_and_a_run_too_short_for_sharpness_skips_it(runs):
-  """The bar's description names the step-0 evaluation and sharpness estimate while they run,
-  then training. A run of fewer steps than `metrics.sharpness_every` estimates no sharpness, not
-  even at step 0, and says so; its other numbers are those of a run that does."""
-  for every, described in ((30, ["evaluating", "sharpness", "training"]),
-                           (31, ["evaluating", "training", "evaluating"])):
+  """The bar's description names an evaluation and a sharpness estimate while the loop waits for
+  them, training otherwise (step 0's run beside the first steps: the bar starts with training). A
+  run of fewer steps than `metrics.sharpness_every` estimates no sharpness, not even at step 0,
+  and says so; its other numbers are those of a run that does."""
+  for every, described in ((30, ["training", "evaluating", "sharpness"]),
+                           (31, ["training", "evaluating", "training"])):
     bar = [d for d, _ in itertools.groupby(re.findall(r"(\w+):\s+\d+%", runs[every].err))]
     assert bar[:3] == described, runs[every].err
   assert [r["step"] for r in runs[30].rows if "sharpness" in r] == [0, 30]
@@ -442,6 +444,36 @@ def test_the_bar_says_what_the_run_does_and_a_run_too_short_for_sharpness_skips_
   strip = lambda rs: [{k: v for k, v in r.items() if k not in ("sharpness", "tokens_per_sec")}
                       for r in rs]
   assert strip(runs[31].rows) == strip(runs[30].rows)
+
+
+@pytest.mark.slow
+def test_the_first_steps_do_not_wait_for_step_0s_measurements(runs, monkeypatch, tmp_path):
+  """Step 0's evaluation and sharpness estimate run once their programs are compiled, beside the
+  first steps (on a copy of the initial parameters): here the sharpness program's compilation
+  waits until step 12 has started, past the first row's step, 10. The run's rows are those of a
+  run that measured step 0 first (`runs`), step 0's row first."""
+  gate, opened = threading.Event(), []
+  start, take = loop_lib.Ahead.start, loop_lib.Prefetch.take
+
+  def gated_start(self, pool, *like):
+    if self.jitted.__name__ != "sharpness_step":
+      return start(self, pool, *like)
+    args = loop_lib.abstract(like)
+    self.compiled = pool.submit(lambda: opened.append(gate.wait(timeout=20))
+                                or self.jitted.lower(*args).compile())
+
+  def opening_take(self, k):
+    if k == 12:
+      gate.set()
+    return take(self, k)
+  monkeypatch.setattr(loop_lib.Ahead, "start", gated_start)
+  monkeypatch.setattr(loop_lib.Prefetch, "take", opening_take)
+  with contextlib.redirect_stderr(io.StringIO()):
+    train.run(run_config(30), tmp_path)
+  assert opened == [True], "the first step waited for the sharpness program"
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  strip = lambda rs: [{k: v for k, v in r.items() if k != "tokens_per_sec"} for r in rs]
+  assert strip(rows) == strip(runs[30].rows)
 
 
 def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(compiled):

@@ -9,9 +9,11 @@ one program (tests/test_vectorized.py: R runs equal R single runs). The programs
 each once (infra/compile_cache.py keeps them for the next run): `init`; `train_step`; `log_step`,
 the same step with the diagnostics of a logged step; `eval_step`, every validation evaluator in
 one forward pass; `sharpness_step`, the power iteration (when on); for R > 1, `unstack`, each
-run's state out of R for its checkpoint. All but `init` compile in threads: the step-0
-evaluation's and the first step's first, the others once the first step is dispatched (tracing
-holds Python's lock: a program traced beside the first step's delays it).
+run's state out of R for its checkpoint. The first step's program compiles in a thread beside
+`init`, the others once the first step is dispatched (tracing holds Python's lock: a program
+traced beside the first step's delays it). Step 0's evaluation and sharpness estimate run on a
+copy of the initial parameters at the first row that finds their programs compiled, beside the
+first steps; rows that come before step 0's wait for it.
 
 The loop's only host syncs are at log, evaluation and checkpoint steps, each a step behind where it
 can be. A run whose loss or parameters turn non-finite stops being logged and checkpointed (its
@@ -74,6 +76,11 @@ class Ahead:
   def start(self, pool: concurrent.futures.Executor, *like) -> None:
     args = abstract(like)
     self.compiled = pool.submit(lambda: self.jitted.lower(*args).compile())
+
+  @property
+  def done(self) -> bool:
+    """Whether a call would not wait for a compilation under way."""
+    return self.compiled is None or self.compiled.done()
 
   def ready(self) -> "Ahead":
     """Waits for the compilation under way, if any."""
@@ -166,24 +173,34 @@ class Program:
       return self.plan.shard_batch(batches[0])
     return self.plan.shard_batch(jax.tree.map(lambda *xs: np.stack(xs), *batches), stacked=True)
 
-  def compile_ahead(self, pool, state, batch, val_batch, sharpness_batch,
+  @property
+  def like(self) -> core.TrainState:
+    """The program's state as abstract arrays with their shardings (for R > 1, R runs stacked)."""
+    if self.runs == 1:
+      return self.run_like
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct((self.runs, *x.shape), x.dtype,
+                                                          sharding=s),
+                        self.run_like, self.shardings)
+
+  def compile_ahead(self, pool, batch, val_batch, sharpness_batch,
                     first_logged: bool) -> Callable[[], None]:
-    """Starts compiling, in `pool`'s threads, what the loop needs before its first step: the step-0
-    evaluation's programs, then the first step's (`log_step` if `first_logged`). Returns the
-    function that starts the rest, to be called once the first step is dispatched: tracing holds
-    Python's lock, so a program traced beside the first step's would delay it."""
-    self.eval_step.start(pool, state.params, val_batch)
-    if self.sharpness_step:
-      self.sharpness_step.start(pool, state.params, sharpness_batch)
-    if batch is None:  # The run is at its last step: nothing to train.
-      return lambda: None
-    state, batch = abstract((state, batch))  # The first step donates the state.
+    """Starts compiling, in `pool`'s threads, the first step's program (`log_step` if
+    `first_logged`), beside `init`'s, which the caller compiles meanwhile. Returns the function
+    that starts the rest (the step-0 measurements', the other step's), to be called once the first
+    step is dispatched: tracing holds Python's lock, so a program traced beside the first step's
+    would delay it."""
+    state, batch = self.like, abstract(batch)
     first, then = ((self.log_step, self.train_step) if first_logged
                    else (self.train_step, self.log_step))
-    first.start(pool, state, batch)
+    if batch is not None:  # None: the run is at its last step, with nothing to train.
+      first.start(pool, state, batch)
 
     def rest():
-      then.start(pool, state, batch)
+      self.eval_step.start(pool, state.params, val_batch)
+      if self.sharpness_step:
+        self.sharpness_step.start(pool, state.params, sharpness_batch)
+      if batch is not None:
+        then.start(pool, state, batch)
       if self.unstack:
         self.unstack.start(pool, state)
     return rest
@@ -240,20 +257,23 @@ def get(config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
 
 # --- The loop -----------------------------------------------------------------------------------
 
-def train_lanes(program: Program, lanes: list[Lane], state, start: int, vocab_size: int,
-                compiles: compile_cache.Tally, began: float | None) -> list[dict]:
+def train_lanes(program: Program, lanes: list[Lane], initial: Callable[[], core.TrainState],
+                start: int, vocab_size: int, compiles: compile_cache.Tally,
+                began: float | None) -> list[dict]:
   """Trains `lanes` (run r of `program` is `lanes[r]`) from step `start` (all at the same step,
-  with the same schedule) and writes and returns their summaries, in order, with what the process
+  with the same schedule) from the state `initial()` returns (called once the first step's
+  program is compiling), and writes and returns their summaries, in order, with what the process
   compiled for them (`compiles`) and their fixed cost: the seconds from `began` (a
   `time.perf_counter()`; None: the process's start) to their first step's dispatch."""
   with contextlib.ExitStack() as closing:  # The trackers last: W&B logs the summary.
     for lane in lanes:
       closing.callback(lane.close_writers)
-    return _train(program, lanes, state, start, vocab_size, compiles, began)
+    return _train(program, lanes, initial, start, vocab_size, compiles, began)
 
 
-def _train(program: Program, lanes: list[Lane], state, start: int, vocab_size: int,
-           compiles: compile_cache.Tally, began: float | None) -> list[dict]:
+def _train(program: Program, lanes: list[Lane], initial: Callable[[], core.TrainState],
+           start: int, vocab_size: int, compiles: compile_cache.Tally,
+           began: float | None) -> list[dict]:
   """The loop itself: one step, then whatever that step is due for, each a plain `if`."""
   config = lanes[0].config
   t, sharpness = config.train, program.evaluators.sharpness
@@ -268,12 +288,13 @@ def _train(program: Program, lanes: list[Lane], state, start: int, vocab_size: i
   batches = Prefetch(program, lanes, t.steps)
   compiling = concurrent.futures.ThreadPoolExecutor(max_workers=4)
   compile_rest = program.compile_ahead(
-      compiling, state, batches.peek(start), rows.val_batches[0], rows.sharpness_batch,
+      compiling, batches.peek(start), rows.val_batches[0], rows.sharpness_batch,
       first_logged=is_logged(start + 1, t, sharpness))
   pending, behind, stopped_at = [], None, None  # behind: a plain row, written a step late
   try:
+    state = initial()  # `init` compiles (or loads) here, beside the first step's program.
     if start == 0:
-      rows.first(state)
+      rows.hold_first(state.params)
     rows.start_clock()
     for step in range(start, t.steps):
       done = step + 1
@@ -305,6 +326,7 @@ def _train(program: Program, lanes: list[Lane], state, start: int, vocab_size: i
         if log:
           pending = []
         if save:
+          rows.settle_first()  # A checkpoint keeps the rows: step 0's first.
           runs = program.runs_of(state)
           for r, lane in enumerate(lanes):
             if not lane.stopped:
@@ -318,6 +340,7 @@ def _train(program: Program, lanes: list[Lane], state, start: int, vocab_size: i
           break
       elif log:
         behind, pending = (done, pending), []
+    rows.settle_first()
   finally:
     rows.bar.close()
     batches.pool.shutdown(wait=True)
@@ -386,6 +409,11 @@ class Rows:
     self.measure_sec = {"evaluation": 0.0, "sharpness": 0.0}
     self.startup_sec = None  # from the runs' start (`train_lanes`) to the first step's dispatch
     self.t0 = self.wall0 = None
+    # Step 0's row (`hold_first`): the initial parameters until it is dispatched, then its
+    # device results until it is written; the rows written meanwhile, held behind it.
+    self.first_params = self.first_out = self.held = None
+    # Processes of one run launch the same programs in the same order: theirs at the first row.
+    self.lockstep = jax.process_count() > 1
 
   @property
   def all_stopped(self) -> bool:
@@ -399,26 +427,60 @@ class Rows:
   def wall_time(self) -> float:
     return time.perf_counter() - self.wall0
 
-  def first(self, state):
-    """Step 0's row: the evaluations at initialisation (the loop's wall time starts here, once
-    their programs are compiled: waiting for those is the run's fixed cost)."""
-    for program in (self.program.eval_step, self.program.sharpness_step):
-      if program:
-        program.ready()
-    self.wall0 = time.perf_counter()
-    evals = self.evaluate(state.params)
-    sharp = self.sharpness(state.params) if self.program.sharpness_step else None
+  def hold_first(self, params):
+    """Step 0's row, measured on a copy of the initial `params` (the first step donates them) at
+    the first row whose step finds its programs compiled (`measure_first`; in a run of several
+    processes, at the first row), while the first steps run; the rows that come before it are
+    held, so that metrics.jsonl still starts with it (`settle_first`)."""
+    self.first_params = jax.device_put(params, self.program.shardings.params, may_alias=False)
+    self.held = []
+
+  def measure_first(self, wait: bool = False):
+    """Dispatches step 0's evaluation and sharpness estimate once their programs are compiled
+    (with `wait`, now) and lets the copy of the initial parameters go."""
+    programs = [p for p in (self.program.eval_step, self.program.sharpness_step) if p]
+    if not all(p.ready().done if wait else p.done for p in programs):
+      return
+    params, self.first_params = self.first_params, None
+    t0 = time.perf_counter()
+    evals = self.dispatch_evaluation(params)
+    t1 = time.perf_counter()
+    sharp = (self.program.sharpness_step(params, self.sharpness_batch)
+             if self.program.sharpness_step else None)
+    self.first_out = evals, sharp
+    if self.program.plan.sync_each_step:
+      jax.block_until_ready(self.first_out)
+    self.measure_sec["evaluation"] += t1 - t0
+    self.measure_sec["sharpness"] += time.perf_counter() - t1
+
+  def settle_first(self):
+    """Writes step 0's row, measured now if it was not yet, and the rows held behind it."""
+    if self.first_params is not None:
+      self.measure_first(wait=True)
+    if self.first_out is None:
+      return
+    t0 = time.perf_counter()
+    outs, sharp = jax.device_get(self.first_out)
+    self.measure_sec["evaluation"] += time.perf_counter() - t0
+    evals = self.pool_evaluation(outs)
     for r, lane in enumerate(self.lanes):
       lane.write({"step": 0, **evals[r], **({} if sharp is None else
                                               {"sharpness": float(self.program.part(sharp, r))})})
+    for lane, row in self.held:
+      lane.write(row)
+    self.first_out = self.held = None
 
   def write(self, done: int, pending: list, log_now: bool, state=None, evaluate=False,
             sharp=False, test=False) -> dict:
     """Fetches `pending` (the loop's only host sync) and writes each running lane's row where it
     logs now (`log_now`) or has diverged, with the evaluation and sharpness of `state` where due;
     returns each lane's step metrics since its last row."""
+    if self.first_params is not None:  # Step 0's measurements, dispatched where they can be.
+      self.measure_first(wait=self.lockstep)
     since_row, logged = self.fetch(done, pending, log_now)
     elapsed = time.perf_counter() - self.t0
+    if self.first_out is not None:  # Step 0's row is measured: it is written first.
+      self.settle_first()
     healthy = any(self.lanes[r].diverged_at is None for r in logged)
     evals = self.evaluate(state.params, test) if evaluate and healthy else None
     sharps = self.sharpness(state.params) if sharp and healthy else None
@@ -426,11 +488,12 @@ class Rows:
     for r, rows in logged.items():
       lane = self.lanes[r]
       lane.train_time += elapsed
+      first_row = not lane.rates  # The run's first row after step 0's: rows[0] is step 0's.
       # Each run's rate as it experiences it: its tokens over the loop's wall time.
       lane.rates.append(len(pending) * self.tokens_per_step / elapsed)
       row = {"step": lane.diverged_at or done, **metrics_lib.interval(rows),
              "tokens_per_sec": lane.rates[-1]}
-      if lane.log.rows[-1]["step"] == 0:  # The run's first row: rows[0] is step 0's.
+      if first_row:
         row["grad_norm_init"] = float(rows[0]["grad_norm"])
       if evals is not None and lane.diverged_at is None:
         row.update(evals[r])
@@ -438,7 +501,10 @@ class Rows:
           lane.diverged_at = done
       if sharps is not None and lane.diverged_at is None:
         row["sharpness"] = float(self.program.part(sharps, r))
-      lane.write(row)
+      if self.held is None:
+        lane.write(row)
+      else:
+        self.held.append((lane, row))
       lane.carried = []
       self.bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{lane.rates[-1]:,.0f}",
                            refresh=False)
@@ -469,8 +535,7 @@ class Rows:
     """Every lane's validation metrics (one pass); with `test`, also the test windows', `test_*`."""
     self.bar.set_description("evaluating")
     t0 = time.perf_counter()
-    outs = jax.device_get([self.program.eval_step(params, b) for b in self.val_batches])
-    evals = [self.evaluators.pool(self.program.part(outs, r)) for r in range(len(self.lanes))]
+    evals = self.pool_evaluation(jax.device_get(self.dispatch_evaluation(params)))
     if test and self.test_batches:
       outs = jax.device_get([self.program.eval_step(params, b)["loss"]
                              for b in self.test_batches])
@@ -479,6 +544,14 @@ class Rows:
         ev.update({"test_" + k.removeprefix("val_"): v for k, v in pooled.items()})
     self.measure_sec["evaluation"] += time.perf_counter() - t0
     return evals
+
+  def dispatch_evaluation(self, params) -> list:
+    """The validation evaluators' device values on every validation batch (not waited for)."""
+    return [self.program.eval_step(params, b) for b in self.val_batches]
+
+  def pool_evaluation(self, outs: list) -> list[dict]:
+    """Each lane's validation metrics from `dispatch_evaluation`'s values, fetched."""
+    return [self.evaluators.pool(self.program.part(outs, r)) for r in range(len(self.lanes))]
 
   def sharpness(self, params) -> np.ndarray:
     self.bar.set_description("sharpness")

@@ -9,6 +9,7 @@ touching its files. Runs resume from their latest intact checkpoint (infra/check
 
 import contextlib
 import dataclasses
+import functools
 import time
 from typing import Callable, Sequence
 
@@ -102,19 +103,29 @@ def _run_group(configs, run_dirs, cache, log, compiles, began) -> list[dict]:
       if program.runs != len(members):
         program = loop.get(c0, vocab_size, len(members), cache)
       group = [configs[i] for i, _, _ in members]
-      if start:
-        state = program.stack([restored[1] for _, _, restored in members])
-      else:
-        state = program.start(group)
-        if source is not None:  # Each run's trunk from another run (e.g. MLM), GPT-2 or BERT.
-          state = program.stack([run.replace(params=pretrained.params_from(
-              c0, source, run.params, vocab_size)) for run in program.runs_of(state)])
+      initial = functools.partial(
+          initial_state, program, group, [restored for _, _, restored in members], source,
+          vocab_size)
       lanes = [Lane.open(c, task, run_dirs[i],
                          dataclasses.replace(dataset, seed=int(c.train.seed)), ck, start,
                          restored[2] if restored else None)
                for c, (i, ck, restored) in zip(group, members)]
-      for (i, _, _), summary in zip(members, loop.train_lanes(program, lanes, state, start,
+      for (i, _, _), summary in zip(members, loop.train_lanes(program, lanes, initial, start,
                                                               vocab_size, compiles, began)):
         summaries[i] = summary
       began = time.perf_counter()  # The next group's fixed cost counts from here.
   return summaries
+
+
+def initial_state(program: loop.Program, configs: list, restored: list, source,
+                  vocab_size: int):
+  """The state a group of runs starts from: their restored checkpoints' (`restored`: each
+  `Checkpoints.restore_latest`'s result), or `init`'s for `configs`, with each run's trunk from
+  `source` where the config names one (`train.init_from`: another run, GPT-2 or BERT)."""
+  if restored[0]:
+    return program.stack([r[1] for r in restored])
+  state = program.start(configs)
+  if source is None:
+    return state
+  return program.stack([run.replace(params=pretrained.params_from(
+      configs[0], source, run.params, vocab_size)) for run in program.runs_of(state)])
