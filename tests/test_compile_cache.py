@@ -96,30 +96,44 @@ def test_the_setting_names_a_folder_per_kind_of_host(monkeypatch, tmp_path):
   assert compile_cache.host_kind() == compile_cache.host_kind()
 
 
+# A program with a training step's parts (matmuls, GELU, a gradient summed over a batch of 2,048
+# positions), through actlab's cache: its results' bits and what it compiled or loaded.
+PROBE = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from actlab.infra import compile_cache
+compile_cache.enable(sys.argv[1])
+x = np.random.default_rng(0).standard_normal((16, 128, 512), np.float32)
+w = np.random.default_rng(1).standard_normal((512, 2048), np.float32) / 22
+def step(x, w):
+  loss = lambda w: jnp.einsum("btf,df->btd", jax.nn.gelu(jnp.einsum("btd,df->btf", x, w)), w).var()
+  return jax.value_and_grad(loss)(w)
+with compile_cache.tally() as compiled:
+  out = jax.jit(step)(x, w)
+bits = [np.asarray(a).view(np.uint32).ravel().tolist() for a in out]
+print(json.dumps({"bits": bits, **compiled.summary()}))
+"""
+
+
 @pytest.mark.slow
 def test_a_program_compiled_with_two_cpus_computes_as_one_compiled_with_one(tmp_path):
   """Why the CPU count is not in the cache's folder name: XLA:CPU's float order follows the
   threads of the process that runs a program, not of the one that compiled it."""
-  def pinned(workdir, cache, cpus):
+  def pinned(cache, cpus):
     taskset = ["taskset", "-c", ",".join(map(str, sorted(os.sched_getaffinity(0))[:cpus]))]
-    out = subprocess.run([*taskset, sys.executable, "-m", "actlab.main",
-                          "--config=configs/tinystories_gelu.py:smoke", f"--workdir={workdir}",
-                          "--config.train.steps=4", "--config.train.log_every=2",
-                          "--config.optim.warmup_steps=2", "--config.metrics.sharpness_every=0", "--config.train.progress=false",
-                          "--config.metrics.tensorboard=false",
-                          f"--config.train.compile_cache={cache}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300,
+    out = subprocess.run([*taskset, sys.executable, "-c", PROBE, str(cache)], cwd=REPO,
+                         capture_output=True, text=True, timeout=300,
                          env=production_env())  # as real runs compile: threads and all
     assert out.returncode == 0, out.stderr[-2000:]
-    return [json.loads(l) | {"tokens_per_sec": None}
-            for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return json.loads(out.stdout)
   if len(os.sched_getaffinity(0)) < 2:
     pytest.skip("needs two CPUs")
-  one = pinned(tmp_path / "one", "off", 1)
-  two = pinned(tmp_path / "two", tmp_path / "xla", 2)
-  loaded = pinned(tmp_path / "loaded", tmp_path / "xla", 1)
-  assert loaded == one
-  assert two != one, "two threads round as one here: the test shows nothing"
+  one = pinned("off", 1)
+  two = pinned(tmp_path / "xla", 2)
+  loaded = pinned(tmp_path / "xla", 1)
+  assert (two["programs_compiled"], loaded["programs_cached"]) == (1, 1), (two, loaded)
+  assert loaded["bits"] == one["bits"]
+  assert two["bits"] != one["bits"], "two threads round as one here: the test shows nothing"
 
 
 @pytest.mark.slow
