@@ -6,6 +6,7 @@ process and asserts on them. Every step is waited for: in jaxlib 0.10.2 simulate
 collectives can deadlock when many steps are queued.
 """
 
+import copy
 import json
 import os
 import pathlib
@@ -51,13 +52,20 @@ def take_steps(fns, state, bs):
   return state, out
 
 
-def run_on(c, devices, bs, state=None):
+def initial(c, seed=0, lr=None):
+  """`c`'s initial state (with `seed`, `lr`) on the host, from its one-device program: a case's
+  1-device and 4-device programs start from it, so that init compiles once per model rather than
+  once per layout (case `run` compares `train.run`'s sharded init with one device's)."""
+  c = copy.deepcopy(c)
+  c.train.seed, c.optim.lr = seed, lr or c.optim.lr
+  return jax.device_get(
+      loop.Program.create(c, VOCAB, plan=parallel.plan(c, jax.devices()[:1])).start([c]))
+
+
+def run_on(c, devices, bs, state):
+  """`c`'s program on `devices`, and 3 logged steps from the host state `state`."""
   fns = loop.Program.create(c, VOCAB, plan=parallel.plan(c, devices))
-  if state is None:
-    state = fns.start([c])
-  else:
-    state = fns.stack([state])
-  return fns, *take_steps(fns, state, bs)
+  return fns, *take_steps(fns, fns.stack([state]), bs)
 
 
 def relative_diff(a: float, b: float) -> float:
@@ -75,10 +83,11 @@ def case_step(tmp):
   out = {"devices": len(devs), "xla_flags": os.environ["XLA_FLAGS"].split()}
   c1 = config("dp")
   bs = batches(c1, 3)
-  fns1, ref_state, ref = run_on(c1, devs[:1], bs)
+  init = initial(c1)
+  fns1, ref_state, ref = run_on(c1, devs[:1], bs, init)
   for mode in ("dp", "fsdp"):
     c = config(mode)
-    fns, state, got = run_on(c, devs, bs)
+    fns, state, got = run_on(c, devs, bs, init)
     run_spec = lambda x: str(P(*x.sharding.spec))
     emb = state.params["wte"]["embedding"]
     mu = state.opt_state.inner_state[1][0].mu["wte"]["embedding"]
@@ -103,11 +112,11 @@ def case_modern(tmp):
   FSDP over 4 devices = 1 device for 3 steps; FSDP splits the untied head as the embedding."""
   kw = {**config_lib.BLOCKS["llama"], "model.ffn": "plain", "model.activation": "relu2"}
   devs = jax.devices()
-  bs = batches(config(**kw), 3)
-  _, ref_state, ref = run_on(config("dp", **kw), devs[:1], bs)
+  bs, init = batches(config(**kw), 3), initial(config(**kw))
+  _, ref_state, ref = run_on(config("dp", **kw), devs[:1], bs, init)
   out = {}
   for mode in ("dp", "fsdp"):
-    _, state, got = run_on(config(mode, **kw), devs, bs)
+    _, state, got = run_on(config(mode, **kw), devs, bs, init)
     out[mode] = {"metrics": metric_diff(ref, got),
                  "params": tree_max_abs_diff(ref_state.params, state.params),
                  "opt_state": tree_max_abs_diff(ref_state.opt_state, state.opt_state),
@@ -122,7 +131,7 @@ def case_checkpoint(tmp):
   devs = jax.devices()
   c4 = config("fsdp")
   bs = batches(c4, 3)
-  fns4, state4, _ = run_on(c4, devs, bs[:2])
+  fns4, state4, _ = run_on(c4, devs, bs[:2], initial(c4))
   ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
   ck.save(2, state4, {})  # its checksums must hold on 2 and 1 devices too
   ck.close()
@@ -181,12 +190,13 @@ def case_vectorized(tmp):
   """A vectorized group of 2 runs on 4 devices (dp, fsdp) = on 1 device."""
   devs = jax.devices()
   bs = batches(config(), 3)
+  inits = [initial(config(), 0, 3e-3), initial(config(), 1, 1e-3)]
   out = {}
   ref = None
   for name, mode, d in (("single", "dp", devs[:1]), ("dp", "dp", devs), ("fsdp", "fsdp", devs)):
     c = config(mode)
     g = loop.Program.create(c, VOCAB, 2, parallel.plan(c, d))
-    state = g.init(np.array([0, 1]), np.array([3e-3, 1e-3], np.float32))
+    state = g.stack(inits)
     ms = []
     for b in bs:
       state, m = g.log_step(state, g.put_batches([b, b[::-1]]))
