@@ -2,6 +2,7 @@
 
 import contextlib
 import functools
+import gc
 import io
 import itertools
 import json
@@ -34,6 +35,15 @@ def test_schedule_warmup_then_cosine_to_min():
   np.testing.assert_allclose(float(s(10)), 1.0, rtol=1e-6)
   np.testing.assert_allclose(float(s(60)), 0.1 + 0.9 * 0.5, rtol=1e-5)  # half-way cosine
   np.testing.assert_allclose(float(s(110)), 0.1, rtol=1e-5)
+
+
+def test_a_run_collects_garbage_less_often_and_restores_the_pace_after_even_on_error():
+  before = gc.get_threshold()
+  with pytest.raises(RuntimeError):
+    with train.fewer_collections(12_345):
+      assert gc.get_threshold() == (12_345, *before[1:])
+      raise RuntimeError
+  assert gc.get_threshold() == before
 
 
 def test_weight_decay_mask_matrices_and_embeddings_only():
