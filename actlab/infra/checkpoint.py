@@ -1,7 +1,12 @@
 """Orbax checkpoints that know whether they are intact: each `<dir>/<step>/` holds the train
-`state` and a JSON `meta` (the caller's, plus a checksum per array). docs/design.md §3.9."""
+`state` and a JSON `meta` (the caller's, plus a checksum per array). docs/design.md §3.9.
+
+Orbax is imported when a directory is first read or written, not with this module: a new run
+needs it at its first save, after its first steps, rather than among the imports that come
+before them (0.14 s of a cached run's 1.9 s to its first step on 2 CPU cores)."""
 
 import copy
+import functools
 import logging
 import pathlib
 import sys
@@ -9,7 +14,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import orbax.checkpoint as ocp
 
 from actlab.infra.errors import UserError, short_cause
 
@@ -79,25 +83,26 @@ class Checkpoints:
 
   def __init__(self, directory, keep: int, read_only: bool = False):
     self.directory = pathlib.Path(directory).absolute()
-    self.read_only = read_only
-    options = (ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
-                                            save_interval_steps=0) if read_only else
-               ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+    self.read_only, self.keep = read_only, keep
     self._logs_dropped = _OrbaxLogsDropped()
     self._logs_dropped.install()  # Before the manager: a read-only one warns as it starts.
-    try:
-      self._manager = ocp.CheckpointManager(self.directory, item_names=("state", "meta"),
-                                            options=options)
-    except BaseException:
-      self._logs_dropped.remove()
-      raise
+
+  @functools.cached_property
+  def _manager(self):
+    """Orbax's manager of the directory (which it creates unless `read_only`), made on first use."""
+    import orbax.checkpoint as ocp
+    options = (ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
+                                            save_interval_steps=0) if self.read_only else
+               ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=True))
+    return ocp.CheckpointManager(self.directory, item_names=("state", "meta"), options=options)
 
   def latest_step(self) -> int | None:
-    return self._manager.latest_step()
+    return self._manager.latest_step() if self.directory.is_dir() else None
 
   def save(self, step: int, state, meta: dict) -> None:
     """Starts an asynchronous save of `state`, and of `meta` with the state's checksums. Both are
     copied before this returns: the caller may go on changing `meta`'s lists."""
+    import orbax.checkpoint as ocp
     meta = {**copy.deepcopy(meta), "checksums": checksums(state)}
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
@@ -105,6 +110,7 @@ class Checkpoints:
   def restore(self, step: int, like) -> tuple[Any, dict]:
     """Checkpoint `step` in the structure, shapes and shardings of `like`, and its meta; raises
     CheckpointError when it cannot be read or its checksums do not match."""
+    import orbax.checkpoint as ocp
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
@@ -127,6 +133,8 @@ class Checkpoints:
   def restore_latest(self, like) -> tuple[int, Any, dict] | None:
     """(step, state, meta) of the newest checkpoint that restores intact, or None if there is
     none. Newer ones that fail are named on stderr and, unless `read_only`, moved aside."""
+    if not self.directory.is_dir():  # A new run: nothing to restore, and no Orbax to import yet.
+      return None
     failed = []
     for step in sorted(self._manager.all_steps(), reverse=True):
       try:
@@ -157,8 +165,9 @@ class Checkpoints:
 
   def close(self) -> None:
     try:
-      self._manager.wait_until_finished()
-      self._manager.close()
+      if "_manager" in self.__dict__:  # Opened (`cached_property` keeps it there).
+        self._manager.wait_until_finished()
+        self._manager.close()
     finally:
       self._logs_dropped.remove()
 
