@@ -3,7 +3,7 @@
 
 Orbax is imported when a directory is first read or written, not with this module: a new run
 needs it at its first save, after its first steps, rather than among the imports that come
-before them (0.14 s of a cached run's 1.9 s to its first step on 2 CPU cores)."""
+before them (0.14 s or more of every run's start on 2 CPU cores)."""
 
 import copy
 import functools
