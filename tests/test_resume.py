@@ -252,6 +252,17 @@ def test_an_unreadable_checkpoint_is_named_by_the_cause_orbax_wraps():
   assert checkpoint._root_cause(cause) == checkpoint._root_cause(wrapped)
 
 
+def test_a_new_run_starts_without_orbax_and_its_checkpoints_folder_waits_for_a_save(tmp_path):
+  """Orbax is imported at a run's first save, not among the imports before its first step."""
+  code = "import sys, actlab.main; print(sorted({m.split('.')[0] for m in sys.modules} & {'orbax'}))"
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+  assert out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
+  for read_only in (False, True):
+    with Checkpoints(tmp_path / "checkpoints", 2, read_only=read_only) as checkpoints:
+      assert checkpoints.restore_latest(None) is None and checkpoints.latest_step() is None
+    assert not (tmp_path / "checkpoints").exists()
+
+
 @pytest.mark.slow
 def test_no_restorable_checkpoint_is_one_line_and_nothing_is_moved(short_run, tmp_path):
   work = crashed_copy(short_run, tmp_path / "w")
