@@ -5,11 +5,15 @@
 # Needs: pip install -e '.[cuda]'. For the six-run study also TinyStories + the GPT-2 BPE files
 # (see docs/data.md; ACTLAB_DATA_DIR and ACTLAB_GPT2_DIR point at them). Output: markdown rows on
 # stdout, JSON lines in $OUT.
-# Usage: bash benchmarks/gpu_suite.sh [WHEELS]: WHEELS, a folder of wheels for what a bare GPU
-# image lacks (ml_collections, tensorboardX, tensorflow-datasets, importlib_resources and their
-# dependencies), installed offline first. The rows run most wanted first, so that a run cut short
-# (8 minutes on a bare machine) keeps them: a run's fixed cost and the six-run study, then the
-# step's rows.
+# Usage: [PARTS="cost study step"] bash benchmarks/gpu_suite.sh [WHEELS]: WHEELS, a folder of
+# wheels for what a bare GPU image lacks (ml_collections, tensorboardX, tensorflow-datasets,
+# importlib_resources and their dependencies), installed offline first. PARTS names the parts to
+# run, in the order given (all three by default). What each took, 2026-11-27: cost about 4 min on
+# an H200 (the reference config's two cells with an empty and a warm cache, 1,000 steps each, the
+# same two in one sweep, then the smoke size); study about 7.5 min on an H100 with an empty cache
+# for the vectorized study alone (extrapolated from a stopped run; the sequential study not
+# measured); step 30-60 s a row. A 15-minute lease holds about two parts: run those whose rows
+# still say "not measured" first.
 set -euo pipefail
 if [ -n "${1:-}" ]; then  # beside the image's packages, not over them; actlab from this checkout
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/actlab-site "$1"/*.whl
@@ -18,38 +22,51 @@ fi
 OUT=${OUT:-benchmarks/results_gpu.jsonl}
 B="python3 -m actlab.bench --json_out=$OUT --markdown --steps=30 --warmup=5"
 G=benchmarks/gpt2_small.py
-
-# A run's fixed cost: two cells of a sweep sharing a fresh compilation cache, as a default 1,000-step
-# reference run (targets: <= 15 s with a warm cache; the loop >= 0.9x the back-to-back step), and
-# after the six-run study at the smoke size.
-python3 benchmarks/run_cost.py --sizes=reference --steps=1000
-
-# The six-run study end to end (target: <= 3 minutes), vectorized and not.
 R=configs/tinystories_gelu.py
-for v in true false; do
-  rm -rf /tmp/six_$v
-  start=$SECONDS
-  python3 -m actlab.sweep --config=$R --config.model.dtype=bfloat16 \
-      --config.sweep.vectorize=$v --sweep=benchmarks/six_run_study.py --workdir=/tmp/six_$v
-  echo "six-run study, vectorize=$v: $((SECONDS - start)) s end to end"
+
+cost() {
+  # A run's fixed cost: two cells of a sweep sharing a fresh compilation cache, as a default
+  # 1,000-step reference run (targets: <= 15 s with a warm cache; the loop >= 0.9x the back-to-back
+  # step), and at the smoke size.
+  python3 benchmarks/run_cost.py --sizes=reference --steps=1000
+  python3 benchmarks/run_cost.py --sizes=smoke
+}
+
+study() {
+  # The six-run study end to end (target: <= 3 minutes), vectorized and not; first its group's step
+  # (3 vectorized runs) back to back, for the loop's ratio to it.
+  $B --config=$R --config.model.dtype=bfloat16 --runs=3 --label="reference config, bf16, 3 vectorized runs"
+  for v in true false; do
+    rm -rf /tmp/six_$v
+    start=$SECONDS
+    python3 -m actlab.sweep --config=$R --config.model.dtype=bfloat16 \
+        --config.sweep.vectorize=$v --sweep=benchmarks/six_run_study.py --workdir=/tmp/six_$v
+    echo "six-run study, vectorize=$v: $((SECONDS - start)) s end to end"
+  done
+}
+
+step() {
+  # GPT-2 small, 16 × 1024 tokens per step: targets >= 45% MFU in bf16, >= 1.1x torch.compile.
+  $B --config=$G --label="bf16, cuDNN attention (auto), fused loss: all on"
+  $B --config=$G --torch --rounds=6 --label="vs torch.compile (bf16 autocast, fused AdamW)"
+  $B --config=$G --config.model.attention_impl=xla --label="XLA attention instead of cuDNN"
+  $B --config=$G --config.model.loss_impl=plain --label="plain loss: full [B, L, V] logits"
+  $B --config=$G:fp32 --label="float32 (TF32 matmuls), XLA attention"
+  $B --config=$G --config.model.scan_layers=true --label="scan over layers (compile time)"
+  $B --config=$G --config.model.remat=dots --label="remat dots (memory)"
+  $B --config=$G --config.model.remat=full --config.train.batch_size=64 --label="remat full, batch 64"
+  $B --config=$G --config.train.batch_size=32 --label="batch 32"
+
+  # The reference config (6 × 384, ctx 128, batch 32): one run vs 6 vectorized runs.
+  $B --config=$R --label="reference config, fp32"
+  $B --config=$R --config.model.dtype=bfloat16 --label="reference config, bf16"
+  $B --config=$R --config.model.dtype=bfloat16 --torch --rounds=6 --label="reference config, bf16, vs torch.compile"
+  $B --config=$R --config.model.dtype=bfloat16 --runs=6 --label="reference config, bf16, 6 vectorized runs"
+}
+
+for part in ${PARTS:-cost study step}; do
+  case $part in
+    cost|study|step) "$part" ;;
+    *) echo "gpu_suite.sh: unknown part '$part' in PARTS; use cost, study and/or step" >&2; exit 2 ;;
+  esac
 done
-python3 benchmarks/run_cost.py --sizes=smoke
-
-# GPT-2 small, 16 × 1024 tokens per step: targets >= 45% MFU in bf16, >= 1.1x torch.compile.
-$B --config=$G --label="bf16, cuDNN attention (auto), fused loss: all on"
-$B --config=$G --torch --rounds=6 --label="vs torch.compile (bf16 autocast, fused AdamW)"
-$B --config=$G --config.model.attention_impl=xla --label="XLA attention instead of cuDNN"
-$B --config=$G --config.model.loss_impl=plain --label="plain loss: full [B, L, V] logits"
-$B --config=$G:fp32 --label="float32 (TF32 matmuls), XLA attention"
-$B --config=$G --config.model.scan_layers=true --label="scan over layers (compile time)"
-$B --config=$G --config.model.remat=dots --label="remat dots (memory)"
-$B --config=$G --config.model.remat=full --config.train.batch_size=64 --label="remat full, batch 64"
-$B --config=$G --config.train.batch_size=32 --label="batch 32"
-
-# The reference config (6 × 384, ctx 128, batch 32): one run vs 3 vectorized runs.
-$B --config=$R --label="reference config, fp32"
-$B --config=$R --config.model.dtype=bfloat16 --label="reference config, bf16"
-$B --config=$R --config.model.dtype=bfloat16 --torch --rounds=6 --label="reference config, bf16, vs torch.compile"
-$B --config=$R --config.model.dtype=bfloat16 --runs=3 --label="reference config, bf16, 3 vectorized runs"
-$B --config=$R --config.model.dtype=bfloat16 --runs=6 --label="reference config, bf16, 6 vectorized runs"
-
