@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import threading
+import time
 import types
 
 import jax
@@ -484,6 +485,32 @@ def test_the_first_steps_do_not_wait_for_step_0s_measurements(runs, monkeypatch,
   rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   strip = lambda rs: [{k: v for k, v in r.items() if k != "tokens_per_sec"} for r in rs]
   assert strip(rows) == strip(runs[30].rows)
+
+
+def test_a_wait_for_step_0s_sharpness_program_is_sharpness_cost(monkeypatch, tmp_path):
+  """The checkpoint at step 25 keeps step 0's row, so it waits for the sharpness program, whose
+  compilation starts only once that wait has lasted 0.5 s: the wait is in
+  `timing.measure_sec.sharpness`, not lost from the summary."""
+  gate = threading.Event()
+  start, ready = loop_lib.Ahead.start, loop_lib.Ahead.ready
+
+  def gated_start(self, pool, *like):
+    if self.jitted.__name__ != "sharpness_step":
+      return start(self, pool, *like)
+    args = loop_lib.abstract(like)
+    self.compiled = pool.submit(lambda: gate.wait(timeout=20) and self.jitted.lower(*args).compile())
+
+  def opening_ready(self):
+    if self.jitted.__name__ == "sharpness_step" and not gate.is_set():
+      time.sleep(0.5)
+      gate.set()
+    return ready(self)
+  monkeypatch.setattr(loop_lib.Ahead, "start", gated_start)
+  monkeypatch.setattr(loop_lib.Ahead, "ready", opening_ready)
+  with contextlib.redirect_stderr(io.StringIO()):
+    summary = train.run(run_config(30), tmp_path)
+  assert gate.is_set()
+  assert summary["timing"]["measure_sec"]["sharpness"] >= 0.5, summary["timing"]
 
 
 def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(compiled):
