@@ -203,9 +203,9 @@ def test_rerun_skips_finished_cells_and_resumes_an_interrupted_one(swept, tmp_pa
   shutil.rmtree(victim / "checkpoints" / "20")
   real_run_group, ran = train.run_group, []
 
-  def counting_run_group(configs, workdirs, cache=None, log=print):
+  def counting_run_group(configs, workdirs, cache=None, log=print, **hooks):
     ran.extend(pathlib.Path(w).name for w in workdirs)
-    return real_run_group(configs, workdirs, cache, log)
+    return real_run_group(configs, workdirs, cache, log, **hooks)
 
   monkeypatch.setattr(train, "run_group", counting_run_group)
   with compilations() as compiled:
@@ -239,7 +239,7 @@ def test_shards_partition_the_cells_and_each_trains_only_its_own(tmp_path, monke
                   "'baseline': 'gelu'}\n")
   trained = []
 
-  def fake_run_group(configs, workdirs, cache=None, log=print):
+  def fake_run_group(configs, workdirs, cache=None, log=print, **hooks):
     trained.extend(pathlib.Path(w).name for w in workdirs)
     return [{"status": "stable", "final_val_loss": 1.0}] * len(configs)
 
@@ -341,7 +341,7 @@ def test_a_flag_wins_over_the_sweeps_fixed_value_in_the_parent_and_in_a_worker(
                   "'fixed': {'train.steps': 20}}\n")
   trained = []
 
-  def fake_run_group(configs, workdirs, cache=None, log=print):
+  def fake_run_group(configs, workdirs, cache=None, log=print, **hooks):
     trained.extend(c.train.steps for c in configs)
     return [{"status": "stable"}] * len(configs)
 
@@ -576,6 +576,67 @@ def test_a_program_holds_the_runs_that_fit_the_devices_memory():
   assert vectorized.program_size(c, 8, holding(3)) == vectorized.program_size(c, 8, None) == 2
 
 
+def test_the_next_group_compiles_while_a_group_trains_and_counts_as_its_own(tmp_path,
+                                                                            monkeypatch):
+  """With `sweep.compile_next` on (a GPU's default), the GELU group's step compiles while the ReLU
+  group trains: the ReLU run waits at its step 20 until it has (at most 60 s). Each group's summary
+  counts its own programs once (the GELU run's, compiled ahead, among them); the rows are those of
+  the same sweep compiled group by group."""
+  spec = tmp_path / "grid.py"
+  spec.write_text("def get_sweep(arg=None):\n  return {'axes': {'model.activation': ['relu', "
+                  "'gelu']}, 'seeds': [0]}\n")
+  cache, opened, take = {}, [], loop.Prefetch.take
+
+  def next_step_compiled():
+    programs = [p for (_, key), p in cache.items() if '"activation": "gelu"' in key]
+    compiled = programs and programs[0].train_step.compiled
+    return bool(compiled and compiled.done() and not compiled.exception())
+
+  def waiting_take(self, k):
+    if k == 20 and not opened:
+      deadline = time.monotonic() + 60
+      while not next_step_compiled() and time.monotonic() < deadline:
+        time.sleep(0.02)
+      opened.append(next_step_compiled())
+    return take(self, k)
+  monkeypatch.setattr(loop.Prefetch, "take", waiting_take)
+  ahead = sweep.run(tiny(**{"sweep.compile_next": "true"}), str(spec), tmp_path / "ahead",
+                    log=lambda _: None, cache=cache)
+  assert opened == [True]
+  for summary in ahead.values():
+    counted = summary["timing"]["compile"]
+    assert counted["programs_compiled"] + counted["programs_cached"] == len(
+        set(counted["compiled"]) | set(counted["cached"])), counted  # each program once
+  assert {"jit(train_step)", "jit(log_step)", "jit(eval_step)"} <= set(
+      ahead["activation=gelu,seed=0"]["timing"]["compile"]["compiled"]
+      + ahead["activation=gelu,seed=0"]["timing"]["compile"]["cached"])
+  monkeypatch.setattr(loop.Prefetch, "take", take)
+  sweep.run(tiny(**{"sweep.compile_next": "false"}), str(spec), tmp_path / "one_by_one",
+            log=lambda _: None)
+  for name in ahead:
+    rows = lambda root: [{k: v for k, v in r.items() if k != "tokens_per_sec"}
+                         for r in _rows(root / name)]
+    assert rows(tmp_path / "ahead") == rows(tmp_path / "one_by_one"), name
+
+
+def test_a_next_group_that_fails_to_compile_ahead_is_one_line_and_compiles_at_its_start(
+    tmp_path, monkeypatch):
+  spec = tmp_path / "grid.py"
+  spec.write_text("def get_sweep(arg=None):\n  return {'axes': {'model.activation': ['relu', "
+                  "'gelu']}, 'seeds': [0]}\n")
+
+  def failing(self, pool, dataset):
+    raise RuntimeError("no memory for autotuning")
+  monkeypatch.setattr(loop.Program, "compile_all", failing)
+  lines = []
+  results = sweep.run(tiny(**{"sweep.compile_next": "true", "train.steps": 12}), str(spec),
+                      tmp_path / "runs", log=lines.append)
+  assert [s["last_step"] for s in results.values()] == [12, 12]
+  assert [l for l in lines if "ahead" in l] == [
+      "sweep: compiling the next group ahead failed (no memory for autotuning); it compiles when "
+      "it starts"]
+
+
 def test_by_default_a_sweep_trains_cells_one_by_one_on_a_cpu_and_vectorized_on_a_gpu(
     tmp_path, monkeypatch):
   """On a GPU whose memory holds three runs, four cells train as programs of 3 and 1 (said)."""
@@ -584,7 +645,7 @@ def test_by_default_a_sweep_trains_cells_one_by_one_on_a_cpu_and_vectorized_on_a
                   "'seeds': [0, 1]}\n")
   programs = []
 
-  def fake_run_group(configs, workdirs, cache=None, log=print):
+  def fake_run_group(configs, workdirs, cache=None, log=print, **hooks):
     programs.append([pathlib.Path(w).name for w in workdirs])
     return [{"status": "stable"}] * len(configs)
 
@@ -643,7 +704,7 @@ def test_sweep_prints_cell_k_of_n_and_skips_cells_done_before(tmp_path, monkeypa
   before.mkdir(parents=True)
   (before / "summary.json").write_text('{"status": "stable", "final_val_loss": 1.5}')
 
-  def fake_run_group(configs, workdirs, cache=None, log=print):
+  def fake_run_group(configs, workdirs, cache=None, log=print, **hooks):
     out = [{"status": "stable", "final_val_loss": 1.0 + c.optim.lr, "wall_time_sec": 2.0}
            for c in configs]
     for w, summary in zip(workdirs, out):

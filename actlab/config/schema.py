@@ -183,6 +183,10 @@ class Sweep:
   max_runs: int = field(0, non_negative(" (0 = as many as fit)"), "at most this many cells per "
                         "vectorized program; 0 = as many as fit in the device's memory by an "
                         "estimate (docs/sweeps.md; no limit on a CPU)")
+  compile_next: str = field("auto", auto_or_boolean, "while a compile group trains, compile the "
+                            "next one (where both read the same data): \"auto\" on a GPU or "
+                            "TPU, whose host is idle meanwhile, not on a CPU, where the compile "
+                            'takes the training\'s cores; "true" or "false" anywhere')
 
 
 @dataclasses.dataclass(frozen=True)

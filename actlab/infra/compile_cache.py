@@ -89,18 +89,41 @@ class Tally:
 
 _open: list[Tally] = []   # the tallies counting now (a run's, a benchmark's)
 _hit = threading.local()  # set by a cache hit, read by the same thread's compile event
+_for = threading.local()  # `counted_in`'s tally: this thread's compiles count there alone
 _listening = False
 
 
 @contextlib.contextmanager
-def tally():
-  """A `Tally` of the programs compiled (or loaded) by any thread until the block ends."""
-  t = Tally()
+def tally(t: Tally | None = None):
+  """A `Tally` (`t`, or a new one) of the programs compiled (or loaded) by any thread until the
+  block ends, but those `counted_in` another."""
+  t = t or Tally()
   _open.append(t)
   try:
     yield t
   finally:
     _open.remove(t)
+
+
+@contextlib.contextmanager
+def counted_in(t: Tally | None):
+  """This thread's compiles count in `t` alone until the block ends (None: in the open tallies):
+  a sweep's next group, compiled while another group's tally is open."""
+  before, _for.value = getattr(_for, "value", None), t
+  try:
+    yield
+  finally:
+    _for.value = before
+
+
+def carried(fn):
+  """`fn`, to run in another thread with this thread's `counted_in` tally."""
+  t = getattr(_for, "value", None)
+
+  def run():
+    with counted_in(t):
+      return fn()
+  return run
 
 
 def _listen() -> None:
@@ -131,13 +154,14 @@ def _on_event(event: str, **_):
 
 
 def _on_duration(event: str, seconds: float, fun_name: str = "?", **_):
+  tallies = [t] if (t := getattr(_for, "value", None)) else _open
   if event == "/jax/core/compile/backend_compile_duration":
     hit, _hit.value = getattr(_hit, "value", False), False
-    for t in _open:
+    for t in tallies:
       (t.cached if hit else t.compiled).append((fun_name, seconds))
   elif event in ("/jax/core/compile/jaxpr_trace_duration",
                  "/jax/core/compile/jaxpr_to_mlir_module_duration"):
-    for t in _open:
+    for t in tallies:
       t.trace_sec += seconds
 
 

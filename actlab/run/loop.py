@@ -11,7 +11,8 @@ the same step with the diagnostics of a logged step; `eval_step`, every validati
 one forward pass; `sharpness_step`, the power iteration (when on); for R > 1, `unstack`, each
 run's state out of R for its checkpoint. The first step's program compiles in a thread beside
 `init`, the others once the first step is dispatched (tracing holds Python's lock: a program
-traced beside the first step's delays it). Step 0's evaluation and sharpness estimate run on a
+traced beside the first step's delays it); a sweep may have started them all while the group
+before trained (`Program.compile_all`). Step 0's evaluation and sharpness estimate run on a
 copy of the initial parameters at the first row that finds their programs compiled, beside the
 first steps; rows that come before step 0's wait for it.
 
@@ -29,6 +30,7 @@ import json
 import os
 import pathlib
 import signal
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -68,14 +70,20 @@ def one_run(tree: Any, r: int) -> Any:
 
 class Ahead:
   """A jitted function compiled in a thread (`start`) for the arguments it will be called with;
-  a call waits for it. Before `start` (or for other arguments) it is the jitted function."""
+  a call waits for it. Before `start` it is the jitted function."""
 
   def __init__(self, jitted: Callable):
-    self.jitted, self.compiled = jitted, None
+    self.jitted, self.compiled, self.args = jitted, None, None
 
   def start(self, pool: concurrent.futures.Executor, *like) -> None:
+    """Compiles for arguments like `like` in `pool`, unless that is under way or done (a sweep's
+    next group starts its programs while another group trains)."""
     args = abstract(like)
-    self.compiled = pool.submit(lambda: self.jitted.lower(*args).compile())
+    if self.compiled and self.args == args and not (
+        self.compiled.cancelled() or self.compiled.done() and self.compiled.exception()):
+      return
+    self.args = args
+    self.compiled = pool.submit(compile_cache.carried(lambda: self.jitted.lower(*args).compile()))
 
   @property
   def done(self) -> bool:
@@ -205,6 +213,20 @@ class Program:
         self.unstack.start(pool, state)
     return rest
 
+  def compile_all(self, pool, dataset) -> None:
+    """Starts compiling every program but `init` in `pool`'s threads for batches of `dataset` (a
+    sweep's next group, while another trains: the loop's `compile_ahead` then finds them)."""
+    batch = self.put_batches([dataset.train_batch(0)] * self.runs)
+    val_batch = self.plan.shard_batch(dataset.val_batches()[0])
+    self.compile_ahead(pool, batch, val_batch, self.sharpness_batch(dataset), False)()
+
+  def sharpness_batch(self, dataset) -> Any:
+    """The sharpness estimates' batch (None when off): training batch 0 of seed 0, the same for
+    every run of a sweep."""
+    if self.sharpness_step is None:
+      return None
+    return self.plan.shard_batch(dataclasses.replace(dataset, seed=0).train_batch(0))
+
 
 def abstract(tree):
   """`tree`'s arrays as shapes, dtypes and shardings."""
@@ -243,6 +265,9 @@ def check_group(configs: Sequence[ml_collections.ConfigDict]) -> None:
                        "these also differ: " + "; ".join(diffs))
 
 
+_getting = threading.Lock()  # a sweep makes its next group's program in a thread
+
+
 def get(config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
         cache: dict | None = None) -> Program:
   """`Program.create`, reused from `cache` (a plain dict the caller owns) when one was made for
@@ -250,30 +275,32 @@ def get(config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
   if cache is None:
     return Program.create(config, vocab_size, runs)
   key = (runs, compile_key(config, vocab_size))
-  if key not in cache:
-    cache[key] = Program.create(config, vocab_size, runs)
-  return cache[key]
+  with _getting:
+    if key not in cache:
+      cache[key] = Program.create(config, vocab_size, runs)
+    return cache[key]
 
 
 # --- The loop -----------------------------------------------------------------------------------
 
 def train_lanes(program: Program, lanes: list[Lane], initial: Callable[[], core.TrainState],
                 start: int, vocab_size: int, compiles: compile_cache.Tally,
-                began: float | None) -> list[dict]:
+                began: float | None, then: Callable[[], None] | None = None) -> list[dict]:
   """Trains `lanes` (run r of `program` is `lanes[r]`) from step `start` (all at the same step,
   with the same schedule) from the state `initial()` returns (called once the first step's
   program is compiling), and writes and returns their summaries, in order, with what the process
   compiled for them (`compiles`) and their fixed cost: the seconds from `began` (a
-  `time.perf_counter()`; None: the process's start) to their first step's dispatch."""
+  `time.perf_counter()`; None: the process's start) to their first step's dispatch. `then` is
+  called once the first step is dispatched (a sweep starts compiling its next group)."""
   with contextlib.ExitStack() as closing:  # The trackers last: W&B logs the summary.
     for lane in lanes:
       closing.callback(lane.close_writers)
-    return _train(program, lanes, initial, start, vocab_size, compiles, began)
+    return _train(program, lanes, initial, start, vocab_size, compiles, began, then)
 
 
 def _train(program: Program, lanes: list[Lane], initial: Callable[[], core.TrainState],
            start: int, vocab_size: int, compiles: compile_cache.Tally,
-           began: float | None) -> list[dict]:
+           began: float | None, then: Callable[[], None] | None) -> list[dict]:
   """The loop itself: one step, then whatever that step is due for, each a plain `if`."""
   config = lanes[0].config
   t, sharpness = config.train, program.evaluators.sharpness
@@ -309,6 +336,8 @@ def _train(program: Program, lanes: list[Lane], initial: Callable[[], core.Train
       if step == start:
         rows.startup_sec = seconds_since(began)
         compile_rest()
+        if then:
+          then()
       if program.plan.sync_each_step:  # simulated CPU devices: parallel.Plan.sync_each_step
         jax.block_until_ready(metrics)
       pending.append(metrics)  # Kept on the device until its row.
@@ -400,9 +429,7 @@ class Rows:
     plan, dataset = program.plan, lanes[0].dataset
     self.val_batches = [plan.shard_batch(b) for b in dataset.val_batches()]  # Once.
     self.test_batches = [plan.shard_batch(b) for b in dataset.val_batches(test=True)]
-    # The sharpness batch: training batch 0 of seed 0, the same for every run of a sweep.
-    self.sharpness_batch = (plan.shard_batch(dataclasses.replace(dataset, seed=0).train_batch(0))
-                            if program.sharpness_step else None)
+    self.sharpness_batch = program.sharpness_batch(dataset)
     # A bar for a single run; its description says what it does (evaluation can take long).
     self.bar = tqdm.tqdm(total=config.train.steps, initial=start, unit="step", dynamic_ncols=True,
                          disable=not config.train.progress or len(lanes) > 1)

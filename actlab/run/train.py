@@ -45,10 +45,14 @@ _trained_before = False  # whether this process has started a run_group: the fir
 
 
 def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
-              cache: dict | None = None, log: Callable[[str], None] = print) -> list[dict]:
+              cache: dict | None = None, log: Callable[[str], None] = print,
+              compiled: compile_cache.Tally | None = None,
+              then: Callable[[], None] | None = None) -> list[dict]:
   """Trains (or resumes) the runs `configs[i]` in `workdirs[i]` (paths or `RunDir`s) and returns
   their summaries, in order. The unfinished runs that resume at the same step train as one
-  program (R states stacked); runs at another step train after them as another."""
+  program (R states stacked); runs at another step train after them as another. A sweep passes
+  what it compiled for them ahead (`compiled`: their summaries count it) and what to do once
+  their first step is dispatched (`then`: compile its next group)."""
   global _trained_before
   began = time.perf_counter() if _trained_before else None
   _trained_before = True
@@ -63,8 +67,8 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
                                      "the run a directory of its own, or continue the sweep with "
                                      "actlab.sweep")
   compile_cache.enable(configs[0].train.compile_cache)
-  with compile_cache.tally() as compiles, fewer_collections():
-    return _run_group(configs, run_dirs, cache, log, compiles, began)
+  with compile_cache.tally(compiled) as compiles, fewer_collections():
+    return _run_group(configs, run_dirs, cache, log, compiles, began, then)
 
 
 @contextlib.contextmanager
@@ -80,7 +84,7 @@ def fewer_collections(young: int = 10_000):
     gc.set_threshold(*before)
 
 
-def _run_group(configs, run_dirs, cache, log, compiles, began) -> list[dict]:
+def _run_group(configs, run_dirs, cache, log, compiles, began, then) -> list[dict]:
   """`run_group` once its run directories are open and checked; `compiles` counts what the
   process compiles for them; their fixed cost counts from `began` (`loop.train_lanes`)."""
   if len(configs) > 1:
@@ -125,9 +129,9 @@ def _run_group(configs, run_dirs, cache, log, compiles, began) -> list[dict]:
                          restored[2] if restored else None)
                for c, (i, ck, restored) in zip(group, members)]
       for (i, _, _), summary in zip(members, loop.train_lanes(program, lanes, initial, start,
-                                                              vocab_size, compiles, began)):
+                                                              vocab_size, compiles, began, then)):
         summaries[i] = summary
-      began = time.perf_counter()  # The next group's fixed cost counts from here.
+      began, then = time.perf_counter(), None  # The next group's fixed cost counts from here.
   return summaries
 
 

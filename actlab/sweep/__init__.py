@@ -4,6 +4,7 @@ file's format, resuming, sharing a directory, job arrays and vectorized groups: 
 Shards split cells, not compile groups (groups are few and unequal), so each shard compiles every
 group it has cells of."""
 
+import concurrent.futures
 import contextlib
 import os
 import pathlib
@@ -15,7 +16,8 @@ import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
 
-from actlab.infra import errors
+from actlab import tasks
+from actlab.infra import compile_cache, errors
 from actlab.infra import parallel
 from actlab.infra import workdir as workdir_lib
 from actlab.measure import metrics
@@ -41,11 +43,13 @@ def group(cells_: Sequence[Cell]) -> list[list[Cell]]:
 
 def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
               log: Callable[[str], None] = _say,
-              progress_: progress.Progress | None = None) -> list[dict | None]:
+              progress_: progress.Progress | None = None,
+              ahead: "CompileNext | None" = None) -> list[dict | None]:
   """Trains the unfinished cells of one group (`train.run_group`), one after another or,
   vectorized (`sweep.vectorize`), as many at a time as one program holds
   (`vectorized.program_size`: `sweep.max_runs`, the device's memory); their summaries, None for a
-  cell another process is training (each cell's lock decides). `progress_` hears of each end."""
+  cell another process is training (each cell's lock decides). `progress_` hears of each end;
+  `ahead` compiles the next group once the first cell trained here has started."""
   summaries, todo = {}, []
   run_dirs = {cell.name: workdir_lib.RunDir.open(workdir / cell.name) for cell in group_}
   for cell in group_:
@@ -56,9 +60,8 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
     else:
       todo.append(cell)
   config = group_[0].config
-  vectorize = vectorized.vectorizes(config) and len(todo) > 1
-  size = (vectorized.program_size(config, len(todo), vectorized.device_memory(), log)
-          if vectorize else 1)
+  size = program_runs(config, len(todo), log)
+  compiled, then = ahead.hooks(group_) if ahead else (None, None)
   while todo:
     with contextlib.ExitStack() as held:
       chunk = []  # The next cells no other process is training, locked while they train here.
@@ -83,12 +86,76 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
       if len(chunk) > 1:
         log(f"sweep: {len(chunk)} cells as one program (vectorized ×{len(chunk)})")
       done = train.run_group([c.config for c in chunk], [run_dirs[c.name] for c in chunk],
-                             cache=cache, log=log)
+                             cache=cache, log=log, compiled=compiled, then=then)
+      compiled = then = None
       for cell, summary in zip(chunk, done):
         summaries[cell.name] = summary
         if progress_:
           progress_.done(cell.name, summary)
   return [summaries.get(cell.name) for cell in group_]
+
+
+def program_runs(config: ml_collections.ConfigDict, todo: int,
+                 log: Callable[[str], None] | None = None) -> int:
+  """The runs one program of a group with `todo` cells to train holds: vectorized
+  (`sweep.vectorize`), as many as `vectorized.program_size` allows; else one."""
+  if not (vectorized.vectorizes(config) and todo > 1):
+    return 1
+  return vectorized.program_size(config, todo, vectorized.device_memory(), log)
+
+
+class CompileNext:
+  """A sweep's next compile group compiled while the one before trains: once that one's first step
+  is dispatched, a thread makes the next group's program and starts compiling it, with what it
+  compiles counted for that group's first cells (their summaries: `timing.compile`). Only where
+  the two groups read the same data (prepared by then: nothing is prepared twice at once). Where
+  it fails, one line says so and the group compiles when it starts, as without it."""
+
+  def __init__(self, workdir: pathlib.Path, order: Sequence[Sequence[Cell]], cache: dict,
+               log: Callable[[str], None]):
+    self.workdir, self.order, self.cache, self.log = workdir, order, cache, log
+    self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="next")
+    self.tallies: dict[str, compile_cache.Tally] = {}  # compile key → what was compiled for it
+    self.seen: set[str] = set()
+
+  def hooks(self, cells_: Sequence[Cell]):
+    """For the group `cells_` about to train: the tally of what was compiled for it ahead (None:
+    nothing), and the function that starts compiling the group after it (None: none to)."""
+    key = lambda cells: loop.compile_key(cells[0].config, 0)
+    self.seen.add(key(cells_))
+    later = self.order[self.order.index(cells_) + 1:] if cells_ in self.order else []
+    upcoming = [c for c in later if key(c) not in self.seen]
+    then = None
+    if upcoming and _same_data(cells_[0].config, upcoming[0][0].config):
+      cells_next = upcoming[0]
+      self.seen.add(key(cells_next))
+      tally = self.tallies[key(cells_next)] = compile_cache.Tally()
+      then = lambda: self.pool.submit(self._compile, cells_next, tally).add_done_callback(
+          self._failed)
+    return self.tallies.pop(key(cells_), None), then
+
+  def _failed(self, job: concurrent.futures.Future) -> None:
+    if not job.cancelled() and job.exception():
+      self.log(f"sweep: compiling the next group ahead failed ({job.exception()}); it compiles "
+               "when it starts")
+
+  def _compile(self, cells_: Sequence[Cell], tally: compile_cache.Tally) -> None:
+    todo = [c for c in cells_ if workdir_lib.read_summary(self.workdir / c.name) is None]
+    if not todo:
+      return
+    config = cells_[0].config
+    with compile_cache.counted_in(tally):
+      dataset = tasks.get(config).dataset(config)
+      program = loop.get(config, dataset.tokenizer.vocab_size, program_runs(config, len(todo)),
+                         self.cache)
+      program.compile_all(self.pool, dataset)
+
+  def close(self) -> None:
+    self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _same_data(a: ml_collections.ConfigDict, b: ml_collections.ConfigDict) -> bool:
+  return tasks.name(a) == tasks.name(b) and a.data.to_dict() == b.data.to_dict()
 
 
 def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
@@ -157,11 +224,18 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
   cache = {} if cache is None else cache
   results = {}
   vectorize = bool(mine) and vectorized.vectorizes(mine[0].config)
-  for seed in [None] if vectorize else sorted({c.overrides[SEED_KEY] for c in mine}):
-    for group_ in groups:
-      cells_ = [c for c in group_ if seed is None or c.overrides[SEED_KEY] == seed]
-      summaries = run_group(cells_, workdir, cache, log, progress_) if cells_ else []
+  seeds = [None] if vectorize else sorted({c.overrides[SEED_KEY] for c in mine})
+  order = [cells_ for seed in seeds for group_ in groups  # the groups' cells, in training order
+           if (cells_ := [c for c in group_ if seed is None or c.overrides[SEED_KEY] == seed])]
+  ahead = (CompileNext(workdir, order, cache, log)
+           if mine and vectorized.switched_on(mine[0].config.sweep.compile_next) else None)
+  try:
+    for cells_ in order:
+      summaries = run_group(cells_, workdir, cache, log, progress_, ahead)
       results.update((c.name, s) for c, s in zip(cells_, summaries) if s is not None)
+  finally:
+    if ahead:
+      ahead.close()
   if not worker:
     _end(mine, workdir, results, log)
   return results

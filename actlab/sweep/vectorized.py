@@ -22,9 +22,15 @@ GIB = 1 << 30
 
 
 def vectorizes(config: ml_collections.ConfigDict, backend: str | None = None) -> bool:
-  """`sweep.vectorize`: "true" or "false" (or a bool, as a config.json from before "auto" holds
-  it) as it says; "auto": where JAX's default backend (or `backend`) is an accelerator."""
-  setting = str(config.sweep.vectorize).lower()
+  """`sweep.vectorize` (`switched_on`)."""
+  return switched_on(config.sweep.vectorize, backend)
+
+
+def switched_on(setting, backend: str | None = None) -> bool:
+  """An "auto"/"true"/"false" sweep setting: "true" or "false" (or a bool, as a config.json from
+  before "auto" holds it) as it says; "auto": where JAX's default backend (or `backend`) is an
+  accelerator."""
+  setting = str(setting).lower()
   if setting == "auto":
     return (backend or jax.default_backend()) != "cpu"
   return setting == "true"
