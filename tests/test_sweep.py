@@ -576,15 +576,17 @@ def test_a_program_holds_the_runs_that_fit_the_devices_memory():
   assert vectorized.program_size(c, 8, holding(3)) == vectorized.program_size(c, 8, None) == 2
 
 
-def test_the_next_group_compiles_while_a_group_trains_and_counts_as_its_own(tmp_path,
+@pytest.mark.parametrize("vectorize", ["false", "true"])
+def test_the_next_group_compiles_while_a_group_trains_and_counts_as_its_own(vectorize, tmp_path,
                                                                             monkeypatch):
   """With `sweep.compile_next` on (a GPU's default), the GELU group's step compiles while the ReLU
-  group trains: the ReLU run waits at its step 20 until it has (at most 60 s). Each group's summary
-  counts its own programs once (the GELU run's, compiled ahead, among them); the rows are those of
-  the same sweep compiled group by group."""
+  group trains (one run, or two vectorized as on a GPU): the ReLU group waits at its step 20 until
+  it has (at most 60 s). Each group's summaries count its own programs once (the GELU group's,
+  compiled ahead, among them); the rows are those of the same sweep compiled group by group."""
   spec = tmp_path / "grid.py"
+  lrs = [1e-3, 3e-3] if vectorize == "true" else [1e-3]
   spec.write_text("def get_sweep(arg=None):\n  return {'axes': {'model.activation': ['relu', "
-                  "'gelu']}, 'seeds': [0]}\n")
+                  f"'gelu'], 'optim.lr': {lrs}}}, 'seeds': [0]}}\n")
   cache, opened, take = {}, [], loop.Prefetch.take
 
   def next_step_compiled():
@@ -600,19 +602,20 @@ def test_the_next_group_compiles_while_a_group_trains_and_counts_as_its_own(tmp_
       opened.append(next_step_compiled())
     return take(self, k)
   monkeypatch.setattr(loop.Prefetch, "take", waiting_take)
-  ahead = sweep.run(tiny(**{"sweep.compile_next": "true"}), str(spec), tmp_path / "ahead",
-                    log=lambda _: None, cache=cache)
+  settings = {"sweep.vectorize": vectorize}
+  ahead = sweep.run(tiny(**settings, **{"sweep.compile_next": "true"}), str(spec),
+                    tmp_path / "ahead", log=lambda _: None, cache=cache)
   assert opened == [True]
   for summary in ahead.values():
     counted = summary["timing"]["compile"]
     assert counted["programs_compiled"] + counted["programs_cached"] == len(
         set(counted["compiled"]) | set(counted["cached"])), counted  # each program once
+  gelu = ahead[next(name for name in ahead if "gelu" in name)]["timing"]["compile"]
   assert {"jit(train_step)", "jit(log_step)", "jit(eval_step)"} <= set(
-      ahead["activation=gelu,seed=0"]["timing"]["compile"]["compiled"]
-      + ahead["activation=gelu,seed=0"]["timing"]["compile"]["cached"])
+      gelu["compiled"] + gelu["cached"])
   monkeypatch.setattr(loop.Prefetch, "take", take)
-  sweep.run(tiny(**{"sweep.compile_next": "false"}), str(spec), tmp_path / "one_by_one",
-            log=lambda _: None)
+  sweep.run(tiny(**settings, **{"sweep.compile_next": "false"}), str(spec),
+            tmp_path / "one_by_one", log=lambda _: None)
   for name in ahead:
     rows = lambda root: [{k: v for k, v in r.items() if k != "tokens_per_sec"}
                          for r in _rows(root / name)]
