@@ -635,9 +635,9 @@ def test_a_next_group_that_fails_to_compile_ahead_is_one_line_and_compiles_at_it
     raise RuntimeError("no memory for autotuning")
   monkeypatch.setattr(loop.Program, "compile_all", failing)
   lines = []
-  results = sweep.run(tiny(**{"sweep.compile_next": "true", "train.steps": 12}), str(spec),
+  results = sweep.run(tiny(**{"sweep.compile_next": "true", "train.steps": 24}), str(spec),
                       tmp_path / "runs", log=lines.append)
-  assert [s["last_step"] for s in results.values()] == [12, 12]
+  assert [s["last_step"] for s in results.values()] == [24, 24]
   assert [l for l in lines if "ahead" in l] == [
       "sweep: compiling the next group ahead failed (no memory for autotuning); it compiles when "
       "it starts"]
