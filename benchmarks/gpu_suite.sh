@@ -5,15 +5,16 @@
 # Needs: pip install -e '.[cuda]'. For the six-run study also TinyStories + the GPT-2 BPE files
 # (see docs/data.md; ACTLAB_DATA_DIR and ACTLAB_GPT2_DIR point at them). Output: markdown rows on
 # stdout, JSON lines in $OUT.
-# Usage: [PARTS="cost study step"] bash benchmarks/gpu_suite.sh [WHEELS]: WHEELS, a folder of
-# wheels for what a bare GPU image lacks (ml_collections, tensorboardX, tensorflow-datasets,
+# Usage: [PARTS="compile cost study step"] bash benchmarks/gpu_suite.sh [WHEELS]: WHEELS, a folder
+# of wheels for what a bare GPU image lacks (ml_collections, tensorboardX, tensorflow-datasets,
 # importlib_resources and their dependencies), installed offline first. PARTS names the parts to
-# run, in the order given (all three by default). What each took, 2026-11-27: cost about 4 min on
-# an H200 (the reference config's two cells with an empty and a warm cache, 1,000 steps each, the
-# same two in one sweep, then the smoke size); study about 7.5 min on an H100 with an empty cache
-# for the vectorized study alone (extrapolated from a stopped run; the sequential study not
-# measured); step 30-60 s a row. A 15-minute lease holds about two parts: run those whose rows
-# still say "not measured" first.
+# run, in the order given (all four by default). What each took, 2026-11-27: compile not run yet
+# (about 4 min expected: three processes, the sharpness program's compile about 100 s); cost
+# about 4 min on an H200 (the reference config's two cells with an empty and a warm cache, 1,000
+# steps each, the same two in one sweep, then the smoke size); study about 7.5 min on an H100
+# with an empty cache for the vectorized study alone (extrapolated from a stopped run; the
+# sequential study not measured); step 30-60 s a row. A 15-minute lease holds about two parts:
+# run those whose rows still say "not measured" first.
 set -euo pipefail
 if [ -n "${1:-}" ]; then  # beside the image's packages, not over them; actlab from this checkout
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/actlab-site "$1"/*.whl
@@ -23,6 +24,13 @@ OUT=${OUT:-benchmarks/results_gpu.jsonl}
 B="python3 -m actlab.bench --json_out=$OUT --markdown --steps=30 --warmup=5"
 G=benchmarks/gpt2_small.py
 R=configs/tinystories_gelu.py
+
+compile() {
+  # What XLA:GPU's autotuning costs and buys per program, each option set in a process of its own:
+  # may the rarely run sharpness program (100-125 s to compile on an H100) be compiled with less?
+  python3 benchmarks/compile_options.py --config=$R --config.data.source=synthetic \
+      --config.data.tokenizer=byte --config.model.dtype=bfloat16 --runs=3
+}
 
 cost() {
   # A run's fixed cost: two cells of a sweep sharing a fresh compilation cache, as a default
@@ -64,9 +72,10 @@ step() {
   $B --config=$R --config.model.dtype=bfloat16 --runs=6 --label="reference config, bf16, 6 vectorized runs"
 }
 
-for part in ${PARTS:-cost study step}; do
+for part in ${PARTS:-compile cost study step}; do
   case $part in
-    cost|study|step) "$part" ;;
-    *) echo "gpu_suite.sh: unknown part '$part' in PARTS; use cost, study and/or step" >&2; exit 2 ;;
+    compile|cost|study|step) "$part" ;;
+    *) echo "gpu_suite.sh: unknown part '$part' in PARTS; use compile, cost, study, step" >&2
+       exit 2 ;;
   esac
 done

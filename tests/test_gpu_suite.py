@@ -16,27 +16,30 @@ SUITE = REPO / "benchmarks" / "gpu_suite.sh"
 
 
 def commands() -> list[list[str]]:
-  """The suite's `$B ...` and `python3 -m actlab.sweep ...` commands as argument lists, with the
-  script's variables substituted (the loop variable `$v` as `true`)."""
+  """The suite's `$B ...`, `python3 -m actlab.sweep ...` and `python3 benchmarks/compile_options.py
+  ...` commands as argument lists, with the script's variables substituted (the loop variable
+  `$v` as `true`)."""
   text = SUITE.read_text().replace("\\\n", " ")
   variables = {name: value for name, _, value in re.findall(r'^([A-Z]+)=("?)(.*?)\2$', text, re.M)}
   out = []
   for line in text.splitlines():
     line = line.strip()
-    if not line.startswith(("$B ", "python3 -m actlab.sweep")):
+    if not line.startswith(("$B ", "python3 -m actlab.sweep", "python3 benchmarks/compile_opt")):
       continue
     for name, value in variables.items():
       line = line.replace(f"${name} ", f"{value} ").replace(f"${name}:", f"{value}:")
     line = line.replace("$v", "true")
     args = shlex.split(line)
-    program = "actlab.sweep" if "actlab.sweep" in args else "actlab.bench"
+    program = next(p for p in ("actlab.sweep", "benchmarks/compile_options.py", "actlab.bench")
+                   if p in args)
     out.append(args[args.index(program) + 1:])
   return out
 
 
 def bench_flags() -> set[str]:
-  source = (REPO / "actlab" / "bench" / "__main__.py").read_text()
-  return set(re.findall(r'DEFINE_\w+\("(\w+)"', source)) | {"config"}
+  sources = [REPO / "actlab" / "bench" / "__main__.py", REPO / "benchmarks" / "compile_options.py"]
+  return {name for path in sources
+          for name in re.findall(r'DEFINE_\w+\("(\w+)"', path.read_text())} | {"config"}
 
 
 def load(config_args: list[str]):
