@@ -1,6 +1,7 @@
-"""What XLA's compile options cost and buy, program by program: `python benchmarks/compile_options.py
---config=<config>[:variant] [--config.x=y …] [--runs=R] [--options=default,no_triton_gemm,autotune_0]
-[--programs=train_step,sharpness_step] [--calls=10]` (BENCHMARKS.md, "GPU: the six-run study").
+"""What XLA's compile options cost and buy, program by program:
+`python benchmarks/compile_options.py --config=<config>[:variant] [--config.x=y …] [--runs=R]
+[--options=default,no_triton_gemm,autotune_0] [--programs=train_step,sharpness_step]
+[--calls=10]` (BENCHMARKS.md, "GPU: the six-run study").
 
 Each option set in `--options` runs in a process of its own (XLA:GPU keeps the kernels it timed
 for the rest of a process, which would flatter the option sets that come later). There each
@@ -39,20 +40,20 @@ PROGRAMS = ("train_step", "log_step", "eval_step", "sharpness_step")
 HEADER = "| program | options | compile (s) | call (ms, median) |\n|---|---|---|---|"
 
 
-def arguments(program: loop.Program, name: str, state, batch, val_batch, sharpness_batch):
-  """The arguments `name` is called with; the state copied, as the steps donate it."""
-  fresh = jax.tree.map(lambda x: x.copy(), state)
-  return {"train_step": (fresh, batch), "log_step": (fresh, batch),
-          "eval_step": (state.params, val_batch),
-          "sharpness_step": (state.params, sharpness_batch)}[name]
+def arguments(name: str, state, batch, val_batch, sharpness_batch) -> tuple:
+  """The arguments `name` is called with: for a step, a copy of the state, which it donates."""
+  if name in ("train_step", "log_step"):
+    return jax.tree.map(lambda x: x.copy(), state), batch
+  return state.params, val_batch if name == "eval_step" else sharpness_batch
 
 
 def main(argv):
   del argv
   F = flags.FLAGS
-  for given, known, what in ((F.options, OPTIONS, "--options"), (F.programs, PROGRAMS, "--programs")):
+  for given, known, flag in ((F.options, OPTIONS, "options"), (F.programs, PROGRAMS, "programs")):
     if unknown := sorted(set(given) - set(known)):
-      raise errors.UserError(f"{what}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+      raise errors.UserError(f"--{flag}: unknown {', '.join(unknown)}; choose from "
+                             f"{', '.join(known)}")
   if len(F.options) > 1:  # One process per option set (this one leaves the device alone).
     for i, option in enumerate(F.options):
       argv = [a for a in sys.argv if not a.startswith("--options")] + [f"--options={option}"]
@@ -81,13 +82,13 @@ def main(argv):
   for name in F.programs:
     ahead = getattr(program, name)
     for option in F.options:
-      args = arguments(program, name, state, batch, val_batch, sharpness_batch)
+      args = arguments(name, state, batch, val_batch, sharpness_batch)
       t0 = time.perf_counter()
       compiled = ahead.jitted.lower(*args).compile(compiler_options=OPTIONS[option])
       compile_s = time.perf_counter() - t0
       calls = []
       for _ in range(F.calls):
-        args = arguments(program, name, state, batch, val_batch, sharpness_batch)
+        args = arguments(name, state, batch, val_batch, sharpness_batch)
         jax.block_until_ready(args)
         t0 = time.perf_counter()
         jax.block_until_ready(compiled(*args))
