@@ -169,6 +169,12 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+# The tiny model has one block: most of a test's time is compiling, which grows with the blocks.
+# A claim about how blocks stack (their order and names, scan over them, a mapping to another
+# library's layers, statistics per layer and pooled over layers) is tested on two: `tiny(**DEEP)`.
+DEEP = {"model.num_layers": 2}
+
+
 def tiny(activation: str = "gelu", **overrides):
   """tests/tiny_config.py with `section.field` overrides (`config.override`)."""
   return config_lib.override(tiny_config_file(activation), overrides)

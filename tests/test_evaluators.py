@@ -29,7 +29,7 @@ def test_the_config_chooses_the_evaluators(act_stats, sharpness_every):
   assert sorted(out) == sorted(names)
   row = evals.pool([out, out])
   assert ("act_zero_frac" in row) == act_stats and "sharpness" not in row
-  hist = row["ffn_preact/layer_1"]  # for the trackers: every z entry of both batches
+  hist = row["ffn_preact/layer_0"]  # for the trackers: every z entry of both batches
   assert hist.num == 2 * batch.shape[0] * c.data.seq_len * c.model.d_ff
   loss = task.objective(params, batch, jax.random.PRNGKey(0), train=False)
   assert row["val_loss"] == pytest.approx(float(loss.loss_sum / loss.count), rel=1e-6)

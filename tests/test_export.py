@@ -19,7 +19,7 @@ from actlab.hf import checkpoint as hf_checkpoint
 from actlab.hf import export, mapping
 from actlab.infra import errors
 from actlab.run import loop, pretrained, train
-from conftest import REPO, SHARED_DATA, tiny
+from conftest import DEEP, REPO, SHARED_DATA, tiny
 from test_classify import tiny_encoder
 from test_resume import files
 from test_user_errors import written_run
@@ -60,7 +60,7 @@ def hf_logits(torch, directory, cls, tokens_BL, mask_BL=None):
 @pytest.mark.slow
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
 def test_decoder_logits_equal_gpt2(tmp_path, torch, activation):
-  c = tiny(activation)
+  c = tiny(activation, **DEEP)  # two blocks: each maps to transformers' layer of its index
   params = perturbed_params(c, V)
   tokens = np.random.default_rng(0).integers(0, V, (2, 32))
   ours = np.asarray(tasks.get(c).objective(c, V).model.apply({"params": params}, tokens))
@@ -73,7 +73,7 @@ def test_decoder_logits_equal_gpt2(tmp_path, torch, activation):
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["mlm", "classify"])
 def test_encoder_logits_equal_bert(tmp_path, torch, task):
-  c = tiny_encoder(task)
+  c = tiny_encoder(task, **DEEP)
   vocab = 300
   params = perturbed_params(c, vocab)
   tokens = np.random.default_rng(0).integers(5, vocab, (2, 32))

@@ -14,14 +14,24 @@ from actlab import tasks
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.infra import errors
 from actlab.run import loop, pretrained, train
-from conftest import REPO, tiny
-from test_classify import tiny_encoder
+import conftest
+import test_classify
+from conftest import DEEP, REPO
 from test_export import RUN, perturbed_params, torch  # noqa: F401 -- torch: the fixture
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 pytest.importorskip("safetensors", reason="the hf extra is not installed")
 
 V = 257  # the byte tokenizer's (the tiny decoder's); padded to 320
+
+
+# Two blocks: an import maps transformers' layers to the model's by their index.
+def tiny(activation="gelu", **overrides):
+  return conftest.tiny(activation, **{**DEEP, **overrides})
+
+
+def tiny_encoder(task="mlm", **overrides):
+  return test_classify.tiny_encoder(task, **{**DEEP, **overrides})
 
 
 @pytest.fixture(scope="module")

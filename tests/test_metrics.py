@@ -18,7 +18,7 @@ from actlab import config as config_lib
 from actlab.measure import evaluators, metrics
 from actlab.core import model as model_lib
 from actlab.run import loop
-from conftest import tiny
+from conftest import DEEP, tiny
 
 
 # --- Activation statistics ------------------------------------------------------------------
@@ -26,7 +26,7 @@ from conftest import tiny
 
 @pytest.fixture(scope="module", params=["relu", "swiglu"])
 def model_setup(request):
-  c = tiny(request.param)
+  c = tiny(request.param, **DEEP)  # statistics per layer and pooled over layers
   ds = data.load(c)
   task = loop.create_step(c, ds.tokenizer.vocab_size)
   params = jax.jit(task.init)(0).params

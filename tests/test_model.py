@@ -125,7 +125,7 @@ def test_gpt2_initialisation():
 @pytest.mark.slow
 def test_tied_head_uses_token_embedding(gelu):
   model, params, _ = gelu
-  assert set(params) == {"wte", "wpe", "ln_f", "block_0", "block_1"}  # no separate head
+  assert set(params) == {"wte", "wpe", "ln_f", "block_0"}  # no separate head
   tokens = jnp.zeros((1, 4), jnp.int32)
   grads = jax.jit(jax.grad(lambda p: model.apply({"params": p}, tokens)[0, -1, 7]))(params)
   assert np.abs(grads["wte"]["embedding"][7]).sum() > 0  # the head row of token 7 is wte[7]
@@ -206,8 +206,11 @@ def test_qk_norm_normalises_queries_and_keys_over_the_head_dim():
   assert {n: p["scale"].shape for n, p in params.items() if n.endswith("_norm")} == {
       "query_norm": (K,), "key_norm": (K,)}
   scaled = {**params, **{n: jax.tree.map(lambda a: 30.0 * a, params[n]) for n in ("query", "key")}}
-  np.testing.assert_allclose(attn.apply({"params": scaled}, x), attn.apply({"params": params}, x),
-                             atol=1e-5)
+  out = attn.apply({"params": params}, x)
+  # Equal but for LayerNorm's ε, which weighs less on the scaled projections: about 4e-4 of the
+  # output's scale here.
+  np.testing.assert_allclose(attn.apply({"params": scaled}, x), out,
+                             atol=1e-3 * float(np.abs(out).max()))
   _, sown = model_lib.apply(attn, scaled, x, stats=True)
   assert float(sown["attention"][0].logit_max) <= np.sqrt(K)
   _, plain_attn, plain_params, _ = attention_and_input(qk_norm=False)

@@ -17,7 +17,7 @@ from actlab.core import kernels
 from actlab.core import model as model_lib
 from actlab.hf import mapping
 from actlab.run import loop
-from conftest import tiny, tiny_encoder
+from conftest import DEEP, tiny, tiny_encoder
 
 
 def relative_error(a, b):
@@ -32,7 +32,8 @@ def loss_and_grads(c, params, batch):
 
 
 def config_of(kind):
-  return tiny() if kind == "decoder" else tiny_encoder(**{"model.dropout": 0.0})
+  """Two blocks: scan and remat over layers, statistics per layer."""
+  return tiny(**DEEP) if kind == "decoder" else tiny_encoder(**{"model.dropout": 0.0, **DEEP})
 
 
 @pytest.fixture(scope="module")

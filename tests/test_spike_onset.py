@@ -33,20 +33,20 @@ def traces():
 
 @pytest.mark.slow
 def test_group_norms_add_up_to_the_train_steps_gradient_norm(traces):
-  _, measured, _ = traces
+  c, measured, _ = traces
   assert len(measured.rows) == STEPS
   for row in measured.rows:
     rss = math.sqrt(sum(row[f"g.{g}"] ** 2 for g in measured.groups))
     assert rss == pytest.approx(row["grad_norm"], rel=1e-5)
     assert row["grad_rss"] == pytest.approx(row["grad_norm"], rel=1e-5)
     assert row["measure_loss"] == pytest.approx(row["train_loss"], rel=1e-6)
-    for layer in range(2):
+    for layer in range(c.model.num_layers):
       assert 0.0 < row[f"z_neg.l{layer}"] < 1.0 and row[f"z_sd.l{layer}"] > 0.0
       assert row[f"z_absmax.l{layer}"] >= abs(row[f"z_mean.l{layer}"])
   per_block = ["attn.query", "attn.key", "attn.value", "attn.out", "ffn.up", "ffn.down",
                "ln_attn.scale", "ln_attn.bias", "ln_ffn.scale", "ln_ffn.bias"]
   assert sorted(measured.groups) == sorted(
-      [f"block_{i}.{g}" for i in range(2) for g in per_block]
+      [f"block_{i}.{g}" for i in range(c.model.num_layers) for g in per_block]
       + ["wte", "wpe", "ln_f.scale", "ln_f.bias"])
 
 

@@ -1,11 +1,13 @@
 """Trackers (actlab/run/tracking.py): FFN pre-activation histograms (actlab/measure/histogram.py) in
 TensorBoard, Weights & Biases in offline mode, and a sweep's TensorBoard HParams table."""
 
+import errno
 import json
 import pathlib
 import struct
 import subprocess
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -15,7 +17,7 @@ from actlab import config as config_lib
 from actlab.infra import workdir as workdir_lib
 from actlab.measure import histogram
 from actlab.run import tracking, train
-from conftest import tiny
+from conftest import DEEP, tiny
 
 
 def read_events(logdir: pathlib.Path) -> list:
@@ -68,7 +70,7 @@ def test_histogram_config_is_validated():
 
 @pytest.mark.slow
 def test_tiny_run_writes_a_histogram_per_layer_per_evaluation(tmp_path):
-  c = tiny(**{"train.steps": 4, "train.eval_every": 2, "train.log_every": 2,
+  c = tiny(**{"train.steps": 4, "train.eval_every": 2, "train.log_every": 2, **DEEP,
               "optim.warmup_steps": 1, "metrics.ffn_hist_bins": 16, "metrics.ffn_hist_range": 2.0})
   train.run(c, tmp_path)
   logged = rows(tmp_path)
@@ -86,6 +88,33 @@ def test_tiny_run_writes_a_histogram_per_layer_per_evaluation(tmp_path):
     assert [step for step, _ in per_step] == evals
     for _, h in per_step:
       assert h.num == sum(h.bucket) == entries and len(h.bucket) in (16, 17, 18)
+
+
+def test_a_full_disk_in_tensorboards_thread_is_raised_by_the_run_not_printed_or_waited_on(
+    tmp_path, monkeypatch, capfd):
+  """tensorboardX writes in a thread, from a queue of 10 events by default: a thread ended by a
+  full disk printed its traceback, and the rows after it filled the queue and waited forever. The
+  error must reach the run (which says it in one line: tests/test_resume.py), and soon."""
+  from tensorboardX import record_writer
+
+  def full(self, data):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  board, raised = tracking.TensorBoard(tmp_path), []  # its first event is written, not queued
+  monkeypatch.setattr(record_writer.RecordWriter, "write", full)
+
+  def rows_then_close():
+    try:
+      for step in range(200):  # 20 events a row
+        board.write({"step": step, **{f"metric_{i}": float(i) for i in range(20)}})
+      board.close()
+    except OSError as e:
+      raised.append(e)
+  writer = threading.Thread(target=rows_then_close, daemon=True)
+  writer.start()
+  writer.join(timeout=20)
+  assert not writer.is_alive(), "the rows wait on tensorboardX's dead thread"
+  assert [e.errno for e in raised] == [errno.ENOSPC]
+  assert "Traceback" not in capfd.readouterr().err
 
 
 # --- Weights & Biases (offline) --------------------------------------------------------------

@@ -54,7 +54,7 @@ def test_weight_decay_mask_matrices_and_embeddings_only():
   flat = {"/".join(k.key for k in path): v
           for path, v in jax.tree_util.tree_leaves_with_path(mask)}
   assert flat["wte/embedding"] and flat["wpe/embedding"]
-  assert flat["block_0/attn/query/kernel"] and flat["block_1/ffn/down/kernel"]
+  assert flat["block_0/attn/query/kernel"] and flat["block_0/ffn/down/kernel"]
   assert not flat["block_0/attn/query/bias"] and not flat["block_0/ln_ffn/scale"]
   assert not flat["ln_f/bias"]
 

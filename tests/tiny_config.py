@@ -1,4 +1,4 @@
-"""The tests' config, also as a file: `actlab.config.sizes.SIZES["tiny"]`, a 2-layer, d_model 32 decoder
+"""The tests' config, also as a file: `actlab.config.sizes.SIZES["tiny"]`, a 1-layer, d_model 32 decoder
 on the synthetic corpus."""
 
 from actlab import config as config_lib

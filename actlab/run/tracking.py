@@ -6,6 +6,8 @@ import os
 import pathlib
 import sys
 import tempfile
+import threading
+import weakref
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -41,13 +43,45 @@ def _histograms(row: Mapping[str, Any]):
   return ((k, v) for k, v in row.items() if isinstance(v, Histogram))
 
 
+_WRITER_THREADS = weakref.WeakSet()  # tensorboardX's threads: their errors are raised in the run
+_WRITER_ERRORS = weakref.WeakKeyDictionary()  # such a thread → the error that ended it
+_other_threads_hook = threading.excepthook
+
+
+def _keep_writer_errors(args) -> None:
+  """`threading.excepthook`: an error that ends a writer's thread is kept for the run to raise
+  (not printed); any other thread's goes to the hook this one replaced."""
+  if args.thread in _WRITER_THREADS:
+    _WRITER_ERRORS[args.thread] = args.exc_value
+  else:
+    _other_threads_hook(args)
+
+
 class TensorBoard:
-  """Every metrics row in `logdir`; `purge_step` (the resumed step) hides the events after it."""
+  """Every metrics row in `logdir`; `purge_step` (the resumed step) hides the events after it.
+
+  tensorboardX writes the events in a thread of its own. An error that ends it (a full disk) is
+  raised at the next row or at `close`, where the run reports it in one line, rather than printed
+  as the thread's traceback while the run goes on; its queue is unbounded, so that the rows added
+  before then never wait for a thread that is gone."""
 
   def __init__(self, logdir: pathlib.Path, purge_step: int | None = None):
-    self._writer = _tensorboardx().SummaryWriter(str(logdir), purge_step=purge_step or None)
+    global _other_threads_hook
+    if threading.excepthook is not _keep_writer_errors:
+      _other_threads_hook, threading.excepthook = threading.excepthook, _keep_writer_errors
+    before = set(threading.enumerate())
+    self._writer = _tensorboardx().SummaryWriter(str(logdir), purge_step=purge_step or None,
+                                                 max_queue=0)
+    self._threads = set(threading.enumerate()) - before
+    _WRITER_THREADS.update(self._threads)
+
+  def _raise_writer_error(self) -> None:
+    for thread in self._threads:
+      if thread in _WRITER_ERRORS:
+        raise _WRITER_ERRORS.pop(thread)
 
   def write(self, row: Mapping[str, Any]) -> None:
+    self._raise_writer_error()
     for key, value in _scalars(row):
       self._writer.add_scalar(key, value, row["step"])
     for key, hist in _histograms(row):
@@ -59,6 +93,7 @@ class TensorBoard:
   def close(self, summary: dict | None = None) -> None:
     del summary  # TensorBoard shows the rows; the summary is summary.json's.
     self._writer.close()  # Flushes first.
+    self._raise_writer_error()
 
 
 def wandb_run_id(logdir: pathlib.Path, first_segment: Mapping) -> str:
