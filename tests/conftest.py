@@ -138,19 +138,20 @@ def pytest_xdist_auto_num_workers(config):
 
 
 # The files whose tests take longest, longest first (their tests' total time in `pytest
-# --durations=0` on the 2-core machine, 2026-11-26; only the order matters, roughly). pytest-xdist
+# --durations=0` on the 2-core machine, 2026-11-27; only the order matters, roughly). pytest-xdist
 # hands out whole files (`--dist loadfile`) in the order below, so that these start first and the
 # last files handed out are short ones: the suite ends when its last file does, and a file of one
 # long test handed out last (as xdist's own order, by number of tests, does) keeps one worker busy
 # alone for its whole length. Files not listed follow in collection order.
 LONGEST_FIRST = [
-    "test_compile_cache.py", "test_train.py", "test_parallel.py", "test_resume.py",
-    "test_sweep.py", "test_distributed.py", "test_model_execution.py", "test_hf_llama.py",
-    "test_export.py", "test_classify.py", "test_vectorized.py", "test_bench.py",
-    "test_modern_block_runs.py", "test_sample.py", "test_model.py", "test_hf_import.py",
-    "test_encoder.py", "test_kernels.py", "test_modern_block.py", "test_mlm.py", "test_config.py",
-    "test_metrics.py", "test_core.py", "test_report.py", "test_tracking.py", "test_user_errors.py",
-    "test_evaluators.py", "test_entry_points.py"]
+    "test_sweep.py", "test_compile_cache.py", "test_train.py", "test_resume.py",
+    "test_model_execution.py", "test_hf_llama.py", "test_export.py", "test_distributed.py",
+    "test_parallel.py", "test_classify.py", "test_bench.py", "test_vectorized.py", "test_model.py",
+    "test_encoder.py", "test_hf_import.py", "test_sample.py", "test_kernels.py",
+    "test_modern_block_runs.py", "test_config.py", "test_metrics.py", "test_mlm.py",
+    "test_modern_block.py", "test_core.py", "test_report.py", "test_tracking.py",
+    "test_user_errors.py", "test_suite_setup.py", "test_tokenizer.py", "test_entry_points.py",
+    "test_evaluators.py"]
 
 
 def pytest_configure(config):
