@@ -38,7 +38,8 @@ SIZES = {
     # The tests' model (tests/tiny_config.py): 1 layer, d_model 32; seconds (tests of how layers
     # stack set 2).
     "tiny": {**_SMOKE, "data.seq_len": 32, "data.val_batches": 2,
-             "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.d_ff": 64, "model.max_len": 32,
+             "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.d_ff": 64,
+             "model.max_len": 32,
              "optim.warmup_steps": 5,
              "train.steps": 50, "train.batch_size": 8, "train.eval_every": 25,
              "train.checkpoint_every": 25, "train.progress": False},
