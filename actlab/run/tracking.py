@@ -43,16 +43,15 @@ def _histograms(row: Mapping[str, Any]):
   return ((k, v) for k, v in row.items() if isinstance(v, Histogram))
 
 
-_WRITER_THREADS = weakref.WeakSet()  # tensorboardX's threads: their errors are raised in the run
-_WRITER_ERRORS = weakref.WeakKeyDictionary()  # such a thread → the error that ended it
+_WRITERS = weakref.WeakKeyDictionary()  # tensorboardX's threads → the error that ended it or None
 _other_threads_hook = threading.excepthook
 
 
 def _keep_writer_errors(args) -> None:
   """`threading.excepthook`: an error that ends a writer's thread is kept for the run to raise
   (not printed); any other thread's goes to the hook this one replaced."""
-  if args.thread in _WRITER_THREADS:
-    _WRITER_ERRORS[args.thread] = args.exc_value
+  if args.thread in _WRITERS:
+    _WRITERS[args.thread] = args.exc_value
   else:
     _other_threads_hook(args)
 
@@ -73,12 +72,13 @@ class TensorBoard:
     self._writer = _tensorboardx().SummaryWriter(str(logdir), purge_step=purge_step or None,
                                                  max_queue=0)
     self._threads = set(threading.enumerate()) - before
-    _WRITER_THREADS.update(self._threads)
+    _WRITERS.update(dict.fromkeys(self._threads))
 
   def _raise_writer_error(self) -> None:
     for thread in self._threads:
-      if thread in _WRITER_ERRORS:
-        raise _WRITER_ERRORS.pop(thread)
+      if (error := _WRITERS.get(thread)) is not None:
+        _WRITERS[thread] = None
+        raise error
 
   def write(self, row: Mapping[str, Any]) -> None:
     self._raise_writer_error()
