@@ -6,15 +6,18 @@
 # (see docs/data.md; ACTLAB_DATA_DIR and ACTLAB_GPT2_DIR point at them). Output: markdown rows on
 # stdout, JSON lines in $OUT.
 # Usage: [PARTS="compile cost study step"] bash benchmarks/gpu_suite.sh [WHEELS]: WHEELS, a folder
-# of wheels for what a bare GPU image lacks (ml_collections, tensorboardX, tensorflow-datasets,
-# importlib_resources and their dependencies), installed offline first. PARTS names the parts to
-# run, in the order given (all four by default). What each took, 2026-11-27: compile not run yet
-# (about 4 min expected: three processes, the sharpness program's compile about 100 s); cost
-# about 4 min on an H200 (the reference config's two cells with an empty and a warm cache, 1,000
-# steps each, the same two in one sweep, then the smoke size); study about 7.5 min on an H100
-# with an empty cache for the vectorized study alone (extrapolated from a stopped run; the
-# sequential study not measured); step 30-60 s a row. A 15-minute lease holds about two parts:
-# run those whose rows still say "not measured" first.
+# of wheels for what a bare GPU image lacks, installed offline first: on the image with jax 0.11.2,
+# ml_collections, tensorboardX, tensorflow-datasets, importlib_resources, array_record, dm-tree,
+# immutabledict, promise (a wheel built from its sdist), simple-parsing, docstring-parser,
+# tensorflow-metadata, termcolor and toml. PARTS names the parts to run, in the order given (all
+# four by default); STUDY_FLAGS adds flags to the study's sweeps (on an offline machine with v1's
+# files in $ACTLAB_DATA_DIR/manual/tiny_stories: --config.data.tinystories_version=v1). What each
+# took: compile not run yet (about 4 min expected: three processes, the sharpness program's
+# compile about 100 s); cost 196 s for the reference size on an H200 (2026-11-27: its two cells
+# with an empty and a warm cache, 1,000 steps each, and the same two in one sweep; the smoke size
+# not timed); study 38 s for its bench line and 314 s for the vectorized study with an empty cache
+# on an H200 (the sequential study not measured); step 30-60 s a row. A 15-minute lease holds
+# about two parts: run those whose rows still say "not measured" first.
 set -euo pipefail
 if [ -n "${1:-}" ]; then  # beside the image's packages, not over them; actlab from this checkout
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/actlab-site "$1"/*.whl
@@ -48,7 +51,8 @@ study() {
     rm -rf /tmp/six_$v
     start=$SECONDS
     python3 -m actlab.sweep --config=$R --config.model.dtype=bfloat16 \
-        --config.sweep.vectorize=$v --sweep=benchmarks/six_run_study.py --workdir=/tmp/six_$v
+        --config.sweep.vectorize=$v --sweep=benchmarks/six_run_study.py --workdir=/tmp/six_$v \
+        ${STUDY_FLAGS:-}
     echo "six-run study, vectorize=$v: $((SECONDS - start)) s end to end"
   done
 }

@@ -12,8 +12,10 @@ from actlab.run import lane, train
 from conftest import REPO, tiny
 
 
-def test_provenance_segment(tmp_path):
+def test_provenance_segment(tmp_path, monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")
   seg = lane.segment(tiny(**{"train.progress": False}), start_step=40)
+  assert seg["xla_flags"] == "--xla_gpu_deterministic_ops=true"
   assert seg["start_step"] == 40 and seg["device_count"] >= 1 and seg["device_kind"]
   assert set(lane.PACKAGES) <= set(seg["versions"]) and seg["versions"]["jax"]
   assert seg["git_commit"] is None or len(seg["git_commit"]) == 40

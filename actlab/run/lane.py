@@ -65,6 +65,8 @@ def segment(config: ml_collections.ConfigDict, start_step: int,
       # XLA:CPU splits reductions over its threads, one per CPU this process may use: float32
       # results differ in rounding between CPU counts (docs/sweeps.md, "Using all the hardware").
       "cpus": len(os.sched_getaffinity(0)),
+      # On a GPU, bitwise runs need --xla_gpu_deterministic_ops=true (docs/guarantees.md).
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "process_count": jax.process_count(), "host": socket.gethostname(),
       "command": recorded.recorded_command(sys.argv, sys.executable, run_dir),
       "runtime": {k: v for k, v in
