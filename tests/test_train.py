@@ -19,7 +19,7 @@ import optax
 import pytest
 
 from actlab import config as config_lib, core, data
-from actlab.infra import checkpoint
+from actlab.infra import checkpoint, parallel
 from actlab.measure import evaluators
 from actlab.tasks import mlm
 from actlab.run import loop as loop_lib, pretrained, train
@@ -511,6 +511,61 @@ def test_a_wait_for_step_0s_sharpness_program_is_sharpness_cost(monkeypatch, tmp
     summary = train.run(run_config(30), tmp_path)
   assert gate.is_set()
   assert summary["timing"]["measure_sec"]["sharpness"] >= 0.5, summary["timing"]
+
+
+def test_init_and_the_first_step_compile_before_the_first_arrays_go_to_the_devices(monkeypatch,
+                                                                                   tmp_path):
+  """A fresh run starts compiling `init` and its first step's program before it puts its first
+  batch on the devices (on a GPU, the memory pool's allocation, which holds no Python lock, then
+  runs beside their tracing); a resumed run compiles no `init`."""
+  started, at_first_put = [], []
+  start, put = loop_lib.Ahead.start, parallel.Plan.shard_batch
+
+  def watched_start(self, pool, *like):
+    started.append(self.jitted.__name__)
+    return start(self, pool, *like)
+
+  def watched_put(self, batch, stacked=False):
+    at_first_put.append(at_first_put[0] if at_first_put else list(started))
+    return put(self, batch, stacked)
+  monkeypatch.setattr(loop_lib.Ahead, "start", watched_start)
+  monkeypatch.setattr(parallel.Plan, "shard_batch", watched_put)
+  c = tiny(**{"train.steps": 10, "train.checkpoint_every": 5, "train.log_every": 5})
+  with contextlib.redirect_stderr(io.StringIO()):
+    train.run(c, tmp_path)
+  assert at_first_put[0] == ["init", "train_step"]
+  shutil.rmtree(tmp_path / "checkpoints" / "10")
+  (tmp_path / "summary.json").unlink()
+  started.clear(), at_first_put.clear()
+  with contextlib.redirect_stderr(io.StringIO()):
+    train.run(c, tmp_path)
+  assert at_first_put[0] == ["train_step"]  # from step 5's checkpoint: no `init`
+
+
+def test_the_checkpoints_checksums_run_the_program_compiled_ahead(monkeypatch, tmp_path):
+  """Each checkpoint's checksums run `_sums` as compiled in the loop's threads for a run's state
+  (`checkpoint.compile_ahead`), never traced, lowered and loaded at a checkpoint; the checksums
+  saved are those of the jitted function on the saved state."""
+  called, jitted = [], checkpoint._sums
+
+  class Watched:
+    lower = staticmethod(jitted.lower)
+
+    def __call__(self, tree):
+      called.append(tree)
+      return jitted(tree)
+  monkeypatch.setattr(checkpoint, "_sums", Watched())
+  monkeypatch.setattr(checkpoint, "_ahead", {})
+  c = tiny(**{"train.steps": 10, "train.checkpoint_every": 5, "train.keep_checkpoints": 2})
+  with contextlib.redirect_stderr(io.StringIO()):
+    train.run(c, tmp_path)
+  assert not called, "a checkpoint traced its checksums' program"
+  monkeypatch.undo()
+  program = loop_lib.get(c, 257)
+  for step in (5, 10):
+    state, meta = checkpoint.Checkpoints(tmp_path / "checkpoints", 2, read_only=True).restore(
+        step, program.run_like)
+    assert meta["checksums"] == checkpoint.checksums(state)
 
 
 def test_the_step_without_diagnostics_trains_alike_and_the_log_step_measures_it(compiled):

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from actlab.infra import compile_cache
 from actlab.infra.errors import UserError, short_cause
 
 
@@ -51,10 +52,25 @@ def _sums(tree) -> list[jax.Array]:
   return out
 
 
+_ahead: dict = {}  # a tree's abstract arrays -> `_sums` compiled ahead for it (`compile_ahead`)
+
+
+def _signature(tree) -> tuple:
+  return jax.tree.structure(tree), tuple(jax.tree.leaves(compile_cache.abstract(tree)))
+
+
+def compile_ahead(pool, like) -> None:
+  """Starts compiling `checksums`' program in `pool`'s threads for trees like `like` (a run's
+  state): a checkpoint of such a tree then neither traces nor loads it (on an H200's host, 0.7 s
+  to trace and lower and 0.5 s to load at a run's first checkpoint)."""
+  _ahead.setdefault(_signature(like), compile_cache.Ahead(_sums)).start(pool, like)
+
+
 def checksums(tree) -> dict[str, str]:
   """{path of each array: its checksum as 16 hex digits} (`_sums`)."""
   paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-  return {p: f"{int(a):08x}{int(b):08x}" for p, (a, b) in zip(paths, jax.device_get(_sums(tree)))}
+  sums = _ahead.get(_signature(tree), _sums)
+  return {p: f"{int(a):08x}{int(b):08x}" for p, (a, b) in zip(paths, jax.device_get(sums(tree)))}
 
 
 class _OrbaxLogsDropped(logging.Filter):

@@ -1,5 +1,6 @@
 """Each program compiled once: JAX's persistent compilation cache, on by default
-(`train.compile_cache`), and the tally of what a run compiled and what it took from the cache.
+(`train.compile_cache`), the tally of what a run compiled and what it took from the cache, and
+`Ahead`: a program compiled (or loaded) in a thread before its first call.
 
 The cache lives in one folder per kind of host (`host_kind`: the platform, the CPU's model and
 instruction set), so that a program compiled for one processor is never loaded on another. The
@@ -15,6 +16,7 @@ and one line says so. JAX's size cap is left off: it rereads every entry's acces
 write, under one lock. The folder only grows; deleting it costs only compiles.
 """
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -24,6 +26,7 @@ import platform
 import threading
 import warnings
 import zlib
+from typing import Callable
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
@@ -124,6 +127,48 @@ def carried(fn):
     with counted_in(t):
       return fn()
   return run
+
+
+class Ahead:
+  """A jitted function compiled in a thread (`start`) for the arguments it will be called with;
+  a call waits for it. Before `start` it is the jitted function."""
+
+  def __init__(self, jitted: Callable):
+    self.jitted, self.compiled, self.args = jitted, None, None
+
+  def start(self, pool: concurrent.futures.Executor, *like) -> None:
+    """Compiles for arguments like `like` in `pool`, unless that is under way or done (a sweep's
+    next group starts its programs while another group trains)."""
+    args = abstract(like)
+    if self.compiled and self.args == args and not (
+        self.compiled.cancelled() or self.compiled.done() and self.compiled.exception()):
+      return
+    self.args = args
+    self.compiled = pool.submit(carried(lambda: self.jitted.lower(*args).compile()))
+
+  @property
+  def done(self) -> bool:
+    """Whether a call would not wait for a compilation under way."""
+    return self.compiled is None or self.compiled.done()
+
+  def ready(self) -> "Ahead":
+    """Waits for the compilation under way, if any."""
+    if self.compiled:
+      self.compiled.result()
+    return self
+
+  def __call__(self, *args):
+    """The program compiled ahead, once compiled; the jitted function where none was started or
+    its compilation was cancelled (its pool shut down first)."""
+    if self.compiled is None or self.compiled.cancelled():
+      return self.jitted(*args)
+    return self.compiled.result()(*args)
+
+
+def abstract(tree):
+  """`tree`'s arrays as shapes, dtypes and shardings."""
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
 def _listen() -> None:

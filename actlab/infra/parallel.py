@@ -112,6 +112,12 @@ class Plan:
       return jax.make_array_from_process_local_data(sharding, x[rows], x.shape)
     return jax.tree.map(put, batch)
 
+  def batch_like(self, batch, stacked: bool = False) -> Any:
+    """`shard_batch`'s result as abstract arrays, with nothing put on the devices: what a program
+    is compiled for before the run's first batch is there."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        np.shape(x), np.asarray(x).dtype, sharding=self.batch_sharding(np.ndim(x), stacked)), batch)
+
 
 def plan(config, devices=None) -> Plan:
   """The plan of `config.parallel` over `devices` (default: the first `parallel.num_devices`)."""

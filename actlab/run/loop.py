@@ -9,10 +9,11 @@ one program (tests/test_vectorized.py: R runs equal R single runs). The programs
 each once (infra/compile_cache.py keeps them for the next run): `init`; `train_step`; `log_step`,
 the same step with the diagnostics of a logged step; `eval_step`, every validation evaluator in
 one forward pass; `sharpness_step`, the power iteration (when on); for R > 1, `unstack`, each
-run's state out of R for its checkpoint. The first step's program compiles in a thread beside
-`init`, the others once the first step is dispatched (tracing holds Python's lock: a program
-traced beside the first step's delays it); a sweep may have started them all while the group
-before trained (`Program.compile_all`). Step 0's evaluation and sharpness estimate run on a
+run's state out of R for its checkpoint. A fresh run's `init` and the first step's program
+compile in threads while the run's first arrays go to the devices (on a GPU, their memory pool
+is allocated then), the others once the first step is dispatched (tracing holds Python's lock: a
+program traced beside the first step's delays it); a sweep may have started them all while the
+group before trained (`Program.compile_all`). Step 0's evaluation and sharpness estimate run on a
 copy of the initial parameters at the first row that finds their programs compiled, beside the
 first steps; rows that come before step 0's wait for it.
 
@@ -42,7 +43,8 @@ import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from actlab import config as config_lib, core, tasks
-from actlab.infra import compile_cache, parallel, workdir
+from actlab.infra import checkpoint as checkpoint_lib, compile_cache, parallel, workdir
+from actlab.infra.compile_cache import Ahead, abstract
 from actlab.infra.errors import UserError
 from actlab.measure import evaluators as evaluators_lib
 from actlab.measure import metrics as metrics_lib
@@ -68,38 +70,6 @@ def one_run(tree: Any, r: int) -> Any:
   return jax.tree.map(lambda x: x[r], tree)
 
 
-class Ahead:
-  """A jitted function compiled in a thread (`start`) for the arguments it will be called with;
-  a call waits for it. Before `start` it is the jitted function."""
-
-  def __init__(self, jitted: Callable):
-    self.jitted, self.compiled, self.args = jitted, None, None
-
-  def start(self, pool: concurrent.futures.Executor, *like) -> None:
-    """Compiles for arguments like `like` in `pool`, unless that is under way or done (a sweep's
-    next group starts its programs while another group trains)."""
-    args = abstract(like)
-    if self.compiled and self.args == args and not (
-        self.compiled.cancelled() or self.compiled.done() and self.compiled.exception()):
-      return
-    self.args = args
-    self.compiled = pool.submit(compile_cache.carried(lambda: self.jitted.lower(*args).compile()))
-
-  @property
-  def done(self) -> bool:
-    """Whether a call would not wait for a compilation under way."""
-    return self.compiled is None or self.compiled.done()
-
-  def ready(self) -> "Ahead":
-    """Waits for the compilation under way, if any."""
-    if self.compiled:
-      self.compiled.result()
-    return self
-
-  def __call__(self, *args):
-    return (self.compiled.result() if self.compiled else self.jitted)(*args)
-
-
 @dataclasses.dataclass(frozen=True)
 class Program:
   """A config's `core.Step` jitted for R runs (their LRs and seeds may differ). For R > 1, states,
@@ -111,7 +81,7 @@ class Program:
   shardings: core.TrainState  # of the program's state
   run_like: core.TrainState   # one run's state as abstract arrays with their shardings: what a
                               # checkpoint restores into
-  init: Callable        # ([R] seeds, [R] peak LRs) -> core.TrainState
+  init: Ahead           # ([R] seeds, [R] peak LRs) -> core.TrainState
   train_step: Ahead     # (state, batch) -> (state, metrics); donates the state
   log_step: Ahead       # the same step with `diagnostics`: for the steps the loop logs
   evaluators: evaluators_lib.Evaluators
@@ -142,7 +112,7 @@ class Program:
     def unstack(s):
       return [one_run(s, r) for r in range(runs)]
     return cls(step, plan, runs, state, run_like,
-               init=jax.jit(over_runs(step.init, runs, name="init"), out_shardings=state),
+               init=Ahead(jax.jit(over_runs(step.init, runs, name="init"), out_shardings=state)),
                train_step=jit_step(False, "train_step"), log_step=jit_step(True, "log_step"),
                evaluators=evaluators,
                eval_step=on_params(evaluators.validation_step, "eval_step"),
@@ -153,9 +123,13 @@ class Program:
 
   def start(self, configs: Sequence[ml_collections.ConfigDict]) -> core.TrainState:
     """The initial state of the runs of `configs` (their seeds and peak LRs)."""
+    return self.init(*self.init_args(configs))
+
+  def init_args(self, configs: Sequence[ml_collections.ConfigDict]) -> tuple:
+    """`init`'s arguments for the runs of `configs`: their seeds and peak LRs."""
     seeds = np.array([c.train.seed for c in configs])
     lrs = np.array([c.optim.lr for c in configs], np.float32)
-    return self.init(seeds, lrs) if self.runs > 1 else self.init(seeds[0], lrs[0])
+    return (seeds, lrs) if self.runs > 1 else (seeds[0], lrs[0])
 
   def stack(self, states: Sequence[core.TrainState]) -> core.TrainState:
     """Single runs' states (restored checkpoints) as this program's state: for R > 1 stacked in
@@ -175,11 +149,13 @@ class Program:
     """Run r's part of this program's states, metrics or device results."""
     return one_run(tree, r) if self.runs > 1 else tree
 
-  def put_batches(self, batches: list) -> Any:
-    """One host batch per run → the devices (stacked for R > 1)."""
+  def put_batches(self, batches: list, like: bool = False) -> Any:
+    """One host batch per run → the devices (stacked for R > 1); with `like`, what they would be
+    there, as abstract arrays (`Plan.batch_like`)."""
+    put = self.plan.batch_like if like else self.plan.shard_batch
     if self.runs == 1:
-      return self.plan.shard_batch(batches[0])
-    return self.plan.shard_batch(jax.tree.map(lambda *xs: np.stack(xs), *batches), stacked=True)
+      return put(batches[0])
+    return put(jax.tree.map(lambda *xs: np.stack(xs), *batches), stacked=True)
 
   @property
   def like(self) -> core.TrainState:
@@ -190,20 +166,24 @@ class Program:
                                                           sharding=s),
                         self.run_like, self.shardings)
 
-  def compile_ahead(self, pool, batch, val_batch, sharpness_batch,
-                    first_logged: bool) -> Callable[[], None]:
-    """Starts compiling, in `pool`'s threads, the first step's program (`log_step` if
-    `first_logged`), beside `init`'s, which the caller compiles meanwhile. Returns the function
-    that starts the rest (the step-0 measurements', the other step's), to be called once the first
-    step is dispatched: tracing holds Python's lock, so a program traced beside the first step's
-    would delay it."""
-    state, batch = self.like, abstract(batch)
+  def compile_ahead(self, pool, batch, init_args: tuple | None,
+                    first_logged: bool) -> Callable[[Any, Any], None]:
+    """Starts compiling, in `pool`'s threads, `init`'s program for `init_args` (None: the runs
+    resume) and the first step's (`log_step` if `first_logged`) for batches like `batch` (None:
+    the runs are at their last step): the caller then puts the run's first arrays on the devices,
+    which on a GPU first allocates their memory pool without holding Python's lock. Returns the
+    function that starts the rest for the validation and sharpness batches (the step-0
+    measurements', the other step's), to be called once the first step is dispatched: tracing
+    holds Python's lock, so a program traced beside the first step's would delay it."""
+    state = self.like
     first, then = ((self.log_step, self.train_step) if first_logged
                    else (self.train_step, self.log_step))
-    if batch is not None:  # None: the run is at its last step, with nothing to train.
+    if init_args is not None:
+      self.init.start(pool, *init_args)
+    if batch is not None:
       first.start(pool, state, batch)
 
-    def rest():
+    def rest(val_batch, sharpness_batch):
       self.eval_step.start(pool, state.params, val_batch)
       if self.sharpness_step:
         self.sharpness_step.start(pool, state.params, sharpness_batch)
@@ -211,14 +191,16 @@ class Program:
         then.start(pool, state, batch)
       if self.unstack:
         self.unstack.start(pool, state)
+      checkpoint_lib.compile_ahead(pool, self.run_like)
     return rest
 
   def compile_all(self, pool, dataset) -> None:
     """Starts compiling every program but `init` in `pool`'s threads for batches of `dataset` (a
     sweep's next group, while another trains: the loop's `compile_ahead` then finds them)."""
-    batch = self.put_batches([dataset.train_batch(0)] * self.runs)
-    val_batch = self.plan.shard_batch(dataset.val_batches()[0])
-    self.compile_ahead(pool, batch, val_batch, self.sharpness_batch(dataset), False)()
+    batch = self.put_batches([dataset.train_batch(0)] * self.runs, like=True)
+    val_batch = self.plan.batch_like(dataset.val_batches()[0])
+    sharpness_batch = self.sharpness_batch(dataset)
+    self.compile_ahead(pool, batch, None, False)(val_batch, sharpness_batch)
 
   def sharpness_batch(self, dataset) -> Any:
     """The sharpness estimates' batch (None when off): training batch 0 of seed 0, the same for
@@ -226,12 +208,6 @@ class Program:
     if self.sharpness_step is None:
       return None
     return self.plan.shard_batch(dataclasses.replace(dataset, seed=0).train_batch(0))
-
-
-def abstract(tree):
-  """`tree`'s arrays as shapes, dtypes and shardings."""
-  return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
 def create_step(config: ml_collections.ConfigDict, vocab_size: int) -> core.Step:
@@ -306,7 +282,6 @@ def _train(program: Program, lanes: list[Lane], initial: Callable[[], core.Train
   t, sharpness = config.train, program.evaluators.sharpness
   counts = core.count_params(program.run_like.params)
   print(start_line(lanes, counts, start), flush=True)
-  rows = Rows(program, lanes, config, start)
   if config.metrics.sharpness_every and sharpness is None:
     print(f"actlab: no sharpness estimates: metrics.sharpness_every "
           f"({config.metrics.sharpness_every}) is more than train.steps ({t.steps}), so "
@@ -314,12 +289,14 @@ def _train(program: Program, lanes: list[Lane], initial: Callable[[], core.Train
   stop = StopRequest()
   batches = Prefetch(program, lanes, t.steps)
   compiling = concurrent.futures.ThreadPoolExecutor(max_workers=4)
-  compile_rest = program.compile_ahead(
-      compiling, batches.peek(start), rows.val_batches[0], rows.sharpness_batch,
+  compile_rest = program.compile_ahead(  # Before the run's first arrays go to the devices.
+      compiling, batches.batch(start, put=False),
+      program.init_args([lane.config for lane in lanes]) if start == 0 else None,
       first_logged=is_logged(start + 1, t, sharpness))
+  rows = Rows(program, lanes, config, start)
   pending, behind, stopped_at = [], None, None  # behind: a plain row, written a step late
   try:
-    state = initial()  # `init` compiles (or loads) here, beside the first step's program.
+    state = initial()  # A fresh run's `init` compiles (or loads) beside the first step's program.
     if start == 0:
       rows.hold_first(state.params)
     rows.start_clock()
@@ -335,7 +312,7 @@ def _train(program: Program, lanes: list[Lane], initial: Callable[[], core.Train
           state, batches.take(step))
       if step == start:
         rows.startup_sec = seconds_since(began)
-        compile_rest()
+        compile_rest(rows.val_batches[0], rows.sharpness_batch)
         if then:
           then()
       if program.plan.sync_each_step:  # simulated CPU devices: parallel.Plan.sync_each_step
@@ -403,18 +380,20 @@ class Prefetch:
   runs."""
 
   def __init__(self, program: Program, lanes: list[Lane], steps: int):
+    self.program, self.lanes, self.steps = program, lanes, steps
     self.pool, self.next = concurrent.futures.ThreadPoolExecutor(max_workers=1), None
-    self.fetch = lambda k: self.pool.submit(lambda: program.put_batches(
-        [lane.dataset.train_batch(k) for lane in lanes])) if k < steps else None
 
-  def peek(self, k: int):
-    """Batch k, kept for `take(k)` (None past the last step)."""
-    self.next = self.next or self.fetch(k)
-    return self.next and self.next.result()
+  def batch(self, k: int, put: bool = True):
+    """Batch k on the devices (without `put`, as abstract arrays: what it will be there); None
+    past the last step."""
+    if k >= self.steps:
+      return None
+    return self.program.put_batches([lane.dataset.train_batch(k) for lane in self.lanes],
+                                    like=not put)
 
   def take(self, k: int):
-    batch = (self.next or self.fetch(k)).result()
-    self.next = self.fetch(k + 1)
+    batch = (self.next or self.pool.submit(self.batch, k)).result()
+    self.next = self.pool.submit(self.batch, k + 1)
     return batch
 
 
