@@ -152,3 +152,13 @@ def test_a_resumed_run_compiles_nothing_new(tmp_path):
   assert "resuming at step" in resumed.stdout
   compiled = json.loads((tmp_path / "run" / "summary.json").read_text())["timing"]["compile"]
   assert compiled["programs_compiled"] == 0 and compiled["programs_cached"] > 0, compiled
+
+
+def test_abstract_arrays_hold_the_dtypes_jax_would():
+  """`abstract` (what `Ahead` compiles for) gives a NumPy int64 seed the int32 JAX holds it in
+  without x64, as a call would: no truncation warning (jax 0.11 warns at every run otherwise)."""
+  import jax
+  import numpy as np
+  seed, lr = compile_cache.abstract((np.array([7])[0], np.float32(1e-3)))
+  assert (seed.dtype, lr.dtype) == (jax.dtypes.canonicalize_dtype(np.int64), np.float32)
+  assert seed.dtype == (np.int64 if jax.config.jax_enable_x64 else np.int32)

@@ -166,9 +166,10 @@ class Ahead:
 
 
 def abstract(tree):
-  """`tree`'s arrays as shapes, dtypes and shardings."""
-  return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
+  """`tree`'s arrays as shapes, dtypes (as JAX would hold them: a NumPy int64 as int32 without
+  x64) and shardings."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      x.shape, jax.dtypes.canonicalize_dtype(x.dtype), sharding=getattr(x, "sharding", None)), tree)
 
 
 def _listen() -> None:
