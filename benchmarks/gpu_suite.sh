@@ -15,9 +15,10 @@
 # took: compile not run yet (about 4 min expected: three processes, the sharpness program's
 # compile about 100 s); cost 196 s for the reference size on an H200 (2026-11-27: its two cells
 # with an empty and a warm cache, 1,000 steps each, and the same two in one sweep; the smoke size
-# not timed); study 38 s for its bench line and 314 s for the vectorized study with an empty cache
-# on an H200 (the sequential study not measured); step 30-60 s a row. A 15-minute lease holds
-# about two parts: run those whose rows still say "not measured" first.
+# not timed; device_start.py about 10 s a line); study 38 s for its bench line and 314 s for the
+# vectorized study with an empty cache on an H200 (the sequential study not measured); step
+# 30-60 s a row. A 15-minute lease holds about two parts: run those whose rows still say "not
+# measured" first.
 set -euo pipefail
 if [ -n "${1:-}" ]; then  # beside the image's packages, not over them; actlab from this checkout
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/actlab-site "$1"/*.whl
@@ -36,6 +37,10 @@ compile() {
 }
 
 cost() {
+  # What starting the device costs (its memory pool's allocation at the first transfer, the exit),
+  # with XLA's default preallocation and without.
+  python3 benchmarks/device_start.py
+  XLA_PYTHON_CLIENT_PREALLOCATE=false python3 benchmarks/device_start.py
   # A run's fixed cost: two cells of a sweep sharing a fresh compilation cache, as a default
   # 1,000-step reference run (targets: <= 15 s with a warm cache; the loop >= 0.9x the back-to-back
   # step), and at the smoke size.
