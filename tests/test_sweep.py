@@ -581,14 +581,14 @@ def test_the_next_group_compiles_while_a_group_trains_and_counts_as_its_own(vect
                                                                             monkeypatch):
   """With `sweep.compile_next` on (a GPU's default), the GELU group's step compiles while the ReLU
   group trains (one run, or two vectorized as on a GPU): the ReLU group waits at its step 20 until
-  it has (at most 60 s). Each group's summaries count its own programs once (the GELU group's,
-  compiled ahead, among them); one run each, the rows are those of the same sweep compiled group
-  by group."""
+  it has (at most 60 s); the GELU runs' `init` is compiling too. Each group's summaries count its
+  own programs once (the GELU group's, compiled ahead, among them); one run each, the rows are
+  those of the same sweep compiled group by group."""
   spec = tmp_path / "grid.py"
   lrs = [1e-3, 3e-3] if vectorize == "true" else [1e-3]
   spec.write_text("def get_sweep(arg=None):\n  return {'axes': {'model.activation': ['relu', "
                   f"'gelu'], 'optim.lr': {lrs}}}, 'seeds': [0]}}\n")
-  cache, opened, take = {}, [], loop.Prefetch.take
+  cache, opened, init_started, take = {}, [], [], loop.Prefetch.take
 
   def next_step_compiled():
     programs = [p for (_, key), p in cache.items() if '"activation": "gelu"' in key]
@@ -601,6 +601,8 @@ def test_the_next_group_compiles_while_a_group_trains_and_counts_as_its_own(vect
       while not next_step_compiled() and time.monotonic() < deadline:
         time.sleep(0.02)
       opened.append(next_step_compiled())
+      gelu = [p for (_, key), p in cache.items() if '"activation": "gelu"' in key]
+      init_started.append(bool(gelu) and gelu[0].init.compiled is not None)
     return take(self, k)
   monkeypatch.setattr(loop.Prefetch, "take", waiting_take)
   settings = {"sweep.vectorize": vectorize, "train.steps": 24}
@@ -612,8 +614,9 @@ def test_the_next_group_compiles_while_a_group_trains_and_counts_as_its_own(vect
     assert counted["programs_compiled"] + counted["programs_cached"] == len(
         set(counted["compiled"]) | set(counted["cached"])), counted  # each program once
   gelu = ahead[next(name for name in ahead if "gelu" in name)]["timing"]["compile"]
-  assert {"jit(train_step)", "jit(log_step)", "jit(eval_step)"} <= set(
+  assert {"jit(init)", "jit(train_step)", "jit(log_step)", "jit(eval_step)"} <= set(
       gelu["compiled"] + gelu["cached"])
+  assert init_started == [True]  # the GELU group's fresh runs' `init` too
   if vectorize == "true":
     return  # The rows: those of one run each, below.
   monkeypatch.setattr(loop.Prefetch, "take", take)
@@ -631,7 +634,7 @@ def test_a_next_group_that_fails_to_compile_ahead_is_one_line_and_compiles_at_it
   spec.write_text("def get_sweep(arg=None):\n  return {'axes': {'model.activation': ['relu', "
                   "'gelu']}, 'seeds': [0]}\n")
 
-  def failing(self, pool, dataset):
+  def failing(self, pool, dataset, fresh):
     raise RuntimeError("no memory for autotuning")
   monkeypatch.setattr(loop.Program, "compile_all", failing)
   lines = []

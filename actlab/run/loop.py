@@ -194,13 +194,15 @@ class Program:
       checkpoint_lib.compile_ahead(pool, self.run_like)
     return rest
 
-  def compile_all(self, pool, dataset) -> None:
-    """Starts compiling every program but `init` in `pool`'s threads for batches of `dataset` (a
-    sweep's next group, while another trains: the loop's `compile_ahead` then finds them)."""
+  def compile_all(self, pool, dataset, fresh: Sequence[ml_collections.ConfigDict] = ()) -> None:
+    """Starts compiling every program in `pool`'s threads for batches of `dataset`, `init` where
+    `fresh` holds the configs of a group of fresh runs (a sweep's next group, while another
+    trains: the loop's `compile_ahead` then finds them)."""
     batch = self.put_batches([dataset.train_batch(0)] * self.runs, like=True)
     val_batch = self.plan.batch_like(dataset.val_batches()[0])
     sharpness_batch = self.sharpness_batch(dataset)
-    self.compile_ahead(pool, batch, None, False)(val_batch, sharpness_batch)
+    init_args = self.init_args(fresh[:self.runs]) if len(fresh) >= self.runs else None
+    self.compile_ahead(pool, batch, init_args, False)(val_batch, sharpness_batch)
 
   def sharpness_batch(self, dataset) -> Any:
     """The sharpness estimates' batch (None when off): training batch 0 of seed 0, the same for

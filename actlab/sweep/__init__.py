@@ -148,7 +148,8 @@ class CompileNext:
       dataset = tasks.get(config).dataset(config)
       program = loop.get(config, dataset.tokenizer.vocab_size, program_runs(config, len(todo)),
                          self.cache)
-      program.compile_all(self.pool, dataset)
+      fresh = [c.config for c in todo if not (self.workdir / c.name / "checkpoints").is_dir()]
+      program.compile_all(self.pool, dataset, fresh)
 
   def close(self) -> None:
     self.pool.shutdown(wait=True, cancel_futures=True)
