@@ -513,6 +513,7 @@ def test_a_wait_for_step_0s_sharpness_program_is_sharpness_cost(monkeypatch, tmp
   assert summary["timing"]["measure_sec"]["sharpness"] >= 0.5, summary["timing"]
 
 
+@pytest.mark.slow
 def test_init_and_the_first_step_compile_before_the_first_arrays_go_to_the_devices(monkeypatch,
                                                                                    tmp_path):
   """A fresh run starts compiling `init` and its first step's program before it puts its first
