@@ -19,7 +19,7 @@ import optax
 import pytest
 
 from actlab import config as config_lib, core, data
-from actlab.infra import checkpoint, parallel
+from actlab.infra import checkpoint, compile_cache, parallel
 from actlab.measure import evaluators
 from actlab.tasks import mlm
 from actlab.run import loop as loop_lib, pretrained, train
@@ -469,7 +469,7 @@ def test_the_first_steps_do_not_wait_for_step_0s_measurements(runs, monkeypatch,
   def gated_start(self, pool, *like):
     if self.jitted.__name__ != "sharpness_step":
       return start(self, pool, *like)
-    args = loop_lib.abstract(like)
+    args = compile_cache.abstract(like)
     self.compiled = pool.submit(lambda: opened.append(gate.wait(timeout=20))
                                 or self.jitted.lower(*args).compile())
 
@@ -497,7 +497,7 @@ def test_a_wait_for_step_0s_sharpness_program_is_sharpness_cost(monkeypatch, tmp
   def gated_start(self, pool, *like):
     if self.jitted.__name__ != "sharpness_step":
       return start(self, pool, *like)
-    args = loop_lib.abstract(like)
+    args = compile_cache.abstract(like)
     self.compiled = pool.submit(lambda: gate.wait(timeout=20) and self.jitted.lower(*args).compile())
 
   def opening_ready(self):

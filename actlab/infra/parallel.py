@@ -116,7 +116,8 @@ class Plan:
     """`shard_batch`'s result as abstract arrays, with nothing put on the devices: what a program
     is compiled for before the run's first batch is there."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-        np.shape(x), np.asarray(x).dtype, sharding=self.batch_sharding(np.ndim(x), stacked)), batch)
+        np.shape(x), jax.dtypes.canonicalize_dtype(np.asarray(x).dtype),
+        sharding=self.batch_sharding(np.ndim(x), stacked)), batch)
 
 
 def plan(config, devices=None) -> Plan:

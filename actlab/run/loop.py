@@ -44,7 +44,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from actlab import config as config_lib, core, tasks
 from actlab.infra import checkpoint as checkpoint_lib, compile_cache, parallel, workdir
-from actlab.infra.compile_cache import Ahead, abstract
+from actlab.infra.compile_cache import Ahead
 from actlab.infra.errors import UserError
 from actlab.measure import evaluators as evaluators_lib
 from actlab.measure import metrics as metrics_lib
