@@ -518,7 +518,8 @@ def test_init_and_the_first_step_compile_before_the_first_arrays_go_to_the_devic
                                                                                    tmp_path):
   """A fresh run starts compiling `init` and its first step's program before it puts its first
   batch on the devices (on a GPU, the memory pool's allocation, which holds no Python lock, then
-  runs beside their tracing); a resumed run compiles no `init`."""
+  runs beside their tracing); a resumed run compiles no `init`. On an accelerator the sharpness
+  program starts with them, and is compiled once."""
   started, at_first_put = [], []
   start, put = loop_lib.Ahead.start, parallel.Plan.shard_batch
 
@@ -529,18 +530,27 @@ def test_init_and_the_first_step_compile_before_the_first_arrays_go_to_the_devic
   def watched_put(self, batch, stacked=False):
     at_first_put.append(at_first_put[0] if at_first_put else list(started))
     return put(self, batch, stacked)
+
+  def run(workdir):
+    started.clear(), at_first_put.clear()
+    with contextlib.redirect_stderr(io.StringIO()):
+      return train.run(c, workdir)
   monkeypatch.setattr(loop_lib.Ahead, "start", watched_start)
   monkeypatch.setattr(parallel.Plan, "shard_batch", watched_put)
-  c = tiny(**{"train.steps": 10, "train.checkpoint_every": 5, "train.log_every": 5})
-  with contextlib.redirect_stderr(io.StringIO()):
-    train.run(c, tmp_path)
+  c = tiny(**{"train.steps": 10, "train.checkpoint_every": 5, "train.log_every": 5,
+              "metrics.sharpness_every": 5, "metrics.sharpness_iters": 2})
+  run(tmp_path / "cpu")
   assert at_first_put[0] == ["init", "train_step"]
-  shutil.rmtree(tmp_path / "checkpoints" / "10")
-  (tmp_path / "summary.json").unlink()
-  started.clear(), at_first_put.clear()
-  with contextlib.redirect_stderr(io.StringIO()):
-    train.run(c, tmp_path)
+  shutil.rmtree(tmp_path / "cpu" / "checkpoints" / "10")
+  (tmp_path / "cpu" / "summary.json").unlink()
+  run(tmp_path / "cpu")
   assert at_first_put[0] == ["train_step"]  # from step 5's checkpoint: no `init`
+  monkeypatch.setattr(parallel.Plan, "accelerated", True)
+  counted = run(tmp_path / "gpu")["timing"]["compile"]
+  assert at_first_put[0] == ["init", "train_step", "sharpness_step"]
+  assert "jit(sharpness_step)" in counted["compiled"] + counted["cached"]
+  assert counted["programs_compiled"] + counted["programs_cached"] == len(
+      set(counted["compiled"]) | set(counted["cached"])), counted  # each program once
 
 
 def test_the_checkpoints_checksums_run_the_program_compiled_ahead(monkeypatch, tmp_path):

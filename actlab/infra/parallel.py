@@ -112,6 +112,11 @@ class Plan:
       return jax.make_array_from_process_local_data(sharding, x[rows], x.shape)
     return jax.tree.map(put, batch)
 
+  @property
+  def accelerated(self) -> bool:
+    """Whether the devices are accelerators (GPUs, TPUs), whose host is idle while they step."""
+    return self.mesh.devices.flat[0].platform != "cpu"
+
   def batch_like(self, batch, stacked: bool = False) -> Any:
     """`shard_batch`'s result as abstract arrays, with nothing put on the devices: what a program
     is compiled for before the run's first batch is there."""

@@ -9,9 +9,10 @@ one program (tests/test_vectorized.py: R runs equal R single runs). The programs
 each once (infra/compile_cache.py keeps them for the next run): `init`; `train_step`; `log_step`,
 the same step with the diagnostics of a logged step; `eval_step`, every validation evaluator in
 one forward pass; `sharpness_step`, the power iteration (when on); for R > 1, `unstack`, each
-run's state out of R for its checkpoint. A fresh run's `init` and the first step's program
-compile in threads while the run's first arrays go to the devices (on a GPU, their memory pool
-is allocated then), the others once the first step is dispatched (tracing holds Python's lock: a
+run's state out of R for its checkpoint. A fresh run's `init` and the first step's program (on a
+GPU or TPU, the sharpness program too) compile in threads while the run's first arrays go to the
+devices (on a GPU, their memory pool is allocated then), the others once the first step is
+dispatched (tracing holds Python's lock: a
 program traced beside the first step's delays it); a sweep may have started them all while the
 group before trained (`Program.compile_all`). Step 0's evaluation and sharpness estimate run on a
 copy of the initial parameters at the first row that finds their programs compiled, beside the
@@ -166,11 +167,12 @@ class Program:
                                                           sharding=s),
                         self.run_like, self.shardings)
 
-  def compile_ahead(self, pool, batch, init_args: tuple | None,
-                    first_logged: bool) -> Callable[[Any, Any], None]:
+  def compile_ahead(self, pool, batch, init_args: tuple | None, first_logged: bool,
+                    sharpness_batch=None) -> Callable[[Any, Any], None]:
     """Starts compiling, in `pool`'s threads, `init`'s program for `init_args` (None: the runs
-    resume) and the first step's (`log_step` if `first_logged`) for batches like `batch` (None:
-    the runs are at their last step): the caller then puts the run's first arrays on the devices,
+    resume), the first step's (`log_step` if `first_logged`) for batches like `batch` (None: the
+    runs are at their last step) and, given a `sharpness_batch` (abstract), the sharpness
+    program, the longest to compile: the caller then puts the run's first arrays on the devices,
     which on a GPU first allocates their memory pool without holding Python's lock. Returns the
     function that starts the rest for the validation and sharpness batches (the step-0
     measurements', the other step's), to be called once the first step is dispatched: tracing
@@ -182,6 +184,8 @@ class Program:
       self.init.start(pool, *init_args)
     if batch is not None:
       first.start(pool, state, batch)
+    if sharpness_batch is not None:
+      self.sharpness_step.start(pool, state.params, sharpness_batch)
 
     def rest(val_batch, sharpness_batch):
       self.eval_step.start(pool, state.params, val_batch)
@@ -204,12 +208,13 @@ class Program:
     init_args = self.init_args(fresh[:self.runs]) if len(fresh) >= self.runs else None
     self.compile_ahead(pool, batch, init_args, False)(val_batch, sharpness_batch)
 
-  def sharpness_batch(self, dataset) -> Any:
+  def sharpness_batch(self, dataset, put: bool = True) -> Any:
     """The sharpness estimates' batch (None when off): training batch 0 of seed 0, the same for
-    every run of a sweep."""
+    every run of a sweep; without `put`, as abstract arrays."""
     if self.sharpness_step is None:
       return None
-    return self.plan.shard_batch(dataclasses.replace(dataset, seed=0).train_batch(0))
+    batch = dataclasses.replace(dataset, seed=0).train_batch(0)
+    return self.plan.shard_batch(batch) if put else self.plan.batch_like(batch)
 
 
 def create_step(config: ml_collections.ConfigDict, vocab_size: int) -> core.Step:
@@ -291,10 +296,15 @@ def _train(program: Program, lanes: list[Lane], initial: Callable[[], core.Train
   stop = StopRequest()
   batches = Prefetch(program, lanes, t.steps)
   compiling = concurrent.futures.ThreadPoolExecutor(max_workers=4)
-  compile_rest = program.compile_ahead(  # Before the run's first arrays go to the devices.
+  # Before the run's first arrays go to the devices. On a GPU or TPU the sharpness program too
+  # (60-100 s to compile on an H200, most of a cold run's wait), whose host is idle meanwhile; on
+  # a CPU its compile would take the first step's cores.
+  compile_rest = program.compile_ahead(
       compiling, batches.batch(start, put=False),
       program.init_args([lane.config for lane in lanes]) if start == 0 else None,
-      first_logged=is_logged(start + 1, t, sharpness))
+      first_logged=is_logged(start + 1, t, sharpness),
+      sharpness_batch=(program.sharpness_batch(lanes[0].dataset, put=False)
+                       if program.plan.accelerated else None))
   rows = Rows(program, lanes, config, start)
   pending, behind, stopped_at = [], None, None  # behind: a plain row, written a step late
   try:
