@@ -297,7 +297,7 @@ def _train(program: Program, lanes: list[Lane], initial: Callable[[], core.Train
   batches = Prefetch(program, lanes, t.steps)
   compiling = concurrent.futures.ThreadPoolExecutor(max_workers=4)
   # Before the run's first arrays go to the devices. On a GPU or TPU the sharpness program too
-  # (60-100 s to compile on an H200, most of a cold run's wait), whose host is idle meanwhile; on
+  # (40-100 s to compile on an H200, most of a cold run's wait), whose host is idle meanwhile; on
   # a CPU its compile would take the first step's cores.
   compile_rest = program.compile_ahead(
       compiling, batches.batch(start, put=False),
