@@ -531,14 +531,13 @@ def test_init_and_the_first_step_compile_before_the_first_arrays_go_to_the_devic
     at_first_put.append(at_first_put[0] if at_first_put else list(started))
     return put(self, batch, stacked)
 
-  def run(workdir):
+  def run(workdir, **overrides):
     started.clear(), at_first_put.clear()
     with contextlib.redirect_stderr(io.StringIO()):
-      return train.run(c, workdir)
+      return train.run(tiny(**{"train.steps": 10, "train.checkpoint_every": 5,
+                               "train.log_every": 5, **overrides}), workdir)
   monkeypatch.setattr(loop_lib.Ahead, "start", watched_start)
   monkeypatch.setattr(parallel.Plan, "shard_batch", watched_put)
-  c = tiny(**{"train.steps": 10, "train.checkpoint_every": 5, "train.log_every": 5,
-              "metrics.sharpness_every": 5, "metrics.sharpness_iters": 2})
   run(tmp_path / "cpu")
   assert at_first_put[0] == ["init", "train_step"]
   shutil.rmtree(tmp_path / "cpu" / "checkpoints" / "10")
@@ -546,7 +545,8 @@ def test_init_and_the_first_step_compile_before_the_first_arrays_go_to_the_devic
   run(tmp_path / "cpu")
   assert at_first_put[0] == ["train_step"]  # from step 5's checkpoint: no `init`
   monkeypatch.setattr(parallel.Plan, "accelerated", True)
-  counted = run(tmp_path / "gpu")["timing"]["compile"]
+  counted = run(tmp_path / "gpu", **{"metrics.sharpness_every": 10,
+                                     "metrics.sharpness_iters": 2})["timing"]["compile"]
   assert at_first_put[0] == ["init", "train_step", "sharpness_step"]
   assert "jit(sharpness_step)" in counted["compiled"] + counted["cached"]
   assert counted["programs_compiled"] + counted["programs_cached"] == len(
