@@ -42,19 +42,23 @@ def test_synthetic_byte_tokens_are_the_stories_with_eot(byte_ds):
     assert ds.tokenizer.decode(toks[n0 + 1:n0 + 1 + len(stories[1].encode())]) == stories[1]
 
 
-def test_second_load_opens_cache_without_retokenizing(byte_dir, byte_ds):
+def test_second_load_opens_cache_without_retokenizing(byte_dir, byte_ds, monkeypatch):
+  """... nor generating the embedded stories: their cache is checked against what they are made
+  from (`synthetic.fingerprint`)."""
   bins = sorted((byte_dir / "tokens" / "synthetic").glob("*.bin"))
   assert [p.name for p in bins] == ["train.byte.bin", "validation.byte.bin"]
   mtimes = [p.stat().st_mtime_ns for p in bins]
   builds = cache.build_count
+  monkeypatch.setattr(synthetic, "_split", lambda split: pytest.fail("generated the stories"))
   ds2 = data.load(make_config(byte_dir))
+  monkeypatch.undo()
   assert cache.build_count == builds
   assert [p.stat().st_mtime_ns for p in bins] == mtimes
   np.testing.assert_array_equal(ds2.train_tokens, byte_ds.train_tokens)
   meta = json.loads(bins[0].with_suffix(".json").read_text())
   assert meta["tokenizer"] == "byte" and meta["dtype"] == "uint16"
   assert meta["num_tokens"] == byte_ds.train_tokens.shape[0]
-  assert meta["num_texts"] == len(synthetic.texts("train"))
+  assert meta["num_texts"] == synthetic.SIZES["train"] == len(synthetic.texts("train"))
 
 
 def test_batches_shape_dtype_and_contents(byte_ds):

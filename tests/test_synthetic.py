@@ -143,3 +143,24 @@ def test_variety(train):
   assert sum('"' in story for story in train) > 0.8 * len(train)  # most stories have dialogue
   first_words = collections.Counter(" ".join(story.split()[:3]) for story in train)
   assert len(first_words) > 50
+
+
+def test_the_fingerprint_follows_the_code_and_the_grammar(monkeypatch, tmp_path):
+  """A token cache of the stories is checked against `fingerprint` rather than the stories: a
+  change to this module's code or to the grammar changes it (and the NumPy and Python versions
+  are part of it)."""
+  before = synthetic.fingerprint()
+  code, grammar = tmp_path / "synthetic.py", tmp_path / "synthetic_grammar.json"
+  code.write_bytes(pathlib.Path(synthetic.__file__).read_bytes() + b"\n# changed\n")
+  grammar.write_bytes(synthetic._GRAMMAR_FILE.read_bytes() + b" ")
+  try:
+    for name, changed in (("__file__", str(code)), ("_GRAMMAR_FILE", grammar)):
+      with monkeypatch.context() as m:
+        m.setattr(synthetic, name, changed)
+        synthetic.fingerprint.cache_clear()
+        assert synthetic.fingerprint() != before, name
+      synthetic.fingerprint.cache_clear()
+      assert synthetic.fingerprint() == before
+  finally:
+    synthetic.fingerprint.cache_clear()
+  assert {split: len(synthetic.texts(split)) for split in synthetic.SPLITS} == synthetic.SIZES

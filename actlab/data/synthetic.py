@@ -6,17 +6,20 @@ validation's in train, without end-of-text markers; about 0.2 s for both, then c
 """
 
 import functools
+import hashlib
 import json
+import pathlib
+import sys
 from collections.abc import Sequence
 from importlib import resources
 
 import numpy as np
 
-__all__ = ["SPLITS", "texts", "GIRL_NAMES", "BOY_NAMES"]
+__all__ = ["SPLITS", "SIZES", "texts", "fingerprint", "GIRL_NAMES", "BOY_NAMES"]
 
 SPLITS = ("train", "validation")
 
-_SIZES = {"train": 6000, "validation": 600}
+SIZES = {"train": 6000, "validation": 600}  # each split's stories, exactly
 # One numpy stream per split. Generator.random() (PCG64, 53-bit doubles) is stable across numpy
 # versions, and the grammar below only ever turns a uniform u into an index int(u * len).
 _SEEDS = {"train": 20240611, "validation": 20240612}
@@ -43,8 +46,8 @@ def _frozen(value):  # JSON lists as tuples, recursively: the grammar is constan
 # tuple of variants ("" skips the stage); its last two stages (a feeling, a moral) are pooled, so
 # a story closes with one line from either. Plots whose "helpers" are "people" (broken, gift) take
 # a person helper; share's {friend} is a second child, never a pronoun.
-_GRAMMAR = _frozen(json.loads(
-    resources.files(__package__).joinpath("synthetic_grammar.json").read_text("utf-8")))
+_GRAMMAR_FILE = resources.files(__package__).joinpath("synthetic_grammar.json")
+_GRAMMAR = _frozen(json.loads(_GRAMMAR_FILE.read_text("utf-8")))
 
 GIRL_NAMES = _GRAMMAR["girl_names"]
 BOY_NAMES = _GRAMMAR["boy_names"]
@@ -137,7 +140,7 @@ def _story(u: list[float]) -> str:
 def _split(split: str) -> tuple[str, ...]:
   """The stories of `split`, distinct, and for validation none of train's."""
   rng = np.random.default_rng(_SEEDS[split])
-  want = _SIZES[split]
+  want = SIZES[split]
   out: list[str] = []
   seen = set(_split("train")) if split == "validation" else set()
   while len(out) < want:
@@ -149,6 +152,17 @@ def _split(split: str) -> tuple[str, ...]:
         if len(out) == want:
           break
   return tuple(out)
+
+
+@functools.cache
+def fingerprint() -> str:
+  """What the stories are made from, hashed: this module's code, the grammar, and the NumPy and
+  Python versions whose random stream and string methods it uses. A token cache is checked
+  against it without generating the stories (0.2 s on 2 CPU cores, 0.6 s on an H200's host)."""
+  h = hashlib.sha256(pathlib.Path(__file__).read_bytes())
+  h.update(_GRAMMAR_FILE.read_bytes())
+  h.update(f"numpy {np.__version__}, python {sys.version_info[0]}.{sys.version_info[1]}".encode())
+  return h.hexdigest()[:16]
 
 
 def texts(split: str) -> list[str]:
