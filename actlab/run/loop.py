@@ -12,11 +12,11 @@ one forward pass; `sharpness_step`, the power iteration (when on); for R > 1, `u
 run's state out of R for its checkpoint. A fresh run's `init` and the first step's program (on a
 GPU or TPU, the sharpness program too) compile in threads while the run's first arrays go to the
 devices (on a GPU, their memory pool is allocated then), the others once the first step is
-dispatched (tracing holds Python's lock: a
-program traced beside the first step's delays it); a sweep may have started them all while the
-group before trained (`Program.compile_all`). Step 0's evaluation and sharpness estimate run on a
-copy of the initial parameters at the first row that finds their programs compiled, beside the
-first steps; rows that come before step 0's wait for it.
+dispatched (tracing holds Python's lock: a program traced beside the first step's delays it); a
+sweep may have started them all while the group before trained (`Program.compile_all`). Step 0's
+evaluation and sharpness estimate run on a copy of the initial parameters at the first row that
+finds their programs compiled, beside the first steps; rows that come before step 0's wait for
+it.
 
 The loop's only host syncs are at log, evaluation and checkpoint steps, each a step behind where it
 can be. A run whose loss or parameters turn non-finite stops being logged and checkpointed (its
@@ -168,11 +168,11 @@ class Program:
                         self.run_like, self.shardings)
 
   def compile_ahead(self, pool, batch, init_args: tuple | None, first_logged: bool,
-                    sharpness_batch=None) -> Callable[[Any, Any], None]:
+                    sharpness_first=None) -> Callable[[Any, Any], None]:
     """Starts compiling, in `pool`'s threads, `init`'s program for `init_args` (None: the runs
     resume), the first step's (`log_step` if `first_logged`) for batches like `batch` (None: the
-    runs are at their last step) and, given a `sharpness_batch` (abstract), the sharpness
-    program, the longest to compile: the caller then puts the run's first arrays on the devices,
+    runs are at their last step) and, given its batch as `sharpness_first` (abstract), the
+    sharpness program, the longest to compile: the caller then puts the run's first arrays on the devices,
     which on a GPU first allocates their memory pool without holding Python's lock. Returns the
     function that starts the rest for the validation and sharpness batches (the step-0
     measurements', the other step's), to be called once the first step is dispatched: tracing
@@ -184,8 +184,8 @@ class Program:
       self.init.start(pool, *init_args)
     if batch is not None:
       first.start(pool, state, batch)
-    if sharpness_batch is not None:
-      self.sharpness_step.start(pool, state.params, sharpness_batch)
+    if sharpness_first is not None:
+      self.sharpness_step.start(pool, state.params, sharpness_first)
 
     def rest(val_batch, sharpness_batch):
       self.eval_step.start(pool, state.params, val_batch)
@@ -204,9 +204,9 @@ class Program:
     trains: the loop's `compile_ahead` then finds them)."""
     batch = self.put_batches([dataset.train_batch(0)] * self.runs, like=True)
     val_batch = self.plan.batch_like(dataset.val_batches()[0])
-    sharpness_batch = self.sharpness_batch(dataset)
     init_args = self.init_args(fresh[:self.runs]) if len(fresh) >= self.runs else None
-    self.compile_ahead(pool, batch, init_args, False)(val_batch, sharpness_batch)
+    self.compile_ahead(pool, batch, init_args, False)(val_batch,
+                                                      self.sharpness_batch(dataset, put=False))
 
   def sharpness_batch(self, dataset, put: bool = True) -> Any:
     """The sharpness estimates' batch (None when off): training batch 0 of seed 0, the same for
@@ -303,7 +303,7 @@ def _train(program: Program, lanes: list[Lane], initial: Callable[[], core.Train
       compiling, batches.batch(start, put=False),
       program.init_args([lane.config for lane in lanes]) if start == 0 else None,
       first_logged=is_logged(start + 1, t, sharpness),
-      sharpness_batch=(program.sharpness_batch(lanes[0].dataset, put=False)
+      sharpness_first=(program.sharpness_batch(lanes[0].dataset, put=False)
                        if program.plan.accelerated else None))
   rows = Rows(program, lanes, config, start)
   pending, behind, stopped_at = [], None, None  # behind: a plain row, written a step late
