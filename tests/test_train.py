@@ -553,6 +553,19 @@ def test_init_and_the_first_step_compile_before_the_first_arrays_go_to_the_devic
       set(counted["compiled"]) | set(counted["cached"])), counted  # each program once
 
 
+@pytest.mark.parametrize("runs", [1, 2])
+def test_a_programs_init_is_traced_once_for_its_shapes_and_its_compile(monkeypatch, runs):
+  """`Program.create` takes the state's shapes from the function `init`'s program jits, for
+  arguments like those it compiles for: compiling `init` then traces nothing again."""
+  traced, real = [], core.Step.init
+  monkeypatch.setattr(core.Step, "init", lambda self, *args: traced.append(1) or real(self, *args))
+  config = tiny()
+  program = loop_lib.Program.create(config, 260, runs)
+  assert len(traced) == 1
+  program.init.jitted.lower(*compile_cache.abstract(program.init_args([config] * runs)))
+  assert len(traced) == 1
+
+
 def test_the_checkpoints_checksums_run_the_program_compiled_ahead(monkeypatch, tmp_path):
   """Each checkpoint's checksums run `_sums` as compiled in the loop's threads for a run's state
   (`checkpoint.compile_ahead`), never traced, lowered and loaded at a checkpoint; the checksums

@@ -95,7 +95,13 @@ class Program:
              plan: parallel.Plan | None = None) -> "Program":
     step = create_step(config, vocab_size)
     plan = plan or parallel.plan(config)
-    shape = jax.eval_shape(step.init, 0, 1.0)
+    # `init`'s shapes from the function the program jits, for arguments like its own: JAX keeps
+    # the trace, so that compiling `init` traces nothing again.
+    init = over_runs(step.init, runs, name="init")
+    seed, lr = (jax.ShapeDtypeStruct((runs,) if runs > 1 else (), dtype)
+                for dtype in (jax.dtypes.canonicalize_dtype(np.int64), np.float32))
+    shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[runs > 1:], x.dtype),
+                         jax.eval_shape(init, seed, lr))
     run_shardings = plan.state_shardings(shape)
     run_like = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             shape, run_shardings)
@@ -113,7 +119,7 @@ class Program:
     def unstack(s):
       return [one_run(s, r) for r in range(runs)]
     return cls(step, plan, runs, state, run_like,
-               init=Ahead(jax.jit(over_runs(step.init, runs, name="init"), out_shardings=state)),
+               init=Ahead(jax.jit(init, out_shardings=state)),
                train_step=jit_step(False, "train_step"), log_step=jit_step(True, "log_step"),
                evaluators=evaluators,
                eval_step=on_params(evaluators.validation_step, "eval_step"),
