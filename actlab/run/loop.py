@@ -100,8 +100,9 @@ class Program:
     init = over_runs(step.init, runs, name="init")
     seed, lr = (jax.ShapeDtypeStruct((runs,) if runs > 1 else (), dtype)
                 for dtype in (jax.dtypes.canonicalize_dtype(np.int64), np.float32))
-    shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[runs > 1:], x.dtype),
-                         jax.eval_shape(init, seed, lr))
+    shape = jax.eval_shape(init, seed, lr)
+    if runs > 1:  # one run's shapes
+      shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), shape)
     run_shardings = plan.state_shardings(shape)
     run_like = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             shape, run_shardings)
@@ -178,11 +179,11 @@ class Program:
     """Starts compiling, in `pool`'s threads, `init`'s program for `init_args` (None: the runs
     resume), the first step's (`log_step` if `first_logged`) for batches like `batch` (None: the
     runs are at their last step) and, given its batch as `sharpness_first` (abstract), the
-    sharpness program, the longest to compile: the caller then puts the run's first arrays on the devices,
-    which on a GPU first allocates their memory pool without holding Python's lock. Returns the
-    function that starts the rest for the validation and sharpness batches (the step-0
-    measurements', the other step's), to be called once the first step is dispatched: tracing
-    holds Python's lock, so a program traced beside the first step's would delay it."""
+    sharpness program, the longest to compile: the caller then puts the run's first arrays on
+    the devices, which on a GPU first allocates their memory pool without holding Python's lock.
+    Returns the function that starts the rest for the validation and sharpness batches (the
+    step-0 measurements', the other step's), to be called once the first step is dispatched:
+    tracing holds Python's lock, so a program traced beside the first step's would delay it."""
     state = self.like
     first, then = ((self.log_step, self.train_step) if first_logged
                    else (self.train_step, self.log_step))
