@@ -562,7 +562,7 @@ def test_a_programs_init_is_traced_once_for_its_shapes_and_its_compile(monkeypat
   config = tiny()
   program = loop_lib.Program.create(config, 260, runs)
   assert len(traced) == 1
-  program.init.jitted.lower(*compile_cache.abstract(program.init_args([config] * runs)))
+  program.init.jitted.lower(*compile_cache.abstract(loop_lib.init_args([config] * runs, runs)))
   assert len(traced) == 1
 
 

@@ -98,9 +98,7 @@ class Program:
     # `init`'s shapes from the function the program jits, for arguments like its own: JAX keeps
     # the trace, so that compiling `init` traces nothing again.
     init = over_runs(step.init, runs, name="init")
-    seed, lr = (jax.ShapeDtypeStruct((runs,) if runs > 1 else (), dtype)
-                for dtype in (jax.dtypes.canonicalize_dtype(np.int64), np.float32))
-    shape = jax.eval_shape(init, seed, lr)
+    shape = jax.eval_shape(init, *compile_cache.abstract(init_args([config] * runs, runs)))
     if runs > 1:  # one run's shapes
       shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), shape)
     run_shardings = plan.state_shardings(shape)
@@ -131,13 +129,7 @@ class Program:
 
   def start(self, configs: Sequence[ml_collections.ConfigDict]) -> core.TrainState:
     """The initial state of the runs of `configs` (their seeds and peak LRs)."""
-    return self.init(*self.init_args(configs))
-
-  def init_args(self, configs: Sequence[ml_collections.ConfigDict]) -> tuple:
-    """`init`'s arguments for the runs of `configs`: their seeds and peak LRs."""
-    seeds = np.array([c.train.seed for c in configs])
-    lrs = np.array([c.optim.lr for c in configs], np.float32)
-    return (seeds, lrs) if self.runs > 1 else (seeds[0], lrs[0])
+    return self.init(*init_args(configs, self.runs))
 
   def stack(self, states: Sequence[core.TrainState]) -> core.TrainState:
     """Single runs' states (restored checkpoints) as this program's state: for R > 1 stacked in
@@ -211,9 +203,9 @@ class Program:
     trains: the loop's `compile_ahead` then finds them)."""
     batch = self.put_batches([dataset.train_batch(0)] * self.runs, like=True)
     val_batch = self.plan.batch_like(dataset.val_batches()[0])
-    init_args = self.init_args(fresh[:self.runs]) if len(fresh) >= self.runs else None
-    self.compile_ahead(pool, batch, init_args, False)(val_batch,
-                                                      self.sharpness_batch(dataset, put=False))
+    fresh_args = init_args(fresh[:self.runs], self.runs) if len(fresh) >= self.runs else None
+    self.compile_ahead(pool, batch, fresh_args, False)(val_batch,
+                                                       self.sharpness_batch(dataset, put=False))
 
   def sharpness_batch(self, dataset, put: bool = True) -> Any:
     """The sharpness estimates' batch (None when off): training batch 0 of seed 0, the same for
@@ -222,6 +214,14 @@ class Program:
       return None
     batch = dataclasses.replace(dataset, seed=0).train_batch(0)
     return self.plan.shard_batch(batch) if put else self.plan.batch_like(batch)
+
+
+def init_args(configs: Sequence[ml_collections.ConfigDict], runs: int) -> tuple:
+  """`init`'s arguments for the runs of `configs` in a program of `runs`: their seeds and peak
+  LRs (for one run, scalars)."""
+  seeds = np.array([c.train.seed for c in configs])
+  lrs = np.array([c.optim.lr for c in configs], np.float32)
+  return (seeds, lrs) if runs > 1 else (seeds[0], lrs[0])
 
 
 def create_step(config: ml_collections.ConfigDict, vocab_size: int) -> core.Step:
@@ -308,7 +308,7 @@ def _train(program: Program, lanes: list[Lane], initial: Callable[[], core.Train
   # a CPU its compile would take the first step's cores.
   compile_rest = program.compile_ahead(
       compiling, batches.batch(start, put=False),
-      program.init_args([lane.config for lane in lanes]) if start == 0 else None,
+      init_args([lane.config for lane in lanes], program.runs) if start == 0 else None,
       first_logged=is_logged(start + 1, t, sharpness),
       sharpness_first=(program.sharpness_batch(lanes[0].dataset, put=False)
                        if program.plan.accelerated else None))
