@@ -4,6 +4,7 @@ each cell named and validated (`cells`), shard i of N (`select`), and `sweep.jso
 
 import dataclasses
 import itertools
+import json
 import pathlib
 from typing import Any, Sequence
 
@@ -14,6 +15,10 @@ from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
 from actlab.report import stats
 from actlab.report.stats import SEED_KEY, fmt_value
+
+# An axis of named cells: each value is a name whose config fields `fixed_by[ARM_KEY]` gives (a
+# question's cells, actlab.ask); not a config field itself.
+ARM_KEY = "arm"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +42,12 @@ class Cell:
 
 
 def load(spec: str) -> Sweep:
-  """`path/to/sweep.py[:arg]` → the Sweep its `get_sweep(arg)` returns."""
+  """`path/to/sweep.py[:arg]` → the Sweep its `get_sweep(arg)` returns; `path/to/sweep.json` →
+  the Sweep of the dict it holds (a stage actlab.ask wrote)."""
   path, _, arg = spec.partition(":")
   try:
+    if path.endswith(".json"):
+      return parse(json.loads(pathlib.Path(path).read_text()))
     return parse(errors.call_file(path, "get_sweep", arg or None, kind="sweep"))
   except ValueError as e:  # e.g. an unknown variant; ConfigError is a ValueError too
     raise config_lib.ConfigError(f"sweep {spec!r}: {e}") from None
@@ -143,9 +151,10 @@ def cells(base: ml_collections.ConfigDict, sweep: Sweep) -> list[Cell]:
     name = ",".join(f"{short[k]}={fmt_value(v)}" for k, v in overrides.items())
     by_value = {field: value for axis, v in overrides.items()
                 for field, value in sweep.fixed_by.get(axis, {}).get(v, {}).items()}
+    fields = {k: v for k, v in overrides.items() if k != ARM_KEY}
     try:
       config = config_lib.override(base.copy_and_resolve_references(),
-                                   {**sweep.fixed, **by_value, **overrides})
+                                   {**sweep.fixed, **by_value, **fields})
       config_lib.validate(config)
     except config_lib.ConfigError as e:
       raise config_lib.ConfigError(f"sweep cell {name}: {e}") from None
