@@ -166,3 +166,75 @@ def test_exclude_leaves_out_the_cells_with_every_value_of_an_entry():
   for bad in ([{"optim.clip_norm": 2.0}], [{"optim.b1": 0.9}], [{}], ["optim.clip_norm"]):
     with pytest.raises(config_lib.ConfigError, match="exclude"):
       grid.parse({"axes": {"optim.clip_norm": [0.0, 1.0]}, "exclude": bad})
+
+
+# --- A sweep directory holds one sweep -------------------------------------------------------
+
+SMOKE = f"{EXPERIMENTS}/relu_vs_gelu_lr.py:smoke"
+
+
+def _refusal(workdir, base, spec=SMOKE, overridden=()) -> str:
+  with pytest.raises(errors.UserError) as e:
+    sweep.plan(base, spec, workdir, overridden=overridden, log=lambda _: None)
+  assert "\n" not in str(e.value)
+  assert str(e.value).startswith(f"--workdir {workdir} holds another sweep (")
+  assert str(e.value).endswith("; rerun the command that started it (its --sweep, --config and "
+                               "flags) to resume it, or give this sweep a new --workdir")
+  return str(e.value)
+
+
+def test_another_sweep_file_is_refused_in_a_sweep_directory(tmp_path):
+  """relu_vs_gelu_lr's 18 cells stay in sweep.json when activation_zoo is started there."""
+  sweep.plan(config_lib.base(), SMOKE, tmp_path, log=lambda _: None)
+  written = (tmp_path / "sweep.json").read_text()
+  message = _refusal(tmp_path, config_lib.base(), f"{EXPERIMENTS}/activation_zoo.py:smoke")
+  assert f"sweep: {SMOKE} → {EXPERIMENTS}/activation_zoo.py:smoke; " in message
+  assert "axes.model.activation: ['relu', 'gelu'] → ['relu', 'relu2', 'tanh'" in message
+  assert message.count("; ") == 4 and "; and 3 more)" in message  # seeds, optim.lr, description
+  assert (tmp_path / "sweep.json").read_text() == written
+
+
+@pytest.mark.parametrize("key, value, shown", [
+    ("train.steps", 60, "train.steps: 150 → 60"),  # a fixed value of the sweep, replaced
+    ("optim.b2", 0.99, "optim.b2: 0.95 → 0.99"),  # a field of the base config it does not fix
+])
+def test_a_flag_that_changes_the_cells_configs_is_refused(tmp_path, key, value, shown):
+  sweep.plan(config_lib.base(), SMOKE, tmp_path, log=lambda _: None)
+  written = (tmp_path / "sweep.json").read_text()
+  message = _refusal(tmp_path, config_lib.override(config_lib.base(), {key: value}),
+                     overridden=[key])
+  assert f"({shown}); " in message  # named once (not again for each cell)
+  assert (tmp_path / "sweep.json").read_text() == written
+
+
+def test_the_same_sweep_resumes_in_its_directory_whatever_its_runtime_fields(tmp_path):
+  """The same command, as a shard, a `--workers` parent or child, or with a field that does not
+  change results (the children's --config.train.progress=false), plans the same sweep."""
+  sweep.plan(config_lib.base(), SMOKE, tmp_path, log=lambda _: None)
+  written = json.loads((tmp_path / "sweep.json").read_text())
+  assert written["config"]["train"]["steps"] == 150 and "progress" not in written["config"]["train"]
+  assert written["cell_configs"]["activation=relu,lr=0.03,seed=2"] == {
+      "model.activation": "relu", "optim.lr": 0.03, "train.seed": 2}
+  for shard, manifest in [((0, 1), True), ((1, 3), True), ((0, 2), False)]:
+    assert len(sweep.plan(config_lib.base(), SMOKE, tmp_path, shard, manifest,
+                          log=lambda _: None)) == 18 // shard[1]
+  runtime = config_lib.override(config_lib.base(), {"train.progress": True,
+                                                    "sweep.vectorize": "false"})
+  sweep.plan(runtime, SMOKE, tmp_path, overridden=["train.progress", "sweep.vectorize"],
+             log=lambda _: None)
+  assert json.loads((tmp_path / "sweep.json").read_text())["fixed"]["train.progress"] is True
+
+
+def test_a_sweep_json_from_before_the_configs_compares_the_grid(tmp_path):
+  """A sweep.json without `config` and `cell_configs` (results/ holds such) resumes, and refuses
+  another fixed value."""
+  sweep.plan(config_lib.base(), SMOKE, tmp_path, log=lambda _: None)
+  old = json.loads((tmp_path / "sweep.json").read_text())
+  for key in ("config", "cell_configs", "exclude", "fixed_by"):
+    del old[key]
+  (tmp_path / "sweep.json").write_text(json.dumps(old))
+  assert "train.steps: 150 → 60" in _refusal(
+      tmp_path, config_lib.override(config_lib.base(), {"train.steps": 60}),
+      overridden=["train.steps"])
+  sweep.plan(config_lib.base(), SMOKE, tmp_path, log=lambda _: None)  # resumes, recording them
+  assert "config" in json.loads((tmp_path / "sweep.json").read_text())

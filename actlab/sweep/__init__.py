@@ -165,16 +165,17 @@ def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
   """The cells of `shard` of the sweep `spec` on top of `base`, the keys of its `--config.<key>=`
   flags (`overridden`) winning over the sweep's fixed values. With `manifest` (not in a
   `--workers` child) also writes `sweep.json` and logs each fixed value a flag replaces. A
-  `workdir` that is or lies inside a run directory is refused."""
+  `workdir` that is or lies inside a run directory is refused, as is one whose sweep.json holds
+  another sweep (`grid.check_manifest`; a `--workers` child leaves that to its parent)."""
   if where := workdir_lib.in_run(workdir):
     raise errors.UserError(f"--workdir {workdir} {where} a run directory; give the sweep a new "
                            "directory, or an earlier sweep's")
   sweep, replaced = with_flags(load(spec), base, overridden)
   grid = cells(base, sweep)
   if manifest:
+    write_manifest(workdir, spec, sweep, grid)
     for line in replaced:
       log(line)
-    write_manifest(workdir, spec, sweep, grid)
   return select(grid, shard)
 
 

@@ -1,6 +1,7 @@
 """A sweep file (its format: docs/sweeps.md) and the grid of cells it defines: checked (`load`,
 `parse`), with the command line's `--config.<field>=` flags over its fixed values (`with_flags`),
-each cell named and validated (`cells`), shard i of N (`select`), and `sweep.json`."""
+each cell named and validated (`cells`), shard i of N (`select`), and `sweep.json`, which a
+sweep directory keeps while the same sweep resumes there (`check_manifest`)."""
 
 import dataclasses
 import itertools
@@ -13,6 +14,7 @@ import ml_collections
 from actlab import config as config_lib
 from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
+from actlab.infra.recorded import recorded_paths
 from actlab.report import stats
 from actlab.report.stats import SEED_KEY, fmt_value
 
@@ -183,8 +185,88 @@ def select(grid: Sequence[Cell], shard: tuple[int, int]) -> list[Cell]:
 
 
 def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Sequence[Cell]) -> None:
-  """`sweep.json`: the grid as `actlab.report` reads it (also for cells not yet run)."""
-  workdir.mkdir(parents=True, exist_ok=True)
+  """`sweep.json`: the grid as `actlab.report` reads it (also for cells not yet run) and what its
+  cells' configs are (`config`: the fields they share, `cell_configs`: each cell's others; not
+  the RUNTIME_FIELDS; paths as `recorded_paths` records them), after `check_manifest`."""
+  identities = {c.name: _identity(c.config, workdir) for c in cells_}
+  first = next(iter(identities.values()), {})
+  shared = {k: v for k, v in first.items() if all(i.get(k) == v for i in identities.values())}
   listed = [{"name": c.name, "overrides": c.overrides} for c in cells_]
-  workdir_lib.write_json(workdir / "sweep.json",
-                         {"sweep": spec, **dataclasses.asdict(sweep), "cells": listed})
+  manifest = json.loads(json.dumps({  # As it reads back: JSON's keys are strings.
+      "sweep": spec, **dataclasses.asdict(sweep), "cells": listed, "config": _nested(shared),
+      "cell_configs": {name: {k: v for k, v in i.items() if k not in shared}
+                       for name, i in identities.items()}}))
+  check_manifest(workdir, manifest)
+  workdir.mkdir(parents=True, exist_ok=True)
+  workdir_lib.write_json(workdir / "sweep.json", manifest)
+
+
+def check_manifest(workdir: pathlib.Path, manifest: dict) -> None:
+  """Refuses, in one line naming the first differences, a sweep whose `manifest` differs from the
+  sweep.json in `workdir`: a directory holds one sweep, its grid and cells' configs as first
+  given (adding seeds is a change too). The same sweep, its runtime fields aside, resumes."""
+  path = workdir / "sweep.json"
+  if not path.exists():
+    return
+  old = workdir_lib.read_json(path)
+  if old is None:
+    raise errors.UserError(f"{path} is unreadable; move it aside only if you know which sweep "
+                           "this directory holds, or give this sweep a new --workdir")
+  diffs = list({d.partition(": ")[0]: d for d in manifest_diffs(old, manifest)}.values())
+  if diffs:
+    more = f"; and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+    raise errors.UserError(f"--workdir {workdir} holds another sweep ({'; '.join(diffs[:3])}"
+                           f"{more}); rerun the command that started it (its --sweep, --config "
+                           "and flags) to resume it, or give this sweep a new --workdir")
+
+
+def manifest_diffs(old: dict, new: dict) -> list[str]:
+  """How the sweep.json `new` differs from `old`, as "key: old → new": the sweep file (by name
+  and variant), its fields, each cell's config. A field `old` lacks has its default, or (the
+  configs, absent before they were recorded) is not compared; RUNTIME_FIELDS are not."""
+  short = lambda v: (r if len(r := repr(v)) <= 40 else r[:39] + "…")
+  at = lambda d, k: short(d[k]) if k in d else "<absent>"
+  out = []
+  if _spec_name(old.get("sweep", "")) != _spec_name(new["sweep"]):
+    out.append(f"sweep: {old.get('sweep')} → {new['sweep']}")
+  defaults, absent = dataclasses.asdict(parse({})), object()
+  for key in KEYS:
+    a, b = old.get(key, defaults[key]), new[key]
+    if key == "axes":
+      out += [f"axes.{k}: {at(a, k)} → {at(b, k)}" for k in {**a, **b}
+              if a.get(k, absent) != b.get(k, absent)]
+    elif key == "fixed":  # Named as the cells' configs name their fields.
+      out += [f"{k}: {at(a, k)} → {at(b, k)}" for k in {**a, **b}
+              if a.get(k, absent) != b.get(k, absent)
+              and not k.startswith(workdir_lib.RUNTIME_FIELDS)]
+    elif a != b:
+      out.append(f"{key}: {short(a)} → {short(b)}")
+  if "config" in old:
+    config = lambda m, cell: _nested({**workdir_lib.dotted(m["config"]), **m["cell_configs"][cell]})
+    out += [d for cell in new["cell_configs"] if cell in old.get("cell_configs", {})
+            for d in workdir_lib.identity_diffs(config(old, cell), config(new, cell))]
+  return out
+
+
+def _spec_name(spec: str) -> str:
+  """A sweep's `path/to/sweep.py[:arg]` as `sweep.py[:arg]`: the same file from any directory."""
+  path, colon, arg = spec.partition(":")
+  return pathlib.PurePath(path).name + colon + arg
+
+
+def _identity(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
+  """The dotted fields of `config` that make its run (not RUNTIME_FIELDS), paths as recorded."""
+  recorded = workdir_lib.dotted(recorded_paths(json.loads(config.to_json()), workdir))
+  return {k: v for k, v in recorded.items() if not k.startswith(workdir_lib.RUNTIME_FIELDS)}
+
+
+def _nested(fields: dict) -> dict:
+  """{"section.field": value} as {"section": {"field": value}}."""
+  out = {}
+  for key, value in fields.items():
+    *sections, field = key.split(".")
+    node = out
+    for section in sections:
+      node = node.setdefault(section, {})
+    node[field] = value
+  return out
