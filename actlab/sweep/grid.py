@@ -78,7 +78,7 @@ def parse(d: dict) -> Sweep:
   return Sweep(axes, seeds, dict(d.get("fixed", {})), d.get("description", ""),
                d.get("baseline"), _pairs(axes, d.get("pairs", [])),
                None if margin is None else float(margin), _fixed_by(axes, d.get("fixed_by", {})),
-               _exclude(axes, d.get("exclude", [])))
+               _exclude(axes, seeds, d.get("exclude", [])))
 
 
 def _fixed_by(axes: dict[str, list], fixed_by: dict) -> dict:
@@ -94,12 +94,13 @@ def _fixed_by(axes: dict[str, list], fixed_by: dict) -> dict:
           for axis, by_value in fixed_by.items()}
 
 
-def _exclude(axes: dict[str, list], exclude) -> list[dict]:
+def _exclude(axes: dict[str, list], seeds: list[int], exclude) -> list[dict]:
   """`exclude` ([{axis: value}]: the cells that have every value of one entry are not in the
-  grid, e.g. two settings one config refuses together), checked against the axes."""
+  grid, e.g. two settings one config refuses together, or a seed one arm does not run),
+  checked against the axes and the seeds."""
   for entry in exclude:
     if not isinstance(entry, dict) or not entry or any(
-        value not in axes.get(axis, []) for axis, value in entry.items()):
+        value not in {**axes, SEED_KEY: seeds}.get(axis, []) for axis, value in entry.items()):
       raise config_lib.ConfigError(f"sweep: exclude: {entry!r}: give {{axis: value}} with values "
                                    "of the sweep's axes")
   return [dict(entry) for entry in exclude]

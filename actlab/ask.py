@@ -1,0 +1,441 @@
+"""python -m actlab.ask QUESTION[:arg] {plan,run,report}: a pre-registered question from its
+declaration to its verdict (docs/asking.md). `plan` freezes the declaration into the question's
+directory and prints the design, each stage's runs and their estimated wall time; `run` trains
+the stages as sweeps (pilot → the step past an edge → each cell's LR → n → fresh seeds), each
+resuming when rerun, and refuses a declaration changed after its pilot began; `report` prints and
+writes the verdict table and one figure from the run directories alone."""
+
+import dataclasses
+import hashlib
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+from absl import flags
+
+from actlab.infra import errors
+from actlab.infra import workdir as workdir_lib
+from actlab.report import question as Q
+from actlab.sweep import grid
+
+STAGES = ("pilot", "edge", "fresh")
+
+
+@dataclasses.dataclass(frozen=True)
+class Asked:
+  """A question and its directory: `question.json` (the frozen declaration) and a sweep
+  directory per stage (or, for runs made before actlab.ask, the directories `runs` names)."""
+  spec: str
+  q: Q.Question
+  root: pathlib.Path
+
+  def dirs(self, stage: str) -> list[pathlib.Path]:
+    """Where the runs of `stage` ("pilot", which includes the edge, or "fresh") are."""
+    if self.q.runs:
+      return [self.root / d for d in self.q.runs.get(stage, ())]
+    return [self.root / s for s in (("pilot", "edge") if stage == "pilot" else (stage,))]
+
+  def runs(self, stage: str) -> dict:
+    return Q.cell_runs(self.q, self.dirs(stage))
+
+
+# --- The declaration
+
+def declaration(q: Q.Question) -> dict:
+  """The question as resolved into configs (each cell's fields, less the runtime ones, the LR and
+  the seed) and its design: what `plan` freezes."""
+  cells = {cell: {k: v for k, v in fields.items()
+                  if k not in (Q.LR, Q.SEED) and not k.startswith(workdir_lib.RUNTIME_FIELDS)}
+           for cell, fields in Q.cell_configs(q).items()}
+  design = {k: v for k, v in dataclasses.asdict(q).items() if k not in ("name", "text", "runs")}
+  return json.loads(json.dumps({"cells": cells, "design": design}, default=str))
+
+
+def digest(decl: dict) -> str:
+  return hashlib.sha256(json.dumps(decl, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def commit() -> str:
+  """The code's commit (with "+dirty" for uncommitted changes), or "unknown" outside git."""
+  here = pathlib.Path(__file__).parent
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                           capture_output=True, text=True).stdout.strip()
+    return head[:12] + ("+dirty" if dirty else "")
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def began(a: Asked) -> bool:
+  """Whether the pilot has begun: a run directory under its stage directory."""
+  return any(p.is_dir() for d in a.dirs("pilot") if d.is_dir() for p in d.iterdir())
+
+
+def freeze(a: Asked, log=print) -> dict:
+  """The frozen declaration, written to `question.json` where there is none (or, before any run,
+  anew where it changed); a UserError naming what changed where the pilot has begun."""
+  path, decl = a.root / "question.json", declaration(a.q)
+  frozen, now = workdir_lib.read_json(path), digest(decl)
+  if frozen is not None and frozen.get("hash") == now:
+    return frozen
+  if frozen is not None and began(a):
+    changed = workdir_lib.diff_configs(frozen["declaration"], decl)
+    raise errors.UserError(
+        f"{a.root}: the question changed after its pilot began ({'; '.join(changed[:3])}"
+        f"{'; …' if len(changed) > 3 else ''}); restore it as declared on {frozen['time']} "
+        f"(hash {frozen['hash']}), or ask the new one in another --workdir")
+  if frozen is not None:
+    log(f"ask: the declaration changed before any run; frozen anew ({frozen['hash']} → {now})")
+  record = {"question": a.spec, "hash": now, "commit": commit(), "time": workdir_lib.now(),
+            "declaration": decl}
+  a.root.mkdir(parents=True, exist_ok=True)
+  workdir_lib.write_json(path, record)
+  return record
+
+
+# --- The stages as sweeps
+
+def stage_sweep(q: Q.Question, stage: str, lrs: dict | None = None,
+                cell_n: dict | None = None) -> dict:
+  """A stage as a sweep file's dict, its cells an axis `arm` (grid.ARM_KEY): the pilot every
+  cell × the pilot's LRs × its seeds; the edge each cell of `lrs` at that LR on the pilot's
+  seeds; the fresh seeds each cell at its LR (`lrs`) on its first `cell_n` fresh seeds."""
+  arm = lambda cells, extra: {grid.ARM_KEY: {c: {**q.cells[c], **extra(c)} for c in cells}}
+  if stage == "pilot":
+    return {"axes": {grid.ARM_KEY: list(q.cells), Q.LR: list(q.pilot.lrs)},
+            "seeds": list(q.pilot.seeds), "fixed": dict(q.fixed),
+            "fixed_by": arm(q.cells, lambda c: {})}
+  if stage == "edge":
+    return {"axes": {grid.ARM_KEY: list(lrs)}, "seeds": list(q.pilot.seeds),
+            "fixed": dict(q.fixed), "fixed_by": arm(lrs, lambda c: {Q.LR: lrs[c]})}
+  most = max(cell_n.values())
+  return {"axes": {grid.ARM_KEY: list(cell_n)}, "seeds": Q.fresh_seeds(q, most),
+          "fixed": dict(q.fixed), "fixed_by": arm(cell_n, lambda c: {Q.LR: lrs[c]}),
+          "exclude": [{grid.ARM_KEY: c, grid.SEED_KEY: s} for c, n in cell_n.items()
+                      for s in Q.fresh_seeds(q, most)[n:]]}
+
+
+def train(a: Asked, stage: str, sweep: dict, log=print) -> None:
+  """Trains `stage` (a sweep into its directory: `python -m actlab.sweep`, with this command's
+  --workers, --shard and --set); a failed sweep ends this command with its exit code."""
+  spec = a.root / f"{stage}.sweep.json"
+  workdir_lib.write_json(spec, sweep)
+  runs = len(grid.cells(Q.base_config(a.q), grid.parse(sweep)))
+  log(f"ask: {stage}: {runs} runs → {a.root / stage}")
+  command = [sys.executable, "-m", "actlab.sweep", f"--config={a.q.config}", f"--sweep={spec}",
+             f"--workdir={a.root / stage}", f"--workers={FLAGS.workers}", f"--shard={FLAGS.shard}",
+             *(f"--config.{k}={v}" for k, v in settings().items())]
+  code = subprocess.run(command).returncode
+  if code:
+    raise errors.UserError(f"ask: the {stage} stage stopped (exit code {code}); rerun the same "
+                           "command to resume it")
+
+
+def settings() -> dict:
+  """--set's runtime fields (how and where runs execute, not what they compute)."""
+  out = {}
+  for item in filter(None, FLAGS.set.split(",")):
+    key, eq, value = item.partition("=")
+    if not eq or not key.startswith(workdir_lib.RUNTIME_FIELDS):
+      raise errors.UserError(f"--set {item!r}: give field=value of fields that do not change what "
+                             f"a run computes ({', '.join(workdir_lib.RUNTIME_FIELDS)})")
+    out[key] = value
+  return out
+
+
+def run(a: Asked, log=print) -> None:
+  """Every stage, each resumed where it stopped: the pilot, the step past an edge for the cells
+  whose best LR sits there, the fresh seeds at the chosen LRs and n; then the report."""
+  if a.q.runs or a.q.by_cell and any("pilot" in own for own in a.q.by_cell.values()):
+    raise errors.UserError(f"question {a.q.name}: its runs were made before actlab.ask (`runs`) "
+                           "or its cells have pilots of their own: `report` reads it, `run` "
+                           "trains only questions with one pilot and no `runs`")
+  freeze(a, log)
+  train(a, "pilot", stage_sweep(a.q, "pilot"), log)
+  chosen = waiting(a, "pilot")
+  if chosen is None:
+    return
+  if "edge" in chosen:
+    train(a, "edge", stage_sweep(a.q, "edge", chosen["edge"]), log)
+    chosen = waiting(a, "edge")
+    if chosen is None or "edge" in chosen:
+      return
+  sizing = Q.size(a.q, a.runs("pilot"), chosen["lr"])
+  log(f"ask: LRs chosen {fmt_lrs(chosen['lr'])}; n = {max(sizing['cell_n'].values())} "
+      f"(asked {sizing['needed']})")
+  train(a, "fresh", stage_sweep(a.q, "fresh", chosen["lr"], sizing["cell_n"]), log)
+  report(a, log)
+
+
+def waiting(a: Asked, stage: str) -> dict | None:
+  """The pilot's choice once `stage` is complete; None (and a line) while other shards still
+  train it."""
+  try:
+    return Q.choose(a.q, a.runs("pilot"))
+  except Q.Incomplete as e:
+    print(f"ask: {stage}: {e}; another shard is still training it: rerun once it is done")
+    return None
+
+
+# --- What plan and report print
+
+def fmt_lrs(lrs: dict) -> str:
+  return ", ".join(f"{c} {lr:g}" for c, lr in lrs.items())
+
+
+def signed(x: float) -> str:
+  """x to 3 decimals with its sign (more where that would read 0), the page's minus sign."""
+  if not math.isfinite(x):
+    return "n/a"
+  digits = 3 if x == 0 or abs(x) >= 5e-4 else 1 - math.floor(math.log10(abs(x)))
+  return f"{x:+.{digits}f}".replace("-", "−")
+
+
+def weights(c: Q.Contrast) -> str:
+  return " ".join(f"{'+' if w > 0 else '−'} {'' if abs(w) == 1 else f'{abs(w):g} '}{cell}"
+                  for cell, w in c.weights.items()).removeprefix("+ ")
+
+
+def design_lines(a: Asked) -> list[str]:
+  q, r = a.q, a.q.rule
+  grid_ = "LR " + (f"{q.pilot.lrs[0]:g} (fixed)" if len(q.pilot.lrs) == 1 else
+                   "{" + ", ".join(f"{x:g}" for x in q.pilot.lrs) + "}")
+  bound = ("the pilot sd" if r.sd_confidence is None else
+           f"the upper {r.sd_confidence:.0%} bound of the pilot sd")
+  lines = [f"question {q.name}" + (f": {q.text}" if q.text else ""),
+           f"  {len(q.cells)} cells on {q.config}; K = {q.k} contrasts; simultaneous intervals at "
+           f"1 - {r.alpha}/{q.k}, Holm over the K; verdicts at ±"
+           + " and ±".join(f"{m:g}" for m in q.margins)
+           + ("; an exact sign-flip test beside each" if r.sign_flip else ""),
+           f"  pilot: {grid_} × seeds {list(q.pilot.seeds)}"
+           + (", one step past an edge (" + ", ".join(f"{k:g} → {v:g}" for k, v in
+                                                    q.pilot.edge.items()) + ")"
+              if q.pilot.edge else "") + f"; chosen on {q.outcome[0]}, tested on {q.outcome[1]}",
+           f"  n: power {r.power} against {q.margins[0]:g} at alpha/K = {q.alpha:.4g} with {bound}"
+           f"; at least {r.min_seeds}" + (f", at most {q.cap}" if q.cap else "")
+           + ("; every cell on the same seeds" if r.shared else "")
+           + f"; fresh seeds from {q.first_seed}"]
+  for c in q.contrasts:
+    lines.append(f"  - {c.name}: {weights(c)}" + (f"  ({c.question})" if c.question else ""))
+  return lines
+
+
+def plan_lines(a: Asked, estimate: bool) -> list[str]:
+  """The stages: runs (done of planned) and, with `estimate`, the wall time they take here."""
+  q, lines = a.q, []
+  runs = a.runs("pilot") if any(d.is_dir() for d in a.dirs("pilot")) else {}
+  pilot_total = len(q.cells) * len(q.pilot.lrs) * len(q.pilot.seeds)
+  done = sum(len(v) for v in runs.values())
+  step = timed_steps(a) if estimate else None
+  cost = lambda n: "" if step is None else f", about {duration(n * step)} here"
+  lines.append(f"  stage pilot: {done} of {pilot_total} runs done{cost(pilot_total)}")
+  try:
+    chosen = Q.choose(q, runs)
+  except Q.Incomplete:
+    chosen = None
+  lo, hi = q.rule.min_seeds, q.cap or q.rule.min_seeds
+  if chosen is None:
+    edge_most = len(q.cells) * len(q.pilot.seeds) if q.pilot.edge else 0
+    lines.append(f"  stage edge: up to {edge_most} runs, where a cell's best LR sits at an edge"
+                 + cost(edge_most))
+    lines.append(f"  stage fresh: {lo * len(q.cells)} to {hi * len(q.cells)} runs, n from the "
+                 f"pilot{cost(lo * len(q.cells))}" + ("" if step is None else
+                                                     f" to {duration(hi * len(q.cells) * step)}"))
+    return lines
+  if "edge" in chosen:
+    n = len(chosen["edge"]) * len(q.pilot.seeds)
+    lines.append(f"  stage edge: {n} runs ({fmt_lrs(chosen['edge'])}){cost(n)}")
+    return lines
+  sizing = Q.size(q, runs, chosen["lr"])
+  lines.append(f"  LRs chosen: {fmt_lrs(chosen['lr'])}"
+               + (f"; again at an edge: {', '.join(chosen['at_edge'])}" if chosen["at_edge"]
+                  else ""))
+  for c in q.contrasts:
+    s = sizing["contrasts"][c.name]
+    lines.append(f"  - {c.name}: pilot {', '.join(signed(v) for v in s['values'])}; sd "
+                 f"{s['sd']:.4f}" + ("" if q.rule.sd_confidence is None else
+                                     f", bound {s['bound']:.4f}")
+                 + f" → {s['needed']}" + ("" if s["n"] >= s["needed"] else
+                                         f"; at {s['n']}: power {s['power']:.2f}, 80% power "
+                                         f"above {s['detectable']:.3f}"))
+  fresh = sum(sizing["cell_n"].values())
+  found = a.runs("fresh") if any(d.is_dir() for d in a.dirs("fresh")) else {}
+  have = sum((chosen["lr"][c], s) in found.get(c, {}) for c, n in sizing["cell_n"].items()
+             for s in Q.fresh_seeds(q, n))
+  lines.append(f"  stage fresh: {have} of {fresh} runs done (n = "
+               f"{max(sizing['cell_n'].values())}){cost(fresh - have)}")
+  return lines
+
+
+def timed_steps(a: Asked) -> float | None:
+  """The wall time of one run here: a few timed steps of each cell's program (as actlab.bench
+  times them), the steps of a run and its evaluations, averaged over cells; divided by the
+  workers. None where the question's runs were made elsewhere."""
+  from actlab import bench, config as config_lib  # pylint: disable=import-outside-toplevel
+  if a.q.runs:
+    return None
+  base, seconds = Q.base_config(a.q), []
+  for cell, fields in a.q.cells.items():
+    c = config_lib.override(base.copy_and_resolve_references(),
+                            {**fields, Q.LR: a.q.pilot.lrs[0], **settings()})
+    b = bench.JaxBench(c)
+    b.setup(1)
+    step = float(np.median(b.timed(5)["times"]))
+    evals = c.train.steps // max(c.train.eval_every, 1) + 2
+    seconds.append(step * (c.train.steps + evals * c.data.val_batches / 3))
+  return float(np.mean(seconds)) / FLAGS.workers
+
+
+def duration(seconds: float) -> str:
+  s = int(round(seconds))
+  return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s" if s < 3600 else (
+      f"{s // 3600} h {s % 3600 // 60:02d} min")
+
+
+def table(a: Asked, verdicts: dict, sizing: dict, lrs: dict) -> list[str]:
+  """The verdict table: a row per contrast, each number rounded once."""
+  q = a.q
+  head = ["contrast", "question", "LR chosen", "pilot sd → n", "fresh seeds", "mean, 95% interval",
+          "simultaneous interval", "p (Holm)", "sign-flip p (Holm)", "below 0 in",
+          *(f"verdict at ±{m:g}" for m in q.margins), "the spiking seeds carry"]
+  lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+  for c in q.contrasts:
+    s, r = sizing["contrasts"][c.name], verdicts[c.name]
+    pilot = f"{s['sd']:.3f}" + ("" if q.rule.sd_confidence is None else
+                                f" (bound {s['bound']:.3f})") + f" → {s['needed']}"
+    lr = " / ".join(f"{lrs[cell]:g}" for cell in c.weights)
+    if len(set(lrs[cell] for cell in c.weights)) == 1:
+      lr = f"{lrs[next(iter(c.weights))]:g}"
+    if r is None:
+      lines.append(f"| `{c.name}` | {c.question} | {lr} | {pilot} | 0 of {s['n']} |"
+                   + " |" * (len(head) - 5))
+      continue
+    d, (low, high), sp = r["paired"], r["interval"], r["spikes"]
+    carry = (f"{signed(sp['carried'])} ({len(sp['spiking_seeds'])} seeds)" if sp["known"] and
+             sp["spiking_seeds"] else "none spike" if sp["known"] else "not measured")
+    sign = f"{r['p_sign']:.2g} ({r['p_sign_holm']:.2g})" if math.isfinite(r["p_sign"]) else "n/a"
+    lines.append(
+        f"| `{c.name}` | {c.question} | {lr} | {pilot} | {len(r['seeds'])} of {s['n']} | "
+        f"{signed(d.mean)} [{signed(d.ci_low)}, {signed(d.ci_high)}] | [{signed(low)}, "
+        f"{signed(high)}] | {d.p:.2g} ({r['p_holm']:.2g}) | {sign} | "
+        f"{sum(x < 0 for x in r['values'])} of {len(r['seeds'])} | "
+        + " | ".join(f"**{r['margins'][m]['verdict']}**" for m in q.margins) + f" | {carry} |")
+  return lines
+
+
+def descriptive_lines(a: Asked, verdicts: dict) -> list[str]:
+  rows = [f"{c.name} {signed(verdicts[c.name]['paired'].mean)} "
+          f"[{signed(verdicts[c.name]['paired'].ci_low)}, "
+          f"{signed(verdicts[c.name]['paired'].ci_high)}]"
+          for c in a.q.descriptive if len(verdicts[c.name]["seeds"]) >= 2]
+  return ["descriptive (unadjusted 95% intervals): " + "; ".join(rows)] if rows else []
+
+
+def answer(a: Asked) -> tuple[dict, dict, dict] | None:
+  """(verdicts, sizing, LRs) from the run directories; None before the pilot is complete."""
+  try:
+    chosen = Q.choose(a.q, a.runs("pilot"))
+  except Q.Incomplete:
+    return None
+  if "edge" in chosen:
+    return None
+  sizing = Q.size(a.q, a.runs("pilot"), chosen["lr"])
+  return Q.verdicts(a.q, a.runs("fresh"), chosen["lr"], sizing), sizing, chosen["lr"]
+
+
+def order(a: Asked) -> list[str]:
+  """When it was declared and when its first fresh run started, as the report says them."""
+  frozen = workdir_lib.read_json(a.root / "question.json")
+  starts = sorted(p[0]["started"] for cells in a.runs("fresh").values() for s in cells.values()
+                  if (p := s.get("provenance")) and p[0].get("started"))
+  first = starts[0] if starts else "none yet"
+  if frozen is None:
+    return [f"declared before its runs in the question file (its git history); first fresh run "
+            f"started {first}"]
+  return [f"declaration {frozen['hash']}, frozen {frozen['time']} at commit {frozen['commit']}; "
+          f"first fresh run started {first}"]
+
+
+def report(a: Asked, log=print) -> None:
+  """The verdicts: printed, and written with one figure beside the question's directory."""
+  found = answer(a)
+  if found is None:
+    raise errors.UserError(f"question {a.q.name}: its pilot is not complete in {a.root}; run it "
+                           f"first: python -m actlab.ask {a.spec} run --workdir={a.root}")
+  v, sizing, lrs = found
+  lines = [*design_lines(a), *order(a), "", *table(a, v, sizing, lrs), "",
+           *descriptive_lines(a, v)]
+  out = a.root / f"{a.q.name.replace(':', '_')}.md"
+  workdir_lib.write_text(out, "\n".join(lines) + "\n")
+  figure = figure_of(a, v, out.with_suffix(".png"))
+  log("\n".join(lines))
+  log(f"wrote {out}" + (f" and {figure}" if figure else ""))
+
+
+def figure_of(a: Asked, v: dict, path: pathlib.Path) -> pathlib.Path | None:
+  """Each contrast's mean and simultaneous interval against ±each margin."""
+  rows = [(f"{c.name} ({len(v[c.name]['seeds'])})", v[c.name]["paired"].mean,
+           *v[c.name]["interval"]) for c in a.q.contrasts if v[c.name] is not None]
+  if not rows:
+    return None
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(6.4, 0.6 * len(rows) + 1.2))
+  for y, (_, mean, low, high) in enumerate(rows):
+    ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="k", capsize=4)
+  ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+  ax.invert_yaxis()
+  for m, style in zip(a.q.margins, ("--", ":", "-.")):
+    for x in (-m, m):
+      ax.axvline(x, color="tab:red", ls=style, lw=1)
+  ax.axvline(0, color="0.6", lw=1)
+  ax.set_xlabel(f"{a.q.outcome[1]}: mean, simultaneous interval (α/{a.q.k}); ±"
+                + ", ±".join(f"{m:g}" for m in a.q.margins), fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+# --- The command line
+
+flags.DEFINE_string("workdir", None, "The question's directory (default: runs/<question>).")
+flags.DEFINE_integer("workers", 1, "Runs trained at once on this host (as actlab.sweep's).",
+                     lower_bound=1)
+flags.DEFINE_string("shard", "0/1", "i/N: this job's share of each stage (as actlab.sweep's).")
+flags.DEFINE_string("set", "", "field=value,...: runtime fields for every run (data.manual_dir, "
+                    "sweep.vectorize, ...), which do not change the declaration.")
+flags.DEFINE_bool("estimate", True, "plan: time a few steps of each cell to estimate wall time.")
+FLAGS = flags.FLAGS
+USAGE = "python -m actlab.ask QUESTION[:arg] {plan,run,report} [--workdir=DIR]"
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) != 3 or argv[2] not in ("plan", "run", "report"):
+    raise errors.UserError(f"usage: {USAGE}")
+  spec, verb = argv[1], argv[2]
+  q = Q.load(spec)
+  grid.parse_shard(FLAGS.shard)
+  root = pathlib.Path(FLAGS.workdir or pathlib.Path("runs") / q.name.replace(":", "_"))
+  a = Asked(spec, q, root)
+  if verb == "plan":
+    frozen = freeze(a) if not q.runs else None
+    print("\n".join(design_lines(a)))
+    if frozen:
+      print(f"  declaration {frozen['hash']} frozen {frozen['time']} at {frozen['commit']} "
+            f"→ {root / 'question.json'}")
+    print("\n".join(plan_lines(a, FLAGS.estimate and not q.runs)))
+  elif verb == "run":
+    run(a)
+  else:
+    report(a)
+
+
+if __name__ == "__main__":
+  errors.run(main)
