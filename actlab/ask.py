@@ -14,8 +14,9 @@ import subprocess
 import sys
 
 import numpy as np
-from absl import flags
+from absl import flags, logging
 
+from actlab import config as config_lib
 from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
 from actlab.report import question as Q
@@ -31,6 +32,9 @@ class Asked:
   spec: str
   q: Q.Question
   root: pathlib.Path
+  workers: int = 1                         # as actlab.sweep's --workers, --shard
+  shard: tuple[int, int] = (0, 1)
+  settings: dict = dataclasses.field(default_factory=dict)  # runtime fields for every run
 
   def dirs(self, stage: str) -> list[pathlib.Path]:
     """Where the runs of `stage` ("pilot", which includes the edge, or "fresh") are."""
@@ -121,30 +125,43 @@ def stage_sweep(q: Q.Question, stage: str, lrs: dict | None = None,
 
 
 def train(a: Asked, stage: str, sweep: dict, log=print) -> None:
-  """Trains `stage` (a sweep into its directory: `python -m actlab.sweep`, with this command's
-  --workers, --shard and --set); a failed sweep ends this command with its exit code."""
+  """Trains `stage`: its sweep (written beside its directory) with this command's --workers,
+  --shard and --set, in this process for one worker (as `actlab.sweep` would), else as
+  `python -m actlab.sweep --workers=N`, whose failure ends this command with its exit code."""
   spec = a.root / f"{stage}.sweep.json"
   workdir_lib.write_json(spec, sweep)
-  runs = len(grid.cells(Q.base_config(a.q), grid.parse(sweep)))
-  log(f"ask: {stage}: {runs} runs → {a.root / stage}")
+  base = Q.base_config(a.q)
+  log(f"ask: {stage}: {len(grid.cells(base, grid.parse(sweep)))} runs → {a.root / stage}")
+  if a.workers == 1:
+    from actlab import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
+    from actlab.infra import parallel  # pylint: disable=import-outside-toplevel
+    base = config_lib.override(base, a.settings)
+    parallel.initialize(base)
+    sweep_lib.run(base, str(spec), a.root / stage, log=log, shard=a.shard,
+                  overridden=list(a.settings), cache=COMPILED)
+    return
   command = [sys.executable, "-m", "actlab.sweep", f"--config={a.q.config}", f"--sweep={spec}",
-             f"--workdir={a.root / stage}", f"--workers={FLAGS.workers}", f"--shard={FLAGS.shard}",
-             *(f"--config.{k}={v}" for k, v in settings().items())]
+             f"--workdir={a.root / stage}", f"--workers={a.workers}",
+             f"--shard={a.shard[0]}/{a.shard[1]}",
+             *(f"--config.{k}={str(v).lower() if isinstance(v, bool) else v}"
+               for k, v in a.settings.items())]
   code = subprocess.run(command).returncode
   if code:
     raise errors.UserError(f"ask: the {stage} stage stopped (exit code {code}); rerun the same "
                            "command to resume it")
 
 
-def settings() -> dict:
-  """--set's runtime fields (how and where runs execute, not what they compute)."""
-  out = {}
-  for item in filter(None, FLAGS.set.split(",")):
-    key, eq, value = item.partition("=")
-    if not eq or not key.startswith(workdir_lib.RUNTIME_FIELDS):
-      raise errors.UserError(f"--set {item!r}: give field=value of fields that do not change what "
-                             f"a run computes ({', '.join(workdir_lib.RUNTIME_FIELDS)})")
-    out[key] = value
+COMPILED: dict = {}  # the stages' compiled programs, shared within this process
+
+
+def settings(text: str) -> dict:
+  """--set's fields: only runtime ones (how and where runs execute, not what they compute)."""
+  out = config_lib.parse_overrides(text)
+  wrong = [k for k in out if not k.startswith(workdir_lib.RUNTIME_FIELDS)]
+  if wrong:
+    raise errors.UserError(f"--set {wrong[0]}: give only fields that do not change what a run "
+                           f"computes ({', '.join(workdir_lib.RUNTIME_FIELDS)}); the others are "
+                           "the question's")
   return out
 
 
@@ -157,12 +174,12 @@ def run(a: Asked, log=print) -> None:
                            "trains only questions with one pilot and no `runs`")
   freeze(a, log)
   train(a, "pilot", stage_sweep(a.q, "pilot"), log)
-  chosen = waiting(a, "pilot")
+  chosen = waiting(a, "pilot", log)
   if chosen is None:
     return
   if "edge" in chosen:
     train(a, "edge", stage_sweep(a.q, "edge", chosen["edge"]), log)
-    chosen = waiting(a, "edge")
+    chosen = waiting(a, "edge", log)
     if chosen is None or "edge" in chosen:
       return
   sizing = Q.size(a.q, a.runs("pilot"), chosen["lr"])
@@ -172,13 +189,13 @@ def run(a: Asked, log=print) -> None:
   report(a, log)
 
 
-def waiting(a: Asked, stage: str) -> dict | None:
+def waiting(a: Asked, stage: str, log=print) -> dict | None:
   """The pilot's choice once `stage` is complete; None (and a line) while other shards still
   train it."""
   try:
     return Q.choose(a.q, a.runs("pilot"))
   except Q.Incomplete as e:
-    print(f"ask: {stage}: {e}; another shard is still training it: rerun once it is done")
+    log(f"ask: {stage}: {e}; another shard is still training it: rerun once it is done")
     return None
 
 
@@ -192,7 +209,7 @@ def signed(x: float) -> str:
   """x to 3 decimals with its sign (more where that would read 0), the page's minus sign."""
   if not math.isfinite(x):
     return "n/a"
-  digits = 3 if x == 0 or abs(x) >= 5e-4 else 1 - math.floor(math.log10(abs(x)))
+  digits = 3 if x == 0 or abs(x) >= 5e-4 else -math.floor(math.log10(abs(x)))
   return f"{x:+.{digits}f}".replace("-", "−")
 
 
@@ -273,22 +290,26 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
 
 
 def timed_steps(a: Asked) -> float | None:
-  """The wall time of one run here: a few timed steps of each cell's program (as actlab.bench
-  times them), the steps of a run and its evaluations, averaged over cells; divided by the
-  workers. None where the question's runs were made elsewhere."""
-  from actlab import bench, config as config_lib  # pylint: disable=import-outside-toplevel
+  """The wall time of one run here, averaged over cells and divided by the workers: a few steps of
+  each cell's program timed as actlab.bench times them, and a run counted in steps (its training
+  steps; an evaluation window or test window a third of a step; a sharpness estimate three per
+  power iteration) plus the program's compile once per cell. None for runs made elsewhere."""
+  from actlab import bench  # pylint: disable=import-outside-toplevel
   if a.q.runs:
     return None
   base, seconds = Q.base_config(a.q), []
-  for cell, fields in a.q.cells.items():
+  for fields in a.q.cells.values():
     c = config_lib.override(base.copy_and_resolve_references(),
-                            {**fields, Q.LR: a.q.pilot.lrs[0], **settings()})
+                            {**fields, Q.LR: a.q.pilot.lrs[0], **a.settings})
     b = bench.JaxBench(c)
-    b.setup(1)
+    compile_s = b.setup(1)["compile_s"]
     step = float(np.median(b.timed(5)["times"]))
-    evals = c.train.steps // max(c.train.eval_every, 1) + 2
-    seconds.append(step * (c.train.steps + evals * c.data.val_batches / 3))
-  return float(np.mean(seconds)) / FLAGS.workers
+    t, m = c.train, c.metrics
+    windows = (t.steps // t.eval_every + 1) * c.data.val_batches + c.data.test_batches
+    sharpness = (t.steps // m.sharpness_every + 1) * m.sharpness_iters if m.sharpness_every else 0
+    runs = len(a.q.pilot.seeds) * len(a.q.pilot.lrs)
+    seconds.append(step * (t.steps + windows / 3 + 3 * sharpness) + compile_s / runs)
+  return float(np.mean(seconds)) / a.workers
 
 
 def duration(seconds: float) -> str:
@@ -306,8 +327,9 @@ def table(a: Asked, verdicts: dict, sizing: dict, lrs: dict) -> list[str]:
   lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
   for c in q.contrasts:
     s, r = sizing["contrasts"][c.name], verdicts[c.name]
-    pilot = f"{s['sd']:.3f}" + ("" if q.rule.sd_confidence is None else
-                                f" (bound {s['bound']:.3f})") + f" → {s['needed']}"
+    pilot = (f"{s['sd']:.3f}" + ("" if q.rule.sd_confidence is None else
+                                 f" (bound {s['bound']:.3f})") + f" → {s['needed']}"
+             + ("" if s["n"] >= s["needed"] else f", cap {s['n']}"))
     lr = " / ".join(f"{lrs[cell]:g}" for cell in c.weights)
     if len(set(lrs[cell] for cell in c.weights)) == 1:
       lr = f"{lrs[next(iter(c.weights))]:g}"
@@ -316,7 +338,8 @@ def table(a: Asked, verdicts: dict, sizing: dict, lrs: dict) -> list[str]:
                    + " |" * (len(head) - 5))
       continue
     d, (low, high), sp = r["paired"], r["interval"], r["spikes"]
-    carry = (f"{signed(sp['carried'])} ({len(sp['spiking_seeds'])} seeds)" if sp["known"] and
+    spiked = len(sp["spiking_seeds"])
+    carry = (f"{signed(sp['carried'])} ({spiked} seed{'s' * (spiked > 1)})" if sp["known"] and
              sp["spiking_seeds"] else "none spike" if sp["known"] else "not measured")
     sign = f"{r['p_sign']:.2g} ({r['p_sign_holm']:.2g})" if math.isfinite(r["p_sign"]) else "n/a"
     lines.append(
@@ -324,8 +347,15 @@ def table(a: Asked, verdicts: dict, sizing: dict, lrs: dict) -> list[str]:
         f"{signed(d.mean)} [{signed(d.ci_low)}, {signed(d.ci_high)}] | [{signed(low)}, "
         f"{signed(high)}] | {d.p:.2g} ({r['p_holm']:.2g}) | {sign} | "
         f"{sum(x < 0 for x in r['values'])} of {len(r['seeds'])} | "
-        + " | ".join(f"**{r['margins'][m]['verdict']}**" for m in q.margins) + f" | {carry} |")
+        + " | ".join(verdict(r["margins"][m]) for m in q.margins) + f" | {carry} |")
   return lines
+
+
+def verdict(at: dict) -> str:
+  """A verdict as the table prints it, with the TOST's Holm p where it finds equivalence."""
+  tost = (f" (TOST Holm p {at['p_equiv_holm']:.2g})" if at["verdict"].startswith("equivalent")
+          else "")
+  return f"**{at['verdict']}**{tost}"
 
 
 def descriptive_lines(a: Asked, verdicts: dict) -> list[str]:
@@ -403,34 +433,44 @@ def figure_of(a: Asked, v: dict, path: pathlib.Path) -> pathlib.Path | None:
   return path
 
 
+def plan(a: Asked, estimate: bool = True, log=print) -> None:
+  """The design, the declaration frozen (runs made before actlab.ask: none) and the stages."""
+  frozen = freeze(a, log) if not a.q.runs else None
+  log("\n".join(design_lines(a)))
+  if frozen:
+    log(f"  declaration {frozen['hash']} frozen {frozen['time']} at {frozen['commit']} "
+        f"→ {a.root / 'question.json'}")
+  log("\n".join(plan_lines(a, estimate and not a.q.runs)))
+
+
 # --- The command line
 
-flags.DEFINE_string("workdir", None, "The question's directory (default: runs/<question>).")
-flags.DEFINE_integer("workers", 1, "Runs trained at once on this host (as actlab.sweep's).",
-                     lower_bound=1)
-flags.DEFINE_string("shard", "0/1", "i/N: this job's share of each stage (as actlab.sweep's).")
-flags.DEFINE_string("set", "", "field=value,...: runtime fields for every run (data.manual_dir, "
-                    "sweep.vectorize, ...), which do not change the declaration.")
-flags.DEFINE_bool("estimate", True, "plan: time a few steps of each cell to estimate wall time.")
-FLAGS = flags.FLAGS
 USAGE = "python -m actlab.ask QUESTION[:arg] {plan,run,report} [--workdir=DIR]"
 
 
+def define_flags() -> None:
+  """The command's flags (defined when it runs, not on import: actlab.main has a --workdir)."""
+  flags.DEFINE_string("workdir", None, "The question's directory (default: runs/<question>).")
+  flags.DEFINE_integer("workers", 1, "Runs trained at once on this host (as actlab.sweep's).",
+                       lower_bound=1)
+  flags.DEFINE_string("shard", "0/1", "i/N: this job's share of each stage (as actlab.sweep's).")
+  flags.DEFINE_string("set", "", "field=value,...: runtime fields for every run "
+                      "(data.manual_dir, sweep.vectorize, ...); not part of the declaration.")
+  flags.DEFINE_bool("estimate", True, "plan: time a few steps of each cell to estimate wall time.")
+
+
 def main(argv: list[str]) -> None:
+  f = flags.FLAGS
+  if not f["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # absl's and JAX's start-up lines
   if len(argv) != 3 or argv[2] not in ("plan", "run", "report"):
     raise errors.UserError(f"usage: {USAGE}")
   spec, verb = argv[1], argv[2]
   q = Q.load(spec)
-  grid.parse_shard(FLAGS.shard)
-  root = pathlib.Path(FLAGS.workdir or pathlib.Path("runs") / q.name.replace(":", "_"))
-  a = Asked(spec, q, root)
+  root = pathlib.Path(f.workdir or pathlib.Path("runs") / q.name.replace(":", "_"))
+  a = Asked(spec, q, root, f.workers, grid.parse_shard(f.shard), settings(f.set))
   if verb == "plan":
-    frozen = freeze(a) if not q.runs else None
-    print("\n".join(design_lines(a)))
-    if frozen:
-      print(f"  declaration {frozen['hash']} frozen {frozen['time']} at {frozen['commit']} "
-            f"→ {root / 'question.json'}")
-    print("\n".join(plan_lines(a, FLAGS.estimate and not q.runs)))
+    plan(a, f.estimate)
   elif verb == "run":
     run(a)
   else:
@@ -438,4 +478,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  define_flags()
   errors.run(main)

@@ -168,6 +168,8 @@ def parse(d: Any, name: str) -> Question:
   for key in ("contrasts", "descriptive"):
     need(isinstance(d.get(key, {}), dict), key, "a dict of name -> weights")
   contrasts = tuple(contrast("contrasts", n, c) for n, c in d["contrasts"].items())
+  if len(contrasts) == 1 and not contrasts[0].question:  # a two-arm question's one contrast
+    contrasts = (dataclasses.replace(contrasts[0], question=d.get("question", "")),)
   descriptive = tuple(contrast("descriptive", n, c) for n, c in d.get("descriptive", {}).items())
   need(bool(contrasts), "contrasts", "at least one")
 

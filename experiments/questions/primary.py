@@ -29,10 +29,15 @@ EDGE = {1e-3: 3e-4, 1e-2: 3e-2}
 FIRST_RULE = {"sd_confidence": None, "shared": False, "sign_flip": False}  # families 1, 2
 
 
+WORDS = {"relu": "ReLU", "gelu": "GELU", "swiglu": "SwiGLU", "silu": "SiLU", "geglu": "GEGLU",
+         "reglu": "ReGLU", "relu2": "ReLU²"}
+
+
 def arms(a: str, b: str, question: str, cells=None, **more) -> dict:
-  """The contrast a − b of cells `cells` (default: named a and b), in the claim's words a, b."""
+  """The contrast a − b of cells `cells` (default: named a and b), the claim naming a and b."""
   x, y = cells or (a, b)
-  return {"weights": {x: 1, y: -1}, "question": question, "a": a, "b": b, **more}
+  return {"weights": {x: 1, y: -1}, "question": question, "a": WORDS.get(a, a),
+          "b": WORDS.get(b, b), **more}
 
 
 def page() -> dict:
@@ -140,7 +145,7 @@ def mechanism() -> dict:
       "cells": {f"{a}_{c}_{b}": {"model.activation": a, **CLIPPINGS[c][0], **BLOCK[b][0]}
                 for a in ("relu", "gelu") for c in CLIPPINGS for b in BLOCK},
       "contrasts": {
-          "relu_gelu": {"weights": gap("none", "gpt2"), "a": "relu", "b": "gelu",
+          "relu_gelu": {"weights": gap("none", "gpt2"), "a": "ReLU", "b": "GELU",
                         "question": "Does ReLU or GELU give the lower loss in GPT-2's block "
                                     "without clipping (test 1 again)?"},
           "clip_change": change(("clip", "gpt2"), ("none", "gpt2"),

@@ -1,0 +1,160 @@
+"""actlab.ask: a question file from declaration to verdict. A tiny two-arm question trained end to
+end (its pilot split across two shards, the second resuming the stage; the step past an edge; n
+from the pilot; the fresh seeds; the verdict recomputed from the runs here), a declaration changed
+after its pilot began refused, bad question files one line and exit 2, and RESULTS.md's tables
+reproduced from the committed runs (`results/`). The model's statistics: tests/test_question.py."""
+
+import itertools
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from actlab import ask
+from actlab.infra.errors import UserError
+from actlab.report import comparisons
+from actlab.report import question as Q
+from conftest import REPO
+
+QUESTION = """
+def get_question(arg=None):
+  return {{
+      "question": "Does ReLU or GELU give the lower loss?",
+      "config": "{config}",
+      "fixed": {{"data.test_batches": 2, "train.steps": 20, "train.eval_every": 10,
+                "train.checkpoint_every": 10, "optim.warmup_steps": 2}},
+      "cells": {{"relu": {{"model.activation": "relu"}}, "gelu": {{"model.activation": "gelu"}}}},
+      "contrasts": {{"relu_gelu": {{"relu": 1, "gelu": -1}}}},
+      "margins": {margins},
+      "pilot": {{"lrs": [1e-4, 3e-3], "seeds": [0, 1], "edge": {{3e-3: 1e-2}}}},
+      "fresh": {{"first_seed": 100, "cap": 3}},
+      "rule": {{"min_seeds": 3}},
+  }}
+"""
+
+
+def question_file(tmp: pathlib.Path, margins="[0.1, 0.05]") -> str:
+  path = tmp / "q.py"
+  path.write_text(QUESTION.format(config=REPO / "tests" / "tiny_config.py", margins=margins))
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def answered(tmp_path_factory):
+  """The tiny question asked: shard 0/2 of its pilot, then the whole command (which resumes)."""
+  tmp = tmp_path_factory.mktemp("ask")
+  spec, lines = question_file(tmp), []
+  first = ask.Asked(spec, Q.load(spec), tmp / "q", shard=(0, 2))
+  ask.run(first, log=lines.append)
+  waited = list(lines)
+  ask.run(ask.Asked(spec, Q.load(spec), tmp / "q"), log=lines.append)
+  return first, waited, lines
+
+
+@pytest.mark.slow
+def test_a_question_goes_from_its_file_to_a_verdict_computed_from_its_runs(answered):
+  a, waited, lines = answered
+  assert any("another shard is still training it" in line for line in waited)
+  pilot = Q.cell_runs(a.q, a.dirs("pilot"))
+  assert {c: len(r) for c, r in pilot.items()} == {"relu": 6, "gelu": 6}  # 2 LRs + edge, 2 seeds
+  assert any("done before" in line for line in lines)  # the second command resumed the pilot
+  # The LR each arm's pilot chose, recomputed here: the lowest mean validation loss.
+  mean = lambda cell, lr: np.mean([pilot[cell][lr, s]["final_val_loss"] for s in (0, 1)])
+  chosen = {c: min((1e-4, 3e-3, 1e-2), key=lambda lr: mean(c, lr)) for c in ("relu", "gelu")}
+  assert Q.choose(a.q, pilot)["lr"] == chosen
+  fresh = Q.cell_runs(a.q, a.dirs("fresh"))
+  assert sorted(s for _, s in fresh["relu"]) == [100, 101, 102]  # min_seeds 3 = the cap
+  diffs = [fresh["relu"][chosen["relu"], s]["final_test_loss"]
+           - fresh["gelu"][chosen["gelu"], s]["final_test_loss"] for s in (100, 101, 102)]
+  v = Q.verdicts(a.q, fresh, chosen, Q.size(a.q, pilot, chosen))["relu_gelu"]
+  assert v["paired"].mean == pytest.approx(np.mean(diffs), rel=1e-12)
+  assert v["interval"] == pytest.approx(comparisons.simultaneous_interval(
+      comparisons.paired_difference(diffs, [0.0] * 3), 1))
+  flips = [abs(sum(s * d for s, d in zip(signs, diffs))) >= abs(sum(diffs)) - 1e-12
+           for signs in itertools.product((1, -1), repeat=3)]
+  assert v["p_sign"] == pytest.approx(np.mean(flips))
+  report = (a.root / "q.md").read_text()
+  assert f"{ask.signed(np.mean(diffs))} [" in report and (a.root / "q.png").is_file()
+  frozen = json.loads((a.root / "question.json").read_text())
+  assert frozen["hash"] in report and frozen["time"] in report
+
+
+@pytest.mark.slow
+def test_a_declaration_changed_after_its_pilot_began_is_refused(answered, tmp_path):
+  a, _, _ = answered
+  changed = question_file(tmp_path, margins="[0.2]")
+  with pytest.raises(UserError, match=r"changed after its pilot began \(design\.margins") as e:
+    ask.run(ask.Asked(changed, Q.load(changed), a.root))
+  assert "\n" not in str(e.value)
+  before = ask.Asked(changed, Q.load(changed), tmp_path / "new")
+  assert ask.freeze(before, print)["hash"] != json.loads((a.root / "question.json").read_text())[
+      "hash"]  # a new directory takes it
+
+
+BAD = {  # a mistake in a question file -> the field its one line names
+    '{"config": "c.py", "cells": {}, "contrasts": {}, "pilot": {}, "fresh": {}}': "cells",
+    '{**GOOD, "margin": [0.1]}': "unknown key",
+    '{**GOOD, "contrasts": {"x": {"relu": 1, "tanh": -1}}}': "contrasts.x.weights",
+    '{**GOOD, "cells": {"relu": {"optim.lr": 1e-3}, "gelu": {}}}': "cells.relu",
+    '{**GOOD, "margins": [0]}': "margins",
+    '{**GOOD, "fresh": {"cap": 4}}': "fresh",
+    '{**GOOD, "pilot": {"lrs": [1e-3], "seeds": [0]}}': "pilot.seeds",
+    '{**GOOD, "rule": {"alpha": 2}}': "rule",
+}
+GOOD = ('{"config": "configs/tinystories_gelu.py:smoke", "cells": {"relu": {"model.activation": '
+        '"relu"}, "gelu": {"model.activation": "gelu"}}, "contrasts": {"d": {"relu": 1, "gelu": '
+        '-1}}, "pilot": {"lrs": [1e-3, 3e-3], "seeds": [0, 1]}, "fresh": {"first_seed": 9}}')
+
+
+@pytest.mark.parametrize("body, field", BAD.items())
+def test_a_mistake_in_a_question_file_is_one_line_naming_the_field(tmp_path, body, field):
+  path = tmp_path / "bad.py"
+  path.write_text(f"GOOD = {GOOD}\n\ndef get_question(arg=None):\n  return {body}\n")
+  with pytest.raises(Q.QuestionError, match=field) as e:
+    Q.load(str(path))
+  assert "\n" not in str(e.value)
+
+
+def test_a_bad_question_file_exits_2_with_one_line(tmp_path):
+  path = tmp_path / "bad.py"
+  path.write_text(f"GOOD = {GOOD}\n\ndef get_question(arg=None):\n  return {{**GOOD, "
+                  "'margins': [-1]}\n")
+  out = subprocess.run([sys.executable, "-m", "actlab.ask", str(path), "plan"], cwd=tmp_path,
+                       capture_output=True, text=True)
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines() == [
+      "error: question bad: margins: one or more numbers > 0 (the first sizes n)"]
+
+
+def asked(family: str) -> ask.Asked:
+  """A family of experiments/questions/primary.py over the committed runs."""
+  spec = str(REPO / "experiments" / "questions" / f"primary.py:{family}")
+  return ask.Asked(spec, Q.load(spec), REPO / "results")
+
+
+def results_table(family: str) -> list[str]:
+  a = asked(family)
+  v, sizing, lrs = ask.answer(a)
+  return ask.table(a, v, sizing, lrs)
+
+
+@pytest.mark.parametrize("family", ["page", "recipe", "mechanism"])
+def test_results_md_prints_the_verdict_tables_ask_computes_from_results(family):
+  """Each row of the family's table, every number and verdict, as RESULTS.md holds it."""
+  page = (REPO / "RESULTS.md").read_text()
+  rows = results_table(family)[2:]
+  assert len(rows) == {"page": 7, "recipe": 6, "mechanism": 5}[family]
+  missing = [row for row in rows if row not in page]
+  assert not missing, missing
+
+
+def test_the_retest_keeps_every_lr_family_1_chose():
+  """The step below the gated pilot moves no arm's LR: no test of family 1 is asked again."""
+  page, retest = (asked(f) for f in ("page", "retest"))
+  chosen = Q.choose(retest.q, retest.runs("pilot"))["lr"]
+  assert chosen == {c: Q.choose(page.q, page.runs("pilot"))["lr"][c] for c in retest.q.cells}
+  assert not any(math.isnan(lr) for lr in chosen.values())
