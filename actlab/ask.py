@@ -232,7 +232,9 @@ def design_lines(a: Asked) -> list[str]:
            f"  pilot: {grid_} × seeds {list(q.pilot.seeds)}"
            + (", one step past an edge (" + ", ".join(f"{k:g} → {v:g}" for k, v in
                                                     q.pilot.edge.items()) + ")"
-              if q.pilot.edge else "") + f"; chosen on {q.outcome[0]}, tested on {q.outcome[1]}",
+              if q.pilot.edge else "")
+           + (f"; chosen on {q.outcome[0]}" if len(q.pilot.lrs) > 1 else "")
+           + f"; tested on {q.outcome[1]}",
            f"  n: power {r.power} against {q.margins[0]:g} at alpha/K = {q.alpha:.4g} with {bound}"
            f"; at least {r.min_seeds}" + (f", at most {q.cap}" if q.cap else "")
            + ("; every cell on the same seeds" if r.shared else "")
@@ -257,9 +259,10 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
     chosen = None
   lo, hi = q.rule.min_seeds, q.cap or q.rule.min_seeds
   if chosen is None:
-    edge_most = len(q.cells) * len(q.pilot.seeds) if q.pilot.edge else 0
-    lines.append(f"  stage edge: up to {edge_most} runs, where a cell's best LR sits at an edge"
-                 + cost(edge_most))
+    if q.pilot.edge:
+      edge_most = len(q.cells) * len(q.pilot.seeds)
+      lines.append(f"  stage edge: up to {edge_most} runs, where a cell's best LR sits at an edge"
+                   + cost(edge_most))
     lines.append(f"  stage fresh: {lo * len(q.cells)} to {hi * len(q.cells)} runs, n from the "
                  f"pilot{cost(lo * len(q.cells))}" + ("" if step is None else
                                                      f" to {duration(hi * len(q.cells) * step)}"))
