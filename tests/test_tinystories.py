@@ -72,8 +72,6 @@ def test_parse_stories_splits_trims_and_drops_empty(tmp_path):
   assert list(ts.parse_stories(f)) == STORIES_TRAIN[:4]
   write_tinystories(f, STORIES_TRAIN[:4], crlf=True)
   assert [s.replace("\r\n", "\n") for s in ts.parse_stories(f)] == STORIES_TRAIN[:4]
-  f.write_text("First story.\n<|endoftext|>\nA last story without separator.\n")
-  assert list(ts.parse_stories(f)) == ["First story.", "A last story without separator."]
 
 
 @pytest.mark.parametrize("content, why", [
@@ -82,6 +80,8 @@ def test_parse_stories_splits_trims_and_drops_empty(tmp_path):
     (b"Just some text.\nNo separators at all.\n", "no <|endoftext|> separator"),
     (bytes(range(256)) * 50, "NUL"),
     (bytes(range(128, 256)) * 50 + b"\n<|endoftext|>\n", "not UTF-8"),
+    (b"First story.\n<|endoftext|>\nA last story, cut sh", "it ends inside story 2 (no "
+                                                           "<|endoftext|> line after it"),
 ])
 def test_parse_stories_rejects_wrong_files(tmp_path, content, why):
   f = tmp_path / "bad.txt"
@@ -110,13 +110,19 @@ def test_manual_instructions_name_every_file():
 # ----------------------------------------------------------------------------- the builder
 
 
-def test_builder_prepares_from_manual_dir_offline(tmp_path, offline):
+def test_builder_prepares_from_manual_dir_offline(tmp_path, offline, capfd, caplog):
   manual = tmp_path / "manual" / "tiny_stories"
   manual.mkdir(parents=True)
   write_tinystories(manual / "TinyStoriesV2-GPT4-train.txt", STORIES_TRAIN)
   write_tinystories(manual / "TinyStoriesV2-GPT4-valid.txt", STORIES_VALID)
-  corpus = ts.Corpus("v2", tmp_path / "tfds", manual)
+  capfd.readouterr()
+  with caplog.at_level(logging.INFO, logger="absl"):
+    corpus = ts.Corpus("v2", tmp_path / "tfds", manual)
   assert offline == []  # the manual files were used, nothing was fetched
+  # Nothing downloaded: one line, none of TFDS's "Downloading and preparing", bars or warnings.
+  assert capfd.readouterr() == ("", f"actlab: preparing TinyStories v2 from {manual} into "
+                                    f"{tmp_path / 'tfds'} (once: later runs read it from there)\n")
+  assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
   files = sorted(p.name for p in (tmp_path / "tfds" / "tiny_stories" / "v2" / "1.0.0").iterdir())
   assert any(".array_record-" in n for n in files), files
   assert corpus.num_texts("train") == len(STORIES_TRAIN)
@@ -144,13 +150,14 @@ def test_builder_prepares_from_manual_dir_offline(tmp_path, offline):
 
 
 def test_replaced_manual_file_is_prepared_again(tmp_path, offline, caplog):
-  """A truncated copy, then the full file, then an edit of the same size: each load sees it."""
+  """A shorter copy, then the full file, then an edit of the same size: each load sees it."""
   manual = tmp_path / "manual" / "tiny_stories"
   manual.mkdir(parents=True)
   train = manual / "TinyStoriesV2-GPT4-train.txt"
   write_tinystories(train, STORIES_TRAIN)
   full = train.read_bytes()
-  train.write_bytes(full[:len(full) // 2])
+  cut = full[:full.index(b"<|endoftext|>\n", len(full) // 2) + 14]  # fewer stories, all whole
+  train.write_bytes(cut)
   write_tinystories(manual / "TinyStoriesV2-GPT4-valid.txt", STORIES_VALID)
 
   def load_and_check():
@@ -170,7 +177,7 @@ def test_replaced_manual_file_is_prepared_again(tmp_path, offline, caplog):
   train.write_bytes(full)
   n, lines = load_and_check()
   assert n == len(STORIES_TRAIN) and cache.build_count == builds + 1  # train only
-  assert lines == [f"TinyStories v2: manual file {train.name} changed (size {len(full) // 2:,} "
+  assert lines == [f"TinyStories v2: manual file {train.name} changed (size {len(cut):,} "
                    f"→ {len(full):,}); preparing again"]
   assert load_and_check() == (n, []) and cache.build_count == builds + 1
   # Same size, new mtime (e.g. an edit; the clock may not tick between two quick writes).
@@ -194,15 +201,24 @@ def test_replaced_manual_file_is_prepared_again(tmp_path, offline, caplog):
   assert any("Lucy" in t for t in corpus.texts("train"))
 
 
-def test_missing_files_offline_is_one_data_error(tmp_path, offline):
+def test_missing_files_offline_is_one_data_error(tmp_path, offline, capfd, caplog):
+  """One line naming the missing files, with nothing of TFDS's or absl's before it."""
   manual = tmp_path / "my_manual"
-  with pytest.raises(data.DataError) as e:
+  with pytest.raises(data.DataError) as e, caplog.at_level(logging.INFO, logger="absl"):
     data.load(make_config(tmp_path, tinystories_version="v1", manual_dir=str(manual)))
   msg = str(e.value)
-  for needed in ("TinyStories-train.txt", "TinyStories-valid.txt", str(manual), ":smoke",
-                 "manual_dir"):
+  for needed in ("TinyStories-train.txt and TinyStories-valid.txt are not in", str(manual),
+                 ":smoke", "manual_dir"):
     assert needed in msg, (needed, msg)
-  assert len(offline) == 1  # one quick probe, not minutes of retries
+  assert "\n" not in msg and len(offline) == 1  # one quick probe, not minutes of retries
+  assert capfd.readouterr() == ("", "") and not caplog.records
+  manual.mkdir()  # one file there: the other is the one named
+  write_tinystories(manual / "TinyStories-train.txt", STORIES_TRAIN)
+  with pytest.raises(data.DataError) as e:
+    data.load(make_config(tmp_path, tinystories_version="v1", manual_dir=str(manual)))
+  assert str(e.value).startswith(f"TinyStories v1: TinyStories-valid.txt is not in {manual} and "
+                                 "could not be downloaded (ConnectionError: ")
+  assert "TinyStories-train.txt" not in str(e.value)
 
 
 def test_download_failure_is_a_data_error(tmp_path, monkeypatch):
@@ -216,9 +232,10 @@ def test_download_failure_is_a_data_error(tmp_path, monkeypatch):
   manual = tmp_path / "manual"
   manual.mkdir()
   write_tinystories(manual / "TinyStoriesV2-GPT4-valid.txt", STORIES_VALID)  # train missing
-  with pytest.raises(data.DataError, match="TinyStoriesV2-GPT4-train.txt") as e:
+  with pytest.raises(data.DataError, match="TinyStoriesV2-GPT4-train.txt is not in") as e:
     ts.Corpus("v2", tmp_path / "tfds", manual)
   assert "simulated download failure" in str(e.value) and ":smoke" in str(e.value)
+  assert "TinyStoriesV2-GPT4-valid.txt" not in str(e.value)
 
 
 def test_garbage_file_is_a_data_error_and_prepares_nothing(tmp_path, offline):
@@ -241,6 +258,36 @@ def test_file_without_separators_is_a_data_error(tmp_path, offline):
   write_tinystories(manual / "TinyStoriesV2-GPT4-valid.txt", STORIES_VALID)
   with pytest.raises(data.DataError, match="no <\\|endoftext\\|> separator lines"):
     data.load(make_config(tmp_path, manual_dir=str(manual)))
+
+
+@pytest.mark.parametrize("source", ["made", pytest.param("shared", marks=needs_shared)])
+def test_a_file_cut_inside_a_story_is_refused_and_nothing_kept(tmp_path, offline, source):
+  """A training file cut mid-story (a download cut short; here: the first 1 MB of the shared
+  sample's 3.5, or half of a made one) is refused in one line naming the story it ends in; no
+  data is prepared and no token cache written, so the whole file, put in its place, is used."""
+  manual = tmp_path / "manual" / "tiny_stories"
+  manual.mkdir(parents=True)
+  train = manual / "TinyStories-train.txt"
+  if source == "shared":
+    full, stories = (SHARED_TS / "train.txt").read_bytes(), 4042
+    train.write_bytes(full[:1_000_000])
+  else:
+    write_tinystories(train, STORIES_TRAIN)
+    full, stories = train.read_bytes(), len(STORIES_TRAIN)
+    train.write_bytes(full[:len(full) // 2 + 20])
+  whole = train.read_bytes().count(b"<|endoftext|>") - (source == "made")  # an empty one dropped
+  write_tinystories(manual / "TinyStories-valid.txt", STORIES_VALID)
+  config = make_config(tmp_path, tinystories_version="v1")
+  with pytest.raises(data.DataError) as e:
+    data.load(config)
+  assert str(e.value).startswith(f"{train} is not a TinyStories text file: it ends inside story "
+                                 f"{whole + 1:,} (no <|endoftext|> line after it")
+  assert "\n" not in str(e.value)
+  assert not ts.builder("v1", tmp_path / "tfds").is_prepared()
+  assert not (tmp_path / "tokens").exists()
+  train.write_bytes(full)
+  ds = data.load(config)
+  assert int((ds.train_tokens == ds.tokenizer.eot_id).sum()) == stories
 
 
 # ----------------------------------------------------------------------------- real data

@@ -1,14 +1,18 @@
 """TinyStories (Eldan & Li 2023) as the TFDS builder `tiny_stories` (configs `v2`, GPT-4 stories,
 and `v1`, the original release), prepared to array_record under `<data dir>/tfds` and read back
-with `as_data_source`, without TensorFlow (docs/data.md). A story is the text between lines equal
-to `<|endoftext|>`, trimmed; empty ones are dropped, the files' mojibake is kept. Files in the
-manual directory are used first, missing ones downloaded; changed ones prepare the data again
-(provenance.py) and change `Corpus.source_id`, so the token caches follow (docs/design.md §3.11).
+with `as_data_source`, without TensorFlow (docs/data.md). A story is the text before a line equal
+to `<|endoftext|>`, trimmed; empty ones are dropped, the files' mojibake is kept, and a file that
+ends inside a story (cut short) is refused. Files in the manual directory are used first, missing
+ones downloaded; changed ones prepare the data again (provenance.py) and change
+`Corpus.source_id`, so the token caches follow (docs/design.md §3.11).
 """
 
+import contextlib
 import dataclasses
+import io
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,7 +64,8 @@ def _not_tinystories(path, why: str) -> FormatError:
 
 
 def parse_stories(path: str | os.PathLike) -> Iterator[str]:
-  """Stories of a TinyStories text file; FormatError for a file that is not TinyStories text."""
+  """Stories of a TinyStories text file; FormatError for a file that is not TinyStories text,
+  raised at the end for one that ends inside a story (cut short)."""
   n_sep = n_stories = n_chars = n_bad = size = 0
   lines: list[str] = []
   with open(path, "rb") as f:
@@ -87,13 +92,11 @@ def parse_stories(path: str | os.PathLike) -> Iterator[str]:
       if size > MAX_STORY_CHARS:
         raise _not_tinystories(
             path, f"no {EOT_LINE} separator line within {MAX_STORY_CHARS:,} characters")
-  story = "".join(lines).strip()
-  if story:
+  if "".join(lines).strip():
     if n_sep == 0:
       raise _not_tinystories(path, f"it has no {EOT_LINE} separator lines")
-    log.warning("%s: the last story is not followed by %s (truncated file?)", path, EOT_LINE)
-    n_stories += 1
-    yield story
+    raise _not_tinystories(path, f"it ends inside story {n_stories + 1:,} (no {EOT_LINE} line "
+                           "after it: each story of the release ends with one)")
   if n_stories == 0:
     raise _not_tinystories(path, "it holds no stories")
 
@@ -105,6 +108,7 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
   RELEASE_NOTES = {"1.0.0": "Stories split at <|endoftext|> lines, trimmed, empty ones dropped."}
   BUILDER_CONFIGS = list(CONFIGS.values())
   DEFAULT_CONFIG_NAME = "v2"
+  manual_dir_hint: Path | None = None  # `prepare`'s manual directory, for messages
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
       f"Download the TinyStories text files from {URL}<file> and put them in "
       "<data dir>/manual/tiny_stories:\n"
@@ -134,16 +138,10 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
     paths = {split: manual / src["file"] for split, src in sources.items()}
     if missing := {split: URL + name for split, name in files.items() if split not in sources}:
       try:
-        probe(missing.values())  # fail in seconds, not after minutes of download retries
         paths.update(dl_manager.download(missing))
       except Exception as e:  # no network, 404, proxy ...
-        cfg, where = self.builder_config, manual or getattr(self, "manual_dir_hint", None)
-        raise DataError(
-            f"TinyStories {cfg.name} is not prepared and could not be downloaded "
-            f"({short_cause(e)}).\nFix: put {cfg.train_file} and {cfg.valid_file} (from "
-            f"{URL}<file>) in {where or '<data dir>/manual/tiny_stories'} "
-            "(config.data.manual_dir), or run once with network access; or use a ':smoke' "
-            "config (synthetic data, byte tokenizer), which needs no downloads.") from e
+        raise unavailable(self.builder_config, [files[split] for split in missing],
+                          manual or self.manual_dir_hint, e) from e
     # self.data_dir is TFDS's temporary directory here, renamed when complete: the record
     # appears together with the data.
     provenance.write_record(self.data_dir, {split: sources.get(split) for split in files})
@@ -152,6 +150,17 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(self, path):
     for i, story in enumerate(parse_stories(path)):
       yield i, {"text": story}
+
+
+def unavailable(cfg: TinyStoriesConfig, names: list[str], manual_dir, e: Exception) -> DataError:
+  """The one line for the release files `names`, absent from `manual_dir`, that could not be
+  downloaded either (`e`)."""
+  them = " and ".join(names)
+  return DataError(
+      f"TinyStories {cfg.name}: {them} {'is' if len(names) == 1 else 'are'} not in {manual_dir} "
+      f"and could not be downloaded ({short_cause(e)}); put {them} (from {URL}<file>) there "
+      "(config.data.manual_dir), or run once with network access, or use a ':smoke' config "
+      "(synthetic data, byte tokenizer), which needs no downloads")
 
 
 def probe(urls, timeout: float = 15.0) -> None:
@@ -164,6 +173,22 @@ def probe(urls, timeout: float = 15.0) -> None:
     raise ConnectionError(f"HTTP {r.status_code} for {url}")
 
 
+@contextlib.contextmanager
+def quiet():
+  """TFDS with nothing on the console: the "Downloading and preparing" line it prints even for
+  local files, its progress bars and its absl warnings (a variant directory it made itself)."""
+  absl_log = logging.getLogger("absl")
+  level = absl_log.level
+  absl_log.setLevel(logging.ERROR)
+  tfds.display_progress_bar(False)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      yield
+  finally:
+    tfds.display_progress_bar(True)
+    absl_log.setLevel(level)
+
+
 def builder(version: str, data_dir: str | os.PathLike) -> TinyStories:
   if version not in CONFIGS:
     raise ValueError(f"tinystories_version={version!r}: choose one of {sorted(CONFIGS)}")
@@ -172,23 +197,36 @@ def builder(version: str, data_dir: str | os.PathLike) -> TinyStories:
 
 def prepare(version: str, data_dir: str | os.PathLike,
             manual_dir: str | os.PathLike) -> TinyStories:
-  """The builder, prepared if needed (again if its manual files changed); DataError if fixable."""
+  """The builder, prepared if needed (again if its manual files changed); DataError if fixable.
+  TFDS says nothing unless it downloads (`quiet`); preparing from local files is one line."""
   b = builder(version, data_dir)
   manual_dir = Path(manual_dir)
   mode = tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS
-  if b.is_prepared():
+  with quiet():
+    prepared = b.is_prepared()
+  if prepared:
     stale = provenance.stale_reason(b.data_dir, b.builder_config.files, manual_dir)
     if not stale:
       return b
     log.warning("TinyStories %s: %s; preparing again", version, stale)
     mode = tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS  # new data, same downloads
+  files = b.builder_config.files
+  local = provenance.manual_sources(manual_dir, files)
+  if missing := [name for split, name in files.items() if split not in local]:
+    try:
+      probe(URL + name for name in missing)  # fail in seconds, not after minutes of retries
+    except Exception as e:  # no network, 404, proxy ...
+      raise unavailable(b.builder_config, missing, manual_dir, e) from e
+  else:
+    print(f"actlab: preparing TinyStories {version} from {manual_dir} into {data_dir} (once: "
+          "later runs read it from there)", file=sys.stderr)
   b.manual_dir_hint = manual_dir
-  log.info("preparing TinyStories %s under %s (manual dir %s)", version, data_dir, manual_dir)
   config = tfds.download.DownloadConfig(
       manual_dir=str(manual_dir), try_download_gcs=False, download_mode=mode,
       compute_stats=tfds.download.ComputeStatsMode.SKIP)
   try:
-    b.download_and_prepare(download_config=config)
+    with contextlib.nullcontext() if missing else quiet():
+      b.download_and_prepare(download_config=config)
   except Exception as e:
     cause, seen = e, set()  # TFDS may wrap the generator's DataError: raise that one
     while cause is not None and not isinstance(cause, DataError) and id(cause) not in seen:
