@@ -109,6 +109,19 @@ def test_workdir_that_is_a_file(tmp_path):
   assert (tmp_path / "taken").read_text() == "notes"
 
 
+def test_workdir_holding_other_files_is_refused_before_anything_is_written(tmp_path):
+  """The user's files are not mixed with a run's: a directory that holds them and no run is
+  refused in one line, untouched."""
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "notes.txt").write_text("notes")
+  with pytest.raises(errors.UserError) as raised:
+    train.run(tiny(), mine)
+  assert str(raised.value) == (f"--workdir {mine} holds no run but other files (notes.txt); give "
+                               "a new or empty directory, or a run's directory to resume it")
+  assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
 @pytest.fixture(scope="module")
 def decoder_run(tmp_path_factory):
   """A trained tiny decoder (10 steps, context 32, byte vocabulary of 257)."""

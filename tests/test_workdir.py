@@ -123,6 +123,47 @@ def test_workdir_that_is_a_file_is_refused(tmp_path):
   workdir.check_usable(tmp_path / "new" / "run")  # not there yet: fine
 
 
+def test_a_directory_of_other_files_is_refused_and_a_run_or_a_locked_one_is_not(tmp_path):
+  """A workdir that holds no run but the user's files is refused in one line; one that is new,
+  empty, only locked (a sweep's cell before its run starts, another host's `process_<i>/`) or
+  holds a run (its config.json or checkpoints, beside anything else) is taken."""
+  for name, made in [("new", []), ("empty", ["/"]), ("locked", [".lock", "process_1/.lock"]),
+                     ("run", ["config.json", "notes.txt"]), ("saved", ["checkpoints/5/", "x"])]:
+    for path in made:
+      (tmp_path / name / path).parent.mkdir(parents=True, exist_ok=True)
+      if not path.endswith("/"):
+        (tmp_path / name / path).write_text(json.dumps(tiny().to_dict()))
+    workdir.check_unused(tmp_path / name)
+  mine = tmp_path / "mine"
+  (mine / "data").mkdir(parents=True)
+  for name in ("notes.txt", "b.csv", "c.csv", ".lock"):
+    (mine / name).write_text("x")
+  with pytest.raises(workdir.WorkdirError) as refused:
+    workdir.check_unused(mine)
+  assert str(refused.value) == (f"--workdir {mine} holds no run but other files (b.csv, c.csv, "
+                                "data and 1 more); give a new or empty directory, or a run's "
+                                "directory to resume it")
+
+
+def test_another_config_is_named_by_the_fields_that_differ(tmp_path):
+  """Few differences are shown with their values; many (another run altogether) by the first
+  field names and a count; a config.json that is no run's is said to be none."""
+  run_dir = workdir.RunDir.open(tmp_path)
+  run_dir.write_config(tiny())
+  other = tiny(**{"model.d_model": 64, "model.num_layers": 2, "optim.lr": 1e-3,
+                  "train.steps": 70, "model.activation": "relu"})
+  with pytest.raises(workdir.WorkdirError) as refused:
+    run_dir.check_config(other)
+  assert str(refused.value) == (
+      f"{tmp_path} holds a run with a different config (5 fields: model.activation, "
+      "model.d_model, model.num_layers and 2 more); rerun with the same config to resume, or choose "
+      "another --workdir")
+  (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+  with pytest.raises(workdir.WorkdirError, match=r"config.json is not an actlab run's config \("
+                     r"it has no model and train sections\); choose another --workdir$"):
+    run_dir.check_config(tiny())
+
+
 def test_only_what_changes_the_math_identifies_a_run(tmp_path):
   c, run_dir = tiny(), workdir.RunDir.open(tmp_path)
   run_dir.write_config(c)

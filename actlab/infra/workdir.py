@@ -34,6 +34,14 @@ RUNTIME_FIELDS = ("parallel.", "sweep.", "train.progress", "train.keep_checkpoin
                   "data.manual_dir", "data.gpt2_dir")
 
 
+# What a run directory holds (docs/design.md §3.5; `curves.png`: actlab.report's plot of a run)
+# and `write_text`'s temporary files.
+RUN_FILES = (".lock", "config.json", "provenance.json", "metrics.jsonl", "tb", "wandb",
+             "checkpoints", "checkpoints.corrupt", "tokenizer", "summary.json", "curves.png")
+_FROM_A_RUN = re.compile("|".join(map(re.escape, RUN_FILES)) + r"|process_\d+|\..+\.tmp-.+")
+SHOWN_DIFFS = 3  # a config differing in more fields than this is named by its fields alone
+
+
 @dataclasses.dataclass(frozen=True)
 class RunDir:
   """A run directory: `root` holds the checkpoints every process shares; `logdir` is where this
@@ -75,12 +83,19 @@ class RunDir:
     if old is None:
       raise WorkdirError(f"{path} is unreadable; move it aside only if you know which config "
                          "this run used, or choose another --workdir")
+    if not {"model", "train"} <= old.keys():
+      raise WorkdirError(f"{path} is not an actlab run's config (it has no model and train "
+                         "sections); choose another --workdir")
     new = json.loads(config.to_json())
     # Compared as recorded (an absolute train.init_from and the relative one config.json holds
     # are the same run); the differences are shown as config.json holds them and as given.
     differ = {d.partition(": ")[0] for d in identity_diffs(recorded_paths(old, self.root),
                                                             recorded_paths(new, self.root))}
     diffs = [d for d in identity_diffs(old, new) if d.partition(": ")[0] in differ]
+    if len(diffs) > SHOWN_DIFFS:  # names only: another run altogether
+      names = [d.partition(": ")[0] for d in diffs]
+      diffs = [f"{len(names)} fields: {', '.join(names[:SHOWN_DIFFS])} and "
+               f"{len(names) - SHOWN_DIFFS} more"]
     if diffs:
       raise WorkdirError(f"{self.logdir} holds a run with a different config ({'; '.join(diffs)}); "
                          "rerun with the same config to resume, or choose another --workdir")
@@ -101,6 +116,19 @@ def run_config(workdir: pathlib.Path) -> dict | None:
   # Recorded relative to the run directory (`recorded_config`).
   return map_data_paths(with_added_fields(config),
                         lambda path: os.path.normpath(os.path.join(os.path.abspath(workdir), path)))
+
+
+def check_unused(workdir: pathlib.Path) -> None:
+  """Refuses a `--workdir` that holds no run (`is_run`) but holds what a run does not write
+  (`RUN_FILES`): the user's files, which a run would mix with its own. A directory a run has only
+  locked so far (a sweep's cell) is unused."""
+  if not workdir.is_dir() or is_run(workdir):
+    return
+  foreign = sorted(p.name for p in workdir.iterdir() if not _FROM_A_RUN.fullmatch(p.name))
+  if foreign:
+    named = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    raise WorkdirError(f"--workdir {workdir} holds no run but other files ({named}); give a new "
+                       "or empty directory, or a run's directory to resume it")
 
 
 def is_run(path: pathlib.Path) -> bool:

@@ -2,9 +2,10 @@
 config that differ only in `optim.lr` and `train.seed` as one program (`loop.Program`; a
 sweep's `sweep.vectorize`), each in its own workdir. One run takes the same path.
 
-Everything that can refuse a run (config, devices, data, `train.init_from`, the workdirs' configs
-and owners) is checked before anything is written. A finished run returns its summary without
-touching its files. Runs resume from their latest intact checkpoint (infra/checkpoint.py), exactly.
+Everything that can refuse a run (config, devices, data, `train.init_from`, the workdirs' configs,
+contents and owners) is checked before anything is written. A finished run returns its summary
+without touching its files. Runs resume from their latest intact checkpoint (infra/checkpoint.py),
+exactly.
 """
 
 import contextlib
@@ -66,6 +67,7 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
       raise workdir_lib.WorkdirError(f"--workdir {r.root} is a sweep directory (sweep.json); give "
                                      "the run a directory of its own, or continue the sweep with "
                                      "actlab.sweep")
+    workdir_lib.check_unused(r.root)
   compile_cache.enable(configs[0].train.compile_cache)
   with compile_cache.tally(compiled) as compiles, fewer_collections():
     return _run_group(configs, run_dirs, cache, log, compiles, began, then)
