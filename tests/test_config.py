@@ -250,7 +250,8 @@ def test_command_line_overrides():
     ("data.seq_len", 64, "data.seq_len=64 is longer than model.max_len=32"),
     ("model.norm", "sandwich", "model.norm='sandwich': choose 'pre' or 'post'"),
     ("data.tokenizer", "bpe:abc", "data.tokenizer: unknown tokenizer 'bpe:abc'; choose"),
-    ("optim.warmup_steps", 50, "optim.warmup_steps=50 must be >= 0 and < train.steps=50"),
+    ("optim.warmup_steps", 50, "optim.warmup_steps=50 must be >= 0 and < train.steps=50: set "
+                               "--config.optim.warmup_steps=5 (a tenth of the steps)"),
 ])
 def test_validate_gives_one_readable_line(field, value, message):
   c = tiny(**{field: value})
@@ -505,7 +506,8 @@ def test_activation_fields_list_the_names_of_the_registry():
 @pytest.mark.slow
 def test_python_m_actlab_config_prints_the_config_a_file_resolves_to():
   """`python -m actlab.config --config=FILE:arg --config.<field>=...` prints that config as JSON
-  (as a run's config.json holds it); a field that does not exist is one line."""
+  (as a run's config.json holds it), as does `python -m actlab.config FILE:arg ...`; a field that
+  does not exist, a variant that does not, or a file given twice is one line."""
   cli = lambda *args: subprocess.run([sys.executable, "-m", "actlab.config", *args], cwd=REPO,
                                      capture_output=True, text=True, timeout=120)
   args = [f"--config={REPO / REFERENCE}:smoke", "--config.optim.lr=0.002"]
@@ -516,3 +518,11 @@ def test_python_m_actlab_config_prints_the_config_a_file_resolves_to():
   bad = cli(f"--config={REFERENCE}", "--config.optim.lrr=0.002")
   assert bad.returncode == 2 and bad.stdout == "" and bad.stderr == (
       "error: --config.optim.lrr: optim has no field 'lrr'; did you mean 'optim.lr'?\n")
+  given = cli(f"{REPO / REFERENCE}:smoke", "--config.optim.lr=0.002")  # FILE[:arg] positional
+  assert given.returncode == 0 and json.loads(given.stdout) == printed, given.stderr
+  for args, error in [([f"{REFERENCE}:smol"], "unknown config variant 'smol'; choose one of: "),
+                      ([REFERENCE, f"--config={REFERENCE}"], f"a config file twice: {REFERENCE} "
+                                                             "and --config; give one")]:
+    bad = cli(*args)
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.startswith(f"error: {error}")
+    assert bad.stderr.count("\n") == 1, bad.stderr

@@ -38,7 +38,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
         f"model.ffn='plain' with model.activation={m.activation!r}, a gated (GLU) name: use its "
         f"plain activation ({activations.GATE_BASE.get(m.activation)!r}) or model.ffn='gated'")
   check(0 <= o.warmup_steps < t.steps,
-        f"optim.warmup_steps={o.warmup_steps} must be >= 0 and < train.steps={t.steps}")
+        f"optim.warmup_steps={o.warmup_steps} must be >= 0 and < train.steps={t.steps}: set "
+        f"--config.optim.warmup_steps={t.steps // 10} (a tenth of the steps) or another value "
+        "below train.steps")
   check(not (o.clip_norm and o.spike_clip),
         f"optim.clip_norm={o.clip_norm} and optim.spike_clip={o.spike_clip}: one clipping at a "
         "time; set the other to 0")
