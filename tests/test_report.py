@@ -807,3 +807,23 @@ def test_the_reports_command_names_paths_below_the_working_directory_relatively(
   assert report.relative(tmp_path / "results" / "study") == "results/study"
   assert report.relative("results/study") == "results/study"
   assert report.relative(tmp_path.parent / "other") == str(tmp_path.parent / "other")
+
+
+def test_one_run_directory_gets_its_curves_drawn_into_it(tmp_path, capsys):
+  """`python -m actlab.report <run dir>`: the run's train and val loss and gradient norm against
+  the step, drawn into `<run>/curves.png` and named on the console; a run with no row yet is one
+  line."""
+  run = tmp_path / "run"
+  _fake_sweep(tmp_path, np.random.default_rng(7), acts=("relu",), manifest=False)
+  (tmp_path / _name("relu", 1e-3, 0)).rename(run)
+  line = (f"wrote {run / 'curves.png'}: train and val loss and gradient norm to step 100 "
+          "(stable)")
+  assert report.write_run(run) == line
+  (run / "curves.png").unlink()
+  assert report.main(["actlab.report", str(run)]) == 0  # the command's: it takes a run directory
+  assert capsys.readouterr().out == line + "\n"
+  assert (run / "curves.png").read_bytes().startswith(b"\x89PNG")
+  (run / "metrics.jsonl").write_text("")
+  with pytest.raises(UserError, match=rf"^{re.escape(str(run))} has logged no loss or gradient "
+                     r"norm yet \(metrics.jsonl\): nothing to draw$"):
+    report.write_run(run)

@@ -1,8 +1,9 @@
 """Sweep directories → `report.md`, `runs.csv` and `plots/*.png` (`python -m actlab.report
 --help`; `--no-plots` for a report committed beside its runs, whose plots/ is not kept; what the
 report holds: docs/sweeps.md, "The report"; each number: docs/metrics.md §8,
-§9). This module assembles and writes the files; `load` reads the sweeps, `tables` writes the
-markdown, `plots` draws, `to_csv` writes runs.csv; `stats` and `comparisons` compute the numbers."""
+§9); one run directory → its curves, `curves.png` (`write_run`). This module assembles and writes
+the files; `load` reads the sweeps, `tables` writes the markdown, `plots` draws, `to_csv` writes
+runs.csv; `stats` and `comparisons` compute the numbers."""
 
 import argparse
 import pathlib
@@ -10,7 +11,7 @@ import shutil
 import sys
 from typing import Sequence
 
-from actlab.infra import workdir
+from actlab.infra import metrics_log, workdir
 from actlab.infra.errors import UserError, reported
 from actlab.report import load as report_load
 from actlab.report import stats
@@ -100,6 +101,23 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
   return path
 
 
+def write_run(run) -> str:
+  """Draws the curves of the run directory `run` (`plots.plot_run`) into `<run>/curves.png`;
+  returns a line saying what it drew."""
+  from actlab.report import plots as report_plots  # matplotlib: see `write`
+  run = pathlib.Path(run)
+  rows, torn = metrics_log.read_rows(run / "metrics.jsonl")
+  summary = workdir.read_summary(run, warn=False)
+  status = summary["status"] if summary else "not finished"
+  path = run / "curves.png"
+  if not report_plots.plot_run(rows, f"{run.name} ({status})", path):
+    raise UserError(f"{run} has logged no loss or gradient norm yet (metrics.jsonl): nothing to "
+                    "draw")
+  skipped = f"; {torn} unreadable line(s) of metrics.jsonl skipped" if torn else ""
+  return (f"wrote {path}: train and val loss and gradient norm to step {rows[-1]['step']} "
+          f"({status}){skipped}")
+
+
 ARCHIVED = ("config.json", "summary.json", "metrics.jsonl")  # what a report reads of a run
 
 
@@ -124,9 +142,11 @@ def archive(root, out) -> pathlib.Path:
 
 def main(argv: Sequence[str]) -> int:
   parser = argparse.ArgumentParser(prog="python -m actlab.report", description="Sweep "
-                                   "directories → report.md, runs.csv and plots/.")
+                                   "directories → report.md, runs.csv and plots/; one run "
+                                   "directory → its curves, curves.png.")
   parser.add_argument("workdirs", nargs="+", help="the sweeps' --workdir: one, or several to "
-                      "merge into one report (each run counted once)")
+                      "merge into one report (each run counted once); or one run's --workdir "
+                      "(actlab.main), whose loss and gradient norm are drawn into it")
   parser.add_argument("--out", help="where the report goes (default: the only sweep directory; "
                       "required with several)")
   parser.add_argument("--baseline", help="the activation the others are compared against "
@@ -142,6 +162,9 @@ def main(argv: Sequence[str]) -> int:
                       "whose plots/ the repository does not keep")
   args = parser.parse_args(argv[1:])
   with reported():
+    if len(args.workdirs) == 1 and workdir.is_run(pathlib.Path(args.workdirs[0])):
+      print(write_run(args.workdirs[0]))
+      return 0
     if args.archive and len(args.workdirs) > 1:
       raise UserError("--archive takes one sweep directory")
     roots = [archive(args.workdirs[0], args.archive)] if args.archive else args.workdirs

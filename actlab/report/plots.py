@@ -1,6 +1,7 @@
 """The sweep report's plots (`write`; docs/metrics.md §9): val loss vs LR, the forest plot, the
 curves of `CURVES` and the per-layer statistics, drawing what `actlab.report.series` computes.
-One colour (and line style) per combination of the axes but the LR and the seed, in every plot."""
+One colour (and line style) per combination of the axes but the LR and the seed, in every plot.
+`plot_run` draws one run's curves (`python -m actlab.report <run dir>`)."""
 
 import math
 import pathlib
@@ -165,6 +166,40 @@ def plot_forest(manifest, runs, path: pathlib.Path) -> bool:
   ax.set_xlabel("final val loss (nats)")
   ax.set_title("Final val loss: mean and 95% t interval over seeds (best first)", fontsize=9)
   return _save(fig, [ax], path)
+
+
+def plot_run(rows: list[dict], title: str, path: pathlib.Path) -> bool:
+  """One run's curves from its metrics.jsonl `rows`: train and val loss in one panel, the
+  gradient norm and its largest since the previous row (log y) in another, against the step;
+  False where it logged no loss or gradient norm."""
+  def points(key):
+    """The steps and values of `key`'s finite values."""
+    pairs = [(r["step"], r[key]) for r in rows
+             if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return [step for step, _ in pairs], [value for _, value in pairs]
+
+  (train_x, train_y), (val_x, val_y), (grad_x, grad_y), (max_x, max_y) = map(
+      points, ("train_loss", "val_loss", "grad_norm", "grad_norm_max"))
+  if not (train_x or val_x or grad_x):
+    return False
+  matplotlib.use("Agg")
+  fig, (loss, grad) = plt.subplots(1, 2, figsize=(9, 3.6))
+  loss.plot(train_x, train_y, lw=1.2, label="train loss")
+  loss.plot(val_x, val_y, marker="o", ms=3, lw=1.2, label="val loss")
+  loss.set_xlabel("step")
+  loss.set_ylabel("loss (nats)")
+  grad.plot(grad_x, grad_y, lw=1, color="C2", label="grad norm (before clipping)")
+  grad.plot(max_x, max_y, lw=0.8, ls="--", color="C3", label="its largest since the last row")
+  grad.set_xlabel("step")
+  grad.set_yscale("log")
+  for ax in (loss, grad):
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
 
 
 CURVES = [  # (file, metrics key, y label, log y always (else by the data))
