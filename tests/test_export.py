@@ -110,9 +110,9 @@ def test_what_bert_cannot_express_is_one_line():
                             "bert", "classify", 300, 3)
 
 
-def test_the_named_family_is_written_and_another_refused_in_one_line():
-  """The family named (`--family`) is the class written; any other is refused in one line that
-  names the family to pass: the family is never chosen for the run."""
+def test_the_family_the_run_is_is_written_and_another_named_refused_in_one_line():
+  """The run's config decides the class written (no family named), and the same when it is named
+  (`--family`); any other named is refused in one line that names the family the run is."""
   llama = config_lib.BLOCKS["llama"]
   runs = {"gpt2": ("causal_lm", tiny()), "bert": ("mlm", tiny_encoder("mlm")),
           "llama": ("causal_lm", tiny("silu", **llama)),
@@ -121,13 +121,14 @@ def test_the_named_family_is_written_and_another_refused_in_one_line():
   assert set(runs) == set(mapping.FAMILIES)
   for family, (task, c) in runs.items():
     cls = mapping.FAMILIES[family].classes[task]
-    fields = hf_checkpoint.hf_config(c, family, task, V, 256)
-    assert (fields["model_type"], fields["architectures"]) == (family, [cls])
+    for named in (None, family):
+      fields = hf_checkpoint.hf_config(c, named, task, V, 256)
+      assert (fields["model_type"], fields["architectures"]) == (family, [cls])
     for other in set(runs) - {family}:
       with pytest.raises(errors.UserError) as refused:
         hf_checkpoint.hf_config(c, other, task, V, 256)
       assert str(refused.value) == (f"export: --family={other}: this run's model is {family}'s "
-                                    f"({cls}); pass --family={family}")
+                                    f"({cls}); pass --family={family}, or no --family")
 
 
 def actlab_tokenizers(tmp_path):
@@ -175,7 +176,7 @@ NO_TORCH = ("import runpy, sys; sys.modules['torch'] = None; "
             "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
 
 
-def export_cli(workdir, out, family="gpt2"):
+def export_cli(workdir, out, family=None):
   """The export CLI, without torch (`family` None: no --family)."""
   return subprocess.run([sys.executable, "-c", NO_TORCH, "actlab.hf.export", f"--workdir={workdir}",
                          f"--out={out}", *([f"--family={family}"] if family else [])], cwd=REPO,
@@ -241,16 +242,12 @@ def test_export_cli_refuses_what_gpt2_cannot_express_in_one_line(trained, tmp_pa
 
 @pytest.mark.slow
 def test_export_cli_refuses_a_family_the_run_is_not_in_one_line(trained, tmp_path):
-  """A GPT-2-block run named `--family=llama`, or no family at all: one line, exit code 2, nothing
-  written; the line says what to pass."""
+  """A GPT-2-block run named `--family=llama`: one line, exit code 2, nothing written; the line
+  says what to pass (without --family the run is written as gpt2: `exported`)."""
   refused = export_cli(trained, tmp_path / "hf", "llama")
   assert refused.returncode == 2 and refused.stderr.strip() == (
       "error: export: --family=llama: this run's model is gpt2's (GPT2LMHeadModel); pass "
-      "--family=gpt2"), refused.stderr
-  missing = export_cli(trained, tmp_path / "hf", None)
-  assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
-  assert missing.stderr.startswith("error: flag --family=None: --family is required"), \
-      missing.stderr
+      "--family=gpt2, or no --family"), refused.stderr
   assert not (tmp_path / "hf").exists()
 
 
@@ -301,7 +298,7 @@ def test_export_says_which_step_of_how_many_and_may_redo_its_own_output(trained,
   for workdir, step, state, status in [(unfinished, every, " (unfinished)", None),
                                        (trained, steps, "", summary["status"]),
                                        (diverged, steps, " (diverged)", "diverged")]:
-    line = export.write(workdir, out, "gpt2")
+    line = export.write(workdir, out)
     assert f"from {workdir} step {step} of {steps}{state}, tokenizer" in line
     assert json.loads((out / "config.json").read_text())["actlab"] == {
         "exported_from": os.path.relpath(workdir, out), "step": step, "steps": steps,

@@ -1,10 +1,10 @@
 """A Hugging Face model directory (`config.json` + weights) against an actlab config, both ways
-(docs/huggingface.md): `write` exports a run's model as the family it is told (mapping.FAMILIES:
-GPT-2, BERT, Llama, Arcee, Qwen3) for `from_pretrained`, `read` checks and loads one for
-`train.init_from=hf:DIR` as the family its config.json names (`model_type`). A family the run's
-model is not, or what cannot map, is refused in one line (`UserError`) that says which family the
-model is, or why it is none (`model_family`). No torch needed (except for an old
-pytorch_model.bin): weights go through `safetensors.numpy`.
+(docs/huggingface.md): `write` exports a run's model as the family it is (mapping.FAMILIES:
+GPT-2, BERT, Llama, Arcee, Qwen3; at most one fits a model) for `from_pretrained`, `read` checks
+and loads one for `train.init_from=hf:DIR` as the family its config.json names (`model_type`). A
+family named that the run's model is not, or what cannot map, is refused in one line
+(`UserError`) that says which family the model is, or why it is none (`model_family`). No torch
+needed (except for an old pytorch_model.bin): weights go through `safetensors.numpy`.
 """
 
 import json
@@ -69,7 +69,7 @@ def families(task: str) -> list[str]:
 def model_family(config, task: str, named: str | None) -> tuple[str, str | None]:
   """The family whose model the config's (of `task`) is, and None (at most one is: their models
   differ); else the family nearest it (`named` first among those of its block) and why the model
-  is not that one's. To check a family named against, never to choose one."""
+  is not that one's."""
   fit = [name for name in families(task) if _unlike(config, name, task) is None]
   if fit:
     return fit[0], None
@@ -140,15 +140,16 @@ def width(config) -> int:
   return ffn_width(m.activation, m.d_ff, m.gated_match_params, m.ffn)
 
 
-def hf_config(config, family: str, task: str, vocab_size: int, eot_id: int) -> dict:
-  """The `config.json` fields of the run's model (of `task`) as `family`, once it is that
-  family's (`model_family`; `vocab_size`: the tokenizer's, unpadded)."""
+def hf_config(config, family: str | None, task: str, vocab_size: int, eot_id: int) -> dict:
+  """The `config.json` fields of the run's model (of `task`) as the family it is
+  (`model_family`), which `family`, if given, must be (`vocab_size`: the tokenizer's, unpadded)."""
   fit, why = model_family(config, task, family)
   if why:
     raise UserError(f"export: {why}")
-  if fit != family:
+  if family not in (None, fit):
     raise UserError(f"export: --family={family}: this run's model is {fit}'s "
-                    f"({FAMILIES[fit].classes[task]}); pass --family={fit}")
+                    f"({FAMILIES[fit].classes[task]}); pass --family={fit}, or no --family")
+  family = fit
   m, cls, act = config.model, FAMILIES[family].classes[task], function(config.model.activation)
   if act not in ACTIVATIONS:
     raise UserError(f"export: transformers has no activation equal to actlab's {act!r}; use one "
@@ -173,16 +174,16 @@ def hf_config(config, family: str, task: str, vocab_size: int, eot_id: int) -> d
           **({"use_sliding_window": False} if family == "qwen3" else {"mlp_bias": False})}
 
 
-def write(directory: pathlib.Path, config, family: str, task: str, params, vocab_size: int,
-          eot_id: int, run: dict) -> str:
+def write(directory: pathlib.Path, config, family: str | None, task: str, params,
+          vocab_size: int, eot_id: int, run: dict) -> str:
   """`config.json` (with `run` as its `EXPORTED` entry), then `model.safetensors` of the run's
-  model as `family` in `directory`: an interrupted export is still recognised as an export's.
-  Returns the transformers class written."""
+  model as the family it is (`hf_config`: `family`, if given, must be it) in `directory`: an
+  interrupted export is still recognised as an export's. Returns the transformers class written."""
   import transformers
   from safetensors.numpy import save_file
 
   fields = hf_config(config, family, task, vocab_size, eot_id)
-  cls = fields["architectures"][0]
+  cls, family = fields["architectures"][0], fields["model_type"]
   try:
     hf_model_config = transformers.AutoConfig.for_model(**fields, **{EXPORTED: run})
   except (KeyError, ValueError) as e:  # a transformers older than the class

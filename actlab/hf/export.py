@@ -1,14 +1,15 @@
 """Writes a trained run as a Hugging Face model directory (`config.json`, `model.safetensors`, the
 tokenizer's files) that `transformers` loads with `from_pretrained` (docs/huggingface.md).
 
-  python -m actlab.hf.export --workdir=runs/gelu --out=hf/gelu --family=gpt2
-  # or write(workdir, out, family)
+  python -m actlab.hf.export --workdir=runs/gelu --out=hf/gelu
+  # or write(workdir, out)
 
-`--family` names the transformers family to write (mapping.FAMILIES): `gpt2` (a decoder with
-GPT-2's block: `GPT2LMHeadModel`), `llama`, `arcee` or `qwen3` (the LLaMA-style block:
-`LlamaForCausalLM`, `ArceeForCausalLM`, `Qwen3ForCausalLM`), `bert` (an encoder:
-`BertForMaskedLM` or `BertForSequenceClassification`). A family the run's model is not, and what
-the family cannot express, is refused in one line (checkpoint.py). Needs the `hf` extra (no
+The run's config.json decides the transformers family written (mapping.FAMILIES): `gpt2` (a
+decoder with GPT-2's block: `GPT2LMHeadModel`), `llama`, `arcee` or `qwen3` (the LLaMA-style
+block: `LlamaForCausalLM`, `ArceeForCausalLM`, `Qwen3ForCausalLM`), `bert` (an encoder:
+`BertForMaskedLM` or `BertForSequenceClassification`). `--family`, optional, is a check: a
+family the run's model is not is refused in one line, as is what no family can express
+(checkpoint.py). Needs the `hf` extra (no
 torch): pip install -e ".[hf]".
 """
 
@@ -42,9 +43,9 @@ def check_out(out: pathlib.Path) -> None:
                            "new or empty directory, or one an earlier export wrote")
 
 
-def write(workdir: pathlib.Path, out: pathlib.Path, family: str) -> str:
-  """Writes the run in `workdir` into `out` (`check_out`) as `family`; returns a line saying what
-  it wrote."""
+def write(workdir: pathlib.Path, out: pathlib.Path, family: str | None = None) -> str:
+  """Writes the run in `workdir` into `out` (`check_out`) as the family its model is (`family`,
+  if given, must be it); returns a line saying what it wrote."""
   missing = [m for m in ("transformers", "safetensors", "tokenizers")
              if importlib.util.find_spec(m) is None]
   if missing:
@@ -78,7 +79,8 @@ if __name__ == "__main__":
   flags.DEFINE_string("out", None, "Directory to write the Hugging Face model into: new, empty, "
                       "or one an earlier export wrote.")
   classes = "; ".join(f"{name} ({', '.join(f.classes.values())})" for name, f in FAMILIES.items())
-  flags.DEFINE_enum("family", None, list(FAMILIES), "The transformers family to write the run as, "
-                    f"the one its model is: {classes}.")
-  errors.require("workdir", "out", "family")
+  flags.DEFINE_enum("family", None, list(FAMILIES), "Optional: the transformers family the "
+                    "run's model must be (its config.json decides it; another is refused): "
+                    f"{classes}.")
+  errors.require("workdir", "out")
   errors.run(main)
