@@ -80,23 +80,38 @@ def began(a: Asked) -> bool:
   return any(p.is_dir() for d in a.dirs("pilot") if d.is_dir() for p in d.iterdir())
 
 
+def changes(frozen: dict, decl: dict) -> list[str]:
+  """How `decl` differs from a frozen declaration; a config field the frozen one predates counts
+  at its value of then (workdir.ADDED_FIELDS), as a run directory's config.json does."""
+  added = {f"{section}.{field}": v for (section, field), v in workdir_lib.ADDED_FIELDS.items()}
+  cells = {cell: {**{k: added[k] for k in decl["cells"].get(cell, {})
+                     if k in added and k not in fields}, **fields}
+           for cell, fields in frozen["cells"].items()}
+  return workdir_lib.diff_configs({**frozen, "cells": cells}, decl)
+
+
 def freeze(a: Asked, log=print) -> dict:
-  """The frozen declaration, written to `question.json` where there is none (or, before any run,
-  anew where it changed); a UserError naming what changed where the pilot has begun."""
+  """The frozen declaration (`question.json`), written where there is none, and anew where the
+  question changed before any run; a UserError naming what changed where its pilot has begun,
+  or where `question.json` is unreadable."""
   path, decl = a.root / "question.json", declaration(a.q)
-  frozen, now = workdir_lib.read_json(path), digest(decl)
-  if frozen is not None and frozen.get("hash") == now:
+  frozen = workdir_lib.read_json(path)
+  if frozen is None and path.exists():
+    raise errors.UserError(f"{path} is unreadable: the question's declaration cannot be checked; "
+                           "restore it from where you keep it, or ask in another --workdir")
+  changed = changes(frozen["declaration"], decl) if frozen else []
+  if frozen is not None and not changed:
     return frozen
-  if frozen is not None and began(a):
-    changed = workdir_lib.diff_configs(frozen["declaration"], decl)
+  if changed and began(a):
     raise errors.UserError(
         f"{a.root}: the question changed after its pilot began ({'; '.join(changed[:3])}"
         f"{'; …' if len(changed) > 3 else ''}); restore it as declared on {frozen['time']} "
         f"(hash {frozen['hash']}), or ask the new one in another --workdir")
-  if frozen is not None:
-    log(f"ask: the declaration changed before any run; frozen anew ({frozen['hash']} → {now})")
-  record = {"question": a.spec, "hash": now, "commit": commit(), "time": workdir_lib.now(),
-            "declaration": decl}
+  record = {"question": a.spec, "hash": digest(decl), "commit": commit(),
+            "time": workdir_lib.now(), "declaration": decl}
+  if changed:
+    log(f"ask: the question changed before any run ({changed[0]}); frozen anew "
+        f"({frozen['hash']} → {record['hash']})")
   a.root.mkdir(parents=True, exist_ok=True)
   workdir_lib.write_json(path, record)
   return record

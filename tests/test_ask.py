@@ -158,3 +158,21 @@ def test_the_retest_keeps_every_lr_family_1_chose():
   chosen = Q.choose(retest.q, retest.runs("pilot"))["lr"]
   assert chosen == {c: Q.choose(page.q, page.runs("pilot"))["lr"][c] for c in retest.q.cells}
   assert not any(math.isnan(lr) for lr in chosen.values())
+
+
+def test_a_field_added_since_the_declaration_is_no_change_at_its_old_value():
+  frozen = {"cells": {"relu": {"model.activation": "relu"}}, "design": {"margins": [0.1]}}
+  at = lambda spike: {"cells": {"relu": {"model.activation": "relu", "optim.spike_clip": spike}},
+                      "design": {"margins": [0.1]}}
+  assert ask.changes(frozen, at(0.0)) == []  # what every run did before the field existed
+  assert ask.changes(frozen, at(10.0)) == ["cells.relu.optim.spike_clip: 0.0 → 10.0"]
+
+
+@pytest.mark.slow
+def test_an_unreadable_declaration_is_refused_not_frozen_anew(answered, tmp_path):
+  a, _, _ = answered
+  torn = tmp_path / "q"
+  torn.mkdir()
+  (torn / "question.json").write_text('{"question": "x", "hash"')
+  with pytest.raises(UserError, match="question.json is unreadable"):
+    ask.freeze(ask.Asked(a.spec, a.q, torn))
