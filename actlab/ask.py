@@ -8,8 +8,10 @@ writes the verdict table and one figure from the run directories alone."""
 import dataclasses
 import hashlib
 import json
+import fnmatch
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -35,12 +37,27 @@ class Asked:
   workers: int = 1                         # as actlab.sweep's --workers, --shard
   shard: tuple[int, int] = (0, 1)
   settings: dict = dataclasses.field(default_factory=dict)  # runtime fields for every run
+  cells: str = ""                          # globs, comma-separated: train only these cells
+
+  @property
+  def mine(self) -> list[str]:
+    """The cells this command trains (all, or those a glob of `cells` matches)."""
+    globs = self.cells.split(",") if self.cells else ["*"]
+    return [c for c in self.q.cells if any(fnmatch.fnmatchcase(c, g) for g in globs)]
+
+  def stage_dir(self, stage: str) -> pathlib.Path:
+    """Where this command trains `stage`: `<stage>/`, or `<stage>-<glob>/` for some cells."""
+    return self.root / (stage + (f"-{re.sub(r'[^A-Za-z0-9_.-]', '', self.cells)}"
+                                 if self.cells else ""))
 
   def dirs(self, stage: str) -> list[pathlib.Path]:
-    """Where the runs of `stage` ("pilot", which includes the edge, or "fresh") are."""
+    """Where the runs of `stage` ("pilot", which includes the edge, or "fresh") are: every
+    directory of that stage, whichever cells trained into it."""
     if self.q.runs:
       return [self.root / d for d in self.q.runs.get(stage, ())]
-    return [self.root / s for s in (("pilot", "edge") if stage == "pilot" else (stage,))]
+    stages = ("pilot", "edge") if stage == "pilot" else (stage,)
+    return sorted(d for s in stages for d in (self.root / s, *self.root.glob(f"{s}-*"))
+                  if d.is_dir())
 
   def runs(self, stage: str) -> dict:
     return Q.cell_runs(self.q, self.dirs(stage))
@@ -119,44 +136,45 @@ def freeze(a: Asked, log=print) -> dict:
 
 # --- The stages as sweeps
 
-def stage_sweep(q: Q.Question, stage: str, lrs: dict | None = None,
-                cell_n: dict | None = None) -> dict:
-  """A stage as a sweep file's dict, its cells an axis `arm` (grid.ARM_KEY): the pilot every
-  cell × the pilot's LRs × its seeds; the edge each cell of `lrs` at that LR on the pilot's
-  seeds; the fresh seeds each cell at its LR (`lrs`) on its first `cell_n` fresh seeds."""
-  arm = lambda cells, extra: {grid.ARM_KEY: {c: {**q.cells[c], **extra(c)} for c in cells}}
+def stage_sweep(q: Q.Question, stage: str, lrs: dict) -> dict:
+  """A stage as a sweep file's dict, its cells an axis `arm` (grid.ARM_KEY) with their fields:
+  the pilot each cell of `lrs` (cell -> None) × the pilot's LRs × its seeds; the edge each cell of
+  `lrs` at that LR on the pilot's seeds; the fresh seeds each cell of `lrs` (cell -> (LR, n)) at
+  its LR on its first n fresh seeds."""
+  arm = lambda extra: {grid.ARM_KEY: {c: {**q.cells[c], **extra(c)} for c in lrs}}
   if stage == "pilot":
-    return {"axes": {grid.ARM_KEY: list(q.cells), Q.LR: list(q.pilot.lrs)},
-            "seeds": list(q.pilot.seeds), "fixed": dict(q.fixed),
-            "fixed_by": arm(q.cells, lambda c: {})}
+    return {"axes": {grid.ARM_KEY: list(lrs), Q.LR: list(q.pilot.lrs)},
+            "seeds": list(q.pilot.seeds), "fixed": dict(q.fixed), "fixed_by": arm(lambda c: {})}
   if stage == "edge":
     return {"axes": {grid.ARM_KEY: list(lrs)}, "seeds": list(q.pilot.seeds),
-            "fixed": dict(q.fixed), "fixed_by": arm(lrs, lambda c: {Q.LR: lrs[c]})}
-  most = max(cell_n.values())
-  return {"axes": {grid.ARM_KEY: list(cell_n)}, "seeds": Q.fresh_seeds(q, most),
-          "fixed": dict(q.fixed), "fixed_by": arm(cell_n, lambda c: {Q.LR: lrs[c]}),
-          "exclude": [{grid.ARM_KEY: c, grid.SEED_KEY: s} for c, n in cell_n.items()
-                      for s in Q.fresh_seeds(q, most)[n:]]}
+            "fixed": dict(q.fixed), "fixed_by": arm(lambda c: {Q.LR: lrs[c]})}
+  seeds = Q.fresh_seeds(q, max(n for _, n in lrs.values()))
+  return {"axes": {grid.ARM_KEY: list(lrs)}, "seeds": seeds, "fixed": dict(q.fixed),
+          "fixed_by": arm(lambda c: {Q.LR: lrs[c][0]}),
+          "exclude": [{grid.ARM_KEY: c, grid.SEED_KEY: s} for c, (_, n) in lrs.items()
+                      for s in seeds[n:]]}
 
 
 def train(a: Asked, stage: str, sweep: dict, log=print) -> None:
   """Trains `stage`: its sweep (written beside its directory) with this command's --workers,
   --shard and --set, in this process for one worker (as `actlab.sweep` would), else as
   `python -m actlab.sweep --workers=N`, whose failure ends this command with its exit code."""
-  spec = a.root / f"{stage}.sweep.json"
+  where = a.stage_dir(stage)
+  spec = where.with_name(f"{where.name}.sweep.json")
+  a.root.mkdir(parents=True, exist_ok=True)
   workdir_lib.write_json(spec, sweep)
   base = Q.base_config(a.q)
-  log(f"ask: {stage}: {len(grid.cells(base, grid.parse(sweep)))} runs → {a.root / stage}")
+  log(f"ask: {stage}: {len(grid.cells(base, grid.parse(sweep)))} runs → {where}")
   if a.workers == 1:
     from actlab import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
     from actlab.infra import parallel  # pylint: disable=import-outside-toplevel
     base = config_lib.override(base, a.settings)
     parallel.initialize(base)
-    sweep_lib.run(base, str(spec), a.root / stage, log=log, shard=a.shard,
+    sweep_lib.run(base, str(spec), where, log=log, shard=a.shard,
                   overridden=list(a.settings), cache=COMPILED)
     return
   command = [sys.executable, "-m", "actlab.sweep", f"--config={a.q.config}", f"--sweep={spec}",
-             f"--workdir={a.root / stage}", f"--workers={a.workers}",
+             f"--workdir={where}", f"--workers={a.workers}",
              f"--shard={a.shard[0]}/{a.shard[1]}",
              *(f"--config.{k}={str(v).lower() if isinstance(v, bool) else v}"
                for k, v in a.settings.items())]
@@ -181,37 +199,42 @@ def settings(text: str) -> dict:
 
 
 def run(a: Asked, log=print) -> None:
-  """Every stage, each resumed where it stopped: the pilot, the step past an edge for the cells
-  whose best LR sits there, the fresh seeds at the chosen LRs and n; then the report."""
+  """Every stage for this command's cells, each resumed where it stopped: the pilot, the step past
+  an edge where a cell's best LR sits there, then (once every cell's pilot is in, wherever it was
+  trained) the fresh seeds at the chosen LRs and n; then the report."""
   if a.q.runs or a.q.by_cell and any("pilot" in own for own in a.q.by_cell.values()):
     raise errors.UserError(f"question {a.q.name}: its runs were made before actlab.ask (`runs`) "
                            "or its cells have pilots of their own: `report` reads it, `run` "
                            "trains only questions with one pilot and no `runs`")
+  if not a.mine:
+    raise errors.UserError(f"--cells={a.cells}: no cell matches; the cells: {', '.join(a.q.cells)}")
   freeze(a, log)
-  train(a, "pilot", stage_sweep(a.q, "pilot"), log)
-  chosen = waiting(a, "pilot", log)
-  if chosen is None:
+  train(a, "pilot", stage_sweep(a.q, "pilot", dict.fromkeys(a.mine)), log)
+  found = lambda: {c: Q.choice(a.q, c, a.runs("pilot").get(c, {})) for c in a.mine}
+  if any(kind == "missing" for kind, _ in found().values()):
+    log("ask: pilot: another shard is still training it: rerun once it is done")
+    return
+  edge = {c: lr for c, (kind, lr) in found().items() if kind == "edge"}
+  if edge:
+    train(a, "edge", stage_sweep(a.q, "edge", edge), log)
+    if any(kind == "edge" for kind, _ in found().values()):
+      log("ask: edge: another shard is still training it: rerun once it is done")
+      return
+  try:
+    chosen = Q.choose(a.q, a.runs("pilot"))
+  except Q.Incomplete as e:
+    log(f"ask: {e}: train the other cells' pilots (--cells) and rerun")
     return
   if "edge" in chosen:
-    train(a, "edge", stage_sweep(a.q, "edge", chosen["edge"]), log)
-    chosen = waiting(a, "edge", log)
-    if chosen is None or "edge" in chosen:
-      return
+    log(f"ask: other cells wait for the step past an edge ({fmt_lrs(chosen['edge'])}): train "
+        "them (--cells) and rerun")
+    return
   sizing = Q.size(a.q, a.runs("pilot"), chosen["lr"])
   log(f"ask: LRs chosen {fmt_lrs(chosen['lr'])}; n = {max(sizing['cell_n'].values())} "
       f"(asked {sizing['needed']})")
-  train(a, "fresh", stage_sweep(a.q, "fresh", chosen["lr"], sizing["cell_n"]), log)
+  cells = {c: (chosen["lr"][c], sizing["cell_n"][c]) for c in a.mine if c in sizing["cell_n"]}
+  train(a, "fresh", stage_sweep(a.q, "fresh", cells), log)
   report(a, log)
-
-
-def waiting(a: Asked, stage: str, log=print) -> dict | None:
-  """The pilot's choice once `stage` is complete; None (and a line) while other shards still
-  train it."""
-  try:
-    return Q.choose(a.q, a.runs("pilot"))
-  except Q.Incomplete as e:
-    log(f"ask: {stage}: {e}; another shard is still training it: rerun once it is done")
-    return None
 
 
 # --- What plan and report print
@@ -474,6 +497,8 @@ def define_flags() -> None:
   flags.DEFINE_string("shard", "0/1", "i/N: this job's share of each stage (as actlab.sweep's).")
   flags.DEFINE_string("set", "", "field=value,...: runtime fields for every run "
                       "(data.manual_dir, sweep.vectorize, ...); not part of the declaration.")
+  flags.DEFINE_string("cells", "", "A glob of cell names: train only those here (the others on "
+                      "another machine, into their own stage directories).")
   flags.DEFINE_bool("estimate", True, "plan: time a few steps of each cell to estimate wall time.")
 
 
@@ -486,7 +511,7 @@ def main(argv: list[str]) -> None:
   spec, verb = argv[1], argv[2]
   q = Q.load(spec)
   root = pathlib.Path(f.workdir or pathlib.Path("runs") / q.name.replace(":", "_"))
-  a = Asked(spec, q, root, f.workers, grid.parse_shard(f.shard), settings(f.set))
+  a = Asked(spec, q, root, f.workers, grid.parse_shard(f.shard), settings(f.set), f.cells)
   if verb == "plan":
     plan(a, f.estimate)
   elif verb == "run":

@@ -324,35 +324,42 @@ class Incomplete(ValueError):
   """A stage's runs are not all there yet."""
 
 
+def choice(q: Question, cell: str, runs: Mapping[tuple, dict]) -> tuple[str, Any]:
+  """A cell's LR from its pilot `runs`: the lowest mean of the outcome chosen on over the pilot's
+  seeds (a diverged run rules its LR out), among the grid and, where run, the step past its edge:
+  ("lr", LR) or ("again at the edge", LR); ("edge", the LR to run) while its best sits at an edge
+  whose step is not run; ("missing", [(LR, seed), ...]) while a run of the grid is not in."""
+  p, select = q.pilot_of(cell), q.outcome_of(cell)[0]
+  gaps = [(lr, s) for lr in p.lrs for s in p.seeds if (lr, s) not in runs]
+  if gaps:
+    return "missing", gaps
+  mean = lambda lr: float(np.mean([runs[lr, s][select] if finite(runs[lr, s], select)
+                                   else math.inf for s in p.seeds]))
+  best = min(p.lrs, key=mean)
+  if best not in p.edge:
+    return "lr", best
+  past = p.edge[best]
+  if any((past, s) not in runs for s in p.seeds):
+    return "edge", past
+  best = min((*p.lrs, past), key=mean)
+  return ("again at the edge" if best == past else "lr"), best
+
+
 def choose(q: Question, pilot_runs: Mapping[str, Mapping[tuple, dict]]) -> dict:
-  """Each cell's LR from its pilot: the lowest mean of the outcome chosen on over the pilot's
-  seeds (a diverged run rules its LR out), among the grid and, where run, the step past its edge.
-  {"edge": {cell: LR to run}} while a cell's best sits at an edge whose step is not run, else
-  {"lr": {cell: LR}, "at_edge": [cells again best at an edge]}. Incomplete unless every cell has
-  every seed at every LR it needs."""
-  missing, lrs, edge, again = {}, {}, {}, []
-  for cell in q.cells:
-    p, runs, select = q.pilot_of(cell), pilot_runs.get(cell, {}), q.outcome_of(cell)[0]
-    gaps = [(lr, s) for lr in p.lrs for s in p.seeds if (lr, s) not in runs]
-    if gaps:
-      missing[cell] = gaps
-      continue
-    mean = lambda lr: float(np.mean([runs[lr, s][select] if finite(runs[lr, s], select)
-                                     else math.inf for s in p.seeds]))
-    best = min(p.lrs, key=mean)
-    if best in p.edge:
-      past = p.edge[best]
-      if any((past, s) not in runs for s in p.seeds):
-        edge[cell] = past
-        continue
-      best = min((*p.lrs, past), key=mean)
-      again += [cell] if best == past else []
-    lrs[cell] = best
+  """Each cell's `choice`: {"edge": {cell: LR to run}} while a cell waits for the step past an
+  edge, else {"lr": {cell: LR}, "at_edge": [cells again best at an edge]}; Incomplete while a
+  cell lacks a run of its grid."""
+  found = {cell: choice(q, cell, pilot_runs.get(cell, {})) for cell in q.cells}
+  missing = {cell: v for cell, (kind, v) in found.items() if kind == "missing"}
   if missing:
-    first = next(iter(missing.items()))
+    cell, gaps = next(iter(missing.items()))
     raise Incomplete(f"the pilot is not complete: {len(missing)} cell(s) lack runs, e.g. "
-                     f"{first[0]} at (LR, seed) {first[1][:3]}")
-  return {"edge": edge} if edge else {"lr": lrs, "at_edge": again}
+                     f"{cell} at (LR, seed) {gaps[:3]}")
+  edge = {cell: v for cell, (kind, v) in found.items() if kind == "edge"}
+  if edge:
+    return {"edge": edge}
+  return {"lr": {cell: v for cell, (_, v) in found.items()},
+          "at_edge": [cell for cell, (kind, _) in found.items() if kind == "again at the edge"]}
 
 
 def values(c: Contrast, runs: Mapping[str, Mapping[tuple, dict]], lrs: Mapping[str, float],

@@ -1,0 +1,65 @@
+"""Does the answer survive 26× more parameters? ReLU − GELU in GPT-2's block, unclipped and
+clipped at 1.0, at three sizes: 2 × 128 (RESULTS.md's `cpu` model, 0.41M parameters without the
+embedding), 4 × 256 (3.2M) and 6 × 384 with 6 heads and FFN 4 × d (the reference stack, 10.7M).
+Everything else as `cpu_epoch`: the sample's `bpe:4096` tokenizer, 450 steps of 16 × 128 tokens
+(one epoch), 45 warm-up steps, cosine to 10%, AdamW, exact GELU. Declared before any of its runs.
+
+- Each cell's LR from its own size's and clipping's pilot: LR {1e-3, 3e-3, 1e-2} × seeds 500–504,
+  one step past an edge (3e-4, 3e-2) before choosing.
+- 11 contrasts, K = 11: the gap at each size, unclipped and clipped (6); its change under clipping
+  at each size (3); the gap's change from 2 × 128 to 6 × 384, unclipped and clipped (2: the scale
+  question). Margins 0.1 and 0.05, the exact sign-flip test beside each interval, the spiking
+  seeds' share as the secondary analysis (descriptive).
+- n from the upper 80% bound of each contrast's pilot sd (power 0.8 against 0.1 at α/11), the
+  same fresh seeds (from 1000) in all 12 cells, at least 20 (as family 3) and at most 40: 480
+  fresh runs, of which the 6 × 384 ones are GPU work.
+
+On 2 CPU cores a 2 × 128 run is 1–2 minutes of one core and a 6 × 384 one some 15–30 minutes, so
+the two larger rungs are for a GPU lease, the smallest for the CPU (`--cells` picks them; each
+part trains into stage directories of its own, and the question reads them all):
+
+    # on a GPU, in leases of 15 minutes: the same command resumes where the last one stopped
+    timeout -s TERM 780 python -m actlab.ask experiments/questions/ladder.py run \
+        --workdir=results/ladder --cells='*_4x256,*_6x384' --set=data.manual_dir=manual
+    # on 2 CPU cores, in the background
+    python -m actlab.ask experiments/questions/ladder.py run --workdir=results/ladder \
+        --cells='*_2x128' --workers=2 --set=data.manual_dir=manual
+"""
+
+from actlab.config import sizes
+
+RUNGS = {"2x128": {"model.num_layers": 2, "model.d_model": 128, "model.num_heads": 4},
+         "4x256": {"model.num_layers": 4, "model.d_model": 256, "model.num_heads": 4},
+         "6x384": {"model.num_layers": 6, "model.d_model": 384, "model.num_heads": 6}}
+CLIP = {"none": 0.0, "clip": 1.0}
+
+
+def gap(clip: str, rung: str, sign: int = 1) -> dict:
+  return {f"relu_{clip}_{rung}": sign, f"gelu_{clip}_{rung}": -sign}
+
+
+def get_question(arg=None):
+  del arg
+  words = lambda clip, rung: f"ReLU − GELU {'clipped' if clip == 'clip' else 'unclipped'} at {rung}"
+  change = lambda to, from_: {"weights": {**gap(*to), **gap(*from_, -1)}, "a": words(*to),
+                              "b": words(*from_)}
+  return {
+      "question": "Does ReLU − GELU, unclipped and clipped at 1.0, hold from 2 × 128 to 6 × 384?",
+      "config": "configs/tinystories_gelu.py",
+      "fixed": {**sizes.SIZES["cpu_epoch"], "data.tinystories_version": "v1"},
+      "cells": {f"{act}_{clip}_{rung}": {**fields, "model.d_ff": 4 * fields["model.d_model"],
+                                         "model.activation": act, "optim.clip_norm": norm}
+                for rung, fields in RUNGS.items() for clip, norm in CLIP.items()
+                for act in ("relu", "gelu")},
+      "contrasts": {
+          **{f"gap_{c}_{r}": {"weights": gap(c, r), "a": "ReLU", "b": "GELU"}
+             for r in RUNGS for c in CLIP},
+          **{f"clip_change_{r}": change(("clip", r), ("none", r)) for r in RUNGS},
+          **{f"scale_change_{c}": change((c, "6x384"), (c, "2x128")) for c in CLIP}},
+      "margins": [0.1, 0.05],
+      "pilot": {"lrs": [1e-3, 3e-3, 1e-2], "seeds": [500, 501, 502, 503, 504],
+                "edge": {1e-3: 3e-4, 1e-2: 3e-2}},
+      "fresh": {"first_seed": 1000, "cap": 40},
+      "rule": {"alpha": 0.05, "power": 0.8, "min_seeds": 20, "sd_confidence": 0.8},
+      "spike": 10.0,
+  }
