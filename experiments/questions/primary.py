@@ -13,7 +13,7 @@ names the one pilot that came before it); their runs are committed under results
   past an edge (3e-4, 3e-2) before choosing; at most 40 pairs, 20 for `wide`.
 - `retest` (K = 3): tests 2–4's pilot extended one step below its lowest LR; a test is asked
   again on seeds from 600 only where the choice of LR moves (none did: no fresh runs).
-- `mechanism` (family 3, K = 5): ReLU and GELU × clipping (none, at 1.0, spike-only at 10×) ×
+- `factorial` (family 3, K = 5): ReLU and GELU × clipping (none, at 1.0, spike-only at 10×) ×
   block (GPT-2's, LLaMA-style), LR 3e-3 in every cell, the same seeds in all 12 cells, n from the
   upper 80% bound of each contrast's pilot sd, at least 20 and at most 40, verdicts at ±0.1 and
   ±0.05 with an exact sign-flip test beside each.
@@ -138,7 +138,7 @@ def change(to: tuple, from_: tuple, question: str = "") -> dict:
           "a": words(*to), "b": words(*from_)}
 
 
-def mechanism() -> dict:
+def factorial() -> dict:
   return {
       "config": "configs/tinystories_gelu.py",
       "fixed": DECODER,
@@ -167,7 +167,7 @@ def mechanism() -> dict:
       "runs": {"pilot": ["primary_factorial_pilot"], "fresh": ["primary_factorial"]}}
 
 
-FAMILIES = {"page": page, "recipe": recipe, "retest": retest, "mechanism": mechanism}
+FAMILIES = {"page": page, "recipe": recipe, "retest": retest, "factorial": factorial}
 
 
 def get_question(arg=None):
