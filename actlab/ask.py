@@ -332,23 +332,27 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
 
 def timed_steps(a: Asked) -> float | None:
   """The wall time of one run here, averaged over cells and divided by the workers: a few steps of
-  each cell's program timed as actlab.bench times them, and a run counted in steps (its training
+  each cell's program timed as actlab.bench times them (vectorized where its sweep would be, over
+  the pilot's runs of a cell, and shared among them), a run counted in steps (its training
   steps; an evaluation window or test window a third of a step; a sharpness estimate three per
   power iteration) plus the program's compile once per cell. None for runs made elsewhere."""
   from actlab import bench  # pylint: disable=import-outside-toplevel
+  from actlab.sweep import vectorized  # pylint: disable=import-outside-toplevel
   if a.q.runs:
     return None
   base, seconds = Q.base_config(a.q), []
+  runs = len(a.q.pilot.seeds) * len(a.q.pilot.lrs)
   for fields in a.q.cells.values():
     c = config_lib.override(base.copy_and_resolve_references(),
                             {**fields, Q.LR: a.q.pilot.lrs[0], **a.settings})
-    b = bench.JaxBench(c)
+    together = vectorized.program_size(c, runs, vectorized.device_memory()) if (
+        vectorized.vectorizes(c) and runs > 1) else 1
+    b = bench.JaxBench(c, together)
     compile_s = b.setup(1)["compile_s"]
-    step = float(np.median(b.timed(5)["times"]))
+    step = float(np.median(b.timed(5)["times"])) / together
     t, m = c.train, c.metrics
     windows = (t.steps // t.eval_every + 1) * c.data.val_batches + c.data.test_batches
     sharpness = (t.steps // m.sharpness_every + 1) * m.sharpness_iters if m.sharpness_every else 0
-    runs = len(a.q.pilot.seeds) * len(a.q.pilot.lrs)
     seconds.append(step * (t.steps + windows / 3 + 3 * sharpness) + compile_s / runs)
   return float(np.mean(seconds)) / a.workers
 
