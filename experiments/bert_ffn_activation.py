@@ -22,11 +22,11 @@ decoder study's best LR at this size) × 3 seeds, GELU the baseline: 12 runs, ab
 with `--workers=2`. One LR, for time: it asks which activation learns MLM fastest here, not how
 each tolerates the LR.
 
-`:past_plateau_pilot`: the pilot of the encoder's primary tests (experiments/primary_tests.py):
-the `bert_cpu` encoder at batch 64 × 128 for 3,000 steps (warm-up 300), where a BERT of this
-size leaves the unigram plateau (near 10M tokens), the 4 activations × peak LR {1e-3, 3e-3} ×
-seeds {0, 1}: each activation's LR is chosen on its validation `[MASK]` loss, and the paired sd
-there sets the fresh seeds of the tests.
+`:past_plateau_pilot`: the pilot of the encoder's primary tests
+(experiments/questions/primary.py:page): the `bert_cpu` encoder at batch 64 × 128 for 3,000 steps
+(warm-up 300), where a BERT of this size leaves the unigram plateau (near 10M tokens), the 4
+activations × peak LR {1e-3, 3e-3} × seeds {0, 1}: each activation's LR is chosen on its
+validation `[MASK]` loss, and the paired sd there sets the fresh seeds of the tests.
 """
 
 from actlab.config import sizes

@@ -45,14 +45,8 @@ SWEEP_FILES = [*(p for p in sorted((REPO / "experiments").glob("*.py"))
                  if "def get_sweep(" in p.read_text()), REPO / "benchmarks/six_run_study.py"]
 # The variants of each sweep file in the snapshot (default: none and `:smoke`), and the config
 # each runs on (default: the reference).
-SWEEP_VARIANTS = {"primary_tests": ["gated_pilot", "relu_gelu", "swiglu_silu", "geglu_gelu",
-                                   "reglu_relu", "bert_relu_gelu", "bert_tanh_gelu",
-                                   "bert_swiglu_gelu", "recipe_clip_pilot", "recipe_warmup_pilot",
-                                   "recipe_wide_pilot", "recipe_clip_warmup_pilot",
-                                   "factorial_pilot"],
-                  "relu_vs_gelu_lr": ["", "smoke", "smoke_llama"]}
-SWEEP_BASES = {"primary_tests": [REFERENCE] * 5 + ["configs/bert_gelu.py"] * 3 + [REFERENCE] * 5,
-               "bert_ffn_activation": ["configs/bert_gelu.py", "configs/bert_gelu.py"],
+SWEEP_VARIANTS = {"relu_vs_gelu_lr": ["", "smoke", "smoke_llama"]}
+SWEEP_BASES = {"bert_ffn_activation": ["configs/bert_gelu.py", "configs/bert_gelu.py"],
                "bert_pooler": ["configs/bert_gelu.py:classify",
                                "configs/bert_gelu.py:smoke_classify"]}
 

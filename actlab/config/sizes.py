@@ -77,7 +77,7 @@ SIZES = {
                   "metrics.sharpness_every": 0},
     # experiments/bert_ffn_activation.py:cpu: the CPU studies' encoder on the TinyStories sample.
     "bert_cpu": {**_CPU, "data.tokenizer": "wordpiece:4096"},
-    # The encoder's primary tests (experiments/primary_tests.py): "bert_cpu" past the MLM
+    # The encoder's primary tests (experiments/questions/primary.py:page): "bert_cpu" past the MLM
     # plateau, which a BERT of this size leaves near 10M tokens: batch 64 × 128, 3,000 steps.
     "bert_cpu_past_plateau": {**_CPU, "data.tokenizer": "wordpiece:4096", "train.batch_size": 64,
                               "train.steps": 3000, "optim.warmup_steps": 300,

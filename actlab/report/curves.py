@@ -1,15 +1,25 @@
 """What a run's logged curves say beyond its final numbers, from its metrics.jsonl: the loss
 excess over the best LR integrated over training, when a loss first falls below a bar (the MLM
 plateau's exit), how far it still falls at the end, and whether seeds that exit later end higher.
-Descriptive; reads committed runs (preregistered.Results); never trains."""
+Descriptive; reads run directories (`runs`); never trains."""
 
+import json
 import pathlib
 
 import numpy as np
 from scipy import stats
 
 from actlab.infra import metrics_log
-from actlab.report.preregistered import Results, run_key
+
+
+def runs(directory: pathlib.Path) -> dict[tuple, pathlib.Path]:
+  """(activation, peak LR, seed) -> each finished run under `directory` (a sweep's), from its
+  config.json, in that order."""
+  out = {}
+  for summary in pathlib.Path(directory).glob("*/summary.json"):
+    c = json.loads((summary.parent / "config.json").read_text())
+    out[c["model"]["activation"], c["optim"]["lr"], c["train"]["seed"]] = summary.parent
+  return dict(sorted(out.items()))
 
 
 def curve(metrics_jsonl: pathlib.Path, key: str) -> dict:
@@ -21,14 +31,13 @@ def curve(metrics_jsonl: pathlib.Path, key: str) -> dict:
   return {r["step"]: r[key] for r in rows if r.get(key) is not None}
 
 
-def loss_excess(results: Results, study: str) -> dict:
+def loss_excess(directory: pathlib.Path) -> dict:
   """(activation, lr) -> each seed's validation loss above that of the same activation and seed
   at its best LR (lowest mean final val loss), integrated over training by the trapezoid rule
   over the evaluations and divided by the steps: the mean excess in nats over the run."""
   curves, finals = {}, {}
-  for path in (results.root / study).glob("*/metrics.jsonl"):
-    key = run_key(path.parent)
-    curves[key] = curve(path, "val_loss")
+  for key, run in runs(directory).items():
+    curves[key] = curve(run / "metrics.jsonl", "val_loss")
     finals.setdefault(key[:2], []).append(curves[key][max(curves[key])])
   best = {}
   for act, lr in finals:

@@ -1,0 +1,237 @@
+"""The descriptive analyses RESULTS.md's prose cites beside the pre-registered families
+(experiments/questions/primary.py), read from their committed runs under results/ (each test's
+fresh runs in results/primary_<test>): none is a pre-registered test or changes a verdict
+(`python -m actlab.ask experiments/questions/primary.py:<family> report --workdir=results`
+prints those).
+
+    python experiments/primary_descriptive.py {plateau,stability,review,excess,figure [DIR]}
+
+- `plateau`: when each encoder run of family 1 (tests 5–7) leaves the MLM plateau, beside where it
+  ends and how far it still falls at its end; the correlation of the two between seeds.
+- `stability`: each arm's stability measures (docs/metrics.md) over its fresh seeds, and A − B
+  split by whether either arm of a seed is unstable, for families 1 and 2.
+- `review`: per test of families 1 and 2 the fresh seeds' sd against the pilot's, the power at
+  it, the Shapiro p and the exact sign-flip p; test 1's and `recipe_clip`'s pairs with and
+  without a spike; how often clipping at 1.0 acted in `recipe_clip`'s early steps.
+- `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
+- `figure`: docs/img/activation_x_recipe.png (ReLU − GELU per recipe and block with its
+  simultaneous interval) and docs/img/factorial.png (family 3 per cell and per contrast), or
+  into DIR.
+"""
+
+import json
+import pathlib
+import runpy
+import sys
+
+import numpy as np
+from scipy import stats
+
+from actlab import ask
+from actlab.report import curves
+from actlab.report import question as Q
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+QUESTIONS = ROOT / "experiments" / "questions" / "primary.py"
+FIGURES = ROOT / "docs" / "img"
+# An encoder run has left the MLM plateau (about 5.7 nats) once its validation [MASK] loss is
+# below this: between the plateau and every run's end (2.3-3.6 nats).
+PLATEAU_EXIT = 4.0
+LATE_STEPS = 500  # a run still descending at its end: its loss falls over these last steps
+EARLY_STEPS = 150  # `review`: the early steps at which clipping's reach is counted
+STABILITY = {"grad_norm_max_rel": "largest gradient norm / its initial value",  # summary keys
+             "attn_entropy_min": "least attention entropy (nats)",
+             "attn_logit_max": "largest attention logit",
+             "dead_units": "dead FFN units (fraction)"}
+SEEDS_WHERE = {"stable": "both arms stable:", "unstable": "either arm unstable:"}
+
+
+def answered(family: str) -> tuple[ask.Asked, dict, dict, dict]:
+  """A family as asked of results/: the question, its verdicts, its pilot's sizing, its LRs."""
+  spec = f"{QUESTIONS}:{family}"
+  a = ask.Asked(spec, Q.load(spec), RESULTS)
+  return (a, *ask.answer(a))
+
+
+def arms(q: Q.Question, c: Q.Contrast) -> list[tuple[str, str]]:
+  """A two-cell contrast's (activation, cell) of A and of B."""
+  cells = sorted(c.weights, key=lambda cell: -c.weights[cell])
+  return [(q.cells[cell]["model.activation"], cell) for cell in cells]
+
+
+def plateau() -> None:
+  a, v, _, _ = answered("page")
+  exits = {}  # (activation, seed) -> (exit step, final test [MASK] loss, late descent)
+  for c in a.q.contrasts:
+    outcome = a.q.outcome_of(next(iter(c.weights)))[1]
+    if outcome != "final_test_mask_loss":
+      continue
+    for (act, _, seed), run in curves.runs(RESULTS / f"primary_{c.name}").items():
+      if seed in v[c.name]["seeds"]:  # GELU's runs, in each test's directory, counted once
+        loss = curves.curve(run / "metrics.jsonl", "val_mask_loss")
+        final = json.loads((run / "summary.json").read_text())[outcome]
+        exits[act, seed] = (curves.first_below(loss, PLATEAU_EXIT), final,
+                            curves.late_descent(loss, LATE_STEPS))
+  print(f"encoder runs: the step their validation [MASK] loss falls below {PLATEAU_EXIT} nats "
+        f"(interpolated), their final test [MASK] loss, and how far their validation [MASK] "
+        f"loss falls over the last {LATE_STEPS} steps:")
+  for (act, seed), (step, loss, descent) in sorted(exits.items()):
+    print(f"  {act} seed {seed}: " + (f"{step:.0f}" if step is not None else "never")
+          + f", {loss:.3f}, " + (f"{descent:.3f}" if descent is not None else "not logged"))
+  r, n = curves.seed_correlation(exits)
+  print(f"between seeds (each activation's means removed): Pearson r {r:.2f} over {n} runs")
+  descents = [d for _, _, d in exits.values() if d is not None]
+  print(f"over the last {LATE_STEPS} steps the loss falls {min(descents):.3f} to "
+        f"{max(descents):.3f} nats ({len(descents)} runs)")
+
+
+def stability() -> None:
+  for family in ("page", "recipe"):
+    a, v, _, lrs = answered(family)
+    fresh = a.runs("fresh")
+    run = lambda cell, seed: fresh[cell][lrs[cell], seed]
+    for c in a.q.contrasts:
+      print(f"- {c.name} (fresh seeds; descriptive):")
+      r = v[c.name]
+      if r is None:
+        print("    no fresh seed finished")
+        continue
+      for arm, cell in arms(a.q, c):
+        summaries = [run(cell, s) for s in r["seeds"]]
+        for status in sorted({s["status"] for s in summaries}):
+          g = [s for s in summaries if s["status"] == status]
+          print(f"    {arm}, {len(g)} {status}" + "".join(
+              f"; {label} {min(s[m] for s in g):.3g} to {max(s[m] for s in g):.3g}"
+              for m, label in STABILITY.items()))
+      groups = {}
+      for seed, x in zip(r["seeds"], r["values"]):
+        unstable = any(run(cell, seed)["status"] != "stable" for _, cell in arms(a.q, c))
+        groups.setdefault("unstable" if unstable else "stable", []).append(x)
+      if len(groups) > 1:
+        print("    A - B: " + "; ".join(
+            f"{SEEDS_WHERE[g]} {len(d)} pairs, {np.mean(d):+.3f}"
+            + (f" (sd {np.std(d, ddof=1):.3f})" if len(d) > 1 else "")
+            for g, d in sorted(groups.items())))
+
+
+def review() -> None:
+  found = {}  # contrast -> (its family as asked, its verdict, the family's LRs)
+  for family in ("page", "recipe"):
+    a, v, sizing, lrs = answered(family)
+    for c in a.q.contrasts:
+      r, pilot_sd = v[c.name], sizing["contrasts"][c.name]["sd"]
+      d, x = r["paired"], r["values"]
+      print(f"- {c.name}: fresh sd {d.sd:.4f} / pilot sd {pilot_sd:.4f} = {d.sd / pilot_sd:.2f}; "
+            f"power against delta at the fresh sd "
+            f"{Q.paired_power(d.n, d.sd, a.q.margins[0], a.q.alpha):.2f} ({d.n} pairs); "
+            f"Shapiro p {stats.shapiro(x).pvalue:.2g}; exact sign-flip p {Q.sign_flip_p(x):.3g} "
+            f"({arms(a.q, c)[0][0]} lower in {sum(y < 0 for y in x)} of {d.n})")
+      found[c.name] = (a, r, lrs)
+  without = {}
+  for name in ("relu_gelu", "recipe_clip"):
+    a, r, _ = found[name]
+    by_seed, spikes = dict(zip(r["seeds"], r["values"])), r["spikes"]["spiking_seeds"]
+    without[name] = [x for s, x in by_seed.items() if s not in spikes]
+    print(f"{name}: {len(spikes)} of {len(r['seeds'])} seeds spike (> {a.q.spike:g}x), their "
+          f"pairs {min(by_seed[s] for s in spikes):+.3f} to {max(by_seed[s] for s in spikes):+.3f}"
+          f"; the other {len(without[name])} pairs {np.mean(without[name]):+.4f} (sd "
+          f"{np.std(without[name], ddof=1):.4f}); all {r['paired'].mean:+.4f}: the spiking seeds "
+          f"carry {r['spikes']['carried']:+.4f}")
+  welch = stats.ttest_ind(without["relu_gelu"], without["recipe_clip"], equal_var=False)
+  print(f"pairs without a spike, relu_gelu against recipe_clip: Welch p {welch.pvalue:.2g}")
+  a, r, lrs = found["recipe_clip"]
+  fresh, dirs = a.runs("fresh"), curves.runs(RESULTS / "primary_recipe_clip")
+  for arm, cell in arms(a.q, next(c for c in a.q.contrasts if c.name == "recipe_clip")):
+    clip = a.q.cells[cell]["optim.clip_norm"]
+    early = [g for s in r["seeds"] for step, g in curves.curve(
+        dirs[arm, lrs[cell], s] / "metrics.jsonl", "grad_norm").items() if step <= EARLY_STEPS]
+    first = [fresh[cell][lrs[cell], s]["grad_norm_init"] for s in r["seeds"]]
+    print(f"recipe_clip, {arm}: the gradient norm is above clip_norm {clip:g} at "
+          f"{sum(g > clip for g in early)} of {len(early)} logged steps <= {EARLY_STEPS} "
+          f"({len(r['seeds'])} runs); at step 0 {min(first):.2f}-{max(first):.2f}")
+
+
+def excess() -> None:
+  study = "relu_vs_gelu_cpu_epoch"  # family 1's pilot of ReLU and GELU
+  print(f"loss excess over the best LR, integrated over training ({study}):")
+  for (act, lr), values in sorted(curves.loss_excess(RESULTS / study).items()):
+    print(f"  {act} {lr:g}: {np.mean(values):.3f} +- {np.std(values, ddof=1):.3f} "
+          f"(seeds: {', '.join(f'{v:.3f}' for v in values)})")
+
+
+RECIPE_WORDS = {"relu_gelu": "no clipping, warm-up 45, d 128\n(family 1, test 1)",
+                "recipe_clip": "clipping at 1.0", "recipe_warmup": "warm-up 180",
+                "recipe_wide": "d 256, FFN 1,024", "recipe_clip_warmup": "clipping + warm-up 180",
+                "modern_relu_gelu": "LLaMA-style block",
+                "modern_relu2_gelu": "LLaMA-style block,\nReLU² − GELU"}
+CONTRAST_WORDS = {"relu_gelu": "GPT-2's block, unclipped",
+                  "clip_change": "clipped at 1.0 − unclipped",
+                  "spike_change": "spike-only − unclipped",
+                  "spike_vs_clip": "spike-only − clipped at 1.0",
+                  "block_change": "LLaMA-style − GPT-2's block, unclipped"}
+
+
+def draw_intervals(ax, rows, margins: tuple[float, ...]) -> None:
+  """Rows of (label, mean, low, high) on `ax`, top down, each a mean with its interval; 0 marked
+  in grey and ±each margin in red (the first dashed, the second dotted)."""
+  for y, (_, mean, low, high) in enumerate(rows):
+    ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="k", capsize=4)
+  ax.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)
+  ax.invert_yaxis()
+  for m, style in zip(margins, ("--", ":")):
+    for x in (-m, m):
+      ax.axvline(x, color="tab:red", ls=style, lw=1)
+  ax.axvline(0, color="0.6", lw=1)
+
+
+def figure(directory: str = str(FIGURES)) -> None:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+  recipe = answered("recipe")
+  v = {**answered("page")[1], **recipe[1]}
+  rows = [(f"{label}\n({v[name]['paired'].n} pairs)", v[name]["paired"].mean, *v[name]["interval"])
+          for name, label in RECIPE_WORDS.items() if v[name] is not None]
+  fig, ax = plt.subplots(figsize=(6.4, 0.7 * len(rows) + 1.2))
+  draw_intervals(ax, rows, recipe[0].q.margins)
+  ax.set_xlabel("ReLU − GELU, final test loss (nats): mean and simultaneous interval; ±δ dashed")
+  fig.tight_layout()
+  save(fig, pathlib.Path(directory) / "activation_x_recipe.png")
+  a, v, _, _ = answered("factorial")
+  if v[a.q.contrasts[0].name] is None:
+    print("family 3: no seed finished in every cell; no figure")
+    return
+  words = runpy.run_path(str(QUESTIONS))  # the question's words for each clipping and block
+  cells = [(f"{words['BLOCK'][b][1].removeprefix('in ')}, {words['CLIPPINGS'][c][1]}",
+            (d := v[f"relu_gelu_{c}_{b}"]["paired"]).mean, d.ci_low, d.ci_high)
+           for b in words["BLOCK"] for c in words["CLIPPINGS"]]
+  contrasts = [(f"{c.name}\n{CONTRAST_WORDS[c.name]}", v[c.name]["paired"].mean,
+                *v[c.name]["interval"]) for c in a.q.contrasts]
+  panels = zip((cells, contrasts), ("ReLU − GELU per cell: mean, 95% interval (descriptive)",
+                                    f"contrasts: mean, simultaneous interval (α/{a.q.k})"))
+  fig, axes = plt.subplots(2, 1, figsize=(7.0, 6.4), height_ratios=(6, 5), sharex=True)
+  for ax, (rows, title) in zip(axes, panels):
+    draw_intervals(ax, rows, a.q.margins)
+    ax.set_title(title, fontsize=9)
+  m = a.q.margins
+  axes[-1].set_xlabel(f"final test loss (nats); ±{m[0]:g} dashed, ±{m[1]:g} dotted; n = "
+                      f"{len(v[a.q.contrasts[0].name]['seeds'])}", fontsize=9)
+  fig.tight_layout()
+  save(fig, pathlib.Path(directory) / "factorial.png")
+
+
+def save(fig, path: pathlib.Path) -> None:
+  fig.savefig(path, dpi=120)
+  print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+
+
+COMMANDS = {"plateau": plateau, "stability": stability, "review": review, "excess": excess,
+            "figure": figure}
+
+if __name__ == "__main__":
+  if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS or len(sys.argv) > 2 + (
+      sys.argv[1] == "figure"):
+    sys.exit("usage: python experiments/primary_descriptive.py "
+             "{plateau,stability,review,excess,figure [DIR]}")
+  COMMANDS[sys.argv[1]](*sys.argv[2:])
