@@ -98,7 +98,7 @@ def files(workdir) -> dict:
 
 @pytest.fixture(scope="module")
 def compiled():
-  """One compile cache for the runs of this process (`steps.program`)."""
+  """One compile cache for the runs of this process (`loop.get`)."""
   return {}
 
 

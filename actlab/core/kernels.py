@@ -60,7 +60,7 @@ def xent_sum(h_BLD, embedding_VD, targets_BL, weights_BL=None, *, chunk: int | N
              z_loss: float = 0.0, logz: bool = False) -> dict:
   """The sums of an LM head tied to `embedding_VD` (cast to h's dtype for the matmuls), with
   logZ = logsumexp(h·Eᵀ) and w = `weights_BL` (default 1; not differentiated): `loss_sum` =
-  Σ w·(logZ − h·E_t) plus the z-loss, the one differentiated sum, and `logz_sums`' sums.
+  Σ w·(logZ − h·E_t) plus the z-loss, the one differentiated sum, and `model.logit_sums`' sums.
   `chunk`: the positions per chunk (a divisor of L; default from `chunk_length`)."""
   B, L, _ = h_BLD.shape
   chunk = chunk or chunk_length(B, L, embedding_VD.shape[0])
@@ -88,8 +88,8 @@ def _chunk_stats(h, E, t, w, z_loss, logz):
   s = p.sum(-1, keepdims=True)
   target = jnp.take_along_axis(logits, t[..., None], axis=-1)
   logz_BL1 = jnp.log(s) + m
-  sums = model.plus_logz_sums((w * (logz_BL1 - target)[..., 0]).sum(),
-                              model.logz_sums(logz_BL1[..., 0], w, z_loss=z_loss, logz=logz))
+  sums = model.logit_sums((w * (logz_BL1 - target)[..., 0]).sum(), logits, w, z_loss=z_loss,
+                          logz=logz, logz_N=logz_BL1[..., 0])
   return p, s, logz_BL1, sums
 
 

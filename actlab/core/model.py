@@ -478,36 +478,24 @@ class Objective(Protocol):
   def __call__(self, params, batch, rng, *, train: bool, stats: bool = False) -> Sums: ...
 
 
-def logz_sums(logz_N, weights_N, *, z_loss: float = 0.0, logz: bool = False) -> dict:
-  """What a loss adds from its output logits' logZ = logsumexp (nats), summed over positions
-  with weights w: `z_loss_sum` = z_loss · Σ w·logZ² (PaLM's z-loss, when `z_loss` > 0) and,
-  with `logz`, `logz_sum` = Σ w·logZ (the output-logit scale a log step records)."""
-  out = {}
-  if z_loss:
-    out["z_loss_sum"] = z_loss * jnp.sum(weights_N * jnp.square(logz_N))
-  if logz:
-    out["logz_sum"] = jnp.sum(weights_N * logz_N)
-  return out
-
-
-def plus_logz_sums(loss_sum, sums: dict) -> dict:
-  """A loss's own `loss_sum` with its `logz_sums` (the z-loss added to `loss_sum`)."""
-  if "z_loss_sum" in sums:
-    loss_sum = loss_sum + sums["z_loss_sum"]
-  return {"loss_sum": loss_sum, **sums}
-
-
-def logit_sums(loss_sum, logits_NV, weights_N=None, *, z_loss: float = 0.0,
-               logz: bool = False) -> dict:
-  """A loss's own `loss_sum` plus the `logz_sums` of its logits in memory (weights default 1;
-  `logz_sum` not differentiated); `logits_NV` and `weights_N` share their leading axes."""
+def logit_sums(loss_sum, logits_NV, weights_N=None, *, z_loss: float = 0.0, logz: bool = False,
+               logz_N=None) -> dict:
+  """A loss's own `loss_sum` with what it adds from its output logits' logZ = logsumexp (nats;
+  `logz_N` where the loss has it already), summed over positions with weights w (default 1;
+  sharing the logits' leading axes): `z_loss_sum` = z_loss · Σ w·logZ² (PaLM's z-loss, when
+  `z_loss` > 0; added to `loss_sum`) and, with `logz`, `logz_sum` = Σ w·logZ (the output-logit
+  scale a log step records; not differentiated)."""
   if not (z_loss or logz):
     return {"loss_sum": loss_sum}
-  logz_N = jax.nn.logsumexp(logits_NV, axis=-1)
+  logz_N = jax.nn.logsumexp(logits_NV, axis=-1) if logz_N is None else logz_N
   weights_N = jnp.ones(logz_N.shape) if weights_N is None else weights_N
-  sums = logz_sums(logz_N, weights_N, z_loss=z_loss, logz=logz)
-  return plus_logz_sums(
-      loss_sum, {k: jax.lax.stop_gradient(v) if k == "logz_sum" else v for k, v in sums.items()})
+  out = {"loss_sum": loss_sum}
+  if z_loss:
+    out["z_loss_sum"] = z_loss * jnp.sum(weights_N * jnp.square(logz_N))
+    out["loss_sum"] = loss_sum + out["z_loss_sum"]
+  if logz:
+    out["logz_sum"] = jax.lax.stop_gradient(jnp.sum(weights_N * logz_N))
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -536,8 +524,9 @@ class CausalLM:
 
 def apply(model: nn.Module, params, *args, stats: bool = False, **kwargs):
   """`model.apply({"params": params}, ...)` → (output, sown): with `stats`, the "stats" collection
-  is mutable and `sown` holds the blocks' `FFNStats` and `AttentionStats`; otherwise it is None
-  and nothing extra is computed (training never asks for statistics)."""
+  is mutable and `sown` holds the blocks' `FFNStats` and `AttentionStats` (an evaluation's, and
+  a logged training step's: `Step.train_step`'s `diagnostics`); otherwise it is None and nothing
+  extra is computed."""
   if not stats:
     return model.apply({"params": params}, *args, **kwargs), None
   out, state = model.apply({"params": params}, *args, mutable=["stats"], **kwargs)
