@@ -15,8 +15,8 @@ prints those).
   without a spike; how often clipping at 1.0 acted in `recipe_clip`'s early steps.
 - `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
 - `figure`: docs/img/activation_x_recipe.png (ReLU − GELU per recipe and block with its
-  simultaneous interval) and docs/img/factorial.png (family 3 per cell and per contrast), or
-  into DIR.
+  simultaneous interval), docs/img/factorial.png (family 3 per cell and per contrast) and
+  docs/img/answers.png (README's: the primary answers against ±δ, and a spike), or into DIR.
 """
 
 import json
@@ -219,6 +219,55 @@ def figure(directory: str = str(FIGURES)) -> None:
                       f"{len(v[a.q.contrasts[0].name]['seeds'])}", fontsize=9)
   fig.tight_layout()
   save(fig, pathlib.Path(directory) / "factorial.png")
+  answers(directory)
+
+
+ANSWERS = {  # README's figure: (family, contrast) -> its label
+    ("page", "relu_gelu"): "ReLU − GELU, GPT-2's block, unclipped",
+    ("factorial", "relu_gelu"): "the same, family 3's seeds",
+    ("recipe", "recipe_clip"): "ReLU − GELU, clipped at 1.0",
+    ("factorial", "clip_change"): "its change under clipping at 1.0",
+    ("factorial", "spike_change"): "its change under spike-only clipping",
+    ("recipe", "recipe_warmup"): "ReLU − GELU, warm-up 180",
+    ("recipe", "recipe_wide"): "ReLU − GELU, d_model 256",
+    ("recipe", "modern_relu_gelu"): "ReLU − GELU, LLaMA-style block",
+    ("recipe", "modern_relu2_gelu"): "ReLU² − GELU, LLaMA-style block",
+    ("page", "swiglu_silu"): "SwiGLU − SiLU",
+    ("page", "reglu_relu"): "ReGLU − ReLU",
+    ("page", "geglu_gelu"): "GEGLU − GELU",
+    ("page", "bert_relu_gelu"): "BERT: ReLU − GELU",
+    ("page", "bert_tanh_gelu"): "BERT: tanh − GELU",
+    ("page", "bert_swiglu_gelu"): "BERT: SwiGLU − GELU"}
+SPIKE_SEED = 101  # test 1's seed whose GELU run spikes at step 31 (RESULTS.md)
+
+
+def answers(directory: str = str(FIGURES)) -> None:
+  """docs/img/answers.png: the primary answers' simultaneous intervals against ±δ, and beside them
+  one seed of test 1, GELU's gradient norm (the largest since the last logged row) jumping in
+  warm-up where ReLU's does not."""
+  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+  found = {f: answered(f)[1] for f in {f for f, _ in ANSWERS}}
+  rows = [(f"{label} ({found[f][c]['paired'].n})", found[f][c]["paired"].mean,
+           *found[f][c]["interval"]) for (f, c), label in ANSWERS.items()]
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 5.2), width_ratios=(3, 2))
+  draw_intervals(left, rows, (0.1,))
+  left.set_xlabel("A − B, final test loss (nats; BERT: [MASK] loss): mean and simultaneous "
+                  "interval; ±δ = 0.1 dashed", fontsize=8)
+  for act, color in (("gelu", "tab:red"), ("relu", "tab:blue")):
+    run = RESULTS / "primary_relu_gelu" / f"activation={act},seed={SPIKE_SEED}"
+    init = json.loads((run / "summary.json").read_text())["grad_norm_init"]
+    rel = {s: g / init for s, g in curves.curve(run / "metrics.jsonl", "grad_norm_max").items()
+           if s <= 150}
+    right.plot(list(rel), list(rel.values()), "o-", ms=3, color=color, label=act.replace(
+        "gelu", "GELU").replace("relu", "ReLU"))
+  right.axvline(45, color="0.6", lw=1, ls=":")
+  right.axhline(10, color="0.3", lw=1, ls="--")
+  right.set_yscale("log")
+  right.set_xlabel(f"step (test 1, seed {SPIKE_SEED}; warm-up ends at 45)", fontsize=8)
+  right.set_ylabel("largest gradient norm since the last row / its initial value", fontsize=8)
+  right.legend(fontsize=8)
+  fig.tight_layout()
+  save(fig, pathlib.Path(directory) / "answers.png")
 
 
 def save(fig, path: pathlib.Path) -> None:
