@@ -1,4 +1,4 @@
-"""`actlab.hf.export`: a run as a Hugging Face directory whose logits (through `transformers`) and
+"""`actlab.run.export`: a run as a Hugging Face directory whose logits (through `transformers`) and
 tokenizer ids (through `AutoTokenizer`) are actlab's; what GPT-2 or BERT cannot express is one
 line; `--out` never in a run or over another's files; export and import without torch."""
 
@@ -16,9 +16,9 @@ import pytest
 from actlab import config as config_lib, tasks
 from actlab.data import hf_tokenizer, synthetic, tokenizer_store
 from actlab.hf import checkpoint as hf_checkpoint
-from actlab.hf import export, mapping
+from actlab.hf import mapping
 from actlab.infra import errors
-from actlab.run import loop, pretrained, train
+from actlab.run import export, loop, pretrained, train
 from conftest import DEEP, REPO, SHARED_DATA, tiny
 from test_classify import tiny_encoder
 from test_resume import files
@@ -178,7 +178,7 @@ NO_TORCH = ("import runpy, sys; sys.modules['torch'] = None; "
 
 def export_cli(workdir, out, family=None):
   """The export CLI, without torch (`family` None: no --family)."""
-  return subprocess.run([sys.executable, "-c", NO_TORCH, "actlab.hf.export", f"--workdir={workdir}",
+  return subprocess.run([sys.executable, "-c", NO_TORCH, "actlab.run.export", f"--workdir={workdir}",
                          f"--out={out}", *([f"--family={family}"] if family else [])], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
 
@@ -256,7 +256,7 @@ def test_export_cli_refuses_a_family_the_run_is_not_in_one_line(trained, tmp_pat
     ("workdir", "is a run directory"),
     ("inside the workdir", "lies inside {trained}, which is a run directory"),
     ("another run", "is a run directory"),
-    ("foreign", "holds files that actlab.hf.export did not write")])
+    ("foreign", "holds files that actlab.run.export did not write")])
 def test_export_refuses_an_out_in_a_run_or_over_other_files(trained, tmp_path, where, message):
   """Nothing written: --out is the workdir, lies inside it, is another run's directory, or holds
   files that are not an earlier export's."""

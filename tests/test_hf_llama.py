@@ -18,10 +18,9 @@ from actlab import config as config_lib, core, sample, tasks
 from actlab.core import model as model_lib
 from actlab.core.model import RMSNorm
 from actlab.hf import checkpoint as hf_checkpoint
-from actlab.hf import export
 from actlab.hf import mapping
 from actlab.infra import errors
-from actlab.run import pretrained, train
+from actlab.run import export, pretrained, train
 from conftest import tiny
 from test_export import RUN, perturbed_params, torch  # noqa: F401 -- torch: the fixture
 from test_hf_import import imported
@@ -282,7 +281,7 @@ def test_what_cannot_export_is_one_line(overrides, match):
 
 @pytest.mark.slow
 def test_a_trained_run_exports_as_llama_and_a_run_starts_from_the_export(tmp_path, capsys):
-  """`actlab.hf.export` of a trained LLaMA-style run (`export.write`, the command's function) names
+  """`actlab.run.export` of a trained LLaMA-style run (`export.write`, the command's function) names
   the class; a run with `train.init_from=hf:` the export starts from every array of it."""
   c = llama_config(**{"train.steps": 2, "optim.warmup_steps": 1, "train.eval_every": 2,
                       "train.checkpoint_every": 2, "data.val_batches": 1,

@@ -11,9 +11,8 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "actlab"
 
 # docs/design.md §2, lowest first: a module may import its own package and the layers below it.
-# `hf.export` is a command line: it sits with the Hugging Face code but uses a whole run.
 LAYERS = (("infra",), ("core", "data"), ("config",), ("hf",), ("tasks",), ("measure",), ("run",),
-          ("report",), ("sweep", "bench"), ("main", "sample", "ask", "hf.export"))
+          ("report",), ("sweep", "bench"), ("main", "sample", "ask"))
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 ENTRIES = {part for part in RANK if "." not in part}  # the tree's top level
 # The core's boundary: it imports only itself and these libraries (tests/test_core.py uses it

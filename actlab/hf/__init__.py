@@ -1,2 +1,2 @@
-"""Hugging Face: the transformers model families and their parameter names (`mapping`), a model
-directory against an actlab config both ways (`checkpoint`), and the export command line."""
+"""Hugging Face: the transformers model families and their parameter names (`mapping`) and a model
+directory against an actlab config both ways (`checkpoint`; the export command: run/export.py)."""

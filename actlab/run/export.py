@@ -1,7 +1,8 @@
 """Writes a trained run as a Hugging Face model directory (`config.json`, `model.safetensors`, the
-tokenizer's files) that `transformers` loads with `from_pretrained` (docs/huggingface.md).
+tokenizer's files) that `transformers` loads with `from_pretrained` (docs/huggingface.md): the
+run read back as `actlab.sample` reads it (pretrained.py), written by hf/checkpoint.py.
 
-  python -m actlab.hf.export --workdir=runs/gelu --out=hf/gelu
+  python -m actlab.run.export --workdir=runs/gelu --out=hf/gelu
   # or write(workdir, out)
 
 The run's config.json decides the transformers family written (mapping.FAMILIES): `gpt2` (a
@@ -9,8 +10,7 @@ decoder with GPT-2's block: `GPT2LMHeadModel`), `llama`, `arcee` or `qwen3` (the
 block: `LlamaForCausalLM`, `ArceeForCausalLM`, `Qwen3ForCausalLM`), `bert` (an encoder:
 `BertForMaskedLM` or `BertForSequenceClassification`). `--family`, optional, is a check: a
 family the run's model is not is refused in one line, as is what no family can express
-(checkpoint.py). Needs the `hf` extra (no
-torch): pip install -e ".[hf]".
+(hf/checkpoint.py). Needs the `hf` extra (no torch): pip install -e ".[hf]".
 """
 
 import importlib.util
@@ -39,7 +39,7 @@ def check_out(out: pathlib.Path) -> None:
   entry = (workdir_lib.read_json(out / "config.json") or {}).get(hf_checkpoint.EXPORTED)
   exported = isinstance(entry, dict) and "exported_from" in entry
   if out.is_dir() and any(out.iterdir()) and not exported:
-    raise errors.UserError(f"--out {out} holds files that actlab.hf.export did not write; give a "
+    raise errors.UserError(f"--out {out} holds files that actlab.run.export did not write; give a "
                            "new or empty directory, or one an earlier export wrote")
 
 

@@ -86,7 +86,7 @@ def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: i
 
 def load_run(workdir: pathlib.Path):
   """A trained run's config, tokenizer, `core.Step`, latest parameters (on JAX's default
-  device, whatever the run trained on) and their step (`actlab.sample`, `actlab.hf.export`)."""
+  device, whatever the run trained on) and their step (`actlab.sample`, `actlab.run.export`)."""
   config = workdir_lib.run_config(workdir)
   if config is None and workdir_lib.is_sweep(workdir):
     raise WorkdirError(f"{workdir} is a sweep directory; pick one of its cells, e.g. "
