@@ -7,8 +7,8 @@ writes the verdict table and one figure from the run directories alone."""
 
 import dataclasses
 import hashlib
-import json
 import fnmatch
+import json
 import math
 import pathlib
 import re
@@ -23,9 +23,6 @@ from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
 from actlab.report import question as Q
 from actlab.sweep import grid
-
-STAGES = ("pilot", "edge", "fresh")
-
 
 @dataclasses.dataclass(frozen=True)
 class Asked:
@@ -285,7 +282,7 @@ def design_lines(a: Asked) -> list[str]:
 def plan_lines(a: Asked, estimate: bool) -> list[str]:
   """The stages: runs (done of planned) and, with `estimate`, the wall time they take here."""
   q, lines = a.q, []
-  runs = a.runs("pilot") if any(d.is_dir() for d in a.dirs("pilot")) else {}
+  runs = a.runs("pilot")
   pilot_total = len(q.cells) * len(q.pilot.lrs) * len(q.pilot.seeds)
   done = sum(len(v) for v in runs.values())
   step = timed_steps(a) if estimate else None
@@ -322,7 +319,7 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
                                          f"; at {s['n']}: power {s['power']:.2f}, 80% power "
                                          f"above {s['detectable']:.3f}"))
   fresh = sum(sizing["cell_n"].values())
-  found = a.runs("fresh") if any(d.is_dir() for d in a.dirs("fresh")) else {}
+  found = a.runs("fresh")
   have = sum((chosen["lr"][c], s) in found.get(c, {}) for c, n in sizing["cell_n"].items()
              for s in Q.fresh_seeds(q, n))
   lines.append(f"  stage fresh: {have} of {fresh} runs done (n = "

@@ -104,6 +104,8 @@ BAD = {  # a mistake in a question file -> the field its one line names
     '{**GOOD, "fresh": {"cap": 4}}': "fresh",
     '{**GOOD, "pilot": {"lrs": [1e-3], "seeds": [0]}}': "pilot.seeds",
     '{**GOOD, "rule": {"alpha": 2}}': "rule",
+    '{**GOOD, "rule": {"power": "high"}}': "rule",
+    '{**GOOD, "margins": 0.1}': "margins",
 }
 GOOD = ('{"config": "configs/tinystories_gelu.py:smoke", "cells": {"relu": {"model.activation": '
         '"relu"}, "gelu": {"model.activation": "gelu"}}, "contrasts": {"d": {"relu": 1, "gelu": '

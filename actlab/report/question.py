@@ -200,12 +200,17 @@ def parse(d: Any, name: str) -> Question:
   need(isinstance(rule, dict) and set(rule) <= rule_fields, "rule",
        f"a dict of {', '.join(sorted(rule_fields))}")
   rule = Rule(**rule)
-  need(0 < rule.alpha < 1 and 0 < rule.power < 1 and rule.min_seeds >= 2 and (
-      rule.sd_confidence is None or 0.5 <= rule.sd_confidence < 1), "rule",
+  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+  need(number(rule.alpha) and number(rule.power) and isinstance(rule.min_seeds, int)
+       and 0 < rule.alpha < 1 and 0 < rule.power < 1 and rule.min_seeds >= 2 and (
+           rule.sd_confidence is None or number(rule.sd_confidence)
+           and 0.5 <= rule.sd_confidence < 1), "rule",
        "alpha and power in (0, 1), min_seeds >= 2, sd_confidence in [0.5, 1) or None")
-  margins = tuple(d.get("margins", (0.1,)))
-  need(margins and all(isinstance(m, (int, float)) and m > 0 for m in margins), "margins",
+  margins = d.get("margins", (0.1,))
+  need(isinstance(margins, (list, tuple)) and margins
+       and all(number(m) and m > 0 for m in margins), "margins",
        "one or more numbers > 0 (the first sizes n)")
+  margins = tuple(margins)
   outcome = tuple(d.get("outcome", Question.outcome))
   need(len(outcome) == 2 and all(isinstance(o, str) for o in outcome), "outcome",
        "[the summary key chosen on, the summary key tested on]")
