@@ -196,6 +196,17 @@ def load_torch_ref():
   return torch_ref
 
 
+def test_the_torch_reference_takes_every_field_of_the_block():
+  """`TorchBench` passes the block's fields (`config.BLOCK_FIELDS`) to torch_ref, which builds
+  each at actlab's defaults but the norms' placement (pre-LN only: `TorchBench` refuses post)."""
+  pytest.importorskip("torch")
+  c = tiny(**config_lib.BLOCKS["llama"])
+  assert {k: bench.TorchBench(c).spec[k] for k in config_lib.BLOCK_FIELDS} == {
+      k: c.model[k] for k in config_lib.BLOCK_FIELDS}
+  assert load_torch_ref().GPT2_BLOCK == {k: getattr(core.Spec, k) for k in config_lib.BLOCK_FIELDS
+                                         if k != "norm"}
+
+
 @pytest.mark.parametrize("first", [1.0, 0.0])
 def test_torch_reference_clips_spikes_as_actlab(first):
   """torch_ref's spike-only clipping scales the gradients as actlab's `clip_spikes` over steps

@@ -27,8 +27,11 @@ from actlab import config as config_lib
 from actlab import core, tasks
 from actlab.config import schema, sizes
 from actlab.core import activations, kernels
+from actlab.core.options import MARKS
 from actlab.data import tokenizer
+from actlab.hf import checkpoint as hf_checkpoint, mapping
 from actlab.infra import errors, recorded, workdir
+from actlab.report import load as report_load
 from actlab.run import loop
 from actlab.sweep import grid
 from conftest import REPO, tiny
@@ -264,10 +267,10 @@ def test_validate_gives_one_readable_line(field, value, message):
 ])
 def test_each_field_is_checked_by_the_rule_written_with_it(field, value, message):
   """schema.py gives a field its default, its rule and its comment in one place; `validate`
-  applies the rule."""
+  applies the rule (a ValueError, as the core's dataclasses raise it) as a `ConfigError`."""
   section, name = field.split(".")
   declared = {f.name: f for f in dataclasses.fields(schema.SECTIONS[section])}[name]
-  with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+  with pytest.raises(ValueError, match=re.escape(message)):
     declared.metadata["rule"](field, value)
   with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
     config_lib.validate(tiny(**{field: value}))
@@ -307,6 +310,69 @@ def test_the_default_config_is_the_schemas_and_the_cores_defaults():
         assert f.default == core_default[f.name], f"{section}.{f.name}"
 
 
+def fields_of(*section_maps):
+  """{"section.field": the dataclass field} of the sections (schema.SECTIONS, schema.ENCODER)."""
+  return {f"{name}.{f.name}": f for sections in section_maps for name, cls in sections.items()
+          for f in dataclasses.fields(cls)}
+
+
+def test_a_fields_marks_are_those_the_core_documents():
+  """Besides its rule, help, choices and class, a field carries only `MARKS` (core/options.py),
+  each of a value it documents: a misspelt mark would leave the field out of every derived list."""
+  values = {"block": {"form", "option"}, "init_from": {"refuse", "say"},
+            "runtime": {"program", "harness"}}
+  assert set(values) == set(MARKS)
+  for key, f in fields_of(schema.SECTIONS, schema.ENCODER).items():
+    marks = {k: v for k, v in f.metadata.items() if k not in ("rule", "help", "choices", "core")}
+    assert all(v in values.get(k, ()) for k, v in marks.items()), (key, marks)
+
+
+def test_init_from_checks_the_fields_marked_so():
+  """`config.INIT_FROM` (what `train.init_from` does where the run started from differs) is the
+  `init_from` marks: another value of a field that makes the model's parameters or its tokens is
+  refused (the block's `qk_norm` and `norm_eps` too, which it once let pass), another RoPE base is
+  said; dropout, the execution, the loss and the harness are not compared. A Hugging Face
+  directory's fields are compared by the same marks (`hf_checkpoint.FIELDS`)."""
+  assert {k for k, how in config_lib.INIT_FROM.items() if how == "say"} == {"model.rope_theta"}
+  refused = {k for k, how in config_lib.INIT_FROM.items() if how == "refuse"}
+  assert {"model.qk_norm", "model.norm_eps", "model.kind", "model.type_vocab_size",
+          "data.tokenizer"} <= refused
+  assert {f"model.{f.name}" for f in dataclasses.fields(core.Spec)} - refused == {
+      "model.dropout", "model.rope_theta"}
+  assert not {f"model.{f.name}" for f in dataclasses.fields(kernels.Execution)} & refused
+  assert {f"model.{f}" for fields in hf_checkpoint.FIELDS.values() for f in fields} <= refused
+
+
+def test_the_blocks_fields_are_one_list_every_block_list_derives_from():
+  """The block's fields are those marked `block` (`config.BLOCK_FIELDS`), each in docs/running.md's
+  table; GPT-2's block (`GPT2_BLOCK`) is its form's at their defaults, which the Hugging Face
+  families fix (`mapping.BLOCKS`) and the encoder keeps (another value of any other it takes);
+  the LLaMA-style block sets block fields; a report names them all (`report.load`)."""
+  fields = config_lib.BLOCK_FIELDS
+  assert fields == ("norm", "norm_type", "norm_eps", "position", "rope_theta", "bias", "tie_head",
+                    "ffn", "qk_norm")
+  table = (REPO / "docs" / "running.md").read_text().split("### The block, field by field")[1]
+  assert all(f"`{name}`" in table.split("\n## ")[0] for name in fields)
+  form = {k.removeprefix("model."): v for k, v in config_lib.marked("block").items()}
+  assert config_lib.GPT2_BLOCK == {k: getattr(core.Spec, k) for k in fields if form[k] == "form"}
+  assert mapping.BLOCKS["gpt2"] == config_lib.GPT2_BLOCK
+  assert set(mapping.BLOCKS["llama"]) == set(config_lib.GPT2_BLOCK)
+  assert {k.removeprefix("model.") for k in config_lib.BLOCKS["llama"]} <= set(fields)
+  assert report_load.GPT2_BLOCK == {f"model.{k}": getattr(core.Spec, k) for k in fields}
+  encoder = config_lib.encoder("gelu", "smoke")
+  for name in fields:
+    choices = fields_of(schema.SECTIONS)[f"model.{name}"].metadata.get("choices")
+    value = encoder.model[name]
+    other = (not value if isinstance(value, bool) else value * 2 if isinstance(value, float)
+             else next(c for c in choices if c != value))
+    c = config_lib.override(config_lib.encoder("gelu", "smoke"), {f"model.{name}": other})
+    if form[name] == "form":
+      with pytest.raises(config_lib.ConfigError, match=f"model.{name}={other!r}"):
+        config_lib.validate(c)
+    else:
+      config_lib.validate(c)
+
+
 STUDIES = sorted({p.parent.parent for p in (REPO / "results").glob("*/*/config.json")})
 
 
@@ -335,7 +401,7 @@ def test_every_committed_config_json_loads_and_means_what_it_meant(study):
     assert dataclasses.asdict(model.spec) == {
         **{name: m[name] for name in names(core.Spec)},
         "vocab_size": core.pad_vocab(m["vocab_size"] or vocab)}, where
-    assert dataclasses.asdict(model.execution) == {n: m[n] for n in names(core.Execution)}, where
+    assert dataclasses.asdict(model.execution) == {n: m[n] for n in names(kernels.Execution)}, where
     assert dataclasses.asdict(step.optim) == {
         **{name: o[name] for name in names(core.OptimSpec) if name != "total_steps"},
         "total_steps": file["train"]["steps"]}, where

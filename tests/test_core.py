@@ -57,8 +57,8 @@ def test_the_config_becomes_the_cores_specs():
   spec, execution, optim = step.objective.model.spec, step.objective.model.execution, step.optim
   assert (spec.norm_type, spec.position, spec.bias) == ("rms", "rope", False)
   assert spec.vocab_size == 320 and spec.activation == c.model.activation  # 257 padded to 64s
-  assert execution == core.Execution(c.model.dtype, c.model.attention_impl, c.model.scan_layers,
-                                     c.model.remat)
+  assert execution == kernels.Execution(dtype=c.model.dtype, scan_layers=c.model.scan_layers,
+                                       remat=c.model.remat, attention_impl=c.model.attention_impl)
   assert optim.total_steps == c.train.steps and optim.lr == c.optim.lr
   encoder = tiny_encoder("classify")
   assert tasks.get(encoder).objective(encoder, 300).model.spec.norm == encoder.model.norm
@@ -76,30 +76,36 @@ def test_a_field_that_matches_nothing_is_an_error_not_ignored(section, field):
 
 
 def test_an_optimizer_whose_warmup_outlasts_its_steps_is_refused_in_one_line():
-  with pytest.raises(ValueError, match="warmup_steps=100 must be at least 0 and less than "
-                                       "total_steps=20"):
+  """The one message of each relation of its fields, in the config's terms, which `validate` gives
+  by building it (tests/test_config.py)."""
+  with pytest.raises(ValueError, match=r"^optim.warmup_steps=100 must be >= 0 and < "
+                                       r"train.steps=20: set --config.optim.warmup_steps=2 "):
     core.OptimSpec(total_steps=20)
 
 
 def test_the_models_choices_are_written_once_on_the_core():
-  """The config's check of a model field's values reads them from the core's field (`choice`)."""
-  fields = {f.name: f for cls in (core.Spec, core.Execution) for f in dataclasses.fields(cls)}
+  """The config's check of a model field's values reads them from the core's field (`choice`);
+  the attention's choice is `kernels.Execution`'s alone: `core.Execution` runs XLA attention."""
+  fields = {f.name: f for cls in (core.Spec, kernels.Execution) for f in dataclasses.fields(cls)}
   chosen = {f.name: f for f in dataclasses.fields(schema.Model) if "choices" in fields.get(
       f.name, dataclasses.field()).metadata}
   assert set(chosen) == {n for n, f in fields.items() if "choices" in f.metadata}
   for name, f in chosen.items():
-    assert f.metadata["core"] in (core.Spec, core.Execution) and f.default == fields[name].default
+    assert f.metadata["core"] in (core.Spec, kernels.Execution)
+    assert f.default == fields[name].default
     for value in fields[name].metadata["choices"]:
       f.metadata["rule"](f"model.{name}", value)  # each of the core's choices passes
-    with pytest.raises(config_lib.ConfigError, match=f"model.{name}='other': choose "):
+    with pytest.raises(ValueError, match=f"model.{name}='other': choose "):
       f.metadata["rule"](f"model.{name}", "other")
   with pytest.raises(config_lib.ConfigError, match="model.position='alibi': choose 'learned' or "
                                                     "'rope'"):
     config_lib.validate(tiny(**{"model.position": "alibi"}))
+  with pytest.raises(TypeError, match="attention_impl"):
+    core.Execution(attention_impl="cudnn")
 
 
 @pytest.mark.parametrize("cls, section", [(core.OptimSpec, "optim"), (core.Spec, "model"),
-                                          (core.Execution, "model")])
+                                          (kernels.Execution, "model")])
 def test_the_cores_defaults_are_the_configs(cls, section):
   """A notebook's `OptimSpec`, `Spec` and `Execution` defaults are the default config's values."""
   values = config_lib.base()[section]

@@ -217,18 +217,21 @@ def refused(config, directory) -> str:
   return str(e.value)
 
 
-def test_transformers_4_rope_fields_are_read(tmp_path):
+def test_transformers_4_rope_fields_are_read(tmp_path, capsys):
   """A config.json of transformers 4 (`rope_theta` and `rope_scaling` at the top level) reads as
-  5's `rope_parameters`: its theta is compared, a scaled rope refused."""
+  5's `rope_parameters`: its theta is compared, and another than the model's said in the run's
+  first line (`init_from="say"`, as a workdir's: tests/test_train.py), a scaled rope refused."""
   fields = json.loads((save_config(tmp_path, "llama", intermediate_size=128) / "config.json")
                       .read_text())
   del fields["rope_parameters"]
-  for rope, match in [({"rope_theta": 5e5, "rope_scaling": None},
-                       "set --config.model.rope_theta=500000.0$"),
+  for rope, match in [({"rope_theta": 5e5, "rope_scaling": None}, "no model.safetensors"),
                       ({"rope_theta": 1e4, "rope_scaling": {"type": "linear", "factor": 2.0}},
                        "rope_type='linear'")]:
     (tmp_path / "config.json").write_text(json.dumps(fields | rope))
     assert re.search(match, refused(llama_config(), tmp_path))
+  assert capsys.readouterr().out.splitlines() == [
+      f"actlab: train.init_from=hf:{tmp_path}: model.rope_theta: 500000.0 there, 10000.0 here "
+      "(allowed: the parameters carry over)"]
 
 
 def test_qwen2_is_refused_and_never_written(tmp_path):
@@ -253,7 +256,7 @@ def test_qwen2_is_refused_and_never_written(tmp_path):
     ({"intermediate_size": 256}, {},
      "set --config.model.d_ff=256 --config.model.gated_match_params=False$"),
     ({"intermediate_size": 128, "rope_theta": 5e5, "rms_norm_eps": 1e-5}, {},
-     "set --config.model.norm_eps=1e-05 --config.model.rope_theta=500000.0$"),
+     "set --config.model.norm_eps=1e-05$"),  # another rope_theta is said, not refused
     ({"intermediate_size": 128, "attention_bias": True}, {}, "attention_bias=True has no actlab"),
     ({"intermediate_size": 128}, {"model.ffn": "plain"},
      "'llama' model; this run starts from arcee .* set --config.model.ffn=gated"),

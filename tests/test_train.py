@@ -350,7 +350,7 @@ def runs(tmp_path_factory):
   """`train.run` of `run_config(30)`, which estimates sharpness at steps 0 and 30, and of
   `run_config(31)`, too short for an estimate after step 0, by sharpness_every: each with its
   config, workdir, summary, metrics.jsonl rows, stdout, stderr, and the compiled programs
-  (`cache`, for `steps.program`)."""
+  (`cache`, for `loop.get`)."""
   cache, out = {}, {}
   for every in (30, 31):
     c, workdir = run_config(every), tmp_path_factory.mktemp(f"sharpness_every_{every}")
@@ -413,6 +413,28 @@ def test_different_config_on_used_workdir_is_refused(runs, tmp_path):
   with pytest.raises(pretrained.WorkdirError, match=r"model.activation: 'gelu' → 'relu'.*optim.lr"):
     train.run(c, workdir)
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
+
+
+@pytest.mark.slow
+def test_init_from_a_run_refuses_another_norm_eps_and_says_another_rope_theta(tmp_path, capsys):
+  """A field `train.init_from` checks (its `init_from` mark, config/schema.py) either refuses a
+  run of another value in one line (`norm_eps`: the norms would not be the ones trained) or
+  allows it and says so in the run's first line (`rope_theta`: changed on purpose, e.g. for a
+  longer context)."""
+  short = {"model.position": "rope", "train.steps": 2, "optim.warmup_steps": 0,
+           "train.progress": False, "metrics.tensorboard": False}
+  train.run(tiny(**short), tmp_path / "source")
+  capsys.readouterr()
+  start = {**short, "train.init_from": str(tmp_path / "source")}
+  with pytest.raises(pretrained.WorkdirError, match=r"^train.init_from='.*source' is a different "
+                     r"model or tokenizer: model.norm_eps: 1e-05 there, 1e-06 here$"):
+    train.run(tiny(**start, **{"model.norm_eps": 1e-6}), tmp_path / "eps")
+  assert not (tmp_path / "eps").exists()
+  train.run(tiny(**start, **{"model.rope_theta": 500.0}), tmp_path / "theta")
+  first, second = capsys.readouterr().out.splitlines()[:2]
+  assert re.fullmatch(r"actlab: train.init_from='.*source': model.rope_theta: 10000.0 there, "
+                      r"500.0 here \(allowed: the parameters carry over\)", first), first
+  assert second.startswith("actlab: causal_lm gelu")
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from actlab import config as config_lib
 from actlab.infra import metrics_log, workdir
 from conftest import tiny
 
@@ -225,3 +226,14 @@ def test_a_config_written_before_a_field_was_added_is_the_same_run(tmp_path):
   c.train.init_from = "hf:/models/gpt2"
   with pytest.raises(workdir.WorkdirError, match=r"train.init_from: '' → 'hf:/models/gpt2'"):
     run_dir.check_config(c)
+
+
+def test_the_runtime_fields_are_the_fields_marked_runtime():
+  """`RUNTIME_FIELDS` (prefixes, set by actlab.config from its fields' `runtime` marks) covers the
+  fields marked so and no other: a run resumed with another value of one is the same run."""
+  keys = workdir.dotted(config_lib.base().to_dict())
+  assert {k for k in keys if k.startswith(workdir.RUNTIME_FIELDS)} == set(
+      config_lib.marked("runtime"))
+  assert {"parallel.mode", "sweep.vectorize", "train.progress", "metrics.wandb_mode",
+          "data.dir"} <= set(config_lib.marked("runtime"))
+  assert workdir.RUNTIME_FIELDS[:2] == ("parallel.", "sweep.")  # sections of them alone

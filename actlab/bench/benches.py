@@ -16,7 +16,7 @@ import time
 import jax
 import ml_collections
 
-from actlab import core, tasks
+from actlab import config as config_lib, core, tasks
 from actlab.data import tokenizer
 from actlab.infra.errors import UserError
 from actlab.run import loop
@@ -154,16 +154,13 @@ class JaxBench:
 
 
 TORCH_MODES = ("eager", "compile")
-# The block's fields (docs/running.md, "The block, field by field"), which torch_ref builds alike.
-BLOCK_FIELDS = ("norm_type", "norm_eps", "position", "rope_theta", "bias", "tie_head", "ffn",
-                "qk_norm")
 
 
 class TorchBench:
   """The PyTorch reference in a worker process (benchmarks/torch_ref.py --worker): eager, or
   `torch.compile`d with fused AdamW (the GPU comparator), on `device` ("cpu" or "cuda"), in
-  bfloat16 autocast where the config computes in bfloat16; the config's block (`BLOCK_FIELDS`:
-  GPT-2's, the LLaMA-style one, any combination)."""
+  bfloat16 autocast where the config computes in bfloat16; the config's block
+  (`config.BLOCK_FIELDS`: GPT-2's, the LLaMA-style one, any combination but post-LN)."""
 
   def __init__(self, config: ml_collections.ConfigDict, mode: str = "eager",
                device: str = "cpu"):
@@ -181,7 +178,7 @@ class TorchBench:
         "layers": c.model.num_layers, "d_model": c.model.d_model, "heads": c.model.num_heads,
         "d_ff": c.model.d_ff, "activation": c.model.activation,
         "gated_match_params": c.model.gated_match_params, "seq_len": c.data.seq_len,
-        **{k: c.model[k] for k in BLOCK_FIELDS},
+        **{k: c.model[k] for k in config_lib.BLOCK_FIELDS},
         "batch": c.train.batch_size, "lr": c.optim.lr, "b1": c.optim.b1, "b2": c.optim.b2,
         "eps": c.optim.eps, "weight_decay": c.optim.weight_decay, "clip_norm": c.optim.clip_norm,
         "spike_clip": c.optim.spike_clip,

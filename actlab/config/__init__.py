@@ -1,7 +1,8 @@
 """The default config (`base`, from the fields of schema.py), the builders of the shipped config
-files (`decoder`, `encoder`, at the sizes of sizes.py), the one override parser, a section as the
-core's dataclass (`build`) and the listing `python -m actlab.config` prints. `validate`
-(validation.py) raises `ConfigError` with one readable line before anything compiles.
+files (`decoder`, `encoder`, at the sizes of sizes.py), the one override parser and the listing
+`python -m actlab.config` prints; from schema.py, a section as the core's dataclass (`build`, the
+model's `specs`) and the lists of fields its marks make. `validate` (validation.py) raises
+`ConfigError` with one readable line before anything compiles.
 """
 
 import ast
@@ -11,16 +12,18 @@ from typing import Any, Mapping
 import ml_collections
 
 from actlab.config import schema
-from actlab.config.rules import ConfigError, check, choices
-from actlab.config.schema import GPT2_BLOCK
+from actlab.config.rules import ConfigError, choices
+from actlab.config.schema import BLOCK_FIELDS, GPT2_BLOCK, INIT_FROM, build, marked, specs
 from actlab.core import activations
+from actlab.core.options import check
 from actlab.infra import errors
 from actlab.config.sizes import (CLASSIFY_SETTINGS, DECODER_SIZES, ENCODER_PREFIX,
                                  ENCODER_SIZES, SIZES)
 from actlab.config.validation import validate
 
-__all__ = ["BLOCKS", "ConfigError", "GPT2_BLOCK", "base", "build", "decoder", "encoder",
-           "listing", "override", "parse_arg", "parse_overrides", "validate"]
+__all__ = ["BLOCKS", "BLOCK_FIELDS", "ConfigError", "GPT2_BLOCK", "INIT_FROM", "base", "build",
+           "decoder", "encoder", "listing", "marked", "override", "parse_arg", "parse_overrides",
+           "specs", "validate"]
 
 
 def base(activation: str = "gelu") -> ml_collections.ConfigDict:
@@ -32,8 +35,8 @@ def base(activation: str = "gelu") -> ml_collections.ConfigDict:
   return c
 
 
-# The decoder's blocks by name: GPT-2's (`base`: `GPT2_BLOCK`, schema.py), and the LLaMA-style
-# block (RMSNorm, rotary positions, no biases, an untied head, a gated FFN for any activation).
+# The decoder's blocks by name, each the `BLOCK_FIELDS` it sets: GPT-2's (`base`: the defaults),
+# and the LLaMA-style block (RMSNorm, rotary positions, no biases, an untied head, a gated FFN).
 BLOCKS = {"gpt2": {},
           "llama": {"model.norm_type": "rms", "model.norm_eps": 1e-6, "model.position": "rope",
                     "model.bias": False, "model.tie_head": False, "model.ffn": "gated"}}
@@ -46,7 +49,7 @@ def decoder(activation: str = "gelu", size: str | None = None,
   size = size or "reference"
   if size not in DECODER_SIZES:
     raise ConfigError(f"unknown config variant {size!r}; choose one of: {choices(DECODER_SIZES)}")
-  check(block in BLOCKS, f"unknown block {block!r}; choose one of: {choices(BLOCKS)}")
+  check(block in BLOCKS, f"unknown block {block!r}; choose one of: {choices(BLOCKS)}", ConfigError)
   return override(override(base(activation), SIZES[size]), BLOCKS[block])
 
 
@@ -58,11 +61,13 @@ def encoder(activation: str = "gelu", size: str | None = None,
   if size and (size == "classify" or size.endswith("_classify")):
     size, task = size.removesuffix("classify").removesuffix("_"), "classify"
   size = size or "small"
-  check(task in ("mlm", "classify"), f"encoder task {task!r}: choose 'mlm' or 'classify'")
+  check(task in ("mlm", "classify"), f"encoder task {task!r}: choose 'mlm' or 'classify'",
+        ConfigError)
   variant = size if task == "mlm" else f"{size}_classify"
   variants = ENCODER_SIZES + ["classify"] + [f"{s}_classify" for s in CLASSIFY_SETTINGS]
   check(variant in variants,
-        f"unknown encoder config variant {variant!r}; choose one of: {choices(variants)}")
+        f"unknown encoder config variant {variant!r}; choose one of: {choices(variants)}",
+        ConfigError)
   c = base(activation)
   for section, values in schema.defaults(schema.ENCODER).items():  # the encoder's own fields
     for name, value in values.items():
@@ -149,16 +154,7 @@ def override(config: ml_collections.ConfigDict,
   return config
 
 
-# --- The core's dataclasses, and the listing ----------------------------------------------------
-
-
-def build(cls, section: ml_collections.ConfigDict, **given):
-  """The core's dataclass `cls` (`core.Spec`, `core.Execution`, `core.OptimSpec`) from its fields
-  in a config section (schema.py: each field of `cls` with a default; one the section lacks keeps
-  that default) and `given` (a field without one, or another value):
-  `build(core.OptimSpec, config.optim, total_steps=config.train.steps)`."""
-  return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)
-                if f.name in section and f.name not in given}, **given)
+# --- The listing --------------------------------------------------------------------------------
 
 
 def listing() -> str:

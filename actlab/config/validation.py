@@ -1,15 +1,18 @@
 """`validate(config)`: every field against its own rule (schema.py), then the fields' relations,
-checked before anything compiles or is written; the first problem found raises `ConfigError`
-with one readable line that says what to fix."""
+those of the core's dataclasses by building them (`OptimSpec` checks its own), checked before
+anything compiles or is written; the first problem found raises `ConfigError` with one readable
+line that says what to fix."""
 
 import importlib.util
 
 import ml_collections
 
+from actlab import core
 from actlab.config import schema
-from actlab.config.rules import check, parsed
+from actlab.config.rules import ConfigError, parsed
 from actlab.config.schema import GPT2_BLOCK
 from actlab.core import activations
+from actlab.core.options import check
 from actlab.data import tokenizer
 from actlab.infra import errors
 
@@ -17,6 +20,13 @@ from actlab.infra import errors
 def validate(c: ml_collections.ConfigDict) -> None:
   """ConfigError (one readable line) for the first problem: a field schema.py does not declare,
   each field's rule, then the relations."""
+  try:
+    _validate(c)
+  except ValueError as e:  # a rule's or relation's (core/options.py: `check`), or the core's own
+    raise ConfigError(str(e)) from None
+
+
+def _validate(c: ml_collections.ConfigDict) -> None:
   _check_names(c)
   encoder = c.model.kind == "encoder"  # the encoder's own fields are the encoder's to check
   for section, cls in [*schema.SECTIONS.items(), *(schema.ENCODER.items() if encoder else ())]:
@@ -37,13 +47,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   check(m.ffn != "plain" or not activations.get(m.activation).gated,
         f"model.ffn='plain' with model.activation={m.activation!r}, a gated (GLU) name: use its "
         f"plain activation ({activations.GATE_BASE.get(m.activation)!r}) or model.ffn='gated'")
-  check(0 <= o.warmup_steps < t.steps,
-        f"optim.warmup_steps={o.warmup_steps} must be >= 0 and < train.steps={t.steps}: set "
-        f"--config.optim.warmup_steps={t.steps // 10} (a tenth of the steps) or another value "
-        "below train.steps")
-  check(not (o.clip_norm and o.spike_clip),
-        f"optim.clip_norm={o.clip_norm} and optim.spike_clip={o.spike_clip}: one clipping at a "
-        "time; set the other to 0")
+  schema.build(core.OptimSpec, o, total_steps=t.steps)  # warm-up within the steps, one clipping
   check(d.seq_len <= m.max_len,
         f"data.seq_len={d.seq_len} is longer than model.max_len={m.max_len}")
   check(not mt.wandb_project or importlib.util.find_spec("wandb") is not None,

@@ -1,9 +1,9 @@
 """The faster variants of model.py's plain computations, equal to them up to rounding and off
 the reading path: `FusedCausalLM`, the decoder with the fused, chunked LM-head cross-entropy
 `xent_sum` (the loss of `softmax(h·Eᵀ)` without the [B, L, V] logits, with model.py's logZ sums
-chunk by chunk), and `Execution`, which runs cuDNN flash attention where it can
-(`attention_impl` decides, before tracing). The tasks choose them where a config asks
-(`model.loss_impl`, `model.attention_impl`); model.py never imports this module.
+chunk by chunk), and `Execution`, with the choice of attention: cuDNN flash attention where it
+can (`attention_impl` decides, before tracing). The tasks choose the loss where a config asks
+(`model.loss_impl`) and build this `Execution`; model.py never imports this module.
 
 For the reference decoder (GPT-2 vocabulary) the tied LM head is three quarters of the FLOPs,
 and the plain path (logits = h·Eᵀ, `softmax_cross_entropy` and its autodiff) writes and re-reads
@@ -28,6 +28,7 @@ import numpy as np
 from absl import logging
 
 from actlab.core import model
+from actlab.core.options import choice
 
 
 # Logit elements per chunk: enough tokens to amortise adding each chunk's V×D weight gradient (on
@@ -147,16 +148,15 @@ _xent.defvjp(_xent_fwd, _xent_bwd)
 # --- cuDNN attention ----------------------------------------------------------------------------
 
 
-def execution_class(attention_impl: str) -> type[model.Execution]:
-  """The `Execution` that runs `attention_impl`: model.py's for "xla", else this module's."""
-  return model.Execution if attention_impl == "xla" else Execution
-
-
 @dataclasses.dataclass(frozen=True)
 class Execution(model.Execution):
-  """`model.Execution` whose attention is cuDNN flash attention where `attention_impl` ("cudnn",
-  "auto") and the call allow it (`attention_impl`), else XLA's. cuDNN never forms the logits:
-  in training no `attention_stats` (None), in evaluation those of logits computed apart."""
+  """`model.Execution` with the choice of attention, written here only (`attention_impl`): cuDNN
+  flash attention where it asks for it and the call allows it (`attention_impl`), else XLA's.
+  cuDNN never forms the logits: in training no `attention_stats` (None), in evaluation those of
+  logits computed apart. The tasks build this `Execution` (`config.specs`)."""
+  attention_impl: str = choice("xla", "cudnn", "auto", help="jax.nn.dot_product_attention "
+                               'implementation: "xla", "cudnn" (an error where it cannot run) or '
+                               '"auto" (cuDNN where it can, else XLA: on a GPU said once)')
 
   def attend(self, q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool, train: bool):
     lengths = None if mask is None else (q_BHLK.shape[2], k_BHTK.shape[2])

@@ -40,37 +40,48 @@ from actlab.core.options import (activation_name, boolean, choice, non_negative,
 @dataclasses.dataclass(frozen=True)
 class Spec:
   """The architecture, hashable for Flax. Each field is written once, here: its default (GPT-2's
-  block, at the reference study's size), the rule its values keep and its help text; a config's
+  block, at the reference study's size), the rule its values keep, its help text and its marks
+  (what it is: the block's, refused or said by `train.init_from`; core/options.py); a config's
   `model` section has these fields (actlab/config/schema.py) and a task builds the `Spec` from
   them (actlab/tasks/)."""
-  activation: str = option("gelu", activation_name(),
+  activation: str = option("gelu", activation_name(), init_from="refuse",
                            help="FFN activation: a name from actlab.core.activations.NAMES")
-  num_layers: int = option(6, positive)
-  d_model: int = option(384, positive)
-  num_heads: int = option(6, positive)
-  d_ff: int = option(1536, positive, help="FFN hidden width of the plain (two-matrix) FFN")
-  max_len: int = option(128, positive, help="learned position embeddings (context length)")
-  vocab_size: int = option(0, non_negative(" (0 = tokenizer's)"),
+  num_layers: int = option(6, positive, init_from="refuse")
+  d_model: int = option(384, positive, init_from="refuse")
+  num_heads: int = option(6, positive, init_from="refuse")
+  d_ff: int = option(1536, positive, help="FFN hidden width of the plain (two-matrix) FFN",
+                     init_from="refuse")
+  max_len: int = option(128, positive, help="learned position embeddings (context length)",
+                        init_from="refuse")
+  vocab_size: int = option(0, non_negative(" (0 = tokenizer's)"), init_from="refuse",
                            help="0: the tokenizer's vocabulary; always padded to a multiple of 64")
   dropout: float = option(0.0, within(0, 1))
-  norm: str = choice("pre", "post", help='"pre" (GPT-2) or "post" (BERT) placement of the norms')
+  # The block (docs/running.md, "The block, field by field"): its fields marked `block`.
+  norm: str = choice("pre", "post", help='"pre" (GPT-2) or "post" (BERT) placement of the norms',
+                     block="option", init_from="refuse")
   norm_type: str = choice("layer", "rms", help='"layer" (LayerNorm) or "rms" (RMSNorm as '
-                          "Llama's: float32, a scale only)")
-  norm_eps: float = option(1e-5, help="the norms' epsilon (GPT-2 1e-5, BERT 1e-12, Llama 1e-6)")
+                          "Llama's: float32, a scale only)", block="form", init_from="refuse")
+  # Refused: the trained norms are of their epsilon (a run from hf:DIR too: its config.json's).
+  norm_eps: float = option(1e-5, help="the norms' epsilon (GPT-2 1e-5, BERT 1e-12, Llama 1e-6)",
+                           block="option", init_from="refuse")
   position: str = choice("learned", "rope", help='"learned" position embeddings (max_len of '
                          'them) or "rope" (rotary on queries and keys, transformers\' half-split '
-                         "layout)")
-  rope_theta: float = option(10000.0, positive, help='RoPE\'s base (position="rope")')
-  bias: bool = option(True, boolean, help="every linear and norm bias (false: none, as Llama)")
+                         "layout)", block="form", init_from="refuse")
+  # Said, not refused: a run may change RoPE's base on purpose (e.g. for a longer context).
+  rope_theta: float = option(10000.0, positive, help='RoPE\'s base (position="rope")',
+                             block="option", init_from="say")
+  bias: bool = option(True, boolean, help="every linear and norm bias (false: none, as Llama)",
+                      block="form", init_from="refuse")
   tie_head: bool = option(True, boolean, help="the LM head is the token embedding (GPT-2) or its "
-                          "own matrix")
+                          "own matrix", block="form", init_from="refuse")
   ffn: str = choice("auto", "plain", "gated", help='"plain" W₂·act(W₁x), "gated" W₂·(act(W_g x) '
-                    '⊙ W₁x) for any activation, "auto": gated for the GLU names (swiglu, ...)')
+                    '⊙ W₁x) for any activation, "auto": gated for the GLU names (swiglu, ...)',
+                    block="option", init_from="refuse")
   gated_match_params: bool = option(True, boolean, help="gated FFNs use round(2/3·d_ff) to a "
-                                    "multiple of 64 (Shazeer 2020)")
+                                    "multiple of 64 (Shazeer 2020)", init_from="refuse")
   qk_norm: bool = option(False, boolean, help="qk-norm: the block's norm of queries and keys over "
                          "the head dim before q·k (Wortsman et al. 2023); Hugging Face export in "
-                         "the LLaMA-style block only (Qwen3)")
+                         "the LLaMA-style block only (Qwen3)", block="option", init_from="refuse")
 
   @property
   def head_dim(self) -> int:
@@ -107,11 +118,10 @@ def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
 class Execution:
   """How the model runs, not what it computes (fields of a config's `model` section, as `Spec`'s
   are): every choice computes the same function up to rounding (tests/test_model_execution.py).
-  The decoder's loss implementation (`model.loss_impl`) is its task's choice: tasks/causal_lm.py."""
+  Attention here is XLA's; choosing another (`model.attention_impl`) is kernels.Execution's field,
+  and the decoder's loss implementation (`model.loss_impl`) its task's: tasks/causal_lm.py."""
   dtype: str = choice("float32", "bfloat16", help='compute dtype: "float32" or "bfloat16" '
                       "(params stay float32)")
-  attention_impl: str = choice("xla", "cudnn", "auto", help="jax.nn.dot_product_attention "
-                               'implementation: "xla", "cudnn", "auto"')  # kernels.Execution
   scan_layers: bool = option(False, boolean, help="nn.scan over the blocks: compile time "
                              'independent of depth (params under "blocks" with a layer axis; '
                              "another random init)")  # `stack`
@@ -125,7 +135,7 @@ class Execution:
 
   def attend(self, q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool, train: bool):
     """Attention's output and its `attention_stats` (None where not formed): XLA attention.
-    (kernels.Execution runs cuDNN flash attention where `attention_impl` asks for it.)"""
+    (kernels.Execution runs cuDNN flash attention where its `attention_impl` asks for it.)"""
     del train
     return xla_attention(q_BHLK, k_BHTK, v_BHTK, mask, causal=causal)
 

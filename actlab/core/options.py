@@ -1,9 +1,10 @@
 """A field of the core's dataclasses (`Spec`, `Execution`, `OptimSpec`) with what a config needs
-of it, written with the field once: its default, the rule its values keep and its help text
-(`option`, `choice`). The config's `model` and `optim` sections are these fields
+of it, written with the field once: its default, the rule its values keep, its help text and its
+marks (`option`, `choice`, `MARKS`). The config's `model` and `optim` sections are these fields
 (actlab/config/schema.py), checked by these rules and listed with this help
-(`python -m actlab.config`). A rule is `(key, value) -> None` and raises ValueError with one line
-that names the key and says what to fix.
+(`python -m actlab.config`); the harness's sections are written the same way. A rule is
+`(key, value) -> None` and raises ValueError with one line that names the key and says what to
+fix (`check`).
 """
 
 import dataclasses
@@ -13,21 +14,33 @@ from actlab.core import activations
 
 Rule = Callable[[str, Any], None]
 
+# What a field is, marked where it is written (`option(..., init_from="refuse")`): every list of
+# fields derives from these marks (actlab/config/schema.py, `marked`), none is written out.
+MARKS = {
+    "block": '"form": the block\'s form, GPT-2\'s or the LLaMA-style one (a Hugging Face family '
+             'fixes it, the encoder keeps GPT-2\'s); "option": any block takes it',
+    "init_from": 'a run started from another (`train.init_from`, a workdir or hf:DIR) of another '
+                 'value: "refuse"d in one line, or "say": allowed and said in its first line',
+    "runtime": 'how or where a run executes, not what it computes (a resumed run may change it): '
+               '"program" where its compiled programs are built for it, "harness" where not',
+}
 
-def option(default, rule: Rule | None = None, help: str = ""):
-  """A field: its default, the rule its values keep (None: any value of its type), its help."""
-  return dataclasses.field(default=default, metadata={"rule": rule, "help": help})
+
+def option(default, rule: Rule | None = None, help: str = "", **marks):
+  """A field: its default, the rule its values keep (None: any value of its type), its help and
+  its `MARKS`."""
+  return dataclasses.field(default=default, metadata={"rule": rule, "help": help, **marks})
 
 
-def choice(*values: str, help: str = ""):
+def choice(*values: str, help: str = "", **marks):
   """A field that takes one of `values`, the first its default."""
-  return dataclasses.field(default=values[0],
-                           metadata={"rule": one_of(*values), "help": help, "choices": values})
+  return option(values[0], one_of(*values), help, choices=values, **marks)
 
 
-def check(ok: bool, message: str) -> None:
+def check(ok: bool, message: str, error: type[Exception] = ValueError) -> None:
+  """Raises `error(message)` unless `ok`."""
   if not ok:
-    raise ValueError(message)
+    raise error(message)
 
 
 def choices(names) -> str:  # "'a', 'b', 'c'"

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from actlab.core.model import AttentionStats, Objective, Sums, per_layer
-from actlab.core.options import non_negative, option, positive, within
+from actlab.core.options import check, non_negative, option, positive, within
 
 # The key of every evaluation (no dropout): every evaluation of every run, and MLM's baselines
 # (`tasks/mlm.baselines`), score the same masked positions.
@@ -24,7 +24,8 @@ EVAL_SEED = 0
 class OptimSpec:
   """The optimizer and its schedule. Each field with a default is a field of a config's `optim`
   section, written once here with its rule and help (as `Spec`'s); `total_steps` is
-  `train.steps`. (`Step.init` may give another peak LR than `lr`.)"""
+  `train.steps`. The fields' relations are checked here, named as the config names them (the
+  config checks them by building this). (`Step.init` may give another peak LR than `lr`.)"""
   total_steps: int
   lr: float = option(1e-3, positive, help="peak learning rate, reached after warm-up")
   min_lr_ratio: float = option(0.1, within(0, 1, "[]"), help="cosine decays to min_lr_ratio · lr "
@@ -43,12 +44,12 @@ class OptimSpec:
                              "the stability rule's threshold); 0 = off; not with clip_norm")
 
   def __post_init__(self):
-    if not 0 <= self.warmup_steps < self.total_steps:
-      raise ValueError(f"OptimSpec: warmup_steps={self.warmup_steps} must be at least 0 and less "
-                       f"than total_steps={self.total_steps}")
-    if self.clip_norm and self.spike_clip:
-      raise ValueError(f"OptimSpec: clip_norm={self.clip_norm} and spike_clip={self.spike_clip}: "
-                       "one clipping at a time (0 turns either off)")
+    steps = self.total_steps
+    check(0 <= self.warmup_steps < steps, f"optim.warmup_steps={self.warmup_steps} must be >= 0 "
+          f"and < train.steps={steps}: set --config.optim.warmup_steps={steps // 10} (a tenth of "
+          "the steps) or another value below train.steps")
+    check(not (self.clip_norm and self.spike_clip), f"optim.clip_norm={self.clip_norm} and "
+          f"optim.spike_clip={self.spike_clip}: one clipping at a time; set the other to 0")
 
 
 def schedule(optim: OptimSpec) -> optax.Schedule:

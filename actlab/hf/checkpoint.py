@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from actlab.config import INIT_FROM
 from actlab.core import activations
 from actlab.core.model import ffn_width, gated
 from actlab.hf import mapping
@@ -219,7 +220,7 @@ def read(directory, config, task: str, vocab_size: int) -> Weights:
   llama_style = theirs in LLAMA_STYLE
   if llama_style:
     cfg = _transformers_config(directory, where)
-  _check_sizes(cfg, config, theirs, vocab_size, where)
+  say_allowed(where, _check_sizes(cfg, config, theirs, vocab_size, where))
   _note_activation(cfg.get("activation_function" if theirs == "gpt2" else "hidden_act"),
                    function(config.model.activation), where)
   state = _weights(directory, where)
@@ -253,17 +254,24 @@ def _transformers_config(directory: pathlib.Path, where: str) -> dict:
                     f"{str(e).splitlines()[0] if str(e) else e.__class__.__name__}") from None
 
 
+def say_allowed(where: str, diffs: list[str]) -> None:
+  """The run's first line for what `train.init_from` allows to differ (`init_from="say"`)."""
+  if diffs:
+    print(f"actlab: {where}: {'; '.join(diffs)} (allowed: the parameters carry over)", flush=True)
+
+
 def _note_activation(theirs, ours: str, where: str) -> None:
   if theirs != ACTIVATIONS.get(ours):
     print(f"actlab: {where}: the FFN activation is the config's, {ours!r} "
           f"(the checkpoint's: {theirs!r})", flush=True)
 
 
-def _check_sizes(cfg: dict, config, family: str, vocab_size: int, where: str) -> None:
+def _check_sizes(cfg: dict, config, family: str, vocab_size: int, where: str) -> list[str]:
   """UserError unless the checkpoint's features and sizes are the model's (more positions are
-  cut to `model.max_len`) and its vocabulary is no larger than `vocab_size`. The LLaMA-style
-  classes' besides: as many key/value heads as heads (no GQA), the head dim d_model/heads, the
-  default RoPE at `model.rope_theta`, `intermediate_size` the FFN width actlab computes."""
+  cut to `model.max_len`; a field marked `init_from="say"` may differ: the differences returned)
+  and its vocabulary is no larger than `vocab_size`. The LLaMA-style classes' besides: as many
+  key/value heads as heads (no GQA), the head dim d_model/heads, the default RoPE (its base
+  `model.rope_theta`), `intermediate_size` the FFN width actlab computes."""
   m = config.model
   unsupported = [f"{k}={cfg[k]!r}" for k, v in REQUIRED[family].items() if cfg.get(k, v) != v]
   if unsupported:
@@ -273,12 +281,12 @@ def _check_sizes(cfg: dict, config, family: str, vocab_size: int, where: str) ->
     have["n_inner"] = have.get("n_inner") or 4 * have.get("n_embd", 0)
   if family in LLAMA_STYLE:
     _check_heads(cfg, where)
-  wrong = [f"--config.model.{f}={have.get(h)}" for f, h in FIELDS[family].items() if f in m
-           and not ((have.get(h) or 0) >= m[f] if f == "max_len" else have.get(h) == m[f])]
+  theirs = {f: have.get(h) for f, h in FIELDS[family].items() if f in m}
   if family in LLAMA_STYLE:
-    theta = rope(cfg, where)
-    if theta != m.rope_theta:
-      wrong.append(f"--config.model.rope_theta={theta}")
+    theirs["rope_theta"] = rope(cfg, where)
+  differ = [f for f, v in theirs.items() if not ((v or 0) >= m[f] if f == "max_len" else v == m[f])]
+  wrong = [f"--config.model.{f}={theirs[f]}" for f in differ if INIT_FROM[f"model.{f}"] == "refuse"]
+  if family in LLAMA_STYLE:
     inner = cfg.get("intermediate_size")
     if inner != width(config):  # Read back into d_ff: the gated width is d_ff itself unmatched.
       wrong.append(f"--config.model.d_ff={inner}" + (" --config.model.gated_match_params=False"
@@ -290,6 +298,8 @@ def _check_sizes(cfg: dict, config, family: str, vocab_size: int, where: str) ->
     raise UserError(f"{where}: the checkpoint's vocabulary ({cfg['vocab_size']}) is larger than "
                     f"the model's ({vocab_size}, data.tokenizer={config.data.tokenizer!r}); use "
                     "the checkpoint's tokenizer")
+  return [f"model.{f}: {theirs[f]!r} there, {m[f]!r} here" for f in differ
+          if INIT_FROM[f"model.{f}"] == "say"]
 
 
 def _check_heads(cfg: dict, where: str) -> None:

@@ -27,11 +27,9 @@ class WorkdirError(UserError):
 
 
 # Fields that say how or where a run executes, not what it computes: they may change when a run
-# resumes (each segment's values are in provenance.json).
-RUNTIME_FIELDS = ("parallel.", "sweep.", "train.progress", "train.keep_checkpoints",
-                  "train.compile_cache",
-                  "metrics.tensorboard", "metrics.wandb_", "metrics.ffn_hist_", "data.dir",
-                  "data.manual_dir", "data.gpt2_dir")
+# resumes (each segment's values are in provenance.json). As prefixes ("parallel.": a section);
+# marked on the fields (`runtime`), which actlab.config, above this module, reads and sets here.
+RUNTIME_FIELDS: tuple[str, ...] = ()
 
 
 # What a run directory holds (docs/design.md §3.5; `curves.png`: actlab.report's plot of a run)

@@ -25,10 +25,8 @@ def _configs(root: pathlib.Path) -> dict[str, dict]:
           if (c := workdir.read_json(p)) is not None}
 
 
-# The block's fields a report names (docs/running.md, "The block, field by field") at GPT-2's
-# values: `config.GPT2_BLOCK`'s, with RoPE's base and the FFN's form at their defaults.
-GPT2_BLOCK = {f"model.{k}": v for k, v in {
-    **config_lib.GPT2_BLOCK, "rope_theta": core.Spec.rope_theta, "ffn": core.Spec.ffn}.items()}
+# The block's fields a report names (`config.BLOCK_FIELDS`) at their defaults, GPT-2's block.
+GPT2_BLOCK = {f"model.{k}": getattr(core.Spec, k) for k in config_lib.BLOCK_FIELDS}
 
 
 def block(roots: Sequence) -> dict:

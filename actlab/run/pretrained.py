@@ -1,6 +1,7 @@
 """Where a run's parameters come from besides its own checkpoints: `train.init_from` (another
 run's latest intact checkpoint, or `hf:DIR`: hf/checkpoint.py), checked before anything is
-written; and a trained run read back (`load_run`)."""
+written (the fields marked `init_from`: config/schema.py); and a trained run read back
+(`load_run`)."""
 
 import pathlib
 
@@ -9,7 +10,7 @@ import jax
 import ml_collections
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from actlab import core, data, tasks
+from actlab import config as config_lib, core, data, tasks
 from actlab.core import activations
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.hf import mapping
@@ -19,22 +20,15 @@ from actlab.infra.workdir import RunDir, WorkdirError
 from actlab.run import loop
 
 
-# Fields that must agree between a run and the run it is initialised from (`train.init_from`).
-INIT_FROM_FIELDS = {"model": ("kind", "activation", "num_layers", "d_model", "num_heads", "d_ff",
-                              "gated_match_params", "max_len", "vocab_size", "norm", "norm_type",
-                              "position", "bias", "tie_head", "ffn", "type_vocab_size"),
-                    "data": ("source", "tokenizer", "tinystories_version")}
-
-
 HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face GPT-2, Llama, Arcee, Qwen3 or BERT directory
 #             (hf/checkpoint.py)
 
 
 def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
   """What `train.init_from` names, checked before the workdir is touched: the config of a
-  workdir's run (the same model and tokenizer, with a checkpoint), or for `hf:DIR` that
-  directory's state dict and family (`hf_checkpoint.Weights`), checked against this model
-  (`vocab_size`: the tokenizer's)."""
+  workdir's run (the same model and tokenizer, with a checkpoint; a field marked "say" may differ,
+  and the run's first line says so), or for `hf:DIR` that directory's state dict and family
+  (`hf_checkpoint.Weights`), checked against this model (`vocab_size`: the tokenizer's)."""
   if config.train.init_from.startswith(HF):
     return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.name(config),
                               core.pad_vocab(config.model.vocab_size or vocab_size))
@@ -44,15 +38,19 @@ def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
     raise WorkdirError(f"train.init_from={str(source)!r} holds no run (no readable config.json); "
                        "train the model to start from there first (e.g. the :smoke MLM config), "
                        f"or give a Hugging Face model directory as {HF}<dir>")
-  diffs = [f"{section}.{k}: {old[section].get(k)!r} there, {config[section].get(k)!r} here"
-           for section, keys in INIT_FROM_FIELDS.items() for k in keys
-           if old[section].get(k) != config[section].get(k)]
-  if diffs:
+  diffs = {"refuse": [], "say": []}
+  for key, how in config_lib.INIT_FROM.items():
+    section, name = key.split(".")
+    there, here = old[section].get(name), config[section].get(name)
+    if there != here:
+      diffs[how].append(f"{key}: {there!r} there, {here!r} here")
+  if diffs["refuse"]:
     raise WorkdirError(f"train.init_from={str(source)!r} is a different model or tokenizer: "
-                       + "; ".join(diffs))
+                       + "; ".join(diffs["refuse"]))
   with Checkpoints(source / "checkpoints", 1, read_only=True) as checkpoints:
     if checkpoints.latest_step() is None:
       raise WorkdirError(f"train.init_from={str(source)!r} has no checkpoint yet")
+  hf_checkpoint.say_allowed(f"train.init_from={str(source)!r}", diffs["say"])
   return ml_collections.ConfigDict(old)
 
 

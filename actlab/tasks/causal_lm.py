@@ -11,14 +11,11 @@ from actlab.tasks.task import Task
 
 
 def objective(config, vocab_size: int) -> core.CausalLM:
-  """The decoder with its next-token loss: from the logits, or fused with the head
-  (`model.loss_impl`: kernels.FusedCausalLM); cuDNN attention where `model.attention_impl` asks
-  for it (kernels.Execution)."""
-  m = config.model
-  spec = config_lib.build(core.Spec, m, vocab_size=core.pad_vocab(m.vocab_size or vocab_size))
-  execution = config_lib.build(kernels.execution_class(m.attention_impl), m)
-  objective = kernels.FusedCausalLM if m.loss_impl == "fused" else core.CausalLM
-  return objective(core.Decoder(spec, execution), z_loss=config.optim.z_loss)
+  """The decoder (`config.specs`) with its next-token loss: from the logits, or fused with the
+  head (`model.loss_impl`: kernels.FusedCausalLM)."""
+  objective = kernels.FusedCausalLM if config.model.loss_impl == "fused" else core.CausalLM
+  return objective(core.Decoder(*config_lib.specs(config, vocab_size)),
+                   z_loss=config.optim.z_loss)
 
 
 def dataset(config):

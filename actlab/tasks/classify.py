@@ -8,17 +8,16 @@ import math
 import numpy as np
 
 from actlab import config as config_lib, core, data
-from actlab.core import kernels
 from actlab.tasks.task import Task
 from actlab.tasks.mlm import specials_of
 
 
 def objective(config, vocab_size: int) -> core.Classifier:
   m = config.model
-  spec = config_lib.build(core.Spec, m, vocab_size=core.pad_vocab(m.vocab_size or vocab_size))
+  spec, execution = config_lib.specs(config, vocab_size)
   encoder = core.Encoder(spec, head="classify", pooler_activation=m.pooler_activation,
                          type_vocab_size=m.type_vocab_size, num_classes=m.num_classes,
-                         execution=config_lib.build(kernels.execution_class(m.attention_impl), m))
+                         execution=execution)
   return core.Classifier(encoder, specials_of(config).pad, z_loss=config.optim.z_loss)
 
 

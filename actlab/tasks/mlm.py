@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from actlab import config as config_lib, core, data
-from actlab.core import encoder, kernels
+from actlab.core import encoder
 from actlab.data import tokenizer
 from actlab.tasks.task import Task
 
@@ -21,9 +21,8 @@ def specials_of(config) -> core.Specials:
 
 def objective(config, vocab_size: int) -> core.MaskedLM:
   m, d = config.model, config.data
-  spec = config_lib.build(core.Spec, m, vocab_size=core.pad_vocab(m.vocab_size or vocab_size))
-  encoder = core.Encoder(spec, head="mlm", type_vocab_size=m.type_vocab_size,
-                         execution=config_lib.build(kernels.execution_class(m.attention_impl), m))
+  spec, execution = config_lib.specs(config, vocab_size)
+  encoder = core.Encoder(spec, head="mlm", type_vocab_size=m.type_vocab_size, execution=execution)
   return core.MaskedLM(encoder, specials_of(config), vocab_size, prob=d.mlm_prob,
                        mask_frac=d.mlm_mask_frac, random_frac=d.mlm_random_frac,
                        z_loss=config.optim.z_loss)
