@@ -5,7 +5,7 @@
 
 Each option set in `--options` runs in a process of its own (XLA:GPU keeps the kernels it timed
 for the rest of a process, which would flatter the option sets that come later). There each
-program of `loop.Program` named in `--programs` is lowered and compiled afresh (JAX's persistent
+program of `program.Program` named in `--programs` is lowered and compiled afresh (JAX's persistent
 cache off) with those options, then called `--calls` times on the config's first batches, on a
 state of zeros of the program's shapes (timing only: no `init` to compile), each call waited for.
 One markdown row per pair: the compile's seconds and the median call's milliseconds. The option
@@ -29,7 +29,7 @@ from absl import flags
 
 from actlab import tasks
 from actlab.infra import errors
-from actlab.run import loop
+from actlab.run import program as program_lib
 
 OPTIONS = {
     "default": {},
@@ -69,12 +69,12 @@ def main(argv):
   jax.config.update("jax_enable_compilation_cache", False)  # Every compile is a compile.
   config = _CONFIG.value
   dataset = tasks.get(config).dataset(config)
-  program = loop.Program.create(config, dataset.tokenizer.vocab_size, F.runs)
+  program = program_lib.Program.create(config, dataset.tokenizer.vocab_size, F.runs)
   if missing := [name for name in F.programs if getattr(program, name) is None]:
     raise errors.UserError(f"the config has no {', '.join(missing)}: metrics.sharpness_every is 0 "
                            "or more than train.steps")
   state = jax.tree.map(lambda x: jax.device_put(np.zeros(x.shape, x.dtype), x.sharding),
-                       program.like)
+                       program.state_like)
   batch = program.put_batches([dataset.train_batch(0)] * F.runs)
   val_batch = program.plan.shard_batch(dataset.val_batches()[0])
   sharpness_batch = program.sharpness_batch(dataset)
@@ -100,7 +100,7 @@ def main(argv):
 if __name__ == "__main__":
   _CONFIG = errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
   errors.require("config")
-  flags.DEFINE_integer("runs", 1, "vectorized runs per program (loop.Program)")
+  flags.DEFINE_integer("runs", 1, "vectorized runs per program (program.Program)")
   flags.DEFINE_list("options", list(OPTIONS), f"option sets, of {', '.join(OPTIONS)}")
   flags.DEFINE_list("programs", ["train_step", "sharpness_step"], f"of {', '.join(PROGRAMS)}")
   flags.DEFINE_integer("calls", 10, "calls timed per program and option set")

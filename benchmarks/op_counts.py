@@ -23,7 +23,7 @@ from actlab import config as config_lib
 from actlab import tasks
 from actlab.data.tokenizer import nominal_vocab_size
 from actlab.infra import errors
-from actlab.run import loop
+from actlab.run import program as program_lib
 
 
 def entry_ops(compiled_text: str) -> collections.Counter:
@@ -37,7 +37,7 @@ def main(spec: str, overrides: str = "", rounds: int = 0) -> None:
   if overrides:
     config = config_lib.override(config, config_lib.parse_overrides(overrides))
   vocab = nominal_vocab_size(config)
-  program = loop.Program.create(config, vocab)
+  program = program_lib.Program.create(config, vocab)
   state = jax.eval_shape(program.step.init, 0, 1.0)
   batch = jax.eval_shape(lambda: tasks.get(config).random_batch(config, vocab, 0))
   variants = {name: getattr(program, name) for name in ("train_step", "log_step")}

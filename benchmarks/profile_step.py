@@ -26,7 +26,7 @@ from actlab import config as config_lib
 from actlab import tasks
 from actlab.data.tokenizer import nominal_vocab_size
 from actlab.infra import errors
-from actlab.run import loop
+from actlab.run import program
 
 
 def median_ms(f, *args, n: int = 20) -> float:
@@ -81,7 +81,7 @@ def main(argv) -> None:
   if rest:
     c = config_lib.override(c, config_lib.parse_overrides(rest[0]))
   vocab = nominal_vocab_size(c)
-  fns = loop.create_step(c, vocab)
+  fns = program.create_step(c, vocab)
   state = jax.jit(fns.init)(0)
   batch = jax.numpy.asarray(tasks.get(c).random_batch(c, vocab))
   key = jax.random.PRNGKey(0)

@@ -9,7 +9,7 @@ For each activation (`--activations`, default gelu,relu) and seed, the run's con
 the committed runs' was (`configs/tinystories_<act>.py`, the decoder size "cpu_epoch", LR 3e-3,
 TinyStories v1; compared with the committed run's `config.json` where there is one), and
 the run trains for `--steps` steps through actlab's own state init, batches
-(`Dataset.train_batch(k)`) and jitted train step (`loop.Program`: its `log_step` on the steps
+(`Dataset.train_batch(k)`) and jitted train step (`program.Program`: its `log_step` on the steps
 the loop logs, its `train_step` on the others, exactly as `run/loop.py` chooses). Before step
 k's update, one extra jitted `jax.grad` of the same loss at the same parameters, batch and
 dropout key measures, without changing the trajectory (the real step is then applied unchanged):
@@ -121,7 +121,6 @@ def make_measure(program):
   import jax
   import jax.numpy as jnp
   from actlab import core
-  from actlab.run import loop
   s = program.step
 
   def one(state, batch):
@@ -159,16 +158,16 @@ def trace(config, n_steps: int, measure: bool = True, cache: dict | None = None)
   import jax
   from actlab import core, tasks
   from actlab.infra import parallel
-  from actlab.run import loop
+  from actlab.run import loop, program as program_lib
   parallel.initialize(config)
   task = tasks.get(config)
   dataset = task.dataset(config)
   dataset = dataclasses.replace(dataset, seed=int(config.train.seed))  # as train.run_group
-  program = loop.get(config, dataset.tokenizer.vocab_size, 1, cache)
+  program = program_lib.get(config, dataset.tokenizer.vocab_size, 1, cache)
   state = program.start([config])
   measure_fn = None
   if measure:
-    key = ("spike_onset.measure", loop.compile_key(config, dataset.tokenizer.vocab_size))
+    key = ("spike_onset.measure", program_lib.compile_key(config, dataset.tokenizer.vocab_size))
     if cache is None or key not in cache:
       measure_fn = make_measure(program)
       if cache is not None:
@@ -179,7 +178,7 @@ def trace(config, n_steps: int, measure: bool = True, cache: dict | None = None)
   rows, groups = [], []
   for k in range(n_steps):
     batch = program.put_batches([dataset.train_batch(k)])
-    log_now = loop.is_logged(k + 1, t, program.evaluators.sharpness)
+    log_now = loop.Due.at(k + 1, t, program.evaluators.sharpness).row
     row = {"step": k}
     if measure_fn is not None:
       m = jax.device_get(measure_fn(state, batch))  # before the step: it donates the state

@@ -24,7 +24,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from actlab import config as config_lib, core  # noqa: E402
 from actlab.infra import parallel  # noqa: E402
 from actlab.infra.checkpoint import Checkpoints  # noqa: E402
-from actlab.run import loop, train  # noqa: E402
+from actlab.run import program, train  # noqa: E402
 from conftest import tiny  # noqa: E402
 from tree_utils import state_bytes_per_device, tree_max_abs_diff  # noqa: E402
 
@@ -59,12 +59,12 @@ def initial(c, seed=0, lr=None):
   c = copy.deepcopy(c)
   c.train.seed, c.optim.lr = seed, lr or c.optim.lr
   return jax.device_get(
-      loop.Program.create(c, VOCAB, plan=parallel.plan(c, jax.devices()[:1])).start([c]))
+      program.Program.create(c, VOCAB, plan=parallel.plan(c, jax.devices()[:1])).start([c]))
 
 
 def run_on(c, devices, bs, state):
   """`c`'s program on `devices`, and 3 logged steps from the host state `state`."""
-  fns = loop.Program.create(c, VOCAB, plan=parallel.plan(c, devices))
+  fns = program.Program.create(c, VOCAB, plan=parallel.plan(c, devices))
   return fns, *take_steps(fns, fns.stack([state]), bs)
 
 
@@ -139,9 +139,9 @@ def case_checkpoint(tmp):
   after4, m4 = take_steps(fns4, state4, bs[2:])
   out = {}
   for name, c, d in (("dp2", config("dp"), devs[:2]), ("single", config("dp"), devs[:1])):
-    fns = loop.Program.create(c, VOCAB, plan=parallel.plan(c, d))
+    fns = program.Program.create(c, VOCAB, plan=parallel.plan(c, d))
     ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
-    restored, _ = ck.restore(2, fns.run_like)  # abstract: everything from the checkpoint
+    restored, _ = ck.restore(2, fns.run_state_like)  # abstract: everything from the checkpoint
     ck.close()
     restored_diff = tree_max_abs_diff(saved, restored)
     devices = len(restored.params["wte"]["embedding"].sharding.device_set)
@@ -195,7 +195,7 @@ def case_vectorized(tmp):
   ref = None
   for name, mode, d in (("single", "dp", devs[:1]), ("dp", "dp", devs), ("fsdp", "fsdp", devs)):
     c = config(mode)
-    g = loop.Program.create(c, VOCAB, 2, parallel.plan(c, d))
+    g = program.Program.create(c, VOCAB, 2, parallel.plan(c, d))
     state = g.stack(inits)
     ms = []
     for b in bs:

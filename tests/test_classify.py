@@ -156,7 +156,7 @@ def test_mlm_unigram_loss_is_the_val_loss_of_a_unigram_model(pretrained, monkeyp
   _, summary = pretrained
   c = tiny_encoder()
   ds = data.load(c)
-  fns = loop.create_step(c, ds.tokenizer.vocab_size)
+  fns = program.create_step(c, ds.tokenizer.vocab_size)
   log_p = ds.unigram_log_probs(exclude=(0, 2, 3, 4))  # [PAD] [CLS] [SEP] [MASK]
   padded = np.full(core.pad_vocab(ds.tokenizer.vocab_size), -np.inf, np.float32)
   padded[:log_p.size] = log_p
@@ -199,10 +199,10 @@ def test_classification_trains_above_chance_and_fine_tunes_from_mlm(pretrained, 
   assert len(cache) == 1
   # The trunk starts from the MLM checkpoint; the pooler and classifier are new.
   vocab = summary["vocab_size"]
-  fresh = loop.get(c, vocab, cache=cache).start([c]).params  # as train.run: no compile
+  fresh = program.get(c, vocab, cache=cache).start([c]).params  # as train.run: no compile
   params = pretrained_lib.params_from(c, pretrained_lib.init_from_config(c), fresh, vocab)
   mlm = pretrained_lib.Checkpoints(mlm_dir / "checkpoints", 3)
-  like = jax.eval_shape(loop.create_step(tiny_encoder(), vocab).init, 0, 1e-3)
+  like = jax.eval_shape(program.create_step(tiny_encoder(), vocab).init, 0, 1e-3)
   restored = mlm.restore(60, like)[0].params
   mlm.close()
   for name in ("wte", "wpe", "wtt", "ln_emb", "block_0"):

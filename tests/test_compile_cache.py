@@ -34,7 +34,7 @@ def train(workdir, cache, *flags) -> tuple[dict, str]:
 
 
 PROGRAMS = {"jit(init)", "jit(train_step)", "jit(log_step)", "jit(eval_step)",
-            "jit(sharpness_step)"}  # and a group's `unstack`: one run has no run axis
+            "jit(sharpness_step)"}  # and a group's `split`: one run has no run axis
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from actlab.data import tokenizer
 from actlab.hf import checkpoint as hf_checkpoint, mapping
 from actlab.infra import errors, recorded, workdir
 from actlab.report import load as report_load
-from actlab.run import loop
+from actlab.run import program
 from actlab.sweep import grid
 from conftest import REPO, tiny
 
@@ -396,7 +396,7 @@ def test_every_committed_config_json_loads_and_means_what_it_meant(study):
     c = ml_collections.ConfigDict(loaded)
     config_lib.validate(c)
     workdir.RunDir(path.parent, path.parent).check_config(c)
-    step = loop.create_step(c, vocab)
+    step = program.create_step(c, vocab)
     objective, model = step.objective, step.objective.model
     assert dataclasses.asdict(model.spec) == {
         **{name: m[name] for name in names(core.Spec)},

@@ -1,6 +1,6 @@
 """The core without the harness: docs/notebook.md's snippet trains the decoder from typed specs
 alone, and the config's `model` and `optim` sections are those specs' fields (actlab/config/
-schema.py), built by the tasks and `loop.create_step`, where a field that matches nothing is an
+schema.py), built by the tasks and `program.create_step`, where a field that matches nothing is an
 error. (That the core imports nothing of the harness: tests/test_layers.py.)"""
 
 import code
@@ -16,7 +16,7 @@ import pytest
 from actlab import config as config_lib, core, tasks
 from actlab.config import schema
 from actlab.core import kernels
-from actlab.run import loop
+from actlab.run import program as program_lib
 from conftest import REPO, tiny, tiny_encoder
 
 
@@ -53,7 +53,7 @@ def test_the_notebook_snippet_trains_the_decoder_in_about_15_lines(capsys):
 
 def test_the_config_becomes_the_cores_specs():
   c = tiny(**{"model.norm_type": "rms", "model.position": "rope", "model.bias": False})
-  step = loop.create_step(c, 257)
+  step = program_lib.create_step(c, 257)
   spec, execution, optim = step.objective.model.spec, step.objective.model.execution, step.optim
   assert (spec.norm_type, spec.position, spec.bias) == ("rms", "rope", False)
   assert spec.vocab_size == 320 and spec.activation == c.model.activation  # 257 padded to 64s
@@ -117,10 +117,10 @@ def test_the_cores_defaults_are_the_configs(cls, section):
 
 @pytest.mark.slow
 def test_the_harness_trains_the_cores_step_bitwise():
-  """The program a run trains (`loop.Program`, R = 1) and the core's `Step` jitted alone give
+  """The program a run trains (`program.Program`, R = 1) and the core's `Step` jitted alone give
   the same parameters after 3 steps, to the bit."""
   c = tiny()
-  program = loop.Program.create(c, 257)
+  program = program_lib.Program.create(c, 257)
   spec = config_lib.build(core.Spec, c.model, vocab_size=core.pad_vocab(257))
   decoder = core.Decoder(spec, config_lib.build(core.Execution, c.model))
   objective = kernels.FusedCausalLM if c.model.loss_impl == "fused" else core.CausalLM

@@ -8,7 +8,7 @@ import pytest
 
 from actlab import core
 from actlab.measure import evaluators
-from actlab.run import loop
+from actlab.run import program
 from conftest import tiny
 
 
@@ -22,7 +22,7 @@ def test_the_config_chooses_the_evaluators(act_stats, sharpness_every):
   assert names == (["loss", "act_stats"] if act_stats else ["loss"]) + ["ffn_hist"]
   assert evals.sharpness == (evaluators.Sharpness(5, 3) if sharpness_every else None)
 
-  task = loop.create_step(c, 257)
+  task = program.create_step(c, 257)
   params = jax.jit(task.init)(0).params
   batch = np.random.default_rng(0).integers(0, 257, (4, c.data.seq_len + 1)).astype(np.int32)
   out = jax.device_get(jax.jit(functools.partial(evals.validation_step, task))(params, batch))

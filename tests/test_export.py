@@ -18,7 +18,7 @@ from actlab.data import hf_tokenizer, synthetic, tokenizer_store
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.hf import mapping
 from actlab.infra import errors
-from actlab.run import export, loop, pretrained, train
+from actlab.run import export, pretrained, program, train
 from conftest import DEEP, REPO, SHARED_DATA, tiny
 from test_classify import tiny_encoder
 from test_resume import files
@@ -35,7 +35,7 @@ RUN = {"exported_from": "test", "step": 0, "steps": 0, "finished": False, "statu
 def perturbed_params(config, vocab_size, seed=0):
   """Initial parameters plus noise, so that LayerNorms and biases are not 1 and 0 (a swapped
   name would go unnoticed at the initialisation)."""
-  params = loop.create_step(config, vocab_size).init(seed).params
+  params = program.create_step(config, vocab_size).init(seed).params
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
   return jax.tree.unflatten(tree, [np.asarray(x + 0.1 * jax.random.normal(k, x.shape))

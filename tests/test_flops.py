@@ -8,7 +8,7 @@ import pytest
 from actlab import core
 from actlab import config as config_lib
 from actlab.measure import flops
-from actlab.run import loop
+from actlab.run import program
 from conftest import tiny
 
 
@@ -51,7 +51,7 @@ def test_flops_encoder_mlm_head_runs_at_masked_positions_only():
 def test_flops_matmul_params_match_the_model(activation):
   """N of 6·N = every 2-D kernel of the real parameter tree + the tied head (V·D)."""
   c = model_cfg(activation=activation, d_ff=96)
-  step_fns = loop.create_step(c, 257)
+  step_fns = program.create_step(c, 257)
   params = jax.eval_shape(step_fns.init, 0).params
   kernels_ = sum(int(np.prod(x.shape)) for path, x in jax.tree_util.tree_leaves_with_path(params)
                  if path[-1].key == "kernel")
@@ -67,7 +67,7 @@ def test_flops_forward_agrees_with_xla_cost_analysis():
   MFLOP counted on an H200)."""
   c = model_cfg(seq_len=64, num_layers=2, d_model=64, num_heads=4, d_ff=256, activation="relu",
                 max_len=64)
-  step_fns = loop.create_step(c, 257)
+  step_fns = program.create_step(c, 257)
   cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
   on_cpu = lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=cpu)  # noqa: E731
   params = jax.tree.map(on_cpu, jax.eval_shape(step_fns.init, 0).params)

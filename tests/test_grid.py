@@ -11,7 +11,7 @@ from actlab import config as config_lib
 from actlab import core, sweep
 from actlab.core import activations
 from actlab.infra import errors
-from actlab.run import loop
+from actlab.run import program
 from actlab.sweep import grid
 from conftest import REPO, tiny
 
@@ -119,7 +119,7 @@ def test_glu_variants_are_parameter_matched():
   names = s.axes["model.activation"]
   counts = {}
   for cell in grid.cells(config_lib.base(), s)[::len(s.seeds)]:
-    task = loop.create_step(cell.config, 257)
+    task = program.create_step(cell.config, 257)
     counts[cell.config.model.activation] = core.count_params(
         jax.eval_shape(task.init, 0).params)["non_embedding"]
   for plain, gated in zip(names[::2], names[1::2]):

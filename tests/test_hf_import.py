@@ -13,7 +13,7 @@ import pytest
 from actlab import tasks
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.infra import errors
-from actlab.run import loop, pretrained, train
+from actlab.run import pretrained, program, train
 import conftest
 import test_classify
 from conftest import DEEP, REPO
@@ -46,7 +46,7 @@ def gpt2_dir(tmp_path_factory):
 
 def imported(config, vocab_size):
   """The config's model with parameters from its `train.init_from`."""
-  params = loop.create_step(config, vocab_size).init(0).params
+  params = program.create_step(config, vocab_size).init(0).params
   source = pretrained.init_from_config(config, vocab_size)
   return tasks.get(config).objective(config, vocab_size).model, pretrained.params_from(
       config, source, params, vocab_size)

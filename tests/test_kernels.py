@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from actlab.core import kernels
-from actlab.run import loop
+from actlab.run import program
 from conftest import tiny
 
 
@@ -154,7 +154,7 @@ def test_fused_loss_never_holds_all_logits(monkeypatch, budget):
 @pytest.fixture(scope="module")
 def decoder_params():
   """The tiny decoder's initial parameters (the same for either loss and any z-loss)."""
-  return jax.jit(loop.create_step(tiny(), 257).init)(0).params
+  return jax.jit(program.create_step(tiny(), 257).init)(0).params
 
 
 @pytest.mark.slow
@@ -168,7 +168,7 @@ def test_decoder_loss_impls_agree(tiny_config, decoder_params, z_loss):
   out = {}
   for impl in ("plain", "fused"):
     c.model.loss_impl = impl
-    step_fns = loop.create_step(c, 257)
+    step_fns = program.create_step(c, 257)
     def f(p):
       o = step_fns.objective(p, batch, jax.random.PRNGKey(0), train=True,
                              stats=True)

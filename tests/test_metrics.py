@@ -17,7 +17,7 @@ from actlab import core, data
 from actlab import config as config_lib
 from actlab.measure import evaluators, metrics
 from actlab.core import model as model_lib
-from actlab.run import loop
+from actlab.run import program
 from conftest import DEEP, tiny
 
 
@@ -28,7 +28,7 @@ from conftest import DEEP, tiny
 def model_setup(request):
   c = tiny(request.param, **DEEP)  # statistics per layer and pooled over layers
   ds = data.load(c)
-  task = loop.create_step(c, ds.tokenizer.vocab_size)
+  task = program.create_step(c, ds.tokenizer.vocab_size)
   params = jax.jit(task.init)(0).params
   return task, params, ds.val_batches()
 
@@ -83,7 +83,7 @@ def test_pooled_statistics_match_numpy(model_setup):
 @pytest.mark.slow
 def test_gated_statistics_use_the_gate_preactivation():
   c = tiny("swiglu")
-  task = loop.create_step(c, 257)
+  task = program.create_step(c, 257)
   params = jax.jit(task.init)(0).params
   batch = np.random.default_rng(0).integers(0, 257, (2, 33)).astype(np.int32)
   stats, inter = _captured(task, params, batch)

@@ -16,7 +16,7 @@ from actlab.measure import evaluators, histogram
 from actlab.core import kernels
 from actlab.core import model as model_lib
 from actlab.hf import mapping
-from actlab.run import loop
+from actlab.run import program
 from conftest import DEEP, tiny, tiny_encoder
 
 
@@ -25,7 +25,7 @@ def relative_error(a, b):
 
 
 def loss_and_grads(c, params, batch):
-  step_fns = loop.create_step(c, 257)
+  step_fns = program.create_step(c, 257)
   f = lambda p: step_fns.objective(p, batch, jax.random.PRNGKey(0),
                                    train=True).loss_sum
   return jax.jit(jax.value_and_grad(f))(params)
@@ -46,7 +46,7 @@ def references():
     if kind not in made:
       c = config_of(kind)
       batch = jnp.asarray(np.random.default_rng(1).integers(0, 257, (8, 33)), jnp.int32)
-      params = jax.jit(loop.create_step(c, 257).init)(0).params
+      params = jax.jit(program.create_step(c, 257).init)(0).params
       made[kind] = params, batch, loss_and_grads(c, params, batch)
     return made[kind]
   return get
@@ -69,7 +69,7 @@ def test_scan_and_remat_compute_the_same_function(references, remat, kind):
     assert relative_error(ref[1], got[1]) <= 1e-6
   c.model.scan_layers = True
   scan_params = mapping.scanned_layout(params)
-  like = jax.eval_shape(loop.create_step(c, 257).init, 0).params
+  like = jax.eval_shape(program.create_step(c, 257).init, 0).params
   assert jax.tree.structure(scan_params) == jax.tree.structure(like)
   if kind == "encoder":  # BERT's names hold for the scanned layout too, both ways.
     padded = core.pad_vocab(257)  # every row written
@@ -84,7 +84,7 @@ def test_scan_and_remat_compute_the_same_function(references, remat, kind):
 
 
 def hlo_size(c):
-  step_fns = loop.create_step(c, 257)
+  step_fns = program.create_step(c, 257)
   state = jax.eval_shape(step_fns.init, 0)
   batch = jax.ShapeDtypeStruct((c.train.batch_size, c.data.seq_len + 1), jnp.int32)
   return len(jax.jit(step_fns.train_step).lower(state, batch).as_text())
@@ -113,7 +113,7 @@ def test_remat_marks_every_block_for_recomputation(tiny_config):
   for scan in (False, True):
     for remat in ("none", "full", "dots"):
       c.model.update(scan_layers=scan, remat=remat)
-      step_fns = loop.create_step(c, 257)
+      step_fns = program.create_step(c, 257)
       state = jax.eval_shape(step_fns.init, 0)
       batch = jax.ShapeDtypeStruct((8, 33), jnp.int32)
       text = str(jax.make_jaxpr(step_fns.train_step)(state, batch))
@@ -130,7 +130,7 @@ def test_scanned_model_sows_statistics_per_layer(references):
   out = {}
   for scan in (False, True):
     c.model.scan_layers = scan
-    step_fns = loop.create_step(c, 257)
+    step_fns = program.create_step(c, 257)
     params = mapping.scanned_layout(out[False][1]) if scan else references("decoder")[0]
     evals = evaluators.Evaluators.create(c)
     stats = jax.jit(functools.partial(evals.validation_step, step_fns))(params, batch)
@@ -150,11 +150,11 @@ def test_scanned_model_sows_statistics_per_layer(references):
 def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tiny_config):
   c = tiny_config
   batch = jnp.asarray(np.random.default_rng(3).integers(0, 257, (8, 33)), jnp.int32)
-  ref_steps = loop.create_step(c, 257)
+  ref_steps = program.create_step(c, 257)
   state = jax.jit(ref_steps.init)(0)
   _, ref_metrics = jax.jit(ref_steps.train_step)(state, batch)
   c.model.dtype = "bfloat16"
-  step_fns = loop.create_step(c, 257)
+  step_fns = program.create_step(c, 257)
   hidden, logits = (jax.eval_shape(functools.partial(step_fns.objective.model.apply, method=method),
                                    {"params": state.params}, batch[:, :-1])
                     for method in ("hidden", None))
@@ -190,7 +190,7 @@ def test_attention_impl_is_decided_up_front_and_says_why(monkeypatch):
     kernels.attention_impl("cudnn", jnp.bfloat16, 64)
   c = tiny(**{"model.attention_impl": "cudnn", "model.dtype": "bfloat16"})
   with pytest.raises(ValueError, match="cuDNN needs a GPU"):
-    jax.eval_shape(loop.create_step(c, 257).init, 0)
+    jax.eval_shape(program.create_step(c, 257).init, 0)
   said = []
   monkeypatch.setattr(kernels.logging, "warning", said.append)
   kernels._warn_once.cache_clear()

@@ -13,7 +13,7 @@ import numpy as np
 
 from actlab import config as config_lib
 from actlab import tasks
-from actlab.run import loop
+from actlab.run import program
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "actlab"
@@ -56,7 +56,7 @@ def test_the_cores_part_of_the_path_is_what_the_default_step_runs():
   config = config_lib.decoder("gelu", "smoke")
   config.model.loss_impl = "plain"
   dataset = tasks.get(config).dataset(config)
-  step = loop.create_step(config, dataset.tokenizer.vocab_size)
+  step = program.create_step(config, dataset.tokenizer.vocab_size)
   state = jax.eval_shape(step.init, 0, 1.0)
   batch = jax.ShapeDtypeStruct((config.train.batch_size, config.data.seq_len + 1), np.int32)
   ran = set()

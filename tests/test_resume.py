@@ -25,7 +25,7 @@ from actlab import sample, sweep
 from actlab.infra import checkpoint
 from actlab.infra.checkpoint import Checkpoints
 from actlab.infra.errors import UserError
-from actlab.run import loop, train
+from actlab.run import loop, program, train
 from conftest import REPO, tiny
 from test_workdir import hold_lock
 
@@ -77,7 +77,7 @@ def summary(workdir) -> dict:
 
 
 def final_params(workdir, step=STEPS):
-  task = loop.create_step(tiny(), 257)
+  task = program.create_step(tiny(), 257)
   ckpt = Checkpoints(pathlib.Path(workdir, "checkpoints"), 3, read_only=True)
   state, _ = ckpt.restore(step, jax.eval_shape(task.init, 0))
   ckpt.close()
@@ -98,7 +98,7 @@ def files(workdir) -> dict:
 
 @pytest.fixture(scope="module")
 def compiled():
-  """One compile cache for the runs of this process (`loop.get`)."""
+  """One compile cache for the runs of this process (`program.get`)."""
   return {}
 
 
@@ -404,7 +404,7 @@ def test_full_disk_is_one_line_and_the_checkpoints_stay_intact(tmp_path):
                     "same command", result.stderr), result.stderr
     saved = checkpoint_steps(disk / "run")
     assert saved
-    like = loop.create_step(cli_config(), 257).init(0)
+    like = program.create_step(cli_config(), 257).init(0)
     ck = Checkpoints(disk / "run" / "checkpoints", 3, read_only=True)
     assert ck.restore_latest(like)[0] == saved[-1]  # intact: checksums match
     ck.close()

@@ -27,7 +27,7 @@ from actlab import config as config_lib, core, sweep
 from actlab.core import kernels
 from actlab.infra import errors, workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
-from actlab.run import loop, train
+from actlab.run import loop, program, train
 from actlab.sweep import grid, progress, vectorized, workers
 from conftest import REPO, production_env, tiny
 from test_entry_points import guarded
@@ -183,7 +183,7 @@ def test_divergence_is_a_result_and_keeps_the_last_good_checkpoint(swept):
   assert all(r["status"] != "diverged" for n, r in swept.results.items() if "lr=0.5" not in n)
   compiled = next(iter(swept.cache.values()))
   ckpt = Checkpoints(ckpts.absolute(), 3)
-  restored, _ = ckpt.restore(10, compiled.run_like)
+  restored, _ = ckpt.restore(10, compiled.run_state_like)
   ckpt.close()
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(restored.params))
   # Rerunning a diverged run returns its recorded result without training.
@@ -636,7 +636,7 @@ def test_a_next_group_that_fails_to_compile_ahead_is_one_line_and_compiles_at_it
 
   def failing(self, pool, dataset, fresh):
     raise RuntimeError("no memory for autotuning")
-  monkeypatch.setattr(loop.Program, "compile_all", failing)
+  monkeypatch.setattr(program.Program, "compile_all", failing)
   lines = []
   results = sweep.run(tiny(**{"sweep.compile_next": "true", "train.steps": 24}), str(spec),
                       tmp_path / "runs", log=lines.append)
@@ -682,7 +682,7 @@ def test_the_estimate_is_the_state_and_a_workspace_that_grows_with_the_batch():
   an update as large as the parameters, and a workspace linear in the batch, 3× with sharpness
   estimates on (`run_bytes`' docstring)."""
   c = tiny()
-  step = loop.create_step(c, 257)
+  step = program.create_step(c, 257)
   params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(step.init, 0, 1.0).params))
   one, two = (vectorized.run_bytes(tiny(**{"train.batch_size": b})) for b in (8, 16))
   fixed = one - (two - one)  # the estimate at batch 0

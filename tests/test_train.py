@@ -22,7 +22,7 @@ from actlab import config as config_lib, core, data
 from actlab.infra import checkpoint, compile_cache, parallel
 from actlab.measure import evaluators
 from actlab.tasks import mlm
-from actlab.run import loop as loop_lib, pretrained, train
+from actlab.run import loop, pretrained, program as program_lib, train
 from conftest import tiny, tiny_encoder
 
 
@@ -30,7 +30,7 @@ def test_schedule_warmup_then_cosine_to_min():
   c = tiny()
   c.optim.update(warmup_steps=10, min_lr_ratio=0.1)
   c.train.steps = 110
-  s = core.step.schedule(loop_lib.create_step(c, 257).optim)
+  s = core.step.schedule(program_lib.create_step(c, 257).optim)
   assert float(s(0)) == 0.0
   np.testing.assert_allclose(float(s(5)), 0.5, rtol=1e-6)
   np.testing.assert_allclose(float(s(10)), 1.0, rtol=1e-6)
@@ -48,7 +48,7 @@ def test_a_run_collects_garbage_less_often_and_restores_the_pace_after_even_on_e
 
 
 def test_weight_decay_mask_matrices_and_embeddings_only():
-  task = loop_lib.create_step(tiny(), 257)
+  task = program_lib.create_step(tiny(), 257)
   params = jax.eval_shape(task.init, 0).params
   mask = core.step.decay_mask(params)
   flat = {"/".join(k.key for k in path): v
@@ -61,7 +61,7 @@ def test_weight_decay_mask_matrices_and_embeddings_only():
 
 def flat_mask(config):
   """{"a/b/leaf": (decayed, ndim)} of `config`'s model parameters."""
-  params = jax.eval_shape(loop_lib.create_step(config, 257).init, 0).params
+  params = jax.eval_shape(program_lib.create_step(config, 257).init, 0).params
   mask = core.step.decay_mask(params)
   return {"/".join(k.key for k in path): (v, leaf.ndim) for (path, v), leaf in
           zip(jax.tree_util.tree_leaves_with_path(mask), jax.tree.leaves(params))}
@@ -93,7 +93,7 @@ def test_adamw_matches_closed_form_first_step():
   c = tiny()
   c.optim.update(warmup_steps=0, clip_norm=0.0, eps=0.0, weight_decay=0.5, lr=0.1)
   c.train.steps = 10
-  tx = core.optimizer(loop_lib.create_step(c, 257).optim)
+  tx = core.optimizer(program_lib.create_step(c, 257).optim)
   params = {"kernel": jnp.array([[1.0, -2.0]]), "bias": jnp.array([3.0])}
   grads = {"kernel": jnp.array([[0.5, 0.25]]), "bias": jnp.array([-4.0])}
   updates, _ = tx.update(grads, tx.init(params), params)
@@ -111,7 +111,7 @@ def test_clipping_scales_the_gradient_to_clip_norm_before_adamw(clip_norm, scale
   c = tiny()
   c.optim.update(warmup_steps=0, clip_norm=clip_norm, eps=1.0, weight_decay=0.5, lr=0.1)
   c.train.steps = 10
-  tx = core.optimizer(loop_lib.create_step(c, 257).optim)
+  tx = core.optimizer(program_lib.create_step(c, 257).optim)
   params = {"kernel": jnp.array([[1.0, -2.0]]), "bias": jnp.array([3.0])}
   grads = {"kernel": jnp.array([[30.0, 0.0]]), "bias": jnp.array([40.0])}  # global norm 50
   updates, _ = tx.update(grads, tx.init(params), params)
@@ -214,7 +214,7 @@ def test_clip_norm_and_spike_clip_are_one_clipping_at_a_time():
 def test_grad_norm_metric_is_the_norm_before_clipping():
   """`grad_norm` is the raw gradient's norm (computed here independently), not the clipped one."""
   c = tiny(**{"optim.clip_norm": 1e-3, "optim.warmup_steps": 0})
-  step_fns = loop_lib.create_step(c, 257)
+  step_fns = program_lib.create_step(c, 257)
   state = jax.jit(step_fns.init)(0)
   batch = jnp.asarray(np.random.default_rng(0).integers(0, 257, (8, 33)), jnp.int32)
   key = jax.random.fold_in(state.rng, state.step)
@@ -245,15 +245,15 @@ def dataset():
 @pytest.fixture(scope="module")
 def compiled():
   """The step functions of this module's tests, each compiled once: (config, vocab size) → the
-  config's `loop.Program` (its init, `train_step`, `log_step`), its `core.Step`, and one
+  config's `program.Program` (its init, `train_step`, `log_step`), its `core.Step`, and one
   run's `init` and `reference`: `Step.train_step` as defined (with diagnostics, donating
   nothing), jitted."""
   made = {}
 
   def get(config, vocab_size=257):
-    key = loop_lib.compile_key(config, vocab_size)
+    key = program_lib.compile_key(config, vocab_size)
     if key not in made:
-      program = loop_lib.Program.create(config, vocab_size)
+      program = program_lib.Program.create(config, vocab_size)
       made[key] = types.SimpleNamespace(program=program, step=program.step,
                                         init=jax.jit(program.step.init),
                                         reference=jax.jit(program.step.train_step))
@@ -311,7 +311,7 @@ def test_loss_falls_over_50_steps(compiled, dataset):
 def test_overfits_one_batch(dataset):
   c = tiny(**{"model.d_model": 64, "model.d_ff": 256, "optim.lr": 1e-2, "train.steps": 100,
               "train.batch_size": 4})
-  task = loop_lib.create_step(c, dataset.tokenizer.vocab_size)
+  task = program_lib.create_step(c, dataset.tokenizer.vocab_size)
   step = jax.jit(task.train_step, donate_argnums=0)
   state = jax.jit(task.init)(0)
   batch = dataset.train_batch(0)[:4]
@@ -350,7 +350,7 @@ def runs(tmp_path_factory):
   """`train.run` of `run_config(30)`, which estimates sharpness at steps 0 and 30, and of
   `run_config(31)`, too short for an estimate after step 0, by sharpness_every: each with its
   config, workdir, summary, metrics.jsonl rows, stdout, stderr, and the compiled programs
-  (`cache`, for `loop.get`)."""
+  (`cache`, for `program.get`)."""
   cache, out = {}, {}
   for every in (30, 31):
     c, workdir = run_config(every), tmp_path_factory.mktemp(f"sharpness_every_{every}")
@@ -393,7 +393,7 @@ def test_run_writes_workdir_contract(runs):
   assert saved["final_test_loss"] != saved["final_val_loss"]
   # The gradient norm at the initial parameters: step 0's, recorded in the first row only.
   assert ["grad_norm_init" in r for r in rows] == [False, True, False, False]
-  program = loop_lib.get(c, saved["vocab_size"], cache=run.cache)
+  program = program_lib.get(c, saved["vocab_size"], cache=run.cache)
   first = data.load(c).train_batch(0)
   _, m0 = program.train_step(program.start([c]), program.put_batches([first]))
   assert saved["grad_norm_init"] == rows[1]["grad_norm_init"] == float(m0["grad_norm"])
@@ -444,7 +444,7 @@ def test_rows_keep_the_largest_grad_norm_of_every_step(runs):
   run = runs[31]
   c = run.config
   ds = data.load(c)
-  program = loop_lib.get(c, ds.tokenizer.vocab_size, cache=run.cache)
+  program = program_lib.get(c, ds.tokenizer.vocab_size, cache=run.cache)
   state, norms = program.start([c]), []
   for k in range(c.train.steps):
     state, m = program.train_step(state, program.put_batches([ds.train_batch(k)]))
@@ -471,8 +471,8 @@ def test_the_bar_says_what_the_run_does_and_a_run_too_short_for_sharpness_skips_
     assert bar[:3] == described, runs[every].err
   assert [r["step"] for r in runs[30].rows if "sharpness" in r] == [0, 30]
   assert not any("sharpness" in r for r in runs[31].rows)
-  note = ("actlab: no sharpness estimates: metrics.sharpness_every (31) is more than train.steps "
-          "(30), so none would follow step 0's (docs/metrics.md §5)\n")
+  note = ("actlab: no sharpness estimate, not even at step 0: metrics.sharpness_every (31) is more "
+          "than train.steps (30); set it to at most 30 for estimates (docs/metrics.md §5)\n")
   assert note in runs[31].out and "sharpness" not in runs[30].out
   strip = lambda rs: [{k: v for k, v in r.items() if k not in ("sharpness", "tokens_per_sec")}
                       for r in rs]
@@ -486,7 +486,7 @@ def test_the_first_steps_do_not_wait_for_step_0s_measurements(runs, monkeypatch,
   waits until step 12 has started, past the first row's step, 10. The run's rows are those of a
   run that measured step 0 first (`runs`), step 0's row first."""
   gate, opened = threading.Event(), []
-  start, take = loop_lib.Ahead.start, loop_lib.Prefetch.take
+  start, take = compile_cache.Ahead.start, loop.Prefetch.take
 
   def gated_start(self, pool, *like):
     if self.jitted.__name__ != "sharpness_step":
@@ -499,8 +499,8 @@ def test_the_first_steps_do_not_wait_for_step_0s_measurements(runs, monkeypatch,
     if k == 12:
       gate.set()
     return take(self, k)
-  monkeypatch.setattr(loop_lib.Ahead, "start", gated_start)
-  monkeypatch.setattr(loop_lib.Prefetch, "take", opening_take)
+  monkeypatch.setattr(compile_cache.Ahead, "start", gated_start)
+  monkeypatch.setattr(loop.Prefetch, "take", opening_take)
   with contextlib.redirect_stderr(io.StringIO()):
     train.run(run_config(30), tmp_path)
   assert opened == [True], "the first step waited for the sharpness program"
@@ -514,7 +514,7 @@ def test_a_wait_for_step_0s_sharpness_program_is_sharpness_cost(monkeypatch, tmp
   compilation starts only once that wait has lasted 0.5 s: the wait is in
   `timing.measure_sec.sharpness`, not lost from the summary."""
   gate = threading.Event()
-  start, ready = loop_lib.Ahead.start, loop_lib.Ahead.ready
+  start, ready = compile_cache.Ahead.start, compile_cache.Ahead.ready
 
   def gated_start(self, pool, *like):
     if self.jitted.__name__ != "sharpness_step":
@@ -527,8 +527,8 @@ def test_a_wait_for_step_0s_sharpness_program_is_sharpness_cost(monkeypatch, tmp
       time.sleep(0.5)
       gate.set()
     return ready(self)
-  monkeypatch.setattr(loop_lib.Ahead, "start", gated_start)
-  monkeypatch.setattr(loop_lib.Ahead, "ready", opening_ready)
+  monkeypatch.setattr(compile_cache.Ahead, "start", gated_start)
+  monkeypatch.setattr(compile_cache.Ahead, "ready", opening_ready)
   with contextlib.redirect_stderr(io.StringIO()):
     summary = train.run(run_config(30), tmp_path)
   assert gate.is_set()
@@ -543,7 +543,7 @@ def test_init_and_the_first_step_compile_before_the_first_arrays_go_to_the_devic
   runs beside their tracing); a resumed run compiles no `init`. On an accelerator the sharpness
   program starts with them, and is compiled once."""
   started, at_first_put = [], []
-  start, put = loop_lib.Ahead.start, parallel.Plan.shard_batch
+  start, put = compile_cache.Ahead.start, parallel.Plan.shard_batch
 
   def watched_start(self, pool, *like):
     started.append(self.jitted.__name__)
@@ -558,7 +558,7 @@ def test_init_and_the_first_step_compile_before_the_first_arrays_go_to_the_devic
     with contextlib.redirect_stderr(io.StringIO()):
       return train.run(tiny(**{"train.steps": 10, "train.checkpoint_every": 5,
                                "train.log_every": 5, **overrides}), workdir)
-  monkeypatch.setattr(loop_lib.Ahead, "start", watched_start)
+  monkeypatch.setattr(compile_cache.Ahead, "start", watched_start)
   monkeypatch.setattr(parallel.Plan, "shard_batch", watched_put)
   run(tmp_path / "cpu")
   assert at_first_put[0] == ["init", "train_step"]
@@ -582,9 +582,9 @@ def test_a_programs_init_is_traced_once_for_its_shapes_and_its_compile(monkeypat
   traced, real = [], core.Step.init
   monkeypatch.setattr(core.Step, "init", lambda self, *args: traced.append(1) or real(self, *args))
   config = tiny()
-  program = loop_lib.Program.create(config, 260, runs)
+  program = program_lib.Program.create(config, 260, runs)
   assert len(traced) == 1
-  program.init.jitted.lower(*compile_cache.abstract(loop_lib.init_args([config] * runs, runs)))
+  program.init.jitted.lower(*compile_cache.abstract(program_lib.init_args([config] * runs, runs)))
   assert len(traced) == 1
 
 
@@ -607,10 +607,10 @@ def test_the_checkpoints_checksums_run_the_program_compiled_ahead(monkeypatch, t
     train.run(c, tmp_path)
   assert not called, "a checkpoint traced its checksums' program"
   monkeypatch.undo()
-  program = loop_lib.get(c, 257)
+  program = program_lib.get(c, 257)
   for step in (5, 10):
     state, meta = checkpoint.Checkpoints(tmp_path / "checkpoints", 2, read_only=True).restore(
-        step, program.run_like)
+        step, program.run_state_like)
     assert meta["checksums"] == checkpoint.checksums(state)
 
 

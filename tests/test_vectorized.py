@@ -1,4 +1,4 @@
-"""Vectorized runs (`train.run_group`: one `loop_lib.Program` for R runs) equal sequential runs,
+"""Vectorized runs (`train.run_group`: one `program.Program` for R runs) equal sequential runs,
 cell by cell; an interrupted group resumes exactly; a diverging run leaves the others alone."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 
 from actlab import sweep
 from actlab.infra.checkpoint import Checkpoints
-from actlab.run import loop as loop_lib, train
+from actlab.run import program, train
 from conftest import tiny
 from tree_utils import tree_max_abs_diff
 
@@ -57,7 +57,7 @@ def without_key_bias(params):
 
 
 def final_params(workdir, config):
-  like = jax.eval_shape(loop_lib.create_step(config, 257).init, 0, config.optim.lr)
+  like = jax.eval_shape(program.create_step(config, 257).init, 0, config.optim.lr)
   ck = Checkpoints((workdir / "checkpoints").absolute(), 3, read_only=True)
   try:
     return ck.restore(ck.latest_step(), like)[0].params
@@ -155,9 +155,9 @@ def test_diverging_run_leaves_the_other_unaffected_and_both_resume(uninterrupted
 
 def test_group_refuses_other_differences():
   a, b = cell_config(1e-3, 0), cell_config(1e-3, 0, **{"model.d_ff": 128})
-  with pytest.raises(loop_lib.GroupError, match="model.d_ff"):
-    loop_lib.check_group([a, b])
-  loop_lib.check_group([a, cell_config(3e-3, 5)])  # LR and seed may differ
+  with pytest.raises(program.GroupError, match="model.d_ff"):
+    program.check_group([a, b])
+  program.check_group([a, cell_config(3e-3, 5)])  # LR and seed may differ
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Training-step benchmark: `python -m actlab.bench --config=configs/tinystories_gelu.py:smoke
 [--torch] [--variant=<overrides>] [--runs=N]` (docs/performance.md, "Benchmarking").
 
-Times `train.run`'s own step (the same `loop.Program`) on random tokens. Per bench it reports
+Times `train.run`'s own step (the same `program.Program`) on random tokens. Per bench it reports
 `compile_s` (ahead-of-time lowering + compilation); `step_ms`, the median of `--steps` steps each
 waited for (latency); `queued_step_ms`, `queued_tokens_per_s`, `queued_mfu`, the steps queued
 back to back as the training loop queues them (throughput); `tokens_per_s` = batch · seq_len /
@@ -72,7 +72,7 @@ if __name__ == "__main__":
   flags.DEFINE_enum("torch_mode", "auto", ["auto", "eager", "compile"], "the PyTorch reference: "
                     "eager, or torch.compile with fused AdamW; auto = compile on a GPU, eager on "
                     "a CPU")
-  flags.DEFINE_integer("runs", 1, "vectorized runs per step (loop.Program); 1 = a plain run")
+  flags.DEFINE_integer("runs", 1, "vectorized runs per step (program.Program); 1 = a plain run")
   flags.DEFINE_float("peak_tflops", 0.0, "peak TFLOP/s of all devices together (overrides the "
                      "table)")
   flags.DEFINE_string("json_out", "", "append the results as JSON lines to this file")

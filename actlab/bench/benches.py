@@ -19,7 +19,7 @@ import ml_collections
 from actlab import config as config_lib, core, tasks
 from actlab.data import tokenizer
 from actlab.infra.errors import UserError
-from actlab.run import loop
+from actlab.run import program as program_lib
 
 
 def _busy_ticks() -> int | None:
@@ -106,7 +106,7 @@ class JaxBench:
 
   def setup(self, warmup: int) -> dict:
     c = self.config
-    program = loop.Program.create(c, self.vocab, self.runs)
+    program = program_lib.Program.create(c, self.vocab, self.runs)
     self.state = program.start([c] * self.runs)
     self.batch = program.put_batches([tasks.get(c).random_batch(c, self.vocab, s)
                                       for s in range(self.runs)])

@@ -99,7 +99,8 @@ class Lane:
   log: metrics_log.MetricsLog
   writers: list           # tracking.TensorBoard, tracking.WandB: each gets every row
   segments: list          # provenance.json: one entry per start of the run
-  carried: list = dataclasses.field(default_factory=list)  # step metrics since the last row
+  unlogged: list = dataclasses.field(default_factory=list)  # the step metrics since its last
+  # row, as its checkpoint restored them (the loop's `Rows.carried` takes them on)
   rates: list = dataclasses.field(default_factory=list)    # tokens/s of each logged interval
   train_time: float = 0.0
   diverged_at: int | None = None
@@ -129,10 +130,10 @@ class Lane:
     for writer in self.writers:
       writer.write(row)
 
-  def save(self, step: int, state, pending: list[dict]) -> None:
-    """Checkpoints `state` with the lane: its rows, the step metrics not yet in a row (float32
-    values are exact as floats), rates."""
-    pending = [{k: float(v) for k, v in row.items()} for row in pending]
+  def save(self, step: int, state, carried: list[dict]) -> None:
+    """Checkpoints `state` with the lane: its rows, the step metrics since its last row
+    (`carried`; float32 values are exact as floats), rates."""
+    pending = [{k: float(v) for k, v in row.items()} for row in carried]
     self.checkpoints.save(step, state, {"rows": self.log.rows, "pending": pending,
                                         "rates": self.rates, "train_time": self.train_time})
 

@@ -17,7 +17,7 @@ from actlab.hf import mapping
 from actlab.infra import workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
 from actlab.infra.workdir import RunDir, WorkdirError
-from actlab.run import loop
+from actlab.run import program
 
 
 HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face GPT-2, Llama, Arcee, Qwen3 or BERT directory
@@ -61,7 +61,7 @@ def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: i
   where = config.train.init_from
   if isinstance(source, ml_collections.ConfigDict):  # Its arrays in the per-layer layout.
     with Checkpoints(pathlib.Path(where) / "checkpoints", 1, read_only=True) as checkpoints:
-      old_like = jax.eval_shape(loop.create_step(source, vocab_size).init, 0, source.optim.lr)
+      old_like = jax.eval_shape(program.create_step(source, vocab_size).init, 0, source.optim.lr)
       step, restored, _ = checkpoints.restore_latest(old_like)
     flat_old = flatten_dict(mapping.per_layer_layout(flax.core.unfreeze(restored.params)))
     where = f"{where} step {step}"
@@ -101,7 +101,7 @@ def load_run(workdir: pathlib.Path):
                            "load the run (docs/extending.md)") from None
   config, run_dir = ml_collections.ConfigDict(config), RunDir.open(workdir)
   tokenizer = data.load_tokenizer(config, run_dir.tokenizer)
-  run_steps = loop.create_step(config, tokenizer.vocab_size)
+  run_steps = program.create_step(config, tokenizer.vocab_size)
   with Checkpoints(run_dir.checkpoints, 1, read_only=True) as checkpoints:  # Creates nothing.
     # On this process's first device, whatever devices and hosts the run trained on.
     one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])

@@ -1,5 +1,5 @@
 """Trains runs in their workdirs: `run(config, workdir)` one run, `run_group` R runs of one
-config that differ only in `optim.lr` and `train.seed` as one program (`loop.Program`; a
+config that differ only in `optim.lr` and `train.seed` as one program (`program.Program`; a
 sweep's `sweep.vectorize`), each in its own workdir. One run takes the same path.
 
 Everything that can refuse a run (config, devices, data, `train.init_from`, the workdirs' configs,
@@ -24,7 +24,7 @@ from actlab.infra import compile_cache, parallel
 from actlab.infra import workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
 from actlab.infra.workdir import RunDir
-from actlab.run import loop, pretrained
+from actlab.run import loop, pretrained, program as program_lib
 from actlab.run.lane import Lane
 
 
@@ -37,7 +37,7 @@ def finished(config: ml_collections.ConfigDict, run_dir: RunDir) -> dict | None:
 
 def run(config: ml_collections.ConfigDict, workdir, cache: dict | None = None) -> dict:
   """Trains (or resumes) the run of `config` in `workdir`; returns its summary. `cache` (a dict
-  the caller owns, e.g. a sweep) reuses programs across runs (`loop.get`)."""
+  the caller owns, e.g. a sweep) reuses programs across runs (`program.get`)."""
   return run_group([config], [workdir], cache)[0]
 
 
@@ -90,7 +90,7 @@ def _run_group(configs, run_dirs, cache, log, compiles, began, then) -> list[dic
   """`run_group` once its run directories are open and checked; `compiles` counts what the
   process compiles for them; their fixed cost counts from `began` (`loop.train_lanes`)."""
   if len(configs) > 1:
-    loop.check_group(configs)
+    program_lib.check_group(configs)
   unfinished = sum(finished(c, r) is None for c, r in zip(configs, run_dirs))
   if not unfinished:
     return [r.summary() for r in run_dirs]
@@ -98,7 +98,7 @@ def _run_group(configs, run_dirs, cache, log, compiles, began, then) -> list[dic
   task = tasks.get(c0)
   dataset = task.dataset(c0)
   vocab_size = dataset.tokenizer.vocab_size
-  program = loop.get(c0, vocab_size, unfinished, cache)  # Checks the devices.
+  program = program_lib.get(c0, vocab_size, unfinished, cache)  # Checks the devices.
   source = pretrained.init_from_config(c0, vocab_size) if c0.train.init_from else None
   with contextlib.ExitStack() as held:
     for r in run_dirs:
@@ -106,7 +106,7 @@ def _run_group(configs, run_dirs, cache, log, compiles, began, then) -> list[dic
     held.enter_context(workdir_lib.full_disk_reported(run_dirs[0].root))
     summaries = [finished(c, r) for c, r in zip(configs, run_dirs)]  # Again, now they are ours.
     by_start = {}  # start step -> [(run index, its Checkpoints, its restored checkpoint)]
-    like = program.run_like  # What each run's checkpoint restores into.
+    like = program.run_state_like  # What each run's checkpoint restores into.
     for i, (c, r) in enumerate(zip(configs, run_dirs)):
       if summaries[i] is not None:
         continue
@@ -121,7 +121,7 @@ def _run_group(configs, run_dirs, cache, log, compiles, began, then) -> list[dic
           "after another")
     for start, members in sorted(by_start.items()):
       if program.runs != len(members):
-        program = loop.get(c0, vocab_size, len(members), cache)
+        program = program_lib.get(c0, vocab_size, len(members), cache)
       group = [configs[i] for i, _, _ in members]
       initial = functools.partial(
           initial_state, program, group, [restored for _, _, restored in members], source,
@@ -137,7 +137,7 @@ def _run_group(configs, run_dirs, cache, log, compiles, began, then) -> list[dic
   return summaries
 
 
-def initial_state(program: loop.Program, configs: list, restored: list, source,
+def initial_state(program: program_lib.Program, configs: list, restored: list, source,
                   vocab_size: int):
   """The state a group of runs starts from: their restored checkpoints' (`restored`: each
   `Checkpoints.restore_latest`'s result), or `init`'s for `configs`, with each run's trunk from
@@ -148,4 +148,4 @@ def initial_state(program: loop.Program, configs: list, restored: list, source,
   if source is None:
     return state
   return program.stack([run.replace(params=pretrained.params_from(
-      configs[0], source, run.params, vocab_size)) for run in program.runs_of(state)])
+      configs[0], source, run.params, vocab_size)) for run in program.parts(state)])

@@ -21,7 +21,7 @@ from actlab.infra import compile_cache, errors
 from actlab.infra import parallel
 from actlab.infra import workdir as workdir_lib
 from actlab.measure import metrics
-from actlab.run import loop, tracking, train
+from actlab.run import program as program_lib, tracking, train
 from actlab.sweep import progress
 from actlab.sweep import vectorized
 from actlab.sweep import workers
@@ -37,7 +37,7 @@ def group(cells_: Sequence[Cell]) -> list[list[Cell]]:
   """Cells that can share compiled functions (configs equal but for LR and seed), in order."""
   groups: dict[str, list[Cell]] = {}
   for cell in cells_:
-    groups.setdefault(loop.compile_key(cell.config, 0), []).append(cell)
+    groups.setdefault(program_lib.compile_key(cell.config, 0), []).append(cell)
   return list(groups.values())
 
 
@@ -121,7 +121,7 @@ class CompileNext:
   def hooks(self, cells_: Sequence[Cell]):
     """For the group `cells_` about to train: the tally of what was compiled for it ahead (None:
     nothing), and the function that starts compiling the group after it (None: none to)."""
-    key = lambda cells: loop.compile_key(cells[0].config, 0)
+    key = lambda cells: program_lib.compile_key(cells[0].config, 0)
     self.seen.add(key(cells_))
     later = self.order[self.order.index(cells_) + 1:] if cells_ in self.order else []
     upcoming = [c for c in later if key(c) not in self.seen]
@@ -146,8 +146,8 @@ class CompileNext:
     config = cells_[0].config
     with compile_cache.counted_in(tally):
       dataset = tasks.get(config).dataset(config)
-      program = loop.get(config, dataset.tokenizer.vocab_size, program_runs(config, len(todo)),
-                         self.cache)
+      program = program_lib.get(config, dataset.tokenizer.vocab_size,
+                                program_runs(config, len(todo)), self.cache)
       fresh = [c.config for c in todo if not (self.workdir / c.name / "checkpoints").is_dir()]
       program.compile_all(self.pool, dataset, fresh)
 

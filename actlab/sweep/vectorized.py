@@ -12,7 +12,7 @@ import ml_collections
 from actlab.core import kernels
 from actlab.data import tokenizer
 from actlab.measure import evaluators
-from actlab.run import loop
+from actlab.run import program
 
 # The share of the device's memory (JAX's `bytes_limit`) the runs of one program may take by
 # `run_bytes`; the rest is headroom for what the estimate leaves out (the batches, the libraries'
@@ -58,7 +58,7 @@ def run_bytes(config: ml_collections.ConfigDict) -> int:
   and rounded up (the estimate was 1.07-1.7× the larger of the training and sharpness programs'
   plans there); activations count float32, which a bfloat16 run keeps in part (norms, softmax;
   there bfloat16 saved 10-20%)."""
-  step = loop.create_step(config, tokenizer.nominal_vocab_size(config))
+  step = program.create_step(config, tokenizer.nominal_vocab_size(config))
   state = jax.eval_shape(step.init, 0, 1.0)
   nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
   spec = step.objective.model.spec
