@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from actlab import sweep
+from actlab import config as config_lib, sweep
+from actlab.infra import workdir
 from actlab.infra.checkpoint import Checkpoints
 from actlab.run import program, train
 from conftest import tiny
@@ -158,6 +159,22 @@ def test_group_refuses_other_differences():
   with pytest.raises(program.GroupError, match="model.d_ff"):
     program.check_group([a, b])
   program.check_group([a, cell_config(3e-3, 5)])  # LR and seed may differ
+
+
+def test_compile_key_ignores_exactly_the_initial_state_and_the_fields_no_program_reads():
+  """Configs share a program (`program.get`'s cache, a vectorized group) where they differ only in
+  the peak LR, the seed, `train.init_from` or a runtime field marked "harness" (config/schema.py);
+  another value of any other field, a runtime one the programs are built for among them (the
+  devices, what evaluation measures for the trackers), makes another program."""
+  ignored = {"optim.lr", "train.seed", "train.init_from",
+             *(k for k, how in config_lib.marked("runtime").items() if how == "harness")}
+  assert {"train.progress", "sweep.vectorize", "data.dir"} <= ignored
+  assert not ignored & {"parallel.mode", "metrics.tensorboard", "metrics.ffn_hist_bins"}
+  key = program.compile_key(tiny(), 257)
+  for name, value in workdir.dotted(tiny().to_dict()).items():
+    other = (not value if isinstance(value, bool) else value + 1 if isinstance(value, (int, float))
+             else f"{value}x")
+    assert (program.compile_key(tiny(**{name: other}), 257) == key) == (name in ignored), name
 
 
 @pytest.mark.slow

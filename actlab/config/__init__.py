@@ -12,14 +12,13 @@ from typing import Any, Mapping
 import ml_collections
 
 from actlab.config import schema
-from actlab.config.rules import ConfigError, choices
 from actlab.config.schema import BLOCK_FIELDS, GPT2_BLOCK, INIT_FROM, build, marked, specs
 from actlab.core import activations
-from actlab.core.options import check
+from actlab.core.options import check, choices
 from actlab.infra import errors
 from actlab.config.sizes import (CLASSIFY_SETTINGS, DECODER_SIZES, ENCODER_PREFIX,
                                  ENCODER_SIZES, SIZES)
-from actlab.config.validation import validate
+from actlab.config.validation import ConfigError, validate
 
 __all__ = ["BLOCKS", "BLOCK_FIELDS", "ConfigError", "GPT2_BLOCK", "INIT_FROM", "base", "build",
            "decoder", "encoder", "listing", "marked", "override", "parse_arg", "parse_overrides",

@@ -12,10 +12,9 @@ import dataclasses
 from typing import Any
 
 from actlab import core
-from actlab.config.rules import parsed
 from actlab.core import kernels
-from actlab.core.options import (MARKS, Rule, activation_name, at_least, auto_or_boolean, boolean, listed,
-                                 non_negative, one_of, positive, text, within)
+from actlab.core.options import (MARKS, activation_name, at_least, auto_or_boolean, boolean, listed,
+                                 non_negative, one_of, parsed, positive, text, within)
 from actlab.core.options import option as field  # a harness's field, written as the core's
 from actlab.data import classify as classify_data
 from actlab.data.tokenizer import parse_spec
@@ -37,11 +36,6 @@ def section(name: str, *parts) -> type:
                   {**f.metadata, "core": part})
       fields[f.name] = (f.name, f.type, dataclasses.field(default=f.default, metadata=metadata))
   return dataclasses.make_dataclass(name, fields.values(), frozen=True)
-
-
-def rules(section) -> dict[str, Rule]:
-  """{field: its rule} of a section's dataclass, for the fields that have one."""
-  return {f.name: f.metadata["rule"] for f in dataclasses.fields(section) if f.metadata["rule"]}
 
 
 # --- Sections, in the order a config lists them
@@ -183,7 +177,7 @@ class Sweep:
 class Data:
   source: str = field("tinystories", one_of("tinystories", "synthetic"), '"tinystories" (TFDS) '
                       'or "synthetic" (the embedded corpus)', init_from="refuse")
-  tokenizer: str = field("gpt2", lambda k, v: parsed(k, parse_spec, v), '"gpt2", "byte", '
+  tokenizer: str = field("gpt2", parsed(parse_spec), '"gpt2", "byte", '
                          '"bpe:<vocab size>" or "wordpiece:<vocab size>"', init_from="refuse")
   seq_len: int = field(128, positive, "training window length; must be <= model.max_len")
   val_batches: int = field(8, positive, "fixed validation windows = val_batches · batch_size")
@@ -216,7 +210,6 @@ class EncoderData:
 SECTIONS = {"model": Model, "optim": Optim, "train": Train, "metrics": Metrics,
             "parallel": Parallel, "sweep": Sweep, "data": Data}
 ENCODER = {"model": EncoderModel, "data": EncoderData}  # what `config.encoder` adds
-
 
 
 def defaults(sections: dict = SECTIONS) -> dict[str, dict]:

@@ -1,20 +1,24 @@
 """`validate(config)`: every field against its own rule (schema.py), then the fields' relations,
 those of the core's dataclasses by building them (`OptimSpec` checks its own), checked before
-anything compiles or is written; the first problem found raises `ConfigError` with one readable
-line that says what to fix."""
+anything compiles or is written; the first problem found raises `ConfigError`, the one-line error
+of a config, with one readable line that says what to fix."""
 
+import dataclasses
 import importlib.util
 
 import ml_collections
 
 from actlab import core
 from actlab.config import schema
-from actlab.config.rules import ConfigError, parsed
 from actlab.config.schema import GPT2_BLOCK
 from actlab.core import activations
 from actlab.core.options import check
 from actlab.data import tokenizer
 from actlab.infra import errors
+
+
+class ConfigError(errors.UserError, ValueError):
+  """An inconsistent or invalid config; the message says what to fix."""
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
@@ -30,9 +34,9 @@ def _validate(c: ml_collections.ConfigDict) -> None:
   _check_names(c)
   encoder = c.model.kind == "encoder"  # the encoder's own fields are the encoder's to check
   for section, cls in [*schema.SECTIONS.items(), *(schema.ENCODER.items() if encoder else ())]:
-    for name, rule in schema.rules(cls).items():
-      if name in c[section]:
-        rule(f"{section}.{name}", c[section][name])
+    for f in dataclasses.fields(cls):
+      if f.metadata["rule"] and f.name in c[section]:
+        f.metadata["rule"](f"{section}.{f.name}", c[section][f.name])
   m, o, t, d, mt = c.model, c.optim, c.train, c.data, c.metrics
   if m.kind == "decoder":
     check(m.get("task", "lm") == "lm",
@@ -84,7 +88,7 @@ def _check_encoder(config) -> None:
   changed = [f"model.{k}={m[k]!r}" for k, v in GPT2_BLOCK.items() if m[k] != v]
   check(not changed, f"{', '.join(changed)}: the encoder builds BERT's block (LayerNorm, learned "
         "positions, biases, the tied MLM head); these options are the decoder's")
-  check(parsed("data.tokenizer", tokenizer.parse_spec, d.tokenizer)[0] == "wordpiece",
+  check(tokenizer.parse_spec(d.tokenizer)[0] == "wordpiece",  # a spec its rule took
         f"data.tokenizer={d.tokenizer!r}: the encoder needs [CLS], [SEP], [MASK] and [PAD]; "
         "use 'wordpiece:<vocab size>'")
   check(d.seq_len >= 3, f"data.seq_len={d.seq_len}: an encoder sequence needs [CLS], a token "

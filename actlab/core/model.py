@@ -56,7 +56,6 @@ class Spec:
   vocab_size: int = option(0, non_negative(" (0 = tokenizer's)"), init_from="refuse",
                            help="0: the tokenizer's vocabulary; always padded to a multiple of 64")
   dropout: float = option(0.0, within(0, 1))
-  # The block (docs/running.md, "The block, field by field"): its fields marked `block`.
   norm: str = choice("pre", "post", help='"pre" (GPT-2) or "post" (BERT) placement of the norms',
                      block="option", init_from="refuse")
   norm_type: str = choice("layer", "rms", help='"layer" (LayerNorm) or "rms" (RMSNorm as '

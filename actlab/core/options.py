@@ -14,31 +14,29 @@ from actlab.core import activations
 
 Rule = Callable[[str, Any], None]
 
-# What a field is, marked where it is written (`option(..., init_from="refuse")`): every list of
-# fields derives from these marks (actlab/config/schema.py, `marked`), none is written out.
-MARKS = {
-    "block": '"form": the block\'s form, GPT-2\'s or the LLaMA-style one (a Hugging Face family '
-             'fixes it, the encoder keeps GPT-2\'s); "option": any block takes it',
-    "init_from": 'a run started from another (`train.init_from`, a workdir or hf:DIR) of another '
-                 'value: "refuse"d in one line, or "say": allowed and said in its first line',
-    "runtime": 'how or where a run executes, not what it computes (a resumed run may change it): '
-               '"program" where its compiled programs are built for it, "harness" where not',
-}
+# What a field is, marked where it is written (`option(..., init_from="refuse")`), each mark one of
+# its values; every list of fields derives from them (config/schema.py, `marked`): `block`, the
+# block's "form" (GPT-2's or the LLaMA-style; the encoder keeps GPT-2's) or an "option" any block
+# takes; `init_from`, another value in the run started from is refused, or said in the first line;
+# `runtime`, how or where a run executes, not what it computes: in its compiled programs, or not.
+MARKS = {"block": ("form", "option"), "init_from": ("refuse", "say"),
+         "runtime": ("program", "harness")}
 
 
 def option(default, rule: Rule | None = None, help: str = "", **marks):
   """A field: its default, the rule its values keep (None: any value of its type), its help and
   its `MARKS`."""
+  assert all(v in MARKS.get(k, ()) for k, v in marks.items()), marks
   return dataclasses.field(default=default, metadata={"rule": rule, "help": help, **marks})
 
 
 def choice(*values: str, help: str = "", **marks):
   """A field that takes one of `values`, the first its default."""
-  return option(values[0], one_of(*values), help, choices=values, **marks)
+  field = option(values[0], one_of(*values), help, **marks)
+  return dataclasses.field(default=field.default, metadata={**field.metadata, "choices": values})
 
 
 def check(ok: bool, message: str, error: type[Exception] = ValueError) -> None:
-  """Raises `error(message)` unless `ok`."""
   if not ok:
     raise error(message)
 
@@ -90,6 +88,16 @@ def listed(options) -> Rule:
 def one_of(*options) -> Rule:
   return lambda k, v: check(v in options,
                             f"{k}={v!r}: choose {choices(options[:-1])} or {options[-1]!r}")
+
+
+def parsed(parse: Callable) -> Rule:
+  """A value `parse` takes; its ValueError names the key."""
+  def rule(k, v):
+    try:
+      parse(v)
+    except ValueError as e:
+      raise ValueError(f"{k}: {e}") from None
+  return rule
 
 
 def activation_name(plain: bool = False) -> Rule:

@@ -279,18 +279,16 @@ def _check_sizes(cfg: dict, config, family: str, vocab_size: int, where: str) ->
   have = dict(cfg)
   if family == "gpt2":
     have["n_inner"] = have.get("n_inner") or 4 * have.get("n_embd", 0)
-  if family in LLAMA_STYLE:
-    _check_heads(cfg, where)
   theirs = {f: have.get(h) for f, h in FIELDS[family].items() if f in m}
   if family in LLAMA_STYLE:
+    _check_heads(cfg, where)
     theirs["rope_theta"] = rope(cfg, where)
   differ = [f for f, v in theirs.items() if not ((v or 0) >= m[f] if f == "max_len" else v == m[f])]
   wrong = [f"--config.model.{f}={theirs[f]}" for f in differ if INIT_FROM[f"model.{f}"] == "refuse"]
-  if family in LLAMA_STYLE:
-    inner = cfg.get("intermediate_size")
-    if inner != width(config):  # Read back into d_ff: the gated width is d_ff itself unmatched.
-      wrong.append(f"--config.model.d_ff={inner}" + (" --config.model.gated_match_params=False"
-                                                     if gated(m.activation, m.ffn) else ""))
+  inner = cfg.get("intermediate_size")  # read back into d_ff: gated, the width is d_ff unmatched
+  if family in LLAMA_STYLE and inner != width(config):
+    wrong.append(f"--config.model.d_ff={inner}" + (" --config.model.gated_match_params=False"
+                                                   if gated(m.activation, m.ffn) else ""))
   if wrong:
     raise UserError(f"{where}: the checkpoint's sizes differ from the model's; set "
                     + " ".join(wrong))

@@ -38,12 +38,10 @@ def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
     raise WorkdirError(f"train.init_from={str(source)!r} holds no run (no readable config.json); "
                        "train the model to start from there first (e.g. the :smoke MLM config), "
                        f"or give a Hugging Face model directory as {HF}<dir>")
-  diffs = {"refuse": [], "say": []}
-  for key, how in config_lib.INIT_FROM.items():
-    section, name = key.split(".")
-    there, here = old[section].get(name), config[section].get(name)
-    if there != here:
-      diffs[how].append(f"{key}: {there!r} there, {here!r} here")
+  there, here = workdir_lib.dotted(old), workdir_lib.dotted(config.to_dict())
+  diffs = {how: [f"{k}: {there.get(k)!r} there, {here.get(k)!r} here" for k, mark in
+                 config_lib.INIT_FROM.items() if mark == how and there.get(k) != here.get(k)]
+           for how in ("refuse", "say")}
   if diffs["refuse"]:
     raise WorkdirError(f"train.init_from={str(source)!r} is a different model or tokenizer: "
                        + "; ".join(diffs["refuse"]))

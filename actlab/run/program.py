@@ -218,12 +218,12 @@ class GroupError(UserError, ValueError):
 
 
 def compile_key(config: ml_collections.ConfigDict, vocab_size: int) -> str:
-  """The config as the compiled functions see it: everything but the peak LR, the seed, where
-  the initial parameters come from (`train.init_from`) and the runtime fields."""
-  c = config.to_dict()
-  c["optim"]["lr"] = c["train"]["seed"] = None
-  c["train"].pop("init_from", None)
-  c["train"].pop("compile_cache", None)
+  """The config as the compiled functions see it: every field but the initial state's (the peak LR
+  and the seed, values in the state; `train.init_from`, where the parameters come from) and the
+  runtime fields the programs never read (marked `runtime="harness"`: config/schema.py)."""
+  ignored = {"optim.lr", "train.seed", "train.init_from",
+             *(key for key, how in config_lib.marked("runtime").items() if how == "harness")}
+  c = {k: v for k, v in workdir.dotted(config.to_dict()).items() if k not in ignored}
   return json.dumps({"config": c, "vocab_size": vocab_size}, sort_keys=True, default=str)
 
 
