@@ -103,10 +103,7 @@ def parsed(parse: Callable) -> Rule:
 def activation_name(plain: bool = False) -> Rule:
   """An activation name of `activations` (with `plain`, not a gated one)."""
   def rule(k, v):
-    try:
-      gated = activations.get(v).gated
-    except ValueError as e:
-      raise ValueError(f"{k}: {e}") from None
-    check(not (gated and plain),
+    parsed(activations.get)(k, v)
+    check(not (activations.get(v).gated and plain),
           f"{k}={v!r} is gated; the pooler takes a plain activation (tanh, gelu, identity, ...)")
   return rule

@@ -27,8 +27,7 @@ class WorkdirError(UserError):
 
 
 # Fields that say how or where a run executes, not what it computes: they may change when a run
-# resumes (each segment's values are in provenance.json). As prefixes ("parallel.": a section);
-# marked on the fields (`runtime`), which actlab.config, above this module, reads and sets here.
+# resumes (provenance.json has each segment's); set by actlab.config from its `runtime` marks.
 RUNTIME_FIELDS: tuple[str, ...] = ()
 
 
