@@ -381,8 +381,9 @@ def table(a: Asked, verdicts: dict, sizing: dict, lrs: dict) -> list[str]:
       continue
     d, (low, high), sp = r["paired"], r["interval"], r["spikes"]
     spiked = len(sp["spiking_seeds"])
-    carry = (f"{signed(sp['carried'])} ({spiked} seed{'s' * (spiked > 1)})" if sp["known"] and
-             sp["spiking_seeds"] else "none spike" if sp["known"] else "not measured")
+    carry = ("not measured" if not sp["known"] else "none spike" if not spiked else
+             f"all {spiked} seeds spike" if spiked == len(r["seeds"]) else
+             f"{signed(sp['carried'])} ({spiked} seed{'s' * (spiked > 1)})")
     sign = f"{r['p_sign']:.2g} ({r['p_sign_holm']:.2g})" if math.isfinite(r["p_sign"]) else "n/a"
     lines.append(
         f"| `{c.name}` | {c.question} | {lr} | {pilot} | {len(r['seeds'])} of {s['n']} | "
