@@ -35,17 +35,26 @@ def main(argv):
   print(f"val loss: {summary['initial_val_loss']:.4f} at step 0 → "
         f"{summary['final_val_loss']:.4f} at step {summary['steps']} "
         f"(best {summary['best_val_loss']:.4f}); "
-        f"{summary['tokens_per_sec'] or 0:,.0f} tokens/s; {summary['wall_time_sec']:.0f} s"
-        f"{compiled(summary.get('timing', {}).get('compile'))}; workdir {_WORKDIR.value}")
+        f"{summary['tokens_per_sec'] or 0:,.0f} tokens/s in the loop (its median); "
+        f"{summary['wall_time_sec']:.0f} s in the loop{timing(summary.get('timing'))}; "
+        f"workdir {_WORKDIR.value}")
 
 
-def compiled(tally: dict | None) -> str:
-  """The closing line's account of compilation (summary.json's `compile`; none in old runs)."""
-  if not tally:
+def timing(t: dict | None) -> str:
+  """The closing line's account of the run's start and its compilation (summary.json's `timing`;
+  none in old runs). Compile work runs in threads, beside the main thread and each other: its
+  seconds, summed over them, may exceed the run's."""
+  if not t:
     return ""
-  n = tally["programs_compiled"]
-  return (f" ({tally['sec']:.1f} s compiling: {n} program{'' if n == 1 else 's'} compiled, "
-          f"{tally['programs_cached']} from the cache)")
+  start = t.get("startup_sec")
+  said = "" if start is None else f", its first step {start:.1f} s after the start"
+  tally = t.get("compile")
+  if tally:
+    n = tally["programs_compiled"]
+    said += (f"; compile work {tally['sec']:.1f} s, summed over background threads "
+             f"({n} program{'' if n == 1 else 's'} compiled, {tally['programs_cached']} from the "
+             "cache)")
+  return said
 
 
 if __name__ == "__main__":

@@ -111,6 +111,17 @@ def whole_lines() -> None:
     stream.reconfigure(write_through=False, line_buffering=True)
 
 
+# A child is `python -m actlab.sweep` behind a handler set before it imports anything: SIGINT or
+# SIGTERM outside the training loop (importing, compiling, between cells) ends it at once with
+# 128 + the signal and no traceback (an exception raised in a C extension's import can crash the
+# interpreter's exit; whatever it was writing, a rerun resumes past, as after SIGKILL); inside,
+# the loop's own handler checkpoints first, then says so in one line.
+_CHILD = ("import os, runpy, signal\n"
+          "for s in (signal.SIGINT, signal.SIGTERM):\n"
+          "  signal.signal(s, lambda signum, _: os._exit(128 + signum))\n"
+          "runpy.run_module('actlab.sweep', run_name='__main__', alter_sys=True)\n")
+
+
 def _start(w: Worker, n: int, argv: Sequence[str]) -> subprocess.Popen:
   env = {**os.environ, ENV: f"{w.index}/{n}"}
   if w.gpu is not None:
@@ -120,7 +131,7 @@ def _start(w: Worker, n: int, argv: Sequence[str]) -> subprocess.Popen:
   try:
     # Its own session: a Ctrl-C reaches it once, from `run`. One progress bar per child would
     # garble the terminal; the children's log lines name their cells.
-    return subprocess.Popen([sys.executable, "-m", "actlab.sweep", *argv, "--workers=1",
+    return subprocess.Popen([sys.executable, "-c", _CHILD, *argv, "--workers=1",
                              "--config.train.progress=false"], env=env, start_new_session=True)
   finally:
     os.sched_setaffinity(0, allowed)
@@ -129,8 +140,9 @@ def _start(w: Worker, n: int, argv: Sequence[str]) -> subprocess.Popen:
 def run(workers: Sequence[Worker], argv: Sequence[str], log: Callable[[str], None],
         poll: Callable[[], None] = lambda: None) -> None:
   """Runs `python -m actlab.sweep *argv` as each worker and waits for all of them, passing
-  SIGINT/SIGTERM on (each child checkpoints and stops); one line per child as it ends, `poll()`
-  (the sweep's progress) while they run. Raises `Failed` if a child failed or was stopped."""
+  SIGINT/SIGTERM on (a child in its training loop checkpoints and stops, elsewhere it stops at
+  once: `_CHILD`); one line per child as it ends, `poll()` (the sweep's progress) while they run.
+  Raises `Failed` if a child failed or was stopped."""
   stop: list[int] = []
   previous = {s: signal.signal(s, lambda signum, _: stop.append(signum))
               for s in (signal.SIGINT, signal.SIGTERM)}
