@@ -129,7 +129,8 @@ def test_a_run_from_gpt2_trains_with_another_activation(gpt2_dir, tmp_path, caps
   c.train.init_from = f"hf:{gpt2_dir}"
   summary = train.run(c, tmp_path)
   out = capsys.readouterr().out
-  assert "the FFN activation is the config's, 'relu' (the checkpoint's: 'gelu_new')" in out
+  assert out.startswith(f"actlab: train.init_from=hf:{gpt2_dir}: the FFN activation: 'gelu_new' "
+                        "there, the config's 'relu' here (allowed: the parameters carry over)\n")
   assert "initialised 36 of 36 parameter arrays" in out
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   losses = [r["train_loss"] for r in rows if "train_loss" in r]

@@ -220,9 +220,12 @@ def read(directory, config, task: str, vocab_size: int) -> Weights:
   llama_style = theirs in LLAMA_STYLE
   if llama_style:
     cfg = _transformers_config(directory, where)
-  say_allowed(where, _check_sizes(cfg, config, theirs, vocab_size, where))
-  _note_activation(cfg.get("activation_function" if theirs == "gpt2" else "hidden_act"),
-                   function(config.model.activation), where)
+  said = _check_sizes(cfg, config, theirs, vocab_size, where)
+  plain = function(config.model.activation)  # the FFN's: the config's, whatever the checkpoint's
+  act = cfg.get("activation_function" if theirs == "gpt2" else "hidden_act")
+  if act != ACTIVATIONS.get(plain):
+    said.append(f"the FFN activation: {act!r} there, the config's {plain!r} here")
+  say_allowed(where, said)
   state = _weights(directory, where)
   if llama_style and cfg.get("tie_word_embeddings") and "lm_head.weight" not in state:
     embedding = state.get("model.embed_tokens.weight", state.get("embed_tokens.weight"))
@@ -255,15 +258,10 @@ def _transformers_config(directory: pathlib.Path, where: str) -> dict:
 
 
 def say_allowed(where: str, diffs: list[str]) -> None:
-  """The run's first line for what `train.init_from` allows to differ (`init_from="say"`)."""
+  """The run's first line for what `train.init_from` allows to differ (`init_from="say"`; from
+  hf:DIR, the FFN activation too)."""
   if diffs:
     print(f"actlab: {where}: {'; '.join(diffs)} (allowed: the parameters carry over)", flush=True)
-
-
-def _note_activation(theirs, ours: str, where: str) -> None:
-  if theirs != ACTIVATIONS.get(ours):
-    print(f"actlab: {where}: the FFN activation is the config's, {ours!r} "
-          f"(the checkpoint's: {theirs!r})", flush=True)
 
 
 def _check_sizes(cfg: dict, config, family: str, vocab_size: int, where: str) -> list[str]:
