@@ -226,10 +226,8 @@ def marked(mark: str) -> dict[str, Any]:
           for name, cls in sections.items() for f in dataclasses.fields(cls) if mark in f.metadata}
 
 
-# The block's fields (`block`; docs/running.md, "The block, field by field"), all `model.*`; and
-# of them the form's at their defaults (`core.Spec`'s): GPT-2's block, the one every run built
-# before the fields existed and the encoder and the GPT-2 and BERT mappings keep to (actlab/hf/;
-# `config.BLOCKS` names the decoder's blocks).
+# The block's fields (`block`), all `model.*`; GPT-2's block: the form's at their defaults, which
+# every run built before the fields existed and the encoder and hf/'s GPT-2 and BERT keep to.
 BLOCK_FIELDS = tuple(key.removeprefix("model.") for key in marked("block"))
 GPT2_BLOCK = {name: getattr(core.Spec, name) for name in BLOCK_FIELDS
               if marked("block")[f"model.{name}"] == "form"}
