@@ -486,7 +486,7 @@ def test_the_first_steps_do_not_wait_for_step_0s_measurements(runs, monkeypatch,
   waits until step 12 has started, past the first row's step, 10. The run's rows are those of a
   run that measured step 0 first (`runs`), step 0's row first."""
   gate, opened = threading.Event(), []
-  start, take = compile_cache.Ahead.start, loop.Prefetch.take
+  start, take = program_lib.Ahead.start, loop.Prefetch.take
 
   def gated_start(self, pool, *like):
     if self.jitted.__name__ != "sharpness_step":
@@ -499,7 +499,7 @@ def test_the_first_steps_do_not_wait_for_step_0s_measurements(runs, monkeypatch,
     if k == 12:
       gate.set()
     return take(self, k)
-  monkeypatch.setattr(compile_cache.Ahead, "start", gated_start)
+  monkeypatch.setattr(program_lib.Ahead, "start", gated_start)
   monkeypatch.setattr(loop.Prefetch, "take", opening_take)
   with contextlib.redirect_stderr(io.StringIO()):
     train.run(run_config(30), tmp_path)
@@ -514,7 +514,7 @@ def test_a_wait_for_step_0s_sharpness_program_is_sharpness_cost(monkeypatch, tmp
   compilation starts only once that wait has lasted 0.5 s: the wait is in
   `timing.measure_sec.sharpness`, not lost from the summary."""
   gate = threading.Event()
-  start, ready = compile_cache.Ahead.start, compile_cache.Ahead.ready
+  start, ready = program_lib.Ahead.start, program_lib.Ahead.ready
 
   def gated_start(self, pool, *like):
     if self.jitted.__name__ != "sharpness_step":
@@ -527,8 +527,8 @@ def test_a_wait_for_step_0s_sharpness_program_is_sharpness_cost(monkeypatch, tmp
       time.sleep(0.5)
       gate.set()
     return ready(self)
-  monkeypatch.setattr(compile_cache.Ahead, "start", gated_start)
-  monkeypatch.setattr(compile_cache.Ahead, "ready", opening_ready)
+  monkeypatch.setattr(program_lib.Ahead, "start", gated_start)
+  monkeypatch.setattr(program_lib.Ahead, "ready", opening_ready)
   with contextlib.redirect_stderr(io.StringIO()):
     summary = train.run(run_config(30), tmp_path)
   assert gate.is_set()
@@ -543,7 +543,7 @@ def test_init_and_the_first_step_compile_before_the_first_arrays_go_to_the_devic
   runs beside their tracing); a resumed run compiles no `init`. On an accelerator the sharpness
   program starts with them, and is compiled once."""
   started, at_first_put = [], []
-  start, put = compile_cache.Ahead.start, parallel.Plan.shard_batch
+  start, put = program_lib.Ahead.start, parallel.Plan.shard_batch
 
   def watched_start(self, pool, *like):
     started.append(self.jitted.__name__)
@@ -558,7 +558,7 @@ def test_init_and_the_first_step_compile_before_the_first_arrays_go_to_the_devic
     with contextlib.redirect_stderr(io.StringIO()):
       return train.run(tiny(**{"train.steps": 10, "train.checkpoint_every": 5,
                                "train.log_every": 5, **overrides}), workdir)
-  monkeypatch.setattr(compile_cache.Ahead, "start", watched_start)
+  monkeypatch.setattr(program_lib.Ahead, "start", watched_start)
   monkeypatch.setattr(parallel.Plan, "shard_batch", watched_put)
   run(tmp_path / "cpu")
   assert at_first_put[0] == ["init", "train_step"]
@@ -589,10 +589,10 @@ def test_a_programs_init_is_traced_once_for_its_shapes_and_its_compile(monkeypat
 
 
 def test_the_checkpoints_checksums_run_the_program_compiled_ahead(monkeypatch, tmp_path):
-  """Each checkpoint's checksums run `_sums` as compiled in the loop's threads for a run's state
-  (`checkpoint.compile_ahead`), never traced, lowered and loaded at a checkpoint; the checksums
-  saved are those of the jitted function on the saved state."""
-  called, jitted = [], checkpoint._sums
+  """Each checkpoint's checksums run `sums` as compiled in the loop's threads for a run's state
+  (`Program.checksums`, `checkpoint.use_compiled`), never traced, lowered and loaded at a
+  checkpoint; the checksums saved are those of the jitted function on the saved state."""
+  called, jitted = [], checkpoint.sums
 
   class Watched:
     lower = staticmethod(jitted.lower)
@@ -600,8 +600,8 @@ def test_the_checkpoints_checksums_run_the_program_compiled_ahead(monkeypatch, t
     def __call__(self, tree):
       called.append(tree)
       return jitted(tree)
-  monkeypatch.setattr(checkpoint, "_sums", Watched())
-  monkeypatch.setattr(checkpoint, "_ahead", {})
+  monkeypatch.setattr(checkpoint, "sums", Watched())
+  monkeypatch.setattr(checkpoint, "_compiled", {})
   c = tiny(**{"train.steps": 10, "train.checkpoint_every": 5, "train.keep_checkpoints": 2})
   with contextlib.redirect_stderr(io.StringIO()):
     train.run(c, tmp_path)

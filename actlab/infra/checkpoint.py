@@ -33,7 +33,7 @@ def _root_cause(e: BaseException) -> str:
 
 
 @jax.jit
-def _sums(tree) -> list[jax.Array]:
+def sums(tree) -> list[jax.Array]:
   """Two uint32 sums per array of `tree`: of its words, and of each word times its position
   (wrapping sums: independent of the sharding; a changed or swapped word changes them)."""
   out = []
@@ -52,25 +52,25 @@ def _sums(tree) -> list[jax.Array]:
   return out
 
 
-_ahead: dict = {}  # a tree's abstract arrays -> `_sums` compiled ahead for it (`compile_ahead`)
+_compiled: dict = {}  # a tree's abstract arrays -> `sums` compiled for trees like it
 
 
 def _signature(tree) -> tuple:
   return jax.tree.structure(tree), tuple(jax.tree.leaves(compile_cache.abstract(tree)))
 
 
-def compile_ahead(pool, like) -> None:
-  """Starts compiling `checksums`' program in `pool`'s threads for trees like `like` (a run's
-  state): a checkpoint of such a tree then neither traces nor loads it (on an H200's host, 0.7 s
-  to trace and lower and 0.5 s to load at a run's first checkpoint)."""
-  _ahead.setdefault(_signature(like), compile_cache.Ahead(_sums)).start(pool, like)
+def use_compiled(like, compiled) -> None:
+  """`checksums` of trees like `like` (a run's state) run `compiled`, `sums` compiled for them
+  (a run's program compiles it ahead, in a thread): a checkpoint then neither traces nor loads it
+  (on an H200's host, 0.7 s to trace and lower and 0.5 s to load at a run's first checkpoint)."""
+  _compiled[_signature(like)] = compiled
 
 
 def checksums(tree) -> dict[str, str]:
-  """{path of each array: its checksum as 16 hex digits} (`_sums`)."""
+  """{path of each array: its checksum as 16 hex digits} (`sums`)."""
   paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-  sums = _ahead.get(_signature(tree), _sums)
-  return {p: f"{int(a):08x}{int(b):08x}" for p, (a, b) in zip(paths, jax.device_get(sums(tree)))}
+  program = _compiled.get(_signature(tree), sums)
+  return {p: f"{int(a):08x}{int(b):08x}" for p, (a, b) in zip(paths, jax.device_get(program(tree)))}
 
 
 class _OrbaxLogsDropped(logging.Filter):

@@ -1,6 +1,6 @@
 """Each program compiled once: JAX's persistent compilation cache, on by default
-(`train.compile_cache`), the tally of what a run compiled and what it took from the cache, and
-`Ahead`: a program compiled (or loaded) in a thread before its first call.
+(`train.compile_cache`), and the tally of what a run compiled and what it took from the cache,
+in whichever thread (`carried`: into a thread that compiles ahead, run/program.py's `Ahead`).
 
 The cache lives in one folder per kind of host (`host_kind`: the platform, the CPU's model and
 instruction set), so that a program compiled for one processor is never loaded on another. The
@@ -16,9 +16,10 @@ and one line says so. JAX's size cap is left off: it rereads every entry's acces
 write, under one lock. The folder only grows; deleting it costs only compiles.
 """
 
-import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
+import functools
 import hashlib
 import os
 import pathlib
@@ -26,7 +27,6 @@ import platform
 import threading
 import warnings
 import zlib
-from typing import Callable
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
@@ -92,7 +92,7 @@ class Tally:
 
 _open: list[Tally] = []   # the tallies counting now (a run's, a benchmark's)
 _hit = threading.local()  # set by a cache hit, read by the same thread's compile event
-_for = threading.local()  # `counted_in`'s tally: this thread's compiles count there alone
+_for = contextvars.ContextVar("counted_in", default=None)  # this context's compiles count there
 _listening = False
 
 
@@ -112,57 +112,17 @@ def tally(t: Tally | None = None):
 def counted_in(t: Tally | None):
   """This thread's compiles count in `t` alone until the block ends (None: in the open tallies):
   a sweep's next group, compiled while another group's tally is open."""
-  before, _for.value = getattr(_for, "value", None), t
+  token = _for.set(t)
   try:
     yield
   finally:
-    _for.value = before
+    _for.reset(token)
 
 
 def carried(fn):
-  """`fn`, to run in another thread with this thread's `counted_in` tally."""
-  t = getattr(_for, "value", None)
-
-  def run():
-    with counted_in(t):
-      return fn()
-  return run
-
-
-class Ahead:
-  """A jitted function compiled in a thread (`start`) for the arguments it will be called with;
-  a call waits for it. Before `start` it is the jitted function."""
-
-  def __init__(self, jitted: Callable):
-    self.jitted, self.compiled, self.args = jitted, None, None
-
-  def start(self, pool: concurrent.futures.Executor, *like) -> None:
-    """Compiles for arguments like `like` in `pool`, unless that is under way or done (a sweep's
-    next group starts its programs while another group trains)."""
-    args = abstract(like)
-    if self.compiled and self.args == args and not (
-        self.compiled.cancelled() or self.compiled.done() and self.compiled.exception()):
-      return
-    self.args = args
-    self.compiled = pool.submit(carried(lambda: self.jitted.lower(*args).compile()))
-
-  @property
-  def done(self) -> bool:
-    """Whether a call would not wait for a compilation under way."""
-    return self.compiled is None or self.compiled.done()
-
-  def ready(self) -> "Ahead":
-    """Waits for the compilation under way, if any."""
-    if self.compiled:
-      self.compiled.result()
-    return self
-
-  def __call__(self, *args):
-    """The program compiled ahead, once compiled; the jitted function where none was started or
-    its compilation was cancelled (its pool shut down first)."""
-    if self.compiled is None or self.compiled.cancelled():
-      return self.jitted(*args)
-    return self.compiled.result()(*args)
+  """`fn`, to run in another thread with this thread's `counted_in` tally (in this thread's
+  context, a copy: no frame of this module between the thread and `fn`)."""
+  return functools.partial(contextvars.copy_context().run, fn)
 
 
 def abstract(tree):
@@ -200,7 +160,7 @@ def _on_event(event: str, **_):
 
 
 def _on_duration(event: str, seconds: float, fun_name: str = "?", **_):
-  tallies = [t] if (t := getattr(_for, "value", None)) else _open
+  tallies = [t] if (t := _for.get()) else _open
   if event == "/jax/core/compile/backend_compile_duration":
     hit, _hit.value = getattr(_hit, "value", False), False
     for t in tallies:

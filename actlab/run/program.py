@@ -8,13 +8,15 @@ one program (tests/test_vectorized.py: R runs equal R single runs). The programs
 each once (infra/compile_cache.py keeps them for the next run): `init`; `train_step`; `log_step`,
 the same step with the diagnostics of a logged step; `eval_step`, every validation evaluator in
 one forward pass; `sharpness_step`, the power iteration (when on); for R > 1, `split`, each run's
-part of the state for its checkpoint. A fresh run's `init` and the first step's program (on a GPU
-or TPU, the sharpness program too) compile in threads while the run's first arrays go to the
-devices (on a GPU, their memory pool is allocated then), the others once the first step is
+part of the state for its checkpoint; `checksums`, a checkpoint's sums. Each is an `Ahead`,
+compiled in a thread for the arguments it will get. A fresh run's `init` and the first step's
+program (on a GPU or TPU, the sharpness program too) compile while the run's first arrays go to
+the devices (on a GPU, their memory pool is allocated then), the others once the first step is
 dispatched (tracing holds Python's lock: a program traced beside the first step's delays it); a
 sweep may have started them all while the group before trained (`Program.compile_all`).
 """
 
+import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -29,7 +31,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from actlab import config as config_lib, core, tasks
 from actlab.infra import checkpoint as checkpoint_lib, compile_cache, parallel, workdir
-from actlab.infra.compile_cache import Ahead
 from actlab.infra.errors import UserError
 from actlab.measure import evaluators as evaluators_lib
 
@@ -52,6 +53,42 @@ def part(tree: Any, r: int, runs: int) -> Any:
   return jax.tree.map(lambda x: x[r], tree) if runs > 1 else tree
 
 
+class Ahead:
+  """A jitted function compiled in a thread (`start`) for the arguments it will be called with;
+  a call waits for it. Before `start` it is the jitted function."""
+
+  def __init__(self, jitted: Callable):
+    self.jitted, self.compiled, self.args = jitted, None, None
+
+  def start(self, pool: concurrent.futures.Executor, *like) -> None:
+    """Compiles for arguments like `like` in `pool`, unless that is under way or done (a sweep's
+    next group starts its programs while another group trains)."""
+    args = compile_cache.abstract(like)
+    if self.compiled and self.args == args and not (
+        self.compiled.cancelled() or self.compiled.done() and self.compiled.exception()):
+      return
+    self.args = args
+    self.compiled = pool.submit(compile_cache.carried(lambda: self.jitted.lower(*args).compile()))
+
+  @property
+  def done(self) -> bool:
+    """Whether a call would not wait for a compilation under way."""
+    return self.compiled is None or self.compiled.done()
+
+  def ready(self) -> "Ahead":
+    """Waits for the compilation under way, if any."""
+    if self.compiled:
+      self.compiled.result()
+    return self
+
+  def __call__(self, *args):
+    """The program compiled ahead, once compiled; the jitted function where none was started or
+    its compilation was cancelled (its pool shut down first)."""
+    if self.compiled is None or self.compiled.cancelled():
+      return self.jitted(*args)
+    return self.compiled.result()(*args)
+
+
 @dataclasses.dataclass(frozen=True)
 class Program:
   """A config's `core.Step` jitted for R runs (their LRs and seeds may differ). For R > 1, states,
@@ -70,6 +107,7 @@ class Program:
   eval_step: Ahead      # (params, batch) -> the validation evaluators' device values
   sharpness_step: Ahead | None  # (params, batch) -> top Hessian eigenvalues; None when off
   split: Ahead | None   # R > 1: state -> each run's part (`parts`)
+  checksums: Ahead      # one run's state -> its checkpoint's checksums (`checkpoint.sums`)
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
@@ -106,7 +144,8 @@ class Program:
                sharpness_step=evaluators.sharpness and on_params(evaluators.sharpness,
                                                                  "sharpness_step"),
                split=(Ahead(jax.jit(split, out_shardings=[run_shardings] * runs))
-                      if runs > 1 else None))
+                      if runs > 1 else None),
+               checksums=Ahead(checkpoint_lib.sums))
 
   def start(self, configs: Sequence[ml_collections.ConfigDict]) -> core.TrainState:
     """The initial state of the runs of `configs` (their seeds and peak LRs)."""
@@ -175,7 +214,8 @@ class Program:
         then.start(pool, state, batch)
       if self.split:
         self.split.start(pool, state)
-      checkpoint_lib.compile_ahead(pool, self.run_state_like)
+      self.checksums.start(pool, self.run_state_like)
+      checkpoint_lib.use_compiled(self.run_state_like, self.checksums)
     return rest
 
   def compile_all(self, pool, dataset, fresh: Sequence[ml_collections.ConfigDict] = ()) -> None:
