@@ -591,7 +591,7 @@ def test_the_next_group_compiles_while_a_group_trains_and_counts_as_its_own(vect
   cache, opened, init_started, take = {}, [], [], loop.Prefetch.take
 
   def next_step_compiled():
-    programs = [p for (_, key), p in cache.items() if '"activation": "gelu"' in key]
+    programs = [p for (_, key), p in cache.items() if '"model.activation": "gelu"' in key]
     compiled = programs and programs[0].train_step.compiled
     return bool(compiled and compiled.done() and not compiled.exception())
 
@@ -601,7 +601,7 @@ def test_the_next_group_compiles_while_a_group_trains_and_counts_as_its_own(vect
       while not next_step_compiled() and time.monotonic() < deadline:
         time.sleep(0.02)
       opened.append(next_step_compiled())
-      gelu = [p for (_, key), p in cache.items() if '"activation": "gelu"' in key]
+      gelu = [p for (_, key), p in cache.items() if '"model.activation": "gelu"' in key]
       init_started.append(bool(gelu) and gelu[0].init.compiled is not None)
     return take(self, k)
   monkeypatch.setattr(loop.Prefetch, "take", waiting_take)
