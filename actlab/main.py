@@ -11,33 +11,41 @@ from actlab.infra import errors
 from actlab.infra import parallel, workdir
 from actlab.run import train
 
-_CONFIG = errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; reused to resume).")
-errors.require("config", "workdir")
+def define_flags() -> None:
+  """The command's flags, defined when it runs (actlab.sample, imported beside it, has a
+  --workdir of its own)."""
+  errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
+  flags.DEFINE_string("workdir", None, "Run directory (created; reused to resume).")
+  errors.require("config", "workdir")
 
 
 def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
-  parallel.initialize(_CONFIG.value)  # Devices and hosts first: nothing has asked JAX for any.
-  run_dir = workdir.RunDir.open(_WORKDIR.value)
+  train_one(flags.FLAGS.config, flags.FLAGS.workdir)
+
+
+def train_one(config, where: str) -> None:
+  """Trains (or resumes) the run of `config` in directory `where` and prints how it ended."""
+  parallel.initialize(config)  # Devices and hosts first: nothing has asked JAX for any.
+  run_dir = workdir.RunDir.open(where)
   ended = workdir.read_summary(run_dir.logdir, warn=False)  # train.run just returns its summary
-  summary = train.run(_CONFIG.value, run_dir)
+  summary = train.run(config, run_dir)
   if ended is not None:
-    print(f"nothing trained: {_WORKDIR.value} holds a run that had already ended; its result:")
+    print(f"nothing trained: {where} holds a run that had already ended; its result:")
   reasons = "; ".join(summary["status_reasons"])
   print(f"status: {summary['status']}" + (f" ({reasons})" if reasons else ""))
   if summary["status"] == "diverged" and summary["diverged_at"] is not None:
     print(f"stopped at step {summary['diverged_at']}; the last checkpoint is the last good state; "
-          f"workdir {_WORKDIR.value}")
+          f"workdir {where}")
     return
   print(f"val loss: {summary['initial_val_loss']:.4f} at step 0 → "
         f"{summary['final_val_loss']:.4f} at step {summary['steps']} "
         f"(best {summary['best_val_loss']:.4f}); "
         f"{summary['tokens_per_sec'] or 0:,.0f} tokens/s in the loop (its median); "
         f"{summary['wall_time_sec']:.0f} s in the loop{timing(summary.get('timing'))}; "
-        f"workdir {_WORKDIR.value}")
+        f"workdir {where}")
 
 
 def timing(t: dict | None) -> str:
@@ -58,4 +66,5 @@ def timing(t: dict | None) -> str:
 
 
 if __name__ == "__main__":
+  define_flags()
   errors.run(main)

@@ -16,7 +16,7 @@ import conftest
 from actlab import core, data, tasks
 from actlab.data import classify, synthetic, tokenizer
 from actlab.run import pretrained as pretrained_lib
-from actlab.run import loop, train
+from actlab.run import program, train
 from actlab.tasks import mlm
 
 

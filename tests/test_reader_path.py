@@ -16,10 +16,10 @@ from concurrent.futures import thread as pool_thread
 
 import optax
 import pytest
-from absl import flags
 
 from actlab import core, data, tasks
 from actlab import main as main_lib
+from actlab.infra import errors
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "actlab"
@@ -83,18 +83,17 @@ def traced(workdir: pathlib.Path) -> list[str]:
   """The token's path of `python -m actlab.main --config=CONFIG --workdir=<workdir>`, its files in
   the order the trace first finds them."""
   trace = Trace()
-  flags.FLAGS(["actlab.main", f"--config={CONFIG}", f"--workdir={workdir}"])
-  config = flags.FLAGS.config
+  path, _, arg = CONFIG.partition(":")
+  config = errors.call_file(str(REPO / path), "get_config", arg, kind="config")
   tasks.get(config).dataset(config)  # Its token cache made first, off the trace: seconds.
   threading.setprofile(trace)
   sys.setprofile(trace)
   try:
     with pytest.raises(Updated):
-      main_lib.main([])
+      main_lib.train_one(config, str(workdir))
   finally:
     sys.setprofile(None)
     threading.setprofile(None)
-    flags.FLAGS.unparse_flags()
   return trace.files
 
 
