@@ -283,8 +283,9 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
   """The stages: runs (done of planned) and, with `estimate`, the wall time they take here."""
   q, lines = a.q, []
   runs = a.runs("pilot")
-  pilot_total = len(q.cells) * len(q.pilot.lrs) * len(q.pilot.seeds)
-  done = sum(len(v) for v in runs.values())
+  grid = {c: {(lr, s) for lr in q.pilot_of(c).lrs for s in q.pilot_of(c).seeds} for c in q.cells}
+  pilot_total = sum(len(g) for g in grid.values())
+  done = sum(len(grid[c] & set(runs.get(c, {}))) for c in q.cells)
   step = timed_steps(a) if estimate else None
   cost = lambda n: "" if step is None else f", about {duration(n * step)} here"
   lines.append(f"  stage pilot: {done} of {pilot_total} runs done{cost(pilot_total)}")
