@@ -178,3 +178,20 @@ def test_an_unreadable_declaration_is_refused_not_frozen_anew(answered, tmp_path
   (torn / "question.json").write_text('{"question": "x", "hash"')
   with pytest.raises(UserError, match="question.json is unreadable"):
     ask.freeze(ask.Asked(a.spec, a.q, torn))
+
+
+def test_cells_picks_a_part_that_trains_into_stage_directories_of_its_own(tmp_path):
+  """A GPU's rungs and a CPU's train into their own stage directories; the question reads all."""
+  spec = str(REPO / "experiments" / "questions" / "ladder.py")
+  q = Q.load(spec)
+  part = ask.Asked(spec, q, tmp_path, cells="*_4x256,*_6x384")
+  assert part.mine == [c for c in q.cells if not c.endswith("2x128")] and len(part.mine) == 8
+  assert part.stage_dir("pilot") == tmp_path / "pilot-_4x256_6x384"
+  whole = ask.Asked(spec, q, tmp_path)
+  assert whole.mine == list(q.cells) and whole.stage_dir("fresh") == tmp_path / "fresh"
+  for stage in ("pilot", "pilot-_2x128", "edge-_2x128", "fresh-_2x128", "pilotx"):
+    (tmp_path / stage).mkdir()
+  assert [d.name for d in whole.dirs("pilot")] == ["edge-_2x128", "pilot", "pilot-_2x128"]
+  assert [d.name for d in whole.dirs("fresh")] == ["fresh-_2x128"]
+  with pytest.raises(UserError, match="--cells=nothing: no cell matches"):
+    ask.run(ask.Asked(spec, q, tmp_path, cells="nothing"))
