@@ -286,9 +286,12 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
   grid = {c: {(lr, s) for lr in q.pilot_of(c).lrs for s in q.pilot_of(c).seeds} for c in q.cells}
   pilot_total = sum(len(g) for g in grid.values())
   done = sum(len(grid[c] & set(runs.get(c, {}))) for c in q.cells)
-  step = timed_steps(a) if estimate else None
+  walls = [s["wall_time_sec"] for cell in runs.values() for s in cell.values()
+             if Q.finite(s, "wall_time_sec")]
+  # A run's wall here: its finished runs' mean, once there are some; else from timed steps.
+  step = (float(np.mean(walls)) / a.workers if walls else timed_steps(a)) if estimate else None
   cost = lambda n: "" if step is None else f", about {duration(n * step)} here"
-  lines.append(f"  stage pilot: {done} of {pilot_total} runs done{cost(pilot_total)}")
+  lines.append(f"  stage pilot: {done} of {pilot_total} runs done{cost(pilot_total - done)}")
   try:
     chosen = Q.choose(q, runs)
   except Q.Incomplete:
