@@ -23,6 +23,7 @@ from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
 from actlab.report import question as Q
 from actlab.sweep import grid
+from actlab.sweep.progress import duration
 
 @dataclasses.dataclass(frozen=True)
 class Asked:
@@ -356,12 +357,6 @@ def timed_steps(a: Asked) -> float | None:
     sharpness = (t.steps // m.sharpness_every + 1) * m.sharpness_iters if m.sharpness_every else 0
     seconds.append(step * (t.steps + windows / 3 + 3 * sharpness) + compile_s / runs)
   return float(np.mean(seconds)) / a.workers
-
-
-def duration(seconds: float) -> str:
-  s = int(round(seconds))
-  return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s" if s < 3600 else (
-      f"{s // 3600} h {s % 3600 // 60:02d} min")
 
 
 def table(a: Asked, verdicts: dict, sizing: dict, lrs: dict) -> list[str]:
