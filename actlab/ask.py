@@ -22,6 +22,7 @@ from actlab import config as config_lib
 from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
 from actlab.report import question as Q
+from actlab.run import lane
 from actlab.sweep import grid
 from actlab.sweep.progress import duration
 
@@ -78,16 +79,10 @@ def digest(decl: dict) -> str:
 
 
 def commit() -> str:
-  """The code's commit (with "+dirty" for uncommitted changes), or "unknown" outside git."""
-  here = pathlib.Path(__file__).parent
-  try:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                          check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                           capture_output=True, text=True).stdout.strip()
-    return head[:12] + ("+dirty" if dirty else "")
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
+  """The code's commit as a run's provenance has it (with "+dirty" for uncommitted changes), or
+  "unknown" outside git."""
+  code = lane.code()
+  return (code["git_commit"] or "unknown")[:12] + ("+dirty" if code["git_dirty"] else "")
 
 
 def began(a: Asked) -> bool:
@@ -161,12 +156,11 @@ def train(a: Asked, stage: str, sweep: dict, log=print) -> None:
   spec = where.with_name(f"{where.name}.sweep.json")
   a.root.mkdir(parents=True, exist_ok=True)
   workdir_lib.write_json(spec, sweep)
-  base = Q.base_config(a.q)
-  log(f"ask: {stage}: {len(grid.cells(base, grid.parse(sweep)))} runs → {where}")
+  log(f"ask: {stage} → {where}")  # the sweep says how many runs, and how many were done before
   if a.workers == 1:
     from actlab import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
     from actlab.infra import parallel  # pylint: disable=import-outside-toplevel
-    base = config_lib.override(base, a.settings)
+    base = config_lib.override(Q.base_config(a.q), a.settings)
     parallel.initialize(base)
     sweep_lib.run(base, str(spec), where, log=log, shard=a.shard,
                   overridden=list(a.settings), cache=COMPILED)
@@ -288,7 +282,7 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
   pilot_total = sum(len(g) for g in grid.values())
   done = sum(len(grid[c] & set(runs.get(c, {}))) for c in q.cells)
   walls = [s["wall_time_sec"] for cell in runs.values() for s in cell.values()
-             if Q.finite(s, "wall_time_sec")]
+             if Q.has_finite(s, "wall_time_sec")]
   # A run's wall here: its finished runs' mean, once there are some; else from timed steps.
   step = (float(np.mean(walls)) / a.workers if walls else timed_steps(a)) if estimate else None
   cost = lambda n: "" if step is None else f", about {duration(n * step)} here"
@@ -449,6 +443,19 @@ def report(a: Asked, log=print) -> None:
   log(f"wrote {out}" + (f" and {figure}" if figure else ""))
 
 
+def draw_intervals(ax, rows, margins) -> None:
+  """Rows of (label, mean, low, high) on `ax`, top down, each a mean with its interval; 0 marked
+  in grey and ±each margin in red (the first dashed, the second dotted, the third dash-dotted)."""
+  for y, (_, mean, low, high) in enumerate(rows):
+    ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="k", capsize=4)
+  ax.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)
+  ax.invert_yaxis()
+  for m, style in zip(margins, ("--", ":", "-.")):
+    for x in (-m, m):
+      ax.axvline(x, color="tab:red", ls=style, lw=1)
+  ax.axvline(0, color="0.6", lw=1)
+
+
 def figure_of(a: Asked, v: dict, path: pathlib.Path) -> pathlib.Path | None:
   """Each contrast's mean and simultaneous interval against ±each margin."""
   rows = [(f"{c.name} ({len(v[c.name]['seeds'])})", v[c.name]["paired"].mean,
@@ -459,14 +466,7 @@ def figure_of(a: Asked, v: dict, path: pathlib.Path) -> pathlib.Path | None:
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
   fig, ax = plt.subplots(figsize=(6.4, 0.6 * len(rows) + 1.2))
-  for y, (_, mean, low, high) in enumerate(rows):
-    ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="k", capsize=4)
-  ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
-  ax.invert_yaxis()
-  for m, style in zip(a.q.margins, ("--", ":", "-.")):
-    for x in (-m, m):
-      ax.axvline(x, color="tab:red", ls=style, lw=1)
-  ax.axvline(0, color="0.6", lw=1)
+  draw_intervals(ax, rows, a.q.margins)
   ax.set_xlabel(f"{a.q.outcome[1]}: mean, simultaneous interval (α/{a.q.k}); ±"
                 + ", ±".join(f"{m:g}" for m in a.q.margins), fontsize=8)
   fig.tight_layout()

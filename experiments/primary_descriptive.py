@@ -172,19 +172,6 @@ CONTRAST_WORDS = {"relu_gelu": "GPT-2's block, unclipped",
                   "block_change": "LLaMA-style − GPT-2's block, unclipped"}
 
 
-def draw_intervals(ax, rows, margins: tuple[float, ...]) -> None:
-  """Rows of (label, mean, low, high) on `ax`, top down, each a mean with its interval; 0 marked
-  in grey and ±each margin in red (the first dashed, the second dotted)."""
-  for y, (_, mean, low, high) in enumerate(rows):
-    ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="k", capsize=4)
-  ax.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)
-  ax.invert_yaxis()
-  for m, style in zip(margins, ("--", ":")):
-    for x in (-m, m):
-      ax.axvline(x, color="tab:red", ls=style, lw=1)
-  ax.axvline(0, color="0.6", lw=1)
-
-
 def figure(directory: str = str(FIGURES)) -> None:
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
@@ -194,7 +181,7 @@ def figure(directory: str = str(FIGURES)) -> None:
   rows = [(f"{label}\n({v[name]['paired'].n} pairs)", v[name]["paired"].mean, *v[name]["interval"])
           for name, label in RECIPE_WORDS.items() if v[name] is not None]
   fig, ax = plt.subplots(figsize=(6.4, 0.7 * len(rows) + 1.2))
-  draw_intervals(ax, rows, recipe[0].q.margins)
+  ask.draw_intervals(ax, rows, recipe[0].q.margins)
   ax.set_xlabel("ReLU − GELU, final test loss (nats): mean and simultaneous interval; ±δ dashed")
   fig.tight_layout()
   save(fig, pathlib.Path(directory) / "activation_x_recipe.png")
@@ -212,7 +199,7 @@ def figure(directory: str = str(FIGURES)) -> None:
                                     f"contrasts: mean, simultaneous interval (α/{a.q.k})"))
   fig, axes = plt.subplots(2, 1, figsize=(7.0, 6.4), height_ratios=(6, 5), sharex=True)
   for ax, (rows, title) in zip(axes, panels):
-    draw_intervals(ax, rows, a.q.margins)
+    ask.draw_intervals(ax, rows, a.q.margins)
     ax.set_title(title, fontsize=9)
   m = a.q.margins
   axes[-1].set_xlabel(f"final test loss (nats); ±{m[0]:g} dashed, ±{m[1]:g} dotted; n = "
@@ -250,7 +237,7 @@ def answers(directory: str = str(FIGURES)) -> None:
   rows = [(f"{label} ({found[f][c]['paired'].n})", found[f][c]["paired"].mean,
            *found[f][c]["interval"]) for (f, c), label in ANSWERS.items()]
   fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 5.2), width_ratios=(3, 2))
-  draw_intervals(left, rows, (0.1,))
+  ask.draw_intervals(left, rows, (0.1,))
   left.set_xlabel("A − B, final test loss (nats; BERT: [MASK] loss): mean and simultaneous "
                   "interval; ±δ = 0.1 dashed", fontsize=8)
   for act, color in (("gelu", "tab:red"), ("relu", "tab:blue")):

@@ -20,6 +20,7 @@ from scipy import optimize, stats
 from actlab import config as config_lib
 from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
+from actlab.measure.metrics import finite
 from actlab.report import comparisons
 
 LR, SEED = "optim.lr", "train.seed"
@@ -285,9 +286,9 @@ def cell_runs(q: Question, dirs: Sequence[pathlib.Path]) -> dict[str, dict[tuple
   return out
 
 
-def finite(summary: dict | None, key: str) -> bool:
-  value = (summary or {}).get(key)
-  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def has_finite(summary: dict | None, key: str) -> bool:
+  """Whether a run's summary holds a finite `key` (a diverged run's losses are not)."""
+  return summary is not None and finite(summary.get(key))
 
 
 # --- Sizing
@@ -338,7 +339,7 @@ def choice(q: Question, cell: str, runs: Mapping[tuple, dict]) -> tuple[str, Any
   gaps = [(lr, s) for lr in p.lrs for s in p.seeds if (lr, s) not in runs]
   if gaps:
     return "missing", gaps
-  mean = lambda lr: float(np.mean([runs[lr, s][select] if finite(runs[lr, s], select)
+  mean = lambda lr: float(np.mean([runs[lr, s][select] if has_finite(runs[lr, s], select)
                                    else math.inf for s in p.seeds]))
   best = min(p.lrs, key=mean)
   if best not in p.edge:
@@ -386,7 +387,7 @@ def size(q: Question, pilot_runs: Mapping[str, Mapping[tuple, dict]],
       raise QuestionError(f"question {q.name}: contrast {c.name}: its cells share fewer than two "
                           "pilot seeds")
     bad = [(cell, s) for cell in c.weights for s in seeds
-           if not finite(pilot_runs[cell][lrs[cell], s], q.outcome_of(cell)[1])]
+           if not has_finite(pilot_runs[cell][lrs[cell], s], q.outcome_of(cell)[1])]
     if bad:
       raise QuestionError(f"question {q.name}: pilot runs without a finite outcome (cell, seed): "
                           f"{bad}; the sizing rule does not say what to do: state it first")
@@ -459,7 +460,7 @@ def spiking_share(q: Question, c: Contrast, runs, lrs, seeds: Sequence[int],
   run of a cell the contrast weighs passes `q.spike` × its initial gradient norm; "carried" is
   the mean over all seeds less the mean over the seeds without a spike."""
   rel = lambda cell, s: runs[cell][lrs[cell], s].get("grad_norm_max_rel")
-  known = all(finite(runs[cell][lrs[cell], s], "grad_norm_max_rel") for cell in c.weights
+  known = all(has_finite(runs[cell][lrs[cell], s], "grad_norm_max_rel") for cell in c.weights
               for s in seeds)
   spiking = [s for s in seeds if known and any(rel(cell, s) > q.spike for cell in c.weights)]
   by_seed = dict(zip(seeds, v))
@@ -480,7 +481,7 @@ def verdicts(q: Question, fresh_runs: Mapping[str, Mapping[tuple, dict]],
   share. A contrast without results counts as p = 1 in Holm, so an interim adjusted p is never
   smaller than the final one would be. Descriptive contrasts: unadjusted paired statistics."""
   outcome = lambda cell: q.outcome_of(cell)[1]
-  done = lambda cell, s: finite(fresh_runs.get(cell, {}).get((lrs[cell], s)), outcome(cell))
+  done = lambda cell, s: has_finite(fresh_runs.get(cell, {}).get((lrs[cell], s)), outcome(cell))
   ran = lambda cell, s: (lrs[cell], s) in fresh_runs.get(cell, {})
   found, n_most = {}, max(sizing["cell_n"].values())
   for c in (*q.contrasts, *q.descriptive):

@@ -42,7 +42,7 @@ def _git(*args: str) -> str | None:
 
 
 @functools.cache
-def _code() -> dict:
+def code() -> dict:
   """The PACKAGES' versions, and actlab's git commit and dirty flag when it runs from a checkout."""
   versions = dict.fromkeys(PACKAGES)
   for name in PACKAGES:
@@ -60,7 +60,7 @@ def segment(config: ml_collections.ConfigDict, start_step: int,
   paths as the run directory records them (`recorded.recorded_command`, `recorded_config`)."""
   devices = jax.devices()
   return {
-      "start_step": start_step, "started": workdir_lib.now(), **_code(),
+      "start_step": start_step, "started": workdir_lib.now(), **code(),
       "device_kind": devices[0].device_kind, "device_count": len(devices),
       # XLA:CPU splits reductions over its threads, one per CPU this process may use: float32
       # results differ in rounding between CPU counts (docs/sweeps.md, "Using all the hardware").
