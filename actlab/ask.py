@@ -114,8 +114,8 @@ def freeze(a: Asked, log=print) -> dict:
     return frozen
   if changed and began(a):
     raise errors.UserError(
-        f"{a.root}: the question changed after its pilot began ({'; '.join(changed[:3])}"
-        f"{'; …' if len(changed) > 3 else ''}); restore it as declared on {frozen['time']} "
+        f"{a.root}: the question changed after its pilot began "
+        f"({workdir_lib.first_diffs(changed)}); restore it as declared on {frozen['time']} "
         f"(hash {frozen['hash']}), or ask the new one in another --workdir")
   record = {"question": a.spec, "hash": digest(decl), "commit": commit(),
             "time": workdir_lib.now(), "declaration": decl}

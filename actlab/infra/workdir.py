@@ -115,6 +115,12 @@ def run_config(workdir: pathlib.Path) -> dict | None:
                         lambda path: os.path.normpath(os.path.join(os.path.abspath(workdir), path)))
 
 
+def first_diffs(diffs: list[str], shown: int = SHOWN_DIFFS) -> str:
+  """Differences ("key: old → new") as a refusal names them: the first `shown`, and how many more."""
+  more = f"; and {len(diffs) - shown} more" if len(diffs) > shown else ""
+  return "; ".join(diffs[:shown]) + more
+
+
 def check_unused(workdir: pathlib.Path) -> None:
   """Refuses a `--workdir` that holds no run (`is_run`) but holds what a run does not write
   (`RUN_FILES`): the user's files, which a run would mix with its own. A directory a run has only

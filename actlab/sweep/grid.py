@@ -215,10 +215,10 @@ def check_manifest(workdir: pathlib.Path, manifest: dict) -> None:
                            "this directory holds, or give this sweep a new --workdir")
   diffs = list({d.partition(": ")[0]: d for d in manifest_diffs(old, manifest)}.values())
   if diffs:
-    more = f"; and {len(diffs) - 3} more" if len(diffs) > 3 else ""
-    raise errors.UserError(f"--workdir {workdir} holds another sweep ({'; '.join(diffs[:3])}"
-                           f"{more}); rerun the command that started it (its --sweep, --config "
-                           "and flags) to resume it, or give this sweep a new --workdir")
+    raise errors.UserError(f"--workdir {workdir} holds another sweep "
+                           f"({workdir_lib.first_diffs(diffs)}); rerun the command that started it "
+                           "(its --sweep, --config and flags) to resume it, or give this sweep a "
+                           "new --workdir")
 
 
 def manifest_diffs(old: dict, new: dict) -> list[str]:
