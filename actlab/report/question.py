@@ -493,17 +493,16 @@ def verdicts(q: Question, fresh_runs: Mapping[str, Mapping[tuple, dict]],
     found[c.name] = {"n_planned": n, "seeds": tested, "left_out": sorted(set(seeds) - set(tested)),
                      "values": v}
   has = lambda c: len(found[c.name]["seeds"]) >= 2
-  first = {c.name: comparisons.paired_difference(found[c.name]["values"],
-                                                 np.zeros(len(found[c.name]["values"])),
-                                                 q.margins[0])
-           for c in q.contrasts if has(c)}
+  paired = {c.name: {m: comparisons.paired_difference(found[c.name]["values"],  # at each margin
+                                                      np.zeros(len(found[c.name]["values"])), m)
+                     for m in q.margins} for c in q.contrasts if has(c)}
+  first = {name: at[q.margins[0]] for name, at in paired.items()}
   p_holm = comparisons.holm([first[c.name].p if has(c) else 1.0 for c in q.contrasts])
   sign = [sign_flip_p(found[c.name]["values"]) if has(c) and len(found[c.name]["values"])
           <= SIGN_FLIP_MAX else math.nan if has(c) else 1.0 for c in q.contrasts]
   sign_holm = comparisons.holm([1.0 if math.isnan(p) else p for p in sign])
-  equiv = {m: comparisons.holm([comparisons.paired_difference(
-      found[c.name]["values"], np.zeros(len(found[c.name]["values"])), m).p_equiv if has(c)
-      else 1.0 for c in q.contrasts]) for m in q.margins}
+  equiv = {m: comparisons.holm([paired[c.name][m].p_equiv if has(c) else 1.0
+                                for c in q.contrasts]) for m in q.margins}
   out = {}
   for i, c in enumerate(q.contrasts):
     f = found[c.name]
@@ -514,9 +513,9 @@ def verdicts(q: Question, fresh_runs: Mapping[str, Mapping[tuple, dict]],
     interval = comparisons.simultaneous_interval(d, q.k, q.rule.alpha)
     at = {}
     for m in q.margins:
-      p_equiv = comparisons.paired_difference(f["values"], np.zeros(len(f["values"])), m).p_equiv
       claim = comparisons.claim(interval, m, equiv[m][i], c.a, c.b, q.rule.alpha)
-      at[m] = {"p_equiv": p_equiv, "p_equiv_holm": float(equiv[m][i]), "claim": claim,
+      at[m] = {"p_equiv": paired[c.name][m].p_equiv, "p_equiv_holm": float(equiv[m][i]),
+               "claim": claim,
                "verdict": reconciled(claim, interval, m, sign_holm[i], q.rule.alpha)
                if q.rule.sign_flip else claim}
     means = {cell: float(np.mean([fresh_runs[cell][lrs[cell], s][outcome(cell)]
