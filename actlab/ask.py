@@ -202,18 +202,20 @@ def run(a: Asked, log=print) -> None:
     raise errors.UserError(f"--cells={a.cells}: no cell matches; the cells: {', '.join(a.q.cells)}")
   freeze(a, log)
   train(a, "pilot", stage_sweep(a.q, "pilot", dict.fromkeys(a.mine)), log)
-  found = lambda: {c: Q.choice(a.q, c, a.runs("pilot").get(c, {})) for c in a.mine}
+  pilot = a.runs("pilot")  # read again only after a stage trains
+  found = lambda: {c: Q.choice(a.q, c, pilot.get(c, {})) for c in a.mine}
   if any(kind == "missing" for kind, _ in found().values()):
     log("ask: pilot: another shard is still training it: rerun once it is done")
     return
   edge = {c: lr for c, (kind, lr) in found().items() if kind == "edge"}
   if edge:
     train(a, "edge", stage_sweep(a.q, "edge", edge), log)
+    pilot = a.runs("pilot")
     if any(kind == "edge" for kind, _ in found().values()):
       log("ask: edge: another shard is still training it: rerun once it is done")
       return
   try:
-    chosen = Q.choose(a.q, a.runs("pilot"))
+    chosen = Q.choose(a.q, pilot)
   except Q.Incomplete as e:
     log(f"ask: {e}: train the other cells' pilots (--cells) and rerun")
     return
@@ -221,7 +223,7 @@ def run(a: Asked, log=print) -> None:
     log(f"ask: other cells wait for the step past an edge ({fmt_lrs(chosen['edge'])}): train "
         "them (--cells) and rerun")
     return
-  sizing = Q.size(a.q, a.runs("pilot"), chosen["lr"])
+  sizing = Q.size(a.q, pilot, chosen["lr"])
   log(f"ask: LRs chosen {fmt_lrs(chosen['lr'])}; n = {max(sizing['cell_n'].values())} "
       f"(asked {sizing['needed']})")
   cells = {c: (chosen["lr"][c], sizing["cell_n"][c]) for c in a.mine if c in sizing["cell_n"]}
@@ -404,13 +406,14 @@ def descriptive_lines(a: Asked, verdicts: dict) -> list[str]:
 
 def answer(a: Asked) -> tuple[dict, dict, dict] | None:
   """(verdicts, sizing, LRs) from the run directories; None before the pilot is complete."""
+  pilot = a.runs("pilot")
   try:
-    chosen = Q.choose(a.q, a.runs("pilot"))
+    chosen = Q.choose(a.q, pilot)
   except Q.Incomplete:
     return None
   if "edge" in chosen:
     return None
-  sizing = Q.size(a.q, a.runs("pilot"), chosen["lr"])
+  sizing = Q.size(a.q, pilot, chosen["lr"])
   return Q.verdicts(a.q, a.runs("fresh"), chosen["lr"], sizing), sizing, chosen["lr"]
 
 
