@@ -12,7 +12,8 @@ prints those).
   split by whether either arm of a seed is unstable, for families 1 and 2.
 - `review`: per test of families 1 and 2 the fresh seeds' sd against the pilot's, the power at
   it, the Shapiro p and the exact sign-flip p; test 1's and `recipe_clip`'s pairs with and
-  without a spike; how often clipping at 1.0 acted in `recipe_clip`'s early steps.
+  without a spike; how often clipping at 1.0 acted in `recipe_clip`'s early steps; family 3's
+  unclipped gap against test 1's, and spike-only clipping's change of each arm's own loss.
 - `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
 - `figure`: docs/img/activation_x_recipe.png (ReLU − GELU per recipe and block with its
   simultaneous interval), docs/img/factorial.png (family 3 per cell and per contrast) and
@@ -28,7 +29,7 @@ import numpy as np
 from scipy import stats
 
 from actlab import ask
-from actlab.report import curves
+from actlab.report import comparisons, curves
 from actlab.report import question as Q
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -150,6 +151,29 @@ def review() -> None:
     print(f"recipe_clip, {arm}: the gradient norm is above clip_norm {clip:g} at "
           f"{sum(g > clip for g in early)} of {len(early)} logged steps <= {EARLY_STEPS} "
           f"({len(r['seeds'])} runs); at step 0 {min(first):.2f}-{max(first):.2f}")
+  factorial_against_test_1(found["relu_gelu"][1])
+
+
+def factorial_against_test_1(test1: dict) -> None:
+  """Family 3's unclipped gap in GPT-2's block against test 1's (its spike counts, Welch, Fisher,
+  the 79 pairs together), and what spike-only clipping does to each arm's own loss; descriptive."""
+  a, v, _, lrs = answered("factorial")
+  fresh, gap = a.runs("fresh"), v["relu_gelu"]
+  t1, f3 = test1["values"], gap["values"]
+  spikes = [len(r["spikes"]["spiking_seeds"]) for r in (test1, gap)]
+  fisher = stats.fisher_exact([[spikes[0], len(t1) - spikes[0]], [spikes[1], len(f3) - spikes[1]]])
+  both = comparisons.paired_difference(t1 + f3, [0.0] * (len(t1) + len(f3)))
+  print(f"ReLU - GELU unclipped, GPT-2's block: test 1 {np.mean(t1):+.3f} ({len(t1)} pairs, "
+        f"{spikes[0]} spiking), family 3 {np.mean(f3):+.3f} ({len(f3)} pairs, {spikes[1]} "
+        f"spiking); Welch p {stats.ttest_ind(t1, f3, equal_var=False).pvalue:.2g}, Fisher p of "
+        f"the spike counts {fisher.pvalue:.2g}; the {both.n} pairs together {both.mean:+.3f} "
+        f"[{both.ci_low:+.3f}, {both.ci_high:+.3f}]")
+  for act in ("gelu", "relu"):
+    spike, none = (f"{act}_{clip}_gpt2" for clip in ("spike", "none"))
+    loss = lambda cell: [fresh[cell][lrs[cell], s]["final_test_loss"] for s in gap["seeds"]]
+    d = comparisons.paired_difference(loss(spike), loss(none))
+    print(f"family 3, {act}: spike-only clipping - none, its own test loss {d.mean:+.3f} "
+          f"[{d.ci_low:+.3f}, {d.ci_high:+.3f}] ({d.n} seeds)")
 
 
 def excess() -> None:
