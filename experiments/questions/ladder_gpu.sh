@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The ladder (ladder.py), every rung on one GPU: a process per rung, each training its cells'
+# stages into stage directories of its own (`actlab.ask run --cells`), in passes: the first trains
+# each rung's pilot (and its step past an edge); the fresh seeds need every rung's pilot (n and the
+# shared seeds come from all of them), so the next pass trains them. Each pass resumes what the
+# last left, so the same command goes on in the next lease. The three processes share the GPU by
+# XLA's memory fraction and overlap one another's compiles.
+# Usage: [LIMIT=seconds] [WORKDIR=results/ladder] bash experiments/questions/ladder_gpu.sh [WHEELS]
+#   WHEELS: a folder of wheels for what a bare GPU image lacks (benchmarks/gpu_suite.sh's list);
+#   the sample's v1 files in manual/ (RESULTS.md, "Reproducing"); LIMIT: stop (SIGTERM: each run
+#   checkpoints) after this many seconds, 780 by default, for a 15-minute lease.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+if [ -n "${1:-}" ]; then  # beside the image's packages, not over them; actlab from this checkout
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/actlab-site "$1"/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/actlab-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+Q=experiments/questions/ladder.py
+W=${WORKDIR:-results/ladder}
+# Runtime fields only (the declaration is frozen): one checkpoint a run, no TensorBoard files.
+SET="data.manual_dir=manual,train.keep_checkpoints=1,train.progress=false"
+SET+=",metrics.tensorboard=false,metrics.ffn_hist_bins=0"
+declare -A SHARE=([2x128]=0.15 [4x256]=0.3 [6x384]=0.5)  # of the GPU's memory, per process
+end=$((SECONDS + ${LIMIT:-780}))
+mkdir -p "$W/logs"
+for pass in 1 2 3; do
+  left=$((end - SECONDS))
+  [ "$left" -gt 30 ] || break
+  echo "ladder_gpu: pass $pass at $(date -u +%FT%TZ), $left s left"
+  for r in "${!SHARE[@]}"; do
+    XLA_PYTHON_CLIENT_MEM_FRACTION=${SHARE[$r]} PYTHONUNBUFFERED=1 timeout -s TERM -k 45 "$left" \
+      python3 -m actlab.ask "$Q" run --workdir="$W" --cells="*_$r" --set="$SET" \
+      >"$W/logs/$r.pass$pass.log" 2>&1 &
+  done
+  wait
+  echo "ladder_gpu: pass $pass ended at $(date -u +%FT%TZ)"
+  tail -n 3 "$W"/logs/*.pass$pass.log
+  # Done when each rung's process wrote the report (its fresh stage trained).
+  [ "$(grep -l '^wrote ' "$W"/logs/*.pass$pass.log | wc -l)" -eq 3 ] && break
+done
+python3 -m actlab.ask "$Q" report --workdir="$W"
