@@ -14,16 +14,12 @@ Everything else as `cpu_epoch`: the sample's `bpe:4096` tokenizer, 450 steps of 
   same fresh seeds (from 1000) in all 12 cells, at least 20 (as family 3) and at most 40: 480
   fresh runs, of which the 6 × 384 ones are GPU work.
 
-On 2 CPU cores a 2 × 128 run is 1–2 minutes of one core and a 6 × 384 one some 15–30 minutes, so
-the two larger rungs are for a GPU lease, the smallest for the CPU (`--cells` picks them; each
-part trains into stage directories of its own, and the question reads them all):
+Every rung trains on one GPU, so that the scale contrasts compare runs of one device (its
+float32 matmuls are not the CPU's): a 6 × 384 run of one epoch is some 15–30 minutes of one CPU
+core. `ladder_gpu.sh` trains a process per rung, resumes across leases and packs the finished
+runs to commit (its header says how):
 
-    # on a GPU, in leases of 15 minutes: the same command resumes where the last one stopped
-    timeout -s TERM 780 python -m actlab.ask experiments/questions/ladder.py run \
-        --workdir=results/ladder --cells='*_4x256,*_6x384' --set=data.manual_dir=manual
-    # on 2 CPU cores, in the background
-    python -m actlab.ask experiments/questions/ladder.py run --workdir=results/ladder \
-        --cells='*_2x128' --workers=2 --set=data.manual_dir=manual
+    PACK=$OUT/ladder.tgz bash experiments/questions/ladder_gpu.sh WHEELS
 """
 
 from actlab.config import sizes
