@@ -13,7 +13,7 @@
 #   checkpoints) and the stages' sweep files to this tarball. A lent machine starts bare: bring
 #   PACK back, unpack it over the checkout and commit it, and the next lease resumes from there
 #   (a run stopped midway starts again).
-# Cost on one H100 (2026-11-27, an empty compile cache): pilot and edges, 215 runs, 7 min 5 s.
+# Cost on one H100 (2026-11-27, an empty compile cache): pilot and edges, 215 runs, 6 min 50 s; BENCHMARKS.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [ -n "${1:-}" ]; then  # beside the image's packages, not over them; actlab from this checkout
