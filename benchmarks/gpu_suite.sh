@@ -6,19 +6,17 @@
 # (see docs/data.md; ACTLAB_DATA_DIR and ACTLAB_GPT2_DIR point at them). Output: markdown rows on
 # stdout, JSON lines in $OUT.
 # Usage: [PARTS="compile cost study step"] bash benchmarks/gpu_suite.sh [WHEELS]: WHEELS, a folder
-# of wheels for what a bare GPU image lacks, installed offline first: on the image with jax 0.11.2,
-# ml_collections, tensorboardX, tensorflow-datasets, importlib_resources, array_record, dm-tree,
-# immutabledict, promise (a wheel built from its sdist), simple-parsing, docstring-parser,
-# tensorflow-metadata, termcolor and toml. PARTS names the parts to run, in the order given (all
-# four by default); STUDY_FLAGS adds flags to the study's sweeps (on an offline machine with v1's
-# files in $ACTLAB_DATA_DIR/manual/tiny_stories: --config.data.tinystories_version=v1). What each
-# took: compile not run yet (about 4 min expected: three processes, the sharpness program's
-# compile about 100 s); cost 196 s for the reference size on an H200 (2026-11-27: its two cells
-# with an empty and a warm cache, 1,000 steps each, and the same two in one sweep; the smoke size
-# not timed; device_start.py about 10 s a line); study 38 s for its bench line and 314 s for the
-# vectorized study with an empty cache on an H200 (the sequential study not measured); step
-# 30-60 s a row. A 15-minute lease holds about two parts: run those whose rows still say "not
-# measured" first.
+# of wheels for what a bare GPU image lacks, installed offline first (`benchmarks/gpu_wheels.sh`
+# downloads them for the image with jax 0.11.2). PARTS names the parts to run, in the order given
+# (all four by default); STUDY_FLAGS adds flags to the study's sweeps (on an offline machine with
+# v1's files in $ACTLAB_DATA_DIR/manual/tiny_stories: --config.data.tinystories_version=v1). What
+# each took: compile not run yet (about 4 min expected: three processes, the sharpness program's
+# compile about 100 s); cost 196 s for the reference size on an H200 (2026-11-27: its two cells with
+# an empty and a warm cache, 1,000 steps each, and the same two in one sweep; the smoke size not
+# timed; device_start.py about 10 s a line); study 38 s for its bench line and 314 s for the
+# vectorized study with an empty cache on an H200 (the sequential study not measured); step 30-60 s
+# a row. A 15-minute lease holds about two parts: run those whose rows still say "not measured"
+# first.
 set -euo pipefail
 if [ -n "${1:-}" ]; then  # beside the image's packages, not over them; actlab from this checkout
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/actlab-site "$1"/*.whl

@@ -4,7 +4,7 @@ fresh runs in results/primary_<test>): none is a pre-registered test or changes 
 (`python -m actlab.ask experiments/questions/primary.py:<family> report --workdir=results`
 prints those).
 
-    python experiments/primary_descriptive.py {plateau,stability,review,excess,figure [DIR]}
+    python experiments/primary_descriptive.py {plateau,stability,review,rerun,excess,figure [DIR]}
 
 - `plateau`: when each encoder run of family 1 (tests 5–7) leaves the MLM plateau, beside where it
   ends and how far it still falls at its end; the correlation of the two between seeds.
@@ -14,6 +14,9 @@ prints those).
   it, the Shapiro p and the exact sign-flip p; test 1's and `recipe_clip`'s pairs with and
   without a spike; how often clipping at 1.0 acted in `recipe_clip`'s early steps; family 3's
   unclipped gap against test 1's, and spike-only clipping's change of each arm's own loss.
+- `rerun`: test 1's 78 runs trained again at a later commit (results/primary_relu_gelu_rerun,
+  `experiments/primary_relu_gelu.json`) against the committed ones: the gap, its change per seed,
+  the runs equal to the bit and the GELU seeds spiking in each.
 - `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
 - `figure`: docs/img/activation_x_recipe.png (ReLU − GELU per recipe and block with its
   simultaneous interval), docs/img/factorial.png (family 3 per cell and per contrast) and
@@ -176,6 +179,30 @@ def factorial_against_test_1(test1: dict) -> None:
           f"[{d.ci_low:+.3f}, {d.ci_high:+.3f}] ({d.n} seeds)")
 
 
+def rerun() -> None:
+  """Test 1's committed runs against its rerun, seed by seed; descriptive."""
+  summary = lambda study, act, seed: json.loads(
+      (RESULTS / study / f"activation={act},seed={seed}" / "summary.json").read_text())
+  seeds = sorted(int(p.parent.name.rsplit("=", 1)[1]) for p in
+                 (RESULTS / "primary_relu_gelu_rerun").glob("activation=gelu,seed=*/summary.json")
+                 if (p.parent.parent / p.parent.name.replace("gelu", "relu") / "summary.json").exists())
+  runs = {study: {(act, s): summary(study, act, s) for act in ("relu", "gelu") for s in seeds}
+          for study in ("primary_relu_gelu", "primary_relu_gelu_rerun")}
+  loss = lambda study, act: [runs[study][act, s]["final_test_loss"] for s in seeds]
+  gaps = {}
+  for study in runs:
+    gaps[study] = d = comparisons.paired_difference(loss(study, "relu"), loss(study, "gelu"))
+    spiking = [s for s in seeds if runs[study]["gelu", s]["grad_norm_max_rel"] > 10]
+    print(f"{study}: ReLU - GELU {d.mean:+.3f} [{d.ci_low:+.3f}, {d.ci_high:+.3f}] ({d.n} seeds); "
+          f"GELU past 10x its initial gradient norm in {len(spiking)}: {spiking}")
+  change = np.subtract(*(np.subtract(loss(st, "relu"), loss(st, "gelu")) for st in reversed(runs)))
+  equal = sum(runs["primary_relu_gelu"][k]["final_test_loss"]
+              == runs["primary_relu_gelu_rerun"][k]["final_test_loss"] for k in runs[study])
+  print(f"rerun - committed, per seed's gap: mean {change.mean():+.4f}, sd {change.std(ddof=1):.4f}, "
+        f"largest {np.abs(change).max():.4f}; {equal} of {2 * len(seeds)} runs' test loss equal to "
+        f"the bit")
+
+
 def excess() -> None:
   study = "relu_vs_gelu_cpu_epoch"  # family 1's pilot of ReLU and GELU
   print(f"loss excess over the best LR, integrated over training ({study}):")
@@ -286,12 +313,12 @@ def save(fig, path: pathlib.Path) -> None:
   print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
 
-COMMANDS = {"plateau": plateau, "stability": stability, "review": review, "excess": excess,
-            "figure": figure}
+COMMANDS = {"plateau": plateau, "stability": stability, "review": review, "rerun": rerun,
+            "excess": excess, "figure": figure}
 
 if __name__ == "__main__":
   if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS or len(sys.argv) > 2 + (
       sys.argv[1] == "figure"):
     sys.exit("usage: python experiments/primary_descriptive.py "
-             "{plateau,stability,review,excess,figure [DIR]}")
+             "{plateau,stability,review,rerun,excess,figure [DIR]}")
   COMMANDS[sys.argv[1]](*sys.argv[2:])

@@ -5,15 +5,17 @@
 # shared seeds come from all of them), so the next pass trains them. Each pass resumes what the
 # last left, so the same command goes on in the next lease. The three processes share the GPU by
 # XLA's memory fraction and overlap one another's compiles.
-# Usage: [LIMIT=s] [WORKDIR=results/ladder] [PACK=file.tgz] bash experiments/questions/ladder_gpu.sh [WHEELS]
-#   WHEELS: a folder of wheels for what a bare GPU image lacks (benchmarks/gpu_suite.sh's list);
+# Usage: [LIMIT=s] [WORKDIR=results/ladder] [PACK=file.tgz] \
+#          bash experiments/questions/ladder_gpu.sh [WHEELS]
+#   WHEELS: a folder of wheels for what a bare GPU image lacks (benchmarks/gpu_wheels.sh);
 #   the sample's v1 files in manual/ (RESULTS.md, "Reproducing"); LIMIT: stop (SIGTERM: each run
 #   checkpoints) after this many seconds, 780 by default, for a 15-minute lease; PACK: also write
 #   the finished runs' config.json, metrics.jsonl and summary.json (what results/ commits; no
 #   checkpoints) and the stages' sweep files to this tarball. A lent machine starts bare: bring
 #   PACK back, unpack it over the checkout and commit it, and the next lease resumes from there
 #   (a run stopped midway starts again).
-# Cost on one H100 (2026-11-27, an empty compile cache): pilot and edges, 215 runs, 6 min 50 s; BENCHMARKS.md.
+# Cost on one H100 (2026-11-27, an empty compile cache): pilot and edges, 215 runs, 6 min 50 s
+# (BENCHMARKS.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [ -n "${1:-}" ]; then  # beside the image's packages, not over them; actlab from this checkout
