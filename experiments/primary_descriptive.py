@@ -181,26 +181,26 @@ def factorial_against_test_1(test1: dict) -> None:
 
 def rerun() -> None:
   """Test 1's committed runs against its rerun, seed by seed; descriptive."""
-  summary = lambda study, act, seed: json.loads(
-      (RESULTS / study / f"activation={act},seed={seed}" / "summary.json").read_text())
-  seeds = sorted(int(p.parent.name.rsplit("=", 1)[1]) for p in
-                 (RESULTS / "primary_relu_gelu_rerun").glob("activation=gelu,seed=*/summary.json")
-                 if (p.parent.parent / p.parent.name.replace("gelu", "relu") / "summary.json").exists())
-  runs = {study: {(act, s): summary(study, act, s) for act in ("relu", "gelu") for s in seeds}
-          for study in ("primary_relu_gelu", "primary_relu_gelu_rerun")}
-  loss = lambda study, act: [runs[study][act, s]["final_test_loss"] for s in seeds]
-  gaps = {}
-  for study in runs:
-    gaps[study] = d = comparisons.paired_difference(loss(study, "relu"), loss(study, "gelu"))
+  studies = ("primary_relu_gelu", "primary_relu_gelu_rerun")
+  seeds = sorted(int(p.parent.name.rsplit("=", 1)[1])
+                 for p in (RESULTS / studies[1]).glob("activation=relu,seed=*/summary.json"))
+  runs = {study: {(act, s): json.loads((RESULTS / study / f"activation={act},seed={s}"
+                                        / "summary.json").read_text())
+                  for act in ("relu", "gelu") for s in seeds} for study in studies}
+  gap = {}
+  for study in studies:
+    loss = lambda act, study=study: [runs[study][act, s]["final_test_loss"] for s in seeds]
+    gap[study] = np.subtract(loss("relu"), loss("gelu"))
+    d = comparisons.paired_difference(loss("relu"), loss("gelu"))
     spiking = [s for s in seeds if runs[study]["gelu", s]["grad_norm_max_rel"] > 10]
     print(f"{study}: ReLU - GELU {d.mean:+.3f} [{d.ci_low:+.3f}, {d.ci_high:+.3f}] ({d.n} seeds); "
           f"GELU past 10x its initial gradient norm in {len(spiking)}: {spiking}")
-  change = np.subtract(*(np.subtract(loss(st, "relu"), loss(st, "gelu")) for st in reversed(runs)))
-  equal = sum(runs["primary_relu_gelu"][k]["final_test_loss"]
-              == runs["primary_relu_gelu_rerun"][k]["final_test_loss"] for k in runs[study])
-  print(f"rerun - committed, per seed's gap: mean {change.mean():+.4f}, sd {change.std(ddof=1):.4f}, "
-        f"largest {np.abs(change).max():.4f}; {equal} of {2 * len(seeds)} runs' test loss equal to "
-        f"the bit")
+  change = gap[studies[1]] - gap[studies[0]]
+  equal = sum(runs[studies[0]][k]["final_test_loss"] == runs[studies[1]][k]["final_test_loss"]
+              for k in runs[studies[0]])
+  print(f"rerun - committed, per seed's gap: mean {change.mean():+.4f}, sd "
+        f"{change.std(ddof=1):.4f}, largest {np.abs(change).max():.4f}; {equal} of "
+        f"{2 * len(seeds)} runs' test loss equal to the bit")
 
 
 def excess() -> None:
