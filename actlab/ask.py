@@ -284,7 +284,7 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
   pilot_total = sum(len(g) for g in grid.values())
   done = sum(len(grid[c] & set(runs.get(c, {}))) for c in q.cells)
   walls = [s["wall_time_sec"] for cell in runs.values() for s in cell.values()
-             if Q.has_finite(s, "wall_time_sec")]
+           if Q.has_finite(s, "wall_time_sec")]
   # A run's wall here: its finished runs' mean, once there are some; else from timed steps.
   step = (float(np.mean(walls)) / a.workers if walls else timed_steps(a)) if estimate else None
   cost = lambda n: "" if step is None else f", about {duration(n * step)} here"

@@ -4,7 +4,8 @@ fresh runs in results/primary_<test>): none is a pre-registered test or changes 
 (`python -m actlab.ask experiments/questions/primary.py:<family> report --workdir=results`
 prints those).
 
-    python experiments/primary_descriptive.py {plateau,stability,review,rerun,excess,figure [DIR]}
+    python experiments/primary_descriptive.py \
+        {plateau,stability,review,rerun,ladder,excess,figure [DIR]}
 
 - `plateau`: when each encoder run of family 1 (tests 5–7) leaves the MLM plateau, beside where it
   ends and how far it still falls at its end; the correlation of the two between seeds.
@@ -17,12 +18,16 @@ prints those).
 - `rerun`: test 1's 78 runs trained again at a later commit (results/primary_relu_gelu_rerun,
   `experiments/primary_relu_gelu.json`) against the committed ones: the gap, its change per seed,
   the runs equal to the bit and the GELU seeds spiking in each.
+- `ladder`: the ladder's pilot (results/ladder, experiments/questions/ladder.py): each cell's runs
+  past 10x their initial gradient norm per LR, and its 200 runs trained twice on one GPU
+  (`pilot_rerun.csv`): how far apart their test losses end, per LR, and their spikes.
 - `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
 - `figure`: docs/img/activation_x_recipe.png (ReLU − GELU per recipe and block with its
   simultaneous interval), docs/img/factorial.png (family 3 per cell and per contrast) and
   docs/img/answers.png (README's: the primary answers against ±δ, and a spike), or into DIR.
 """
 
+import csv
 import json
 import pathlib
 import runpy
@@ -203,6 +208,31 @@ def rerun() -> None:
         f"{2 * len(seeds)} runs' test loss equal to the bit")
 
 
+def ladder() -> None:
+  """The ladder's pilot: spikes per cell and LR, and its GPU rerun's spread; descriptive."""
+  spec = str(ROOT / "experiments" / "questions" / "ladder.py")
+  q = Q.load(spec)
+  pilot = ask.Asked(spec, q, RESULTS / "ladder").runs("pilot")
+  for cell in q.cells:
+    counts = {lr: (sum(pilot[cell][lr, s]["grad_norm_max_rel"] > q.spike for s in q.pilot.seeds),
+                   len(q.pilot.seeds))
+              for lr in sorted({lr for lr, _ in pilot[cell]})}
+    print(f"{cell}: past {q.spike:g}x at LR " + ", ".join(f"{lr:g} {k} of {n}"
+                                                          for lr, (k, n) in counts.items()))
+  with open(RESULTS / "ladder" / "pilot_rerun.csv", newline="") as f:
+    rows = list(csv.DictReader(f))
+  gap = lambda r: abs(float(r["final_test_loss"]) - float(r["final_test_loss_rerun"]))
+  spiked = [(float(r["grad_norm_max_rel"]) > q.spike, float(r["grad_norm_max_rel_rerun"]) > q.spike)
+            for r in rows]
+  apart = np.array([gap(r) for r in rows])
+  print(f"trained twice, {len(rows)} runs: |test loss apart| median {np.median(apart):.3f}, 90% "
+        f"{np.quantile(apart, 0.9):.3f}, at most {apart.max():.2f}; past {q.spike:g}x in both "
+        f"{sum(a and b for a, b in spiked)}, in one only {sum(a != b for a, b in spiked)}")
+  for lr in q.pilot.lrs:
+    at = [gap(r) for r in rows if f",lr={lr:g}," in r["run"]]
+    print(f"  at LR {lr:g}: median {np.median(at):.3f} ({len(at)} runs)")
+
+
 def excess() -> None:
   study = "relu_vs_gelu_cpu_epoch"  # family 1's pilot of ReLU and GELU
   print(f"loss excess over the best LR, integrated over training ({study}):")
@@ -314,11 +344,11 @@ def save(fig, path: pathlib.Path) -> None:
 
 
 COMMANDS = {"plateau": plateau, "stability": stability, "review": review, "rerun": rerun,
-            "excess": excess, "figure": figure}
+            "ladder": ladder, "excess": excess, "figure": figure}
 
 if __name__ == "__main__":
   if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS or len(sys.argv) > 2 + (
       sys.argv[1] == "figure"):
     sys.exit("usage: python experiments/primary_descriptive.py "
-             "{plateau,stability,review,rerun,excess,figure [DIR]}")
+             "{plateau,stability,review,rerun,ladder,excess,figure [DIR]}")
   COMMANDS[sys.argv[1]](*sys.argv[2:])

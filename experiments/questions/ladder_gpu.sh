@@ -10,8 +10,8 @@
 #   WHEELS: a folder of wheels for what a bare GPU image lacks (benchmarks/gpu_wheels.sh);
 #   the sample's v1 files in manual/ (RESULTS.md, "Reproducing"); LIMIT: stop (SIGTERM: each run
 #   checkpoints) after this many seconds, 780 by default, for a 15-minute lease; PACK: also write
-#   the finished runs' config.json, metrics.jsonl and summary.json (what results/ commits; no
-#   checkpoints) and the stages' sweep files to this tarball. A lent machine starts bare: bring
+#   the finished runs' files that `actlab.report --archive` keeps (what results/ commits; no
+#   checkpoints; a run stopped midway left out) and the stages' sweep files to this tarball. A lent machine starts bare: bring
 #   PACK back, unpack it over the checkout and commit it, and the next lease resumes from there
 #   (a run stopped midway starts again).
 # Cost on one H100 (2026-11-27, an empty compile cache): pilot and edges, 215 runs, 6 min 50 s
@@ -49,6 +49,7 @@ done
 python3 -m actlab.ask "$Q" report --workdir="$W"
 [ -z "${PACK:-}" ] || python3 - "$W" "$PACK" <<'EOF'
 import pathlib, sys, tarfile
+from actlab.report import ARCHIVED  # what a report reads of a run, as actlab.report --archive
 root, finished, unfinished = pathlib.Path(sys.argv[1]), 0, 0
 with tarfile.open(sys.argv[2], "w:gz") as tar:
   for path in [root / "question.json", *root.glob("*.sweep.json")]:
@@ -59,7 +60,7 @@ with tarfile.open(sys.argv[2], "w:gz") as tar:
       unfinished += 1
       continue
     finished += 1
-    for name in ("config.json", "metrics.jsonl", "summary.json"):
+    for name in ARCHIVED:
       tar.add(run / name, arcname=str(run / name))
 print(f"ladder_gpu: {finished} finished runs in {sys.argv[2]} ({unfinished} unfinished left out)")
 EOF
