@@ -14,12 +14,19 @@ Everything else as `cpu_epoch`: the sample's `bpe:4096` tokenizer, 450 steps of 
   same fresh seeds (from 1000) in all 12 cells, at least 20 (as family 3) and at most 40: 480
   fresh runs, of which the 6 × 384 ones are GPU work.
 
-Every rung trains on one GPU, so that the scale contrasts compare runs of one device (its
-float32 matmuls are not the CPU's): a 6 × 384 run of one epoch is some 15–30 minutes of one CPU
-core. `ladder_gpu.sh` trains a process per rung, resumes across leases and packs the finished
-runs to commit (its header says how):
+Where each stage trains (fixed before the fresh seeds' first run): every pilot on one H100; the
+fresh seeds of the 2 × 128 and 6 × 384 rungs on one GPU, so that the scale contrasts compare runs
+of one device (its float32 matmuls are TF32, not the CPU's); the 4 × 256 rung's fresh seeds on
+CPU, which trains them where no GPU is lent (its three contrasts are within the rung): a 4 × 256
+run of one epoch is about 7 minutes of one core of a 2-core Xeon, a 6 × 384 one about 16.
+`ladder_gpu.sh` trains a process per GPU rung, resumes across leases and packs the finished runs
+to commit (its header says how); the CPU rung resumes across sessions:
 
     PACK=$OUT/ladder.tgz bash experiments/questions/ladder_gpu.sh WHEELS
+    SET=data.manual_dir=manual,train.keep_checkpoints=1,train.progress=false
+    SET+=,metrics.tensorboard=false,metrics.ffn_hist_bins=0  # as ladder_gpu.sh's
+    python -m actlab.ask experiments/questions/ladder.py run --workdir=results/ladder \
+        --cells='*_4x256' --workers=2 --set=$SET
 """
 
 from actlab.config import sizes

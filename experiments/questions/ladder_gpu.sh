@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The ladder (ladder.py), every rung on one GPU: a process per rung, each training its cells'
-# stages into stage directories of its own (`actlab.ask run --cells`), in passes: the first trains
-# each rung's pilot (and its step past an edge); the fresh seeds need every rung's pilot (n and the
-# shared seeds come from all of them), so the next pass trains them. Each pass resumes what the
-# last left, so the same command goes on in the next lease. The three processes share the GPU by
-# XLA's memory fraction and overlap one another's compiles.
+# The ladder's GPU rungs (ladder.py: 2 × 128 and 6 × 384, whose scale contrasts compare runs of
+# one device; 4 × 256's fresh seeds train on CPU) on one GPU: a process per rung, each training its
+# cells' stages into stage directories of its own (`actlab.ask run --cells`), in passes: the first
+# trains each rung's pilot (and its step past an edge); the fresh seeds need every rung's pilot (n
+# and the shared seeds come from all of them), so the next pass trains them. Each pass resumes
+# what the last left, so the same command goes on in the next lease. The processes share the GPU
+# by XLA's memory fraction and overlap one another's compiles.
 # Usage: [LIMIT=s] [WORKDIR=results/ladder] [PACK=file.tgz] \
 #          bash experiments/questions/ladder_gpu.sh [WHEELS]
 #   WHEELS: a folder of wheels for what a bare GPU image lacks (benchmarks/gpu_wheels.sh);
@@ -28,7 +29,7 @@ W=${WORKDIR:-results/ladder}
 # Runtime fields only (the declaration is frozen): one checkpoint a run, no TensorBoard files.
 SET="data.manual_dir=manual,train.keep_checkpoints=1,train.progress=false"
 SET+=",metrics.tensorboard=false,metrics.ffn_hist_bins=0"
-declare -A SHARE=([2x128]=0.15 [4x256]=0.3 [6x384]=0.5)  # of the GPU's memory, per process
+declare -A SHARE=([2x128]=0.3 [6x384]=0.6)  # of the GPU's memory, per process
 end=$((SECONDS + ${LIMIT:-780}))
 mkdir -p "$W/logs"
 for pass in 1 2 3; do
@@ -44,7 +45,7 @@ for pass in 1 2 3; do
   echo "ladder_gpu: pass $pass ended at $(date -u +%FT%TZ)"
   tail -n 3 "$W"/logs/*.pass$pass.log
   # Done when each rung's process wrote the report (its fresh stage trained).
-  [ "$(grep -l '^wrote ' "$W"/logs/*.pass$pass.log | wc -l)" -eq 3 ] && break
+  [ "$(grep -l '^wrote ' "$W"/logs/*.pass$pass.log | wc -l)" -eq "${#SHARE[@]}" ] && break
 done
 python3 -m actlab.ask "$Q" report --workdir="$W"
 [ -z "${PACK:-}" ] || python3 - "$W" "$PACK" <<'EOF'
