@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import numpy as np
 from absl import flags, logging
 
@@ -283,8 +284,7 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
   grid = {c: {(lr, s) for lr in q.pilot_of(c).lrs for s in q.pilot_of(c).seeds} for c in q.cells}
   pilot_total = sum(len(g) for g in grid.values())
   done = sum(len(grid[c] & set(runs.get(c, {}))) for c in q.cells)
-  walls = [s["wall_time_sec"] for cell in runs.values() for s in cell.values()
-           if Q.has_finite(s, "wall_time_sec")]
+  walls = walls_here(a, runs)
   # A run's wall here: its finished runs' mean, once there are some; else from timed steps.
   step = (float(np.mean(walls)) / a.workers if walls else timed_steps(a)) if estimate else None
   cost = lambda n: "" if step is None else f", about {duration(n * step)} here"
@@ -328,21 +328,32 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
   return lines
 
 
+def walls_here(a: Asked, runs: dict) -> list[float]:
+  """The wall time of each of `runs` that this command's cells finished on this device kind (a
+  vectorized program's wall shared among its runs): another device's walls say nothing here."""
+  here = jax.devices()[0].device_kind
+  return [s["wall_time_sec"] / s.get("vectorized_runs", 1)
+          for cell in a.mine for s in runs.get(cell, {}).values()
+          if Q.has_finite(s, "wall_time_sec")
+          and (s.get("provenance") or [{}])[-1].get("device_kind") == here]
+
+
 def timed_steps(a: Asked) -> float | None:
-  """The wall time of one run here, averaged over cells and divided by the workers: a few steps of
-  each cell's program timed as actlab.bench times them (vectorized where its sweep would be, over
-  the pilot's runs of a cell, and shared among them), a run counted in steps (its training
-  steps; an evaluation window or test window a third of a step; a sharpness estimate three per
-  power iteration) plus the program's compile once per cell. None for runs made elsewhere."""
+  """The wall time of one run here, averaged over this command's cells and divided by the workers:
+  a few steps of each cell's program timed as actlab.bench times them (vectorized where its sweep
+  would be, over the pilot's runs of a cell, and shared among them), a run counted in steps (its
+  training steps; an evaluation window or test window a third of a step; a sharpness estimate
+  three per power iteration) plus the program's compile once per cell. None for runs made
+  elsewhere."""
   from actlab import bench  # pylint: disable=import-outside-toplevel
   from actlab.sweep import vectorized  # pylint: disable=import-outside-toplevel
   if a.q.runs:
     return None
   base, seconds = Q.base_config(a.q), []
   runs = len(a.q.pilot.seeds) * len(a.q.pilot.lrs)
-  for fields in a.q.cells.values():
+  for cell in a.mine:
     c = config_lib.override(base.copy_and_resolve_references(),
-                            {**fields, Q.LR: a.q.pilot.lrs[0], **a.settings})
+                            {**a.q.cells[cell], Q.LR: a.q.pilot.lrs[0], **a.settings})
     together = vectorized.program_size(c, runs, vectorized.device_memory()) if (
         vectorized.vectorizes(c) and runs > 1) else 1
     b = bench.JaxBench(c, together)

@@ -195,3 +195,20 @@ def test_cells_picks_a_part_that_trains_into_stage_directories_of_its_own(tmp_pa
   assert [d.name for d in whole.dirs("fresh")] == ["fresh-_2x128"]
   with pytest.raises(UserError, match="--cells=nothing: no cell matches"):
     ask.run(ask.Asked(spec, q, tmp_path, cells="nothing"))
+
+
+@pytest.mark.slow
+def test_plan_estimates_from_walls_of_this_commands_cells_on_this_device_only(answered):
+  """A pilot trained on a GPU says nothing of a CPU's wall: such runs, and other cells', are
+  left out, and a vectorized program's wall is shared among its runs."""
+  a, _, _ = answered
+  runs = a.runs("pilot")
+  mine = ask.Asked(a.spec, a.q, a.root, cells="relu")
+  walls = [s["wall_time_sec"] for s in runs["relu"].values()]
+  assert ask.walls_here(mine, runs) == pytest.approx(walls) and len(walls) == 6
+  elsewhere = lambda s: {**s, "provenance": [{**s["provenance"][-1], "device_kind": "H100"}]}
+  moved = {c: {k: elsewhere(s) for k, s in cell.items()} for c, cell in runs.items()}
+  assert ask.walls_here(mine, moved) == []
+  grouped = {c: {k: {**s, "vectorized_runs": 2} for k, s in cell.items()}
+             for c, cell in runs.items()}
+  assert ask.walls_here(mine, grouped) == pytest.approx([w / 2 for w in walls])
