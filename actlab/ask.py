@@ -441,6 +441,17 @@ def order(a: Asked) -> list[str]:
           f"first fresh run started {first}"]
 
 
+def interim(a: Asked, verdicts: dict) -> list[str]:
+  """A line while some contrast has fewer fresh seeds than planned, saying what may still move."""
+  short = [c.name for c in a.q.contrasts if (r := verdicts[c.name]) is None
+           or len(r["seeds"]) + len(r["left_out"]) < r["n_planned"]]
+  if not short:
+    return []
+  return [f"interim: {len(short)} of {len(a.q.contrasts)} contrasts short of their planned fresh "
+          "seeds (`fresh seeds`); their rows are not answers yet, and the others' Holm p count "
+          "them as 1, so those can only fall as the rest train"]
+
+
 def report(a: Asked, log=print) -> None:
   """The verdicts: printed, and written with one figure beside the question's directory."""
   found = answer(a)
@@ -448,7 +459,7 @@ def report(a: Asked, log=print) -> None:
     raise errors.UserError(f"question {a.q.name}: its pilot is not complete in {a.root}; run it "
                            f"first: python -m actlab.ask {a.spec} run --workdir={a.root}")
   v, sizing, lrs = found
-  lines = [*design_lines(a), *order(a), "", *table(a, v, sizing, lrs), "",
+  lines = [*design_lines(a), *order(a), *interim(a, v), "", *table(a, v, sizing, lrs), "",
            *descriptive_lines(a, v)]
   out = a.root / f"{a.q.name.replace(':', '_')}.md"
   workdir_lib.write_text(out, "\n".join(lines) + "\n")

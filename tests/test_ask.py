@@ -80,7 +80,7 @@ def test_a_question_goes_from_its_file_to_a_verdict_computed_from_its_runs(answe
   report = (a.root / "q.md").read_text()
   assert f"{ask.signed(np.mean(diffs))} [" in report and (a.root / "q.png").is_file()
   frozen = json.loads((a.root / "question.json").read_text())
-  assert frozen["hash"] in report and frozen["time"] in report
+  assert frozen["hash"] in report and frozen["time"] in report and "interim" not in report
 
 
 @pytest.mark.slow
@@ -212,3 +212,13 @@ def test_plan_estimates_from_walls_of_this_commands_cells_on_this_device_only(an
   grouped = {c: {k: {**s, "vectorized_runs": 2} for k, s in cell.items()}
              for c, cell in runs.items()}
   assert ask.walls_here(mine, grouped) == pytest.approx([w / 2 for w in walls])
+
+
+def test_a_report_before_every_contrast_has_its_seeds_says_it_is_interim(tmp_path):
+  spec = question_file(tmp_path)
+  a = ask.Asked(spec, Q.load(spec), tmp_path / "q")
+  done = {"seeds": [100, 101], "left_out": [102], "n_planned": 3}  # a diverged seed counts
+  assert ask.interim(a, {"relu_gelu": done}) == []
+  for short in (None, {**done, "left_out": []}):
+    [line] = ask.interim(a, {"relu_gelu": short})
+    assert line.startswith("interim: 1 of 1 contrasts short of their planned fresh seeds")

@@ -325,3 +325,27 @@ def test_a_mistake_in_a_question_is_one_line_naming_the_field(change, field):
     Q.parse({**GOOD, **change}, "toy")
   assert "\n" not in str(e.value)
   Q.parse(GOOD, "toy")
+
+
+def test_while_other_cells_train_a_contrast_whose_cells_are_done_is_answered(tmp_path):
+  """Every cell on the same seeds (`shared`): the unclipped cells done and the clipped ones not
+  begun answer the unclipped contrast on its 20 seeds; once a clipped run diverges at seed 105,
+  that seed leaves every contrast, as it does when all cells are in."""
+  q = factorial()
+  gap = [-0.3 + 0.01 * i for i in range(20)]
+  for i, seed in enumerate(range(100, 120)):
+    write_run(tmp_path, FACTORIAL["relu_none"], 3e-3, seed, test=4.0 + gap[i])
+    write_run(tmp_path, FACTORIAL["gelu_none"], 3e-3, seed, test=4.0)
+  lrs = dict.fromkeys(q.cells, 3e-3)
+  v = Q.verdicts(q, Q.cell_runs(q, [tmp_path]), lrs, planned(q, 20))
+  assert v["change"] is None and v["unclipped"]["seeds"] == list(range(100, 120))
+  assert v["unclipped"]["paired"].mean == pytest.approx(np.mean(gap), rel=1e-12)
+  assert v["unclipped"]["p_holm"] == pytest.approx(min(1.0, 2 * v["unclipped"]["paired"].p))
+  for seed in range(100, 120):
+    for cell in ("relu_clip", "gelu_clip"):
+      write_run(tmp_path, FACTORIAL[cell], 3e-3, seed,
+                test=None if (seed, cell) == (105, "gelu_clip") else 4.0)
+  v = Q.verdicts(q, Q.cell_runs(q, [tmp_path]), lrs, planned(q, 20))
+  assert v["unclipped"]["seeds"] == v["change"]["seeds"] == [s for s in range(100, 120)
+                                                              if s != 105]
+  assert v["unclipped"]["left_out"] == [105]

@@ -474,8 +474,9 @@ def spiking_share(q: Question, c: Contrast, runs, lrs, seeds: Sequence[int],
 def verdicts(q: Question, fresh_runs: Mapping[str, Mapping[tuple, dict]],
              lrs: Mapping[str, float], sizing: dict) -> dict:
   """The question on its fresh seeds: per contrast (None before two seeds) the seeds it is
-  tested on (its first n fresh seeds that every cell it weighs, or with `rule.shared` every
-  cell, finished with a finite outcome; those with a diverged run are listed), the paired
+  tested on (its first n fresh seeds that every cell it weighs finished with a finite outcome,
+  and with `rule.shared` every other cell that ran the seed: while other cells train, a contrast
+  whose own cells are done is answered; those with a diverged run are listed), the paired
   statistics, the simultaneous interval at α/K, the Holm-adjusted p, the exact sign-flip p (and
   Holm), at each margin the TOST p (Holm) and the claim, the verdict and the spiking seeds'
   share. A contrast without results counts as p = 1 in Holm, so an interim adjusted p is never
@@ -487,8 +488,8 @@ def verdicts(q: Question, fresh_runs: Mapping[str, Mapping[tuple, dict]],
   for c in (*q.contrasts, *q.descriptive):
     n = sizing["contrasts"][c.name]["n"] if c.name in sizing["contrasts"] else n_most
     cells = list(q.cells) if q.rule.shared else list(c.weights)
-    seeds = [s for s in fresh_seeds(q, n) if all(ran(cell, s) for cell in cells)]
-    tested = [s for s in seeds if all(done(cell, s) for cell in cells)]
+    seeds = [s for s in fresh_seeds(q, n) if all(ran(cell, s) for cell in c.weights)]
+    tested = [s for s in seeds if all(done(cell, s) for cell in cells if ran(cell, s))]
     v = values(c, fresh_runs, lrs, tested, q.outcome_of) if tested else []
     found[c.name] = {"n_planned": n, "seeds": tested, "left_out": sorted(set(seeds) - set(tested)),
                      "values": v}
