@@ -284,7 +284,7 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
   grid = {c: {(lr, s) for lr in q.pilot_of(c).lrs for s in q.pilot_of(c).seeds} for c in q.cells}
   pilot_total = sum(len(g) for g in grid.values())
   done = sum(len(grid[c] & set(runs.get(c, {}))) for c in q.cells)
-  walls = walls_here(a, runs)
+  walls = walls_here(a, runs) + walls_here(a, a.runs("fresh"))
   # A run's wall here: its finished runs' mean, once there are some; else from timed steps.
   step = (float(np.mean(walls)) / a.workers if walls else timed_steps(a)) if estimate else None
   cost = lambda n: "" if step is None else f", about {duration(n * step)} here"
@@ -319,12 +319,15 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
                  + f" → {s['needed']}" + ("" if s["n"] >= s["needed"] else
                                          f"; at {s['n']}: power {s['power']:.2f}, 80% power "
                                          f"above {s['detectable']:.3f}"))
-  fresh = sum(sizing["cell_n"].values())
   found = a.runs("fresh")
-  have = sum((chosen["lr"][c], s) in found.get(c, {}) for c, n in sizing["cell_n"].items()
-             for s in Q.fresh_seeds(q, n))
+  count = lambda cells: (
+      sum((chosen["lr"][c], s) in found.get(c, {}) for c in cells
+          for s in Q.fresh_seeds(q, sizing["cell_n"][c])),
+      sum(sizing["cell_n"][c] for c in cells))
+  (have, fresh), (mine_have, mine) = count(sizing["cell_n"]), count(a.mine)
   lines.append(f"  stage fresh: {have} of {fresh} runs done (n = "
-               f"{max(sizing['cell_n'].values())}){cost(fresh - have)}")
+               f"{max(sizing['cell_n'].values())})" + (
+                   f"; --cells: {mine_have} of {mine}" if a.cells else "") + cost(mine - mine_have))
   return lines
 
 

@@ -200,7 +200,8 @@ def test_cells_picks_a_part_that_trains_into_stage_directories_of_its_own(tmp_pa
 @pytest.mark.slow
 def test_plan_estimates_from_walls_of_this_commands_cells_on_this_device_only(answered):
   """A pilot trained on a GPU says nothing of a CPU's wall: such runs, and other cells', are
-  left out, and a vectorized program's wall is shared among its runs."""
+  left out, and a vectorized program's wall is shared among its runs; the fresh stage's line
+  counts this command's cells beside the question's."""
   a, _, _ = answered
   runs = a.runs("pilot")
   mine = ask.Asked(a.spec, a.q, a.root, cells="relu")
@@ -212,6 +213,8 @@ def test_plan_estimates_from_walls_of_this_commands_cells_on_this_device_only(an
   grouped = {c: {k: {**s, "vectorized_runs": 2} for k, s in cell.items()}
              for c, cell in runs.items()}
   assert ask.walls_here(mine, grouped) == pytest.approx([w / 2 for w in walls])
+  assert ask.plan_lines(mine, estimate=False)[-1] == (
+      "  stage fresh: 6 of 6 runs done (n = 3); --cells: 3 of 3")
 
 
 def test_a_report_before_every_contrast_has_its_seeds_says_it_is_interim(tmp_path):
