@@ -20,7 +20,9 @@ prints those).
   the runs equal to the bit and the GELU seeds spiking in each.
 - `ladder`: the ladder's pilot (results/ladder, experiments/questions/ladder.py): each cell's runs
   past 10x their initial gradient norm per LR, and its 200 runs trained twice on one GPU
-  (`pilot_rerun.csv`): how far apart their test losses end, per LR, and their spikes.
+  (`pilot_rerun.csv`): how far apart their test losses end, per LR, and their spikes; the fresh
+  runs finished per rung, where, and their wall time (a vectorized program's shared among its
+  runs; on a CPU one core a run, so their sum is core-hours).
 - `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
 - `figure`: docs/img/activation_x_recipe.png (ReLU − GELU per recipe and block with its
   simultaneous interval), docs/img/factorial.png (family 3 per cell and per contrast) and
@@ -231,6 +233,15 @@ def ladder() -> None:
   for lr in q.pilot.lrs:
     at = [gap(r) for r in rows if f",lr={lr:g}," in r["run"]]
     print(f"  at LR {lr:g}: median {np.median(at):.3f} ({len(at)} runs)")
+  fresh = ask.Asked(spec, q, RESULTS / "ladder").runs("fresh")
+  for rung in sorted({cell.rsplit("_", 1)[1] for cell in q.cells}):
+    runs = [s for cell in q.cells if cell.endswith(rung) for s in fresh.get(cell, {}).values()
+            if "wall_time_sec" in s]
+    devices = sorted({s["provenance"][-1]["device_kind"] for s in runs})
+    walls = np.array([s["wall_time_sec"] / s.get("vectorized_runs", 1) for s in runs])
+    print(f"fresh {rung}: {len(runs)} runs finished" + (
+        f" on {', '.join(devices)}: {walls.mean():.0f} s a run (sd {walls.std(ddof=1):.0f}), "
+        f"{walls.sum() / 3600:.1f} h summed" if len(runs) > 1 else ""))
 
 
 def excess() -> None:
