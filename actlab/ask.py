@@ -280,11 +280,11 @@ def design_lines(a: Asked) -> list[str]:
 def plan_lines(a: Asked, estimate: bool) -> list[str]:
   """The stages: runs (done of planned) and, with `estimate`, the wall time they take here."""
   q, lines = a.q, []
-  runs = a.runs("pilot")
+  runs, found = a.runs("pilot"), a.runs("fresh")
   grid = {c: {(lr, s) for lr in q.pilot_of(c).lrs for s in q.pilot_of(c).seeds} for c in q.cells}
   pilot_total = sum(len(g) for g in grid.values())
   done = sum(len(grid[c] & set(runs.get(c, {}))) for c in q.cells)
-  walls = walls_here(a, runs) + walls_here(a, a.runs("fresh"))
+  walls = walls_here(a, runs) + walls_here(a, found)
   # A run's wall here: its finished runs' mean, once there are some; else from timed steps.
   step = (float(np.mean(walls)) / a.workers if walls else timed_steps(a)) if estimate else None
   cost = lambda n: "" if step is None else f", about {duration(n * step)} here"
@@ -319,7 +319,6 @@ def plan_lines(a: Asked, estimate: bool) -> list[str]:
                  + f" → {s['needed']}" + ("" if s["n"] >= s["needed"] else
                                          f"; at {s['n']}: power {s['power']:.2f}, 80% power "
                                          f"above {s['detectable']:.3f}"))
-  found = a.runs("fresh")
   count = lambda cells: (
       sum((chosen["lr"][c], s) in found.get(c, {}) for c in cells
           for s in Q.fresh_seeds(q, sizing["cell_n"][c])),
@@ -335,8 +334,7 @@ def walls_here(a: Asked, runs: dict) -> list[float]:
   """The wall time of each of `runs` that this command's cells finished on this device kind (a
   vectorized program's wall shared among its runs): another device's walls say nothing here."""
   here = jax.devices()[0].device_kind
-  return [s["wall_time_sec"] / s.get("vectorized_runs", 1)
-          for cell in a.mine for s in runs.get(cell, {}).values()
+  return [Q.run_wall(s) for cell in a.mine for s in runs.get(cell, {}).values()
           if Q.has_finite(s, "wall_time_sec")
           and (s.get("provenance") or [{}])[-1].get("device_kind") == here]
 

@@ -214,7 +214,8 @@ def ladder() -> None:
   """The ladder's pilot: spikes per cell and LR, and its GPU rerun's spread; descriptive."""
   spec = str(ROOT / "experiments" / "questions" / "ladder.py")
   q = Q.load(spec)
-  pilot = ask.Asked(spec, q, RESULTS / "ladder").runs("pilot")
+  asked = ask.Asked(spec, q, RESULTS / "ladder")
+  pilot = asked.runs("pilot")
   for cell in q.cells:
     counts = {lr: (sum(pilot[cell][lr, s]["grad_norm_max_rel"] > q.spike for s in q.pilot.seeds),
                    len(q.pilot.seeds))
@@ -233,12 +234,12 @@ def ladder() -> None:
   for lr in q.pilot.lrs:
     at = [gap(r) for r in rows if f",lr={lr:g}," in r["run"]]
     print(f"  at LR {lr:g}: median {np.median(at):.3f} ({len(at)} runs)")
-  fresh = ask.Asked(spec, q, RESULTS / "ladder").runs("fresh")
+  fresh = asked.runs("fresh")
   for rung in sorted({cell.rsplit("_", 1)[1] for cell in q.cells}):
     runs = [s for cell in q.cells if cell.endswith(rung) for s in fresh.get(cell, {}).values()
             if "wall_time_sec" in s]
     devices = sorted({s["provenance"][-1]["device_kind"] for s in runs})
-    walls = np.array([s["wall_time_sec"] / s.get("vectorized_runs", 1) for s in runs])
+    walls = np.array([Q.run_wall(s) for s in runs])
     print(f"fresh {rung}: {len(runs)} runs finished" + (
         f" on {', '.join(devices)}: {walls.mean():.0f} s a run (sd {walls.std(ddof=1):.0f}), "
         f"{walls.sum() / 3600:.1f} h summed" if len(runs) > 1 else ""))

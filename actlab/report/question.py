@@ -291,6 +291,11 @@ def has_finite(summary: dict | None, key: str) -> bool:
   return summary is not None and finite(summary.get(key))
 
 
+def run_wall(summary: dict) -> float:
+  """A run's wall time: a vectorized program's shared among the runs it trained."""
+  return summary["wall_time_sec"] / summary.get("vectorized_runs", 1)
+
+
 # --- Sizing
 
 def paired_power(n: int, sd: float, delta: float, alpha: float) -> float:

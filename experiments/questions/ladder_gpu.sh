@@ -12,9 +12,9 @@
 #   the sample's v1 files in manual/ (RESULTS.md, "Reproducing"); LIMIT: stop (SIGTERM: each run
 #   checkpoints) after this many seconds, 780 by default, for a 15-minute lease; PACK: also write
 #   the finished runs' files that `actlab.report --archive` keeps (what results/ commits; no
-#   checkpoints; a run stopped midway left out) and the stages' sweep files to this tarball. A lent machine starts bare: bring
-#   PACK back, unpack it over the checkout and commit it, and the next lease resumes from there
-#   (a run stopped midway starts again).
+#   checkpoints; a run stopped midway left out) and the stages' sweep files to this tarball. A
+#   lent machine starts bare: bring PACK back, unpack it over the checkout and commit it, and the
+#   next lease resumes from there (a run stopped midway starts again).
 # Cost on one H100 (2026-11-27, an empty compile cache): pilot and edges, 215 runs, 6 min 50 s
 # (BENCHMARKS.md).
 set -uo pipefail
