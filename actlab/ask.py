@@ -442,13 +442,17 @@ def order(a: Asked) -> list[str]:
           f"first fresh run started {first}"]
 
 
+def unanswered(a: Asked, verdicts: dict) -> list[str]:
+  """The contrasts with fewer fresh seeds than planned: not answered yet."""
+  return [c.name for c in a.q.contrasts if (r := verdicts[c.name]) is None
+          or len(r["seeds"]) + len(r["left_out"]) < r["n_planned"]]
+
+
 def interim(a: Asked, verdicts: dict) -> list[str]:
   """A line while some contrast has fewer fresh seeds than planned, saying what may still move."""
-  short = [c.name for c in a.q.contrasts if (r := verdicts[c.name]) is None
-           or len(r["seeds"]) + len(r["left_out"]) < r["n_planned"]]
-  if not short:
+  if not (waiting := unanswered(a, verdicts)):
     return []
-  return [f"interim: {len(short)} of {len(a.q.contrasts)} contrasts short of their planned fresh "
+  return [f"interim: {len(waiting)} of {len(a.q.contrasts)} contrasts short of their planned fresh "
           "seeds (`fresh seeds`); their rows are not answers yet, and the others' Holm p count "
           "them as 1, so those can only fall as the rest train"]
 

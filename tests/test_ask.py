@@ -154,6 +154,19 @@ def test_results_md_prints_the_verdict_tables_ask_computes_from_results(family):
   assert not missing, missing
 
 
+def test_results_md_prints_the_ladders_answered_rows_and_no_other():
+  """A ladder contrast with all its fresh seeds has its row on RESULTS.md as `ask` prints it; one
+  still short of them (the rungs waiting for a GPU, a rung still training) has no row there."""
+  spec = str(REPO / "experiments" / "questions" / "ladder.py")
+  a = ask.Asked(spec, Q.load(spec), REPO / "results" / "ladder")
+  v, sizing, lrs = ask.answer(a)
+  page, waiting = (REPO / "RESULTS.md").read_text(), set(ask.unanswered(a, v))
+  rows = ask.table(a, v, sizing, lrs)[2:]
+  assert len(rows) == len(a.q.contrasts) == 11
+  assert not [row for row in rows if row.split("`")[1] not in waiting and row not in page]
+  assert not [c for c in waiting if f"| `{c}` |" in page]
+
+
 def test_the_retest_keeps_every_lr_family_1_chose():
   """The step below the gated pilot moves no arm's LR: no test of family 1 is asked again."""
   page, retest = (asked(f) for f in ("page", "retest"))
