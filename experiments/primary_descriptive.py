@@ -238,11 +238,18 @@ def ladder() -> None:
   for rung in sorted({cell.rsplit("_", 1)[1] for cell in q.cells}):
     runs = [s for cell in q.cells if cell.endswith(rung) for s in fresh.get(cell, {}).values()
             if "wall_time_sec" in s]
-    devices = sorted({s["provenance"][-1]["device_kind"] for s in runs})
-    walls = np.array([Q.run_wall(s) for s in runs])
-    print(f"fresh {rung}: {len(runs)} runs finished" + (
-        f" on {', '.join(devices)}: {walls.mean():.0f} s a run (sd {walls.std(ddof=1):.0f}), "
-        f"{walls.sum() / 3600:.1f} h summed" if len(runs) > 1 else ""))
+    print(f"fresh {rung}: {len(runs)} runs finished")
+    for device in sorted({where(s) for s in runs}):
+      walls = np.array([Q.run_wall(s) for s in runs if where(s) == device])
+      print(f"  on {device}: {len(walls)}, {walls.mean():.0f} s a run"
+            + (f" (sd {walls.std(ddof=1):.0f})" if len(walls) > 1 else "")
+            + f", {walls.sum() / 3600:.1f} h summed")
+
+
+def where(summary: dict) -> str:
+  """The device a run last started on, with the host's CPU where its provenance records it."""
+  p = summary["provenance"][-1]
+  return p["device_kind"] + (f" ({p['host_cpu']})" if "host_cpu" in p else "")
 
 
 def excess() -> None:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import sys
 
 import pytest
@@ -17,6 +18,9 @@ def test_provenance_segment(tmp_path, monkeypatch):
   seg = lane.segment(tiny(**{"train.progress": False}), start_step=40)
   assert seg["xla_flags"] == "--xla_gpu_deterministic_ops=true"
   assert seg["start_step"] == 40 and seg["device_count"] >= 1 and seg["device_kind"]
+  cpuinfo = pathlib.Path("/proc/cpuinfo")  # the host's processor, as Linux names it
+  assert seg["host_cpu"]
+  assert not cpuinfo.exists() or f": {seg['host_cpu']}\n" in cpuinfo.read_text()
   assert set(lane.PACKAGES) <= set(seg["versions"]) and seg["versions"]["jax"]
   assert seg["git_commit"] is None or len(seg["git_commit"]) == 40
   assert seg["command"][0] == os.path.basename(sys.executable)

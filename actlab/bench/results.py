@@ -1,9 +1,7 @@
 """A bench's measurements as a row (`summarize`), the devices' peak TFLOP/s, the `environment`
 the row records, and rows as the table the command prints and as BENCHMARKS.md rows."""
 
-import contextlib
 import os
-import platform
 import sys
 
 import jax
@@ -12,6 +10,7 @@ import numpy as np
 from actlab import core, tasks
 from actlab.data.tokenizer import nominal_vocab_size
 from actlab.measure import flops as flops_lib
+from actlab.run import lane
 
 # Dense peak TFLOP/s per chip by (device kind substring, compute dtype). float32 on NVIDIA is the
 # TF32 tensor-core peak (XLA's default precision for float32 matmuls); TPUs run float32 matmuls
@@ -51,12 +50,9 @@ def peak_tflops(device_kind: str, dtype: str) -> tuple[float | None, str]:
 def environment() -> dict:
   """The devices, host CPU, library versions, XLA flags and command line of this process."""
   d = jax.devices()[0]
-  cpu = platform.processor() or platform.machine()
-  with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
-    cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
   versions = {mod: __import__(mod).__version__ for mod in ("jax", "jaxlib", "flax", "optax")}
   return {"platform": d.platform, "device_kind": d.device_kind, "devices": jax.device_count(),
-          "processes": jax.process_count(), "host_cpu": cpu, "host_cores": os.cpu_count(),
+          "processes": jax.process_count(), "host_cpu": lane.host_cpu(), "host_cores": os.cpu_count(),
           "versions": versions, "xla_flags": os.environ.get("XLA_FLAGS", ""),
           "command": " ".join([os.path.basename(sys.executable), "-m", "actlab.bench"]
                               + sys.argv[1:])}

@@ -8,6 +8,7 @@ import functools
 import importlib.metadata
 import os
 import pathlib
+import platform
 import socket
 import subprocess
 import sys
@@ -41,6 +42,14 @@ def _git(*args: str) -> str | None:
   return out.stdout.strip() if out.returncode == 0 else None
 
 
+def host_cpu() -> str:
+  """The host's processor as the OS names it (/proc/cpuinfo's model name on Linux)."""
+  cpu = platform.processor() or platform.machine()
+  with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
+    cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  return cpu
+
+
 @functools.cache
 def code() -> dict:
   """The PACKAGES' versions, and actlab's git commit and dirty flag when it runs from a checkout."""
@@ -64,7 +73,7 @@ def segment(config: ml_collections.ConfigDict, start_step: int,
       "device_kind": devices[0].device_kind, "device_count": len(devices),
       # XLA:CPU splits reductions over its threads, one per CPU this process may use: float32
       # results differ in rounding between CPU counts (docs/sweeps.md, "Using all the hardware").
-      "cpus": len(os.sched_getaffinity(0)),
+      "cpus": len(os.sched_getaffinity(0)), "host_cpu": host_cpu(),
       # On a GPU, bitwise runs need --xla_gpu_deterministic_ops=true (docs/guarantees.md).
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "process_count": jax.process_count(), "host": socket.gethostname(),
