@@ -161,9 +161,9 @@ def test_results_md_prints_the_ladders_answered_rows_and_no_other():
   a = ask.Asked(spec, Q.load(spec), REPO / "results" / "ladder")
   v, sizing, lrs = ask.answer(a)
   page, waiting = (REPO / "RESULTS.md").read_text(), set(ask.unanswered(a, v))
-  rows = ask.table(a, v, sizing, lrs)[2:]
-  assert len(rows) == len(a.q.contrasts) == 11
-  assert not [row for row in rows if row.split("`")[1] not in waiting and row not in page]
+  rows = dict(zip((c.name for c in a.q.contrasts), ask.table(a, v, sizing, lrs)[2:], strict=True))
+  assert len(rows) == 11
+  assert not [row for c, row in rows.items() if c not in waiting and row not in page]
   assert not [c for c in waiting if f"| `{c}` |" in page]
 
 

@@ -52,7 +52,8 @@ def environment() -> dict:
   d = jax.devices()[0]
   versions = {mod: __import__(mod).__version__ for mod in ("jax", "jaxlib", "flax", "optax")}
   return {"platform": d.platform, "device_kind": d.device_kind, "devices": jax.device_count(),
-          "processes": jax.process_count(), "host_cpu": lane.host_cpu(), "host_cores": os.cpu_count(),
+          "processes": jax.process_count(), "host_cpu": lane.host_cpu(),
+          "host_cores": os.cpu_count(),
           "versions": versions, "xla_flags": os.environ.get("XLA_FLAGS", ""),
           "command": " ".join([os.path.basename(sys.executable), "-m", "actlab.bench"]
                               + sys.argv[1:])}
