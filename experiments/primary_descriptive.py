@@ -22,7 +22,8 @@ prints those).
   past 10x their initial gradient norm per LR, and its 200 runs trained twice on one GPU
   (`pilot_rerun.csv`): how far apart their test losses end, per LR, and their spikes; the fresh
   runs finished per rung, where, and their wall time (a vectorized program's shared among its
-  runs; on a CPU one core a run, so their sum is core-hours).
+  runs; on a CPU one core a run, so their sum is core-hours; a resumed run's wall is its last
+  start's).
 - `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
 - `figure`: docs/img/activation_x_recipe.png (ReLU − GELU per recipe and block with its
   simultaneous interval), docs/img/factorial.png (family 3 per cell and per contrast) and
@@ -240,10 +241,13 @@ def ladder() -> None:
             if "wall_time_sec" in s]
     print(f"fresh {rung}: {len(runs)} runs finished")
     for device in sorted({where(s) for s in runs}):
-      walls = np.array([Q.run_wall(s) for s in runs if where(s) == device])
+      here = [s for s in runs if where(s) == device]
+      walls = np.array([Q.run_wall(s) for s in here])
+      resumed = sum(len(s["provenance"]) > 1 for s in here)
       print(f"  on {device}: {len(walls)}, {walls.mean():.0f} s a run"
             + (f" (sd {walls.std(ddof=1):.0f})" if len(walls) > 1 else "")
-            + f", {walls.sum() / 3600:.1f} h summed")
+            + f", {walls.sum() / 3600:.1f} h summed"
+            + (f"; {resumed} resumed, whose wall is their last start's" if resumed else ""))
 
 
 def where(summary: dict) -> str:

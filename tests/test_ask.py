@@ -155,15 +155,20 @@ def test_results_md_prints_the_verdict_tables_ask_computes_from_results(family):
 
 
 def test_results_md_prints_the_ladders_answered_rows_and_no_other():
-  """A ladder contrast with all its fresh seeds has its row on RESULTS.md as `ask` prints it; one
-  still short of them (the rungs waiting for a GPU, a rung still training) has no row there."""
+  """A ladder contrast with all its fresh seeds has its row on RESULTS.md as `ask` prints it, and
+  its simultaneous interval in the README's table; one still short of them (the rungs waiting
+  for a GPU, a rung still training) has no row there."""
   spec = str(REPO / "experiments" / "questions" / "ladder.py")
   a = ask.Asked(spec, Q.load(spec), REPO / "results" / "ladder")
   v, sizing, lrs = ask.answer(a)
   page, waiting = (REPO / "RESULTS.md").read_text(), set(ask.unanswered(a, v))
+  readme = (REPO / "README.md").read_text()
   rows = dict(zip((c.name for c in a.q.contrasts), ask.table(a, v, sizing, lrs)[2:], strict=True))
+  answered = {c: row for c, row in rows.items() if c not in waiting}
   assert len(rows) == 11
-  assert not [row for c, row in rows.items() if c not in waiting and row not in page]
+  assert not [row for row in answered.values() if row not in page]
+  interval = lambda row: row.strip("|").split("|")[6].strip()  # the simultaneous interval
+  assert not [c for c, row in answered.items() if f"| {interval(row)} |" not in readme]
   assert not [c for c in waiting if f"| `{c}` |" in page]
 
 
