@@ -7,6 +7,7 @@ another process, which loads the same programs from the persistent XLA cache (te
 
 import contextlib
 import hashlib
+import logging
 import json
 import os
 import pathlib
@@ -390,6 +391,26 @@ def test_a_checkpoint_keeps_its_meta_as_it_was_when_saved(tmp_path):
   with Checkpoints(tmp_path, 3, read_only=True) as ck:
     _, meta = ck.restore(20, {"w": jax.numpy.ones(3)})
   assert meta["rows"] == [{"step": 0, "val_loss": 5.0}]
+
+
+def test_after_a_failed_restore_asyncios_warnings_stay_dropped(tmp_path, caplog):
+  """A failed restore's reads still in flight fail after it, and its tasks warn whenever they are
+  freed: asyncio's warnings stay dropped past its close, and come back after a clean one."""
+  asyncio_log = logging.getLogger("asyncio")
+  state = {"w": jax.numpy.ones(64)}  # one array: no read of this test's outlives it
+  with Checkpoints(tmp_path, 3) as ck:
+    ck.save(1, state, {})
+  asyncio_log.error("after a clean close")
+  for f in (tmp_path / "1" / "state").rglob("d/*"):
+    f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+  try:
+    with pytest.raises(UserError, match="no checkpoint can be restored"):
+      with Checkpoints(tmp_path, 3) as ck:
+        ck.restore_latest(state)
+    asyncio_log.error("Task exception was never retrieved")  # as a task freed later logs it
+  finally:
+    ck._logs_dropped.remove()  # the rest of this worker's tests
+  assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == ["after a clean close"]
 
 
 @pytest.mark.slow

@@ -7,9 +7,11 @@ before them (0.14 s or more of every run's start on 2 CPU cores)."""
 
 import copy
 import functools
+import gc
 import logging
 import pathlib
 import sys
+import warnings
 from typing import Any
 
 import jax
@@ -74,9 +76,11 @@ def checksums(tree) -> dict[str, str]:
 
 
 class _OrbaxLogsDropped(logging.Filter):
-  """Drops Orbax's and asyncio's warnings while a Checkpoints is open: thousands of traceback lines
-  for one damaged file or a full disk, which reach the caller as an exception said in one line
-  anyway. Orbax's INFO logs stay available with --verbosity=0."""
+  """Drops Orbax's and asyncio's warnings while a Checkpoints is open, and for the rest of the
+  process once a read or a write failed: thousands of traceback lines for one damaged file or a
+  full disk, which reach the caller as an exception said in one line anyway. A failed restore's
+  reads still in flight fail after it, and its tasks warn whenever they are freed, so these come
+  after the close too. Orbax's INFO logs stay available with --verbosity=0."""
 
   LOGGERS = ("absl", "asyncio")
 
@@ -100,6 +104,7 @@ class Checkpoints:
   def __init__(self, directory, keep: int, read_only: bool = False):
     self.directory = pathlib.Path(directory).absolute()
     self.read_only, self.keep = read_only, keep
+    self._failed = False  # a read or a write failed: its logs stay dropped (`_OrbaxLogsDropped`)
     self._logs_dropped = _OrbaxLogsDropped()
     self._logs_dropped.install()  # Before the manager: a read-only one warns as it starts.
 
@@ -132,6 +137,7 @@ class Checkpoints:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     except Exception as e:  # Orbax raises many types for truncated or mismatched data.
+      self._failed = True
       if (self.directory / str(step) / "default").is_dir():
         raise CheckpointError(f"checkpoint {self.directory}/{step} was written by an older actlab "
                               "without checksums; resume it with that version, or start a fresh "
@@ -184,8 +190,16 @@ class Checkpoints:
       if "_manager" in self.__dict__:  # Opened (`cached_property` keeps it there).
         self._manager.wait_until_finished()
         self._manager.close()
+    except BaseException:
+      self._failed = True
+      raise
     finally:
-      self._logs_dropped.remove()
+      if self._failed:  # Frees the failed tasks that can be freed now ("coroutine ... was never
+        with warnings.catch_warnings():  # awaited" is a warning, not a log).
+          warnings.simplefilter("ignore")
+          gc.collect()
+      else:
+        self._logs_dropped.remove()
 
   def __enter__(self) -> "Checkpoints":
     return self
