@@ -7,8 +7,8 @@ another process, which loads the same programs from the persistent XLA cache (te
 
 import contextlib
 import hashlib
-import logging
 import json
+import logging
 import os
 import pathlib
 import re

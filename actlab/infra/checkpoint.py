@@ -77,10 +77,11 @@ def checksums(tree) -> dict[str, str]:
 
 class _OrbaxLogsDropped(logging.Filter):
   """Drops Orbax's and asyncio's warnings while a Checkpoints is open, and for the rest of the
-  process once a read or a write failed: thousands of traceback lines for one damaged file or a
-  full disk, which reach the caller as an exception said in one line anyway. A failed restore's
-  reads still in flight fail after it, and its tasks warn whenever they are freed, so these come
-  after the close too. Orbax's INFO logs stay available with --verbosity=0."""
+  process once a restore failed or a save did (as the close waits for it): thousands of traceback
+  lines for one damaged file or a full disk, which reach the caller as an exception said in one
+  line anyway. A failed restore's reads still in flight fail after it, and its tasks warn whenever
+  they are freed, so these come after the close too. Orbax's INFO logs stay available with
+  --verbosity=0."""
 
   LOGGERS = ("absl", "asyncio")
 
@@ -104,7 +105,7 @@ class Checkpoints:
   def __init__(self, directory, keep: int, read_only: bool = False):
     self.directory = pathlib.Path(directory).absolute()
     self.read_only, self.keep = read_only, keep
-    self._failed = False  # a read or a write failed: its logs stay dropped (`_OrbaxLogsDropped`)
+    self._failed = False  # a restore or a save failed: its logs stay dropped (`_OrbaxLogsDropped`)
     self._logs_dropped = _OrbaxLogsDropped()
     self._logs_dropped.install()  # Before the manager: a read-only one warns as it starts.
 
@@ -194,8 +195,10 @@ class Checkpoints:
       self._failed = True
       raise
     finally:
-      if self._failed:  # Frees the failed tasks that can be freed now ("coroutine ... was never
-        with warnings.catch_warnings():  # awaited" is a warning, not a log).
+      if self._failed:
+        # Frees the failed tasks that can be freed now: "coroutine ... was never awaited" is a
+        # warning, which the logs' filter does not drop.
+        with warnings.catch_warnings():
           warnings.simplefilter("ignore")
           gc.collect()
       else:
