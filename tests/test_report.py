@@ -9,6 +9,7 @@ every expected number is recomputed from what was written.
 import csv
 import json
 import math
+import pathlib
 import re
 import subprocess
 import sys
@@ -807,6 +808,24 @@ def test_the_reports_command_names_paths_below_the_working_directory_relatively(
   assert report.relative(tmp_path / "results" / "study") == "results/study"
   assert report.relative("results/study") == "results/study"
   assert report.relative(tmp_path.parent / "other") == str(tmp_path.parent / "other")
+
+
+def test_results_commits_no_run_state_and_no_machine_path():
+  """What git holds under results/ is what reports read and wrote: no run's checkpoints (model
+  weights), lock or tokenizer (.gitignore keeps them out), and no absolute path of the machine
+  that trained it."""
+  try:
+    listed = subprocess.run(["git", "ls-files", "-z", "results"], cwd=REPO, check=True,
+                            capture_output=True).stdout.decode().split("\0")
+  except (OSError, subprocess.CalledProcessError):
+    pytest.skip("not a git checkout")
+  paths = [pathlib.PurePosixPath(path) for path in listed if path]
+  assert len(paths) > 1000  # the committed studies' runs
+  assert [str(p) for p in paths
+          if {"checkpoints", "tokenizer"} & set(p.parts) or p.name == ".lock"] == []
+  machine = re.compile(r"(?<![\w.~])/(?:home|root|tmp|work|Users|mnt|var|private)/")
+  assert [str(p) for p in paths
+          if machine.search((REPO / p).read_text(errors="replace"))] == []
 
 
 def test_one_run_directory_gets_its_curves_drawn_into_it(tmp_path, capsys):
