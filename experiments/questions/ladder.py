@@ -12,21 +12,19 @@ Everything else as `cpu_epoch`: the sample's `bpe:4096` tokenizer, 450 steps of 
   seeds' share as the secondary analysis (descriptive).
 - n from the upper 80% bound of each contrast's pilot sd (power 0.8 against 0.1 at α/11), the
   same fresh seeds (from 1000) in all 12 cells, at least 20 (as family 3) and at most 40: 480
-  fresh runs, of which the 6 × 384 ones are GPU work.
+  fresh runs at most.
 
-Where each stage trains (fixed before the fresh seeds' first run): every pilot on one H100; the
-fresh seeds of the 2 × 128 and 6 × 384 rungs on one GPU, so that the scale contrasts compare runs
-of one device (its float32 matmuls are TF32, not the CPU's); the 4 × 256 rung's fresh seeds on
-CPU, which trains them where no GPU is lent (its three contrasts are within the rung): a 4 × 256
-run of one epoch is about 7 minutes of one core of a 2-core Xeon, a 6 × 384 one about 16.
-`ladder_gpu.sh` trains a process per GPU rung, resumes across leases and packs the finished runs
-to commit (its header says how); the CPU rung resumes across sessions:
+Where each stage trains: every pilot on one H100 (TF32 matmuls); every fresh seed on CPU
+(float32). The fresh seeds of 2 × 128 and 6 × 384 were first to train on one GPU, so that the
+scale contrasts compare runs of one device; no GPU was lent, so on 2026-11-28, before the first
+of them, they moved to CPU (`results/ladder/DEVICE.md`): the scale contrasts still compare runs
+of one device. A 4 × 256 run of one epoch is about 7 minutes of one core of a 2-core Xeon, a
+6 × 384 one about 16. Each rung resumes across sessions (`ladder_gpu.sh` trained the pilot):
 
-    PACK=$OUT/ladder.tgz bash experiments/questions/ladder_gpu.sh WHEELS
     SET=data.manual_dir=manual,train.keep_checkpoints=1,train.progress=false
     SET+=,metrics.tensorboard=false,metrics.ffn_hist_bins=0  # as ladder_gpu.sh's
     python -m actlab.ask experiments/questions/ladder.py run --workdir=results/ladder \
-        --cells='*_4x256' --workers=2 --set=$SET
+        --cells='*_RUNG' --workers=2 --set=$SET  # RUNG: 2x128, 4x256, 6x384
 """
 
 from actlab.config import sizes

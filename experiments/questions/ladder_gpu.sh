@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The ladder's GPU rungs (ladder.py: 2 × 128 and 6 × 384, whose scale contrasts compare runs of
-# one device; 4 × 256's fresh seeds train on CPU) on one GPU: a process per rung, each training its
-# cells' stages into stage directories of its own (`actlab.ask run --cells`), in passes: the first
+# The ladder's rungs on one GPU, as it trained their pilots (the fresh seeds of 2 × 128 and 6 × 384
+# moved to CPU before the first began: results/ladder/DEVICE.md): a process per rung, each training
+# its cells' stages into stage directories of its own (`actlab.ask run --cells`), in passes: the first
 # trains each rung's pilot (and its step past an edge); the fresh seeds need every rung's pilot (n
 # and the shared seeds come from all of them), so the next pass trains them. Each pass resumes
 # what the last left, so the same command goes on in the next lease. The processes share the GPU
