@@ -5,7 +5,7 @@ fresh runs in results/primary_<test>): none is a pre-registered test or changes 
 prints those).
 
     python experiments/primary_descriptive.py \
-        {plateau,stability,review,rerun,ladder,excess,figure [DIR]}
+        {plateau,stability,review,rerun,ladder,excess,readme,figure [DIR]}
 
 - `plateau`: when each encoder run of family 1 (tests 5–7) leaves the MLM plateau, beside where it
   ends and how far it still falls at its end; the correlation of the two between seeds.
@@ -25,6 +25,7 @@ prints those).
   runs; on a CPU one core a run, so their sum is core-hours; a resumed run's wall is its last
   start's).
 - `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
+- `readme`: README's answer table, each verdict and interval as `actlab.ask ... report` prints it.
 - `figure`: docs/img/activation_x_recipe.png (ReLU − GELU per recipe and block with its
   simultaneous interval), docs/img/factorial.png (family 3 per cell and per contrast) and
   docs/img/answers.png (README's: the primary answers against ±δ, and a spike), or into DIR.
@@ -40,8 +41,11 @@ import numpy as np
 from scipy import stats
 
 from actlab import ask
+from actlab.report import answer as A
 from actlab.report import comparisons, curves
 from actlab.report import question as Q
+from actlab.report import question_page as page
+from actlab.report.tables import markdown_table
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -60,10 +64,13 @@ SEEDS_WHERE = {"stable": "both arms stable:", "unstable": "either arm unstable:"
 
 
 def answered(family: str) -> tuple[ask.Asked, dict, dict, dict]:
-  """A family as asked of results/: the question, its verdicts, its pilot's sizing, its LRs."""
-  spec = f"{QUESTIONS}:{family}"
-  a = ask.Asked(spec, Q.load(spec), RESULTS)
-  return (a, *ask.answer(a))
+  """A family as asked of results/ (or the ladder): the question, its verdicts, its pilot's
+  sizing, its LRs."""
+  spec = str(ROOT / "experiments" / "questions" / "ladder.py") if family == "ladder" else (
+      f"{QUESTIONS}:{family}")
+  a = ask.Asked(spec, Q.load(spec), RESULTS / ("ladder" if family == "ladder" else ""))
+  s = a.read()
+  return a, A.verdicts(s), s.sizing, s.lrs
 
 
 def arms(q: Q.Question, c: Q.Contrast) -> list[tuple[str, str]]:
@@ -136,8 +143,9 @@ def review() -> None:
       d, x = r["paired"], r["values"]
       print(f"- {c.name}: fresh sd {d.sd:.4f} / pilot sd {pilot_sd:.4f} = {d.sd / pilot_sd:.2f}; "
             f"power against delta at the fresh sd "
-            f"{Q.paired_power(d.n, d.sd, a.q.margins[0], a.q.alpha):.2f} ({d.n} pairs); "
-            f"Shapiro p {stats.shapiro(x).pvalue:.2g}; exact sign-flip p {Q.sign_flip_p(x):.3g} "
+            f"{comparisons.paired_power(d.n, d.sd, a.q.margins[0], a.q.alpha):.2f} ({d.n} pairs); "
+            f"Shapiro p {stats.shapiro(x).pvalue:.2g}; exact sign-flip p "
+            f"{comparisons.sign_flip_p(x):.3g} "
             f"({arms(a.q, c)[0][0]} lower in {sum(y < 0 for y in x)} of {d.n})")
       found[c.name] = (a, r, lrs)
   without = {}
@@ -153,7 +161,7 @@ def review() -> None:
   welch = stats.ttest_ind(without["relu_gelu"], without["recipe_clip"], equal_var=False)
   print(f"pairs without a spike, relu_gelu against recipe_clip: Welch p {welch.pvalue:.2g}")
   a, r, lrs = found["recipe_clip"]
-  fresh, dirs = a.runs("fresh"), curves.runs(RESULTS / "primary_recipe_clip")
+  fresh, dirs = a.read().fresh, curves.runs(RESULTS / "primary_recipe_clip")
   for arm, cell in arms(a.q, next(c for c in a.q.contrasts if c.name == "recipe_clip")):
     clip = a.q.cells[cell]["optim.clip_norm"]
     early = [g for s in r["seeds"] for step, g in curves.curve(
@@ -169,7 +177,7 @@ def factorial_against_test_1(test1: dict) -> None:
   """Family 3's unclipped gap in GPT-2's block against test 1's (its spike counts, Welch, Fisher,
   the 79 pairs together), and what spike-only clipping does to each arm's own loss; descriptive."""
   a, v, _, lrs = answered("factorial")
-  fresh, gap = a.runs("fresh"), v["relu_gelu"]
+  fresh, gap = a.read().fresh, v["relu_gelu"]
   t1, f3 = test1["values"], gap["values"]
   spikes = [len(r["spikes"]["spiking_seeds"]) for r in (test1, gap)]
   fisher = stats.fisher_exact([[spikes[0], len(t1) - spikes[0]], [spikes[1], len(f3) - spikes[1]]])
@@ -215,8 +223,8 @@ def ladder() -> None:
   """The ladder's pilot: spikes per cell and LR, and its GPU rerun's spread; descriptive."""
   spec = str(ROOT / "experiments" / "questions" / "ladder.py")
   q = Q.load(spec)
-  asked = ask.Asked(spec, q, RESULTS / "ladder")
-  pilot = asked.runs("pilot")
+  stages = ask.Asked(spec, q, RESULTS / "ladder").read()
+  pilot = stages.pilot
   for cell in q.cells:
     counts = {lr: (sum(pilot[cell][lr, s]["grad_norm_max_rel"] > q.spike for s in q.pilot.seeds),
                    len(q.pilot.seeds))
@@ -235,14 +243,14 @@ def ladder() -> None:
   for lr in q.pilot.lrs:
     at = [gap(r) for r in rows if f",lr={lr:g}," in r["run"]]
     print(f"  at LR {lr:g}: median {np.median(at):.3f} ({len(at)} runs)")
-  fresh = asked.runs("fresh")
+  fresh = stages.fresh
   for rung in sorted({cell.rsplit("_", 1)[1] for cell in q.cells}):
     runs = [s for cell in q.cells if cell.endswith(rung) for s in fresh.get(cell, {}).values()
             if "wall_time_sec" in s]
     print(f"fresh {rung}: {len(runs)} runs finished")
     for device in sorted({where(s) for s in runs}):
       here = [s for s in runs if where(s) == device]
-      walls = np.array([Q.run_wall(s) for s in here])
+      walls = np.array([A.run_wall(s) for s in here])
       resumed = sum(len(s["provenance"]) > 1 for s in here)
       print(f"  on {device}: {len(walls)}, {walls.mean():.0f} s a run"
             + (f" (sd {walls.std(ddof=1):.0f})" if len(walls) > 1 else "")
@@ -285,7 +293,7 @@ def figure(directory: str = str(FIGURES)) -> None:
   rows = [(f"{label}\n({v[name]['paired'].n} pairs)", v[name]["paired"].mean, *v[name]["interval"])
           for name, label in RECIPE_WORDS.items() if v[name] is not None]
   fig, ax = plt.subplots(figsize=(6.4, 0.7 * len(rows) + 1.2))
-  ask.draw_intervals(ax, rows, recipe[0].q.margins)
+  page.draw_intervals(ax, rows, recipe[0].q.margins)
   ax.set_xlabel("ReLU − GELU, final test loss (nats): mean and simultaneous interval; ±δ dashed")
   fig.tight_layout()
   save(fig, pathlib.Path(directory) / "activation_x_recipe.png")
@@ -303,7 +311,7 @@ def figure(directory: str = str(FIGURES)) -> None:
                                     f"contrasts: mean, simultaneous interval (α/{a.q.k})"))
   fig, axes = plt.subplots(2, 1, figsize=(7.0, 6.4), height_ratios=(6, 5), sharex=True)
   for ax, (rows, title) in zip(axes, panels):
-    ask.draw_intervals(ax, rows, a.q.margins)
+    page.draw_intervals(ax, rows, a.q.margins)
     ax.set_title(title, fontsize=9)
   m = a.q.margins
   axes[-1].set_xlabel(f"final test loss (nats); ±{m[0]:g} dashed, ±{m[1]:g} dotted; n = "
@@ -313,22 +321,58 @@ def figure(directory: str = str(FIGURES)) -> None:
   answers(directory)
 
 
-ANSWERS = {  # README's figure: (family, contrast) -> its label
-    ("page", "relu_gelu"): "ReLU − GELU, GPT-2's block, unclipped",
-    ("factorial", "relu_gelu"): "the same, family 3's seeds",
-    ("recipe", "recipe_clip"): "ReLU − GELU, clipped at 1.0",
-    ("factorial", "clip_change"): "its change under clipping at 1.0",
-    ("factorial", "spike_change"): "its change under spike-only clipping",
-    ("recipe", "recipe_warmup"): "ReLU − GELU, warm-up 180",
-    ("recipe", "recipe_wide"): "ReLU − GELU, d_model 256",
-    ("recipe", "modern_relu_gelu"): "ReLU − GELU, LLaMA-style block",
-    ("recipe", "modern_relu2_gelu"): "ReLU² − GELU, LLaMA-style block",
-    ("page", "swiglu_silu"): "SwiGLU − SiLU",
-    ("page", "reglu_relu"): "ReGLU − ReLU",
-    ("page", "geglu_gelu"): "GEGLU − GELU",
-    ("page", "bert_relu_gelu"): "BERT: ReLU − GELU",
-    ("page", "bert_tanh_gelu"): "BERT: tanh − GELU",
-    ("page", "bert_swiglu_gelu"): "BERT: SwiGLU − GELU"}
+ANSWERS = {  # README's table and figure: (family, contrast) -> (A − B, its setting)
+    ("page", "relu_gelu"): ("ReLU − GELU", "GPT-2's block, no clipping"),
+    ("factorial", "relu_gelu"): ("the same, again on new seeds", "family 3, one LR for all cells"),
+    ("recipe", "recipe_clip"): ("ReLU − GELU", "clipping at 1.0"),
+    ("factorial", "clip_change"): ("its change under clipping at 1.0", "family 3"),
+    ("factorial", "spike_change"): ("its change under spike-only clipping (10×)", "family 3"),
+    ("recipe", "recipe_warmup"): ("ReLU − GELU", "warm-up 180 of 450 steps"),
+    ("recipe", "recipe_wide"): ("ReLU − GELU", "d_model 256 (1.6M)"),
+    ("recipe", "modern_relu_gelu"): ("ReLU − GELU", "LLaMA-style block, plain FFN"),
+    ("recipe", "modern_relu2_gelu"): ("ReLU² − GELU", "LLaMA-style block, plain FFN"),
+    ("page", "swiglu_silu"): ("SwiGLU − SiLU", "GPT-2's block"),
+    ("page", "reglu_relu"): ("ReGLU − ReLU", "GPT-2's block"),
+    ("page", "geglu_gelu"): ("GEGLU − GELU", "GPT-2's block"),
+    ("page", "bert_relu_gelu"): ("ReLU − GELU, `[MASK]` loss", "BERT, 3,000 steps"),
+    ("page", "bert_tanh_gelu"): ("tanh − GELU, `[MASK]` loss", "BERT, 3,000 steps"),
+    ("page", "bert_swiglu_gelu"): ("SwiGLU − GELU, `[MASK]` loss", "BERT, 3,000 steps"),
+    ("ladder", "gap_none_4x256"): ("ReLU − GELU", "4 × 256 (3.2M), no clipping"),
+    ("ladder", "gap_clip_4x256"): ("ReLU − GELU", "4 × 256, clipping at 1.0"),
+    ("ladder", "clip_change_4x256"): ("its change from unclipped to clipped at 1.0", "4 × 256"),
+    ("ladder", "gap_none_2x128"): ("ReLU − GELU", "2 × 128 (0.41M), no clipping"),
+    ("ladder", "gap_clip_2x128"): ("ReLU − GELU", "2 × 128, clipping at 1.0"),
+    ("ladder", "clip_change_2x128"): ("its change from unclipped to clipped at 1.0", "2 × 128"),
+    ("ladder", "gap_none_6x384"): ("ReLU − GELU", "6 × 384 (10.7M), no clipping"),
+    ("ladder", "gap_clip_6x384"): ("ReLU − GELU", "6 × 384, clipping at 1.0"),
+    ("ladder", "clip_change_6x384"): ("its change from unclipped to clipped at 1.0", "6 × 384"),
+    ("ladder", "scale_change_none"): ("its change from 2 × 128 to 6 × 384", "no clipping"),
+    ("ladder", "scale_change_clip"): ("its change from 2 × 128 to 6 × 384", "clipping at 1.0")}
+
+
+def shown() -> list[tuple]:
+  """README's answers that are in: (family, its question, contrast, verdict, LRs, (A − B,
+  setting)), a ladder contrast once its planned fresh seeds are all in."""
+  out, found = [], {f: answered(f) for f in {f for f, _ in ANSWERS}}
+  for (f, name), words in ANSWERS.items():
+    a, v, _, lrs = found[f]
+    c = next(c for c in a.q.contrasts if c.name == name)
+    if name not in page.unanswered(a.q, v):
+      out.append((f, a.q, c, v[name], lrs, words))
+  return out
+
+
+def readme() -> None:
+  """README's answer table: each answer's verdict at ±0.1 and simultaneous interval as
+  `actlab.ask ... report` prints them."""
+  rows = [[f"`{c.name}` ({f})", *words, page.lr_of(c, lrs), str(len(r["seeds"])),
+           f"**{r['margins'][0.1]['verdict'].words(c.negative, c.positive)}**",
+           f"[{page.signed(r['interval'][0])}, {page.signed(r['interval'][1])}]"]
+          for f, q, c, r, lrs, words in shown()]
+  print(markdown_table(["contrast (family)", "question (A − B)", "setting", "LR", "pairs",
+                        "verdict at ±0.1", "simultaneous interval"], rows))
+
+
 SPIKE_SEED = 101  # test 1's seed whose GELU run spikes at step 31 (RESULTS.md)
 
 
@@ -337,11 +381,12 @@ def answers(directory: str = str(FIGURES)) -> None:
   one seed of test 1, GELU's gradient norm (the largest since the last logged row) jumping in
   warm-up where ReLU's does not."""
   from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
-  found = {f: answered(f)[1] for f in {f for f, _ in ANSWERS}}
-  rows = [(f"{label} ({found[f][c]['paired'].n})", found[f][c]["paired"].mean,
-           *found[f][c]["interval"]) for (f, c), label in ANSWERS.items()]
-  fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 5.2), width_ratios=(3, 2))
-  ask.draw_intervals(left, rows, (0.1,))
+  answers_ = shown()
+  rows = [(f"{words[0]}, {words[1]} ({len(r['seeds'])})", r["paired"].mean, *r["interval"])
+          for _, _, _, r, _, words in answers_]
+  fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 0.45 * len(rows) + 1.5),
+                                    width_ratios=(3, 2))
+  page.draw_intervals(left, rows, (0.1,), [(c.negative, c.positive) for _, _, c, *_ in answers_])
   left.set_xlabel("A − B, final test loss (nats; BERT: [MASK] loss): mean and simultaneous "
                   "interval; ±δ = 0.1 dashed", fontsize=8)
   for act, color in (("gelu", "tab:red"), ("relu", "tab:blue")):
@@ -367,11 +412,11 @@ def save(fig, path: pathlib.Path) -> None:
 
 
 COMMANDS = {"plateau": plateau, "stability": stability, "review": review, "rerun": rerun,
-            "ladder": ladder, "excess": excess, "figure": figure}
+            "ladder": ladder, "excess": excess, "figure": figure, "readme": readme}
 
 if __name__ == "__main__":
   if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS or len(sys.argv) > 2 + (
       sys.argv[1] == "figure"):
     sys.exit("usage: python experiments/primary_descriptive.py "
-             "{plateau,stability,review,rerun,ladder,excess,figure [DIR]}")
+             "{plateau,stability,review,rerun,ladder,excess,readme,figure [DIR]}")
   COMMANDS[sys.argv[1]](*sys.argv[2:])

@@ -4,10 +4,14 @@ from the pilot; the fresh seeds; the verdict recomputed from the runs here), a d
 after its pilot began refused, bad question files one line and exit 2, and RESULTS.md's tables
 reproduced from the committed runs (`results/`). The model's statistics: tests/test_question.py."""
 
+import dataclasses
 import itertools
 import json
 import math
 import pathlib
+import re
+import runpy
+import shutil
 import subprocess
 import sys
 
@@ -16,8 +20,10 @@ import pytest
 
 from actlab import ask
 from actlab.infra.errors import UserError
-from actlab.report import comparisons
+from actlab.report import answer as A
+from actlab.report import comparisons as C
 from actlab.report import question as Q
+from actlab.report import question_page as page
 from conftest import REPO
 
 QUESTION = """
@@ -59,28 +65,29 @@ def answered(tmp_path_factory):
 def test_a_question_goes_from_its_file_to_a_verdict_computed_from_its_runs(answered):
   a, waited, lines = answered
   assert any("another shard is still training it" in line for line in waited)
-  pilot = Q.cell_runs(a.q, a.dirs("pilot"))
-  assert {c: len(r) for c, r in pilot.items()} == {"relu": 6, "gelu": 6}  # 2 LRs + edge, 2 seeds
+  s = a.read()
+  assert {c: len(r) for c, r in s.pilot.items()} == {"relu": 6, "gelu": 6}  # 2 LRs + edge, 2 seeds
   assert any("done before" in line for line in lines)  # the second command resumed the pilot
   # The LR each arm's pilot chose, recomputed here: the lowest mean validation loss.
-  mean = lambda cell, lr: np.mean([pilot[cell][lr, s]["final_val_loss"] for s in (0, 1)])
+  mean = lambda cell, lr: np.mean([s.pilot[cell][lr, x]["final_val_loss"] for x in (0, 1)])
   chosen = {c: min((1e-4, 3e-3, 1e-2), key=lambda lr: mean(c, lr)) for c in ("relu", "gelu")}
-  assert Q.choose(a.q, pilot)["lr"] == chosen
-  fresh = Q.cell_runs(a.q, a.dirs("fresh"))
-  assert sorted(s for _, s in fresh["relu"]) == [100, 101, 102]  # min_seeds 3 = the cap
-  diffs = [fresh["relu"][chosen["relu"], s]["final_test_loss"]
-           - fresh["gelu"][chosen["gelu"], s]["final_test_loss"] for s in (100, 101, 102)]
-  v = Q.verdicts(a.q, fresh, chosen, Q.size(a.q, pilot, chosen))["relu_gelu"]
+  assert s.lrs == chosen
+  assert sorted(x for _, x in s.fresh["relu"]) == [100, 101, 102]  # min_seeds 3 = the cap
+  diffs = [s.fresh["relu"][chosen["relu"], x]["final_test_loss"]
+           - s.fresh["gelu"][chosen["gelu"], x]["final_test_loss"] for x in (100, 101, 102)]
+  v = A.verdicts(s)["relu_gelu"]
   assert v["paired"].mean == pytest.approx(np.mean(diffs), rel=1e-12)
-  assert v["interval"] == pytest.approx(comparisons.simultaneous_interval(
-      comparisons.paired_difference(diffs, [0.0] * 3), 1))
-  flips = [abs(sum(s * d for s, d in zip(signs, diffs))) >= abs(sum(diffs)) - 1e-12
+  assert v["interval"] == pytest.approx(C.simultaneous_interval(
+      C.paired_difference(diffs, [0.0] * 3), 1))
+  flips = [abs(sum(x * d for x, d in zip(signs, diffs))) >= abs(sum(diffs)) - 1e-12
            for signs in itertools.product((1, -1), repeat=3)]
   assert v["p_sign"] == pytest.approx(np.mean(flips))
   report = (a.root / "q.md").read_text()
-  assert f"{ask.signed(np.mean(diffs))} [" in report and (a.root / "q.png").is_file()
+  assert f"{page.signed(np.mean(diffs))} [" in report and (a.root / "q.png").is_file()
   frozen = json.loads((a.root / "question.json").read_text())
   assert frozen["hash"] in report and frozen["time"] in report and "interim" not in report
+  assert frozen["analysis"] == Q.fingerprint()
+  assert "analysis: unchanged since the declaration" in report
 
 
 @pytest.mark.slow
@@ -133,50 +140,71 @@ def test_a_bad_question_file_exits_2_with_one_line(tmp_path):
 
 
 def asked(family: str) -> ask.Asked:
-  """A family of experiments/questions/primary.py over the committed runs."""
+  """A family of experiments/questions/primary.py over the committed runs, or the ladder."""
+  if family == "ladder":
+    spec = str(REPO / "experiments" / "questions" / "ladder.py")
+    return ask.Asked(spec, Q.load(spec), REPO / "results" / "ladder")
   spec = str(REPO / "experiments" / "questions" / f"primary.py:{family}")
   return ask.Asked(spec, Q.load(spec), REPO / "results")
 
 
-def results_table(family: str) -> list[str]:
+COMMITTED = ("page", "recipe", "factorial", "ladder")
+
+
+@pytest.mark.parametrize("family", COMMITTED)
+def test_every_committed_verdict_reads_its_interval(family):
+  """Each verdict `report` prints for the committed questions claims only what its interval
+  shows (test_question.py's `reads_its_interval`), and none joins two verdicts with "or"."""
+  from test_question import reads_its_interval  # pylint: disable=import-outside-toplevel
   a = asked(family)
-  v, sizing, lrs = ask.answer(a)
-  return ask.table(a, v, sizing, lrs)
+  q, v = a.q, A.verdicts(a.read())
+  judged = [(c, r["interval"], at["verdict"]) for c in q.contrasts if (r := v[c.name])
+            for at in r["margins"].values()]
+  assert len(judged) == {"page": 7, "recipe": 6, "factorial": 10, "ladder": 6}[family]
+  assert not [(c.name, i, x) for c, i, x in judged if not reads_its_interval(x, i)]
+  assert not [c.name for c, _, x in judged if " or " in x.words(c.negative, c.positive)]
+
+
+def rows(family: str) -> dict[str, str]:
+  a = asked(family)
+  s = a.read()
+  return dict(zip((c.name for c in a.q.contrasts), page.table(s, A.verdicts(s))[2:], strict=True))
 
 
 @pytest.mark.parametrize("family", ["page", "recipe", "factorial"])
 def test_results_md_prints_the_verdict_tables_ask_computes_from_results(family):
   """Each row of the family's table, every number and verdict, as RESULTS.md holds it."""
-  page = (REPO / "RESULTS.md").read_text()
-  rows = results_table(family)[2:]
-  assert len(rows) == {"page": 7, "recipe": 6, "factorial": 5}[family]
-  missing = [row for row in rows if row not in page]
+  text = (REPO / "RESULTS.md").read_text()
+  found = rows(family)
+  assert len(found) == {"page": 7, "recipe": 6, "factorial": 5}[family]
+  missing = [row for row in found.values() if row not in text]
   assert not missing, missing
 
 
 def test_results_md_prints_the_ladders_answered_rows_and_no_other():
-  """A ladder contrast with all its fresh seeds has its row on RESULTS.md as `ask` prints it, and
-  its simultaneous interval in the README's table; one still short of them (the rungs waiting
-  for a GPU, a rung still training) has no row there."""
-  spec = str(REPO / "experiments" / "questions" / "ladder.py")
-  a = ask.Asked(spec, Q.load(spec), REPO / "results" / "ladder")
-  v, sizing, lrs = ask.answer(a)
-  page, waiting = (REPO / "RESULTS.md").read_text(), set(ask.unanswered(a, v))
-  readme = (REPO / "README.md").read_text()
-  rows = dict(zip((c.name for c in a.q.contrasts), ask.table(a, v, sizing, lrs)[2:], strict=True))
-  answered = {c: row for c, row in rows.items() if c not in waiting}
-  assert len(rows) == 11
-  assert not [row for row in answered.values() if row not in page]
-  interval = lambda row: row.strip("|").split("|")[6].strip()  # the simultaneous interval
-  assert not [c for c, row in answered.items() if f"| {interval(row)} |" not in readme]
-  assert not [c for c in waiting if f"| `{c}` |" in page]
+  """A ladder contrast with all its fresh seeds has its row on RESULTS.md as `ask` prints it; one
+  still short of them (a rung still training) has no row there."""
+  a = asked("ladder")
+  text, waiting = (REPO / "RESULTS.md").read_text(), set(page.unanswered(a.q, A.verdicts(a.read())))
+  found = rows("ladder")
+  assert len(found) == 11
+  assert not [row for c, row in found.items() if c not in waiting and row not in text]
+  assert not [c for c in waiting if f"| `{c}` |" in text]
+
+
+def test_the_readmes_answer_table_is_the_reports(capsys):
+  """README's table, each verdict at ±0.1 and its interval, as `primary_descriptive.py readme`
+  prints it from the reports."""
+  runpy.run_path(str(REPO / "experiments" / "primary_descriptive.py"))["readme"]()
+  table = capsys.readouterr().out.strip()
+  assert table.count("\n") > 15 and table in (REPO / "README.md").read_text()
 
 
 def test_the_retest_keeps_every_lr_family_1_chose():
   """The step below the gated pilot moves no arm's LR: no test of family 1 is asked again."""
-  page, retest = (asked(f) for f in ("page", "retest"))
-  chosen = Q.choose(retest.q, retest.runs("pilot"))["lr"]
-  assert chosen == {c: Q.choose(page.q, page.runs("pilot"))["lr"][c] for c in retest.q.cells}
+  first, retest = (asked(f).read() for f in ("page", "retest"))
+  chosen = retest.lrs
+  assert chosen == {c: first.lrs[c] for c in retest.q.cells}
   assert not any(math.isnan(lr) for lr in chosen.values())
 
 
@@ -184,8 +212,8 @@ def test_a_field_added_since_the_declaration_is_no_change_at_its_old_value():
   frozen = {"cells": {"relu": {"model.activation": "relu"}}, "design": {"margins": [0.1]}}
   at = lambda spike: {"cells": {"relu": {"model.activation": "relu", "optim.spike_clip": spike}},
                       "design": {"margins": [0.1]}}
-  assert ask.changes(frozen, at(0.0)) == []  # what every run did before the field existed
-  assert ask.changes(frozen, at(10.0)) == ["cells.relu.optim.spike_clip: 0.0 → 10.0"]
+  assert Q.changes(frozen, at(0.0)) == []  # what every run did before the field existed
+  assert Q.changes(frozen, at(10.0)) == ["cells.relu.optim.spike_clip: 0.0 → 10.0"]
 
 
 @pytest.mark.slow
@@ -209,8 +237,8 @@ def test_cells_picks_a_part_that_trains_into_stage_directories_of_its_own(tmp_pa
   assert whole.mine == list(q.cells) and whole.stage_dir("fresh") == tmp_path / "fresh"
   for stage in ("pilot", "pilot-_2x128", "edge-_2x128", "fresh-_2x128", "pilotx"):
     (tmp_path / stage).mkdir()
-  assert [d.name for d in whole.dirs("pilot")] == ["edge-_2x128", "pilot", "pilot-_2x128"]
-  assert [d.name for d in whole.dirs("fresh")] == ["fresh-_2x128"]
+  assert [d.name for d in A.dirs(q, tmp_path, "pilot")] == ["edge-_2x128", "pilot", "pilot-_2x128"]
+  assert [d.name for d in A.dirs(q, tmp_path, "fresh")] == ["fresh-_2x128"]
   with pytest.raises(UserError, match="--cells=nothing: no cell matches"):
     ask.run(ask.Asked(spec, q, tmp_path, cells="nothing"))
 
@@ -221,25 +249,94 @@ def test_plan_estimates_from_walls_of_this_commands_cells_on_this_device_only(an
   left out, and a vectorized program's wall is shared among its runs; the fresh stage's line
   counts this command's cells beside the question's."""
   a, _, _ = answered
-  runs = a.runs("pilot")
+  s = a.read()
   mine = ask.Asked(a.spec, a.q, a.root, cells="relu")
-  walls = [s["wall_time_sec"] for s in runs["relu"].values()]
-  assert ask.walls_here(mine, runs) == pytest.approx(walls) and len(walls) == 6
-  elsewhere = lambda s: {**s, "provenance": [{**s["provenance"][-1], "device_kind": "H100"}]}
-  moved = {c: {k: elsewhere(s) for k, s in cell.items()} for c, cell in runs.items()}
-  assert ask.walls_here(mine, moved) == []
-  grouped = {c: {k: {**s, "vectorized_runs": 2} for k, s in cell.items()}
-             for c, cell in runs.items()}
-  assert ask.walls_here(mine, grouped) == pytest.approx([w / 2 for w in walls])
-  assert ask.plan_lines(mine, estimate=False)[-1] == (
+  walls = [r["wall_time_sec"] for runs in (s.pilot, s.fresh) for r in runs["relu"].values()]
+  assert ask.walls_here(mine, s) == pytest.approx(walls) and len(walls) == 9
+  moved = lambda r: {**r, "provenance": [{**r["provenance"][-1], "device_kind": "H100"}]}
+  on = lambda f: {c: {k: f(r) for k, r in cell.items()} for c, cell in s.pilot.items()}
+  assert ask.walls_here(mine, dataclasses.replace(s, pilot=on(moved), fresh={})) == []
+  shared = dataclasses.replace(s, pilot=on(lambda r: {**r, "vectorized_runs": 2}), fresh={})
+  assert ask.walls_here(mine, shared) == pytest.approx([w / 2 for w in walls[:6]])
+  assert page.stage_lines(s, mine.mine, lambda n: None)[-1] == (
       "  stage fresh: 6 of 6 runs done (n = 3); --cells: 3 of 3")
 
 
 def test_a_report_before_every_contrast_has_its_seeds_says_it_is_interim(tmp_path):
-  spec = question_file(tmp_path)
-  a = ask.Asked(spec, Q.load(spec), tmp_path / "q")
+  q = Q.load(question_file(tmp_path))
   done = {"seeds": [100, 101], "left_out": [102], "n_planned": 3}  # a diverged seed counts
-  assert ask.interim(a, {"relu_gelu": done}) == []
+  assert page.unanswered(q, {"relu_gelu": done}) == []
   for short in (None, {**done, "left_out": []}):
-    [line] = ask.interim(a, {"relu_gelu": short})
-    assert line.startswith("interim: 1 of 1 contrasts short of their planned fresh seeds")
+    assert page.unanswered(q, {"relu_gelu": short}) == ["relu_gelu"]
+
+
+@pytest.mark.slow
+def test_a_damaged_and_a_missing_run_file_are_each_one_line_naming_the_run(answered, tmp_path):
+  """A fresh run's summary.json cut short and another's gone: `report` names each, in a line,
+  leaves both out, and says what to do; no traceback, and the contrast is interim."""
+  a, _, _ = answered
+  root = tmp_path / "q"
+  shutil.copytree(a.root, root)
+  fresh = sorted((root / "fresh").glob("arm=*"))
+  (fresh[0] / "summary.json").write_text('{"broken')
+  (fresh[1] / "summary.json").unlink()
+  lines = []
+  ask.report(ask.Asked(a.spec, a.q, root), log=lines.append)
+  text = "\n".join(lines)
+  assert f"fresh/{fresh[0].name}: its summary.json is unreadable, never read as a result" in text
+  [(cell, damaged), (_, missing)] = [re.match(r"arm=(\w+),seed=(\d+)", f.name).groups()
+                                      for f in fresh[:2]]
+  assert re.search(rf"- {cell} at LR \S+: 2 of 3 fresh runs not in \(seeds {damaged}–{missing}\)",
+                   text)
+  assert "interim: 1 of 1 contrasts" in text and "Traceback" not in text
+
+
+@pytest.mark.slow
+def test_report_says_where_the_analysis_changed_since_the_declaration(answered, tmp_path,
+                                                                      monkeypatch):
+  """The analysis code copied to a scratch package, frozen with the declaration, then one file
+  of it changed: `report` names that file; unchanged, it says so."""
+  a, _, _ = answered
+  package = tmp_path / "actlab"
+  for name in Q.ANALYSIS:
+    (package / name).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Q.PACKAGE / name, package / name)
+  root = tmp_path / "q"
+  shutil.copytree(a.root, root)
+  frozen = json.loads((root / "question.json").read_text())
+  frozen["analysis"] = Q.fingerprint(package)
+  (root / "question.json").write_text(json.dumps(frozen))
+  assert Q.analysis_changes(frozen, package).startswith("analysis: unchanged since")
+  with open(package / "report" / "comparisons.py", "a") as f:
+    f.write("\nALPHA = 0.1\n")
+  said = Q.analysis_changes(frozen, package)
+  assert said.startswith("analysis: changed since the declaration in actlab/report/comparisons.py")
+  monkeypatch.setattr(Q, "PACKAGE", package)
+  lines = []
+  ask.report(ask.Asked(a.spec, a.q, root), log=lines.append)
+  assert re.search(r"^analysis: changed since the declaration in actlab/report/comparisons\.py",
+                   "\n".join(lines), re.M)
+
+
+def test_the_ladders_report_shows_what_changed_since_its_declaration():
+  """Frozen before the analysis had a fingerprint: its report says so and names the commits
+  since its freeze that touch the analysis, c5160ba (the rule for a contrast's seeds) among them,
+  and the contrasts that now read in other words."""
+  a = asked("ladder")
+  lines = ask.head(a, a.read())
+  analysis = next(line for line in lines if line.startswith("analysis:"))
+  assert "no fingerprint frozen with the declaration" in analysis
+  if Q.git(REPO, "cat-file", "-e", "c5160ba") is not None:  # a clone with its history
+    assert "c5160ba" in analysis
+  words = next(line for line in lines if line.startswith("words:"))
+  assert "clip_change_4x256" in words and "gap_none_4x256" not in words
+
+
+def test_the_figure_names_what_each_side_of_0_means(tmp_path):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots()
+  page.draw_intervals(ax, [("d", -0.2, -0.3, -0.1)], (0.1,), [("ReLU lower", "GELU lower")])
+  assert [t.get_text() for t in ax.texts] == ["← ReLU lower", "GELU lower →"]
+  plt.close(fig)

@@ -4,6 +4,7 @@ its variants and the PyTorch reference side by side. `benches` holds what is tim
 
 import jax
 import ml_collections
+import numpy as np
 
 from actlab import config as config_lib
 from actlab.bench.benches import (JaxBench, TORCH_MODES, TorchBench, back_to_back, side_by_side,
@@ -13,7 +14,7 @@ from actlab.bench.results import (PEAK_TFLOPS, config_summary, environment, mark
 from actlab.infra import parallel
 
 __all__ = ["JaxBench", "PEAK_TFLOPS", "TORCH_MODES", "TorchBench", "environment", "markdown_rows",
-           "peak_tflops", "run", "table"]
+           "peak_tflops", "run", "run_seconds", "table"]
 
 
 def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
@@ -73,3 +74,20 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
                    "(F.scaled_dot_product_attention, F.cross_entropy on full logits, "
                    f"torch.optim.AdamW{', fused' if gpu else ''})")
   return rows
+
+
+def run_seconds(config: ml_collections.ConfigDict, runs: int = 1) -> float:
+  """One run of `config` timed from a few steps (vectorized where a sweep of `runs` of it would
+  be, and shared among them): its training steps, an evaluation or test window as a third of a
+  step, a sharpness estimate as three steps per power iteration, and the program's compile
+  shared among the `runs`."""
+  from actlab.sweep import vectorized  # pylint: disable=import-outside-toplevel
+  together = vectorized.program_size(config, runs, vectorized.device_memory()) if (
+      vectorized.vectorizes(config) and runs > 1) else 1
+  b = JaxBench(config, together)
+  compile_s = b.setup(1)["compile_s"]
+  step = float(np.median(b.timed(5)["times"])) / together
+  t, m = config.train, config.metrics
+  windows = (t.steps // t.eval_every + 1) * config.data.val_batches + config.data.test_batches
+  sharpness = (t.steps // m.sharpness_every + 1) * m.sharpness_iters if m.sharpness_every else 0
+  return step * (t.steps + windows / 3 + 3 * sharpness) + compile_s / runs

@@ -4,10 +4,12 @@ intervals and the claim they make against a margin, and which pairs are compared
 at which LR. Pure functions of numbers and of a sweep's runs (stats.py)."""
 
 import dataclasses
+import functools
 import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from scipy import optimize
 from scipy import stats as sps
 
 from actlab.report.stats import LR_KEY, Run, activation_axis, finite, other_axes, pivot
@@ -41,9 +43,59 @@ class Paired:
   p_equiv: float        # TOST p-value for the margin (NaN without one)
 
 
-def min_detectable(sd: float, n: int) -> float:
-  """The minimum detectable difference of a paired t test on n ≥ 2 pairs (docs/metrics.md §9)."""
-  return float(sps.t.ppf(0.975, n - 1) + sps.t.ppf(0.80, n - 1)) * sd / math.sqrt(n)
+def paired_power(n: int, sd: float, delta: float, alpha: float = ALPHA) -> float:
+  """The power of a two-sided paired t-test of n pairs at `alpha` against a mean difference
+  `delta` when the differences' sd is `sd` (noncentral t)."""
+  if sd == 0:
+    return 1.0
+  df, shift = n - 1, delta / (sd / math.sqrt(n))
+  t = sps.t.ppf(1 - alpha / 2, df)
+  # Both tails as upper tails: scipy's nct.cdf is NaN far out in the lower one.
+  return float(sps.nct.sf(t, df, shift) + sps.nct.sf(t, df, -shift))
+
+
+def seeds_needed(sd: float, delta: float, alpha: float, power: float, least: int) -> int:
+  """The smallest n ≥ `least` whose paired t-test has `power` against `delta`."""
+  n = least
+  while paired_power(n, sd, delta, alpha) < power:
+    n += 1
+  return n
+
+
+def min_detectable(sd: float, n: int, alpha: float = ALPHA, power: float = 0.8) -> float:
+  """The mean difference n ≥ 2 pairs whose differences' sd is `sd` detect with `power` at
+  `alpha` (docs/metrics.md §9): where `paired_power` is `power`."""
+  if sd == 0:
+    return 0.0
+  most = (sps.t.ppf(1 - alpha / 2, n - 1) + 10) * sd / math.sqrt(n)
+  return float(optimize.brentq(lambda d: paired_power(n, sd, d, alpha) - power, 0.0, most))
+
+
+def sd_upper(sd: float, n: int, confidence: float = 0.8) -> float:
+  """The upper one-sided `confidence` bound of the sd of normal values whose sample sd over n of
+  them is `sd`: sd · √((n − 1) / χ²), χ² the chi-square quantile at 1 − confidence, n − 1 df."""
+  return sd * np.sqrt((n - 1) / sps.chi2.ppf(1 - confidence, n - 1))
+
+
+SIGN_FLIP_MAX = 44  # pairs: 2 × 2^22 half sums in memory
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float:
+  """The exact two-sided p of the sign-flip test of no difference: the share of the 2^n sign
+  patterns of the n values whose |sum| is at least the observed one (float ties within 1e-9 of
+  it count), exact under the sole assumption that each value is symmetric about 0 under the null.
+  Every pattern, counted in halves: the 2^(n/2) sums of each half, one sorted."""
+  d = np.asarray(diffs, np.float64)
+  if not 1 <= d.size <= SIGN_FLIP_MAX or not np.all(np.isfinite(d)):
+    raise ValueError(f"sign_flip_p: 1 to {SIGN_FLIP_MAX} finite values, got {d.size}")
+  observed = abs(d.sum()) - 1e-9 * np.abs(d).sum()
+  if observed <= 0:
+    return 1.0
+  sums = lambda xs: functools.reduce(lambda s, x: np.concatenate([s + x, s - x]), xs, np.zeros(1))
+  left, right = sums(d[: d.size // 2]), np.sort(sums(d[d.size // 2:]))
+  above = right.size - np.searchsorted(right, observed - left, "left")   # sum ≥ observed
+  below = np.searchsorted(right, -observed - left, "right")              # sum ≤ −observed
+  return float((above.sum() + below.sum()) / 2.0 ** d.size)
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float],
@@ -87,22 +139,48 @@ def simultaneous_interval(d: Paired, k: int, alpha: float = ALPHA) -> tuple[floa
   return d.mean - half, d.mean + half
 
 
-def claim(interval: tuple[float, float], margin: float, p_equiv_holm: float, a="A", b="B",
-          alpha: float = ALPHA) -> str:
-  """What a simultaneous `interval` of A − B (lower is better) claims against ±`margin`, with the
-  Holm-adjusted TOST p: "<X> lower by at least δ" (the interval beyond the margin), "equivalent
-  within ±δ" (TOST rejects; with the direction where the interval excludes 0), "<X> lower, by
-  less than δ or by an amount not resolved" (it excludes 0, not the margin), or NOT_RESOLVED."""
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+  """What a simultaneous interval of a contrast says against ±`margin`, by construction one of:
+  `side` (−1: below 0, +1: above 0) by at least δ (`BEYOND`: the interval lies beyond ∓δ), by
+  less than δ (`WITHIN`: it lies between ∓δ and 0), a side whose size is not resolved against δ
+  (`UNSIZED`: it excludes 0 and spans ∓δ); else `EQUIVALENT` (the Holm-adjusted TOST rejects)
+  or `NOT_RESOLVED`. `note` says why a side the interval shows was withheld."""
+  kind: str
+  side: int
+  margin: float
+  note: str = ""
+
+  def words(self, below: str, above: str) -> str:
+    """The verdict as a sentence, `below`/`above` saying what a value on each side means."""
+    said = {BEYOND: "{} by at least {:g}", WITHIN: "{} by less than {:g}",
+            UNSIZED: "{}; its size not resolved against {:g}",
+            EQUIVALENT: "equivalent within ±{1:g}", NOT_RESOLVED: NOT_RESOLVED}[self.kind]
+    return said.format(below if self.side < 0 else above, self.margin) + (
+        f" ({self.note})" if self.note else "")
+
+
+BEYOND, WITHIN, UNSIZED = "beyond", "within", "unsized"
+
+
+def judge(interval: tuple[float, float], margin: float, p_equiv_holm: float,
+          p_sign_holm: float | None = None, alpha: float = ALPHA) -> Verdict:
+  """The `Verdict` of a simultaneous `interval` against ±`margin`. With `p_sign_holm` (the
+  Holm-adjusted exact sign-flip p), a side is claimed only where the interval excludes 0 and the
+  sign-flip test rejects at `alpha`; where one finds a side and the other does not, none is
+  claimed (equivalence, the TOST's, may stand) and the note says which disagrees."""
   low, high = interval
-  lower = a if high < 0 else b if low > 0 else None
-  if high < -margin or low > margin:
-    return f"{lower} lower by at least {margin:g}"
-  if p_equiv_holm <= alpha:
-    return f"equivalent within ±{margin:g}" + (f" ({lower} lower by less than {margin:g})"
-                                              if lower else "")
-  if lower:
-    return f"{lower} lower, by less than {margin:g} or by an amount not resolved"
-  return NOT_RESOLVED
+  side = -1 if high < 0 else 1 if low > 0 else 0
+  note = ""
+  if p_sign_holm is not None and bool(side) != (p_sign_holm <= alpha):
+    note = ("the t interval excludes 0, the sign-flip test does not reject it" if side else
+            "the sign-flip test rejects 0, the t interval does not exclude it")
+    side = 0
+  if side:
+    near, far = sorted((abs(low), abs(high)))
+    kind = BEYOND if near > margin else WITHIN if far < margin else UNSIZED
+    return Verdict(kind, side, margin)
+  return Verdict(EQUIVALENT if p_equiv_holm <= alpha else NOT_RESOLVED, 0, margin, note)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ def _header(key: str) -> str:
   return HEADERS.get(key, key.rsplit(".", 1)[-1])
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
@@ -62,7 +62,7 @@ def results_table(manifest, runs) -> str:
            *(_cell(group, key, len(manifest["seeds"]), scale, digits, suffix)
              for _, key, scale, digits, suffix, _ in columns), status_counts(group)]
           for values, group in stats.groups(manifest, runs, keys).items()]
-  return _table([*map(_header, keys), *(c[0] for c in columns), "status"], rows)
+  return markdown_table([*map(_header, keys), *(c[0] for c in columns), "status"], rows)
 
 
 def _p(p: float) -> str:
@@ -89,7 +89,7 @@ def comparison_table(manifest, compared: Sequence[comparisons.Comparison], keys:
                  stats.fmt_value(c.b), *lr(c.lr_b), str(p.n), num(p.mean), num(p.sd, ".3f"),
                  "—" if p.n < 2 else f"[{num(p.ci_low)}, {num(p.ci_high)}]", _p(c.p_holm),
                  *([_p(c.p_equiv_holm)] if margin else []), verdict, mdd])
-  return _table([*map(_header, keys), "A", *(["LR A"] if best_lr else []), "B",
+  return markdown_table([*map(_header, keys), "A", *(["LR A"] if best_lr else []), "B",
                  *(["LR B"] if best_lr else []), "n", "mean A − B", "sd", "95% CI", "p (Holm)",
                  *(["TOST p (Holm)"] if margin else []), "verdict", "MDD"], rows)
 
@@ -203,7 +203,7 @@ def stability_table(manifest, runs) -> str:
                  "none" if lr is None else stats.fmt_value(lr),
                  "; ".join(map(why, lrs)) if lr is None else
                  "— (none swept higher)" if up is None else why(up)])
-  return _table([*map(_header, stats.other_axes(manifest)),
+  return markdown_table([*map(_header, stats.other_axes(manifest)),
                  "largest LR where every seed is stable and learned",
                  "the next LR up (every LR, if none is): seeds that failed, and why"], rows)
 
@@ -217,7 +217,8 @@ def sensitivity_table(manifest, runs) -> str:
       value = f"{mean:.3f}" + (f" ± {sd:.3f}" if sd is not None else "")
     best = stats.fmt_value(s["best_lr"]) if s["best_lr"] is not None else "—"
     rows.append([*map(stats.fmt_value, key), value, best, str(len(s["per_seed"]))])
-  return _table([*map(_header, stats.other_axes(manifest)), "LR sensitivity (nats)", "best LR",
+  return markdown_table([*map(_header, stats.other_axes(manifest)), "LR sensitivity (nats)",
+                         "best LR",
                  "seeds"], rows) if rows else ""
 
 
@@ -236,7 +237,7 @@ def runs_table(runs) -> str:
       why.append(f"not learned: final val loss ≥ unigram loss {r.summary['unigram_loss']:.3f}")
     rows.append([r.name, r.status + (", not learned" if r.learned is False else ""),
                  "—" if val is None else f"{val:.3f}", "; ".join(why) or "—"])
-  return _table(["run", "status", "val loss", "why"], rows)
+  return markdown_table(["run", "status", "val loss", "why"], rows)
 
 
 def sections(manifest, runs, base) -> list[tuple[str, str, str]]:

@@ -243,6 +243,44 @@ def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str]
   return results
 
 
+def launch(base: ml_collections.ConfigDict, spec: str, workdir, workers_: int = 1,
+           shard: tuple[int, int] = (0, 1), overridden: Sequence[str] = (),
+           argv: Sequence[str] = (), cache: dict | None = None,
+           log: Callable[[str], None] = _say) -> dict[str, dict]:
+  """The sweep `spec` on `base` trained here, `actlab.sweep`'s and `actlab.ask`'s one way: in
+  this process (one worker: `run`), or as `workers_` children each running `python -m actlab.sweep
+  *argv` (a command line that makes `base`; later flags win) on its share of the hardware, this
+  process reporting their progress; {cell name: summary} of the cells that have ended."""
+  workdir = pathlib.Path(workdir)
+  if workers_ == 1:
+    parallel.initialize(base)  # Devices and hosts first (a parent leaves them to its children).
+    return run(base, spec, workdir, log, cache, shard, overridden=overridden)
+  if base.parallel.distributed:
+    raise errors.UserError("--workers=N starts N independent processes on this host; with "
+                           "parallel.distributed use --workers=1 (several hosts: --shard=i/N)")
+  workers.plan(workers_)  # Too few CPUs (or GPUs) are refused before anything is written.
+  mine = plan(base, spec, workdir, shard, overridden=overridden, log=log)
+  ended = _ended(mine, workdir)
+  if todo := len(mine) - len(ended):
+    team = workers.plan(min(workers_, todo))  # No idle child holding CPUs.
+    log(f"sweep: {todo} of {len(mine)} cells to train, {len(team)} workers: " + "; ".join(
+        f"worker {w.index} on {workers.describe(w.cpus, w.gpu)}" for w in team))
+    # The parent starts no backend (it would take GPU memory): its children's is the GPU's or
+    # the CPU's, their memory unknown here.
+    backend = "gpu" if team[0].gpu else "cpu"
+    progress_ = progress.Progress([c.name for c in mine], list(ended), log,
+                                  at_once=_at_once(mine, len(team), backend))
+    try:
+      workers.run(team, [*argv, f"--sweep={spec}", f"--workdir={workdir}",
+                         f"--shard={shard[0]}/{shard[1]}"], log,
+                  poll=lambda: progress_.poll(workdir))
+    finally:
+      progress_.poll(workdir, every=0)  # The cells that ended since the last look.
+  results = _ended(mine, workdir)
+  _end(mine, workdir, results, log)
+  return results
+
+
 def main(argv):
   del argv
   FLAGS = flags.FLAGS
@@ -250,43 +288,17 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
   t0 = time.perf_counter()
   workdir, shard = pathlib.Path(FLAGS.workdir), parse_shard(FLAGS.shard)
-  worker = os.environ.get(workers.ENV)
   # The keys of the --config.<key> flags: they win over the sweep's fixed values.
   overridden = list(config_flags.get_override_values(FLAGS["config"]))
   workers.whole_lines()  # A parent's and its children's lines share one stream.
-  parent = FLAGS.workers > 1 and not worker
-  if parent and FLAGS.config.parallel.distributed:
-    raise errors.UserError("--workers=N starts N independent processes on this host; with "
-                           "parallel.distributed use --workers=1 (several hosts: --shard=i/N)")
-  if not parent:  # Devices and hosts first (a --workers parent leaves them to its children).
+  if worker := os.environ.get(workers.ENV):  # A child of `--workers`: its parent reports.
     parallel.initialize(FLAGS.config)
-  if worker:  # A child of `--workers`: its parent wrote sweep.json and reports the end.
     log = lambda message: _say(f"worker {worker}: {message}")
     log(workers.here())
     run(FLAGS.config, FLAGS.sweep, workdir, log, shard=shard, worker=True, overridden=overridden)
     return
-  if parent:
-    workers.plan(FLAGS.workers)  # Too few CPUs (or GPUs) are refused before anything is written.
-    mine = plan(FLAGS.config, FLAGS.sweep, workdir, shard, overridden=overridden)
-    ended = _ended(mine, workdir)
-    todo = len(mine) - len(ended)
-    if todo:
-      team = workers.plan(min(FLAGS.workers, todo))  # No idle child holding CPUs.
-      _say(f"sweep: {todo} of {len(mine)} cells to train, {len(team)} workers: " + "; ".join(
-          f"worker {w.index} on {workers.describe(w.cpus, w.gpu)}" for w in team))
-      # The parent starts no backend (it would take GPU memory): its children's is the GPU's or
-      # the CPU's, their memory unknown here.
-      backend = "gpu" if team[0].gpu else "cpu"
-      progress_ = progress.Progress([c.name for c in mine], list(ended), _say,
-                                    at_once=_at_once(mine, len(team), backend))
-      try:
-        workers.run(team, sys.argv[1:], _say, poll=lambda: progress_.poll(workdir))
-      finally:
-        progress_.poll(workdir, every=0)  # The cells that ended since the last look.
-    results = _ended(mine, workdir)
-    _end(mine, workdir, results, _say)
-  else:
-    results = run(FLAGS.config, FLAGS.sweep, workdir, shard=shard, overridden=overridden)
+  results = launch(FLAGS.config, FLAGS.sweep, workdir, FLAGS.workers, shard, overridden,
+                   sys.argv[1:])
   counts = {s: sum(r.get("status") == s for r in results.values()) for s in metrics.STATUSES}
   print(f"sweep done in {time.perf_counter() - t0:.0f} s: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())

@@ -39,11 +39,16 @@ def gap(clip: str, rung: str, sign: int = 1) -> dict:
   return {f"relu_{clip}_{rung}": sign, f"gelu_{clip}_{rung}": -sign}
 
 
+def change(to: tuple, from_: tuple, moves: str) -> dict:
+  """The gap at `to` less the gap at `from_` (each (clip, rung)), its sides in words."""
+  return {"weights": {**gap(*to), **gap(*from_, -1)},
+          **{side: f"{moves} ReLU − GELU toward {arm}"
+             for side, arm in (("negative", "ReLU"), ("positive", "GELU"))}}
+
+
 def get_question(arg=None):
   del arg
-  words = lambda clip, rung: f"ReLU − GELU {'clipped' if clip == 'clip' else 'unclipped'} at {rung}"
-  change = lambda to, from_: {"weights": {**gap(*to), **gap(*from_, -1)}, "a": words(*to),
-                              "b": words(*from_)}
+  clipped = {"none": "unclipped", "clip": "clipped at 1.0"}
   return {
       "question": "Does ReLU − GELU, unclipped and clipped at 1.0, hold from 2 × 128 to 6 × 384?",
       "config": "configs/tinystories_gelu.py",
@@ -55,8 +60,10 @@ def get_question(arg=None):
       "contrasts": {
           **{f"gap_{c}_{r}": {"weights": gap(c, r), "a": "ReLU", "b": "GELU"}
              for r in RUNGS for c in CLIP},
-          **{f"clip_change_{r}": change(("clip", r), ("none", r)) for r in RUNGS},
-          **{f"scale_change_{c}": change((c, "6x384"), (c, "2x128")) for c in CLIP}},
+          **{f"clip_change_{r}": change(("clip", r), ("none", r),
+                                        f"at {r}, clipping at 1.0 moves") for r in RUNGS},
+          **{f"scale_change_{c}": change((c, "6x384"), (c, "2x128"),
+                                         f"{clipped[c]}, 2x128 → 6x384 moves") for c in CLIP}},
       "margins": [0.1, 0.05],
       "pilot": {"lrs": [1e-3, 3e-3, 1e-2], "seeds": [500, 501, 502, 503, 504],
                 "edge": {1e-3: 3e-4, 1e-2: 3e-2}},

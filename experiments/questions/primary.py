@@ -132,10 +132,11 @@ def gap(clip: str, block: str, sign: int = 1) -> dict:
   return {f"relu_{clip}_{block}": sign, f"gelu_{clip}_{block}": -sign}
 
 
-def change(to: tuple, from_: tuple, question: str = "") -> dict:
-  words = lambda clip, block: f"ReLU − GELU {CLIPPINGS[clip][1]} {BLOCK[block][1]}"
+def change(to: tuple, from_: tuple, moves: str, question: str = "") -> dict:
+  """The gap at `to` less the gap at `from_` (each (clip, block)), its sides in words."""
   return {"weights": {**gap(*to), **gap(*from_, -1)}, "question": question,
-          "a": words(*to), "b": words(*from_)}
+          **{side: f"{moves} ReLU − GELU toward {arm}"
+             for side, arm in (("negative", "ReLU"), ("positive", "GELU"))}}
 
 
 def factorial() -> dict:
@@ -148,17 +149,21 @@ def factorial() -> dict:
           "relu_gelu": {"weights": gap("none", "gpt2"), "a": "ReLU", "b": "GELU",
                         "question": "Does ReLU or GELU give the lower loss in GPT-2's block "
                                     "without clipping (test 1 again)?"},
-          "clip_change": change(("clip", "gpt2"), ("none", "gpt2"),
+          "clip_change": change(("clip", "gpt2"), ("none", "gpt2"), "clipping at 1.0 moves",
                                 "Does clipping at 1.0 change ReLU − GELU (GPT-2's block)?"),
-          "spike_change": change(("spike", "gpt2"), ("none", "gpt2"),
+          "spike_change": change(("spike", "gpt2"), ("none", "gpt2"), "spike-only clipping moves",
                                  "Does spike-only clipping change ReLU − GELU (GPT-2's block)?"),
-          "spike_vs_clip": change(("spike", "gpt2"), ("clip", "gpt2"), "Does spike-only "
-                                  "clipping leave ReLU − GELU where clipping at 1.0 does?"),
-          "block_change": change(("none", "llama"), ("none", "gpt2"),
-                                 "Does the LLaMA-style block change ReLU − GELU (unclipped)?")},
+          "spike_vs_clip": change(("spike", "gpt2"), ("clip", "gpt2"), "spike-only clipping, "
+                                  "against clipping at 1.0, moves", "Does spike-only clipping "
+                                  "leave ReLU − GELU where clipping at 1.0 does?"),
+          "block_change": change(("none", "llama"), ("none", "gpt2"), "the LLaMA-style block "
+                                 "moves", "Does the LLaMA-style block change ReLU − GELU "
+                                 "(unclipped)?")},
       "descriptive": {**{f"relu_gelu_{c}_{b}": gap(c, b) for b in BLOCK for c in CLIPPINGS},
-                      "clip_change_llama": change(("clip", "llama"), ("none", "llama")),
-                      "spike_change_llama": change(("spike", "llama"), ("none", "llama"))},
+                      "clip_change_llama": change(("clip", "llama"), ("none", "llama"),
+                                                  "clipping at 1.0 moves"),
+                      "spike_change_llama": change(("spike", "llama"), ("none", "llama"),
+                                                   "spike-only clipping moves")},
       "margins": [0.1, 0.05],
       "pilot": {"seeds": [300, 301, 302, 303, 304], "lr": 3e-3},
       "fresh": {"first_seed": 400, "cap": 40},
