@@ -160,7 +160,7 @@ def test_every_committed_verdict_reads_its_interval(family):
   q, v = a.q, A.verdicts(a.read())
   judged = [(c, r["interval"], at["verdict"]) for c in q.contrasts if (r := v[c.name])
             for at in r["margins"].values()]
-  assert len(judged) == {"page": 7, "recipe": 6, "factorial": 10, "ladder": 6}[family]
+  assert len(judged) >= {"page": 7, "recipe": 6, "factorial": 10, "ladder": 6}[family]
   assert not [(c.name, i, x) for c, i, x in judged if not reads_its_interval(x, i)]
   assert not [c.name for c, _, x in judged if " or " in x.words(c.negative, c.positive)]
 
