@@ -200,6 +200,17 @@ def test_the_readmes_answer_table_is_the_reports(capsys):
   assert table.count("\n") > 15 and table in (REPO / "README.md").read_text()
 
 
+def test_a_question_asks_for_deterministic_gpu_ops_unless_it_says_otherwise(tmp_path):
+  """On by default, in every cell's declaration; the committed questions, whose runs predate the
+  field, state it off, and the ladder's frozen declaration reads the same."""
+  decl = Q.declaration(Q.load(question_file(tmp_path)))
+  assert [c["train.deterministic_ops"] for c in decl["cells"].values()] == [True, True]
+  assert not any(asked(f).q.fixed[Q.DETERMINISTIC] for f in COMMITTED)
+  ladder = asked("ladder")
+  frozen = json.loads((ladder.root / "question.json").read_text())
+  assert Q.changes(frozen["declaration"], Q.declaration(ladder.q)) == []
+
+
 def test_the_retest_keeps_every_lr_family_1_chose():
   """The step below the gated pilot moves no arm's LR: no test of family 1 is asked again."""
   first, retest = (asked(f).read() for f in ("page", "retest"))

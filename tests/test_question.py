@@ -33,9 +33,10 @@ def question(**over) -> Q.Question:
 
 
 def write_run(root, fields, lr, seed, val=4.0, test=4.0, grad_rel=2.0):
-  """A finished run: its config.json (nested) holds `fields`, the LR and the seed."""
+  """A finished run: its config.json (nested) holds `fields`, the LR and the seed (and XLA's
+  deterministic GPU ops, as a question asks by default)."""
   config = {}
-  for key, value in {**fields, Q.LR: lr, Q.SEED: seed}.items():
+  for key, value in {Q.DETERMINISTIC: True, **fields, Q.LR: lr, Q.SEED: seed}.items():
     section, name = key.split(".")
     config.setdefault(section, {})[name] = value
   run = root / ",".join(f"{k}={v}" for k, v in {**fields, "lr": lr, "seed": seed}.items())

@@ -17,7 +17,8 @@ from actlab.infra import workdir as workdir_lib
 from actlab.report import comparisons
 
 LR, SEED = "optim.lr", "train.seed"
-DETERMINISTIC = "train.deterministic_ops"  # on for a question unless its file says otherwise
+DETERMINISTIC = "train.deterministic_ops"  # on unless a question says otherwise: an answer to cite
+# reruns to the bit, on a GPU too (docs/asking.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +132,7 @@ def parse(d: Any, name: str) -> Question:
   fixed = d.get("fixed", {})
   need(isinstance(fixed, dict) and all(isinstance(k, str) and "." in k for k in fixed), "fixed",
        "a dict of section.field -> value")
-  fixed = dict(fixed)  # TODO-merge: {DETERMINISTIC: True, **fixed}
+  fixed = {DETERMINISTIC: True, **fixed}
   cells = d["cells"]
   need(isinstance(cells, dict) and len(cells) >= 2, "cells", "a dict of at least two cells")
   for cell, fields in cells.items():

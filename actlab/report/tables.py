@@ -116,8 +116,8 @@ def comparison_texts(manifest, runs, per_lr, best) -> tuple[str, str]:
       "likewise, separately" if margin else "") + " (familywise error ≤ 0.05 each). Verdict: "
       "**A better** / **B better** if the adjusted p ≤ 0.05 (by the sign of the difference); "
       + equiv + "else **not resolved** (always when n < 2)." + no_margin + " MDD, when not "
-      "resolved: the smallest difference these seeds resolve with 80% power at two-sided "
-      "α = 0.05 without adjustment, (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁)·sd/√n (docs/metrics.md §9).")
+      "resolved: the difference at which a paired t test of these n pairs, at two-sided "
+      "α = 0.05 without adjustment, has 80% power with their sd (docs/metrics.md §9).")
   select, test, tested = comparisons.selection(manifest, runs)
   seeds = lambda xs: f"seed(s) {', '.join(map(str, xs))}"
   best_text = (

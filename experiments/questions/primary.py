@@ -27,6 +27,9 @@ MODERN = {**BLOCKS["llama"], "model.ffn": "plain"}  # the LLaMA-style block, pla
 LRS, WIDE_LRS = [1e-3, 3e-3, 1e-2], [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
 EDGE = {1e-3: 3e-4, 1e-2: 3e-2}
 FIRST_RULE = {"sd_confidence": None, "shared": False, "sign_flip": False}  # families 1, 2
+# Every family's runs predate XLA's deterministic GPU ops as a field (they trained on CPU, whose
+# programs are deterministic anyway), so each states the value they ran with.
+BEFORE = {"train.deterministic_ops": False}
 
 
 WORDS = {"relu": "ReLU", "gelu": "GELU", "swiglu": "SwiGLU", "silu": "SiLU", "geglu": "GEGLU",
@@ -48,6 +51,7 @@ def page() -> dict:
            "bert_tanh_gelu", "bert_swiglu_gelu")
   return {
       "config": "configs/tinystories_gelu.py",
+      "fixed": BEFORE,
       "cells": {**{a: {**DECODER, "model.activation": a} for a in acts},
                 **{f"bert_{a}": {**ENCODER, "model.activation": a}
                    for a in ("relu", "gelu", "tanh", "swiglu")}},
@@ -87,6 +91,7 @@ def recipe() -> dict:
   question = "Does ReLU or GELU give the lower loss at its best LR (decoder, recipe {})?"
   return {
       "config": "configs/tinystories_gelu.py",
+      "fixed": BEFORE,
       "cells": cells,
       "contrasts": {
           **{f"recipe_{r}": arms("relu", "gelu", question.format(r), (f"relu_{r}", f"gelu_{r}"),
@@ -107,7 +112,7 @@ def recipe() -> dict:
 def retest() -> dict:
   family1 = page()
   gated = ("swiglu", "silu", "geglu", "gelu", "reglu", "relu")
-  return {**{k: family1[k] for k in ("config", "rule")},
+  return {**{k: family1[k] for k in ("config", "fixed", "rule")},
           "cells": {a: family1["cells"][a] for a in gated},
           "contrasts": {f"{t}_retest": family1["contrasts"][t]
                         for t in ("swiglu_silu", "geglu_gelu", "reglu_relu")},
@@ -142,7 +147,7 @@ def change(to: tuple, from_: tuple, moves: str, question: str = "") -> dict:
 def factorial() -> dict:
   return {
       "config": "configs/tinystories_gelu.py",
-      "fixed": DECODER,
+      "fixed": {**DECODER, **BEFORE},
       "cells": {f"{a}_{c}_{b}": {"model.activation": a, **CLIPPINGS[c][0], **BLOCK[b][0]}
                 for a in ("relu", "gelu") for c in CLIPPINGS for b in BLOCK},
       "contrasts": {
