@@ -4,6 +4,7 @@ simultaneous interval against ±each margin, each side of 0 labelled with what i
 
 import math
 import pathlib
+import textwrap
 
 from actlab.report import answer as A
 from actlab.report import comparisons as C
@@ -188,9 +189,12 @@ def draw_intervals(ax, rows, margins, sides=None) -> None:
       ax.axvline(x, color="tab:red", ls=style, lw=1)
   ax.axvline(0, color="0.6", lw=1)
   left, right = ax.get_xlim()
+  wrap = lambda words: textwrap.fill(words, 34)
   for y, (below, above) in enumerate(sides or ()):
-    ax.text(left, y - 0.3, f"← {below}", fontsize=6, color="0.35", ha="left", va="center")
-    ax.text(right, y - 0.3, f"{above} →", fontsize=6, color="0.35", ha="right", va="center")
+    ax.text(left, y - 0.2, wrap(f"← {below}"), fontsize=5.5, color="0.35", ha="left",
+            va="bottom")
+    ax.text(right, y - 0.2, wrap(f"{above} →"), fontsize=5.5, color="0.35", ha="right",
+            va="bottom", multialignment="right")
 
 
 def figure(q: Question, v: dict, path: pathlib.Path) -> pathlib.Path | None:
