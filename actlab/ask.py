@@ -155,30 +155,12 @@ def report(a: Asked, log=print) -> None:
     raise errors.UserError(f"question {a.q.name}: its pilot is not complete in {a.root}; run it "
                            f"first: python -m actlab.ask {a.spec} run --workdir={a.root}")
   v = A.verdicts(s)
-  lines = page.report_lines(s, v, head(a, s))
+  lines = page.report_lines(s, v, page.declaration_lines(s, a.root))
   out = a.root / f"{a.q.name.replace(':', '_')}.md"
   workdir_lib.write_text(out, "\n".join(lines) + "\n")
   figure = page.figure(a.q, v, out.with_suffix(".png"))
   log("\n".join(lines))
   log(f"wrote {out}" + (f" and {figure}" if figure else ""))
-
-
-def head(a: Asked, s: A.Stages) -> list[str]:
-  """When it was declared, whether its analysis and its words are still those frozen, and when
-  its first fresh run started."""
-  starts = sorted(p[0]["started"] for cells in (s.fresh or {}).values() for r in cells.values()
-                  if (p := r.get("provenance")) and p[0].get("started"))
-  first = f"first fresh run started {starts[0] if starts else 'none yet'}"
-  frozen = workdir_lib.read_json(a.root / "question.json")
-  if frozen is None:
-    return [f"declared before its runs in the question file (its git history); {first}",
-            "analysis: not fingerprinted (its runs predate actlab.ask's declarations): these are "
-            "this checkout's verdicts on them"]
-  words = Q.words_changed(frozen["declaration"], Q.declaration(a.q))
-  return [f"declaration {frozen['hash']}, frozen {frozen['time']} at commit {frozen['commit']}; "
-          f"{first}", Q.analysis_changes(frozen)] + (
-              [f"words: since the declaration, {', '.join(words)} read in other words (what a "
-               "value below and above 0 means); what they test is as frozen"] if words else [])
 
 
 def plan(a: Asked, estimate: bool = True, log=print) -> None:

@@ -334,7 +334,7 @@ def test_the_ladders_report_shows_what_changed_since_its_declaration():
   since its freeze that touch the analysis, c5160ba (the rule for a contrast's seeds) among them,
   and the contrasts that now read in other words."""
   a = asked("ladder")
-  lines = ask.head(a, a.read())
+  lines = page.declaration_lines(a.read(), a.root)
   analysis = next(line for line in lines if line.startswith("analysis:"))
   assert "no fingerprint frozen with the declaration" in analysis
   if Q.git(REPO, "cat-file", "-e", "c5160ba") is not None:  # a clone with its history

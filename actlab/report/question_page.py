@@ -6,8 +6,10 @@ import math
 import pathlib
 import textwrap
 
+from actlab.infra import workdir as workdir_lib
 from actlab.report import answer as A
 from actlab.report import comparisons as C
+from actlab.report import question as Q
 from actlab.report.question import Contrast, Question
 from actlab.report.tables import markdown_table
 
@@ -155,6 +157,24 @@ def unanswered(q: Question, v: dict) -> list[str]:
   """The contrasts with fewer fresh seeds than planned: not answered yet."""
   return [c.name for c in q.contrasts if (r := v[c.name]) is None
           or len(r["seeds"]) + len(r["left_out"]) < r["n_planned"]]
+
+
+def declaration_lines(s: A.Stages, root: pathlib.Path) -> list[str]:
+  """When the question in `root` was declared, whether its analysis and its words are still
+  those frozen, and when its first fresh run started."""
+  starts = sorted(p[0]["started"] for cells in (s.fresh or {}).values() for r in cells.values()
+                  if (p := r.get("provenance")) and p[0].get("started"))
+  first = f"first fresh run started {starts[0] if starts else 'none yet'}"
+  frozen = workdir_lib.read_json(root / "question.json")
+  if frozen is None:
+    return [f"declared before its runs in the question file (its git history); {first}",
+            "analysis: not fingerprinted (its runs predate actlab.ask's declarations): these are "
+            "this checkout's verdicts on them"]
+  words = Q.words_changed(frozen["declaration"], Q.declaration(s.q))
+  return [f"declaration {frozen['hash']}, frozen {frozen['time']} at commit {frozen['commit']}; "
+          f"{first}", Q.analysis_changes(frozen)] + (
+              [f"words: since the declaration, {', '.join(words)} read in other words (what a "
+               "value below and above 0 means); what they test is as frozen"] if words else [])
 
 
 def report_lines(s: A.Stages, v: dict, head: list[str]) -> list[str]:
