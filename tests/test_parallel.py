@@ -120,6 +120,40 @@ def test_cpu_devices_after_jax_started_is_refused():
     parallel.initialize(c)
 
 
+def test_deterministic_ops_reach_xla_flags_before_the_backend_starts():
+  """`train.deterministic_ops` adds XLA's flag to XLA_FLAGS in `parallel.initialize`, before the
+  backend starts (a fresh process), replacing a setting of it there."""
+  script = (
+      "import os\nfrom jax._src import xla_bridge\nfrom actlab import config\n"
+      "from actlab.infra import parallel\n"
+      "c = config.base()\nc.train.deterministic_ops = True\n"
+      "os.environ['XLA_FLAGS'] = '--xla_gpu_deterministic_ops=false'\n"
+      "parallel.initialize(c)\n"
+      "assert not xla_bridge.backends_are_initialized()\n"
+      "print(os.environ['XLA_FLAGS'], parallel.deterministic_ops())\n")
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=120, env={**os.environ, **CPU_ONLY})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.split() == ["--xla_gpu_deterministic_ops=true", "True"]
+
+
+def test_deterministic_ops_are_refused_once_a_gpu_backend_started_without_them(monkeypatch):
+  """In a process whose backend started without the flag (a sweep or `ask` training several
+  configs in one process), a config that asks for it is refused in one line, unless the backend
+  is the CPU's; with the flag there it passes."""
+  jax.devices()
+  c = tiny(**{"train.deterministic_ops": True})
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+  parallel.initialize(c)  # the CPU's: nothing to ask
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  with pytest.raises(parallel.ParallelError, match=r"train.deterministic_ops=true.*own"):
+    parallel.initialize(c)
+  assert os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops")
+  parallel.initialize(c)
+  parallel.initialize(tiny())  # not asked: whatever the backend
+
+
 def test_one_device_plan_replicates_everything():
   p = parallel.plan(tiny(**{"parallel.mode": "fsdp", "parallel.fsdp_min_size": 0}))
   assert p.num_devices == 1

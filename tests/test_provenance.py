@@ -17,6 +17,7 @@ def test_provenance_segment(tmp_path, monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")
   seg = lane.segment(tiny(**{"train.progress": False}), start_step=40)
   assert seg["xla_flags"] == "--xla_gpu_deterministic_ops=true"
+  assert seg["deterministic_ops"] == {"asked": False, "in_xla_flags": True}
   assert seg["start_step"] == 40 and seg["device_count"] >= 1 and seg["device_kind"]
   cpuinfo = pathlib.Path("/proc/cpuinfo")  # the host's processor, as Linux names it
   assert seg["host_cpu"]

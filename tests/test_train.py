@@ -348,12 +348,14 @@ def run_config(sharpness_every: int):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """`train.run` of `run_config(30)`, which estimates sharpness at steps 0 and 30, and of
-  `run_config(31)`, too short for an estimate after step 0, by sharpness_every: each with its
+  `run_config(31)`, too short for an estimate after step 0, by sharpness_every, which also asks
+  for deterministic ops (`train.deterministic_ops`: the same numbers on a CPU): each with its
   config, workdir, summary, metrics.jsonl rows, stdout, stderr, and the compiled programs
   (`cache`, for `program.get`)."""
   cache, out = {}, {}
   for every in (30, 31):
     c, workdir = run_config(every), tmp_path_factory.mktemp(f"sharpness_every_{every}")
+    c.train.deterministic_ops = every == 31
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
       summary = train.run(c, workdir, cache=cache)
@@ -407,7 +409,7 @@ def test_different_config_on_used_workdir_is_refused(runs, tmp_path):
   is left as it was."""
   workdir = shutil.copytree(runs[31].workdir, tmp_path / "run")
   before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
-  c = run_config(31)
+  c = runs[31].config.copy_and_resolve_references()
   c.optim.lr = 1e-4
   c.model.activation = "relu"
   with pytest.raises(pretrained.WorkdirError, match=r"model.activation: 'gelu' → 'relu'.*optim.lr"):
@@ -464,7 +466,8 @@ def test_the_bar_says_what_the_run_does_and_a_run_too_short_for_sharpness_skips_
   """The bar's description names an evaluation and a sharpness estimate while the loop waits for
   them, training otherwise (step 0's run beside the first steps: the bar starts with training). A
   run of fewer steps than `metrics.sharpness_every` estimates no sharpness, not even at step 0,
-  and says so; its other numbers are those of a run that does."""
+  and says so; its other numbers are those of a run that does, though it asked for deterministic
+  ops: on a CPU they change nothing (it says so, and provenance.json records the asking)."""
   for every, described in ((30, ["training", "evaluating", "sharpness"]),
                            (31, ["training", "evaluating", "training"])):
     bar = [d for d, _ in itertools.groupby(re.findall(r"(\w+):\s+\d+%", runs[every].err))]
@@ -477,6 +480,11 @@ def test_the_bar_says_what_the_run_does_and_a_run_too_short_for_sharpness_skips_
   strip = lambda rs: [{k: v for k, v in r.items() if k not in ("sharpness", "tokens_per_sec")}
                       for r in rs]
   assert strip(runs[31].rows) == strip(runs[30].rows)
+  said = "actlab: train.deterministic_ops changes nothing here: a CPU's programs are deterministic"
+  assert said in runs[31].out and said not in runs[30].out
+  asked = [json.loads((runs[every].workdir / "provenance.json").read_text())["segments"][0][
+      "deterministic_ops"]["asked"] for every in (30, 31)]
+  assert asked == [False, True]
 
 
 @pytest.mark.slow

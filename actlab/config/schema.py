@@ -97,6 +97,10 @@ class Train:
                              'are kept for the next run (docs/performance.md): "auto" = '
                              '$JAX_COMPILATION_CACHE_DIR, else ~/.cache/actlab/xla; "off"; or a '
                              "folder", runtime="harness")
+  deterministic_ops: bool = field(False, boolean, "XLA's deterministic GPU ops "
+                                  "(--xla_gpu_deterministic_ops=true, added to XLA_FLAGS before "
+                                  "JAX's backend starts): bitwise runs and resumes on a GPU, at a "
+                                  "cost in speed; a CPU's programs are deterministic already")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import xla_bridge
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from actlab.infra.errors import UserError
@@ -23,9 +24,15 @@ class ParallelError(UserError, ValueError):
   """The parallel set-up cannot work (e.g. the batch does not split across the devices)."""
 
 
+DETERMINISTIC_OPS = "--xla_gpu_deterministic_ops"
+
+
 def initialize(config) -> None:
-  """Sets up this process's devices (`parallel.cpu_devices`, `parallel.distributed`) before
-  anything asks JAX for one: a backend, once made, cannot change. Repeated calls are no-ops."""
+  """Sets up this process's devices (`parallel.cpu_devices`, `parallel.distributed`) and XLA's
+  deterministic GPU ops (`train.deterministic_ops`) before anything asks JAX for a device: a
+  backend, once made, cannot change. Repeated calls are no-ops."""
+  if config.train.deterministic_ops:
+    ask_deterministic_ops()
   par = config.parallel
   if par.cpu_devices and jax.config.jax_num_cpu_devices != par.cpu_devices:
     try:
@@ -45,6 +52,32 @@ def initialize(config) -> None:
       raise ParallelError(f"parallel.distributed: {e} (set parallel.coordinator, "
                           "parallel.num_processes and parallel.process_id, or JAX_COORDINATOR_"
                           "ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID)") from None
+
+
+def deterministic_ops() -> bool:
+  """Whether this process's XLA_FLAGS ask for deterministic GPU ops (the last setting counts)."""
+  asked = False
+  for flag in os.environ.get("XLA_FLAGS", "").split():
+    name, _, value = flag.partition("=")
+    if name == DETERMINISTIC_OPS:
+      asked = value.lower() in ("", "true", "1")
+  return asked
+
+
+def ask_deterministic_ops() -> None:
+  """Adds `--xla_gpu_deterministic_ops=true` to XLA_FLAGS, which XLA reads when JAX's backend
+  starts; refuses where a backend other than the CPU's started without it."""
+  if deterministic_ops():
+    return
+  if xla_bridge.backends_are_initialized():
+    if jax.default_backend() == "cpu":
+      return  # Nothing to ask: a CPU's programs are deterministic already.
+    raise ParallelError("train.deterministic_ops=true, but JAX's backend started in this process "
+                        f"without {DETERMINISTIC_OPS}; train this config in a process of its own "
+                        "(its own command, or a sweep worker: --workers)")
+  kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+          if f.partition("=")[0] != DETERMINISTIC_OPS]
+  os.environ["XLA_FLAGS"] = " ".join([*kept, f"{DETERMINISTIC_OPS}=true"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -278,7 +278,8 @@ ADDED_FIELDS = {("train", "init_from"): "",  # decoders since 0.1.0 (encoders al
                 ("model", "norm_type"): "layer", ("model", "position"): "learned",
                 ("model", "rope_theta"): 10000.0, ("model", "bias"): True,
                 ("model", "tie_head"): True, ("model", "ffn"): "auto",
-                ("train", "compile_cache"): "auto", ("sweep", "compile_next"): "auto"}
+                ("train", "compile_cache"): "auto", ("sweep", "compile_next"): "auto",
+                ("train", "deterministic_ops"): False}
 
 
 def with_added_fields(config: dict) -> dict:

@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from actlab import tasks
-from actlab.infra import metrics_log, recorded
+from actlab.infra import metrics_log, parallel, recorded
 from actlab.infra import workdir as workdir_lib
 from actlab.infra.checkpoint import Checkpoints
 from actlab.measure import metrics as metrics_lib
@@ -76,6 +76,8 @@ def segment(config: ml_collections.ConfigDict, start_step: int,
       "cpus": len(os.sched_getaffinity(0)), "host_cpu": host_cpu(),
       # On a GPU, bitwise runs need --xla_gpu_deterministic_ops=true (docs/guarantees.md).
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "deterministic_ops": {"asked": config.train.deterministic_ops,
+                            "in_xla_flags": parallel.deterministic_ops()},
       "process_count": jax.process_count(), "host": socket.gethostname(),
       "command": recorded.recorded_command(sys.argv, sys.executable, run_dir),
       "runtime": {k: v for k, v in

@@ -47,6 +47,9 @@ def train_lanes(program: Program, lanes: list[Lane], initial: Callable[[], core.
     for lane in lanes:
       closing.callback(lane.close_writers)
     print(start_line(lanes, counts, start), flush=True)
+    if config.train.deterministic_ops and not program.plan.accelerated:
+      print("actlab: train.deterministic_ops changes nothing here: a CPU's programs are "
+            "deterministic already", flush=True)
     if config.metrics.sharpness_every and program.evaluators.sharpness is None:
       print(f"actlab: no sharpness estimate, not even at step 0: metrics.sharpness_every "
             f"({config.metrics.sharpness_every}) is more than train.steps ({config.train.steps}); "
