@@ -1,6 +1,6 @@
 """Each program compiled once: JAX's persistent compilation cache, on by default
 (`train.compile_cache`), and the tally of what a run compiled and what it took from the cache,
-in whichever thread (`carried`: into a thread that compiles ahead, run/program.py's `Ahead`).
+in whichever thread (`carried` into a thread that compiles ahead, run/program.py's `Ahead`).
 
 The cache lives in one folder per kind of host (`host_kind`: the platform, the CPU's model and
 instruction set), so that a program compiled for one processor is never loaded on another. The
@@ -19,7 +19,6 @@ write, under one lock. The folder only grows; deleting it costs only compiles.
 import contextlib
 import contextvars
 import dataclasses
-import functools
 import hashlib
 import os
 import pathlib
@@ -120,9 +119,10 @@ def counted_in(t: Tally | None):
 
 
 def carried(fn):
-  """`fn`, to run in another thread with this thread's `counted_in` tally (in this thread's
-  context, a copy: no frame of this module between the thread and `fn`)."""
-  return functools.partial(contextvars.copy_context().run, fn)
+  """`fn`, to run in another thread with this thread's `counted_in` tally (in a copy of this
+  thread's context)."""
+  context = contextvars.copy_context()
+  return lambda: context.run(fn)
 
 
 def abstract(tree):
