@@ -23,7 +23,7 @@ from actlab import config as config_lib
 from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
 from actlab.report import question as Q
-from actlab.run import lane
+from actlab.run import rows, train as run_train
 from actlab.sweep import grid
 from actlab.sweep.progress import duration
 
@@ -69,7 +69,7 @@ def declaration(q: Q.Question) -> dict:
   """The question as resolved into configs (each cell's fields, less the runtime ones, the LR and
   the seed) and its design: what `plan` freezes."""
   cells = {cell: {k: v for k, v in fields.items()
-                  if k not in (Q.LR, Q.SEED) and not k.startswith(workdir_lib.RUNTIME_FIELDS)}
+                  if k not in (Q.LR, Q.SEED) and not k.startswith(config_lib.RUNTIME_FIELDS)}
            for cell, fields in Q.cell_configs(q).items()}
   design = {k: v for k, v in dataclasses.asdict(q).items() if k not in ("name", "text", "runs")}
   return json.loads(json.dumps({"cells": cells, "design": design}, default=str))
@@ -82,7 +82,7 @@ def digest(decl: dict) -> str:
 def commit() -> str:
   """The code's commit as a run's provenance has it (with "+dirty" for uncommitted changes), or
   "unknown" outside git."""
-  code = lane.code()
+  code = rows.code()
   return (code["git_commit"] or "unknown")[:12] + ("+dirty" if code["git_dirty"] else "")
 
 
@@ -160,9 +160,8 @@ def train(a: Asked, stage: str, sweep: dict, log=print) -> None:
   log(f"ask: {stage} → {where}")  # the sweep says how many runs, and how many were done before
   if a.workers == 1:
     from actlab import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
-    from actlab.infra import parallel  # pylint: disable=import-outside-toplevel
     base = config_lib.override(Q.base_config(a.q), a.settings)
-    parallel.initialize(base)
+    run_train.initialize(base)
     sweep_lib.run(base, str(spec), where, log=log, shard=a.shard,
                   overridden=list(a.settings), cache=COMPILED)
     return
@@ -183,10 +182,10 @@ COMPILED: dict = {}  # the stages' compiled programs, shared within this process
 def settings(text: str) -> dict:
   """--set's fields: only runtime ones (how and where runs execute, not what they compute)."""
   out = config_lib.parse_overrides(text)
-  wrong = [k for k in out if not k.startswith(workdir_lib.RUNTIME_FIELDS)]
+  wrong = [k for k in out if not k.startswith(config_lib.RUNTIME_FIELDS)]
   if wrong:
     raise errors.UserError(f"--set {wrong[0]}: give only fields that do not change what a run "
-                           f"computes ({', '.join(workdir_lib.RUNTIME_FIELDS)}); the others are "
+                           f"computes ({', '.join(config_lib.RUNTIME_FIELDS)}); the others are "
                            "the question's")
   return out
 

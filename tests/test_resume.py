@@ -26,7 +26,7 @@ from actlab import sample, sweep
 from actlab.infra import checkpoint, errors
 from actlab.infra.checkpoint import Checkpoints
 from actlab.infra.errors import UserError
-from actlab.run import loop, program, train
+from actlab.run import loop, program, rows as run_rows, train
 from conftest import REPO, tiny
 from test_workdir import hold_lock
 
@@ -170,18 +170,18 @@ def test_a_signal_during_a_log_step_still_saves_the_step_it_stops_at(short_run, 
                                                                      tmp_path, monkeypatch):
   """The race a sweep hit: SIGTERM arrives while the loop writes a log row (host work between
   deciding whether to save and deciding whether to stop). The loop must not stop unsaved."""
-  write = loop.Lane.write
+  write = run_rows.Lane.write
 
   def write_then_signal(lane, row):
     write(lane, row)
     if row["step"] == 10:  # a log step, not a checkpoint step (every 25)
       os.kill(os.getpid(), signal.SIGTERM)
 
-  monkeypatch.setattr(loop.Lane, "write", write_then_signal)
+  monkeypatch.setattr(run_rows.Lane, "write", write_then_signal)
   with pytest.raises(loop.Interrupted, match=r"after step (\d+); checkpoint of step \1 saved"):
     train.run(tiny(), tmp_path, cache=compiled)
   assert checkpoint_steps(tmp_path) == [11]
-  monkeypatch.setattr(loop.Lane, "write", write)
+  monkeypatch.setattr(run_rows.Lane, "write", write)
   train.run(tiny(), tmp_path, cache=compiled)
   assert rows(tmp_path) == rows(short_run) and summary(tmp_path) == summary(short_run)
 

@@ -166,7 +166,7 @@ def written_run(workdir, **model):
   """`workdir` as a run of tiny() leaves it when it starts (config.json alone), with `model`'s
   fields changed there afterwards (e.g. an activation since unregistered)."""
   workdir.mkdir(parents=True)
-  RunDir.open(workdir).write_config(tiny())
+  RunDir.open(workdir).write_config(tiny().to_dict())
   config = json.loads((workdir / "config.json").read_text())
   config["model"].update(model)
   (workdir / "config.json").write_text(json.dumps(config))

@@ -11,6 +11,7 @@ from actlab.bench.benches import (JaxBench, TORCH_MODES, TorchBench, back_to_bac
 from actlab.bench.results import (PEAK_TFLOPS, config_summary, environment, markdown_rows,
                                   peak_tflops, summarize, table)
 from actlab.infra import parallel
+from actlab.run import train
 
 __all__ = ["JaxBench", "PEAK_TFLOPS", "TORCH_MODES", "TorchBench", "environment", "markdown_rows",
            "peak_tflops", "run", "table"]
@@ -25,14 +26,14 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
   configs = [config] + [config_lib.override(config.copy_and_resolve_references(),
                                             config_lib.parse_overrides(v)) for v in variants]
   labels = [""] + list(variants)
+  configs = [config_lib.typed(c) for c in configs]
   for c, label in zip(configs, labels):
-    config_lib.validate(c)
     for field in ("cpu_devices", "distributed"):
-      if c.parallel[field] != config.parallel[field]:
+      if getattr(c.parallel, field) != config.parallel[field]:
         raise parallel.ParallelError(
             f"--variant={label}: parallel.{field} sets up the process's devices, once; time it "
             "in a separate actlab.bench run")
-  parallel.initialize(config)  # Before the first device use (parallel.cpu_devices, hosts).
+  config = train.initialize(config)  # Before the first device use (parallel.cpu_devices, hosts).
   env = environment()
   gpu = env["platform"] == "gpu"
   if torch_mode == "auto":

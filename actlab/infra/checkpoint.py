@@ -16,7 +16,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from actlab.infra import compile_cache
 from actlab.infra.errors import UserError, short_cause
 
 
@@ -57,7 +56,10 @@ _compiled: dict = {}  # a tree's abstract arrays -> `sums` compiled for trees li
 
 
 def _signature(tree) -> tuple:
-  return jax.tree.structure(tree), tuple(jax.tree.leaves(compile_cache.abstract(tree)))
+  """A tree's structure, shapes, dtypes (as JAX holds them) and shardings."""
+  return jax.tree.structure(tree), tuple(
+      (x.shape, jax.dtypes.canonicalize_dtype(x.dtype), getattr(x, "sharding", None))
+      for x in jax.tree.leaves(tree))
 
 
 def use_compiled(like, compiled) -> None:

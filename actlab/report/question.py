@@ -266,7 +266,7 @@ def cell_runs(q: Question, dirs: Sequence[pathlib.Path]) -> dict[str, dict[tuple
   whose fields extend another's); a tie is refused. The first directory holding a run wins."""
   plain = lambda v: json.loads(json.dumps(v))  # tuples as lists, as config.json holds them
   want = {cell: plain({k: v for k, v in {**q.fixed, **fields}.items()
-                       if not k.startswith(workdir_lib.RUNTIME_FIELDS)})
+                       if not k.startswith(config_lib.RUNTIME_FIELDS)})
           for cell, fields in q.cells.items()}
   out = {}
   for d in dirs:

@@ -25,7 +25,7 @@ from actlab.hf import checkpoint as hf_checkpoint
 from actlab.hf.mapping import FAMILIES
 from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
-from actlab.infra.recorded import recorded_path
+from actlab.infra.workdir import recorded_path
 from actlab.run import pretrained
 
 
