@@ -1,11 +1,8 @@
-"""What a run measures besides its training metrics, chosen by the config (`Evaluators.create`;
-what each writes, and when: docs/metrics.md §3–§5): `Loss`, `ActivationStats`, `PreactHistogram`
-(for the trackers only, not metrics.jsonl) and `Sharpness`.
-
-The validation evaluators share one forward pass, `Evaluators.validation_step`: each `read`s
-its output on the device (a few small sums per batch), and `pool`s every batch's reads on the
-host, exactly. A new measurement is one class here with `name`, `sown`, `read` and `pool`, and
-one line in `Evaluators.create`.
+"""What a run measures besides its training metrics, chosen by the config (docs/metrics.md §3–§5):
+`Loss`, `ActivationStats`, `PreactHistogram` (for the trackers only) and `Sharpness`. The
+validation evaluators share one forward pass: each `read`s its output on the device and `pool`s
+every batch's reads on the host, exactly. A new measurement is one class here and one line in
+`Evaluators.create`.
 """
 
 import dataclasses
