@@ -19,7 +19,7 @@ from actlab.infra import workdir as workdir_lib
 from actlab.report import answer as A
 from actlab.report import question as Q
 from actlab.report import question_page as page
-from actlab.run import lane
+from actlab.run import rows
 from actlab.sweep import grid
 from actlab.sweep.progress import duration
 
@@ -68,7 +68,7 @@ def freeze(a: Asked, log=print) -> dict:
         f"{a.root}: the question changed after its pilot began "
         f"({workdir_lib.first_diffs(changed)}); restore it as declared on {frozen['time']} "
         f"(hash {frozen['hash']}), or ask the new one in another --workdir")
-  code = lane.code()
+  code = rows.code()
   record = {"question": a.spec, "hash": Q.digest(decl),
             "commit": (code["git_commit"] or "unknown")[:12] + ("+dirty" if code["git_dirty"]
                                                                 else ""),
@@ -192,17 +192,19 @@ def seconds_a_run(a: Asked, s: A.Stages) -> float:
     return float(np.mean(walls))
   from actlab import bench  # pylint: disable=import-outside-toplevel
   base, runs = Q.base_config(a.q), len(a.q.pilot.seeds) * len(a.q.pilot.lrs)
-  return float(np.mean([bench.run_seconds(config_lib.override(
-      base.copy_and_resolve_references(), {**a.q.cells[c], Q.LR: a.q.pilot.lrs[0], **a.settings}),
-      runs) for c in a.mine]))
+  configs = [config_lib.override(base.copy_and_resolve_references(),
+                                 {**a.q.cells[c], Q.LR: a.q.pilot.lrs[0], **a.settings})
+             for c in a.mine]
+  return float(np.mean([bench.run_seconds(c, runs, sweep.program_runs(c, runs))
+                        for c in configs]))
 
 
 def settings(text: str) -> dict:
   """--set's fields: only runtime ones (how and where runs execute, not what they compute)."""
   out = config_lib.parse_overrides(text)
-  if wrong := [k for k in out if not k.startswith(workdir_lib.RUNTIME_FIELDS)]:
+  if wrong := [k for k in out if not k.startswith(config_lib.RUNTIME_FIELDS)]:
     raise errors.UserError(f"--set {wrong[0]}: give only fields that do not change what a run "
-                           f"computes ({', '.join(workdir_lib.RUNTIME_FIELDS)}); the others are "
+                           f"computes ({', '.join(config_lib.RUNTIME_FIELDS)}); the others are "
                            "the question's")
   return out
 

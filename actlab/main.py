@@ -7,8 +7,7 @@ has ended is reported, not trained again).
 
 from absl import flags, logging
 
-from actlab.infra import errors
-from actlab.infra import parallel, workdir
+from actlab.infra import errors, workdir
 from actlab.run import train
 
 def define_flags() -> None:
@@ -28,7 +27,7 @@ def main(argv):
 
 def train_one(config, where: str) -> None:
   """Trains (or resumes) the run of `config` in directory `where` and prints how it ended."""
-  parallel.initialize(config)  # Devices and hosts first: nothing has asked JAX for any.
+  config = train.initialize(config)  # Devices and hosts first: nothing has asked JAX for any.
   run_dir = workdir.RunDir.open(where)
   ended = workdir.read_summary(run_dir.logdir, warn=False)  # train.run just returns its summary
   summary = train.run(config, run_dir)

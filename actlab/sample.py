@@ -1,10 +1,6 @@
-"""Continues a prompt with a trained decoder.
-
-  python -m actlab.sample --workdir=runs/gelu --prompt="Once upon a time" --temperature=0.8
-
-Loads the run's config and latest checkpoint; the model sees `<|endoftext|>` before the prompt, as
-each training document follows one. Decoding runs as one jitted `lax.scan` over a key/value cache
-(one compiled program, no per-token re-tracing).
+"""Continues a prompt with a trained decoder, after `<|endoftext|>` as each training story follows
+one, decoding in one jitted `lax.scan` over a key/value cache:
+`python -m actlab.sample --workdir=runs/gelu --prompt="Once upon a time" --temperature=0.8`.
 """
 
 import pathlib

@@ -1,11 +1,12 @@
-"""Where `config` goes on a run (docs/design.md, "Reading the code"): no GPU needed.
+"""Where a `ConfigDict` goes on a run (docs/design.md §1): no GPU needed.
 
     JAX_PLATFORMS=cpu python benchmarks/config_walk.py [configs/tinystories_gelu.py:smoke]
 
 Trains the config for 4 steps in a temporary workdir with a profiler on, and records every call of
 an actlab function that receives the config or one of its sections (`config.model`, …) as an
 argument. Prints the walk module by module, the number of modules it enters, and how many times
-it returns to a module it had left: what a reader following `config` from `train.run` opens.
+it returns to a module it had left. The run types the config at its door (`config.typed`): past
+it, the run reads the typed `Config`.
 """
 
 import collections

@@ -53,7 +53,7 @@ def main():
   from actlab import data
   from actlab.data import cache, gpt2, synthetic, tinystories
   from actlab.data import tokenizer
-  from actlab.data import tokenizer_store
+  from actlab import data as tokenizer_store
 
   if Path(args.text).is_file():
     texts = list(tinystories.parse_stories(args.text))
@@ -75,7 +75,7 @@ def main():
     print(f"gpt2: skipped ({str(e).splitlines()[0]})")
   with tempfile.TemporaryDirectory() as tmp:
     t = time.perf_counter()
-    toks[f"bpe:{args.bpe_size}"] = tokenizer_store.get(
+    toks[f"bpe:{args.bpe_size}"] = tokenizer_store.tokenizer_of(
         f"bpe:{args.bpe_size}", directory=tmp, train_texts=lambda: texts)
     print(f"bpe:{args.bpe_size}: trained on the corpus in {time.perf_counter() - t:.1f} s")
     print()

@@ -10,7 +10,7 @@ Needs actlab, torch and transformers ≥ 4.46 in one environment (on CPU: `pip i
 The same as actlab's run of the config: the sizes (layers, d_model, heads, d_ff, post-LN,
 exact GELU, dropout, LayerNorm ε), the vocabulary (actlab's WordPiece as a Hugging Face
 tokenizer), each step's sequences (`Dataset.train_batch(step)` cut to `[CLS] … [SEP]` as
-`tasks/mlm.encoder_sequences` cuts them), the batch, the peak LR, linear warm-up then a cosine to
+`core/encoder.encoder_sequences` cuts them), the batch, the peak LR, linear warm-up then a cosine to
 `optim.min_lr_ratio`, AdamW's β, ε and weight decay (matrices and embeddings only), gradient
 clipping, and the validation windows. Hugging Face's own: the initialisation (`_init_weights`),
 the masking (`DataCollatorForLanguageModeling`: each maskable position selected with probability
@@ -34,11 +34,12 @@ from actlab import config as config_lib
 from actlab import data
 from actlab.data.hf_tokenizer import hf_tokenizer
 from actlab.infra import errors
-from actlab.tasks import mlm
+from actlab import tasks
+from actlab.core import encoder
 
 
-def encoder_sequences(windows: np.ndarray, specials: mlm.Specials) -> torch.Tensor:
-  return torch.from_numpy(np.array(mlm.encoder_sequences(windows, specials))).long()
+def encoder_sequences(windows: np.ndarray, specials: encoder.Specials) -> torch.Tensor:
+  return torch.from_numpy(np.array(encoder.encoder_sequences(windows, specials))).long()
 
 
 def multiplier(step: int, warmup: int, total: int, floor: float) -> float:
@@ -81,7 +82,7 @@ def main() -> None:
   torch.manual_seed(int(c.train.seed))
   torch.set_num_threads(args.threads)
   dataset = data.load(c)
-  tok, specials = dataset.tokenizer, mlm.specials_of(c)
+  tok, specials = dataset.tokenizer, tasks.specials(c)
   hf_tok = transformers.PreTrainedTokenizerFast(
       tokenizer_object=hf_tokenizer(tok), unk_token="[UNK]",
       pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")

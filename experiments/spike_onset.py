@@ -157,9 +157,8 @@ def trace(config, n_steps: int, measure: bool = True, cache: dict | None = None)
   measured before the step's update."""
   import jax
   from actlab import core, tasks
-  from actlab.infra import parallel
-  from actlab.run import loop, program as program_lib
-  parallel.initialize(config)
+  from actlab.run import loop, program as program_lib, train
+  config = train.initialize(config)
   task = tasks.get(config)
   dataset = task.dataset(config)
   dataset = dataclasses.replace(dataset, seed=int(config.train.seed))  # as train.run_group
@@ -233,11 +232,11 @@ def committed_check(rows: list, run_dir: pathlib.Path, config) -> dict | None:
   """This trajectory against the committed run in `run_dir`: its config (identity fields), and
   the largest relative differences of `grad_norm` (logged steps), `grad_norm_max` (each logged
   interval's largest step) and `grad_norm_init` within the steps traced. None without one."""
-  from actlab.infra import workdir
+  from actlab import config as config_lib
   if not (run_dir / "metrics.jsonl").is_file():
     return None
   committed = json.loads((run_dir / "config.json").read_text())
-  diffs = workdir.identity_diffs(committed, config.to_dict())
+  diffs = config_lib.identity_diffs(committed, config_lib.typed(config).fields)
   norms = {r["step"]: r["grad_norm"] for r in rows}
   rel = lambda mine, theirs: abs(mine - theirs) / abs(theirs)
   out = {"config_diffs": diffs, "grad_norm": [], "grad_norm_max": [], "grad_norm_init": None}

@@ -31,6 +31,11 @@ from tree_utils import state_bytes_per_device, tree_max_abs_diff  # noqa: E402
 VOCAB = 257
 
 
+def parallel_plan(c, devices):
+  p = c.parallel
+  return parallel.plan(c.train.batch_size, p.mode, p.num_devices, p.fsdp_min_size, devices)
+
+
 def config(mode="dp", **kw):
   c = tiny(**kw)
   c.parallel.mode = mode
@@ -59,12 +64,12 @@ def initial(c, seed=0, lr=None):
   c = copy.deepcopy(c)
   c.train.seed, c.optim.lr = seed, lr or c.optim.lr
   return jax.device_get(
-      program.Program.create(c, VOCAB, plan=parallel.plan(c, jax.devices()[:1])).start([c]))
+      program.Program.create(c, VOCAB, plan=parallel_plan(c, jax.devices()[:1])).start([c]))
 
 
 def run_on(c, devices, bs, state):
   """`c`'s program on `devices`, and 3 logged steps from the host state `state`."""
-  fns = program.Program.create(c, VOCAB, plan=parallel.plan(c, devices))
+  fns = program.Program.create(c, VOCAB, plan=parallel_plan(c, devices))
   return fns, *take_steps(fns, fns.stack([state]), bs)
 
 
@@ -139,7 +144,7 @@ def case_checkpoint(tmp):
   after4, m4 = take_steps(fns4, state4, bs[2:])
   out = {}
   for name, c, d in (("dp2", config("dp"), devs[:2]), ("single", config("dp"), devs[:1])):
-    fns = program.Program.create(c, VOCAB, plan=parallel.plan(c, d))
+    fns = program.Program.create(c, VOCAB, plan=parallel_plan(c, d))
     ck = Checkpoints(pathlib.Path(tmp, "ck").absolute(), 2)
     restored, _ = ck.restore(2, fns.run_state_like)  # abstract: everything from the checkpoint
     ck.close()
@@ -195,7 +200,7 @@ def case_vectorized(tmp):
   ref = None
   for name, mode, d in (("single", "dp", devs[:1]), ("dp", "dp", devs), ("fsdp", "fsdp", devs)):
     c = config(mode)
-    g = program.Program.create(c, VOCAB, 2, parallel.plan(c, d))
+    g = program.Program.create(c, VOCAB, 2, parallel_plan(c, d))
     state = g.stack(inits)
     ms = []
     for b in bs:

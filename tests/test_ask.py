@@ -220,9 +220,10 @@ def test_the_retest_keeps_every_lr_family_1_chose():
 
 
 def test_a_field_added_since_the_declaration_is_no_change_at_its_old_value():
-  frozen = {"cells": {"relu": {"model.activation": "relu"}}, "design": {"margins": [0.1]}}
-  at = lambda spike: {"cells": {"relu": {"model.activation": "relu", "optim.spike_clip": spike}},
-                      "design": {"margins": [0.1]}}
+  frozen = {"cells": {"relu": {"model.activation": "relu", "optim.clip_norm": 0.0}},
+            "design": {"margins": [0.1]}}
+  at = lambda spike: {"cells": {"relu": {"model.activation": "relu", "optim.clip_norm": 0.0,
+                                         "optim.spike_clip": spike}}, "design": {"margins": [0.1]}}
   assert Q.changes(frozen, at(0.0)) == []  # what every run did before the field existed
   assert Q.changes(frozen, at(10.0)) == ["cells.relu.optim.spike_clip: 0.0 → 10.0"]
 

@@ -258,7 +258,7 @@ def test_torch_reference_is_the_same_model(activation, block):
   assert ("rms rope no-bias untied" in bench.config_summary(c)) == bool(block)  # the rows say so
   tb = bench.TorchBench(c)
   trainer = torch_ref.Trainer({**tb.spec, "threads": 1})
-  model = tasks.get(c).objective(c, 257).model
+  model = tasks.get(c).objective(config_lib.typed(c), 257).model
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), trainer.x.numpy())["params"]
   assert trainer.params == core.count_params(shapes)["total"]
   rng = np.random.default_rng(0)

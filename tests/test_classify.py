@@ -17,7 +17,6 @@ from actlab import core, data, tasks
 from actlab.data import classify, synthetic, tokenizer
 from actlab.run import pretrained as pretrained_lib
 from actlab.run import program, train
-from actlab.tasks import mlm
 
 
 def tiny_encoder(task="mlm", **overrides):
@@ -173,7 +172,7 @@ def test_mlm_unigram_loss_is_the_val_loss_of_a_unigram_model(pretrained, monkeyp
   assert summary["unigram_loss"] < np.log(ds.tokenizer.vocab_size - 4)  # frequencies help
   V = ds.tokenizer.vocab_size
   uniform = dataclasses.replace(ds, train_tokens=np.arange(V, dtype=ds.train_tokens.dtype))
-  assert mlm.baselines(c, uniform)["unigram_loss"] == pytest.approx(np.log(V - 4), rel=1e-12)
+  assert tasks.mlm_baselines(c, uniform)["unigram_loss"] == pytest.approx(np.log(V - 4), rel=1e-12)
 
 
 def classify_config(**overrides):

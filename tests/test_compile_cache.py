@@ -1,4 +1,4 @@
-"""The persistent compilation cache (infra/compile_cache.py): a second cell of a sweep (another
+"""The persistent compilation cache (run/program.py): a second cell of a sweep (another
 seed and LR, the same shapes) compiles no program of its own, read from JAX's monitoring events
 (summary.json's `timing.compile`), and compiles them all with the cache off; a damaged entry is
 one line and a recompile, with the same numbers; a resumed run compiles nothing new. Each run is
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from actlab.infra import compile_cache
+from actlab.run import program as compile_cache
 from conftest import REPO, production_env
 import test_resume
 
@@ -88,11 +88,11 @@ def test_a_damaged_entry_is_one_line_and_a_recompile_with_the_same_numbers(first
 
 def test_the_setting_names_a_folder_per_kind_of_host(monkeypatch, tmp_path):
   monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
-  assert compile_cache.directory("auto") == tmp_path
+  assert compile_cache.cache_directory("auto") == tmp_path
   monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
-  assert compile_cache.directory("auto") == pathlib.Path(compile_cache.DEFAULT).expanduser()
-  assert compile_cache.directory("off") is None
-  assert compile_cache.directory("~/x") == pathlib.Path.home() / "x"
+  assert compile_cache.cache_directory("auto") == pathlib.Path(compile_cache.DEFAULT_CACHE).expanduser()
+  assert compile_cache.cache_directory("off") is None
+  assert compile_cache.cache_directory("~/x") == pathlib.Path.home() / "x"
   assert compile_cache.host_kind() == compile_cache.host_kind()
 
 
@@ -101,8 +101,8 @@ def test_the_setting_names_a_folder_per_kind_of_host(monkeypatch, tmp_path):
 PROBE = """
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
-from actlab.infra import compile_cache
-compile_cache.enable(sys.argv[1])
+from actlab.run import program as compile_cache
+compile_cache.enable_cache(sys.argv[1])
 x = np.random.default_rng(0).standard_normal((16, 128, 512), np.float32)
 w = np.random.default_rng(1).standard_normal((512, 2048), np.float32) / 22
 def step(x, w):

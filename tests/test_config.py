@@ -27,10 +27,10 @@ from actlab import config as config_lib
 from actlab import core, tasks
 from actlab.config import schema, sizes
 from actlab.core import activations, kernels
-from actlab.core.options import MARKS
+from actlab.core.model import MARKS
 from actlab.data import tokenizer
 from actlab.hf import checkpoint as hf_checkpoint, mapping
-from actlab.infra import errors, recorded, workdir
+from actlab.infra import errors, workdir
 from actlab.report import load as report_load
 from actlab.run import program
 from actlab.sweep import grid
@@ -203,7 +203,7 @@ def test_reference_size_is_the_base():
     ("gpt2_small", 50257, 124_475_904)])
 def test_parameter_counts_in_the_sizes_table(size, vocab, total):
   c = config_lib.decoder("gelu", size)
-  model = tasks.get(c).objective(c, vocab).model
+  model = tasks.get(c).objective(config_lib.typed(c), vocab).model
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
   assert core.count_params(shapes["params"])["total"] == total
 
@@ -317,13 +317,13 @@ def fields_of(*section_maps):
 
 
 def test_a_fields_marks_are_those_the_core_documents():
-  """Besides its rule, help, choices and class, a field carries only `MARKS` (core/options.py),
+  """Besides its rule, help, choices and class, a field carries only `MARKS` (core/model.py),
   each at one of its values: a misspelt mark would leave the field out of every derived list."""
   for key, f in fields_of(schema.SECTIONS, schema.ENCODER).items():
     marks = {k: v for k, v in f.metadata.items() if k not in ("rule", "help", "choices", "core")}
     assert all(v in MARKS.get(k, ()) for k, v in marks.items()), (key, marks)
   with pytest.raises(AssertionError):
-    core.options.option(0, init_from="refused")
+    core.model.option(0, init_from="refused")
 
 
 def test_init_from_checks_the_fields_marked_so():
@@ -338,7 +338,7 @@ def test_init_from_checks_the_fields_marked_so():
           "data.tokenizer"} <= refused
   assert {f"model.{f.name}" for f in dataclasses.fields(core.Spec)} - refused == {
       "model.dropout", "model.rope_theta"}
-  assert not {f"model.{f.name}" for f in dataclasses.fields(kernels.Execution)} & refused
+  assert not {f"model.{f.name}" for f in dataclasses.fields(core.Execution)} & refused
   assert {f"model.{f}" for fields in hf_checkpoint.FIELDS.values() for f in fields} <= refused
 
 
@@ -385,7 +385,7 @@ def test_every_committed_config_json_loads_and_means_what_it_meant(study):
   task's objective from the rest."""
   vocab = 257  # stands in for the tokenizer's
   unmoved = lambda config: {k: v for k, v in workdir.dotted(config).items()
-                            if k not in recorded.DATA_PATHS}  # paths are read against the run's
+                            if k not in workdir.DATA_PATHS}  # paths are read against the run's
   names = lambda cls: [f.name for f in dataclasses.fields(cls)]
   for path in sorted(study.glob("*/config.json")):
     file = workdir.with_added_fields(json.loads(path.read_text()))
@@ -394,20 +394,19 @@ def test_every_committed_config_json_loads_and_means_what_it_meant(study):
     assert unmoved(loaded) == unmoved(file), where
     c = ml_collections.ConfigDict(loaded)
     config_lib.validate(c)
-    workdir.RunDir(path.parent, path.parent).check_config(c)
+    workdir.RunDir(path.parent, path.parent).check_config(c.to_dict(), config_lib.RUNTIME_FIELDS)
     step = program.create_step(c, vocab)
     objective, model = step.objective, step.objective.model
     assert dataclasses.asdict(model.spec) == {
         **{name: m[name] for name in names(core.Spec)},
         "vocab_size": core.pad_vocab(m["vocab_size"] or vocab)}, where
-    assert dataclasses.asdict(model.execution) == {n: m[n] for n in names(kernels.Execution)}, where
+    assert dataclasses.asdict(model.execution) == {n: m[n] for n in names(core.Execution)}, where
     assert dataclasses.asdict(step.optim) == {
         **{name: o[name] for name in names(core.OptimSpec) if name != "total_steps"},
         "total_steps": file["train"]["steps"]}, where
     assert objective.z_loss == o["z_loss"], where
     if m["kind"] == "decoder":
-      fused = isinstance(objective, kernels.FusedCausalLM)
-      assert fused == (m["loss_impl"] == "fused"), where
+      assert model.execution.loss_impl == m["loss_impl"], where
     else:
       assert (model.head, model.type_vocab_size) == (m["task"], m["type_vocab_size"]), where
     if m.get("task") == "mlm":

@@ -15,7 +15,6 @@ import pytest
 
 from actlab import config as config_lib, core, tasks
 from actlab.config import schema
-from actlab.core import kernels
 from actlab.run import program as program_lib
 from conftest import REPO, tiny, tiny_encoder
 
@@ -57,11 +56,12 @@ def test_the_config_becomes_the_cores_specs():
   spec, execution, optim = step.objective.model.spec, step.objective.model.execution, step.optim
   assert (spec.norm_type, spec.position, spec.bias) == ("rms", "rope", False)
   assert spec.vocab_size == 320 and spec.activation == c.model.activation  # 257 padded to 64s
-  assert execution == kernels.Execution(dtype=c.model.dtype, scan_layers=c.model.scan_layers,
-                                       remat=c.model.remat, attention_impl=c.model.attention_impl)
+  assert execution == core.Execution(dtype=c.model.dtype, scan_layers=c.model.scan_layers,
+                                    remat=c.model.remat, attention_impl=c.model.attention_impl,
+                                    loss_impl=c.model.loss_impl)
   assert optim.total_steps == c.train.steps and optim.lr == c.optim.lr
   encoder = tiny_encoder("classify")
-  assert tasks.get(encoder).objective(encoder, 300).model.spec.norm == encoder.model.norm
+  assert tasks.get(encoder).objective(config_lib.typed(encoder), 300).model.spec.norm == encoder.model.norm
 
 
 @pytest.mark.parametrize("section, field", [("model", "norm_kind"), ("optim", "beta1")])
@@ -85,13 +85,13 @@ def test_an_optimizer_whose_warmup_outlasts_its_steps_is_refused_in_one_line():
 
 def test_the_models_choices_are_written_once_on_the_core():
   """The config's check of a model field's values reads them from the core's field (`choice`);
-  the attention's choice is `kernels.Execution`'s alone: `core.Execution` runs XLA attention."""
-  fields = {f.name: f for cls in (core.Spec, kernels.Execution) for f in dataclasses.fields(cls)}
+  the attention's and the loss's are `core.Execution`'s."""
+  fields = {f.name: f for cls in (core.Spec, core.Execution) for f in dataclasses.fields(cls)}
   chosen = {f.name: f for f in dataclasses.fields(schema.Model) if "choices" in fields.get(
       f.name, dataclasses.field()).metadata}
   assert set(chosen) == {n for n, f in fields.items() if "choices" in f.metadata}
   for name, f in chosen.items():
-    assert f.metadata["core"] in (core.Spec, kernels.Execution)
+    assert f.metadata["core"] in (core.Spec, core.Execution)
     assert f.default == fields[name].default
     for value in fields[name].metadata["choices"]:
       f.metadata["rule"](f"model.{name}", value)  # each of the core's choices passes
@@ -100,12 +100,10 @@ def test_the_models_choices_are_written_once_on_the_core():
   with pytest.raises(config_lib.ConfigError, match="model.position='alibi': choose 'learned' or "
                                                     "'rope'"):
     config_lib.validate(tiny(**{"model.position": "alibi"}))
-  with pytest.raises(TypeError, match="attention_impl"):
-    core.Execution(attention_impl="cudnn")
 
 
 @pytest.mark.parametrize("cls, section", [(core.OptimSpec, "optim"), (core.Spec, "model"),
-                                          (kernels.Execution, "model")])
+                                          (core.Execution, "model")])
 def test_the_cores_defaults_are_the_configs(cls, section):
   """A notebook's `OptimSpec`, `Spec` and `Execution` defaults are the default config's values."""
   values = config_lib.base()[section]
@@ -121,12 +119,9 @@ def test_the_harness_trains_the_cores_step_bitwise():
   the same parameters after 3 steps, to the bit."""
   c = tiny()
   program = program_lib.Program.create(c, 257)
-  spec = config_lib.build(core.Spec, c.model, vocab_size=core.pad_vocab(257))
-  decoder = core.Decoder(spec, config_lib.build(core.Execution, c.model))
-  objective = kernels.FusedCausalLM if c.model.loss_impl == "fused" else core.CausalLM
-  step = core.Step(objective(decoder),
-                   config_lib.build(core.OptimSpec, c.optim, total_steps=c.train.steps),
-                   c.data.seq_len)
+  typed = config_lib.typed(c)
+  step = core.Step(core.CausalLM(core.Decoder(typed.spec(257), typed.execution)),
+                   typed.optim_spec, c.data.seq_len)
   state, alone = program.start([c]), jax.jit(step.init)(c.train.seed, np.float32(c.optim.lr))
   train_step = jax.jit(functools.partial(step.train_step, diagnostics=False))
   for k in range(3):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from actlab import data
-from actlab.data import cache, synthetic, tokenizer
+from actlab import data as cache
+from actlab.data import synthetic, tokenizer
 from conftest import data_config
 
 
@@ -170,7 +171,7 @@ def test_cache_overwritten_in_place_is_rebuilt(tmp_path, caplog):
   os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
   assert path.stat().st_size == stat.st_size
   before = cache.build_count
-  with caplog.at_level(logging.WARNING, logger="actlab.data.cache"):
+  with caplog.at_level(logging.WARNING, logger="actlab.data"):
     arr = cache.build_or_open(path, lambda: TEXTS, tok, "src", progress=False)
   assert cache.build_count == before + 1
   np.testing.assert_array_equal(arr, fresh)
@@ -190,7 +191,7 @@ def test_cache_without_checksum_is_rebuilt_once(tmp_path, caplog):
   meta.pop("sha256", None)
   side.write_text(json.dumps({**meta, "format": 1}))  # written by an older actlab
   before = cache.build_count
-  with caplog.at_level(logging.WARNING, logger="actlab.data.cache"):
+  with caplog.at_level(logging.WARNING, logger="actlab.data"):
     cache.build_or_open(path, lambda: TEXTS, tok, "src", progress=False)
     cache.build_or_open(path, lambda: TEXTS, tok, "src", progress=False)
   assert cache.build_count == before + 1
@@ -262,13 +263,13 @@ def test_concurrent_loads_build_each_cache_once(tmp_path, monkeypatch):
   """Parallel sweep cells sharing a fresh data dir: one builds, the others open its cache."""
   import threading
 
-  real_build = cache.build
+  real_build = cache.build_cache
 
   def slow_build(*args, **kwargs):
     time.sleep(0.2)  # widen the race window
     return real_build(*args, **kwargs)
 
-  monkeypatch.setattr(cache, "build", slow_build)
+  monkeypatch.setattr(cache, "build_cache", slow_build)
   before = cache.build_count
   results, errors = [], []
 

@@ -66,7 +66,7 @@ def test_param_count_closed_form(activation, norm, head):
 def bert_base_shapes(head):
   """BERT-base's parameter shapes (no memory: `eval_shape`), built from the `:base` config."""
   c = config_lib.encoder("gelu", "base")
-  model = core.Encoder(tasks.get(c).objective(c, 30522).model.spec, head=head)
+  model = core.Encoder(tasks.get(c).objective(config_lib.typed(c), 30522).model.spec, head=head)
   return model, jax.eval_shape(model.init, jax.random.PRNGKey(0),
                                jnp.zeros((1, 128), jnp.int32))["params"]
 

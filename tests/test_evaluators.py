@@ -17,7 +17,7 @@ from conftest import tiny
 def test_the_config_chooses_the_evaluators(act_stats, sharpness_every):
   c = tiny(**{"metrics.act_stats": act_stats, "metrics.sharpness_every": sharpness_every,
               "metrics.sharpness_iters": 3})
-  evals = evaluators.Evaluators.create(c)
+  evals = evaluators.Evaluators.create(c.metrics, c.train.steps)
   names = [e.name for e in evals.validation]
   assert names == (["loss", "act_stats"] if act_stats else ["loss"]) + ["ffn_hist"]
   assert evals.sharpness == (evaluators.Sharpness(5, 3) if sharpness_every else None)
@@ -43,10 +43,10 @@ def test_loss_pools_sums_not_means():
 
 
 def test_histograms_only_when_a_tracker_shows_them():
-  names = lambda **o: [e.name for e in evaluators.Evaluators.create(tiny(**o)).validation]
+  names = lambda **o: [e.name for e in evaluators.Evaluators.create(tiny(**o).metrics, 50).validation]
   assert names() == ["loss", "act_stats", "ffn_hist"]  # TensorBoard is on by default
   assert names(**{"metrics.ffn_hist_bins": 0}) == ["loss", "act_stats"]
   assert names(**{"metrics.tensorboard": False}) == ["loss", "act_stats"]
   assert names(**{"metrics.tensorboard": False, "metrics.wandb_project": "p"})[-1] == "ffn_hist"
-  assert evaluators.Evaluators.create(tiny(**{"metrics.ffn_hist_bins": 16})).validation[-1] == (
+  assert evaluators.Evaluators.create(tiny(**{"metrics.ffn_hist_bins": 16}).metrics, 50).validation[-1] == (
       evaluators.PreactHistogram(16, 8.0))

@@ -10,11 +10,13 @@ import subprocess
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
 from actlab import config as config_lib, tasks
-from actlab.data import hf_tokenizer, synthetic, tokenizer_store
+from actlab import data
+from actlab.data import hf_tokenizer, synthetic
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.hf import mapping
 from actlab.infra import errors
@@ -63,7 +65,7 @@ def test_decoder_logits_equal_gpt2(tmp_path, torch, activation):
   c = tiny(activation, **DEEP)  # two blocks: each maps to transformers' layer of its index
   params = perturbed_params(c, V)
   tokens = np.random.default_rng(0).integers(0, V, (2, 32))
-  ours = np.asarray(tasks.get(c).objective(c, V).model.apply({"params": params}, tokens))
+  ours = np.asarray(tasks.get(c).objective(config_lib.typed(c), V).model.apply({"params": params}, tokens))
   hf_checkpoint.write(tmp_path, c, "gpt2", "causal_lm", params, V, 256, RUN)
   theirs = hf_logits(torch, tmp_path, "GPT2LMHeadModel", tokens)
   assert theirs.shape == (2, 32, V)  # the padded rows are dropped
@@ -79,7 +81,7 @@ def test_encoder_logits_equal_bert(tmp_path, torch, task):
   tokens = np.random.default_rng(0).integers(5, vocab, (2, 32))
   mask = np.arange(32)[None] < np.array([[32], [20]])  # the second row ends in padding
   tokens[~mask] = 0
-  ours = np.asarray(tasks.get(c).objective(c, vocab).model.apply({"params": params}, tokens, mask))
+  ours = np.asarray(tasks.get(c).objective(config_lib.typed(c), vocab).model.apply({"params": params}, tokens, mask))
   hf_checkpoint.write(tmp_path, c, "bert", task, params, vocab, 3, RUN)
   cls = {"mlm": "BertForMaskedLM", "classify": "BertForSequenceClassification"}[task]
   theirs = hf_logits(torch, tmp_path, cls, tokens, mask)
@@ -133,11 +135,11 @@ def test_the_family_the_run_is_is_written_and_another_named_refused_in_one_line(
 
 def actlab_tokenizers(tmp_path):
   texts = lambda: list(synthetic.texts("train"))[:400]
-  toks = [tokenizer_store.get("byte", directory=tmp_path),
-          tokenizer_store.get("bpe:300", directory=tmp_path, train_texts=texts),
-          tokenizer_store.get("wordpiece:300", directory=tmp_path, train_texts=texts)]
+  toks = [data.tokenizer_of("byte", directory=tmp_path),
+          data.tokenizer_of("bpe:300", directory=tmp_path, train_texts=texts),
+          data.tokenizer_of("wordpiece:300", directory=tmp_path, train_texts=texts)]
   if (SHARED_DATA / "gpt2" / "encoder.json").is_file():  # else gpt2 is left out (no network)
-    toks.append(tokenizer_store.get("gpt2", directory=tmp_path, gpt2_dir=SHARED_DATA / "gpt2"))
+    toks.append(data.tokenizer_of("gpt2", directory=tmp_path, gpt2_dir=SHARED_DATA / "gpt2"))
   return toks
 
 
@@ -163,7 +165,7 @@ def test_autotokenizer_gives_actlab_ids(tmp_path):
 def test_gpt2_merges_are_openais():
   if not (SHARED_DATA / "gpt2" / "vocab.bpe").is_file():
     pytest.skip("../shared/data/gpt2 is absent")
-  tok = tokenizer_store.get("gpt2", directory="unused", gpt2_dir=SHARED_DATA / "gpt2")
+  tok = data.tokenizer_of("gpt2", directory="unused", gpt2_dir=SHARED_DATA / "gpt2")
   symbol = hf_tokenizer.bytes_to_unicode()
   ours = [" ".join("".join(symbol[b] for b in part) for part in m)
           for m in hf_tokenizer.merges_of(tok.mergeable_ranks())]
@@ -313,7 +315,8 @@ def test_import_of_an_export_needs_no_torch(trained, exported, monkeypatch):
   failing, gives the run's own logits."""
   monkeypatch.setitem(sys.modules, "torch", None)
   config, _, task, params, _ = pretrained.load_run(trained)
-  config.train.init_from = f"hf:{exported}"
+  config = config_lib.override(ml_collections.ConfigDict(config.fields),
+                               {"train.init_from": f"hf:{exported}"})
   source = pretrained.init_from_config(config, V)
   imported = pretrained.params_from(config, source, task.init(1).params, V)
   tokens = np.random.default_rng(0).integers(0, V, (2, 32))

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from actlab import config as config_lib
 from actlab import tasks
 from actlab.hf import checkpoint as hf_checkpoint
 from actlab.infra import errors
@@ -48,7 +49,7 @@ def imported(config, vocab_size):
   """The config's model with parameters from its `train.init_from`."""
   params = program.create_step(config, vocab_size).init(0).params
   source = pretrained.init_from_config(config, vocab_size)
-  return tasks.get(config).objective(config, vocab_size).model, pretrained.params_from(
+  return tasks.get(config).objective(config_lib.typed(config), vocab_size).model, pretrained.params_from(
       config, source, params, vocab_size)
 
 

@@ -98,7 +98,7 @@ def test_export_equals_transformers(tmp_path, torch, cls):
   activation, overrides, _ = CLASSES[cls]
   c = llama_config(activation, **overrides)
   params = perturbed_params(c, V)
-  model = tasks.get(c).objective(c, V).model
+  model = tasks.get(c).objective(config_lib.typed(c), V).model
   hf_checkpoint.write(tmp_path, c, FAMILY[cls], "causal_lm", params, V, 256, RUN)
   assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [cls]
   hf_model = getattr(transformers, cls).from_pretrained(tmp_path).eval()
@@ -142,7 +142,7 @@ def test_other_activations_equal_transformers(tmp_path, torch, activation, ffn):
   cls = {"gated": "LlamaForCausalLM", "plain": "ArceeForCausalLM"}[ffn]
   hf_checkpoint.write(tmp_path, c, FAMILY[cls], "causal_lm", params, V, 256, RUN)
   hf_model = getattr(transformers, cls).from_pretrained(tmp_path).eval()
-  ours = np.asarray(tasks.get(c).objective(c, V).model.apply({"params": params}, tokens()))[..., :V]
+  ours = np.asarray(tasks.get(c).objective(config_lib.typed(c), V).model.apply({"params": params}, tokens()))[..., :V]
   np.testing.assert_allclose(hf_logits(torch, hf_model, tokens()), ours, atol=1e-4, rtol=0)
 
 
@@ -171,7 +171,7 @@ def test_interleaved_rope_weights_do_not_match(tmp_path, torch, monkeypatch):
       kernel = permuted[block]["attn"][name]["kernel"]  # [D, D] = (D, H, K)
       permuted[block]["attn"][name]["kernel"] = kernel.reshape(64, 4, K)[..., to_interleaved] \
           .reshape(64, 64)
-  model = tasks.get(c).objective(c, V).model
+  model = tasks.get(c).objective(config_lib.typed(c), V).model
   ours = np.asarray(model.apply({"params": params}, tokens()))[..., :V]
   with monkeypatch.context() as patched:
     patched.setattr(model_lib, "rope", interleaved_rope)

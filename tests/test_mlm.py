@@ -8,9 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actlab import core
+from actlab import core, tasks
 from actlab.core import encoder
-from actlab.tasks import mlm
 
 SPECIALS = core.Specials(pad=0, unk=1, cls=2, sep=3, mask=4)
 VOCAB = 1000
@@ -213,7 +212,7 @@ def test_copy_loss_is_the_context_free_predictors_and_below_the_unigram():
   copy predictor beats the unigram, and with every selection [MASK]ed it is the unigram."""
   u = skewed_unigram()
   ds = IidTokens(u, windows=20000)
-  inputs, targets = mlm._eval_selections(mlm_config(), ds, mlm.specials_of(mlm_config()))
+  inputs, targets = tasks.mlm_selections(mlm_config(), ds, tasks.specials(mlm_config()))
   keep, r, n = 0.1, 0.1, len(u) - 5
   for x in (5, 11):  # a frequent and a rare token
     seen = inputs == x
@@ -225,9 +224,9 @@ def test_copy_loss_is_the_context_free_predictors_and_below_the_unigram():
   np.add.at(joint, (inputs, targets), 1)
   conditional = joint / joint.sum(1, keepdims=True).clip(1)
   plug_in = -np.log(conditional[inputs, targets]).mean()
-  np.testing.assert_allclose(mlm.baselines(mlm_config(), ds)["copy_loss"], plug_in, atol=0.005)
+  np.testing.assert_allclose(tasks.mlm_baselines(mlm_config(), ds)["copy_loss"], plug_in, atol=0.005)
   small = IidTokens(u)
-  bert, all_masked = mlm.baselines(mlm_config(), small), mlm.baselines(mlm_config(1.0, 0.0), small)
+  bert, all_masked = tasks.mlm_baselines(mlm_config(), small), tasks.mlm_baselines(mlm_config(1.0, 0.0), small)
   assert bert["copy_loss"] < bert["unigram_loss"] - 0.05
   np.testing.assert_allclose(all_masked["copy_loss"], all_masked["unigram_loss"], rtol=1e-12)
 

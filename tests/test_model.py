@@ -1,5 +1,6 @@
 """Decoder: shapes, causality, parameter counts, initialisation, jit equals no-jit."""
 
+import dataclasses
 import flax
 import jax
 import jax.numpy as jnp
@@ -16,18 +17,18 @@ from conftest import tiny
 
 def spec_of(c, vocab: int) -> Spec:
   """The `Spec` the config's task builds."""
-  return tasks.get(c).objective(c, vocab).model.spec
+  return tasks.get(c).objective(config_lib.typed(c), vocab).model.spec
 
 
 def init(c, vocab=257, seed=0):
-  model = tasks.get(c).objective(c, vocab).model
+  model = tasks.get(c).objective(config_lib.typed(c), vocab).model
   tokens = jnp.zeros((2, c.data.seq_len), jnp.int32)
   return model, jax.jit(model.init)(jax.random.PRNGKey(seed), tokens)["params"]
 
 
 def init_shapes(c, vocab=257):
   """The model of `c` and its parameters' shapes (`jax.eval_shape`: nothing is compiled)."""
-  model = tasks.get(c).objective(c, vocab).model
+  model = tasks.get(c).objective(config_lib.typed(c), vocab).model
   tokens = jnp.zeros((2, c.data.seq_len), jnp.int32)
   return model, jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)["params"]
 
@@ -56,7 +57,7 @@ def test_shapes_and_param_formula(activation):
 def test_reference_configuration_counts():
   """docs/reference.md §2.1: 6 layers, 384, 6 heads, ctx 128, vocab 50,304 → ≈10.7M without wte."""
   c = config_lib.decoder("gelu")
-  model = tasks.get(c).objective(c, 50257).model
+  model = tasks.get(c).objective(config_lib.typed(c), 50257).model
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
                                              jnp.zeros((1, 128), jnp.int32)))["params"]
   counts = core.count_params(shapes)
@@ -75,9 +76,9 @@ def test_gated_width_is_parameter_matched(d_ff, width):
 
 def test_gated_ffn_matches_plain_within_a_few_percent():
   c = config_lib.decoder("gelu")
-  plain = tasks.get(c).objective(c, 50257).model
+  plain = tasks.get(c).objective(config_lib.typed(c), 50257).model
   c.model.activation = "swiglu"
-  gated = tasks.get(c).objective(c, 50257).model
+  gated = tasks.get(c).objective(config_lib.typed(c), 50257).model
   count = lambda m: core.count_params(jax.eval_shape(
       lambda: m.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))["params"])
   a, b = count(plain)["non_embedding"], count(gated)["non_embedding"]
@@ -134,7 +135,7 @@ def test_tied_head_uses_token_embedding(gelu):
 @pytest.mark.slow
 def test_dropout_only_in_training(gelu):
   c = tiny("gelu", **{"model.dropout": 0.5})
-  model, params = tasks.get(c).objective(c, 257).model, gelu[1]  # dropout adds no parameters
+  model, params = tasks.get(c).objective(config_lib.typed(c), 257).model, gelu[1]  # dropout adds no parameters
   tokens = jnp.zeros((1, 8), jnp.int32)
   apply = jax.jit(model.apply, static_argnames="train")
   a = apply({"params": params}, tokens)
@@ -220,13 +221,15 @@ def test_qk_norm_normalises_queries_and_keys_over_the_head_dim():
 
 
 def test_qk_norm_off_by_default_leaves_the_model_unchanged(gelu):
-  """The default (`model.qk_norm` false) is the model without the field: the same parameters and
-  logits, bit for bit; the decoder and the encoder gain the norms only when it is on."""
+  """The default (`model.qk_norm` false) is the model without the field (a `Spec` not given it):
+  the same parameters and logits, bit for bit; the decoder and the encoder gain the norms only
+  when it is on."""
   assert tiny().model.qk_norm is False and tiny().model.activation == "gelu"
-  _, params, apply = gelu
-  without = tiny()
-  del without.model["qk_norm"]
-  model_without, params_without = init(without)
+  model, params, apply = gelu
+  fields = {k: v for k, v in dataclasses.asdict(model.spec).items() if k != "qk_norm"}
+  model_without = core.Decoder(Spec(**fields), model.execution)
+  params_without = jax.jit(model_without.init)(jax.random.PRNGKey(0),
+                                               jnp.zeros((2, 32), jnp.int32))["params"]
   assert jax.tree.all(jax.tree.map(jnp.array_equal, params, params_without))
   tokens = np.random.default_rng(1).integers(0, 257, (2, 32))
   assert jnp.array_equal(apply({"params": params}, tokens),

@@ -11,6 +11,7 @@ import optax
 import pytest
 from flax.traverse_util import unflatten_dict
 
+from actlab import config as config_lib
 from actlab import core, tasks
 from actlab.measure import evaluators, histogram
 from actlab.core import kernels
@@ -132,7 +133,7 @@ def test_scanned_model_sows_statistics_per_layer(references):
     c.model.scan_layers = scan
     step_fns = program.create_step(c, 257)
     params = mapping.scanned_layout(out[False][1]) if scan else references("decoder")[0]
-    evals = evaluators.Evaluators.create(c)
+    evals = evaluators.Evaluators.create(c.metrics, c.train.steps)
     stats = jax.jit(functools.partial(evals.validation_step, step_fns))(params, batch)
     out[scan] = (evals.pool([jax.device_get(stats)]), params)
   assert set(out[False][0]) == set(out[True][0])
@@ -207,8 +208,8 @@ def test_cudnn_attention_sows_the_logit_max_only_in_evaluation(monkeypatch):
   """cuDNN flash attention never forms the logits: under it the training forward sows no
   `AttentionStats` (its log row has no `train_attn_logit_max`) and evaluation sows the XLA
   formulation's. (On a CPU, XLA attention stands in for cuDNN's.)"""
-  c = tiny(**{"model.attention_impl": "auto"})  # kernels.Execution: cuDNN where it can run
-  model = tasks.get(c).objective(c, 257).model
+  c = tiny(**{"model.attention_impl": "auto"})  # cuDNN where it can run
+  model = tasks.get(c).objective(config_lib.typed(c), 257).model
   tokens = jnp.asarray(np.random.default_rng(5).integers(0, 257, (2, 16)), jnp.int32)
   params = model.init(jax.random.PRNGKey(0), tokens)["params"]
   logit_maxes = lambda sown: [float(s.logit_max)

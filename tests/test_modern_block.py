@@ -22,7 +22,7 @@ def llama(activation="silu", **overrides):
 
 
 def init(c, vocab=257, seed=0):
-  model = tasks.get(c).objective(c, vocab).model
+  model = tasks.get(c).objective(config_lib.typed(c), vocab).model
   return model, jax.jit(model.init)(jax.random.PRNGKey(seed),
                                     jnp.zeros((2, c.data.seq_len), jnp.int32))["params"]
 
@@ -90,7 +90,7 @@ def test_rope_makes_attention_logits_depend_on_relative_position_only():
 def test_every_combination_counts_as_its_closed_form(overrides, activation):
   c = tiny(activation, **overrides)
   config_lib.validate(c)
-  model = tasks.get(c).objective(c, 257).model
+  model = tasks.get(c).objective(config_lib.typed(c), 257).model
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((2, 8), jnp.int32))
   counted = core.count_params(shapes["params"])["total"]
   assert counted == core.param_count(model.spec)

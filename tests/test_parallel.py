@@ -16,6 +16,7 @@ import pytest
 
 from actlab import config as config_lib
 from actlab.infra import parallel
+from actlab.run import train
 from conftest import CPU_ONLY, FAST_COMPILE, tiny
 
 HERE = pathlib.Path(__file__).parent
@@ -115,20 +116,19 @@ def test_vectorized_group_on_four_devices(results):
 
 def test_cpu_devices_after_jax_started_is_refused():
   jax.devices()  # this process's backend exists now
-  c = tiny(**{"parallel.cpu_devices": 3})
   with pytest.raises(parallel.ParallelError, match="already exist"):
-    parallel.initialize(c)
+    parallel.initialize(cpu_devices=3)
 
 
 def test_deterministic_ops_reach_xla_flags_before_the_backend_starts():
-  """`train.deterministic_ops` adds XLA's flag to XLA_FLAGS in `parallel.initialize`, before the
+  """`train.deterministic_ops` adds XLA's flag to XLA_FLAGS in `train.initialize`, before the
   backend starts (a fresh process), replacing a setting of it there."""
   script = (
       "import os\nfrom jax._src import xla_bridge\nfrom actlab import config\n"
-      "from actlab.infra import parallel\n"
+      "from actlab.run import train\n"
       "c = config.base()\nc.train.deterministic_ops = True\n"
       "os.environ['XLA_FLAGS'] = '--xla_gpu_deterministic_ops=false'\n"
-      "parallel.initialize(c)\n"
+      "train.initialize(c)\nfrom actlab.infra import parallel\n"
       "assert not xla_bridge.backends_are_initialized()\n"
       "print(os.environ['XLA_FLAGS'], parallel.deterministic_ops())\n")
   proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -142,20 +142,19 @@ def test_deterministic_ops_are_refused_once_a_gpu_backend_started_without_them(m
   configs in one process), a config that asks for it is refused in one line, unless the backend
   is the CPU's; with the flag there it passes."""
   jax.devices()
-  c = tiny(**{"train.deterministic_ops": True})
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
-  parallel.initialize(c)  # the CPU's: nothing to ask
+  parallel.initialize(deterministic_ops=True)  # the CPU's: nothing to ask
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   with pytest.raises(parallel.ParallelError, match=r"train.deterministic_ops=true.*own"):
-    parallel.initialize(c)
+    train.initialize(tiny(**{"train.deterministic_ops": True}))
   assert os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
   monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops")
-  parallel.initialize(c)
-  parallel.initialize(tiny())  # not asked: whatever the backend
+  parallel.initialize(deterministic_ops=True)
+  parallel.initialize()  # not asked: whatever the backend
 
 
 def test_one_device_plan_replicates_everything():
-  p = parallel.plan(tiny(**{"parallel.mode": "fsdp", "parallel.fsdp_min_size": 0}))
+  p = parallel.plan(8, "fsdp", fsdp_min_size=0)
   assert p.num_devices == 1
   assert p.leaf_sharding((64, 8)).spec == jax.sharding.PartitionSpec()
 
@@ -183,11 +182,9 @@ def test_config_and_batch_validation():
   c.parallel.mode = "tp"
   with pytest.raises(config_lib.ConfigError, match="parallel.mode"):
     config_lib.validate(c)
-  c = tiny()
-  c.parallel.num_devices = 2
   with pytest.raises(parallel.ParallelError, match="only 1 devices"):
-    parallel.plan(c)
-  p = parallel.plan(tiny())
+    parallel.plan(8, num_devices=2)
+  p = parallel.plan(8)
   p.check_batch(8)
   fake = parallel.Plan.__new__(parallel.Plan)
   object.__setattr__(fake, "mesh", type("M", (), {"size": 3})())

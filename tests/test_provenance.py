@@ -7,9 +7,8 @@ import sys
 
 import pytest
 
-from actlab.infra import recorded
 from actlab.infra import workdir as workdir_lib
-from actlab.run import lane, train
+from actlab.run import rows as lane, train
 from conftest import REPO, tiny
 
 
@@ -36,25 +35,25 @@ def test_recorded_paths_are_relative_to_the_run_directory():
   relative to it, any other by its base name; a relative one as it is. The interpreter is its
   base name, an actlab entry point `-m <module>`."""
   run = "/work/runs/sweep/cell"
-  assert recorded.recorded_path("/work/manual", run) == "../../../manual"
-  assert recorded.recorded_path("/work/runs/sweep", run) == ".."
-  assert recorded.recorded_path("/work/runs/sweep/cell/", run) == "."
-  assert recorded.recorded_path("hf:/work/models/gpt2", run) == "hf:../../../models/gpt2"
-  assert recorded.recorded_path("/data/tinystories", run) == "tinystories"
-  assert recorded.recorded_path("manual", run) == "manual"
-  assert recorded.recorded_path("hf:gpt2", run) == "hf:gpt2"
+  assert workdir_lib.recorded_path("/work/manual", run) == "../../../manual"
+  assert workdir_lib.recorded_path("/work/runs/sweep", run) == ".."
+  assert workdir_lib.recorded_path("/work/runs/sweep/cell/", run) == "."
+  assert workdir_lib.recorded_path("hf:/work/models/gpt2", run) == "hf:../../../models/gpt2"
+  assert workdir_lib.recorded_path("/data/tinystories", run) == "tinystories"
+  assert workdir_lib.recorded_path("manual", run) == "manual"
+  assert workdir_lib.recorded_path("hf:gpt2", run) == "hf:gpt2"
   package = "/home/u/actlab/actlab"
-  assert recorded.recorded_command(
+  assert workdir_lib.recorded_command(
       [f"{package}/sweep/__main__.py", "--config=configs/tinystories_gelu.py",
        "--config.data.manual_dir=/work/manual", "--workdir=/work/runs/sweep", "--workers=2",
        "/work/runs/other"], "/home/u/.venv/bin/python3", run, package) == [
       "python3", "-m", "actlab.sweep", "--config=configs/tinystories_gelu.py",
       "--config.data.manual_dir=../../../manual", "--workdir=..", "--workers=2", "../../other"]
-  assert recorded.recorded_command([f"{package}/main.py"], "python", run, package) \
+  assert workdir_lib.recorded_command([f"{package}/main.py"], "python", run, package) \
       == ["python", "-m", "actlab.main"]
-  assert recorded.recorded_command(["/opt/tools/train.py", "-x"], "/usr/bin/python", run) \
+  assert workdir_lib.recorded_command(["/opt/tools/train.py", "-x"], "/usr/bin/python", run) \
       == ["python", "train.py", "-x"]
-  assert recorded.recorded_command([], "/usr/bin/python", run) == ["python"]
+  assert workdir_lib.recorded_command([], "/usr/bin/python", run) == ["python"]
 
 
 def test_a_config_on_absolute_paths_is_written_relative_and_read_back(tmp_path):
@@ -65,18 +64,18 @@ def test_a_config_on_absolute_paths_is_written_relative_and_read_back(tmp_path):
   c = tiny(**{"data.dir": str(data_dir), "train.init_from": f"hf:{tmp_path / 'gpt2'}"})
   run_dir = workdir_lib.RunDir.open(workdir)
   workdir.mkdir(parents=True)
-  run_dir.write_config(c)
+  run_dir.write_config(c.to_dict())
   written = json.loads((workdir / "config.json").read_text())
   assert written["data"]["dir"] == "../../data"
   assert written["train"]["init_from"] == "hf:../../gpt2"
   assert {k: v for k, v in written.items() if k not in ("data", "train")} \
       == {k: v for k, v in json.loads(c.to_json()).items() if k not in ("data", "train")}
   assert workdir_lib.run_config(workdir)["data"]["dir"] == str(data_dir)
-  run_dir.check_config(c)  # the same run
-  run_dir.check_config(tiny(**{"data.dir": "/elsewhere",  # a runtime field: the same run
-                               "train.init_from": c.train.init_from}))
+  train.finished(c, run_dir)  # the same run
+  train.finished(tiny(**{"data.dir": "/elsewhere",  # a runtime field: the same run
+                               "train.init_from": c.train.init_from}), run_dir)
   with pytest.raises(workdir_lib.WorkdirError, match=r"train.init_from: 'hf:../../gpt2' → 'hf:"):
-    run_dir.check_config(tiny(**{"train.init_from": f"hf:{tmp_path / 'other'}"}))
+    train.finished(tiny(**{"train.init_from": f"hf:{tmp_path / 'other'}"}), run_dir)
 
 
 @pytest.mark.slow

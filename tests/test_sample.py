@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from absl import flags
 
+from actlab import config as config_lib
 from actlab import data, sample, tasks
-from actlab.data import synthetic, tokenizer_store
+from actlab import data
+from actlab.data import synthetic
 from actlab.infra import workdir as workdir_lib
 from actlab.run import train
 from conftest import SHARED_DATA, tiny
@@ -20,7 +22,7 @@ TEXT = "Once upon a time, Lily said: \"Don't!\" — naïve café 123 <|endoftext
 
 def tiny_model(seed=0):
   c = tiny("swiglu")
-  model = tasks.get(c).objective(c, 257).model
+  model = tasks.get(c).objective(config_lib.typed(c), 257).model
   params = jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.zeros((1, 32), jnp.int32))["params"]
   return model, params
 
@@ -67,11 +69,11 @@ def test_top_k_and_padding_are_respected():
 
 def saved_tokenizers(tmp_path):
   texts = lambda: list(synthetic.texts("train"))[:400]
-  toks = [tokenizer_store.get("byte", directory=tmp_path),
-          tokenizer_store.get("bpe:300", directory=tmp_path, train_texts=texts),
-          tokenizer_store.get("wordpiece:300", directory=tmp_path, train_texts=texts)]
+  toks = [data.tokenizer_of("byte", directory=tmp_path),
+          data.tokenizer_of("bpe:300", directory=tmp_path, train_texts=texts),
+          data.tokenizer_of("wordpiece:300", directory=tmp_path, train_texts=texts)]
   if (SHARED_DATA / "gpt2" / "encoder.json").is_file():
-    toks.append(tokenizer_store.get("gpt2", directory=tmp_path, gpt2_dir=SHARED_DATA / "gpt2"))
+    toks.append(data.tokenizer_of("gpt2", directory=tmp_path, gpt2_dir=SHARED_DATA / "gpt2"))
   return toks
 
 
@@ -81,16 +83,16 @@ def test_saved_tokenizer_gives_the_same_ids(tmp_path):
   sample_text = TEXT + " " + " ".join(list(synthetic.texts("validation"))[:20])
   for tok in saved_tokenizers(tmp_path):
     directory = tmp_path / "run" / tok.name.replace(":", "")
-    assert tokenizer_store.load(directory) is None
-    tokenizer_store.save(tok, directory)
-    again = tokenizer_store.load(directory)
+    assert data.saved_tokenizer(directory) is None
+    data.save_tokenizer(tok, directory)
+    again = data.saved_tokenizer(directory)
     assert (again.name, again.fingerprint, again.vocab_size, again.eot_id) == (
         tok.name, tok.fingerprint, tok.vocab_size, tok.eot_id)
     ids = tok.encode(sample_text)
     assert again.encode(sample_text) == ids and again.decode(ids) == tok.decode(ids)
   (directory / next(iter(tok.files()))).write_bytes(b"x")
   with pytest.raises(data.DataError, match="differs from the tokenizer saved"):
-    tokenizer_store.load(directory)
+    data.saved_tokenizer(directory)
 
 
 @pytest.mark.slow
@@ -103,7 +105,7 @@ def test_sampling_needs_only_the_run_directory(tmp_path, monkeypatch, capsys):
   train.run(c, tmp_path / "run")
   copy = tmp_path / "copy"
   shutil.copytree(tmp_path / "run", copy)
-  assert (workdir_lib.RunDir.open(copy).tokenizer / tokenizer_store.MANIFEST).is_file()
+  assert (workdir_lib.RunDir.open(copy).tokenizer / data.MANIFEST).is_file()
   empty = tmp_path / "empty_data"
   empty.mkdir()
   capsys.readouterr()

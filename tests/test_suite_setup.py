@@ -99,6 +99,6 @@ def test_the_longest_files_listed_first_are_files_of_the_suite():
 
 def test_this_process_compiles_into_the_sessions_cache():
   """The tests' own JAX, imported before conftest.py set the cache up, uses it (a run points it at
-its kind of host's folder inside: infra/compile_cache.py)."""
+its kind of host's folder inside: run/program.py)."""
   assert jax.config.jax_compilation_cache_dir.startswith(os.environ["JAX_COMPILATION_CACHE_DIR"])
   assert jax.config.jax_persistent_cache_min_compile_time_secs == 0

@@ -539,7 +539,7 @@ def test_a_config_json_from_before_auto_loads_and_means_what_it_meant(tmp_path):
     config_lib.validate(c)
     assert vectorized.vectorizes(c, "cpu") == vectorized.vectorizes(c, "gpu") == old
     (tmp_path / "config.json").write_text(json.dumps(recorded))
-    workdir_lib.RunDir.open(tmp_path).check_config(tiny())
+    train.finished(tiny(), workdir_lib.RunDir.open(tmp_path))
 
 
 def test_the_flag_takes_auto_true_or_false_and_refuses_other_values(monkeypatch, tmp_path):

@@ -1,4 +1,4 @@
-"""The task registry (actlab/tasks/): every task is a whole `Task`, its random batch is what
+"""The task registry (actlab/tasks.py): every task is a whole `Task`, its random batch is what
 its objective reads, and configs name their task in one place."""
 
 import dataclasses
@@ -19,7 +19,7 @@ CONFIGS = {"causal_lm": lambda: tiny(), "mlm": lambda: tiny_encoder(**{"train.ba
 
 
 def test_every_task_is_a_whole_task():
-  """Each task module's `TASK` gives every field of `tasks.Task`: its functions and `causal`."""
+  """Each task gives every field of `tasks.Task`: its functions and `causal`."""
   assert sorted(tasks.TASKS) == ["causal_lm", "classify", "mlm"]
   functions = [f.name for f in dataclasses.fields(tasks.Task) if f.type is Callable]
   for name, task in tasks.TASKS.items():
@@ -31,7 +31,7 @@ def test_every_task_is_a_whole_task():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_objective_reads_the_random_batch(name):
-  c = CONFIGS[name]()
+  c = config_lib.typed(CONFIGS[name]())
   assert tasks.name(c) == name
   task, vocab = tasks.get(c), 300
   objective = task.objective(c, vocab)
@@ -48,7 +48,7 @@ def test_objective_reads_the_random_batch(name):
 
 def test_a_batch_differs_by_seed_and_keeps_special_ids_out():
   c = tiny_encoder()
-  a, b = (tasks.mlm.random_batch(c, 300, s) for s in (0, 1))
+  a, b = (tasks.MLM.random_batch(c, 300, s) for s in (0, 1))
   assert not np.array_equal(a, b) and a.min() >= len(core.Specials._fields)
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from actlab import data
-from actlab.data import cache, provenance
+from actlab import data as cache
+from actlab.data import provenance
 from actlab.data import tinystories as ts
 from conftest import data_config
 

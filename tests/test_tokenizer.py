@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from actlab import data
-from actlab.data import gpt2, tokenizer, tokenizer_store
+from actlab import data
+from actlab.data import gpt2, tokenizer
 from conftest import data_config
 
 SHARED = (Path(__file__).parents[1] / ".." / "shared" / "data").resolve()
@@ -36,7 +37,7 @@ def test_parse_spec():
 
 
 def test_byte_tokenizer():
-  tok = tokenizer_store.get("byte", directory="unused")
+  tok = data.tokenizer_of("byte", directory="unused")
   assert (tok.name, tok.vocab_size, tok.eot_id) == ("byte", 257, 256)
   assert tok.encode("Hé") == [72, 0xC3, 0xA9]
   assert tok.decode(tok.encode(HARD)) == HARD
@@ -56,7 +57,7 @@ def test_bpe_trains_saves_reloads(tmp_path):
     calls.append(1)
     return iter(stories)
 
-  tok = tokenizer_store.get("bpe:300", directory=tmp_path, train_texts=train_texts)
+  tok = data.tokenizer_of("bpe:300", directory=tmp_path, train_texts=train_texts)
   assert calls == [1] and (tmp_path / "bpe-300.json").is_file()
   assert tok.name == "bpe:300" and tok.vocab_size == 300 and tok.eot_id == 0
   for s in (stories[3], HARD):
@@ -65,17 +66,17 @@ def test_bpe_trains_saves_reloads(tmp_path):
   assert tok.eot_id not in tok.encode(HARD)  # ordinary encoding of the literal marker
   assert tok.decode([tok.eot_id]) == "<|endoftext|>"
   assert tok.encode_batch(stories[:3]) == [tok.encode(s) for s in stories[:3]]
-  again = tokenizer_store.get("bpe:300", directory=tmp_path, train_texts=train_texts)
+  again = data.tokenizer_of("bpe:300", directory=tmp_path, train_texts=train_texts)
   assert calls == [1] and again.fingerprint == tok.fingerprint
   assert again.encode(HARD) == tok.encode(HARD)
   (tmp_path / "bpe-300.json").write_text('{"version": "1.0", "trunc')
   with pytest.raises(data.DataError, match="delete it"):
-    tokenizer_store.get("bpe:300", directory=tmp_path)
+    data.tokenizer_of("bpe:300", directory=tmp_path)
 
 
 @needs_gpt2
 def test_gpt2_offline_ids():
-  tok = tokenizer_store.get("gpt2", directory="unused", gpt2_dir=GPT2_DIR)
+  tok = data.tokenizer_of("gpt2", directory="unused", gpt2_dir=GPT2_DIR)
   assert (tok.name, tok.vocab_size, tok.eot_id) == ("gpt2", 50257, 50256)
   assert tok.encode(LILY) == LILY_IDS
   assert tok.decode(LILY_IDS) == LILY
@@ -105,7 +106,7 @@ def test_gpt2_offline_without_files_says_what_to_do(monkeypatch, tmp_path):
 
   monkeypatch.setattr(tiktoken, "get_encoding", no_network)
   with pytest.raises(data.DataError) as e:
-    tokenizer_store.get("gpt2", directory=tmp_path, gpt2_dir=None)
+    data.tokenizer_of("gpt2", directory=tmp_path, gpt2_dir=None)
   msg = str(e.value)
   for needed in ("encoder.json", "vocab.bpe", "gpt2_dir", "ACTLAB_GPT2_DIR", ":smoke"):
     assert needed in msg, needed
@@ -141,7 +142,7 @@ def test_encode_docs_equals_one_by_one(tmp_path, literal_eot):
   """The cache's fast path (texts joined at <|endoftext|>) must equal encoding one by one."""
   docs = DOCS + (["a literal <|endoftext|> inside"] if literal_eot else [])
   toks = [tokenizer.ByteTokenizer(),
-          tokenizer_store.get("bpe:320", directory=tmp_path, train_texts=lambda: DOCS * 20)]
+          data.tokenizer_of("bpe:320", directory=tmp_path, train_texts=lambda: DOCS * 20)]
   if (GPT2_DIR / "encoder.json").is_file():
     toks.append(gpt2.gpt2(GPT2_DIR, threads=2))
   for tok in toks:

@@ -1,4 +1,4 @@
-"""Trackers (actlab/run/tracking.py): FFN pre-activation histograms (actlab/measure/histogram.py) in
+"""Trackers (actlab/run/rows.py, a sweep's HParams: actlab/run/tracking.py): FFN pre-activation histograms (actlab/measure/histogram.py) in
 TensorBoard, Weights & Biases in offline mode, and a sweep's TensorBoard HParams table."""
 
 import errno
@@ -16,7 +16,7 @@ import pytest
 from actlab import config as config_lib
 from actlab.infra import workdir as workdir_lib
 from actlab.measure import histogram
-from actlab.run import tracking, train
+from actlab.run import rows as run_rows, tracking, train
 from conftest import DEEP, tiny
 
 
@@ -99,7 +99,7 @@ def test_a_full_disk_in_tensorboards_thread_is_raised_by_the_run_not_printed_or_
 
   def full(self, data):
     raise OSError(errno.ENOSPC, "No space left on device")
-  board, raised = tracking.TensorBoard(tmp_path), []  # its first event is written, not queued
+  board, raised = run_rows.TensorBoard(tmp_path), []  # its first event is written, not queued
   monkeypatch.setattr(record_writer.RecordWriter, "write", full)
 
   def rows_then_close():
@@ -153,7 +153,7 @@ def test_wandb_offline_run_holds_the_logged_metrics(tmp_path, monkeypatch):
   summary = train.run(c, work)
   (run_dir,) = (work / "wandb").glob("offline-run-*")
   segments = json.loads((work / "provenance.json").read_text())["segments"]
-  run_id = tracking.wandb_run_id(work, segments[0])
+  run_id = run_rows.wandb_run_id(work, segments[0])
   assert run_dir.name.endswith(run_id)
   history, config, summaries = {}, {}, {}
   for record in wandb_records(run_dir):
@@ -182,10 +182,10 @@ def test_wandb_offline_run_holds_the_logged_metrics(tmp_path, monkeypatch):
 
 def test_wandb_run_id_is_stable_per_run(tmp_path):
   first = {"host": "a", "started": "2026-01-01T00:00:00+00:00"}
-  run_id = tracking.wandb_run_id(tmp_path / "run", first)
-  assert run_id == tracking.wandb_run_id(tmp_path / "run", dict(first))  # resumed: the same
-  assert run_id != tracking.wandb_run_id(tmp_path / "other", first)
-  assert run_id != tracking.wandb_run_id(tmp_path / "run", {**first, "host": "b"})
+  run_id = run_rows.wandb_run_id(tmp_path / "run", first)
+  assert run_id == run_rows.wandb_run_id(tmp_path / "run", dict(first))  # resumed: the same
+  assert run_id != run_rows.wandb_run_id(tmp_path / "other", first)
+  assert run_id != run_rows.wandb_run_id(tmp_path / "run", {**first, "host": "b"})
   assert len(run_id) <= 64 and run_id.replace("-", "").isalnum()
 
 
@@ -253,8 +253,8 @@ def test_tensorboard_does_not_import_torch(tmp_path):
   TensorBoard writer keeps it out, and torch still imports afterwards."""
   pytest.importorskip("torch", reason="torch is not installed: nothing to keep out")
   code = ("import sys, pathlib\n"
-          "from actlab.run import tracking\n"
-          "w = tracking.TensorBoard(pathlib.Path(sys.argv[1]))\n"
+          "from actlab.run import rows as run_rows\n"
+          "w = run_rows.TensorBoard(pathlib.Path(sys.argv[1]))\n"
           "w.write({'step': 1, 'train_loss': 2.5}); w.close()\n"
           "print('torch' in sys.modules)\n"
           "import torch\n"

@@ -18,10 +18,9 @@ import numpy as np
 import optax
 import pytest
 
-from actlab import config as config_lib, core, data
-from actlab.infra import checkpoint, compile_cache, parallel
+from actlab import config as config_lib, core, data, tasks
+from actlab.infra import checkpoint, parallel
 from actlab.measure import evaluators
-from actlab.tasks import mlm
 from actlab.run import loop, pretrained, program as program_lib, train
 from conftest import tiny, tiny_encoder
 
@@ -499,7 +498,7 @@ def test_the_first_steps_do_not_wait_for_step_0s_measurements(runs, monkeypatch,
   def gated_start(self, pool, *like):
     if self.jitted.__name__ != "sharpness_step":
       return start(self, pool, *like)
-    args = compile_cache.abstract(like)
+    args = program_lib.abstract(like)
     self.compiled = pool.submit(lambda: opened.append(gate.wait(timeout=20))
                                 or self.jitted.lower(*args).compile())
 
@@ -527,7 +526,7 @@ def test_a_wait_for_step_0s_sharpness_program_is_sharpness_cost(monkeypatch, tmp
   def gated_start(self, pool, *like):
     if self.jitted.__name__ != "sharpness_step":
       return start(self, pool, *like)
-    args = compile_cache.abstract(like)
+    args = program_lib.abstract(like)
     self.compiled = pool.submit(lambda: gate.wait(timeout=20) and self.jitted.lower(*args).compile())
 
   def opening_ready(self):
@@ -592,7 +591,7 @@ def test_a_programs_init_is_traced_once_for_its_shapes_and_its_compile(monkeypat
   config = tiny()
   program = program_lib.Program.create(config, 260, runs)
   assert len(traced) == 1
-  program.init.jitted.lower(*compile_cache.abstract(program_lib.init_args([config] * runs, runs)))
+  program.init.jitted.lower(*program_lib.abstract(program_lib.init_args([config] * runs, runs)))
   assert len(traced) == 1
 
 
@@ -670,7 +669,7 @@ def test_the_log_steps_stability_measures_are_those_of_its_training_forward(over
   forward = jax.jit(functools.partial(core.apply, fns.step.objective.model, train=True, stats=True))
   if encoder:
     (inputs, positions, _, weights), dropout_key = core.encoder.masked_batch(
-        key, batch, mlm.specials_of(c), vocab, c.data.mlm_prob, c.data.mlm_mask_frac,
+        key, batch, tasks.specials(c), vocab, c.data.mlm_prob, c.data.mlm_mask_frac,
         c.data.mlm_random_frac)
     logits, sown = forward(state.params, inputs, inputs != 0, masked_positions_BP=positions,
                            rngs={"dropout": dropout_key})

@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from actlab import config as config_lib
-from actlab.infra import metrics_log, workdir
+from actlab.infra import workdir
+from actlab.run import train
 from conftest import tiny
 
 HOLD = ("import fcntl, sys, time\n"
@@ -96,7 +97,7 @@ def test_read_rows_skips_torn_and_mangled_lines(tmp_path):
   path = tmp_path / "metrics.jsonl"
   path.write_text('{"step": 0, "val_loss": 5.0}\n{"step": 10, "train_lo{"step": 20}\n'
                   '["not a row"]\n{"step": 30, "train_loss": 2.0}\n{"step": 40, "train_')
-  rows, bad = metrics_log.read_rows(path)
+  rows, bad = workdir.read_rows(path)
   assert [r["step"] for r in rows] == [0, 30] and bad == 3
 
 
@@ -105,14 +106,14 @@ def test_metrics_log_is_rebuilt_from_the_checkpoint_rows(tmp_path, capsys):
   rows = [{"step": 0, "val_loss": 5.0}, {"step": 10, "train_loss": 3.0}]
   path.write_text("".join(json.dumps(r) + "\n" for r in rows)
                   + '{"step": 20, "train_loss": 2.5}\n{"step": 30, "tr')
-  log = metrics_log.MetricsLog(path, rows, step=10)
+  log = workdir.MetricsLog(path, rows, step=10)
   assert "1 row(s) after step 10 dropped, 1 unreadable line(s) dropped" in capsys.readouterr().err
   log.write({"step": 20, "train_loss": 2.4})
-  assert metrics_log.read_rows(path) == (rows + [{"step": 20, "train_loss": 2.4}], 0)
+  assert workdir.read_rows(path) == (rows + [{"step": 20, "train_loss": 2.4}], 0)
   path.write_text(json.dumps(rows[0]) + "\n")  # A row lost: restored from the checkpoint's copy.
-  metrics_log.MetricsLog(path, rows, step=10)
+  workdir.MetricsLog(path, rows, step=10)
   assert "1 row(s) restored" in capsys.readouterr().err
-  assert metrics_log.read_rows(path) == (rows, 0)
+  assert workdir.read_rows(path) == (rows, 0)
 
 
 def test_workdir_that_is_a_file_is_refused(tmp_path):
@@ -150,11 +151,11 @@ def test_another_config_is_named_by_the_fields_that_differ(tmp_path):
   """Few differences are shown with their values; many (another run altogether) by the first
   field names and a count; a config.json that is no run's is said to be none."""
   run_dir = workdir.RunDir.open(tmp_path)
-  run_dir.write_config(tiny())
+  run_dir.write_config(tiny().to_dict())
   other = tiny(**{"model.d_model": 64, "model.num_layers": 2, "optim.lr": 1e-3,
                   "train.steps": 70, "model.activation": "relu"})
   with pytest.raises(workdir.WorkdirError) as refused:
-    run_dir.check_config(other)
+    train.finished(other, run_dir)
   assert str(refused.value) == (
       f"{tmp_path} holds a run with a different config (5 fields: model.activation, "
       "model.d_model, model.num_layers and 2 more); rerun with the same config to resume, or choose "
@@ -162,19 +163,19 @@ def test_another_config_is_named_by_the_fields_that_differ(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
   with pytest.raises(workdir.WorkdirError, match=r"config.json is not an actlab run's config \("
                      r"it has no model and train sections\); choose another --workdir$"):
-    run_dir.check_config(tiny())
+    train.finished(tiny(), run_dir)
 
 
 def test_only_what_changes_the_math_identifies_a_run(tmp_path):
   c, run_dir = tiny(), workdir.RunDir.open(tmp_path)
-  run_dir.write_config(c)
+  run_dir.write_config(c.to_dict())
   for key, value in [("train.progress", True), ("metrics.tensorboard", False),
                      ("train.keep_checkpoints", 9), ("parallel.cpu_devices", 2),
                      ("data.dir", "/elsewhere"), ("sweep.vectorize", True)]:
     other = tiny(**{key: value})
-    run_dir.check_config(other)
+    train.finished(other, run_dir)
   with pytest.raises(workdir.WorkdirError, match=r"optim.lr: 0.003 → 0.001"):
-    run_dir.check_config(tiny(**{"optim.lr": 1e-3}))
+    train.finished(tiny(**{"optim.lr": 1e-3}), run_dir)
 
 
 def test_disk_full_is_found_in_the_cause_chain(tmp_path):
@@ -222,18 +223,18 @@ def test_a_config_written_before_a_field_was_added_is_the_same_run(tmp_path):
   read = workdir.run_config(tmp_path)  # what sample and export read: the fields of then filled in
   assert all(read[s][f] == v for (s, f), v in workdir.ADDED_FIELDS.items())
   run_dir = workdir.RunDir.open(tmp_path)
-  run_dir.check_config(c)
+  train.finished(c, run_dir)
   c.train.init_from = "hf:/models/gpt2"
   with pytest.raises(workdir.WorkdirError, match=r"train.init_from: '' → 'hf:/models/gpt2'"):
-    run_dir.check_config(c)
+    train.finished(c, run_dir)
 
 
 def test_the_runtime_fields_are_the_fields_marked_runtime():
   """`RUNTIME_FIELDS` (prefixes, set by actlab.config from its fields' `runtime` marks) covers the
   fields marked so and no other: a run resumed with another value of one is the same run."""
   keys = workdir.dotted(config_lib.base().to_dict())
-  assert {k for k in keys if k.startswith(workdir.RUNTIME_FIELDS)} == set(
+  assert {k for k in keys if k.startswith(config_lib.RUNTIME_FIELDS)} == set(
       config_lib.marked("runtime"))
   assert {"parallel.mode", "sweep.vectorize", "train.progress", "metrics.wandb_mode",
           "data.dir"} <= set(config_lib.marked("runtime"))
-  assert workdir.RUNTIME_FIELDS[:2] == ("parallel.", "sweep.")  # sections of them alone
+  assert config_lib.RUNTIME_FIELDS[:2] == ("parallel.", "sweep.")  # sections of them alone

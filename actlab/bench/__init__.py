@@ -12,6 +12,7 @@ from actlab.bench.benches import (JaxBench, TORCH_MODES, TorchBench, back_to_bac
 from actlab.bench.results import (PEAK_TFLOPS, config_summary, environment, markdown_rows,
                                   peak_tflops, summarize, table)
 from actlab.infra import parallel
+from actlab.run import train
 
 __all__ = ["JaxBench", "PEAK_TFLOPS", "TORCH_MODES", "TorchBench", "environment", "markdown_rows",
            "peak_tflops", "run", "run_seconds", "table"]
@@ -26,14 +27,14 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
   configs = [config] + [config_lib.override(config.copy_and_resolve_references(),
                                             config_lib.parse_overrides(v)) for v in variants]
   labels = [""] + list(variants)
+  configs = [config_lib.typed(c) for c in configs]
   for c, label in zip(configs, labels):
-    config_lib.validate(c)
     for field in ("cpu_devices", "distributed"):
-      if c.parallel[field] != config.parallel[field]:
+      if getattr(c.parallel, field) != config.parallel[field]:
         raise parallel.ParallelError(
             f"--variant={label}: parallel.{field} sets up the process's devices, once; time it "
             "in a separate actlab.bench run")
-  parallel.initialize(config)  # Before the first device use (parallel.cpu_devices, hosts).
+  config = train.initialize(config)  # Before the first device use (parallel.cpu_devices, hosts).
   env = environment()
   gpu = env["platform"] == "gpu"
   if torch_mode == "auto":
@@ -76,14 +77,11 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
   return rows
 
 
-def run_seconds(config: ml_collections.ConfigDict, runs: int = 1) -> float:
-  """One run of `config` timed from a few steps (vectorized where a sweep of `runs` of it would
-  be, and shared among them): its training steps, an evaluation or test window as a third of a
-  step, a sharpness estimate as three steps per power iteration, and the program's compile
+def run_seconds(config: ml_collections.ConfigDict, runs: int = 1, together: int = 1) -> float:
+  """One of `runs` runs of `config` timed from a few steps of a program of `together` of them
+  (its step shared among them): its training steps, an evaluation or test window as a third of
+  a step, a sharpness estimate as three steps per power iteration, and the program's compile
   shared among the `runs`."""
-  from actlab.sweep import vectorized  # pylint: disable=import-outside-toplevel
-  together = vectorized.program_size(config, runs, vectorized.device_memory()) if (
-      vectorized.vectorizes(config) and runs > 1) else 1
   b = JaxBench(config, together)
   compile_s = b.setup(1)["compile_s"]
   step = float(np.median(b.timed(5)["times"])) / together

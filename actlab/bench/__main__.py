@@ -1,15 +1,7 @@
-"""Training-step benchmark: `python -m actlab.bench --config=configs/tinystories_gelu.py:smoke
-[--torch] [--variant=<overrides>] [--runs=N]` (docs/performance.md, "Benchmarking").
-
-Times `train.run`'s own step (the same `program.Program`) on random tokens. Per bench it reports
-`compile_s` (ahead-of-time lowering + compilation); `step_ms`, the median of `--steps` steps each
-waited for (latency); `queued_step_ms`, `queued_tokens_per_s`, `queued_mfu`, the steps queued
-back to back as the training loop queues them (throughput); `tokens_per_s` = batch · seq_len /
-step time; `flops_per_token` (`actlab.measure.flops`) and `tflops`; `mfu` against
-`PEAK_TFLOPS` or `--peak_tflops` (none where the peak is unknown); `peak_memory_gb` where JAX
-reports it and `compiled_memory_gb` (XLA's estimate); `others_cores`, the CPU cores other
-processes kept busy meanwhile. `--torch` and `--variant` time side by side in alternating
-rounds. Prints a table; `--json_out` appends JSON lines, `--markdown` prints BENCHMARKS.md rows.
+"""Training-step benchmark (docs/performance.md, "Benchmarking"): `python -m actlab.bench
+--config=configs/tinystories_gelu.py:smoke [--torch] [--variant=<overrides>] [--runs=N]` times
+`train.run`'s own step on random tokens: compile time, each step waited for and steps queued back
+to back, tokens/s, MFU, memory; `--torch` and `--variant` side by side in alternating rounds.
 """
 
 import json

@@ -178,7 +178,7 @@ class TorchBench:
         "layers": c.model.num_layers, "d_model": c.model.d_model, "heads": c.model.num_heads,
         "d_ff": c.model.d_ff, "activation": c.model.activation,
         "gated_match_params": c.model.gated_match_params, "seq_len": c.data.seq_len,
-        **{k: c.model[k] for k in config_lib.BLOCK_FIELDS},
+        **{k: getattr(c.model, k) for k in config_lib.BLOCK_FIELDS},
         "batch": c.train.batch_size, "lr": c.optim.lr, "b1": c.optim.b1, "b2": c.optim.b2,
         "eps": c.optim.eps, "weight_decay": c.optim.weight_decay, "clip_norm": c.optim.clip_norm,
         "spike_clip": c.optim.spike_clip,

@@ -10,7 +10,7 @@ import numpy as np
 from actlab import core, tasks
 from actlab.data.tokenizer import nominal_vocab_size
 from actlab.measure import flops as flops_lib
-from actlab.run import lane
+from actlab.run import rows
 
 # Dense peak TFLOP/s per chip by (device kind substring, compute dtype). float32 on NVIDIA is the
 # TF32 tensor-core peak (XLA's default precision for float32 matmuls); TPUs run float32 matmuls
@@ -52,7 +52,7 @@ def environment() -> dict:
   d = jax.devices()[0]
   versions = {mod: __import__(mod).__version__ for mod in ("jax", "jaxlib", "flax", "optax")}
   return {"platform": d.platform, "device_kind": d.device_kind, "devices": jax.device_count(),
-          "processes": jax.process_count(), "host_cpu": lane.host_cpu(),
+          "processes": jax.process_count(), "host_cpu": rows.host_cpu(),
           "host_cores": os.cpu_count(),
           "versions": versions, "xla_flags": os.environ.get("XLA_FLAGS", ""),
           "command": " ".join([os.path.basename(sys.executable), "-m", "actlab.bench"]

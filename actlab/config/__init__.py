@@ -1,8 +1,6 @@
-"""The default config (`base`, from the fields of schema.py), the builders of the shipped config
-files (`decoder`, `encoder`, at the sizes of sizes.py), the one override parser and the listing
-`python -m actlab.config` prints; from schema.py, a section as the core's dataclass (`build`, the
-model's `specs`) and the lists of fields its marks make. `validate` (validation.py) raises
-`ConfigError` with one readable line before anything compiles.
+"""The default config (`base`, from schema.py's fields), the builders of the shipped config files
+(`decoder`, `encoder`, at the sizes of sizes.py), the one override parser and the listing
+`python -m actlab.config` prints. schema.py: the fields, `validate` and `typed`.
 """
 
 import ast
@@ -12,17 +10,17 @@ from typing import Any, Mapping
 import ml_collections
 
 from actlab.config import schema
-from actlab.config.schema import BLOCK_FIELDS, GPT2_BLOCK, INIT_FROM, build, marked, specs
+from actlab.config.schema import (BLOCK_FIELDS, GPT2_BLOCK, INIT_FROM, RUNTIME_FIELDS, Config,
+                                  ConfigError, identity_diffs, marked, typed, validate)
+from actlab.config.sizes import (CLASSIFY_SETTINGS, DECODER_SIZES, ENCODER_PREFIX, ENCODER_SIZES,
+                                 SIZES)
 from actlab.core import activations
-from actlab.core.options import check, choices
+from actlab.core.model import check, choices
 from actlab.infra import errors
-from actlab.config.sizes import (CLASSIFY_SETTINGS, DECODER_SIZES, ENCODER_PREFIX,
-                                 ENCODER_SIZES, SIZES)
-from actlab.config.validation import ConfigError, validate
 
-__all__ = ["BLOCKS", "BLOCK_FIELDS", "ConfigError", "GPT2_BLOCK", "INIT_FROM", "base", "build",
-           "decoder", "encoder", "listing", "marked", "override", "parse_arg", "parse_overrides",
-           "specs", "validate"]
+__all__ = ["BLOCKS", "BLOCK_FIELDS", "Config", "ConfigError", "GPT2_BLOCK", "INIT_FROM",
+           "RUNTIME_FIELDS", "base", "decoder", "encoder", "identity_diffs", "listing", "marked",
+           "override", "parse_arg", "parse_overrides", "typed", "validate"]
 
 
 def base(activation: str = "gelu") -> ml_collections.ConfigDict:

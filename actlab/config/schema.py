@@ -1,30 +1,72 @@
-"""Every config field, written once: its default, the rule its values keep, its help text
-(`python -m actlab.config` prints them) and its marks, from which every list of fields derives
-(`marked`: the block's, those `train.init_from` checks, the runtime ones). A section is a
-dataclass. The fields of the core's dataclasses are written there (actlab/core/options.py):
-`model` is `core.Spec`'s and `kernels.Execution`'s fields after the task's own (`TaskModel`),
-`optim` `core.OptimSpec`'s before the task's `z_loss` (`section`), each built back from its
-section (`build`, `specs`); the harness's fields are written here. `config.base()` is built from
-these, and `validation.validate` checks each field against its own rule before the relations.
+"""What a run is: every config field written once, with its default, the rule its values keep,
+its help (`python -m actlab.config`) and its marks; the lists of fields the marks make
+(`marked`); `validate`, each field's rule, then the relations, in one line (`ConfigError`); and
+`typed`, a checked config as the run reads it: its sections as dataclasses (`Config`). The
+`model` and `optim` sections are the fields of the core's `Spec`, `Execution` and `OptimSpec`
+after or before the task's own (`section`).
 """
 
 import dataclasses
+import importlib.util
+import json
 from typing import Any
 
+import ml_collections
+
 from actlab import core
-from actlab.core import kernels
-from actlab.core.options import (MARKS, activation_name, at_least, auto_or_boolean, boolean, listed,
-                                 non_negative, one_of, parsed, positive, text, within)
-from actlab.core.options import option as field  # a harness's field, written as the core's
+from actlab.core import activations
+from actlab.core.model import (MARKS, Rule, boolean, check, choices, non_negative, one_of,
+                               positive, within)
+from actlab.core.model import option as field  # a harness's field, written as the core's
 from actlab.data import classify as classify_data
 from actlab.data.tokenizer import parse_spec
-from actlab.infra import workdir
+from actlab.infra import errors, workdir
+
+
+class ConfigError(errors.UserError, ValueError):
+  """An inconsistent or invalid config; the message says what to fix."""
+
+
+# --- The harness's rules (the core's are model.py's) ---------------------------------------------
+
+
+def auto_or_boolean(k, v):
+  """"auto", "true" or "false" (in any case), or a bool: what the field held before "auto"."""
+  check(str(v).lower() in ("auto", "true", "false"),
+        f"{k}={v!r}: choose 'auto', 'true' or 'false'")
+
+
+def at_least(n) -> Rule:
+  return lambda k, v: check(v >= n, f"{k}={v} must be at least {n}")
+
+
+def text(what: str) -> Rule:
+  return lambda k, v: check(isinstance(v, str), f"{k} must be {what}")
+
+
+def listed(options) -> Rule:
+  return lambda k, v: check(v in options, f"{k}={v!r}: choose one of {choices(options)}")
+
+
+def parsed(parse) -> Rule:
+  """A value `parse` takes; its ValueError names the key."""
+  def rule(k, v):
+    try:
+      parse(v)
+    except ValueError as e:
+      raise ValueError(f"{k}: {e}") from None
+  return rule
+
+
+def plain_activation(k, v):
+  parsed(activations.get)(k, v)
+  check(not activations.get(v).gated,
+        f"{k}={v!r} is gated; the pooler takes a plain activation (tanh, gelu, identity, ...)")
 
 
 def section(name: str, *parts) -> type:
-  """A section of the fields of the dataclasses `parts`, in order: every field with a default (a
-  field without one is given when the core's dataclass is built: `OptimSpec.total_steps` is
-  `train.steps`); a field of the core's keeps its class (`metadata["core"]`)."""
+  """A section of the fields with a default of the dataclasses `parts`, in order; a core field
+  keeps its class (`metadata["core"]`)."""
   fields = {}
   for part in parts:
     for f in dataclasses.fields(part):
@@ -38,16 +80,14 @@ def section(name: str, *parts) -> type:
   return dataclasses.make_dataclass(name, fields.values(), frozen=True)
 
 
-# --- Sections, in the order a config lists them
+# --- Sections, in the order a config lists them -------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class TaskModel:
-  """The task's own fields of `model` (actlab/tasks/), before the core's."""
+  """The task's own field of `model` (actlab/tasks.py), before the core's."""
   kind: str = field("decoder", one_of("decoder", "encoder"),
                     '"decoder" (GPT, causal LM) or "encoder" (BERT, MLM)', init_from="refuse")
-  loss_impl: str = field("fused", one_of("fused", "plain"), 'decoder LM head + loss: "fused" '
-                         "(chunked, no [B, L, V] logits in memory; core/kernels.py) or \"plain\" "
-                         "(logits, then cross-entropy)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +99,7 @@ class TaskOptim:
                         "cross-entropy")
 
 
-Model = section("Model", TaskModel, core.Spec, kernels.Execution)
+Model = section("Model", TaskModel, core.Spec, core.Execution)
 Optim = section("Optim", core.OptimSpec, TaskOptim)
 
 
@@ -68,7 +108,7 @@ class EncoderModel:
   """The encoder's own model fields (`config.encoder`)."""
   task: str = field("mlm", one_of("mlm", "classify"), '"mlm" (MLM pretraining) or "classify" '
                     "(fine-tune on data.classify)")
-  pooler_activation: str = field("tanh", activation_name(plain=True), "[CLS] pooler → the "
+  pooler_activation: str = field("tanh", plain_activation, "[CLS] pooler → the "
                                  "classifier (BERT: tanh); any plain activation")
   type_vocab_size: int = field(2, positive, "segment (token-type) embeddings, as in BERT; inputs "
                                "use segment 0", init_from="refuse")
@@ -216,6 +256,9 @@ SECTIONS = {"model": Model, "optim": Optim, "train": Train, "metrics": Metrics,
 ENCODER = {"model": EncoderModel, "data": EncoderData}  # what `config.encoder` adds
 
 
+# --- The lists the marks make -------------------------------------------------------------------
+
+
 def defaults(sections: dict = SECTIONS) -> dict[str, dict]:
   """{section: {field: default}} of `sections`, in order."""
   return {name: {f.name: f.default for f in dataclasses.fields(cls)}
@@ -223,15 +266,14 @@ def defaults(sections: dict = SECTIONS) -> dict[str, dict]:
 
 
 def marked(mark: str) -> dict[str, Any]:
-  """{"section.field": its value of `mark`} of every field that carries the mark (the encoder's
-  too; `MARKS`, core/options.py), in order: each list of fields below derives from these."""
+  """{"section.field": its value of `mark`} of every field that carries it (the encoder's too)."""
   assert mark in MARKS, mark
   return {f"{name}.{f.name}": f.metadata[mark] for sections in (SECTIONS, ENCODER)
           for name, cls in sections.items() for f in dataclasses.fields(cls) if mark in f.metadata}
 
 
-# The block's fields (`block`), all `model.*`; GPT-2's block: the form's at their defaults, which
-# every run built before the fields existed and the encoder and hf/'s GPT-2 and BERT keep to.
+# The block's fields (`block`); GPT-2's block: the form's at their defaults, which every run built
+# before the fields existed and the encoder and hf/'s GPT-2 and BERT keep to.
 BLOCK_FIELDS = tuple(key.removeprefix("model.") for key in marked("block"))
 GPT2_BLOCK = {name: getattr(core.Spec, name) for name in BLOCK_FIELDS
               if marked("block")[f"model.{name}"] == "form"}
@@ -239,8 +281,7 @@ GPT2_BLOCK = {name: getattr(core.Spec, name) for name in BLOCK_FIELDS
 INIT_FROM = marked("init_from")
 
 
-def runtime_fields() -> tuple[str, ...]:
-  """The runtime fields (`runtime`) as prefixes: "section." for a section of them alone."""
+def _runtime_fields() -> tuple[str, ...]:
   keys = marked("runtime")
   whole = [name for name, cls in SECTIONS.items()
            if all(f"{name}.{f.name}" in keys for f in dataclasses.fields(cls))]
@@ -248,22 +289,144 @@ def runtime_fields() -> tuple[str, ...]:
           *(key for key in keys if key.partition(".")[0] not in whole))
 
 
-# The run directory's (infra/workdir.py sits below the config: it cannot read the marks itself).
-workdir.RUNTIME_FIELDS = runtime_fields()
+# What says how or where a run executes, not what it computes (`runtime`), as prefixes ("section."
+# for a section of them alone): a run resumes with other values (provenance.json records each).
+RUNTIME_FIELDS = _runtime_fields()
 
 
-def build(cls, section, **given):
-  """The core's dataclass `cls` (`core.Spec`, `kernels.Execution`, `core.OptimSpec`) from its
-  fields in a config section (each field of `cls` with a default; one the section lacks keeps
-  that default) and `given` (a field without one, or another value); its own checks raise:
-  `build(core.OptimSpec, config.optim, total_steps=config.train.steps)`."""
-  return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)
-                if f.name in section and f.name not in given}, **given)
+def identity_diffs(old: dict, new: dict) -> list[str]:
+  """The differences ("field: old → new") that make `new` another run than `old`: all but the
+  runtime fields' (`workdir.diff_configs`, an added field absent from `old` at its value of then)."""
+  return [d for d in workdir.diff_configs(old, new) if not d.startswith(RUNTIME_FIELDS)]
 
 
-def specs(config, vocab_size: int) -> tuple[core.Spec, kernels.Execution]:
-  """The model of a config (every task's): its `core.Spec`, of `model.vocab_size` or else the
-  tokenizer's `vocab_size`, padded to a multiple of 64, and its `kernels.Execution`."""
-  m = config.model
-  return (build(core.Spec, m, vocab_size=core.pad_vocab(m.vocab_size or vocab_size)),
-          build(kernels.Execution, m))
+# --- A config checked, and typed ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """A checked config as the run reads it (`typed`): each section a frozen dataclass of its fields
+  (an encoder's `model` and `data` with the encoder's too), and `fields`, the config as a nested
+  dict (config.json's)."""
+  model: Any
+  optim: Any
+  train: Any
+  metrics: Any
+  parallel: Any
+  sweep: Any
+  data: Any
+  fields: dict
+
+  def spec(self, vocab_size: int) -> core.Spec:
+    """The model's `Spec`, of `model.vocab_size` or else `vocab_size`, padded to 64s."""
+    return _core(core.Spec, self.model,
+                 vocab_size=core.pad_vocab(self.model.vocab_size or vocab_size))
+
+  @property
+  def execution(self) -> core.Execution:
+    return _core(core.Execution, self.model)
+
+  @property
+  def optim_spec(self) -> core.OptimSpec:
+    return _core(core.OptimSpec, self.optim, total_steps=self.train.steps)
+
+
+def _core(cls, section, **given):
+  """The core's dataclass `cls` from its fields in a section and `given`."""
+  return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls)
+                if f.name not in given and hasattr(section, f.name)}, **given)
+
+
+_ENCODER_TYPED = {"model": section("Model", Model, EncoderModel),
+                  "data": section("Data", SECTIONS["data"], EncoderData)}
+
+
+def typed(config) -> Config:
+  """`config` checked (`validate`) and as a `Config` (one already is returned as it is)."""
+  if isinstance(config, Config):
+    return config
+  validate(config)
+  classes = {**SECTIONS, **(_ENCODER_TYPED if config.model.kind == "encoder" else {})}
+  return Config(**{name: cls(**{f.name: config[name][f.name] for f in dataclasses.fields(cls)})
+                   for name, cls in classes.items()}, fields=json.loads(config.to_json()))
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """ConfigError (one line) for the first problem: a field no section declares or one missing,
+  each field's rule, then the relations."""
+  try:
+    _validate(c)
+  except ValueError as e:  # a rule's or relation's (`check`), or the core's own
+    raise ConfigError(str(e)) from None
+
+
+def _validate(c: ml_collections.ConfigDict) -> None:
+  _check_names(c)
+  encoder = c.model.kind == "encoder"  # the encoder's own fields are the encoder's to check
+  for section_name, cls in [*SECTIONS.items(), *(ENCODER.items() if encoder else ())]:
+    for f in dataclasses.fields(cls):
+      if f.metadata["rule"] and f.name in c[section_name]:
+        f.metadata["rule"](f"{section_name}.{f.name}", c[section_name][f.name])
+  m, o, t, d, mt = c.model, c.optim, c.train, c.data, c.metrics
+  if m.kind == "decoder":
+    check(m.get("task", "lm") == "lm",
+          f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
+  else:
+    _check_encoder(c)
+  check(m.d_model % m.num_heads == 0,
+        f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}")
+  check(m.position != "rope" or (m.d_model // m.num_heads) % 2 == 0,
+        f"model.position='rope' rotates pairs of features: the head dim d_model/num_heads = "
+        f"{m.d_model // m.num_heads} must be even")
+  check(m.ffn != "plain" or not activations.get(m.activation).gated,
+        f"model.ffn='plain' with model.activation={m.activation!r}, a gated (GLU) name: use its "
+        f"plain activation ({activations.GATE_BASE.get(m.activation)!r}) or model.ffn='gated'")
+  _core(core.OptimSpec, o, total_steps=t.steps)  # warm-up within the steps, one clipping
+  check(d.seq_len <= m.max_len,
+        f"data.seq_len={d.seq_len} is longer than model.max_len={m.max_len}")
+  check(not mt.wandb_project or importlib.util.find_spec("wandb") is not None,
+        f"metrics.wandb_project={mt.wandb_project!r} needs wandb, which is not installed: "
+        'pip install -e ".[wandb]"')
+
+
+def _check_names(c: ml_collections.ConfigDict) -> None:
+  """A field no section declares would be ignored, and one missing would fail later: both
+  refused."""
+  known = defaults()
+  for name, values in defaults(ENCODER).items():
+    known[name] = {**known[name], **values}
+  for name, values in c.items():
+    for key in ([f"{name}.{f}" for f in values] if isinstance(values, ml_collections.ConfigDict)
+                else [name]):
+      section_name, _, f = key.partition(".")
+      if section_name not in known or f not in known[section_name]:
+        problem = errors.unknown_field(ml_collections.ConfigDict(known), key)
+        check(problem is None, f"{key}: no such field ({problem})")
+  for name, values in defaults().items():
+    for f in values:
+      check(name in c and f in c[name], f"{name}.{f} is missing: a config starts from one of "
+            "configs/*.py or actlab.config.base(), which have every field")
+
+
+def _check_encoder(config) -> None:
+  """The encoder's relations: a config switches between its tasks by `model.task` alone."""
+  m, d = config.model, config.data
+  missing = [f"{name}.{f}" for name, values in defaults(ENCODER).items()
+             for f in values if f not in config[name]]
+  check(not missing, f"model.kind='encoder' needs the encoder's fields ({', '.join(missing)} "
+        "missing): start from configs/bert_<activation>.py (config.encoder)")
+  changed = [f"model.{k}={m[k]!r}" for k, v in GPT2_BLOCK.items() if m[k] != v]
+  check(not changed, f"{', '.join(changed)}: the encoder builds BERT's block (LayerNorm, learned "
+        "positions, biases, the tied MLM head); these options are the decoder's")
+  check(parse_spec(d.tokenizer)[0] == "wordpiece",  # a spec its rule took
+        f"data.tokenizer={d.tokenizer!r}: the encoder needs [CLS], [SEP], [MASK] and [PAD]; "
+        "use 'wordpiece:<vocab size>'")
+  check(d.seq_len >= 3, f"data.seq_len={d.seq_len}: an encoder sequence needs [CLS], a token "
+        "and [SEP]")
+  check(d.mlm_mask_frac >= 0 and d.mlm_random_frac >= 0
+        and d.mlm_mask_frac + d.mlm_random_frac <= 1.0,
+        f"data.mlm_mask_frac={d.mlm_mask_frac} and data.mlm_random_frac={d.mlm_random_frac} must "
+        "be >= 0 with a sum <= 1")
+  check(m.task != "classify" or not d.test_batches,
+        "data.test_batches: classification scores the labelled validation split whole; "
+        "set data.test_batches=0")

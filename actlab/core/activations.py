@@ -1,13 +1,7 @@
 """FFN activation functions, their analytic derivatives (`grad`, elementwise d fn / dz) and the
-name registry (`get`). Pure `jax.numpy`. Definitions: docs/reference.md §1.1, and `_PLAIN`.
-
-`gelu` is the exact z·Φ(z) (= `jax.nn.gelu(z, approximate=False)`, PyTorch's `GELU()`),
-`gelu_tanh` the tanh approximation ½z(1 + tanh u) = z·σ(2u), u = √(2/π)(z + 0.044715 z³). Both
-go through erfc / σ, and grads use σ(−z) for 1 − σ(z), to keep full precision in the tails. At
-kinks every `grad` is `jax.grad(fn)`: ReLU′(0) = relu2′(0) = 0, ELU′(0) = 1 (tested).
-
-Gated (GLU) family, Shazeer 2020: the model computes `fn(x W_gate) * (x W_up)` with `fn` the
-plain activation `GATE_BASE` names. `python -m actlab.core` prints `value_table()` (§1.2).
+name registry (`get`), in pure `jax.numpy` (docs/reference.md §1.1). GELU goes through erfc and
+its tanh form through σ, and grads use σ(−z) for 1 − σ(z): full precision in the tails. A gated
+(GLU) name computes `fn(x W_gate) * (x W_up)` with the plain `fn` of `GATE_BASE`.
 """
 
 import dataclasses

@@ -14,8 +14,8 @@ import numpy as np
 import optax
 
 from actlab.core import activations
-from actlab.core.model import (Execution, Spec, Sums, apply, dense, embed, logit_sums, norm, stack,
-                               tied_logits)
+from actlab.core.kernels import logit_sums
+from actlab.core.model import Execution, Spec, Sums, apply, dense, embed, norm, stack, tied_logits
 
 HEADS = ("mlm", "classify", "all")
 

@@ -1,50 +1,102 @@
-"""The decoder whole, read top-down: what the model is (`Spec`) and how it runs (`Execution`);
-then its parts, each before the part built from it: the norms, `dense` and `embed`, rotary
-positions, `Attention` (XLA attention and the key/value cache), the `FeedForward`, the `Block`
-and the `stack` of blocks, the `Decoder`; last `CausalLM`, the decoder with its loss, returning
-`Sums`. The faster equal variants (the fused loss, cuDNN attention) are kernels.py's, which the
-tasks choose where a config asks for them; the BERT-style encoder from these blocks, with its
-losses: encoder.py.
-
-The `Spec` builds GPT-2's block by default, or a LLaMA-style one: RMSNorm, rotary positions, no
-biases, an untied head, a gated FFN. Shape suffixes: B batch, L sequence (T: the keys'
-positions), D d_model, H heads, K head dim, F FFN hidden width, V vocabulary, P masked
-positions, C classes.
-
-Applied with the "stats" collection mutable (`apply(..., stats=True)`), every block also sows one
-`FFNStats` and one `AttentionStats` (not in training under cuDNN attention: `Attention`), typed
-values that `per_layer` reads back in layer order (step.py, actlab.measure); otherwise nothing
-extra is computed.
+"""The decoder whole, read top-down: a field and the rule its values keep (`option`), what the
+model is (`Spec`) and how it runs (`Execution`: XLA or cuDNN attention, the plain or the fused
+loss, both kernels.py's equal forms); the norms, `dense` and `embed`; rotary positions;
+attention; the FFN; the block and the stack; the `Decoder`; `CausalLM`, the decoder with its
+loss, returning `Sums`; the parameter counts. Applied with `stats`, each block sows `FFNStats` and
+`AttentionStats`, read back by `per_layer`. Shape suffixes: B batch, L sequence (T: the keys), D
+d_model, H heads, K head dim, F FFN width, V vocabulary, P masked positions, C classes.
 """
 
 import dataclasses
 import math
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 from jax.nn.initializers import normal
 
-from actlab.core import activations
-from actlab.core.options import (activation_name, boolean, choice, non_negative, option,
-                                  positive, within)
+from actlab.core import activations, kernels
+
+# --- A field: its default, the rule its values keep, its help and its marks ---------------------
+# A config's `model` and `optim` sections are the fields of `Spec`, `Execution` and
+# `step.OptimSpec` (actlab/config/schema.py): checked by these rules, listed with this help. A rule
+# is `(key, value) -> None` and raises ValueError with one line that names the key.
+
+Rule = Callable[[str, Any], None]
+# What a field is, each mark one of its values: `block`, the block's "form" (GPT-2's or the
+# LLaMA-style) or an "option" any block takes; `init_from`, another value in the run started from
+# is refused or said; `runtime`, how or where a run executes, not what it computes (read by its
+# compiled programs, or not). Every list of fields derives from them (`config.marked`).
+MARKS = {"block": ("form", "option"), "init_from": ("refuse", "say"),
+         "runtime": ("program", "harness")}
 
 
-# --- What the model is, and how it runs -------------------------------------------------------
+def option(default, rule: Rule | None = None, help: str = "", **marks):
+  assert all(v in MARKS.get(k, ()) for k, v in marks.items()), marks
+  return dataclasses.field(default=default, metadata={"rule": rule, "help": help, **marks})
+
+
+def choice(*values: str, help: str = "", **marks):
+  """A field that takes one of `values`, the first its default."""
+  field = option(values[0], one_of(*values), help, **marks)
+  return dataclasses.field(default=field.default, metadata={**field.metadata, "choices": values})
+
+
+def check(ok: bool, message: str, error: type[Exception] = ValueError) -> None:
+  if not ok:
+    raise error(message)
+
+
+def choices(names) -> str:  # "'a', 'b', 'c'"
+  return ", ".join(repr(n) for n in names)
+
+
+def positive(k, v):
+  check(v > 0, f"{k}={v} must be positive")
+
+
+def boolean(k, v):
+  check(isinstance(v, bool), f"{k}={v!r} must be true or false")
+
+
+def non_negative(zero: str = "") -> Rule:
+  """>= 0; `zero` says what 0 means."""
+  return lambda k, v: check(v >= 0, f"{k}={v} must be >= 0{zero}")
+
+
+def within(low, high, ends: str = "[)", note: str = "") -> Rule:
+  """In the interval from `low` to `high`, each end closed or open as `ends` says."""
+  above = (lambda v: v >= low) if ends[0] == "[" else (lambda v: v > low)
+  below = (lambda v: v <= high) if ends[1] == "]" else (lambda v: v < high)
+  return lambda k, v: check(above(v) and below(v),
+                            f"{k}={v} must be in {ends[0]}{low}, {high}{ends[1]}{note}")
+
+
+def one_of(*options) -> Rule:
+  return lambda k, v: check(v in options,
+                            f"{k}={v!r}: choose {choices(options[:-1])} or {options[-1]!r}")
+
+
+def activation_name(k, v):
+  try:
+    activations.get(v)
+  except ValueError as e:
+    raise ValueError(f"{k}: {e}") from None
+
+
+# --- What the model is, and how it runs ---------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-  """The architecture, hashable for Flax. Each field is written once, here: its default (GPT-2's
-  block, at the reference study's size), the rule its values keep, its help text and its marks
-  (what it is: the block's, refused or said by `train.init_from`; core/options.py); a config's
-  `model` section has these fields (actlab/config/schema.py) and a task builds the `Spec` from
-  them (actlab/tasks/)."""
-  activation: str = option("gelu", activation_name(), init_from="refuse",
+  """The architecture (hashable for Flax): GPT-2's block at the reference study's size by default,
+  or a LLaMA-style one (RMSNorm, rotary positions, no biases, an untied head, a gated FFN)."""
+  activation: str = option("gelu", activation_name, init_from="refuse",
                            help="FFN activation: a name from actlab.core.activations.NAMES")
   num_layers: int = option(6, positive, init_from="refuse")
   d_model: int = option(384, positive, init_from="refuse")
@@ -102,8 +154,7 @@ def gated(activation: str, ffn: str = "auto") -> bool:
 
 def ffn_width(activation: str, d_ff: int, gated_match_params: bool = True,
               ffn: str = "auto") -> int:
-  """Hidden width F: d_ff, or for gated FFNs round(2/3·d_ff) to a multiple of 64 (Shazeer 2020's
-  parameter match)."""
+  """Hidden width F: d_ff, or for gated FFNs round(2/3·d_ff) to a multiple of 64 (Shazeer 2020)."""
   if gated(activation, ffn) and gated_match_params:
     return max(64, round(2 * d_ff / 3 / 64) * 64)
   return d_ff
@@ -115,28 +166,38 @@ def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Execution:
-  """How the model runs, not what it computes (fields of a config's `model` section, as `Spec`'s
-  are): every choice computes the same function up to rounding (tests/test_model_execution.py).
-  Attention here is XLA's; choosing another (`model.attention_impl`) is kernels.Execution's field,
-  and the decoder's loss implementation (`model.loss_impl`) its task's: tasks/causal_lm.py."""
+  """How the model runs, not what it computes: every choice computes the same function up to
+  rounding (tests/test_model_execution.py)."""
   dtype: str = choice("float32", "bfloat16", help='compute dtype: "float32" or "bfloat16" '
                       "(params stay float32)")
   scan_layers: bool = option(False, boolean, help="nn.scan over the blocks: compile time "
                              'independent of depth (params under "blocks" with a layer axis; '
-                             "another random init)")  # `stack`
+                             "another random init)")
   remat: str = choice("none", "full", "dots", help="recompute activations in the backward pass "
                       'to save memory: "none", "full" (keep block inputs) or "dots" (also matmul '
                       "outputs)")
+  attention_impl: str = choice("xla", "cudnn", "auto", help="jax.nn.dot_product_attention "
+                               'implementation: "xla", "cudnn" (an error where it cannot run) or '
+                               '"auto" (cuDNN where it can, else XLA: on a GPU said once)')
+  loss_impl: str = choice("fused", "plain", help='the decoder\'s LM head + loss: "fused" '
+                          "(chunked, no [B, L, V] logits in memory; core/kernels.py) or \"plain\" "
+                          "(logits, then cross-entropy)")
 
   @property
   def compute_dtype(self) -> jnp.dtype:
     return jnp.dtype(self.dtype)
 
   def attend(self, q_BHLK, k_BHTK, v_BHTK, mask, *, causal: bool, train: bool):
-    """Attention's output and its `attention_stats` (None where not formed): XLA attention.
-    (kernels.Execution runs cuDNN flash attention where its `attention_impl` asks for it.)"""
-    del train
-    return xla_attention(q_BHLK, k_BHTK, v_BHTK, mask, causal=causal)
+    """Attention's output and its `attention_stats` (None where not formed): XLA's, or cuDNN's
+    where `attention_impl` picks it (it never forms the logits: in evaluation the stats are of
+    logits computed apart, in training none)."""
+    lengths = None if mask is None else (q_BHLK.shape[2], k_BHTK.shape[2])
+    if kernels.attention_impl(self.attention_impl, q_BHLK.dtype, q_BHLK.shape[-1],
+                              lengths) == "xla":
+      return xla_attention(q_BHLK, k_BHTK, v_BHTK, mask, causal=causal)
+    out_BHLK = kernels.cudnn_attention(q_BHLK, k_BHTK, v_BHTK, mask, causal=causal)
+    return out_BHLK, None if train else attention_stats(
+        attention_logits(q_BHLK, k_BHTK, mask, causal=causal))
 
   @property
   def remat_policy(self):
@@ -201,15 +262,10 @@ def rope(x_BHLK, positions_L, theta: float) -> jax.Array:
 
 
 class Attention(nn.Module):
-  """Multi-head self-attention: query, key, value and out projections of [D, D] (with biases as
-  `spec.bias` says), heads-major (B, H, L, K) in between; with `decode`, a key/value cache. With
-  `spec.qk_norm`, queries and keys pass the block's norm over the head dim K (`query_norm`,
-  `key_norm`: one of [K] each, shared by the heads) before q·k (qk-layernorm: Dehghani et al.
-  2023, Wortsman et al. 2023; Qwen3's RMSNorm). With `spec.position` "rope", queries and keys
-  are then rotated by their absolute positions (`rope`). Its `AttentionStats` come from the
-  logits and probabilities XLA attention computes; cuDNN flash attention (kernels.py) never
-  forms them, so in training it sows none (a log step would rebuild them), in evaluation
-  (`train` False) those of logits computed apart."""
+  """Multi-head self-attention: query, key, value and out projections of [D, D], heads-major
+  (B, H, L, K) in between; with `decode`, a key/value cache. With `spec.qk_norm`, queries and keys
+  pass the block's norm over K (one of [K] each, shared by the heads: Wortsman et al. 2023) before
+  q·k; with `spec.position` "rope" they are then rotated by their absolute positions."""
   spec: Spec
   causal: bool
   execution: Execution = Execution()
@@ -466,8 +522,8 @@ def tied_logits(h_BLD, embedding_VD) -> jax.Array:
 
 @flax.struct.dataclass
 class Sums:
-  """What an objective returns: sums over a batch. The fields are fixed; those a loss does not
-  compute are None (`logit_sums` and kernels.py's sums are keyed by these fields' names)."""
+  """What an objective returns: sums over a batch (kernels.py's sums are keyed by these names);
+  those a loss does not compute are None."""
   loss_sum: jax.Array        # the differentiated sum: cross-entropy (+ the z-loss in training)
   count: jax.Array           # the positions (or examples) summed over
   z_loss_sum: jax.Array | None = None  # with a z-loss, its part of loss_sum: z_loss · Σ logZ²
@@ -487,32 +543,12 @@ class Objective(Protocol):
   def __call__(self, params, batch, rng, *, train: bool, stats: bool = False) -> Sums: ...
 
 
-def logit_sums(loss_sum, logits_NV, weights_N=None, *, z_loss: float = 0.0, logz: bool = False,
-               logz_N=None) -> dict:
-  """A loss's own `loss_sum` with what it adds from its output logits' logZ = logsumexp (nats;
-  `logz_N` where the loss has it already), summed over positions with weights w (default 1;
-  sharing the logits' leading axes): `z_loss_sum` = z_loss · Σ w·logZ² (PaLM's z-loss, when
-  `z_loss` > 0; added to `loss_sum`) and, with `logz`, `logz_sum` = Σ w·logZ (the output-logit
-  scale a log step records; not differentiated)."""
-  if not (z_loss or logz):
-    return {"loss_sum": loss_sum}
-  logz_N = jax.nn.logsumexp(logits_NV, axis=-1) if logz_N is None else logz_N
-  weights_N = jnp.ones(logz_N.shape) if weights_N is None else weights_N
-  out = {"loss_sum": loss_sum}
-  if z_loss:
-    out["z_loss_sum"] = z_loss * jnp.sum(weights_N * jnp.square(logz_N))
-    out["loss_sum"] = loss_sum + out["z_loss_sum"]
-  if logz:
-    out["logz_sum"] = jax.lax.stop_gradient(jnp.sum(weights_N * logz_N))
-  return out
-
-
 @dataclasses.dataclass(frozen=True)
 class CausalLM:
   """The decoder with its loss (an `Objective`): next-token cross-entropy (nats) of windows of
-  L+1 tokens, summed over positions 1…L; in training with the z-loss, and with `stats` what the
-  blocks sowed and `logz_sum`. (kernels.FusedCausalLM: the same sums without the [B, L, V]
-  logits in memory.)"""
+  L+1 tokens, summed over positions 1…L, from the logits (`loss_impl="plain"`) or fused with the
+  head (kernels.xent_sum); in training with the z-loss, with `stats` the sown values and
+  `logz_sum`."""
   model: Decoder
   z_loss: float = 0.0
 
@@ -520,15 +556,14 @@ class CausalLM:
     inputs_BL, targets_BL = batch_BL1[:, :-1], batch_BL1[:, 1:]
     (h_BLD, head_VD), sown = apply(self.model, params, inputs_BL, train=train,
                                    rngs={"dropout": rng}, stats=stats, method=Decoder.head_input)
-    sums = self.head_sums(h_BLD, head_VD, targets_BL, z_loss=self.z_loss if train else 0.0,
-                          logz=stats)
+    z_loss = self.z_loss if train else 0.0
+    if self.model.execution.loss_impl == "fused":
+      sums = kernels.xent_sum(h_BLD, head_VD, targets_BL, z_loss=z_loss, logz=stats)
+    else:
+      logits_BLV = tied_logits(h_BLD, head_VD)
+      losses_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
+      sums = kernels.logit_sums(losses_BL.sum(), logits_BLV, z_loss=z_loss, logz=stats)
     return Sums(**sums, count=targets_BL.size, sown=sown)
-
-  def head_sums(self, h_BLD, head_VD, targets_BL, *, z_loss: float, logz: bool) -> dict:
-    """The LM head's logits and their cross-entropy with `logit_sums`' sums."""
-    logits_BLV = tied_logits(h_BLD, head_VD)
-    losses_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
-    return logit_sums(losses_BL.sum(), logits_BLV, z_loss=z_loss, logz=logz)
 
 
 def apply(model: nn.Module, params, *args, stats: bool = False, **kwargs):
@@ -555,3 +590,33 @@ def per_layer(sown, kind: type) -> list:
     for i in range(jax.tree.leaves(value)[0].shape[0]):
       by_layer[i] = jax.tree.map(lambda x: x[i], value)
   return [by_layer[i] for i in sorted(by_layer)]
+
+
+def count_params(params) -> dict[str, int]:
+  """Total parameters and the count without the token embedding (`wte`)."""
+  sizes = jax.tree.map(lambda p: int(np.prod(p.shape)), params)
+  total = sum(jax.tree.leaves(sizes))
+  embedding = sum(jax.tree.leaves(sizes.get("wte", {})))
+  return {"total": total, "non_embedding": total - embedding}
+
+
+def param_count(spec: Spec, head: str = "lm", type_vocab_size: int = 2,
+                num_classes: int = 2) -> int:
+  """`count_params(...)["total"]` in closed form: the decoder (`head="lm"`), else the encoder
+  with that head."""
+  D, V, P, F, K = spec.d_model, spec.vocab_size, spec.max_len, spec.ffn_width, spec.head_dim
+  b = 1 if spec.bias else 0
+  norm = lambda n: n * (1 if spec.norm_type == "rms" else 1 + b)  # scale (and bias) of [n]
+  attention = 4 * (D * D + b * D) + (2 * norm(K) if spec.qk_norm else 0)
+  ffn = (3 if spec.gated else 2) * D * F + b * ((2 if spec.gated else 1) * F + D)
+  blocks = spec.num_layers * (attention + ffn + 2 * norm(D))
+  if head == "lm":
+    positions = P * D if spec.position == "learned" else 0
+    return V * D * (1 if spec.tie_head else 2) + positions + blocks + norm(D)
+  ln = norm(D)
+  total = (V + P + type_vocab_size) * D + ln + blocks + (ln if spec.norm == "pre" else 0)
+  if head in ("mlm", "all"):
+    total += D * D + D + ln + V
+  if head in ("classify", "all"):
+    total += D * D + D + D * num_classes + num_classes
+  return total

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from actlab.core.model import AttentionStats, Objective, Sums, per_layer
-from actlab.core.options import check, non_negative, option, positive, within
+from actlab.core.model import (AttentionStats, Objective, Sums, check, non_negative, option,
+                               per_layer, positive, within)
 
 # The key of every evaluation (no dropout): every evaluation of every run, and MLM's baselines
 # (`tasks/mlm.baselines`), score the same masked positions.

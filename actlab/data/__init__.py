@@ -1,32 +1,34 @@
-"""Data: corpora, tokenizers, the token cache and step-indexed batch sampling (docs/data.md).
-
-`load(config)` opens the corpus (`data.source`), the tokenizer (tokenizer.py) and each split's
-token cache (cache.py), and returns a `Dataset` (`labelled=True`: the classify task's
-`classify.ClassifyDataset`). Everything lives under the data dir (`data_dir`). Problems a user
-can fix raise `DataError` with one message saying what to do.
+"""Data (docs/data.md): `load(config)` opens the corpus (`data.source`: the embedded synthetic
+stories or TinyStories), its tokenizer (by spec, trained once where it is a BPE or WordPiece) and
+each split's token cache, and returns a `Dataset` of step-indexed batches (`labelled=True`: the
+classify task's `classify.ClassifyDataset`). Everything lives under the data dir (`data_dir`);
+problems a user can fix raise `DataError`, one line saying what to do.
 """
 
 import contextlib
 import dataclasses
 import fcntl
 import functools
+import hashlib
+import json
 import logging
 import os
-from collections.abc import Sequence
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from actlab.data import cache, gpt2, tokenizer, tokenizer_store
-from actlab.data.tokenizer import Tokenizer
+from actlab.data import gpt2, tokenizer
+from actlab.data.tokenizer import (ByteTokenizer, HFBPETokenizer, HFWordPieceTokenizer, Tokenizer,
+                                   parse_spec)
 from actlab.infra.errors import DataError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DataError", "Dataset", "Tokenizer", "load", "load_tokenizer",
-           "data_dir"]
-
 _COUNT_CHUNK = 1 << 24  # tokens per np.bincount call, which copies its input as int64
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
@@ -111,6 +113,211 @@ def data_dir(config_dir: str = "") -> Path:
   return Path(d).expanduser()
 
 
+# --- Tokenizers: by spec, and the copy saved with a run ---------------------------------------
+# A run's copy (`<workdir>/tokenizer/`: its defining files and a manifest of their SHA-256) lets
+# sampling and export need only the run directory; a changed file is refused.
+
+MANIFEST = "actlab_tokenizer.json"  # in a saved tokenizer's directory: its name and checksums
+TRAINED = {"bpe": HFBPETokenizer, "wordpiece": HFWordPieceTokenizer}  # saved as tokenizer.json
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+  """Writes `data` to `path` whole or not at all (temp file, rename)."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+  tmp.write_bytes(data)
+  os.replace(tmp, path)
+
+
+def save_tokenizer(tok: Tokenizer, directory: Path) -> None:
+  """Writes `tok`'s defining files (`Tokenizer.files`) into `directory`, then `MANIFEST` (last: a
+  directory without it holds no tokenizer). `saved_tokenizer` gives back the same ids."""
+  files = tok.files()
+  for name, data in files.items():
+    write_atomic(Path(directory) / name, data)
+  meta = {"name": tok.name, "fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size,
+          "sha256": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}}
+  write_atomic(Path(directory) / MANIFEST, (json.dumps(meta, indent=2) + "\n").encode())
+
+
+def saved_tokenizer(directory: Path) -> Tokenizer | None:
+  """The tokenizer `save_tokenizer` wrote into `directory` (None if none); DataError if a file changed."""
+  directory = Path(directory)
+  try:
+    meta = json.loads((directory / MANIFEST).read_text())
+  except (OSError, ValueError):
+    return None
+  for name, digest in meta["sha256"].items():
+    path = directory / name
+    if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+      raise DataError(f"{path} is missing or differs from the tokenizer saved with the run; "
+                      "restore it from a copy of the run directory")
+  kind, _ = parse_spec(meta["name"])
+  if kind == "byte":
+    tok = ByteTokenizer()
+  elif kind == "gpt2":
+    tok = gpt2.gpt2_saved(directory)
+  else:
+    tok = TRAINED[kind].load(directory / "tokenizer.json", meta["name"])
+  if tok.fingerprint != meta["fingerprint"]:
+    raise DataError(f"the tokenizer in {directory} is {tok.fingerprint}, saved as "
+                    f"{meta['fingerprint']}; restore it from a copy of the run directory")
+  return tok
+
+
+def tokenizer_of(spec: str, *, directory: str | os.PathLike,
+        train_texts: Callable[[], Iterable[str]] | None = None,
+        gpt2_dir: str | os.PathLike | None = None) -> Tokenizer:
+  """The tokenizer named by `spec`. A trained BPE or WordPiece is `<directory>/<kind>-<size>.json`,
+  trained on `train_texts()` the first time; `gpt2_dir` holds encoder.json + vocab.bpe for an
+  offline GPT-2."""
+  kind, size = parse_spec(spec)
+  if kind == "byte":
+    return ByteTokenizer()
+  if kind == "gpt2":
+    return gpt2.gpt2(gpt2_dir)
+  path, name = Path(directory) / f"{kind}-{size}.json", f"{kind}:{size}"
+  if path.is_file():
+    return TRAINED[kind].load(path, name)
+  if train_texts is None:
+    raise ValueError(f"{spec}: no saved tokenizer at {path} and no train_texts to train one")
+  tok = TRAINED[kind].train(train_texts(), size, name)
+  write_atomic(path, tok.files()["tokenizer.json"])
+  return tok
+
+
+# --- The token cache ---------------------------------------------------------------------------
+# Each split tokenized once into a flat `.bin` (uint16 for vocabularies up to 65,536, else uint32;
+# every story's tokens, then `eot_id`) under `tokens/<corpus>/`, memory-mapped. The `.bin` is
+# written under a temporary name and renamed, then its JSON sidecar (counts, fingerprints, SHA-256
+# of the `.bin`); a cache that disagrees is rebuilt with a log line (docs/design.md §3.11).
+
+FORMAT_VERSION = 2        # 2: the sidecar holds the .bin's sha256
+CHUNK_CHARS = 8_000_000   # characters handed to one encode_batch call
+build_count = 0           # (re)builds so far: tests prove with it that an open did not tokenize
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+  return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
+
+
+def sidecar_path(path: Path) -> Path:
+  return Path(path).with_suffix(".json")
+
+
+def _expected_meta(tokenizer: Tokenizer, source_id: str) -> dict:
+  return {
+      "format": FORMAT_VERSION,
+      "dtype": token_dtype(tokenizer.vocab_size).name,
+      "tokenizer": tokenizer.name,
+      "tokenizer_fingerprint": tokenizer.fingerprint,
+      "vocab_size": int(tokenizer.vocab_size),
+      "eot_id": int(tokenizer.eot_id),
+      "source": source_id,
+  }
+
+
+def check_cache(path: Path, tokenizer: Tokenizer, source_id: str) -> tuple[dict | None, str]:
+  """(sidecar, "") if the cache at ``path`` is complete and current, else (None, why not)."""
+  path = Path(path)
+  side = sidecar_path(path)
+  if not side.is_file():
+    return None, "no cache" if not path.exists() else "sidecar missing (partial build?)"
+  try:
+    meta = json.loads(side.read_text())
+  except (OSError, ValueError) as e:
+    return None, f"unreadable sidecar ({e})"
+  if not isinstance(meta, dict):
+    return None, "malformed sidecar"
+  for k, v in _expected_meta(tokenizer, source_id).items():
+    if meta.get(k) != v:
+      return None, f"stale: {k} is {meta.get(k)!r}, now {v!r}"
+  if not path.is_file():
+    return None, "token file missing"
+  n = meta.get("num_tokens")
+  if not isinstance(n, int) or n <= 0:
+    return None, "malformed sidecar (num_tokens)"
+  size = path.stat().st_size
+  if size != n * np.dtype(meta["dtype"]).itemsize:
+    return None, f"size mismatch: {size} bytes on disk, sidecar says {n} tokens"
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    while block := f.read(1 << 24):
+      digest.update(block)
+  if digest.hexdigest() != meta.get("sha256"):
+    return None, "checksum mismatch (file changed since it was built)"
+  return meta, ""
+
+
+def _chunks(texts: Iterable[str], max_chars: int) -> Iterable[list[str]]:
+  chunk, n = [], 0
+  for t in texts:
+    chunk.append(t)
+    n += len(t)
+    if n >= max_chars:
+      yield chunk
+      chunk, n = [], 0
+  if chunk:
+    yield chunk
+
+
+def build_cache(path: Path, texts: Iterable[str], tokenizer: Tokenizer, source_id: str, *,
+          num_texts: int | None = None, desc: str = "", progress: bool = True) -> dict:
+  """Tokenize ``texts`` into ``path`` (atomically) and write the sidecar; returns the sidecar."""
+  global build_count
+  from tqdm.auto import tqdm
+
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  side = sidecar_path(path)
+  side.unlink(missing_ok=True)  # whatever happens next, the old sidecar no longer vouches
+  dtype = token_dtype(tokenizer.vocab_size)
+  tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+  tmp = path.with_name(f".{path.name}.tmp-{tag}")
+  n_tokens = n_texts = 0
+  digest = hashlib.sha256()
+  bar = tqdm(total=num_texts, unit=" stories", desc=desc or f"tokenizing {path.name}",
+             disable=not progress, file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
+  try:
+    with open(tmp, "wb") as f:
+      for chunk in _chunks(texts, CHUNK_CHARS):
+        block = tokenizer.encode_docs(chunk, dtype).tobytes()
+        f.write(block)
+        digest.update(block)
+        n_tokens += len(block) // dtype.itemsize
+        n_texts += len(chunk)
+        bar.update(len(chunk))
+      f.flush()
+      os.fsync(f.fileno())
+    if n_texts == 0:
+      raise DataError(f"no stories to tokenize for {path.name} ({source_id}): the split is empty.")
+    os.replace(tmp, path)
+  finally:
+    bar.close()
+    tmp.unlink(missing_ok=True)
+  meta = dict(_expected_meta(tokenizer, source_id), num_tokens=int(n_tokens),
+              num_texts=int(n_texts), sha256=digest.hexdigest())
+  tmp_side = side.with_name(f".{side.name}.tmp-{tag}")
+  tmp_side.write_text(json.dumps(meta, indent=1) + "\n")
+  os.replace(tmp_side, side)
+  build_count += 1
+  return meta
+
+
+def build_or_open(path: Path, texts: Callable[[], Iterable[str]], tokenizer: Tokenizer,
+                  source_id: str, *, num_texts: int | None = None, desc: str = "",
+                  progress: bool = True) -> np.memmap:
+  """The cached tokens at ``path``, built from ``texts()`` if absent or not current (built from
+  another tokenizer or `source_id`, which changes whenever the source texts do)."""
+  meta, why = check_cache(path, tokenizer, source_id)
+  if meta is None:
+    if why != "no cache":
+      log.warning("token cache %s: %s; rebuilding", path, why)
+    meta = build_cache(path, texts(), tokenizer, source_id, num_texts=num_texts, desc=desc,
+                 progress=progress)
+  return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["num_tokens"],))
+
+
 # --- The corpora ---------------------------------------------------------------------------------
 # Each gives its splits' `texts(split)`, `num_texts(split)` and a `source_id(split)` that changes
 # with the texts and keys the token caches.
@@ -160,7 +367,7 @@ def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
   default = root / "gpt2"  # convenience: <data dir>/gpt2/{encoder.json,vocab.bpe}
   if not gpt2_dir and all((default / f).is_file() for f in gpt2.GPT2_FILES):
     gpt2_dir = str(default)
-  return tokenizer_store.get(
+  return tokenizer_of(
       config.data.tokenizer, directory=root / "tokenizers" / corpus_key(config),
       train_texts=train_texts, gpt2_dir=gpt2_dir or None)
 
@@ -168,7 +375,7 @@ def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
 def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
   """The config's tokenizer without its corpus: the copy in `saved` (a run directory's) if there
   is one, else the data dir's (a trained BPE or WordPiece must be there already)."""
-  if saved and (tok := tokenizer_store.load(saved)) is not None:
+  if saved and (tok := saved_tokenizer(saved)) is not None:
     return tok
   root = data_dir(config.data.dir)
   try:
@@ -212,7 +419,7 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
     arrays, c = {}, corpus()
     for split in ("train", "validation"):
       path = root / "tokens" / key / f"{split}.{tok.name.replace(':', '')}.bin"  # e.g. bpe4096
-      arrays[split] = cache.build_or_open(
+      arrays[split] = build_or_open(
           path, lambda s=split: c.texts(s), tok, c.source_id(split),
           num_texts=c.num_texts(split), desc=f"tokenizing {key} {split} ({tok.name})",
           progress=progress)

@@ -1,10 +1,7 @@
-"""TinyStories (Eldan & Li 2023) as the TFDS builder `tiny_stories` (configs `v2`, GPT-4 stories,
-and `v1`, the original release), prepared to array_record under `<data dir>/tfds` and read back
-with `as_data_source`, without TensorFlow (docs/data.md). A story is the text before a line equal
-to `<|endoftext|>`, trimmed; empty ones are dropped, the files' mojibake is kept, and a file that
-ends inside a story (cut short) is refused. Files in the manual directory are used first, missing
-ones downloaded; changed ones prepare the data again (provenance.py) and change
-`Corpus.source_id`, so the token caches follow (docs/design.md §3.11).
+"""TinyStories (Eldan & Li 2023, `v1` and `v2`) as the TFDS builder `tiny_stories`, prepared to
+array_record under `<data dir>/tfds` and read without TensorFlow (docs/data.md). A story is the
+text before a line `<|endoftext|>`, trimmed; a file cut inside a story is refused; manual files
+are used first, a changed one prepares the data again (provenance.py) and so rebuilds the caches.
 """
 
 import contextlib

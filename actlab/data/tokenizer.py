@@ -1,9 +1,7 @@
-"""Tokenizers behind one small interface, by spec (docs/data.md; `tokenizer_store.get` builds them):
-`byte` (UTF-8 bytes 0..255, end-of-text 256), `bpe:<size>` (byte-level BPE, Hugging Face
-`tokenizers`, trained on the training split), `gpt2` (tiktoken, gpt2.py; `<|endoftext|>` = 50256)
-and the encoder's `wordpiece:<size>` (BERT's uncased WordPiece: `special_ids`, `[SEP]` as eot).
-Texts are encoded *ordinarily*: a literal `<|endoftext|>` is text, never the special id; the
-token cache puts `eot_id` between stories.
+"""Tokenizers behind one interface, by spec (docs/data.md): `byte`, `bpe:<size>` (Hugging Face
+`tokenizers`, trained on the training split), `gpt2` (tiktoken: gpt2.py) and the encoder's
+`wordpiece:<size>` (`special_ids`, `[SEP]` as end of text). Texts are encoded ordinarily: a
+literal `<|endoftext|>` is text; the token cache puts `eot_id` between stories.
 """
 
 import abc

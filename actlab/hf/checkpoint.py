@@ -81,7 +81,7 @@ def model_family(config, task: str, named: str | None) -> tuple[str, str | None]
 def _nearest(config, task: str, named: str | None) -> str:
   """Of the task's families, one whose block the config's model has, `named` first."""
   m = config.model
-  has_block = lambda name: all(m[k] == v for k, v in BLOCKS[FAMILIES[name].block].items())
+  has_block = lambda name: all(getattr(m, k) == v for k, v in BLOCKS[FAMILIES[name].block].items())
   return min(families(task), key=lambda name: (not has_block(name), name != named))
 
 
@@ -92,7 +92,8 @@ def _unlike(config, family: str, task: str) -> str | None:
   cls, ffn = f.classes[task], "gated" if gated(m.activation, m.ffn) else "plain"
 
   def differs(block):
-    return ", ".join(f"model.{k}={m[k]!r}" for k, v in BLOCKS[block].items() if m[k] != v)
+    return ", ".join(f"model.{k}={getattr(m, k)!r}" for k, v in BLOCKS[block].items()
+                     if getattr(m, k) != v)
 
   def text(block):
     return BLOCK_TEXT[block].format(", ".join(FAMILIES[name].classes[task]
@@ -159,7 +160,7 @@ def hf_config(config, family: str | None, task: str, vocab_size: int, eot_id: in
     raise UserError(f"export: {cls}'s pooler is tanh and this model's is "
                     f"model.pooler_activation={m.pooler_activation!r}; train with 'tanh'")
   out = {"model_type": family, "architectures": [cls], "vocab_size": vocab_size,
-         **{hf_field: m[field] for field, hf_field in FIELDS[family].items()}}
+         **{hf_field: getattr(m, field) for field, hf_field in FIELDS[family].items()}}
   if family == "gpt2":
     return {**out, "tie_word_embeddings": True, "activation_function": ACTIVATIONS[act],
             "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": 0.0,
@@ -277,11 +278,12 @@ def _check_sizes(cfg: dict, config, family: str, vocab_size: int, where: str) ->
   have = dict(cfg)
   if family == "gpt2":
     have["n_inner"] = have.get("n_inner") or 4 * have.get("n_embd", 0)
-  theirs = {f: have.get(h) for f, h in FIELDS[family].items() if f in m}
+  theirs = {f: have.get(h) for f, h in FIELDS[family].items() if hasattr(m, f)}
   if family in LLAMA_STYLE:
     _check_heads(cfg, where)
     theirs["rope_theta"] = rope(cfg, where)
-  differ = [f for f, v in theirs.items() if not ((v or 0) >= m[f] if f == "max_len" else v == m[f])]
+  differ = [f for f, v in theirs.items()
+            if not ((v or 0) >= getattr(m, f) if f == "max_len" else v == getattr(m, f))]
   wrong = [f"--config.model.{f}={theirs[f]}" for f in differ if INIT_FROM[f"model.{f}"] == "refuse"]
   inner = cfg.get("intermediate_size")  # read back into d_ff: gated, the width is d_ff unmatched
   if family in LLAMA_STYLE and inner != width(config):
@@ -294,7 +296,7 @@ def _check_sizes(cfg: dict, config, family: str, vocab_size: int, where: str) ->
     raise UserError(f"{where}: the checkpoint's vocabulary ({cfg['vocab_size']}) is larger than "
                     f"the model's ({vocab_size}, data.tokenizer={config.data.tokenizer!r}); use "
                     "the checkpoint's tokenizer")
-  return [f"model.{f}: {theirs[f]!r} there, {m[f]!r} here" for f in differ
+  return [f"model.{f}: {theirs[f]!r} there, {getattr(m, f)!r} here" for f in differ
           if INIT_FROM[f"model.{f}"] == "say"]
 
 

@@ -1,19 +1,8 @@
 """The transformers model families actlab maps, one table each (`FAMILIES`: GPT-2, BERT, Llama,
-Arcee, Qwen3), and a model's parameters copied both ways: `to_hf` (a state dict in transformers'
-names and PyTorch's layout), `gather` (a state dict's arrays in actlab's, `fit` to the model);
-with the scanned and per-layer parameter layouts converted both ways (`scanned_layout`,
-`per_layer_layout`): the names are the per-layer layout's.
-
-A family's table names its classes (one per actlab task), the model it is (its block, of
-`BLOCKS`, its norm placement, a plain or gated FFN, qk-norm or none: checkpoint.py holds a run
-to them) and its parameters: `top` those outside the blocks, block i's the `layer` prefix and
-`in_layer`, each with PyTorch's leaf (`LEAF`), but for a whole parameter named whole (`lm_head`,
-`mlm/bias`). Kernels are transposed (Flax (in, out), torch.nn.Linear (out, in)), except GPT-2's
-(its Conv1D stores (in, out)). Parameters of one name are its column blocks, in the table's order:
-GPT-2's fused `attn.c_attn` holds query, key and value. A base model's names (`GPT2Model`,
-`BertModel`, `LlamaModel`) lack the `trunk` prefix and read the same, as do old BERT files'
-LayerNorm `gamma`/`beta`. The LLaMA-style classes share their names: Arcee's FFN has no gate,
-only Qwen3 has `q_norm`/`k_norm`.
+Arcee, Qwen3: the classes, the model it is, the parameters' names), and a model's parameters
+copied both ways (`to_hf`, `gather` and `fit`), in the per-layer layout (`scanned_layout`,
+`per_layer_layout` convert). Kernels are transposed (Flax (in, out), torch (out, in)) but for
+GPT-2's Conv1D; parameters of one name are its column blocks (GPT-2's fused `c_attn`).
 """
 
 from typing import Mapping, NamedTuple

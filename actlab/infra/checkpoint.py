@@ -8,7 +8,6 @@ before them (0.14 s or more of every run's start on 2 CPU cores)."""
 import copy
 import functools
 import gc
-import logging
 import pathlib
 import sys
 import warnings
@@ -17,7 +16,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from actlab.infra import compile_cache
 from actlab.infra.errors import UserError, short_cause
 
 
@@ -58,7 +56,10 @@ _compiled: dict = {}  # a tree's abstract arrays -> `sums` compiled for trees li
 
 
 def _signature(tree) -> tuple:
-  return jax.tree.structure(tree), tuple(jax.tree.leaves(compile_cache.abstract(tree)))
+  """A tree's structure, shapes, dtypes (as JAX holds them) and shardings."""
+  return jax.tree.structure(tree), tuple(
+      (x.shape, jax.dtypes.canonicalize_dtype(x.dtype), getattr(x, "sharding", None))
+      for x in jax.tree.leaves(tree))
 
 
 def use_compiled(like, compiled) -> None:
@@ -75,29 +76,6 @@ def checksums(tree) -> dict[str, str]:
   return {p: f"{int(a):08x}{int(b):08x}" for p, (a, b) in zip(paths, jax.device_get(program(tree)))}
 
 
-class _OrbaxLogsDropped(logging.Filter):
-  """Drops Orbax's and asyncio's warnings while a Checkpoints is open, and for the rest of the
-  process once a restore failed or a save did (as the close waits for it): thousands of traceback
-  lines for one damaged file or a full disk, which reach the caller as an exception said in one
-  line anyway. A failed restore's reads still in flight fail after it, and its tasks warn whenever
-  they are freed, so these come after the close too. Orbax's INFO logs stay available with
-  --verbosity=0."""
-
-  LOGGERS = ("absl", "asyncio")
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return not (record.levelno >= logging.WARNING
-                and ("/orbax/" in record.pathname or record.name == "asyncio"))
-
-  def install(self) -> None:
-    for name in self.LOGGERS:
-      logging.getLogger(name).addFilter(self)
-
-  def remove(self) -> None:
-    for name in self.LOGGERS:
-      logging.getLogger(name).removeFilter(self)
-
-
 class Checkpoints:
   """A run's checkpoint directory; closed at the end of a `with` block. `read_only` (sampling,
   fine-tuning from another run): nothing is created, moved or written."""
@@ -105,9 +83,7 @@ class Checkpoints:
   def __init__(self, directory, keep: int, read_only: bool = False):
     self.directory = pathlib.Path(directory).absolute()
     self.read_only, self.keep = read_only, keep
-    self._failed = False  # a restore or a save failed: its logs stay dropped (`_OrbaxLogsDropped`)
-    self._logs_dropped = _OrbaxLogsDropped()
-    self._logs_dropped.install()  # Before the manager: a read-only one warns as it starts.
+    self._failed = False  # a restore or a save failed: its tasks are freed at the close
 
   @functools.cached_property
   def _manager(self):
@@ -197,12 +173,10 @@ class Checkpoints:
     finally:
       if self._failed:
         # Frees the failed tasks that can be freed now: "coroutine ... was never awaited" is a
-        # warning, which the logs' filter does not drop.
+        # warning, which a command's log filter (`errors.run`) does not drop.
         with warnings.catch_warnings():
           warnings.simplefilter("ignore")
           gc.collect()
-      else:
-        self._logs_dropped.remove()
 
   def __enter__(self) -> "Checkpoints":
     return self

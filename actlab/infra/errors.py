@@ -6,6 +6,7 @@ mistakes in the flags (an unknown flag or field, a bad value, a broken config fi
 import contextlib
 import difflib
 import inspect
+import logging
 import os
 import pathlib
 import runpy
@@ -48,12 +49,22 @@ def reported():
     os._exit(e.exit_code)
 
 
+def orbax_noise(record: logging.LogRecord) -> bool:
+  """Whether a log record is a warning of Orbax's or asyncio's: what Orbax's abandoned reads log
+  after a failed checkpoint read, as they end or as their tasks are freed."""
+  return record.levelno >= logging.WARNING and (
+      "/orbax/" in record.pathname or record.name == "asyncio")
+
+
 def run(main) -> None:
-  """`app.run(main)` with `parse_flags`; a UserError in either is `reported`. Drops the
-  unraisable errors that Orbax's abandoned reads leave after a failed checkpoint read, tens of
-  traceback lines each that add nothing to actlab's one line about it: the error each read (a
-  coroutine of Orbax's) raises as it is finalized, and the "Event loop is closed" that
-  tensorstore's threads get from Orbax's loop, which it closes at the first error."""
+  """`app.run(main)` with `parse_flags`; a UserError in either is `reported`. For the rest of the
+  process, drops what Orbax's abandoned reads leave after a failed checkpoint read, tens of
+  traceback lines each that add nothing to actlab's one line about it, whenever they come: their
+  log warnings (`orbax_noise`), the error each read (a coroutine of Orbax's) raises as it is
+  finalized, and the "Event loop is closed" that tensorstore's threads get from Orbax's loop,
+  which it closes at the first error. Orbax's INFO logs stay available with --verbosity=0."""
+  for name in ("absl", "asyncio"):
+    logging.getLogger(name).addFilter(lambda record: not orbax_noise(record))
 
   def unraisablehook(unraisable, hook=sys.unraisablehook):
     value = unraisable.exc_value

@@ -27,25 +27,27 @@ class ParallelError(UserError, ValueError):
 DETERMINISTIC_OPS = "--xla_gpu_deterministic_ops"
 
 
-def initialize(config) -> None:
-  """Sets up this process's devices (`parallel.cpu_devices`, `parallel.distributed`) and XLA's
-  deterministic GPU ops (`train.deterministic_ops`) before anything asks JAX for a device: a
-  backend, once made, cannot change. Repeated calls are no-ops."""
-  if config.train.deterministic_ops:
+def initialize(cpu_devices: int = 0, distributed: bool = False, coordinator: str = "",
+               num_processes: int = 0, process_id: int = -1,
+               deterministic_ops: bool = False) -> None:
+  """Sets up this process's devices (`cpu_devices` XLA devices on the CPU; `distributed`: join
+  the processes of a run, at `coordinator` or as the environment says) and XLA's deterministic GPU
+  ops, before anything asks JAX for a device: a backend, once made, cannot change. Repeated calls
+  are no-ops."""
+  if deterministic_ops:
     ask_deterministic_ops()
-  par = config.parallel
-  if par.cpu_devices and jax.config.jax_num_cpu_devices != par.cpu_devices:
+  if cpu_devices and jax.config.jax_num_cpu_devices != cpu_devices:
     try:
-      jax.config.update("jax_num_cpu_devices", par.cpu_devices)
+      jax.config.update("jax_num_cpu_devices", cpu_devices)
     except RuntimeError:  # JAX refuses once its backends exist.
-      raise ParallelError(f"parallel.cpu_devices={par.cpu_devices}: JAX's devices already exist in "
+      raise ParallelError(f"parallel.cpu_devices={cpu_devices}: JAX's devices already exist in "
                           "this process; set it before anything uses JAX (e.g. on the command "
                           "line of actlab.main / actlab.bench)") from None
-  if par.distributed and not jax.distributed.is_initialized():
+  if distributed and not jax.distributed.is_initialized():
     env = os.environ.get
-    coordinator = par.coordinator or env("JAX_COORDINATOR_ADDRESS") or None
-    count = par.num_processes or int(env("JAX_NUM_PROCESSES", 0)) or None
-    index = par.process_id if par.process_id >= 0 else int(env("JAX_PROCESS_ID", -1))
+    coordinator = coordinator or env("JAX_COORDINATOR_ADDRESS") or None
+    count = num_processes or int(env("JAX_NUM_PROCESSES", 0)) or None
+    index = process_id if process_id >= 0 else int(env("JAX_PROCESS_ID", -1))
     try:
       jax.distributed.initialize(coordinator, count, None if index < 0 else index)
     except (RuntimeError, ValueError) as e:
@@ -82,7 +84,7 @@ def ask_deterministic_ops() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """Where every array of a run lives. Build it with `plan(config)`."""
+  """Where every array of a run lives. Build it with `plan`."""
   mesh: Mesh
   mode: str = "dp"
   fsdp_min_size: int = 1 << 14
@@ -158,17 +160,18 @@ class Plan:
         sharding=self.batch_sharding(np.ndim(x), stacked)), batch)
 
 
-def plan(config, devices=None) -> Plan:
-  """The plan of `config.parallel` over `devices` (default: the first `parallel.num_devices`)."""
-  par = config.parallel
-  if par.mode not in MODES:
-    raise ParallelError(f"parallel.mode={par.mode!r}: choose one of {', '.join(map(repr, MODES))}")
+def plan(batch_size: int, mode: str = "dp", num_devices: int = 0, fsdp_min_size: int = 1 << 14,
+         devices=None) -> Plan:
+  """The plan of a batch of `batch_size` over `devices` (default: the first `num_devices`, 0 =
+  all) in `mode` ("dp" or "fsdp")."""
+  if mode not in MODES:
+    raise ParallelError(f"parallel.mode={mode!r}: choose one of {', '.join(map(repr, MODES))}")
   if devices is None:
     devices = jax.devices()
-    if par.num_devices > len(devices):
-      raise ParallelError(f"parallel.num_devices={par.num_devices}, but only {len(devices)} "
+    if num_devices > len(devices):
+      raise ParallelError(f"parallel.num_devices={num_devices}, but only {len(devices)} "
                           "devices exist")
-    devices = devices[:par.num_devices or None]
-  p = Plan(Mesh(np.array(list(devices)), (AXIS,)), par.mode, par.fsdp_min_size)
-  p.check_batch(config.train.batch_size)
+    devices = devices[:num_devices or None]
+  p = Plan(Mesh(np.array(list(devices)), (AXIS,)), mode, fsdp_min_size)
+  p.check_batch(batch_size)
   return p

@@ -1,5 +1,8 @@
-"""The run directory: one owner at a time, what identifies the run, atomic files, a full disk.
-Layout and guarantees: docs/design.md §3.4–§3.7."""
+"""The run directory (docs/design.md §3.4–§3.7): one owner at a time (`Lock`), what identifies the
+run (`RunDir.check_config`, `diff_configs`), atomic files, metrics.jsonl (`MetricsLog`), the paths
+a run records (relative to it: a run directory is copied, archived and committed), a full disk in
+one line.
+"""
 
 import contextlib
 import dataclasses
@@ -16,19 +19,12 @@ import time
 from typing import Any, Iterator
 
 import jax
-import ml_collections
 
 from actlab.infra.errors import UserError
-from actlab.infra.recorded import map_data_paths, recorded_config, recorded_paths
 
 
 class WorkdirError(UserError):
   """The workdir cannot hold this run (another run, another owner, not a directory)."""
-
-
-# Fields that say how or where a run executes, not what it computes: they may change when a run
-# resumes (provenance.json has each segment's); set by actlab.config from its `runtime` marks.
-RUNTIME_FIELDS: tuple[str, ...] = ()
 
 
 # What a run directory holds (docs/design.md §3.5; `curves.png`: actlab.report's plot of a run)
@@ -37,13 +33,27 @@ RUN_FILES = (".lock", "config.json", "provenance.json", "metrics.jsonl", "tb", "
              "checkpoints", "checkpoints.corrupt", "tokenizer", "summary.json", "curves.png")
 _FROM_A_RUN = re.compile("|".join(map(re.escape, RUN_FILES)) + r"|process_\d+|\..+\.tmp-.+")
 SHOWN_DIFFS = 3  # a config differing in more fields than this is named by its fields alone
+DATA_PATHS = ("data.dir", "data.manual_dir", "data.gpt2_dir")  # recorded relative to the run
+PATH_PREFIXES = ("hf:",)  # train.init_from=hf:<dir>
+PACKAGE = pathlib.Path(__file__).parents[1]  # actlab/: its files run as `-m actlab.…`
+
+# Fields a config gained after runs were written with it: a config.json without one had this value.
+ADDED_FIELDS = {("train", "init_from"): "",  # decoders since 0.1.0 (encoders always had it)
+                ("data", "test_batches"): 0, ("model", "qk_norm"): False, ("optim", "z_loss"): 0.0,
+                ("optim", "spike_clip"): 0.0,
+                ("metrics", "grad_rel_max"): 10.0,  # runs from before have no grad_norm_init
+                # The block options: every run before them built GPT-2's or BERT's block.
+                ("model", "norm_type"): "layer", ("model", "position"): "learned",
+                ("model", "rope_theta"): 10000.0, ("model", "bias"): True,
+                ("model", "tie_head"): True, ("model", "ffn"): "auto",
+                ("train", "compile_cache"): "auto", ("sweep", "compile_next"): "auto",
+                ("train", "deterministic_ops"): False}
 
 
 @dataclasses.dataclass(frozen=True)
 class RunDir:
   """A run directory: `root` holds the checkpoints every process shares; `logdir` is where this
-  process writes its files (`process_<i>/` for process i > 0). Open it after devices are set up:
-  which process this is comes from JAX."""
+  process writes its files (`process_<i>/` for process i > 0, so open it after the devices)."""
   root: pathlib.Path
   logdir: pathlib.Path
 
@@ -62,7 +72,7 @@ class RunDir:
     return self.root / "checkpoints"
 
   @property
-  def tokenizer(self) -> pathlib.Path:  # data.tokenizer_store
+  def tokenizer(self) -> pathlib.Path:
     return self.logdir / "tokenizer"
 
   def lock(self) -> "Lock":
@@ -71,8 +81,9 @@ class RunDir:
   def summary(self) -> dict | None:
     return read_summary(self.logdir)
 
-  def check_config(self, config: ml_collections.ConfigDict) -> None:
-    """Raises unless the directory is unused or holds a run of the same config; writes nothing."""
+  def check_config(self, config: dict, runtime: tuple[str, ...] = ()) -> None:
+    """Raises unless the directory is unused or holds a run of the same config (a nested dict),
+    the fields starting with `runtime` aside; writes nothing."""
     path = self.logdir / "config.json"
     if not path.exists():
       return
@@ -83,12 +94,12 @@ class RunDir:
     if not {"model", "train"} <= old.keys():
       raise WorkdirError(f"{path} is not an actlab run's config (it has no model and train "
                          "sections); choose another --workdir")
-    new = json.loads(config.to_json())
-    # Compared as recorded (an absolute train.init_from and the relative one config.json holds
-    # are the same run); the differences are shown as config.json holds them and as given.
-    differ = {d.partition(": ")[0] for d in identity_diffs(recorded_paths(old, self.root),
-                                                            recorded_paths(new, self.root))}
-    diffs = [d for d in identity_diffs(old, new) if d.partition(": ")[0] in differ]
+    # Compared as recorded (an absolute train.init_from is the relative one config.json holds),
+    # shown as config.json holds them and as given.
+    identity = lambda a, b: [d for d in diff_configs(a, b) if not d.startswith(runtime)]
+    differ = {d.partition(": ")[0] for d in identity(recorded_paths(old, self.root),
+                                                      recorded_paths(config, self.root))}
+    diffs = [d for d in identity(old, config) if d.partition(": ")[0] in differ]
     if len(diffs) > SHOWN_DIFFS:  # names only: another run altogether
       names = [d.partition(": ")[0] for d in diffs]
       diffs = [f"{len(names)} fields: {', '.join(names[:SHOWN_DIFFS])} and "
@@ -97,11 +108,49 @@ class RunDir:
       raise WorkdirError(f"{self.logdir} holds a run with a different config ({'; '.join(diffs)}); "
                          "rerun with the same config to resume, or choose another --workdir")
 
-  def write_config(self, config: ml_collections.ConfigDict) -> None:
+  def write_config(self, config: dict) -> None:
     """config.json (`recorded_config`), once: a resumed run keeps the one it started with."""
     path = self.logdir / "config.json"
     if not path.exists():
       write_json(path, recorded_config(config, self.root))
+
+
+def diff_configs(old: dict, new: dict) -> list[str]:
+  """The differences between two configs (nested or dotted dicts) as "field: old → new", by
+  dotted field; an `ADDED_FIELDS` field absent from a config with its section has its value of
+  then."""
+  old, new = dotted(old), dotted(new)
+  for config in (old, new):
+    sections = {key.partition(".")[0] for key in config}
+    for (section, field), value in ADDED_FIELDS.items():
+      if section in sections:
+        config.setdefault(f"{section}.{field}", value)
+  return [f"{key}: {old.get(key, '<absent>')!r} → {new.get(key, '<absent>')!r}"
+          for key in sorted(old.keys() | new.keys()) if old.get(key, "<absent>") != new.get(
+              key, "<absent>")]
+
+
+def with_added_fields(config: dict) -> dict:
+  """A copy of a nested config dict with each ADDED_FIELDS field it lacks at its value of then."""
+  out = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
+  for (section, field), value in ADDED_FIELDS.items():
+    if isinstance(out.get(section), dict):
+      out[section].setdefault(field, value)
+  return out
+
+
+def dotted(d: dict, prefix: str = "") -> dict:
+  """A nested config dict as {"section.field": value} (a dotted one as it is)."""
+  out = {}
+  for k, v in d.items():
+    out.update(dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+  return out
+
+
+def first_diffs(diffs: list[str], shown: int = SHOWN_DIFFS) -> str:
+  """Differences as a refusal names them: the first `shown`, and how many more."""
+  more = f"; and {len(diffs) - shown} more" if len(diffs) > shown else ""
+  return "; ".join(diffs[:shown]) + more
 
 
 def run_config(workdir: pathlib.Path) -> dict | None:
@@ -113,12 +162,6 @@ def run_config(workdir: pathlib.Path) -> dict | None:
   # Recorded relative to the run directory (`recorded_config`).
   return map_data_paths(with_added_fields(config),
                         lambda path: os.path.normpath(os.path.join(os.path.abspath(workdir), path)))
-
-
-def first_diffs(diffs: list[str], shown: int = SHOWN_DIFFS) -> str:
-  """Differences ("key: old → new") as a refusal names them: the first `shown`, and how many more."""
-  more = f"; and {len(diffs) - shown} more" if len(diffs) > shown else ""
-  return "; ".join(diffs[:shown]) + more
 
 
 def check_unused(workdir: pathlib.Path) -> None:
@@ -257,56 +300,117 @@ class Lock:
       entry[0].close()  # Closing the file releases the lock.
 
 
-def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
-  """Human-readable differences between two nested config dicts."""
-  out = []
-  for key in sorted(set(old) | set(new)):
-    a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
-    if isinstance(a, dict) and isinstance(b, dict):
-      out += diff_configs(a, b, f"{prefix}{key}.")
-    elif a != b:
-      out.append(f"{prefix}{key}: {a!r} → {b!r}")
-  return out
-
-
-# Fields a config gained after runs were written with it: a config.json without one had this value.
-ADDED_FIELDS = {("train", "init_from"): "",  # decoders since 0.1.0 (encoders always had it)
-                ("data", "test_batches"): 0, ("model", "qk_norm"): False, ("optim", "z_loss"): 0.0,
-                ("optim", "spike_clip"): 0.0,
-                ("metrics", "grad_rel_max"): 10.0,  # runs from before have no grad_norm_init
-                # The block options: every run before them built GPT-2's or BERT's block.
-                ("model", "norm_type"): "layer", ("model", "position"): "learned",
-                ("model", "rope_theta"): 10000.0, ("model", "bias"): True,
-                ("model", "tie_head"): True, ("model", "ffn"): "auto",
-                ("train", "compile_cache"): "auto", ("sweep", "compile_next"): "auto",
-                ("train", "deterministic_ops"): False}
-
-
-def with_added_fields(config: dict) -> dict:
-  """A copy of a nested config dict with each ADDED_FIELDS field it lacks at its value of then."""
-  out = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
-  for (section, field), value in ADDED_FIELDS.items():
-    if isinstance(out.get(section), dict):
-      out[section].setdefault(field, value)
-  return out
-
-
-def identity_diffs(old: dict, new: dict) -> list[str]:
-  """The differences that make `new` another run than `old` (RUNTIME_FIELDS do not; an
-  ADDED_FIELDS field absent from `old` has its value of then)."""
-  return [d for d in diff_configs(with_added_fields(old), new) if not d.startswith(RUNTIME_FIELDS)]
-
-
 def now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def dotted(d: dict, prefix: str = "") -> dict:
-  """A nested config dict as {"section.field": value}."""
-  out = {}
-  for k, v in d.items():
-    out.update(dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-  return out
+# --- metrics.jsonl --------------------------------------------------------------------------------
+
+
+def read_rows(path: pathlib.Path) -> tuple[list[dict], int]:
+  """The readable rows of a metrics.jsonl and how many lines were torn or mangled (skipped)."""
+  try:
+    lines = path.read_text().splitlines()
+  except OSError:
+    return [], 0
+  rows, bad = [], 0
+  for line in filter(str.strip, lines):
+    try:
+      row = json.loads(line)
+    except ValueError:
+      row = None
+    if isinstance(row, dict) and isinstance(row.get("step"), int):
+      rows.append(row)
+    else:
+      bad += 1
+  return rows, bad
+
+
+class MetricsLog:
+  """The log, starting as `rows`: those up to `step` that the restored checkpoint carries (none
+  for a fresh run). A file that differs (rows past them, torn lines) is rewritten, with a line
+  saying what changed."""
+
+  def __init__(self, path: pathlib.Path, rows: list[dict], step: int):
+    self.path = path
+    self.rows = list(rows)
+    on_disk, bad = read_rows(path)
+    if on_disk != self.rows:
+      later = sum(r["step"] > step for r in on_disk)
+      missing = sum(r not in on_disk for r in self.rows)
+      news = [f"{n} {what}" for n, what in ((later, f"row(s) after step {step} dropped"),
+                                            (bad, "unreadable line(s) dropped"),
+                                            (missing, "row(s) restored")) if n]
+      if news:
+        print(f"actlab: {path} rebuilt from the checkpoint of step {step}: {', '.join(news)}",
+              file=sys.stderr)
+      write_text(path, "".join(json.dumps(r) + "\n" for r in self.rows))
+
+  def write(self, row: dict) -> None:
+    self.rows.append(row)
+    with self.path.open("a") as f:
+      f.write(json.dumps(row) + "\n")
+
+
+# --- The paths a run records ----------------------------------------------------------------------
+
+
+def recorded_path(path: str, run_dir: "str | os.PathLike") -> str:
+  """`path` (optionally `hf:<path>`) as a run directory records it: a relative path as it is; an
+  absolute one relative to `run_dir` ("../../manual"; "." for `run_dir` itself) when the two
+  share a directory below /, else its base name (a path relative to / would be the absolute one)."""
+  prefix = next((p for p in PATH_PREFIXES if path.startswith(p)), "")
+  body = path[len(prefix):]
+  if not os.path.isabs(body):
+    return path
+  body, base = os.path.normpath(body), os.path.abspath(run_dir)
+  if os.path.commonpath([body, base]) == os.sep:
+    return prefix + (os.path.basename(body) or body)
+  return prefix + os.path.relpath(body, base)
+
+
+def recorded_paths(obj: Any, run_dir: "str | os.PathLike") -> Any:
+  """A copy of a JSON value with every string in it that is an absolute path `recorded_path`."""
+  if isinstance(obj, dict):
+    return {k: recorded_paths(v, run_dir) for k, v in obj.items()}
+  if isinstance(obj, list):
+    return [recorded_paths(v, run_dir) for v in obj]
+  return recorded_path(obj, run_dir) if isinstance(obj, str) else obj
+
+
+def recorded_config(config: dict, run_dir: "str | os.PathLike") -> dict:
+  """A config (a nested dict) as config.json and provenance record it: its DATA_PATHS made
+  absolute against the working directory, then every absolute path `recorded_path`."""
+  out = map_data_paths(json.loads(json.dumps(config)),
+                       lambda path: os.path.abspath(os.path.expanduser(path)))
+  return recorded_paths(out, run_dir)
+
+
+def map_data_paths(config: dict, fn) -> dict:
+  """`config` (a nested dict, changed in place) with `fn` applied to each DATA_PATHS value set."""
+  for field in DATA_PATHS:
+    section, key = field.split(".")
+    if isinstance(config.get(section), dict) and config[section].get(key):
+      config[section][key] = fn(config[section][key])
+  return config
+
+
+def recorded_command(argv: list[str], executable: str, run_dir: "str | os.PathLike",
+                     package: "str | os.PathLike" = PACKAGE) -> list[str]:
+  """The command line `executable` `argv` as a reader would type it: the interpreter by its base
+  name, a script in `package` as `-m <module>`, every other absolute path (an argument, or the
+  value of `--flag=`) `recorded_path`."""
+  command, package = [os.path.basename(executable) or executable], pathlib.PurePath(package)
+  script = pathlib.PurePath(argv[0]) if argv else None
+  if script and script.is_absolute() and script.suffix == ".py" and script.is_relative_to(package):
+    module = ".".join((package.name, *script.relative_to(package).with_suffix("").parts))
+    command += ["-m", module.removesuffix(".__main__")]
+    argv = argv[1:]
+  for arg in argv:
+    flag, eq, value = arg.partition("=")
+    command.append(f"{flag}={recorded_path(value, run_dir)}" if arg.startswith("-") and eq
+                   else recorded_path(arg, run_dir))
+  return command
 
 
 _OS_ERROR_FULL = re.compile(r"\[os_error_code='(?:28|122)'\]")  # TensorStore's ENOSPC, EDQUOT

@@ -1,18 +1,14 @@
-"""What a run measures besides its training metrics, chosen by the config (`Evaluators.create`;
-what each writes, and when: docs/metrics.md §3–§5): `Loss`, `ActivationStats`, `PreactHistogram`
-(for the trackers only, not metrics.jsonl) and `Sharpness`.
-
-The validation evaluators share one forward pass, `Evaluators.validation_step`: each `read`s
-its output on the device (a few small sums per batch), and `pool`s every batch's reads on the
-host, exactly. A new measurement is one class here with `name`, `sown`, `read` and `pool`, and
-one line in `Evaluators.create`.
+"""What a run measures besides its training metrics, chosen by the config (docs/metrics.md §3–§5):
+`Loss`, `ActivationStats`, `PreactHistogram` (for the trackers only) and `Sharpness`. The
+validation evaluators share one forward pass: each `read`s its output on the device and `pool`s
+every batch's reads on the host, exactly. A new measurement is one class here and one line in
+`Evaluators.create`.
 """
 
 import dataclasses
 from typing import Any, Mapping, Sequence
 
 import jax
-import ml_collections
 
 from actlab import core
 from actlab.measure import histogram, metrics
@@ -92,15 +88,15 @@ class Evaluators:
   sharpness: Sharpness | None
 
   @classmethod
-  def create(cls, config: ml_collections.ConfigDict) -> "Evaluators":
-    m = config.metrics
+  def create(cls, m, steps: int) -> "Evaluators":
+    """The evaluators the `metrics` section `m` asks for, in a run of `steps`."""
     tracked = m.tensorboard or m.wandb_project  # Histograms go to the trackers only.
     validation = ((Loss(),) + ((ActivationStats(),) if m.act_stats else ())
                   + ((PreactHistogram(m.ffn_hist_bins, m.ffn_hist_range),)
                      if m.ffn_hist_bins and tracked else ()))
     # Not in a run too short for an estimate after step 0 (docs/metrics.md §5; `loop` says so).
     sharpness = (Sharpness(m.sharpness_every, m.sharpness_iters)
-                 if 0 < m.sharpness_every <= config.train.steps else None)
+                 if 0 < m.sharpness_every <= steps else None)
     return cls(validation, sharpness)
 
   def validation_step(self, step: core.Step, params, batch) -> dict:

@@ -1,19 +1,7 @@
-"""Model FLOPs per token, from the architecture alone (no tracing), for MFU.
-
-Conventions (those of PaLM, Chowdhery et al. 2022, appendix B, and nanoGPT's `estimate_mfu`):
-
-- Only matrix multiplications count: a weight matrix with N entries costs 2·N FLOPs per token
-  forward and 4·N backward: **6·N per token** for a training step.
-- Matrices per block: query, key, value, out (4·D²) and the FFN's up and down (2·D·F); a gated
-  FFN (GLU family) has three (up, gate, down: 3·D·F) at its own width F (`Spec.ffn_width`).
-- The LM head is a matmul even when tied to the token embedding (V·D); the embedding lookups are
-  not. The encoder's MLM head (dense D·D, then the tied V·D projection) runs only at the P
-  masked positions of each sequence of L tokens, so it counts P/L per token.
-- Attention scores and the weighted sum of values cost 2·L·D each per token forward: **12·L·D
-  per layer per token** in training, the full L×L score matrix even when causal (as in PaLM).
-
-MFU = (model FLOPs per token × tokens per second) / peak FLOP/s; remat's recomputation is not
-model work and does not count.
+"""Model FLOPs per token from the architecture alone, for MFU, by PaLM's and nanoGPT's
+conventions (docs/performance.md): only matmuls count, 6·N per token for a weight matrix of N
+entries in a training step; the LM head counts even when tied, the embedding lookups do not; the
+MLM head counts P/L per token; attention 12·L·D per layer per token, the full L×L even causal.
 """
 
 import dataclasses

@@ -11,7 +11,7 @@ import shutil
 import sys
 from typing import Sequence
 
-from actlab.infra import metrics_log, workdir
+from actlab.infra import workdir
 from actlab.infra.errors import UserError, reported
 from actlab.report import load as report_load
 from actlab.report import stats
@@ -106,7 +106,7 @@ def write_run(run) -> str:
   returns a line saying what it drew."""
   from actlab.report import plots as report_plots  # matplotlib: see `write`
   run = pathlib.Path(run)
-  rows, torn = metrics_log.read_rows(run / "metrics.jsonl")
+  rows, torn = workdir.read_rows(run / "metrics.jsonl")
   summary = workdir.read_summary(run, warn=False)
   status = summary["status"] if summary else "not finished"
   path = run / "curves.png"

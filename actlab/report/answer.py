@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from actlab import config as config_lib
 from actlab.infra import workdir as workdir_lib
 from actlab.measure.metrics import finite
 from actlab.report import comparisons as C
@@ -38,7 +39,7 @@ def cell_runs(q: Question, where: Sequence[pathlib.Path]) -> tuple[Runs, list[st
   read as a result."""
   plain = lambda v: json.loads(json.dumps(v))  # tuples as lists, as config.json holds them
   want = {cell: plain({k: v for k, v in {**q.fixed, **fields}.items()
-                       if not k.startswith(workdir_lib.RUNTIME_FIELDS)})
+                       if not k.startswith(config_lib.RUNTIME_FIELDS)})
           for cell, fields in q.cells.items()}
   out, unread = {}, []
   for run in (p.parent for d in where for p in sorted(pathlib.Path(d).glob("*/config.json"))):

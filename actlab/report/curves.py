@@ -9,7 +9,7 @@ import pathlib
 import numpy as np
 from scipy import stats
 
-from actlab.infra import metrics_log
+from actlab.infra import workdir
 
 
 def runs(directory: pathlib.Path) -> dict[tuple, pathlib.Path]:
@@ -24,8 +24,8 @@ def runs(directory: pathlib.Path) -> dict[tuple, pathlib.Path]:
 
 def curve(metrics_jsonl: pathlib.Path, key: str) -> dict:
   """step -> `key` at the logged steps that have it, from a run's metrics.jsonl
-  (`metrics_log.read_rows`); ValueError for a log with torn lines, whose curve would have gaps."""
-  rows, torn = metrics_log.read_rows(metrics_jsonl)
+  (`workdir.read_rows`); ValueError for a log with torn lines, whose curve would have gaps."""
+  rows, torn = workdir.read_rows(metrics_jsonl)
   if torn:
     raise ValueError(f"{metrics_jsonl}: {torn} unreadable line(s); its curve is not whole")
   return {r["step"]: r[key] for r in rows if r.get(key) is not None}

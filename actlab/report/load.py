@@ -6,7 +6,7 @@ import pathlib
 from typing import Sequence
 
 from actlab import config as config_lib, core
-from actlab.infra import metrics_log, workdir
+from actlab.infra import workdir
 from actlab.infra.errors import UserError
 from actlab.report.stats import LR_KEY, Run, SEED_KEY
 
@@ -63,7 +63,7 @@ def load(root) -> tuple[dict, list[Run]]:
   runs = []
   for cell in manifest["cells"]:
     d = root / cell["name"]
-    rows, torn = metrics_log.read_rows(d / "metrics.jsonl")
+    rows, torn = workdir.read_rows(d / "metrics.jsonl")
     unreadable = [f"{torn} unreadable line(s) in metrics.jsonl"] if torn else []
     summary = workdir.read_summary(d, warn=False)
     if summary is None and (d / "summary.json").exists():
@@ -92,7 +92,7 @@ def _check_mergeable(roots, configs: list[dict[str, dict]], axes: Sequence[str])
           for root, c in zip(roots, configs) if c]
   first, first_rep = reps[0]
   for root, rep in reps[1:]:
-    diffs = workdir.identity_diffs(first_rep, rep)
+    diffs = config_lib.identity_diffs(first_rep, rep)
     if diffs:
       field = diffs[0].split(":")[0]
       raise UserError(f"cannot merge {first} and {root}: their runs differ in {diffs[0]}, which "

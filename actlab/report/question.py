@@ -265,7 +265,7 @@ def declaration(q: Question) -> dict:
   """The question as resolved into configs (each cell's fields, less the runtime ones, the LR and
   the seed) and its design: what `actlab.ask` freezes."""
   cells = {cell: {k: v for k, v in fields.items()
-                  if k not in (LR, SEED) and not k.startswith(workdir_lib.RUNTIME_FIELDS)}
+                  if k not in (LR, SEED) and not k.startswith(config_lib.RUNTIME_FIELDS)}
            for cell, fields in cell_configs(q).items()}
   design = {k: v for k, v in dataclasses.asdict(q).items() if k not in ("name", "text", "runs")}
   return json.loads(json.dumps({"cells": cells, "design": design}, default=str))
@@ -277,20 +277,17 @@ def digest(decl: dict) -> str:
 
 def changes(frozen: dict, decl: dict) -> list[str]:
   """How `decl` differs from a frozen declaration in what it tests (a contrast's words aside:
-  `words_changed`); a config field the frozen one predates counts at its value of then
-  (workdir.ADDED_FIELDS), as a run directory's config.json does."""
-  added = {f"{section}.{field}": v for (section, field), v in workdir_lib.ADDED_FIELDS.items()}
-  then = lambda old, new: {**{k: added[k] for k in new if k in added and k not in old}, **old}
-  tested = lambda design: {**design, **{key: [{k: v for k, v in c.items() if k not in WORDS}
-                                              for c in design.get(key, [])]
-                                        for key in ("contrasts", "descriptive")}}
-  design = {**frozen["design"], **({"fixed": then(frozen["design"].get("fixed", {}),
-                                                   decl["design"]["fixed"])}
-                                   if "fixed" in decl["design"] else {})}
-  cells = {cell: then(fields, decl["cells"].get(cell, {}))
-           for cell, fields in frozen["cells"].items()}
-  return workdir_lib.diff_configs({"cells": cells, "design": tested(design)},
-                                  {**decl, "design": tested(decl["design"])})
+  `words_changed`): each cell's config compared as a run directory's config.json is
+  (`workdir.diff_configs`: a field the frozen one predates at its value of then), then the
+  design (its `fixed` is in every cell's config)."""
+  tested = lambda design: {k: [{f: x for f, x in c.items() if f not in WORDS} for c in v]
+                           if k in ("contrasts", "descriptive") else v
+                           for k, v in design.items() if k != "fixed"}
+  cells = [f"cells.{cell}.{diff}" for cell in dict.fromkeys([*frozen["cells"], *decl["cells"]])
+           for diff in workdir_lib.diff_configs(frozen["cells"].get(cell, {}),
+                                                decl["cells"].get(cell, {}))]
+  return cells + [f"design.{diff}" for diff in workdir_lib.diff_configs(tested(frozen["design"]),
+                                                                      tested(decl["design"]))]
 
 
 def words_changed(frozen: dict, decl: dict) -> list[str]:

@@ -1,16 +1,7 @@
-"""Writes a trained run as a Hugging Face model directory (`config.json`, `model.safetensors`, the
-tokenizer's files) that `transformers` loads with `from_pretrained` (docs/huggingface.md): the
-run read back as `actlab.sample` reads it (pretrained.py), written by hf/checkpoint.py.
-
-  python -m actlab.run.export --workdir=runs/gelu --out=hf/gelu
-  # or write(workdir, out)
-
-The run's config.json decides the transformers family written (mapping.FAMILIES): `gpt2` (a
-decoder with GPT-2's block: `GPT2LMHeadModel`), `llama`, `arcee` or `qwen3` (the LLaMA-style
-block: `LlamaForCausalLM`, `ArceeForCausalLM`, `Qwen3ForCausalLM`), `bert` (an encoder:
-`BertForMaskedLM` or `BertForSequenceClassification`). `--family`, optional, is a check: a
-family the run's model is not is refused in one line, as is what no family can express
-(hf/checkpoint.py). Needs the `hf` extra (no torch): pip install -e ".[hf]".
+"""Writes a trained run as a Hugging Face model directory that `transformers` loads with
+`from_pretrained` (docs/huggingface.md), as the family its model is (`--family`, optional, a
+check): `python -m actlab.run.export --workdir=runs/gelu --out=hf/gelu`, or `write(workdir, out)`.
+Needs the `hf` extra (no torch).
 """
 
 import importlib.util
@@ -25,7 +16,7 @@ from actlab.hf import checkpoint as hf_checkpoint
 from actlab.hf.mapping import FAMILIES
 from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
-from actlab.infra.recorded import recorded_path
+from actlab.infra.workdir import recorded_path
 from actlab.run import pretrained
 
 

@@ -1,15 +1,8 @@
-"""The training loop, shaped like nanodo's: the runs of one `Program` (program.py), each a `Lane`
-(lane.py: its run directory's files), trained step by step: dispatch step k, then write step
-k − 1's row while it runs (rows.py), then what step k is due for, each a plain `if`: a row, an
-evaluation, a sharpness estimate, a checkpoint.
-
-The loop's only host syncs are at rows and checkpoints: a plain row is fetched once the next step
-is dispatched; what reads the state (an evaluation, a sharpness estimate, a checkpoint) runs at
-once, before the next step donates it. The programs compile in threads around the first step's
-dispatch (`Start`), and step 0's evaluation and sharpness estimate run beside the first steps
-(`rows.StepZero`). A run whose loss or parameters turn non-finite stops being logged and
-checkpointed (its divergence is its result); the others go on. SIGINT/SIGTERM: the step under way
-finishes, is checkpointed, and `Interrupted` says which step.
+"""The training loop, shaped like nanodo's: the runs of one `Program`, each a `Lane`, trained step
+by step: dispatch step k, then write step k − 1's plain row while it runs, then what step k is
+due for, each a plain `if`: what reads the state (an evaluation, a sharpness estimate, a
+checkpoint) at once, before the next step donates it. Those are the loop's only host syncs.
+SIGINT/SIGTERM: the step under way finishes, is checkpointed, and `Interrupted` says which step.
 """
 
 import concurrent.futures
@@ -22,25 +15,21 @@ import time
 from typing import Callable
 
 import jax
-import ml_collections
 
 from actlab import core
-from actlab.infra import compile_cache
 from actlab.infra.errors import UserError
-from actlab.run.lane import Lane
-from actlab.run.program import Program, init_args
-from actlab.run.rows import Console, Measure, Rows
+from actlab.run.program import Program, Tally, init_args
+from actlab.run.rows import Lane, Rows
 
 
 def train_lanes(program: Program, lanes: list[Lane], initial: Callable[[], core.TrainState],
-                start: int, vocab_size: int, compiles: compile_cache.Tally,
+                start: int, vocab_size: int, compiles: Tally,
                 began: float | None, then: Callable[[], None] | None = None) -> list[dict]:
-  """Trains `lanes` (run r of `program` is `lanes[r]`) from step `start` (all at the same step,
-  with the same schedule) from the state `initial()` returns (called once the first step's
-  program is compiling), and writes and returns their summaries, in order, with what the process
-  compiled for them (`compiles`) and their fixed cost: the seconds from `began` (a
-  `time.perf_counter()`; None: the process's start) to their first step's dispatch. `then` is
-  called once the first step is dispatched (a sweep starts compiling its next group)."""
+  """Trains `lanes` (run r of `program` is `lanes[r]`) from step `start` from the state
+  `initial()` returns (called once the first step's program is compiling), and writes and returns
+  their summaries, with what the process compiled for them (`compiles`) and their fixed cost: the
+  seconds from `began` (None: the process's start) to the first step's dispatch. `then` is called
+  once the first step is dispatched (a sweep starts compiling its next group)."""
   config = lanes[0].config
   counts = core.count_params(program.run_state_like.params)
   with contextlib.ExitStack() as closing:  # The trackers last: W&B logs the summary.
@@ -58,8 +47,7 @@ def train_lanes(program: Program, lanes: list[Lane], initial: Callable[[], core.
     stop = StopRequest()
     batches = Prefetch(program, lanes, config.train.steps)
     starting = Start(program, lanes, start, batches, began, then)  # Before any array is put.
-    console = Console(config, lanes, start)
-    rows = Rows(program, lanes, Measure(program, lanes[0].dataset, console), console)
+    rows = Rows(program, lanes, start)
     try:
       state = initial()  # A fresh run's `init` compiles (or loads) beside the first step's program.
       if start == 0:
@@ -69,7 +57,7 @@ def train_lanes(program: Program, lanes: list[Lane], initial: Callable[[], core.
                              lambda: starting.dispatched(rows.measure))
       rows.settle_step_zero()
     finally:
-      console.close()
+      rows.bar.close()
       batches.pool.shutdown(wait=True)
       starting.pool.shutdown(wait=True, cancel_futures=True)
       stop.restore()
@@ -77,15 +65,15 @@ def train_lanes(program: Program, lanes: list[Lane], initial: Callable[[], core.
         for lane in lanes:  # Waits for the checkpoint being written (and raises its error).
           closing_checkpoints.callback(lane.checkpoints.close)
     if stopped_at is not None:
-      saved = {lane.checkpoints.latest_step() for lane in lanes if not lane.stopped}
+      saved = {lane.checkpoints.latest_step() for lane, stopped in zip(lanes, rows.stopped)
+               if not stopped}
       what = (f"checkpoint of step {stopped_at} saved" if saved == {stopped_at}
               else f"latest checkpoints: {sorted(saved)}")
       raise Interrupted(f"stopped by signal {stop.signum} after step {stopped_at}; {what}; "
                         "rerun the same command to resume", stop.signum)
-    timing = {"compile": compiles.summary(), "startup_sec": starting.startup_sec,
-              "measure_sec": rows.measure.sec}
-    return [lane.finish(counts, vocab_size, rows.wall_time(), len(lanes), timing)
-            for lane in lanes]
+    return rows.summaries(counts, vocab_size, {"compile": compiles.summary(),
+                                               "startup_sec": starting.startup_sec,
+                                               "measure_sec": rows.measure.sec})
 
 
 def run_steps(program: Program, state: core.TrainState, start: int, rows: Rows,
@@ -142,7 +130,7 @@ class Due:
   last: bool
 
   @classmethod
-  def at(cls, done: int, t: ml_collections.ConfigDict, sharpness) -> "Due":
+  def at(cls, done: int, t, sharpness) -> "Due":
     last = done == t.steps
     evaluate = done % t.eval_every == 0 or last
     sharp = sharpness is not None and done % sharpness.every == 0
@@ -171,7 +159,7 @@ class Start:
                          if program.plan.accelerated else None))
     self.began, self.then, self.startup_sec = began, then, None
 
-  def dispatched(self, measure: Measure) -> None:
+  def dispatched(self, measure) -> None:
     """Once the first step is dispatched: its fixed cost (`startup_sec`, from `began`), the other
     programs compiling for `measure`'s batches, and the caller's `then`."""
     self.startup_sec = seconds_since(self.began)

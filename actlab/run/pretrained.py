@@ -24,11 +24,12 @@ HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face GPT-2, Llama, Arcee, Qwen3 
 #             (hf/checkpoint.py)
 
 
-def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
+def init_from_config(config, vocab_size: int = 0):
   """What `train.init_from` names, checked before the workdir is touched: the config of a
   workdir's run (the same model and tokenizer, with a checkpoint; a field marked "say" may differ,
   and the run's first line says so), or for `hf:DIR` that directory's state dict and family
   (`hf_checkpoint.Weights`), checked against this model (`vocab_size`: the tokenizer's)."""
+  config = config_lib.typed(config)
   if config.train.init_from.startswith(HF):
     return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.name(config),
                               core.pad_vocab(config.model.vocab_size or vocab_size))
@@ -38,7 +39,7 @@ def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
     raise WorkdirError(f"train.init_from={str(source)!r} holds no run (no readable config.json); "
                        "train the model to start from there first (e.g. the :smoke MLM config), "
                        f"or give a Hugging Face model directory as {HF}<dir>")
-  there, here = workdir_lib.dotted(old), workdir_lib.dotted(config.to_dict())
+  there, here = workdir_lib.dotted(old), workdir_lib.dotted(config.fields)
   diffs = {how: [f"{k}: {there.get(k)!r} there, {here.get(k)!r} here" for k, mark in
                  config_lib.INIT_FROM.items() if mark == how and there.get(k) != here.get(k)]
            for how in ("refuse", "say")}
@@ -49,15 +50,15 @@ def init_from_config(config: ml_collections.ConfigDict, vocab_size: int = 0):
     if checkpoints.latest_step() is None:
       raise WorkdirError(f"train.init_from={str(source)!r} has no checkpoint yet")
   hf_checkpoint.say_allowed(f"train.init_from={str(source)!r}", diffs["say"])
-  return ml_collections.ConfigDict(old)
+  return config_lib.typed(ml_collections.ConfigDict(old))
 
 
-def params_from(config: ml_collections.ConfigDict, source, params, vocab_size: int):
+def params_from(config, source, params, vocab_size: int):
   """One run's `params` with every parameter that `source` (`init_from_config`'s: a workdir's
   latest intact checkpoint, or a Hugging Face state dict) has under the same path and shape (MLM
   → classification: the embeddings and blocks; the MLM head is dropped)."""
   where = config.train.init_from
-  if isinstance(source, ml_collections.ConfigDict):  # Its arrays in the per-layer layout.
+  if isinstance(source, config_lib.Config):  # Its arrays in the per-layer layout.
     with Checkpoints(pathlib.Path(where) / "checkpoints", 1, read_only=True) as checkpoints:
       old_like = jax.eval_shape(program.create_step(source, vocab_size).init, 0, source.optim.lr)
       step, restored, _ = checkpoints.restore_latest(old_like)
@@ -97,7 +98,7 @@ def load_run(workdir: pathlib.Path):
       except ValueError as e:
         raise WorkdirError(f"{workdir} holds a run with model.{field}: {e}; register it again to "
                            "load the run (docs/extending.md)") from None
-  config, run_dir = ml_collections.ConfigDict(config), RunDir.open(workdir)
+  config, run_dir = config_lib.typed(ml_collections.ConfigDict(config)), RunDir.open(workdir)
   tokenizer = data.load_tokenizer(config, run_dir.tokenizer)
   run_steps = program.create_step(config, tokenizer.vocab_size)
   with Checkpoints(run_dir.checkpoints, 1, read_only=True) as checkpoints:  # Creates nothing.

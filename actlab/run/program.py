@@ -1,44 +1,39 @@
-"""The program a run trains: a config's `core.Step` jitted, sharded and compiled ahead, for one
-run or for R vectorized runs of one config.
-
-`Program` jits the core's pure `Step` with explicit shardings (infra/parallel.py): for one run
-as it is, for R > 1 runs vectorized (`over_runs`: their states stacked on a leading run axis). The
-runs may differ in `optim.lr` and `train.seed`, which live in the state, so a sweep's cells share
-one program (tests/test_vectorized.py: R runs equal R single runs). The programs a run compiles,
-each once (infra/compile_cache.py keeps them for the next run): `init`; `train_step`; `log_step`,
-the same step with the diagnostics of a logged step; `eval_step`, every validation evaluator in
-one forward pass; `sharpness_step`, the power iteration (when on); for R > 1, `split`, each run's
-part of the state for its checkpoint; `checksums`, a checkpoint's sums. Each is an `Ahead`,
-compiled in a thread for the arguments it will get. A fresh run's `init` and the first step's
-program (on a GPU or TPU, the sharpness program too) compile while the run's first arrays go to
-the devices (on a GPU, their memory pool is allocated then), the others once the first step is
-dispatched (tracing holds Python's lock: a program traced beside the first step's delays it); a
-sweep may have started them all while the group before trained (`Program.compile_all`).
+"""The programs a run trains, each compiled once: a config's `core.Step` jitted and sharded for one
+run, or for R runs that differ only in LR and seed, stacked on a leading run axis (`over_runs`);
+each program compiled ahead in a thread (`Ahead`); JAX's persistent compilation cache (`enable`,
+`train.compile_cache`) and the `Tally` of what a run compiled and what it loaded.
 """
 
 import concurrent.futures
+import contextlib
+import contextvars
 import dataclasses
 import functools
+import hashlib
 import json
+import os
+import pathlib
+import platform
 import threading
+import warnings
+import zlib
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from actlab import config as config_lib, core, tasks
-from actlab.infra import checkpoint as checkpoint_lib, compile_cache, parallel, workdir
+from actlab.infra import checkpoint as checkpoint_lib, parallel, workdir
 from actlab.infra.errors import UserError
 from actlab.measure import evaluators as evaluators_lib
 
 
 def over_runs(fn: Callable, runs: int, in_axes: tuple | int = 0, name: str | None = None):
-  """One run's `fn` for `runs` runs: itself for one run; for R > 1, `jax.vmap`ped over the leading
-  run axis of its arguments (`in_axes`: 0, or None for an argument the runs share) and results.
-  `name`: the program's name in JAX's logs and the compile tally."""
+  """One run's `fn` for `runs` runs: itself for one run, else `jax.vmap`ped over the leading run
+  axis (`in_axes`: None for an argument the runs share). `name`: the program's, in JAX's logs."""
   mapped = jax.vmap(fn, in_axes=in_axes) if runs > 1 else fn
 
   def program(*args):
@@ -48,9 +43,14 @@ def over_runs(fn: Callable, runs: int, in_axes: tuple | int = 0, name: str | Non
 
 
 def part(tree: Any, r: int, runs: int) -> Any:
-  """Run r's part of a tree of `runs` runs (a state, metrics or device results): for one run, the
-  tree itself."""
+  """Run r's part of a tree of `runs` runs (for one run, the tree itself)."""
   return jax.tree.map(lambda x: x[r], tree) if runs > 1 else tree
+
+
+def abstract(tree):
+  """`tree`'s arrays as shapes, dtypes (as JAX holds them) and shardings."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      x.shape, jax.dtypes.canonicalize_dtype(x.dtype), sharding=getattr(x, "sharding", None)), tree)
 
 
 class Ahead:
@@ -61,45 +61,38 @@ class Ahead:
     self.jitted, self.compiled, self.args = jitted, None, None
 
   def start(self, pool: concurrent.futures.Executor, *like) -> None:
-    """Compiles for arguments like `like` in `pool`, unless that is under way or done (a sweep's
-    next group starts its programs while another group trains)."""
-    args = compile_cache.abstract(like)
+    """Compiles for arguments like `like` in `pool`, unless that is under way or done."""
+    args = abstract(like)
     if self.compiled and self.args == args and not (
         self.compiled.cancelled() or self.compiled.done() and self.compiled.exception()):
       return
     self.args = args
-    self.compiled = pool.submit(compile_cache.carried(lambda: self.jitted.lower(*args).compile()))
+    self.compiled = pool.submit(carried(lambda: self.jitted.lower(*args).compile()))
 
   @property
   def done(self) -> bool:
-    """Whether a call would not wait for a compilation under way."""
     return self.compiled is None or self.compiled.done()
 
   def ready(self) -> "Ahead":
-    """Waits for the compilation under way, if any."""
     if self.compiled:
       self.compiled.result()
     return self
 
   def __call__(self, *args):
-    """The program compiled ahead, once compiled; the jitted function where none was started or
-    its compilation was cancelled (its pool shut down first)."""
-    if self.compiled is None or self.compiled.cancelled():
+    if self.compiled is None or self.compiled.cancelled():  # none started, or its pool shut
       return self.jitted(*args)
     return self.compiled.result()(*args)
 
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-  """A config's `core.Step` jitted for R runs (their LRs and seeds may differ). For R > 1, states,
-  batches, metrics and device results have a leading, unsplit run axis of R, and the validation
-  and sharpness batches are shared by the runs; one run's have none."""
+  """A config's `core.Step` jitted for R runs. For R > 1, states, batches, metrics and device
+  results have a leading run axis of R, and the validation and sharpness batches are shared."""
   step: core.Step
   plan: parallel.Plan
   runs: int
   shardings: core.TrainState  # of the program's state
-  run_state_like: core.TrainState  # one run's state as abstract arrays with their shardings:
-                                   # what a checkpoint restores into
+  run_state_like: core.TrainState  # one run's state, abstract: what a checkpoint restores into
   init: Ahead           # ([R] seeds, [R] peak LRs) -> core.TrainState
   train_step: Ahead     # (state, batch) -> (state, metrics); donates the state
   log_step: Ahead       # the same step with `diagnostics`: for the steps the loop logs
@@ -110,14 +103,15 @@ class Program:
   checksums: Ahead      # one run's state -> its checkpoint's checksums (`checkpoint.sums`)
 
   @classmethod
-  def create(cls, config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
+  def create(cls, config, vocab_size: int, runs: int = 1,
              plan: parallel.Plan | None = None) -> "Program":
+    config = config_lib.typed(config)
     step = create_step(config, vocab_size)
-    plan = plan or parallel.plan(config)
-    # `init`'s shapes from the function the program jits, for arguments like its own: JAX keeps
-    # the trace, so that compiling `init` traces nothing again.
+    p = config.parallel
+    plan = plan or parallel.plan(config.train.batch_size, p.mode, p.num_devices, p.fsdp_min_size)
+    # `init`'s shapes from the function the program jits: JAX keeps the trace for its compile.
     init = over_runs(step.init, runs, name="init")
-    shape = jax.eval_shape(init, *compile_cache.abstract(init_args([config] * runs, runs)))
+    shape = jax.eval_shape(init, *abstract(init_args([config] * runs, runs)))
     if runs > 1:  # one run's shapes
       shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), shape)
     run_shardings = plan.state_shardings(shape)
@@ -127,13 +121,14 @@ class Program:
              jax.tree.map(lambda s: NamedSharding(plan.mesh, P(None, *s.spec)), run_shardings))
     shared_batch = plan.batch_sharding(1)  # any rank: its first axis split
     batch = plan.batch_sharding(2, stacked=True) if runs > 1 else shared_batch
-    evaluators = evaluators_lib.Evaluators.create(config)
+    evaluators = evaluators_lib.Evaluators.create(config.metrics, config.train.steps)
     jit_step = lambda diagnostics, name: Ahead(jax.jit(
         over_runs(functools.partial(step.train_step, diagnostics=diagnostics), runs, name=name),
         donate_argnums=0, in_shardings=(state, batch), out_shardings=(state, plan.replicated)))
     on_params = lambda fn, name: Ahead(jax.jit(
         over_runs(functools.partial(fn, step), runs, (0, None), name=name),
         in_shardings=(state.params, shared_batch)))
+
     def split(s):
       return [part(s, r, runs) for r in range(runs)]
     return cls(step, plan, runs, state, run_state_like,
@@ -147,14 +142,13 @@ class Program:
                       if runs > 1 else None),
                checksums=Ahead(checkpoint_lib.sums))
 
-  def start(self, configs: Sequence[ml_collections.ConfigDict]) -> core.TrainState:
+  def start(self, configs: Sequence) -> core.TrainState:
     """The initial state of the runs of `configs` (their seeds and peak LRs)."""
     return self.init(*init_args(configs, self.runs))
 
   def stack(self, states: Sequence[core.TrainState]) -> core.TrainState:
-    """Single runs' states (restored checkpoints) as this program's state: for R > 1 stacked in
-    host memory where this process holds them whole (no XLA program to compile at a resume),
-    else by XLA."""
+    """Single runs' states (restored checkpoints) as this program's state: stacked in host memory
+    where this process holds them whole (no program to compile at a resume), else by XLA."""
     if self.runs == 1:
       return jax.device_put(states[0], self.shardings)
     held = lambda x: getattr(x, "is_fully_addressable", True)  # numpy: always
@@ -166,12 +160,10 @@ class Program:
     return self.split(state) if self.split else [state]
 
   def part(self, tree: Any, r: int) -> Any:
-    """Run r's part of this program's states, metrics or device results."""
     return part(tree, r, self.runs)
 
   def put_batches(self, batches: list, like: bool = False) -> Any:
-    """One host batch per run → the devices (stacked for R > 1); with `like`, what they would be
-    there, as abstract arrays (`Plan.batch_like`)."""
+    """One host batch per run → the devices (stacked for R > 1); with `like`, abstract."""
     put = self.plan.batch_like if like else self.plan.shard_batch
     if self.runs == 1:
       return put(batches[0])
@@ -179,7 +171,7 @@ class Program:
 
   @property
   def state_like(self) -> core.TrainState:
-    """The program's state as abstract arrays with their shardings (for R > 1, R runs stacked)."""
+    """The program's state as abstract arrays with their shardings (for R > 1, stacked)."""
     if self.runs == 1:
       return self.run_state_like
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct((self.runs, *x.shape), x.dtype,
@@ -188,14 +180,11 @@ class Program:
 
   def compile_ahead(self, pool, batch, init_args: tuple | None, first_logged: bool,
                     sharpness_first=None) -> Callable[[Any, Any], None]:
-    """Starts compiling, in `pool`'s threads, `init`'s program for `init_args` (None: the runs
-    resume), the first step's (`log_step` if `first_logged`) for batches like `batch` (None: the
-    runs are at their last step) and, given its batch as `sharpness_first` (abstract), the
-    sharpness program, the longest to compile: the caller then puts the run's first arrays on
-    the devices, which on a GPU first allocates their memory pool without holding Python's lock.
-    Returns the function that starts the rest for the validation and sharpness batches (the
-    step-0 measurements', the other step's), to be called once the first step is dispatched:
-    tracing holds Python's lock, so a program traced beside the first step's would delay it."""
+    """Starts compiling in `pool`'s threads `init` for `init_args` (None: the runs resume), the
+    first step's program for batches like `batch` (None: no step left) and, given its batch
+    (`sharpness_first`), the sharpness program. Returns the function that starts the others, for
+    the validation and sharpness batches, to call once the first step is dispatched: tracing
+    holds Python's lock, and a program traced beside the first step's would delay it."""
     state = self.state_like
     first, then = ((self.log_step, self.train_step) if first_logged
                    else (self.train_step, self.log_step))
@@ -218,10 +207,9 @@ class Program:
       checkpoint_lib.use_compiled(self.run_state_like, self.checksums)
     return rest
 
-  def compile_all(self, pool, dataset, fresh: Sequence[ml_collections.ConfigDict] = ()) -> None:
-    """Starts compiling every program in `pool`'s threads for batches of `dataset`, `init` where
-    `fresh` holds the configs of a group of fresh runs (a sweep's next group, while another
-    trains: the loop's `compile_ahead` then finds them)."""
+  def compile_all(self, pool, dataset, fresh: Sequence = ()) -> None:
+    """Starts compiling every program for batches of `dataset` (`init` where `fresh` holds a
+    group of fresh runs' configs): a sweep's next group, while another trains."""
     batch = self.put_batches([dataset.train_batch(0)] * self.runs, like=True)
     val_batch = self.plan.batch_like(dataset.val_batches()[0])
     fresh_args = init_args(fresh[:self.runs], self.runs) if len(fresh) >= self.runs else None
@@ -230,26 +218,24 @@ class Program:
 
   def sharpness_batch(self, dataset, like: bool = False) -> Any:
     """The sharpness estimates' batch (None when off): training batch 0 of seed 0, the same for
-    every run of a sweep, on the devices; with `like`, what it would be there, as abstract arrays
-    (`Plan.batch_like`)."""
+    every run of a sweep, on the devices (with `like`, abstract)."""
     if self.sharpness_step is None:
       return None
     batch = dataclasses.replace(dataset, seed=0).train_batch(0)
     return self.plan.batch_like(batch) if like else self.plan.shard_batch(batch)
 
 
-def init_args(configs: Sequence[ml_collections.ConfigDict], runs: int) -> tuple:
-  """`init`'s arguments for the runs of `configs` in a program of `runs`: their seeds and peak
-  LRs (for one run, scalars)."""
+def init_args(configs: Sequence, runs: int) -> tuple:
+  """`init`'s arguments: the runs' seeds and peak LRs (for one run, scalars)."""
   seeds = np.array([c.train.seed for c in configs])
   lrs = np.array([c.optim.lr for c in configs], np.float32)
   return (seeds, lrs) if runs > 1 else (seeds[0], lrs[0])
 
 
-def create_step(config: ml_collections.ConfigDict, vocab_size: int) -> core.Step:
+def create_step(config, vocab_size: int) -> core.Step:
   """The config's `core.Step`: its task's objective and the optimizer."""
-  return core.Step(tasks.get(config).objective(config, vocab_size),
-                   config_lib.build(core.OptimSpec, config.optim, total_steps=config.train.steps),
+  config = config_lib.typed(config)
+  return core.Step(tasks.get(config).objective(config, vocab_size), config.optim_spec,
                    config.data.seq_len)
 
 
@@ -257,17 +243,17 @@ class GroupError(UserError, ValueError):
   """The runs cannot share one program; the message says why."""
 
 
-def compile_key(config: ml_collections.ConfigDict, vocab_size: int) -> str:
-  """The config as the compiled functions see it: every field but the initial state's (the peak LR
-  and the seed, values in the state; `train.init_from`, where the parameters come from) and the
-  runtime fields the programs never read (marked `runtime="harness"`: config/schema.py)."""
+def compile_key(config, vocab_size: int) -> str:
+  """The config as the compiled functions see it: every field but the initial state's (the peak
+  LR, the seed, `train.init_from`) and the runtime fields no program reads (`runtime="harness"`)."""
   ignored = {"optim.lr", "train.seed", "train.init_from",
              *(key for key, how in config_lib.marked("runtime").items() if how == "harness")}
-  c = {k: v for k, v in workdir.dotted(config.to_dict()).items() if k not in ignored}
+  fields = config.fields if isinstance(config, config_lib.Config) else config.to_dict()
+  c = {k: v for k, v in workdir.dotted(fields).items() if k not in ignored}
   return json.dumps({"config": c, "vocab_size": vocab_size}, sort_keys=True, default=str)
 
 
-def check_group(configs: Sequence[ml_collections.ConfigDict]) -> None:
+def check_group(configs: Sequence) -> None:
   """Raises unless the configs differ only in `optim.lr` and `train.seed`."""
   base = json.loads(compile_key(configs[0], 0))["config"]
   for c in configs[1:]:
@@ -280,10 +266,9 @@ def check_group(configs: Sequence[ml_collections.ConfigDict]) -> None:
 _getting = threading.Lock()  # a sweep makes its next group's program in a thread
 
 
-def get(config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
-        cache: dict | None = None) -> Program:
-  """`Program.create`, reused from `cache` (a plain dict the caller owns) when one was made for
-  the same `compile_key` and number of runs: a sweep passes one cache to all its runs."""
+def get(config, vocab_size: int, runs: int = 1, cache: dict | None = None) -> Program:
+  """`Program.create`, reused from `cache` (a dict the caller owns, e.g. a sweep's) when one was
+  made for the same `compile_key` and number of runs."""
   if cache is None:
     return Program.create(config, vocab_size, runs)
   key = (runs, compile_key(config, vocab_size))
@@ -292,3 +277,168 @@ def get(config: ml_collections.ConfigDict, vocab_size: int, runs: int = 1,
       cache[key] = Program.create(config, vocab_size, runs)
     return cache[key]
 
+
+# --- Each program compiled once ------------------------------------------------------------------
+# The cache lives in one folder per kind of host (`host_kind`), so that a program compiled for one
+# processor is never loaded on another; the CPU count is not part of it (XLA:CPU splits its work
+# when a program runs, not when it compiles: tests/test_compile_cache.py). An entry read while it
+# is written, or truncated, fails JAX's decompression check: it is compiled again and replaced, in
+# one line. JAX's size cap is left off (it rereads every entry's access time at every write).
+
+DEFAULT_CACHE = "~/.cache/actlab/xla"
+_DAMAGED = "Error reading persistent compilation cache entry for '"
+
+
+def cache_directory(setting: str) -> pathlib.Path | None:
+  """`train.compile_cache` as a folder: "off" → None; "auto" → $JAX_COMPILATION_CACHE_DIR, else
+  ~/.cache/actlab/xla; else the path given."""
+  if setting == "off":
+    return None
+  if setting == "auto":
+    setting = os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT_CACHE
+  return pathlib.Path(setting).expanduser()
+
+
+def host_kind() -> str:
+  """This host's folder: the platform and a hash of the CPU's model and instruction-set flags."""
+  cpu = platform.machine() + platform.processor()
+  with contextlib.suppress(OSError):
+    lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    cpu += "".join(sorted({l for l in lines if l.startswith(("model name", "flags"))}))
+  return f"{jax.default_backend()}-{hashlib.sha256(cpu.encode()).hexdigest()[:10]}"
+
+
+def enable_cache(setting: str) -> pathlib.Path | None:
+  """Points JAX's persistent cache at `cache_directory(setting)/host_kind()` (every program,
+  however fast it compiles), or turns it off; returns the folder."""
+  _listen()
+  root = cache_directory(setting)
+  if root is None:
+    jax.config.update("jax_enable_compilation_cache", False)
+    return None
+  path = root / host_kind()
+  if jax.config.jax_compilation_cache_dir != str(path):
+    jax_cache.reset_cache()
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return path
+
+
+@dataclasses.dataclass
+class Tally:
+  """What a process compiled while the tally was open: each program's name (JAX's `jit(<name>)`)
+  and seconds, those XLA compiled and those loaded from the cache; `trace_sec`, tracing and
+  lowering."""
+  compiled: list = dataclasses.field(default_factory=list)   # [(name, seconds)]
+  cached: list = dataclasses.field(default_factory=list)     # [(name, seconds)]
+  trace_sec: float = 0.0
+
+  def summary(self) -> dict:
+    """summary.json's `compile` entry."""
+    names = lambda entries: sorted({n for n, _ in entries})
+    return {"sec": round(sum(s for _, s in self.compiled + self.cached) + self.trace_sec, 3),
+            "programs_compiled": len(self.compiled), "programs_cached": len(self.cached),
+            "compiled": names(self.compiled), "cached": names(self.cached)}
+
+
+_open: list[Tally] = []   # the tallies counting now
+_hit = threading.local()  # set by a cache hit, read by the same thread's compile event
+_for = contextvars.ContextVar("counted_in", default=None)  # this context's compiles count there
+_listening = False
+
+
+@contextlib.contextmanager
+def tally(t: Tally | None = None):
+  """A `Tally` (`t`, or a new one) of what any thread compiles until the block ends, but for what
+  is `counted_in` another."""
+  t = t or Tally()
+  _open.append(t)
+  try:
+    yield t
+  finally:
+    _open.remove(t)
+
+
+@contextlib.contextmanager
+def counted_in(t: Tally | None):
+  """This thread's compiles count in `t` alone until the block ends (a sweep's next group)."""
+  token = _for.set(t)
+  try:
+    yield
+  finally:
+    _for.reset(token)
+
+
+def carried(fn):
+  """`fn`, to run in another thread with this thread's `counted_in` tally."""
+  context = contextvars.copy_context()
+  return lambda: context.run(fn)
+
+
+def _listen() -> None:
+  """Registers JAX's monitoring listeners behind `tally` (once per process) and the handler of a
+  damaged entry's warning (again where something put back another `warnings.showwarning`)."""
+  global _listening
+  if not _listening:
+    _listening = True
+    jax.monitoring.register_event_listener(_on_event)
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+  if not getattr(warnings.showwarning, "replaces_damaged", False):
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+      if str(message).startswith(_DAMAGED):
+        replace_damaged(str(message)[len(_DAMAGED):].split("'")[0])
+      else:
+        shown(message, category, filename, lineno, file, line)
+    show.replaces_damaged = True
+    warnings.showwarning = show
+  warnings.filterwarnings("always", message=_DAMAGED)
+
+
+def _on_event(event: str, **_):
+  if event == "/jax/compilation_cache/cache_hits":
+    _hit.value = True
+
+
+def _on_duration(event: str, seconds: float, fun_name: str = "?", **_):
+  tallies = [t] if (t := _for.get()) else _open
+  if event == "/jax/core/compile/backend_compile_duration":
+    hit, _hit.value = getattr(_hit, "value", False), False
+    for t in tallies:
+      (t.cached if hit else t.compiled).append((fun_name, seconds))
+  elif event in ("/jax/core/compile/jaxpr_trace_duration",
+                 "/jax/core/compile/jaxpr_to_mlir_module_duration"):
+    for t in tallies:
+      t.trace_sec += seconds
+
+
+def replace_damaged(module: str) -> None:
+  """Removes the entries of `module` that fail decompression (JAX then compiles the program and
+  writes it anew) and says so in one line."""
+  folder = pathlib.Path(jax.config.jax_compilation_cache_dir)
+  for path in folder.glob(f"{module}-*-cache"):
+    with contextlib.suppress(OSError):
+      if not _readable(path.read_bytes()):
+        path.unlink()
+        print(f"actlab: a damaged compilation-cache entry ({path.name[:40]}…, in {folder}) was "
+              "removed; its program is compiled again", flush=True)
+
+
+def _readable(data: bytes) -> bool:
+  """Whether an entry decompresses as JAX wrote it: zlib, or zstd where Python 3.14's
+  `compression.zstd` or the zstandard package is there."""
+  decompressors = [zlib.decompress]
+  with contextlib.suppress(ImportError):
+    from compression import zstd  # noqa: PLC0415 -- Python 3.14
+    decompressors.append(zstd.decompress)
+  with contextlib.suppress(ImportError):
+    import zstandard  # noqa: PLC0415
+    decompressors.append(zstandard.ZstdDecompressor().decompress)
+  for decompress in decompressors:
+    with contextlib.suppress(Exception):
+      decompress(data)
+      return True
+  return False

@@ -1,11 +1,8 @@
-"""Trains runs in their workdirs: `run(config, workdir)` one run, `run_group` R runs of one
-config that differ only in `optim.lr` and `train.seed` as one program (`program.Program`; a
-sweep's `sweep.vectorize`), each in its own workdir. One run takes the same path.
-
-Everything that can refuse a run (config, devices, data, `train.init_from`, the workdirs' configs,
-contents and owners) is checked before anything is written. A finished run returns its summary
-without touching its files. Runs resume from their latest intact checkpoint (infra/checkpoint.py),
-exactly.
+"""Trains runs in their run directories: `run(config, workdir)` one run, `run_group` R runs of one
+config that differ only in `optim.lr` and `train.seed` as one program (a sweep's
+`sweep.vectorize`), each in its own directory. The config is typed once, here (`config.typed`).
+Everything that can refuse a run is checked before anything is written; a finished run returns
+its summary without touching its files; a run resumes from its latest intact checkpoint, exactly.
 """
 
 import contextlib
@@ -15,29 +12,28 @@ import gc
 import time
 from typing import Callable, Sequence
 
-import ml_collections
-
 from actlab import config as config_lib
-from actlab import tasks
-from actlab.data import tokenizer_store
-from actlab.infra import compile_cache, parallel
-from actlab.infra import workdir as workdir_lib
+from actlab import data, tasks
+from actlab.infra import parallel, workdir
 from actlab.infra.checkpoint import Checkpoints
 from actlab.infra.workdir import RunDir
 from actlab.run import loop, pretrained, program as program_lib
-from actlab.run.lane import Lane
+from actlab.run.rows import Lane
 
 
-def finished(config: ml_collections.ConfigDict, run_dir: RunDir) -> dict | None:
-  """The summary of the run of `config` in `run_dir` if it has ended (trained to the end or
-  diverged), else None; raises if the directory holds another run."""
-  run_dir.check_config(config)
-  return run_dir.summary()
+def initialize(config) -> config_lib.Config:
+  """`config` typed, and this process's devices and XLA flags set up for it before anything asks
+  JAX for a device (every entry point that trains calls this first)."""
+  config = config_lib.typed(config)
+  p = config.parallel
+  parallel.initialize(p.cpu_devices, p.distributed, p.coordinator, p.num_processes, p.process_id,
+                      config.train.deterministic_ops)
+  return config
 
 
-def run(config: ml_collections.ConfigDict, workdir, cache: dict | None = None) -> dict:
+def run(config, workdir, cache: dict | None = None) -> dict:
   """Trains (or resumes) the run of `config` in `workdir`; returns its summary. `cache` (a dict
-  the caller owns, e.g. a sweep) reuses programs across runs (`program.get`)."""
+  the caller owns, e.g. a sweep's) reuses programs across runs (`program.get`)."""
   return run_group([config], [workdir], cache)[0]
 
 
@@ -45,32 +41,29 @@ _trained_before = False  # whether this process has started a run_group: the fir
 # cost counts from the process's start (imports included), a later one's from its own call
 
 
-def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence,
-              cache: dict | None = None, log: Callable[[str], None] = print,
-              compiled: compile_cache.Tally | None = None,
+def run_group(configs: Sequence, workdirs: Sequence, cache: dict | None = None,
+              log: Callable[[str], None] = print, compiled: program_lib.Tally | None = None,
               then: Callable[[], None] | None = None) -> list[dict]:
   """Trains (or resumes) the runs `configs[i]` in `workdirs[i]` (paths or `RunDir`s) and returns
   their summaries, in order. The unfinished runs that resume at the same step train as one
-  program (R states stacked); runs at another step train after them as another. A sweep passes
-  what it compiled for them ahead (`compiled`: their summaries count it) and what to do once
-  their first step is dispatched (`then`: compile its next group)."""
+  program; runs at another step train after them as another. A sweep passes what it compiled
+  for them ahead (`compiled`) and what to do once their first step is dispatched (`then`)."""
   global _trained_before
   began = time.perf_counter() if _trained_before else None
   _trained_before = True
-  configs = list(configs)
-  parallel.initialize(configs[0])  # Before anything asks JAX for a device (`RunDir.open` does).
+  checked = [config_lib.typed(c) for c in configs]
+  initialize(checked[0])  # Before anything asks JAX for a device (`RunDir.open` does).
   run_dirs = [RunDir.open(w) for w in workdirs]
-  for c, r in zip(configs, run_dirs):
-    config_lib.validate(c)
-    workdir_lib.check_usable(r.root)
-    if workdir_lib.is_sweep(r.root):
-      raise workdir_lib.WorkdirError(f"--workdir {r.root} is a sweep directory (sweep.json); give "
-                                     "the run a directory of its own, or continue the sweep with "
-                                     "actlab.sweep")
-    workdir_lib.check_unused(r.root)
-  compile_cache.enable(configs[0].train.compile_cache)
-  with compile_cache.tally(compiled) as compiles, fewer_collections():
-    return _run_group(configs, run_dirs, cache, log, compiles, began, then)
+  for r in run_dirs:
+    workdir.check_usable(r.root)
+    if workdir.is_sweep(r.root):
+      raise workdir.WorkdirError(f"--workdir {r.root} is a sweep directory (sweep.json); give the "
+                                 "run a directory of its own, or continue the sweep with "
+                                 "actlab.sweep")
+    workdir.check_unused(r.root)
+  program_lib.enable_cache(checked[0].train.compile_cache)
+  with program_lib.tally(compiled) as compiles, fewer_collections():
+    return _run_group(checked, run_dirs, cache, log, compiles, began, then)
 
 
 @contextlib.contextmanager
@@ -86,9 +79,14 @@ def fewer_collections(young: int = 10_000):
     gc.set_threshold(*before)
 
 
+def finished(config, run_dir: RunDir) -> dict | None:
+  """The summary of the run of `config` in `run_dir` if it has ended, else None; raises if the
+  directory holds another run."""
+  run_dir.check_config(config_lib.typed(config).fields, config_lib.RUNTIME_FIELDS)
+  return run_dir.summary()
+
+
 def _run_group(configs, run_dirs, cache, log, compiles, began, then) -> list[dict]:
-  """`run_group` once its run directories are open and checked; `compiles` counts what the
-  process compiles for them; their fixed cost counts from `began` (`loop.train_lanes`)."""
   if len(configs) > 1:
     program_lib.check_group(configs)
   unfinished = sum(finished(c, r) is None for c, r in zip(configs, run_dirs))
@@ -103,18 +101,17 @@ def _run_group(configs, run_dirs, cache, log, compiles, began, then) -> list[dic
   with contextlib.ExitStack() as held:
     for r in run_dirs:
       held.enter_context(r.lock())
-    held.enter_context(workdir_lib.full_disk_reported(run_dirs[0].root))
+    held.enter_context(workdir.full_disk_reported(run_dirs[0].root))
     summaries = [finished(c, r) for c, r in zip(configs, run_dirs)]  # Again, now they are ours.
     by_start = {}  # start step -> [(run index, its Checkpoints, its restored checkpoint)]
-    like = program.run_state_like  # What each run's checkpoint restores into.
     for i, (c, r) in enumerate(zip(configs, run_dirs)):
       if summaries[i] is not None:
         continue
-      r.write_config(c)
-      if tokenizer_store.load(r.tokenizer) is None:
-        tokenizer_store.save(dataset.tokenizer, r.tokenizer)
+      r.write_config(c.fields)
+      if data.saved_tokenizer(r.tokenizer) is None:
+        data.save_tokenizer(dataset.tokenizer, r.tokenizer)
       checkpoints = held.enter_context(Checkpoints(r.checkpoints, c.train.keep_checkpoints))
-      restored = checkpoints.restore_latest(like)
+      restored = checkpoints.restore_latest(program.run_state_like)
       by_start.setdefault(restored[0] if restored else 0, []).append((i, checkpoints, restored))
     if len(by_start) > 1 or (len(configs) > 1 and any(summaries)):
       log(f"runs at steps {sorted(by_start)} (or finished): training them by start step, one "
@@ -139,9 +136,9 @@ def _run_group(configs, run_dirs, cache, log, compiles, began, then) -> list[dic
 
 def initial_state(program: program_lib.Program, configs: list, restored: list, source,
                   vocab_size: int):
-  """The state a group of runs starts from: their restored checkpoints' (`restored`: each
-  `Checkpoints.restore_latest`'s result), or `init`'s for `configs`, with each run's trunk from
-  `source` where the config names one (`train.init_from`: another run, GPT-2 or BERT)."""
+  """The state a group of runs starts from: their restored checkpoints' (`restored`), or `init`'s
+  for `configs`, with each run's trunk from `source` where the config names one
+  (`train.init_from`: another run, GPT-2 or BERT)."""
   if restored[0]:
     return program.stack([r[1] for r in restored])
   state = program.start(configs)

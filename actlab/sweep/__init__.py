@@ -17,8 +17,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from actlab import tasks
-from actlab.infra import compile_cache, errors
-from actlab.infra import parallel
+from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
 from actlab.measure import metrics
 from actlab.run import program as program_lib, tracking, train
@@ -115,7 +114,7 @@ class CompileNext:
                log: Callable[[str], None]):
     self.workdir, self.order, self.cache, self.log = workdir, order, cache, log
     self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="next")
-    self.tallies: dict[str, compile_cache.Tally] = {}  # compile key → what was compiled for it
+    self.tallies: dict[str, program_lib.Tally] = {}  # compile key → what was compiled for it
     self.seen: set[str] = set()
 
   def hooks(self, cells_: Sequence[Cell]):
@@ -129,7 +128,7 @@ class CompileNext:
     if upcoming and _same_data(cells_[0].config, upcoming[0][0].config):
       cells_next = upcoming[0]
       self.seen.add(key(cells_next))
-      tally = self.tallies[key(cells_next)] = compile_cache.Tally()
+      tally = self.tallies[key(cells_next)] = program_lib.Tally()
       then = lambda: self.pool.submit(self._compile, cells_next, tally).add_done_callback(
           self._failed)
     return self.tallies.pop(key(cells_), None), then
@@ -139,12 +138,12 @@ class CompileNext:
       self.log(f"sweep: compiling the next group ahead failed ({job.exception()}); it compiles "
                "when it starts")
 
-  def _compile(self, cells_: Sequence[Cell], tally: compile_cache.Tally) -> None:
+  def _compile(self, cells_: Sequence[Cell], tally: program_lib.Tally) -> None:
     todo = [c for c in cells_ if workdir_lib.read_summary(self.workdir / c.name) is None]
     if not todo:
       return
     config = cells_[0].config
-    with compile_cache.counted_in(tally):
+    with program_lib.counted_in(tally):
       dataset = tasks.get(config).dataset(config)
       program = program_lib.get(config, dataset.tokenizer.vocab_size,
                                 program_runs(config, len(todo)), self.cache)
@@ -253,7 +252,7 @@ def launch(base: ml_collections.ConfigDict, spec: str, workdir, workers_: int = 
   process reporting their progress; {cell name: summary} of the cells that have ended."""
   workdir = pathlib.Path(workdir)
   if workers_ == 1:
-    parallel.initialize(base)  # Devices and hosts first (a parent leaves them to its children).
+    train.initialize(base)  # Devices and hosts first (a parent leaves them to its children).
     return run(base, spec, workdir, log, cache, shard, overridden=overridden)
   if base.parallel.distributed:
     raise errors.UserError("--workers=N starts N independent processes on this host; with "
@@ -292,7 +291,7 @@ def main(argv):
   overridden = list(config_flags.get_override_values(FLAGS["config"]))
   workers.whole_lines()  # A parent's and its children's lines share one stream.
   if worker := os.environ.get(workers.ENV):  # A child of `--workers`: its parent reports.
-    parallel.initialize(FLAGS.config)
+    train.initialize(FLAGS.config)
     log = lambda message: _say(f"worker {worker}: {message}")
     log(workers.here())
     run(FLAGS.config, FLAGS.sweep, workdir, log, shard=shard, worker=True, overridden=overridden)

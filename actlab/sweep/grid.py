@@ -14,7 +14,6 @@ import ml_collections
 from actlab import config as config_lib
 from actlab.infra import errors
 from actlab.infra import workdir as workdir_lib
-from actlab.infra.recorded import recorded_paths
 from actlab.report import stats
 from actlab.report.stats import SEED_KEY, fmt_value
 
@@ -239,13 +238,13 @@ def manifest_diffs(old: dict, new: dict) -> list[str]:
     elif key == "fixed":  # Named as the cells' configs name their fields.
       out += [f"{k}: {at(a, k)} → {at(b, k)}" for k in {**a, **b}
               if a.get(k, absent) != b.get(k, absent)
-              and not k.startswith(workdir_lib.RUNTIME_FIELDS)]
+              and not k.startswith(config_lib.RUNTIME_FIELDS)]
     elif a != b:
       out.append(f"{key}: {short(a)} → {short(b)}")
   if "config" in old:
     config = lambda m, cell: _nested({**workdir_lib.dotted(m["config"]), **m["cell_configs"][cell]})
     out += [d for cell in new["cell_configs"] if cell in old.get("cell_configs", {})
-            for d in workdir_lib.identity_diffs(config(old, cell), config(new, cell))]
+            for d in config_lib.identity_diffs(config(old, cell), config(new, cell))]
   return out
 
 
@@ -257,8 +256,8 @@ def _spec_name(spec: str) -> str:
 
 def _identity(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
   """The dotted fields of `config` that make its run (not RUNTIME_FIELDS), paths as recorded."""
-  recorded = workdir_lib.dotted(recorded_paths(json.loads(config.to_json()), workdir))
-  return {k: v for k, v in recorded.items() if not k.startswith(workdir_lib.RUNTIME_FIELDS)}
+  recorded = workdir_lib.dotted(workdir_lib.recorded_paths(json.loads(config.to_json()), workdir))
+  return {k: v for k, v in recorded.items() if not k.startswith(config_lib.RUNTIME_FIELDS)}
 
 
 def _nested(fields: dict) -> dict:

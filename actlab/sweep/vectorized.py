@@ -9,6 +9,7 @@ from typing import Callable
 import jax
 import ml_collections
 
+from actlab import core
 from actlab.core import kernels
 from actlab.data import tokenizer
 from actlab.measure import evaluators
@@ -64,10 +65,10 @@ def run_bytes(config: ml_collections.ConfigDict) -> int:
   spec = step.objective.model.spec
   B, L, V = config.train.batch_size, config.data.seq_len, spec.vocab_size
   D, F, H = spec.d_model, spec.ffn_width, spec.num_heads
-  fused = isinstance(step.objective, kernels.FusedCausalLM)
+  fused = isinstance(step.objective, core.CausalLM) and config.model.loss_impl == "fused"
   rows = B * (kernels.chunk_length(B, L, V) if fused else L)
   workspace = spec.num_layers * B * L * (16 * D + 6 * F + 3 * H * L) * 4 + 3 * rows * V * 4
-  if evaluators.Evaluators.create(config).sharpness:
+  if evaluators.Evaluators.create(config.metrics, config.train.steps).sharpness:
     workspace *= 3
   return nbytes(state) + 2 * nbytes(state.params) + workspace
 
