@@ -51,8 +51,8 @@ def run_group(configs: Sequence, workdirs: Sequence, cache: dict | None = None,
   global _trained_before
   began = time.perf_counter() if _trained_before else None
   _trained_before = True
-  typed = [config_lib.typed(c) for c in configs]
-  initialize(typed[0])  # Before anything asks JAX for a device (`RunDir.open` does).
+  checked = [config_lib.typed(c) for c in configs]
+  initialize(checked[0])  # Before anything asks JAX for a device (`RunDir.open` does).
   run_dirs = [RunDir.open(w) for w in workdirs]
   for r in run_dirs:
     workdir.check_usable(r.root)
@@ -61,9 +61,9 @@ def run_group(configs: Sequence, workdirs: Sequence, cache: dict | None = None,
                                  "run a directory of its own, or continue the sweep with "
                                  "actlab.sweep")
     workdir.check_unused(r.root)
-  program_lib.enable_cache(typed[0].train.compile_cache)
+  program_lib.enable_cache(checked[0].train.compile_cache)
   with program_lib.tally(compiled) as compiles, fewer_collections():
-    return _run_group(typed, run_dirs, cache, log, compiles, began, then)
+    return _run_group(checked, run_dirs, cache, log, compiles, began, then)
 
 
 @contextlib.contextmanager
