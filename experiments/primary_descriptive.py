@@ -70,7 +70,7 @@ def answered(family: str) -> tuple[ask.Asked, dict, dict, dict]:
       f"{QUESTIONS}:{family}")
   a = ask.Asked(spec, Q.load(spec), RESULTS / ("ladder" if family == "ladder" else ""))
   s = a.read()
-  return a, A.verdicts(s), s.sizing, s.lrs
+  return a, A.verdicts(s, one_out=False), s.sizing, s.lrs
 
 
 def arms(q: Q.Question, c: Q.Contrast) -> list[tuple[str, str]]:
@@ -350,10 +350,11 @@ ANSWERS = {  # README's table and figure: (family, contrast) -> (A − B, its se
     ("ladder", "scale_change_clip"): ("its change from 2 × 128 to 6 × 384", "clipping at 1.0")}
 
 
-def shown() -> list[tuple]:
+def shown(found: dict | None = None) -> list[tuple]:
   """README's answers that are in: (family, its question, contrast, verdict, LRs, (A − B,
-  setting)), a ladder contrast once its planned fresh seeds are all in."""
-  out, found = [], {f: answered(f) for f in {f for f, _ in ANSWERS}}
+  setting)), a ladder contrast once its planned fresh seeds are all in; `found`: each family
+  `answered` already."""
+  out, found = [], found or {f: answered(f) for f in {f for f, _ in ANSWERS}}
   for (f, name), words in ANSWERS.items():
     a, v, _, lrs = found[f]
     c = next(c for c in a.q.contrasts if c.name == name)
@@ -362,13 +363,13 @@ def shown() -> list[tuple]:
   return out
 
 
-def readme() -> None:
+def readme(found: dict | None = None) -> None:
   """README's answer table: each answer's verdict at ±0.1 and simultaneous interval as
-  `actlab.ask ... report` prints them."""
+  `actlab.ask ... report` prints them (`found`: as `shown` takes it)."""
   rows = [[f"`{c.name}` ({f})", *words, page.lr_of(c, lrs), str(len(r["seeds"])),
            f"**{r['margins'][0.1]['verdict'].words(c.negative, c.positive)}**",
            f"[{page.signed(r['interval'][0])}, {page.signed(r['interval'][1])}]"]
-          for f, q, c, r, lrs, words in shown()]
+          for f, q, c, r, lrs, words in shown(found)]
   print(markdown_table(["contrast (family)", "question (A − B)", "setting", "LR", "pairs",
                         "verdict at ±0.1", "simultaneous interval"], rows))
 

@@ -5,6 +5,7 @@ after its pilot began refused, bad question files one line and exit 2, and RESUL
 reproduced from the committed runs (`results/`). The model's statistics: tests/test_question.py."""
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -139,6 +140,14 @@ def test_a_bad_question_file_exits_2_with_one_line(tmp_path):
       "error: question bad: margins: one or more numbers > 0 (the first sizes n)"]
 
 
+@functools.lru_cache(maxsize=None)
+def judged(family: str, one_out: bool = False) -> tuple[ask.Asked, A.Stages, dict]:
+  """A committed family asked of its runs, its stages and its verdicts, computed once here."""
+  a = asked(family)
+  s = a.read()
+  return a, s, A.verdicts(s, one_out)
+
+
 def asked(family: str) -> ask.Asked:
   """A family of experiments/questions/primary.py over the committed runs, or the ladder."""
   if family == "ladder":
@@ -156,19 +165,17 @@ def test_every_committed_verdict_reads_its_interval(family):
   """Each verdict `report` prints for the committed questions claims only what its interval
   shows (test_question.py's `reads_its_interval`), and none joins two verdicts with "or"."""
   from test_question import reads_its_interval  # pylint: disable=import-outside-toplevel
-  a = asked(family)
-  q, v = a.q, A.verdicts(a.read())
-  judged = [(c, r["interval"], at["verdict"]) for c in q.contrasts if (r := v[c.name])
-            for at in r["margins"].values()]
-  assert len(judged) >= {"page": 7, "recipe": 6, "factorial": 10, "ladder": 6}[family]
-  assert not [(c.name, i, x) for c, i, x in judged if not reads_its_interval(x, i)]
-  assert not [c.name for c, _, x in judged if " or " in x.words(c.negative, c.positive)]
+  a, _, v = judged(family)
+  found = [(c, r["interval"], at["verdict"]) for c in a.q.contrasts if (r := v[c.name])
+           for at in r["margins"].values()]
+  assert len(found) >= {"page": 7, "recipe": 6, "factorial": 10, "ladder": 6}[family]
+  assert not [(c.name, i, x) for c, i, x in found if not reads_its_interval(x, i)]
+  assert not [c.name for c, _, x in found if " or " in x.words(c.negative, c.positive)]
 
 
 def rows(family: str) -> dict[str, str]:
-  a = asked(family)
-  s = a.read()
-  return dict(zip((c.name for c in a.q.contrasts), page.table(s, A.verdicts(s))[2:], strict=True))
+  a, s, v = judged(family, one_out=True)
+  return dict(zip((c.name for c in a.q.contrasts), page.table(s, v)[2:], strict=True))
 
 
 @pytest.mark.parametrize("family", ["page", "recipe", "factorial"])
@@ -184,8 +191,8 @@ def test_results_md_prints_the_verdict_tables_ask_computes_from_results(family):
 def test_results_md_prints_the_ladders_answered_rows_and_no_other():
   """A ladder contrast with all its fresh seeds has its row on RESULTS.md as `ask` prints it; one
   still short of them (a rung still training) has no row there."""
-  a = asked("ladder")
-  text, waiting = (REPO / "RESULTS.md").read_text(), set(page.unanswered(a.q, A.verdicts(a.read())))
+  a, _, v = judged("ladder", one_out=True)
+  text, waiting = (REPO / "RESULTS.md").read_text(), set(page.unanswered(a.q, v))
   found = rows("ladder")
   assert len(found) == 11
   assert not [row for c, row in found.items() if c not in waiting and row not in text]
@@ -195,7 +202,8 @@ def test_results_md_prints_the_ladders_answered_rows_and_no_other():
 def test_the_readmes_answer_table_is_the_reports(capsys):
   """README's table, each verdict at ±0.1 and its interval, as `primary_descriptive.py readme`
   prints it from the reports."""
-  runpy.run_path(str(REPO / "experiments" / "primary_descriptive.py"))["readme"]()
+  found = {f: (a, v, s.sizing, s.lrs) for f in COMMITTED for a, s, v in [judged(f)]}
+  runpy.run_path(str(REPO / "experiments" / "primary_descriptive.py"))["readme"](found)
   table = capsys.readouterr().out.strip()
   assert table.count("\n") > 15 and table in (REPO / "README.md").read_text()
 

@@ -121,6 +121,9 @@ def test_the_sign_flip_p_counts_every_pattern_exactly():
       2 * stats.binom.cdf(15, 40, 0.5), rel=1e-12)
   with pytest.raises(ValueError, match="1 to 44 finite values, got 45"):
     C.sign_flip_p(np.ones(45))
+  for n in (1, 2, 5, 9, 14):  # Hoeffding's bound holds it from above
+    d = rng.normal(-0.1, 0.2, n)
+    assert C.sign_flip_p(d) <= C.sign_flip_bound(d) <= 1.0
 
 
 # --- The pilot

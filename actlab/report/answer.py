@@ -196,11 +196,13 @@ def spiking_share(q: Question, c: Contrast, runs: Runs, lrs, seeds: Sequence[int
           "carried": float(np.mean(v)) - rest_mean if known else math.nan}
 
 
-def judged(q: Question, tested: Mapping[str, tuple[list[int], list[float]]]) -> dict:
+def judged(q: Question, tested: Mapping[str, tuple[list[int], list[float]]],
+           sign: Mapping[str, float] | None = None) -> dict:
   """The family's statistics from each tested contrast's (seeds, values), None where fewer than
   two: the paired statistics, the simultaneous interval at α/K, the Holm-adjusted p, the exact
-  sign-flip p (and Holm), and at each margin the TOST p (and Holm) and the `Verdict`. A contrast
-  without results counts as p = 1 in Holm, so an interim adjusted p never falls below the final."""
+  sign-flip p (and Holm; `sign`: those p already computed), and at each margin the TOST p (and
+  Holm) and the `Verdict`. A contrast without results counts as p = 1 in Holm, so an interim
+  adjusted p never falls below the final."""
   has = {c.name: len(tested[c.name][1]) >= 2 for c in q.contrasts}
   paired = {c.name: {m: C.paired_difference(tested[c.name][1], np.zeros(len(tested[c.name][1])),
                                             m) for m in q.margins}
@@ -209,8 +211,8 @@ def judged(q: Question, tested: Mapping[str, tuple[list[int], list[float]]]) -> 
                             C.holm([p(c.name) if has[c.name] else 1.0 for c in q.contrasts])))
   first = lambda name: paired[name][q.margins[0]]
   p_holm = holm(lambda name: first(name).p)
-  sign = {name: C.sign_flip_p(tested[name][1]) if len(tested[name][1]) <= C.SIGN_FLIP_MAX
-          else math.nan for name in paired}
+  sign = sign or {name: C.sign_flip_p(tested[name][1]) if len(tested[name][1]) <= C.SIGN_FLIP_MAX
+                  else math.nan for name in paired}
   sign_holm = holm(lambda name: 1.0 if math.isnan(sign[name]) else sign[name])
   equiv = {m: holm(lambda name, m=m: paired[name][m].p_equiv) for m in q.margins}
   out = {}
@@ -228,14 +230,27 @@ def judged(q: Question, tested: Mapping[str, tuple[list[int], list[float]]]) -> 
   return out
 
 
-def verdicts(s: Stages) -> dict:
+def judged_without(q: Question, tested: Mapping[str, tuple[list[int], list[float]]]) -> dict:
+  """`judged` as its verdicts read, at the cost of exact sign-flip p only where they matter:
+  first with each sign-flip p's upper bound (a side the bounds let the sign-flip test confirm,
+  the exact p confirm too: Holm's p only fall with their inputs), then exactly where a side the
+  interval shows is left unclaimed."""
+  bound = {name: C.sign_flip_bound(v) for name, (_, v) in tested.items() if len(v) >= 2}
+  out = judged(q, tested, bound)
+  if any(r and (r["interval"][0] > 0 or r["interval"][1] < 0) and r["p_sign_holm"] > q.rule.alpha
+         for r in out.values()):
+    out = judged(q, tested)
+  return out
+
+
+def verdicts(s: Stages, one_out: bool = True) -> dict:
   """The question on its fresh seeds: per contrast (None before two seeds) the seeds it is
   tested on (its first n fresh seeds that every cell it weighs finished with a finite outcome,
   and with `rule.shared` every other cell that ran the seed: while other cells train, a contrast
   whose own cells are done is answered; the seeds left out listed), `judged`'s statistics, each
-  cell's mean, the spiking seeds' share, and per margin the seeds whose leaving out alone moves
-  the verdict (`moved_by`: seed -> the verdict without it). Descriptive contrasts: unadjusted
-  paired statistics."""
+  cell's mean, the spiking seeds' share, and with `one_out` per margin the seeds whose leaving
+  out alone moves the verdict (`moved_by`: seed -> the verdict without it, its note aside; the
+  family judged again without each seed). Descriptive contrasts: unadjusted paired statistics."""
   q, fresh, lrs = s.q, s.fresh, s.lrs
   outcome = lambda cell: q.outcome_of(cell)[1]
   ran = lambda cell, seed: (lrs[cell], seed) in fresh.get(cell, {})
@@ -254,16 +269,18 @@ def verdicts(s: Stages) -> dict:
                               for name, f in found.items()}
   out = judged(q, pairs())
   every = sorted({x for c in q.contrasts for x in found[c.name]["seeds"]})
-  without = {x: judged(q, pairs(x)) for x in every}
+  without = {x: judged_without(q, pairs(x)) for x in every} if one_out else {}
   for c in q.contrasts:
     f, r = found[c.name], out[c.name]
     if r is None:
       continue
-    for m, at in r["margins"].items():
-      read_ = lambda v: (v.kind, v.side)
-      at["moved_by"] = {x: w[c.name]["margins"][m]["verdict"] for x, w in without.items()
-                        if x in f["seeds"] and (w[c.name] is None or read_(
-                            w[c.name]["margins"][m]["verdict"]) != read_(at["verdict"]))}
+    read_ = lambda v: (v.kind, v.side)
+    for m, at in r["margins"].items() if one_out else ():
+      at["moved_by"] = {x: w[c.name] and dataclasses.replace(w[c.name]["margins"][m]["verdict"],
+                                                             note="")
+                        for x, w in without.items() if x in f["seeds"] and (
+                            w[c.name] is None
+                            or read_(w[c.name]["margins"][m]["verdict"]) != read_(at["verdict"]))}
     out[c.name] = {**f, **r, "means": {cell: float(np.mean([fresh[cell][lrs[cell], x][outcome(
         cell)] for x in f["seeds"]])) for cell in c.weights},
                    "spikes": spiking_share(q, c, fresh, lrs, f["seeds"], f["values"])}

@@ -38,9 +38,13 @@ class Paired:
   sd: float             # sample sd of the differences
   ci_low: float         # the 95% paired t interval of the mean difference
   ci_high: float
-  mdd: float            # min_detectable(sd, n)
   p: float              # two-sided p-value of the paired t test of a mean difference of 0
   p_equiv: float        # TOST p-value for the margin (NaN without one)
+
+  @property
+  def mdd(self) -> float:
+    """`min_detectable(sd, n)` (NaN below 2 pairs)."""
+    return min_detectable(self.sd, self.n) if self.n >= 2 else math.nan
 
 
 def paired_power(n: int, sd: float, delta: float, alpha: float = ALPHA) -> float:
@@ -84,18 +88,29 @@ def sign_flip_p(diffs: Sequence[float]) -> float:
   """The exact two-sided p of the sign-flip test of no difference: the share of the 2^n sign
   patterns of the n values whose |sum| is at least the observed one (float ties within 1e-9 of
   it count), exact under the sole assumption that each value is symmetric about 0 under the null.
-  Every pattern, counted in halves: the 2^(n/2) sums of each half, one sorted."""
+  Every pattern, counted in halves: the 2^(n/2) sums of each half, sorted; the sums are
+  symmetric about 0 (a pattern's negation negates its sum, exactly in floating point), so the
+  lower tail counts as many as the upper."""
   d = np.asarray(diffs, np.float64)
   if not 1 <= d.size <= SIGN_FLIP_MAX or not np.all(np.isfinite(d)):
     raise ValueError(f"sign_flip_p: 1 to {SIGN_FLIP_MAX} finite values, got {d.size}")
   observed = abs(d.sum()) - 1e-9 * np.abs(d).sum()
   if observed <= 0:
     return 1.0
-  sums = lambda xs: functools.reduce(lambda s, x: np.concatenate([s + x, s - x]), xs, np.zeros(1))
-  left, right = sums(d[: d.size // 2]), np.sort(sums(d[d.size // 2:]))
+  # Each half's sums, built sorted: s − x and s + x are sorted runs, which a stable sort merges.
+  sums = lambda xs: functools.reduce(
+      lambda s, x: np.sort(np.concatenate([s - x, s + x]), kind="stable"), np.abs(xs), np.zeros(1))
+  left, right = sums(d[: d.size // 2]), sums(d[d.size // 2:])
   above = right.size - np.searchsorted(right, observed - left, "left")   # sum ≥ observed
-  below = np.searchsorted(right, -observed - left, "right")              # sum ≤ −observed
-  return float((above.sum() + below.sum()) / 2.0 ** d.size)
+  return float(2 * above.sum() / 2.0 ** d.size)
+
+
+def sign_flip_bound(diffs: Sequence[float]) -> float:
+  """An upper bound of `sign_flip_p` (Hoeffding's, for a sum of random signs): 2·exp(−s²/(2Σd²)),
+  s the observed |sum| less its tolerance; at most 1."""
+  d = np.asarray(diffs, np.float64)
+  observed = abs(d.sum()) - 1e-9 * np.abs(d).sum()
+  return 1.0 if observed <= 0 else float(min(1.0, 2 * np.exp(-observed ** 2 / (2 * d @ d))))
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float],
@@ -110,7 +125,7 @@ def paired_difference(a: Sequence[float], b: Sequence[float],
   d = a - b
   n = d.size
   if n < 2:
-    return Paired(n, float(d[0]) if n else math.nan, *[math.nan] * 6)
+    return Paired(n, float(d[0]) if n else math.nan, *[math.nan] * 5)
   mean, sd = float(d.mean()), float(d.std(ddof=1))
   se, df = sd / math.sqrt(n), n - 1
   tstat = lambda x: x / se if se > 0 else math.copysign(math.inf, x) if x else 0.0
@@ -118,7 +133,7 @@ def paired_difference(a: Sequence[float], b: Sequence[float],
   p = float(2 * sps.t.sf(abs(tstat(mean)), df))
   p_equiv = (math.nan if margin is None else
              float(max(sps.t.sf(tstat(mean + margin), df), sps.t.cdf(tstat(mean - margin), df))))
-  return Paired(n, mean, sd, mean - half, mean + half, min_detectable(sd, n), p, p_equiv)
+  return Paired(n, mean, sd, mean - half, mean + half, p, p_equiv)
 
 
 def verdict(mean: float, p_holm: float, p_equiv_holm: float, alpha: float = ALPHA) -> str:
