@@ -472,3 +472,16 @@ def test_runs_that_cannot_be_read_are_named_and_never_read_as_results(tmp_path):
       "relu at LR 0.003: 2 of 4 fresh runs not in (seeds 102–103): `run` trains them",
       "gelu at LR 0.003: 2 of 4 fresh runs not in (seeds 101, 103): `run` trains them",
       *unread]
+
+
+def test_judging_with_the_sign_flip_bound_first_reads_as_judging_exactly():
+  """`judged_without` (Hoeffding's bound on each sign-flip p, exact p only where a side would go
+  unclaimed) gives the verdicts `judged` gives, over effects from none to clear."""
+  q, rng = factorial(margins=[0.1, 0.05]), np.random.default_rng(7)
+  read = lambda out: {name: r and [(at["verdict"].kind, at["verdict"].side)
+                                   for at in r["margins"].values()] for name, r in out.items()}
+  for mean in np.linspace(-0.15, 0.15, 40):
+    n = int(rng.integers(3, 16))
+    tested = {name: (list(range(n)), list(rng.normal(mean * (i + 1) / 2, 0.08, n)))
+              for i, name in enumerate(("unclipped", "change"))}
+    assert read(A.judged_without(q, tested)) == read(A.judged(q, tested)), (mean, n)
