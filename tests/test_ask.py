@@ -15,6 +15,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -360,3 +361,16 @@ def test_the_figure_names_what_each_side_of_0_means(tmp_path):
   page.draw_intervals(ax, [("d", -0.2, -0.3, -0.1)], (0.1,), [("ReLU lower", "GELU lower")])
   assert [t.get_text() for t in ax.texts] == ["← ReLU lower", "GELU lower →"]
   plt.close(fig)
+
+
+def test_a_one_contrast_figure_has_room_for_its_side_labels(tmp_path):
+  import warnings  # pylint: disable=import-outside-toplevel
+  v = {"d": {"seeds": [1, 2, 3], "paired": types.SimpleNamespace(mean=-0.2),
+             "interval": (-0.3, -0.1)}}
+  q = types.SimpleNamespace(
+      contrasts=[types.SimpleNamespace(name="d", negative="at 2x128, clipping moves ReLU − GELU "
+                                       "toward ReLU", positive="toward GELU")],
+      outcome=("final_test_loss", "test loss"), k=1, margins=(0.1, 0.05))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # matplotlib's "Tight layout not applied" among them
+    assert page.figure(q, v, tmp_path / "q.png").exists()

@@ -209,6 +209,8 @@ def draw_intervals(ax, rows, margins, sides=None) -> None:
       ax.axvline(x, color="tab:red", ls=style, lw=1)
   ax.axvline(0, color="0.6", lw=1)
   left, right = ax.get_xlim()
+  if sides:  # Room above the first row for its labels, however few the rows.
+    ax.set_ylim(len(rows) - 0.5, -0.8)
   wrap = lambda words: textwrap.fill(words, 34)
   for y, (below, above) in enumerate(sides or ()):
     ax.text(left, y - 0.2, wrap(f"← {below}"), fontsize=5.5, color="0.35", ha="left",
