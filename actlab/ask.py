@@ -1,7 +1,6 @@
 """python -m actlab.ask QUESTION[:arg] {plan,run,report}: a pre-registered question from its
 declaration to its verdict (docs/asking.md). `plan` freezes the declaration and prints the
-design and the stages; `run` trains the stages as sweeps, each resuming when rerun; `report`
-prints and writes the verdicts from the run directories alone."""
+stages; `run` trains them as sweeps, resuming when rerun; `report` prints and writes verdicts."""
 
 import dataclasses
 import fnmatch
@@ -52,9 +51,8 @@ class Asked:
 
 
 def freeze(a: Asked, log=print) -> dict:
-  """The frozen declaration (`question.json`) with the analysis' fingerprint, written where there
-  is none, and anew where the question changed before any run; a UserError naming what changed
-  where its pilot has begun, or where `question.json` is unreadable."""
+  """The frozen declaration (`question.json`), written where there is none or anew where the
+  question changed before any run; a UserError where it changed after its pilot began."""
   path, decl = a.root / "question.json", Q.declaration(a.q)
   frozen = workdir_lib.read_json(path)
   if frozen is None and path.exists():
@@ -82,10 +80,8 @@ def freeze(a: Asked, log=print) -> dict:
 
 
 def stage_sweep(q: Q.Question, stage: str, lrs: dict) -> dict:
-  """A stage as a sweep file's dict, its cells an axis `arm` with their fields: the pilot each
-  cell of `lrs` (cell -> None) × the pilot's LRs × its seeds; the edge each cell of `lrs` at that
-  LR on the pilot's seeds; the fresh seeds each cell of `lrs` (cell -> (LR, n)) at its LR on its
-  first n fresh seeds."""
+  """A stage as a sweep file's dict, its cells an axis `arm`; `lrs`: cell -> None (the pilot's
+  LRs × seeds), -> LR (the edge, on the pilot's seeds), -> (LR, n) (its first n fresh seeds)."""
   arm = lambda extra: {grid.ARM_KEY: {c: {**q.cells[c], **extra(c)} for c in lrs}}
   base = {"axes": {grid.ARM_KEY: list(lrs)}, "seeds": list(q.pilot.seeds), "fixed": dict(q.fixed)}
   if stage == "pilot":
@@ -103,8 +99,7 @@ COMPILED: dict = {}  # the stages' compiled programs, shared within this process
 
 
 def train(a: Asked, stage: str, lrs: dict, log=print) -> None:
-  """Trains `stage` of `lrs`' cells as a sweep (its file written beside its directory) with this
-  command's --workers, --shard and --set."""
+  """Trains `stage` of `lrs`' cells as a sweep (its file beside its directory)."""
   where = a.stage_dir(stage)
   spec = where.with_name(f"{where.name}.sweep.json")
   a.root.mkdir(parents=True, exist_ok=True)
@@ -118,8 +113,7 @@ def train(a: Asked, stage: str, lrs: dict, log=print) -> None:
 
 def run(a: Asked, log=print) -> None:
   """Every stage for this command's cells, each resumed where it stopped: the pilot, the step past
-  an edge where a cell's best LR sits there, then (once every cell's LR is chosen, wherever its
-  pilot trained) the fresh seeds at the chosen LRs and n; then the report."""
+  an edge, the fresh seeds once every cell's LR is chosen; then the report."""
   if a.q.runs or any("pilot" in own for own in a.q.by_cell.values()):
     raise errors.UserError(f"question {a.q.name}: its runs were made before actlab.ask (`runs`) "
                            "or its cells have pilots of their own: `report` reads it, `run` "
@@ -177,8 +171,7 @@ def plan(a: Asked, estimate: bool = True, log=print) -> None:
 
 
 def walls_here(a: Asked, s: A.Stages) -> list[float]:
-  """The wall time of each run of this command's cells finished on this kind of device (a
-  vectorized program's shared among its runs): another device's walls say nothing here."""
+  """The wall time of each run of this command's cells finished on this kind of device."""
   here = jax.devices()[0].device_kind
   return [A.run_wall(r) for runs in (s.pilot, s.fresh or {}) for cell in a.mine
           for r in runs.get(cell, {}).values() if A.has_finite(r, "wall_time_sec")
@@ -186,8 +179,7 @@ def walls_here(a: Asked, s: A.Stages) -> list[float]:
 
 
 def seconds_a_run(a: Asked, s: A.Stages) -> float:
-  """One run's wall time here: its `walls_here`' mean once there are some, before that a few
-  steps of each cell's program timed (`bench.run_seconds`)."""
+  """One run's wall time here: the mean of `walls_here`, else a few steps of each cell timed."""
   if walls := walls_here(a, s):
     return float(np.mean(walls))
   from actlab import bench  # pylint: disable=import-outside-toplevel

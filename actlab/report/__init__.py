@@ -1,9 +1,6 @@
 """Sweep directories → `report.md`, `runs.csv` and `plots/*.png` (`python -m actlab.report
---help`; `--no-plots` for a report committed beside its runs, whose plots/ is not kept; what the
-report holds: docs/sweeps.md, "The report"; each number: docs/metrics.md §8,
-§9); one run directory → its curves, `curves.png` (`write_run`). This module assembles and writes
-the files; `load` reads the sweeps, `tables` writes the markdown, `plots` draws, `to_csv` writes
-runs.csv; `stats` and `comparisons` compute the numbers."""
+--help`; what the report holds: docs/sweeps.md, "The report"; each number: docs/metrics.md §8,
+§9); one run directory → its curves, `curves.png` (`write_run`)."""
 
 import argparse
 import pathlib
@@ -33,9 +30,8 @@ def pick_baseline(manifest, given: str | None = None) -> str | None:
 def relative(path) -> str:
   """`path` from the working directory where it lies below it (a report's command names the
   checkout's own paths, not the absolute path of whichever checkout wrote it)."""
-  path = pathlib.Path(path).absolute()
-  return str(path.relative_to(pathlib.Path.cwd())) if path.is_relative_to(pathlib.Path.cwd()) \
-      else str(path)
+  path, cwd = pathlib.Path(path).absolute(), pathlib.Path.cwd()
+  return str(path.relative_to(cwd) if path.is_relative_to(cwd) else path)
 
 
 def _consequence(unreadable: str) -> str:
@@ -55,10 +51,9 @@ NO_PLOTS = ("*Not drawn (`--no-plots`: a report committed beside its runs, whose
 
 def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = (),
           plots: bool = True) -> pathlib.Path:
-  """Writes `<out>/report.md`, `<out>/runs.csv` and, with `plots`, `<out>/plots/*.png` (linked
-  from the report; without, the report links none) for the sweep directory `roots` or several
-  merged (`out` defaults to the only one; `axes`: fields they fix at different values, compared
-  as axes: `report_load.load_many`); returns the report's path."""
+  """Writes `<out>/report.md`, `<out>/runs.csv` and, with `plots`, `<out>/plots/*.png` for the
+  sweep directory `roots` or several merged (`axes`: fields they fix at different values,
+  compared as axes); returns the report's path."""
   # Here, not at the top: matplotlib and scipy take about a second to import, and the sweep
   # imports this package for `stats` alone (its grid checks), in every worker it starts.
   from actlab.report import plots as report_plots, tables
@@ -93,8 +88,7 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
     if table:
       lines += [f"## {title}", "", text, "", table, ""]
   drawn = report_plots.write(manifest, runs, out / "plots") if plots else [NO_PLOTS]
-  lines += ["## Plots", "", *drawn, "",
-            "## Runs", "", tables.runs_table(runs), ""]
+  lines += ["## Plots", "", *drawn, "", "## Runs", "", tables.runs_table(runs), ""]
   report_csv.write(manifest, runs, out / "runs.csv")
   path = out / "report.md"
   workdir.write_text(path, "\n".join(lines))
@@ -102,8 +96,8 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
 
 
 def write_run(run) -> str:
-  """Draws the curves of the run directory `run` (`plots.plot_run`) into `<run>/curves.png`;
-  returns a line saying what it drew."""
+  """Draws the curves of the run directory `run` into `<run>/curves.png`; returns a line saying
+  what it drew."""
   from actlab.report import plots as report_plots  # matplotlib: see `write`
   run = pathlib.Path(run)
   rows, torn = workdir.read_rows(run / "metrics.jsonl")
@@ -157,9 +151,8 @@ def main(argv: Sequence[str]) -> int:
   parser.add_argument("--archive", help="copy the sweep's per-run data (sweep.json; each run's "
                       "config.json, summary.json, metrics.jsonl) here, and write the report "
                       "from the copy (one sweep directory)")
-  parser.add_argument("--no-plots", dest="plots", action="store_false", help="draw no plots "
-                      "and link none: a report committed beside its runs (results/<study>), "
-                      "whose plots/ the repository does not keep")
+  parser.add_argument("--no-plots", dest="plots", action="store_false", help="draw and link no "
+                      "plots: a report committed beside its runs, whose plots/ is not kept")
   args = parser.parse_args(argv[1:])
   with reported():
     if len(args.workdirs) == 1 and workdir.is_run(pathlib.Path(args.workdirs[0])):
