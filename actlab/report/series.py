@@ -1,5 +1,5 @@
-"""The numbers the report's plots draw (`actlab.report.plots` only draws them): pure functions
-of a sweep's runs, and the series' colours (docs/metrics.md §9, "Plots")."""
+"""The numbers the report's plots draw, and the series' colours (docs/metrics.md §9, "Plots"):
+pure functions of a sweep's runs."""
 
 import dataclasses
 import math
@@ -7,9 +7,8 @@ import re
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy import stats as sps
 
-from actlab.report import stats
+from actlab.report import comparisons, stats
 from actlab.report.stats import LR_KEY, Run, finite
 
 LAYER_STATS = ("dead_units", "act_zero_frac", "act_mean")
@@ -56,8 +55,7 @@ def band(runs: Sequence[Run], key: str) -> Band | None:
 
 
 def spread(mean, sd, key: str) -> tuple[np.ndarray, np.ndarray]:
-  """The ends of mean ± sd, each cut to [0, 1] where `key` is a fraction (`FRACTIONS`): a share's
-  bar or band never reaches below 0 or above 1, so it is asymmetric near either end."""
+  """The ends of mean ± sd, each cut to [0, 1] where `key` is a fraction (`FRACTIONS`)."""
   low, high = np.asarray(mean) - np.asarray(sd), np.asarray(mean) + np.asarray(sd)
   return (np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0)) if key in FRACTIONS else (low, high)
 
@@ -119,16 +117,6 @@ class Interval:
   high: float
 
 
-def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
-  """Mean and 95% t interval mean ± t₀.₉₇₅,ₙ₋₁·sd/√n (NaN where undefined)."""
-  n = len(values)
-  if n < 2:
-    return float(values[0]) if n else math.nan, math.nan, math.nan
-  mean, sd = stats.mean_sd(values)
-  half = float(sps.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
-  return mean, mean - half, mean + half
-
-
 def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:
   """Every group's final val loss at every LR with its 95% t interval over the seeds with a value;
   groups by their lowest mean over LRs (best first, those without values last), LRs in order."""
@@ -137,7 +125,8 @@ def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:
     for lr in lr_grid(manifest):
       vals = [r.value("final_val_loss") for r in group if r.overrides.get(LR_KEY) == lr
               and r.value("final_val_loss") is not None]
-      out.append(Interval(key, lr, len(vals), *t_interval(vals)))
+      d = comparisons.paired_difference(vals, np.zeros(len(vals)))  # mean ± t₀.₉₇₅,ₙ₋₁·sd/√n
+      out.append(Interval(key, lr, d.n, d.mean, d.ci_low, d.ci_high))
   best = lambda group: min((i.mean for i in out if i.group == group and i.n), default=math.inf)
   return sorted(out, key=lambda i: best(i.group))  # stable: LR order kept
 
