@@ -1,6 +1,7 @@
 """The report's markdown tables, each with the rules above it (`sections`, `runs_table`); the
 numbers come from `actlab.report.stats` and `actlab.report.comparisons`."""
 
+import collections
 import re
 from typing import Sequence
 
@@ -177,9 +178,7 @@ def failures(runs: Sequence[Run | None]) -> str:
       kinds.setdefault(what, []).append(reasons)
   parts = []
   for what, reasons in kinds.items():
-    counted = {}
-    for reason in (x for seed in reasons for x in dict.fromkeys(seed)):
-      counted[reason] = counted.get(reason, 0) + 1
+    counted = collections.Counter(x for seed in reasons for x in dict.fromkeys(seed))
     why = "; ".join(r + ("" if k == len(reasons) else f" in {k}") for r, k in counted.items())
     parts.append(f"{len(reasons)} {what}" + (f" ({why})" if why else ""))
   failed = sum(map(len, kinds.values()))
@@ -218,8 +217,7 @@ def sensitivity_table(manifest, runs) -> str:
     best = stats.fmt_value(s["best_lr"]) if s["best_lr"] is not None else "—"
     rows.append([*map(stats.fmt_value, key), value, best, str(len(s["per_seed"]))])
   return markdown_table([*map(_header, stats.other_axes(manifest)), "LR sensitivity (nats)",
-                         "best LR",
-                 "seeds"], rows) if rows else ""
+                         "best LR", "seeds"], rows) if rows else ""
 
 
 def runs_table(runs) -> str:

@@ -1,6 +1,5 @@
-"""The report's per-run table as `runs.csv`, for plotting elsewhere (docs/metrics.md §9): every
-per-run measure of `summary.json` (`COLUMNS`, then any other number a summary holds; not its
-provenance) in full precision, missing and non-finite ones empty, and the verdict's reasons."""
+"""The report's per-run table as `runs.csv` (docs/metrics.md §9): every per-run measure of
+`summary.json` in full precision, missing and non-finite ones empty, and the verdict's reasons."""
 
 import csv
 import io
@@ -30,7 +29,6 @@ COLUMNS = [  # (summary key, written always (else where some run has it)), after
 ]
 LEADING = ("status", "last_step")  # summary keys written before `COLUMNS`, with the run's state
 NOT_COLUMNS = ("status_reasons", "provenance")  # the reasons are the last column; no provenance
-SUMMARY_COLUMNS = tuple(key for key, always in COLUMNS if always)  # in every runs.csv
 
 
 def _is_number(x) -> bool:
@@ -46,9 +44,8 @@ def _number(x) -> str:
 
 
 def columns(runs: Sequence[Run]) -> list[str]:
-  """The summary columns of these runs: `COLUMNS` (those written where measured, where some run
-  has them), then any other key whose values are numbers in every summary that has it (a measure
-  added after this list), by name."""
+  """The summary columns of these runs: `COLUMNS` (some only where a run has them), then by name
+  any other key whose values are numbers in every summary that has it."""
   summaries = [r.summary for r in runs]
   has = lambda key: any(s.get(key) is not None for s in summaries)
   known = {key for key, _ in COLUMNS} | set(LEADING) | set(NOT_COLUMNS)
