@@ -1,7 +1,5 @@
-"""What a run's logged curves say beyond its final numbers, from its metrics.jsonl: the loss
-excess over the best LR integrated over training, when a loss first falls below a bar (the MLM
-plateau's exit), how far it still falls at the end, and whether seeds that exit later end higher.
-Descriptive; reads run directories (`runs`); never trains."""
+"""What a run's logged curves (metrics.jsonl) say beyond its final numbers: the loss excess over
+the best LR, the MLM plateau's exit and the late descent. Descriptive; never trains."""
 
 import json
 import pathlib
@@ -13,8 +11,7 @@ from actlab.infra import workdir
 
 
 def runs(directory: pathlib.Path) -> dict[tuple, pathlib.Path]:
-  """(activation, peak LR, seed) -> each finished run under `directory` (a sweep's), from its
-  config.json, in that order."""
+  """(activation, peak LR, seed) -> each finished run under the sweep `directory`, sorted."""
   out = {}
   for summary in pathlib.Path(directory).glob("*/summary.json"):
     c = json.loads((summary.parent / "config.json").read_text())

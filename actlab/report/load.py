@@ -31,8 +31,7 @@ GPT2_BLOCK = {f"model.{k}": getattr(core.Spec, k) for k in config_lib.BLOCK_FIEL
 
 def block(roots: Sequence) -> dict:
   """The block fields that every run of the sweep directories `roots` sets alike, and not as
-  GPT-2's block does (BERT's sets them as GPT-2's): what a report says of the model beside its
-  axes."""
+  GPT-2's block does: what a report says of the model beside its axes."""
   seen: dict[str, set] = {}
   for root in roots:
     for config in _configs(pathlib.Path(root)).values():

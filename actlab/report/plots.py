@@ -1,7 +1,6 @@
-"""The sweep report's plots (`write`; docs/metrics.md §9): val loss vs LR, the forest plot, the
-curves of `CURVES` and the per-layer statistics, drawing what `actlab.report.series` computes.
-One colour (and line style) per combination of the axes but the LR and the seed, in every plot.
-`plot_run` draws one run's curves (`python -m actlab.report <run dir>`)."""
+"""The sweep report's plots (`write`; docs/metrics.md §9), drawing what `series` computes, one
+colour (and line style) per combination of the axes but the LR and the seed; and one run's curves
+(`plot_run`)."""
 
 import math
 import pathlib
@@ -169,11 +168,9 @@ def plot_forest(manifest, runs, path: pathlib.Path) -> bool:
 
 
 def plot_run(rows: list[dict], title: str, path: pathlib.Path) -> bool:
-  """One run's curves from its metrics.jsonl `rows`: train and val loss in one panel, the
-  gradient norm and its largest since the previous row (log y) in another, against the step;
-  False where it logged no loss or gradient norm."""
+  """One run's curves from its metrics.jsonl `rows`: train and val loss, and the gradient norm
+  (log y); False where it logged no loss or gradient norm."""
   def points(key):
-    """The steps and values of `key`'s finite values."""
     pairs = [(r["step"], r[key]) for r in rows
              if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
     return [step for step, _ in pairs], [value for _, value in pairs]

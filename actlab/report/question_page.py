@@ -1,6 +1,5 @@
-"""A question's pages as text: its design, where its stages stand (`plan`), and its report: the
-verdict table, the runs it leaves out, the descriptive contrasts, and its figure (each contrast's
-simultaneous interval against ±each margin, each side of 0 labelled with what it means)."""
+"""A question's pages: its design, where its stages stand (`plan`), and its report (the verdict
+table, the runs it leaves out, the descriptive contrasts) with its figure."""
 
 import math
 import pathlib
@@ -178,14 +177,12 @@ def declaration_lines(s: A.Stages, root: pathlib.Path) -> list[str]:
 
 
 def report_lines(s: A.Stages, v: dict, head: list[str]) -> list[str]:
-  """The report: the design, `head` (the declaration's lines), an interim line while some
-  contrast is short of its planned seeds, the table, the runs not in, the descriptive ones."""
+  """The report's lines: the design, `head` (the declaration's), the table and the runs not in."""
   q, waiting = s.q, unanswered(s.q, v)
+  shared = "; a seed whose run diverges in a cell still training leaves every contrast"
   interim = [f"interim: {len(waiting)} of {q.k} contrasts short of their planned fresh seeds "
              "(`fresh seeds`): their rows are not answers yet, and the others can still move "
-             "(their Holm p count these as 1" + ("; a seed whose run diverges in a cell still "
-                                                  "training leaves every contrast" if
-                                                  q.rule.shared else "") + ")"] if waiting else []
+             f"(their Holm p count these as 1{shared if q.rule.shared else ''})"] if waiting else []
   left = A.not_in(s)
   descriptive = [f"{c.name} {signed(d.mean)} [{signed(d.ci_low)}, {signed(d.ci_high)}]"
                  for c in q.descriptive if len(v[c.name]["seeds"]) >= 2
@@ -197,8 +194,7 @@ def report_lines(s: A.Stages, v: dict, head: list[str]) -> list[str]:
 
 
 def draw_intervals(ax, rows, margins, sides=None) -> None:
-  """Rows of (label, mean, low, high) on `ax`, top down, each a mean with its interval; 0 marked
-  in grey and ±each margin in red (the first dashed, the second dotted, the third dash-dotted);
+  """Rows of (label, mean, low, high) on `ax`, top down, with 0 in grey and ±each margin in red;
   `sides`, per row (what a value below 0 means, above 0), written at each end of its row."""
   for y, (_, mean, low, high) in enumerate(rows):
     ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="k", capsize=4)
