@@ -43,7 +43,6 @@ def _consequence(unreadable: str) -> str:
   return unreadable
 
 
-# The plots section of a report written without plots.
 NO_PLOTS = ("*Not drawn (`--no-plots`: a report committed beside its runs, whose `plots/` the "
             "repository does not keep); the same command without the flag draws them into "
             "`plots/` and links them here.*")
