@@ -1,10 +1,6 @@
-"""What a run is: every config field written once, with its default, the rule its values keep,
-its help (`python -m actlab.config`) and its marks; the lists of fields the marks make
-(`marked`); `validate`, each field's rule, then the relations, in one line (`ConfigError`); and
-`typed`, a checked config as the run reads it: its sections as dataclasses (`Config`). The
-`model` and `optim` sections are the fields of the core's `Spec`, `Execution` and `OptimSpec`
-after or before the task's own (`section`).
-"""
+"""What a run is: every config field written once, with its default, its rule, its help and its
+marks (`marked`); `validate`, in one line (`ConfigError`); and `typed`, a checked config as the
+run reads it (`Config`). `model` and `optim` hold the fields of the core's dataclasses too."""
 
 import dataclasses
 import importlib.util
@@ -31,7 +27,7 @@ class ConfigError(errors.UserError, ValueError):
 
 
 def auto_or_boolean(k, v):
-  """"auto", "true" or "false" (in any case), or a bool: what the field held before "auto"."""
+  """"auto", "true" or "false" (in any case), or a bool (what the field held before "auto")."""
   check(str(v).lower() in ("auto", "true", "false"),
         f"{k}={v!r}: choose 'auto', 'true' or 'false'")
 
@@ -65,8 +61,8 @@ def plain_activation(k, v):
 
 
 def section(name: str, *parts) -> type:
-  """A section of the fields with a default of the dataclasses `parts`, in order; a core field
-  keeps its class (`metadata["core"]`)."""
+  """A section of the defaulted fields of `parts`, in order; a core field keeps its class
+  (`metadata["core"]`)."""
   fields = {}
   for part in parts:
     for f in dataclasses.fields(part):
@@ -296,7 +292,7 @@ RUNTIME_FIELDS = _runtime_fields()
 
 def identity_diffs(old: dict, new: dict) -> list[str]:
   """The differences ("field: old → new") that make `new` another run than `old`: all but the
-  runtime fields' (`workdir.diff_configs`, an added field absent from `old` at its value of then)."""
+  runtime fields' (`workdir.diff_configs`)."""
   return [d for d in workdir.diff_configs(old, new) if not d.startswith(RUNTIME_FIELDS)]
 
 
@@ -305,9 +301,8 @@ def identity_diffs(old: dict, new: dict) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """A checked config as the run reads it (`typed`): each section a frozen dataclass of its fields
-  (an encoder's `model` and `data` with the encoder's too), and `fields`, the config as a nested
-  dict (config.json's)."""
+  """A checked config as the run reads it (`typed`): each section a frozen dataclass of its fields,
+  and `fields`, the config as a nested dict (config.json's)."""
   model: Any
   optim: Any
   train: Any
@@ -352,49 +347,43 @@ def typed(config) -> Config:
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """ConfigError (one line) for the first problem: a field no section declares or one missing,
-  each field's rule, then the relations."""
+  """ConfigError (one line) for the first problem: a field unknown or missing, each field's rule,
+  then the relations."""
   try:
-    _validate(c)
+    _check_names(c)
+    encoder = c.model.kind == "encoder"  # the encoder's own fields are the encoder's to check
+    for section_name, cls in [*SECTIONS.items(), *(ENCODER.items() if encoder else ())]:
+      for f in dataclasses.fields(cls):
+        if f.metadata["rule"] and f.name in c[section_name]:
+          f.metadata["rule"](f"{section_name}.{f.name}", c[section_name][f.name])
+    m, d, mt = c.model, c.data, c.metrics
+    if m.kind == "decoder":
+      check(m.get("task", "lm") == "lm",
+            f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
+    else:
+      _check_encoder(c)
+    check(m.d_model % m.num_heads == 0,
+          f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}")
+    check(m.position != "rope" or (m.d_model // m.num_heads) % 2 == 0,
+          f"model.position='rope' rotates pairs of features: the head dim d_model/num_heads = "
+          f"{m.d_model // m.num_heads} must be even")
+    check(m.ffn != "plain" or not activations.get(m.activation).gated,
+          f"model.ffn='plain' with model.activation={m.activation!r}, a gated (GLU) name: use its "
+          f"plain activation ({activations.GATE_BASE.get(m.activation)!r}) or model.ffn='gated'")
+    _core(core.OptimSpec, c.optim, total_steps=c.train.steps)  # warm-up within the steps, one clipping
+    check(d.seq_len <= m.max_len,
+          f"data.seq_len={d.seq_len} is longer than model.max_len={m.max_len}")
+    check(not mt.wandb_project or importlib.util.find_spec("wandb") is not None,
+          f"metrics.wandb_project={mt.wandb_project!r} needs wandb, which is not installed: "
+          'pip install -e ".[wandb]"')
   except ValueError as e:  # a rule's or relation's (`check`), or the core's own
     raise ConfigError(str(e)) from None
 
 
-def _validate(c: ml_collections.ConfigDict) -> None:
-  _check_names(c)
-  encoder = c.model.kind == "encoder"  # the encoder's own fields are the encoder's to check
-  for section_name, cls in [*SECTIONS.items(), *(ENCODER.items() if encoder else ())]:
-    for f in dataclasses.fields(cls):
-      if f.metadata["rule"] and f.name in c[section_name]:
-        f.metadata["rule"](f"{section_name}.{f.name}", c[section_name][f.name])
-  m, o, t, d, mt = c.model, c.optim, c.train, c.data, c.metrics
-  if m.kind == "decoder":
-    check(m.get("task", "lm") == "lm",
-          f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
-  else:
-    _check_encoder(c)
-  check(m.d_model % m.num_heads == 0,
-        f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}")
-  check(m.position != "rope" or (m.d_model // m.num_heads) % 2 == 0,
-        f"model.position='rope' rotates pairs of features: the head dim d_model/num_heads = "
-        f"{m.d_model // m.num_heads} must be even")
-  check(m.ffn != "plain" or not activations.get(m.activation).gated,
-        f"model.ffn='plain' with model.activation={m.activation!r}, a gated (GLU) name: use its "
-        f"plain activation ({activations.GATE_BASE.get(m.activation)!r}) or model.ffn='gated'")
-  _core(core.OptimSpec, o, total_steps=t.steps)  # warm-up within the steps, one clipping
-  check(d.seq_len <= m.max_len,
-        f"data.seq_len={d.seq_len} is longer than model.max_len={m.max_len}")
-  check(not mt.wandb_project or importlib.util.find_spec("wandb") is not None,
-        f"metrics.wandb_project={mt.wandb_project!r} needs wandb, which is not installed: "
-        'pip install -e ".[wandb]"')
-
-
 def _check_names(c: ml_collections.ConfigDict) -> None:
-  """A field no section declares would be ignored, and one missing would fail later: both
-  refused."""
-  known = defaults()
-  for name, values in defaults(ENCODER).items():
-    known[name] = {**known[name], **values}
+  """A field no section declares would be ignored, and one missing would fail later."""
+  known = {name: {**values, **defaults(ENCODER).get(name, {})}
+           for name, values in defaults().items()}
   for name, values in c.items():
     for key in ([f"{name}.{f}" for f in values] if isinstance(values, ml_collections.ConfigDict)
                 else [name]):
