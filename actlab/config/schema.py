@@ -356,7 +356,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
       for f in dataclasses.fields(cls):
         if f.metadata["rule"] and f.name in c[section_name]:
           f.metadata["rule"](f"{section_name}.{f.name}", c[section_name][f.name])
-    m, d, mt = c.model, c.data, c.metrics
+    m, o, t, d, mt = c.model, c.optim, c.train, c.data, c.metrics
     if m.kind == "decoder":
       check(m.get("task", "lm") == "lm",
             f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
@@ -370,7 +370,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     check(m.ffn != "plain" or not activations.get(m.activation).gated,
           f"model.ffn='plain' with model.activation={m.activation!r}, a gated (GLU) name: use its "
           f"plain activation ({activations.GATE_BASE.get(m.activation)!r}) or model.ffn='gated'")
-    _core(core.OptimSpec, c.optim, total_steps=c.train.steps)  # warm-up within the steps, one clipping
+    _core(core.OptimSpec, o, total_steps=t.steps)  # warm-up within the steps, one clipping
     check(d.seq_len <= m.max_len,
           f"data.seq_len={d.seq_len} is longer than model.max_len={m.max_len}")
     check(not mt.wandb_project or importlib.util.find_spec("wandb") is not None,

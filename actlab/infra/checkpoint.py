@@ -22,6 +22,14 @@ class CheckpointError(UserError):
   """No checkpoint can be restored; the message says what to do."""
 
 
+def _root_cause(e: BaseException) -> str:
+  """The error at the end of `e`'s chain, in short: where Orbax wraps TensorStore's error, the
+  array, the file and what is wrong with it, not Orbax's dump of its spec."""
+  while e.__cause__ is not None:
+    e = e.__cause__
+  return short_cause(e, limit=300)
+
+
 @jax.jit
 def sums(tree) -> list[jax.Array]:
   """Two wrapping uint32 sums per array, of its words and of each word times its position:
@@ -104,14 +112,12 @@ class Checkpoints:
           state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     except Exception as e:  # Orbax raises many types for truncated or mismatched data.
       self._failed = True
-      while e.__cause__ is not None:  # TensorStore's error, naming the array and file it read
-        e = e.__cause__
       if (self.directory / str(step) / "default").is_dir():
         raise CheckpointError(f"checkpoint {self.directory}/{step} was written by an older actlab "
                               "without checksums; resume it with that version, or start a fresh "
                               "--workdir") from None
       raise CheckpointError(f"checkpoint {self.directory}/{step} could not be read "
-                            f"({short_cause(e, limit=300)})") from None
+                            f"({_root_cause(e)})") from None
     expected = restored.meta.get("checksums") if isinstance(restored.meta, dict) else None
     actual = checksums(restored.state)
     if expected != actual:

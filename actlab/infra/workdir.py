@@ -162,7 +162,7 @@ def run_config(workdir: pathlib.Path) -> dict | None:
 
 def check_unused(workdir: pathlib.Path) -> None:
   """Refuses a `--workdir` that holds no run but files a run does not write (`RUN_FILES`): the
-  user's, which a run would mix with its own. One a run has only locked (a sweep's cell) is unused."""
+  user's, which a run would mix with its own. One a run has only locked (a sweep's cell) is fine."""
   if not workdir.is_dir() or is_run(workdir):
     return
   foreign = sorted(p.name for p in workdir.iterdir() if not _FROM_A_RUN.fullmatch(p.name))
