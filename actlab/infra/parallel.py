@@ -55,12 +55,9 @@ def initialize(cpu_devices: int = 0, distributed: bool = False, coordinator: str
 
 def deterministic_ops() -> bool:
   """Whether this process's XLA_FLAGS ask for deterministic GPU ops (the last setting counts)."""
-  asked = False
-  for flag in os.environ.get("XLA_FLAGS", "").split():
-    name, _, value = flag.partition("=")
-    if name == DETERMINISTIC_OPS:
-      asked = value.lower() in ("", "true", "1")
-  return asked
+  flags = [f.partition("=") for f in os.environ.get("XLA_FLAGS", "").split()]
+  given = [value for name, _, value in flags if name == DETERMINISTIC_OPS]
+  return bool(given) and given[-1].lower() in ("", "true", "1")
 
 
 def ask_deterministic_ops() -> None:

@@ -238,8 +238,9 @@ def launch(base: ml_collections.ConfigDict, spec: str, workdir, workers_: int = 
            argv: Sequence[str] = (), cache: dict | None = None,
            log: Callable[[str], None] = _say) -> dict[str, dict]:
   """The sweep `spec` on `base` trained in this process (`run`), or as `workers_` children each
-  running `python -m actlab.sweep *argv` (a command line that makes `base`) on its share of the
-  hardware, this process reporting their progress; {cell name: summary} of the cells ended."""
+  running `python -m actlab.sweep *argv` (a command line that makes `base`; later flags win) on
+  its share of the hardware, this process reporting their progress; {cell name: summary} of the
+  cells ended."""
   workdir = pathlib.Path(workdir)
   if workers_ == 1:
     train.initialize(base)  # Devices and hosts first (a parent leaves them to its children).
