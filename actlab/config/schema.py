@@ -291,8 +291,7 @@ RUNTIME_FIELDS = _runtime_fields()
 
 
 def identity_diffs(old: dict, new: dict) -> list[str]:
-  """The differences ("field: old → new") that make `new` another run than `old`: all but the
-  runtime fields' (`workdir.diff_configs`)."""
+  """The differences ("field: old → new") that make `new` another run than `old`: no runtime's."""
   return [d for d in workdir.diff_configs(old, new) if not d.startswith(RUNTIME_FIELDS)]
 
 
@@ -347,8 +346,7 @@ def typed(config) -> Config:
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """ConfigError (one line) for the first problem: a field unknown or missing, each field's rule,
-  then the relations."""
+  """A one-line ConfigError for the first problem: a field unknown or absent, a rule, a relation."""
   try:
     _check_names(c)
     encoder = c.model.kind == "encoder"  # the encoder's own fields are the encoder's to check

@@ -147,8 +147,7 @@ class Plan:
     return self.mesh.devices.flat[0].platform != "cpu"
 
   def batch_like(self, batch, stacked: bool = False) -> Any:
-    """`shard_batch`'s result as abstract arrays: what a program is compiled for before the run's
-    first batch is there."""
+    """`shard_batch`'s result as abstract arrays, to compile a program before the first batch."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         np.shape(x), jax.dtypes.canonicalize_dtype(np.asarray(x).dtype),
         sharding=self.batch_sharding(np.ndim(x), stacked)), batch)
@@ -156,8 +155,7 @@ class Plan:
 
 def plan(batch_size: int, mode: str = "dp", num_devices: int = 0, fsdp_min_size: int = 1 << 14,
          devices=None) -> Plan:
-  """The plan of a batch of `batch_size` over `devices` (default: the first `num_devices`, 0 =
-  all) in `mode`."""
+  """The plan of a batch of `batch_size` over `devices` (default: the first `num_devices`)."""
   if mode not in MODES:
     raise ParallelError(f"parallel.mode={mode!r}: choose one of {', '.join(map(repr, MODES))}")
   if devices is None:

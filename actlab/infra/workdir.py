@@ -80,8 +80,7 @@ class RunDir:
     return read_summary(self.logdir)
 
   def check_config(self, config: dict, runtime: tuple[str, ...] = ()) -> None:
-    """Raises unless the directory is unused or holds a run of the same config (a nested dict),
-    the fields starting with `runtime` aside."""
+    """Raises unless the directory is unused or holds a run of this config, `runtime` aside."""
     path = self.logdir / "config.json"
     if not path.exists():
       return

@@ -91,8 +91,7 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
 
 def program_runs(config: ml_collections.ConfigDict, todo: int,
                  log: Callable[[str], None] | None = None) -> int:
-  """The runs one program of a group with `todo` cells to train holds: vectorized, as many as
-  `vectorized.program_size` allows; else one."""
+  """The runs one program of a group with `todo` cells holds (`vectorized.program_size`, or 1)."""
   if not (vectorized.vectorizes(config) and todo > 1):
     return 1
   return vectorized.program_size(config, todo, vectorized.device_memory(), log)

@@ -42,8 +42,7 @@ class Cell:
 
 
 def load(spec: str) -> Sweep:
-  """`path/to/sweep.py[:arg]` (its `get_sweep(arg)`) or `path/to/sweep.json` (a stage actlab.ask
-  wrote) → its Sweep."""
+  """`sweep.py[:arg]` (its `get_sweep(arg)`) or a `sweep.json` actlab.ask wrote → its Sweep."""
   path, _, arg = spec.partition(":")
   try:
     if path.endswith(".json"):
@@ -58,8 +57,7 @@ KEYS = tuple(field.name for field in dataclasses.fields(Sweep))
 
 def parse(d: dict) -> Sweep:
   """Checks a `get_sweep` result and turns it into a Sweep."""
-  unknown = set(d) - set(KEYS)
-  if unknown:
+  if unknown := set(d) - set(KEYS):
     raise config_lib.ConfigError(f"sweep: unknown keys {sorted(unknown)}; use {', '.join(KEYS)}")
   axes = {k: list(v) for k, v in d.get("axes", {}).items()}
   seeds = [int(s) for s in d.get("seeds", [0])]

@@ -36,8 +36,7 @@ def switched_on(setting, backend: str | None = None) -> bool:
 
 
 def device_memory() -> int | None:
-  """The bytes JAX may allocate on this process's first device; None where it does not say (a
-  CPU)."""
+  """The bytes JAX may allocate on this process's first device; None where it does not say."""
   return (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
 
 
