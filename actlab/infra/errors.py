@@ -170,13 +170,12 @@ def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
         raise UserError(f"--{name}.{key}: {problem}")
 
 
-def require(*names: str, flag_values: flags.FlagValues = flags.FLAGS) -> None:
+def require(*names: str) -> None:
   """absl's required flags (`register_validator`), a missing one named with what it is for:
   `mark_flags_as_required` says only "must have a value other than None"."""
   for name in names:
     flags.register_validator(name, lambda value: value is not None,
-                             f"--{name} is required: {flag_values[name].help}",
-                             flag_values=flag_values)
+                             f"--{name} is required: {flags.FLAGS[name].help}")
 
 
 _config_file_flags: list[flags.Flag] = []  # Those `define_config_file` defined.

@@ -142,10 +142,10 @@ def dotted(d: dict, prefix: str = "") -> dict:
   return out
 
 
-def first_diffs(diffs: list[str], shown: int = SHOWN_DIFFS) -> str:
-  """Differences as a refusal names them: the first `shown`, and how many more."""
-  more = f"; and {len(diffs) - shown} more" if len(diffs) > shown else ""
-  return "; ".join(diffs[:shown]) + more
+def first_diffs(diffs: list[str]) -> str:
+  """Differences as a refusal names them: the first `SHOWN_DIFFS`, and how many more."""
+  more = f"; and {len(diffs) - SHOWN_DIFFS} more" if len(diffs) > SHOWN_DIFFS else ""
+  return "; ".join(diffs[:SHOWN_DIFFS]) + more
 
 
 def run_config(workdir: pathlib.Path) -> dict | None:
