@@ -291,7 +291,7 @@ RUNTIME_FIELDS = _runtime_fields()
 
 
 def identity_diffs(old: dict, new: dict) -> list[str]:
-  """The differences ("field: old → new") that make `new` another run than `old`: no runtime's."""
+  """The differences ("field: old → new") that make `new` another run than `old` (not runtime)."""
   return [d for d in workdir.diff_configs(old, new) if not d.startswith(RUNTIME_FIELDS)]
 
 

@@ -61,8 +61,8 @@ def _signature(tree) -> tuple:
 
 
 def use_compiled(like, compiled) -> None:
-  """`checksums` of trees like `like` run `compiled`, `sums` compiled ahead for them: a
-  checkpoint then neither traces nor loads it (on an H200's host, 0.7 s and 0.5 s at the first)."""
+  """`checksums` of trees like `like` run `compiled`, `sums` compiled ahead for them: a checkpoint
+  then neither traces nor loads it (on an H200's host, 0.7 s to trace, 0.5 s to load, at first)."""
   _compiled[_signature(like)] = compiled
 
 
