@@ -348,34 +348,38 @@ def typed(config) -> Config:
 def validate(c: ml_collections.ConfigDict) -> None:
   """A one-line ConfigError for the first problem: a field unknown or absent, a rule, a relation."""
   try:
-    _check_names(c)
-    encoder = c.model.kind == "encoder"  # the encoder's own fields are the encoder's to check
-    for section_name, cls in [*SECTIONS.items(), *(ENCODER.items() if encoder else ())]:
-      for f in dataclasses.fields(cls):
-        if f.metadata["rule"] and f.name in c[section_name]:
-          f.metadata["rule"](f"{section_name}.{f.name}", c[section_name][f.name])
-    m, o, t, d, mt = c.model, c.optim, c.train, c.data, c.metrics
-    if m.kind == "decoder":
-      check(m.get("task", "lm") == "lm",
-            f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
-    else:
-      _check_encoder(c)
-    check(m.d_model % m.num_heads == 0,
-          f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}")
-    check(m.position != "rope" or (m.d_model // m.num_heads) % 2 == 0,
-          f"model.position='rope' rotates pairs of features: the head dim d_model/num_heads = "
-          f"{m.d_model // m.num_heads} must be even")
-    check(m.ffn != "plain" or not activations.get(m.activation).gated,
-          f"model.ffn='plain' with model.activation={m.activation!r}, a gated (GLU) name: use its "
-          f"plain activation ({activations.GATE_BASE.get(m.activation)!r}) or model.ffn='gated'")
-    _core(core.OptimSpec, o, total_steps=t.steps)  # warm-up within the steps, one clipping
-    check(d.seq_len <= m.max_len,
-          f"data.seq_len={d.seq_len} is longer than model.max_len={m.max_len}")
-    check(not mt.wandb_project or importlib.util.find_spec("wandb") is not None,
-          f"metrics.wandb_project={mt.wandb_project!r} needs wandb, which is not installed: "
-          'pip install -e ".[wandb]"')
+    _validate(c)
   except ValueError as e:  # a rule's or relation's (`check`), or the core's own
     raise ConfigError(str(e)) from None
+
+
+def _validate(c: ml_collections.ConfigDict) -> None:
+  _check_names(c)
+  encoder = c.model.kind == "encoder"  # the encoder's own fields are the encoder's to check
+  for section_name, cls in [*SECTIONS.items(), *(ENCODER.items() if encoder else ())]:
+    for f in dataclasses.fields(cls):
+      if f.metadata["rule"] and f.name in c[section_name]:
+        f.metadata["rule"](f"{section_name}.{f.name}", c[section_name][f.name])
+  m, o, t, d, mt = c.model, c.optim, c.train, c.data, c.metrics
+  if m.kind == "decoder":
+    check(m.get("task", "lm") == "lm",
+          f"model.task={m.get('task')!r}: the decoder has one task, causal LM ('lm')")
+  else:
+    _check_encoder(c)
+  check(m.d_model % m.num_heads == 0,
+        f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}")
+  check(m.position != "rope" or (m.d_model // m.num_heads) % 2 == 0,
+        f"model.position='rope' rotates pairs of features: the head dim d_model/num_heads = "
+        f"{m.d_model // m.num_heads} must be even")
+  check(m.ffn != "plain" or not activations.get(m.activation).gated,
+        f"model.ffn='plain' with model.activation={m.activation!r}, a gated (GLU) name: use its "
+        f"plain activation ({activations.GATE_BASE.get(m.activation)!r}) or model.ffn='gated'")
+  _core(core.OptimSpec, o, total_steps=t.steps)  # warm-up within the steps, one clipping
+  check(d.seq_len <= m.max_len,
+        f"data.seq_len={d.seq_len} is longer than model.max_len={m.max_len}")
+  check(not mt.wandb_project or importlib.util.find_spec("wandb") is not None,
+        f"metrics.wandb_project={mt.wandb_project!r} needs wandb, which is not installed: "
+        'pip install -e ".[wandb]"')
 
 
 def _check_names(c: ml_collections.ConfigDict) -> None:
