@@ -1,9 +1,8 @@
-"""The default config (`base`, from schema.py's fields), the builders of the shipped config files
-(`decoder`, `encoder`, at the sizes of sizes.py), the one override parser and the listing
-`python -m actlab.config` prints. schema.py: the fields, `validate` and `typed`.
-"""
+"""The default config (`base`), the builders of the shipped config files (`decoder`, `encoder`),
+overrides, and the listing `python -m actlab.config` prints. The fields themselves: schema.py."""
 
 import ast
+import contextlib
 import dataclasses
 from typing import Any, Mapping
 
@@ -24,9 +23,7 @@ __all__ = ["BLOCKS", "BLOCK_FIELDS", "Config", "ConfigError", "GPT2_BLOCK", "INI
 
 
 def base(activation: str = "gelu") -> ml_collections.ConfigDict:
-  """The reference study's setup (docs/reference.md §2): GPT decoder on TinyStories, GPT-2 BPE.
-  Every field, its default, its rule and its meaning are written once: in the core's dataclasses
-  (`model`, `optim`) or in schema.py, which makes the sections of them."""
+  """The reference study's setup (docs/reference.md §2): GPT decoder on TinyStories, GPT-2 BPE."""
   c = ml_collections.ConfigDict(schema.defaults())
   c.model.activation = activation
   return c
@@ -41,8 +38,7 @@ BLOCKS = {"gpt2": {},
 
 def decoder(activation: str = "gelu", size: str | None = None,
             block: str = "gpt2") -> ml_collections.ConfigDict:
-  """`configs/decoder.py` (and `tinystories_<activation>.py`): `base` at a decoder size of
-  `SIZES` ("reference", the default, is `base` itself) with a block of `BLOCKS`."""
+  """`configs/decoder.py`: `base` at a decoder size of `SIZES` with a block of `BLOCKS`."""
   size = size or "reference"
   if size not in DECODER_SIZES:
     raise ConfigError(f"unknown config variant {size!r}; choose one of: {choices(DECODER_SIZES)}")
@@ -52,9 +48,8 @@ def decoder(activation: str = "gelu", size: str | None = None,
 
 def encoder(activation: str = "gelu", size: str | None = None,
             task: str = "mlm") -> ml_collections.ConfigDict:
-  """`configs/encoder.py` (and `bert_<activation>.py`): the BERT-style encoder (post-LN, BERT's
-  optimizer) at an encoder size of `SIZES` (default "small") for `task` "mlm" or "classify"
-  (docs/encoder.md). A `size` may name the task too: "classify", "smoke_classify", ..."""
+  """`configs/encoder.py`: the BERT-style encoder at an encoder size of `SIZES` (default "small")
+  for `task` "mlm" or "classify". A `size` may name the task too: "classify", "smoke_classify"."""
   if size and (size == "classify" or size.endswith("_classify")):
     size, task = size.removesuffix("classify").removesuffix("_"), "classify"
   size = size or "small"
@@ -67,8 +62,7 @@ def encoder(activation: str = "gelu", size: str | None = None,
         ConfigError)
   c = base(activation)
   for section, values in schema.defaults(schema.ENCODER).items():  # the encoder's own fields
-    for name, value in values.items():
-      c[section][name] = value
+    c[section].update(values)
   c.model.update(kind="encoder", norm="post", norm_eps=1e-12)
   c.optim.update(b2=0.999, eps=1e-6, weight_decay=0.01)
   override(c, SIZES[ENCODER_PREFIX + size])
@@ -90,9 +84,9 @@ _BOOLS = {"true": True, "false": False}
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
-  """`get_config(arg)`'s argument as big_vision's `parse_arg` reads it: "key=value,..." sets keys
-  of `defaults`, as their types (bools: true or false); a first item without "=" is the first
-  key's value (`decoder.py:smoke,act=swiglu`). ConfigError for an unknown key or bad value."""
+  """`get_config(arg)`'s argument, as big_vision's `parse_arg`: "key=value,..." sets keys of
+  `defaults` as their types; a first item without "=" is the first key's value
+  (`decoder.py:smoke,act=swiglu`)."""
   values = dict(defaults)
   for i, item in enumerate(filter(None, (x.strip() for x in (arg or "").split(",")))):
     key, eq, text = item.partition("=")
@@ -117,21 +111,17 @@ def parse_overrides(text: str) -> dict[str, Any]:
     key, eq, value = (x.strip() for x in item.partition("="))
     if not eq:
       raise ConfigError(f"override {item!r}: write section.field=value")
-    if value.lower() in _BOOLS:
-      overrides[key] = _BOOLS[value.lower()]
-      continue
-    try:
-      overrides[key] = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-      overrides[key] = value
+    overrides[key] = _BOOLS.get(value.lower(), value)
+    if value.lower() not in _BOOLS:
+      with contextlib.suppress(ValueError, SyntaxError):
+        overrides[key] = ast.literal_eval(value)
   return overrides
 
 
 def override(config: ml_collections.ConfigDict,
              overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """`config` with each dotted `section.field` of `overrides` set (in place); ConfigError for a key
-  that names no field or a value of another type than the field's. A str field takes True and
-  False as "true" and "false", as a `--config.` flag gives them (`sweep.vectorize`)."""
+  """`config` with each dotted `section.field` of `overrides` set (in place). A str field takes
+  True and False as "true" and "false", as a `--config.` flag gives them (`sweep.vectorize`)."""
   for key, value in overrides.items():
     *sections, field = key.split(".")
     node = config
@@ -155,8 +145,8 @@ def override(config: ml_collections.ConfigDict,
 
 
 def listing() -> str:
-  """Every field by section, in order, with its default (the decoder's, and the encoder's where it
-  differs), its help and the names it accepts (an activation field: from the registry)."""
+  """Every field by section with its default (the decoder's, and the encoder's where it differs),
+  its help and the names it accepts."""
   dec, enc = base().to_dict(), encoder().to_dict()
   plain = ", ".join(n for n in activations.NAMES if not activations.get(n).gated)
   accepted = {"model.activation": f"{plain}; gated (GLU): {', '.join(activations.GATE_BASE)}",

@@ -1,10 +1,6 @@
-"""What a run is: every config field written once, with its default, the rule its values keep,
-its help (`python -m actlab.config`) and its marks; the lists of fields the marks make
-(`marked`); `validate`, each field's rule, then the relations, in one line (`ConfigError`); and
-`typed`, a checked config as the run reads it: its sections as dataclasses (`Config`). The
-`model` and `optim` sections are the fields of the core's `Spec`, `Execution` and `OptimSpec`
-after or before the task's own (`section`).
-"""
+"""What a run is: every config field written once, with its default, its rule, its help and its
+marks (`marked`); `validate`, in one line (`ConfigError`); and `typed`, a checked config as the
+run reads it (`Config`). `model` and `optim` hold the fields of the core's dataclasses too."""
 
 import dataclasses
 import importlib.util
@@ -31,7 +27,7 @@ class ConfigError(errors.UserError, ValueError):
 
 
 def auto_or_boolean(k, v):
-  """"auto", "true" or "false" (in any case), or a bool: what the field held before "auto"."""
+  """"auto", "true" or "false" (in any case), or a bool (what the field held before "auto")."""
   check(str(v).lower() in ("auto", "true", "false"),
         f"{k}={v!r}: choose 'auto', 'true' or 'false'")
 
@@ -65,8 +61,8 @@ def plain_activation(k, v):
 
 
 def section(name: str, *parts) -> type:
-  """A section of the fields with a default of the dataclasses `parts`, in order; a core field
-  keeps its class (`metadata["core"]`)."""
+  """A section of the defaulted fields of `parts`, in order; a core field keeps its class
+  (`metadata["core"]`)."""
   fields = {}
   for part in parts:
     for f in dataclasses.fields(part):
@@ -295,8 +291,7 @@ RUNTIME_FIELDS = _runtime_fields()
 
 
 def identity_diffs(old: dict, new: dict) -> list[str]:
-  """The differences ("field: old → new") that make `new` another run than `old`: all but the
-  runtime fields' (`workdir.diff_configs`, an added field absent from `old` at its value of then)."""
+  """The differences ("field: old → new") that make `new` another run than `old` (not runtime)."""
   return [d for d in workdir.diff_configs(old, new) if not d.startswith(RUNTIME_FIELDS)]
 
 
@@ -305,9 +300,8 @@ def identity_diffs(old: dict, new: dict) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """A checked config as the run reads it (`typed`): each section a frozen dataclass of its fields
-  (an encoder's `model` and `data` with the encoder's too), and `fields`, the config as a nested
-  dict (config.json's)."""
+  """A checked config as the run reads it (`typed`): each section a frozen dataclass of its fields,
+  and `fields`, the config as a nested dict (config.json's)."""
   model: Any
   optim: Any
   train: Any
@@ -352,8 +346,7 @@ def typed(config) -> Config:
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """ConfigError (one line) for the first problem: a field no section declares or one missing,
-  each field's rule, then the relations."""
+  """A one-line ConfigError for the first problem: a field unknown or absent, a rule, a relation."""
   try:
     _validate(c)
   except ValueError as e:  # a rule's or relation's (`check`), or the core's own
@@ -390,11 +383,9 @@ def _validate(c: ml_collections.ConfigDict) -> None:
 
 
 def _check_names(c: ml_collections.ConfigDict) -> None:
-  """A field no section declares would be ignored, and one missing would fail later: both
-  refused."""
-  known = defaults()
-  for name, values in defaults(ENCODER).items():
-    known[name] = {**known[name], **values}
+  """A field no section declares would be ignored, and one missing would fail later."""
+  known = {name: {**values, **defaults(ENCODER).get(name, {})}
+           for name, values in defaults().items()}
   for name, values in c.items():
     for key in ([f"{name}.{f}" for f in values] if isinstance(values, ml_collections.ConfigDict)
                 else [name]):

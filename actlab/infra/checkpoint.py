@@ -1,9 +1,8 @@
 """Orbax checkpoints that know whether they are intact: each `<dir>/<step>/` holds the train
 `state` and a JSON `meta` (the caller's, plus a checksum per array). docs/design.md §3.9.
 
-Orbax is imported when a directory is first read or written, not with this module: a new run
-needs it at its first save, after its first steps, rather than among the imports that come
-before them (0.14 s or more of every run's start on 2 CPU cores)."""
+Orbax is imported at a directory's first read or write, not with this module: a new run needs
+it only at its first save, not in its start (0.14 s or more on 2 CPU cores)."""
 
 import copy
 import functools
@@ -24,9 +23,8 @@ class CheckpointError(UserError):
 
 
 def _root_cause(e: BaseException) -> str:
-  """The error at the end of `e`'s chain, in short (`short_cause`): where Orbax wraps
-  TensorStore's error, the array, the file and what is wrong with it, not Orbax's dump of its
-  spec."""
+  """The error at the end of `e`'s chain, in short: where Orbax wraps TensorStore's error, the
+  array, the file and what is wrong with it, not Orbax's dump of its spec."""
   while e.__cause__ is not None:
     e = e.__cause__
   return short_cause(e, limit=300)
@@ -34,8 +32,8 @@ def _root_cause(e: BaseException) -> str:
 
 @jax.jit
 def sums(tree) -> list[jax.Array]:
-  """Two uint32 sums per array of `tree`: of its words, and of each word times its position
-  (wrapping sums: independent of the sharding; a changed or swapped word changes them)."""
+  """Two wrapping uint32 sums per array, of its words and of each word times its position:
+  independent of the sharding; a changed or swapped word changes them."""
   out = []
   for x in jax.tree.leaves(tree):
     if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -63,9 +61,8 @@ def _signature(tree) -> tuple:
 
 
 def use_compiled(like, compiled) -> None:
-  """`checksums` of trees like `like` (a run's state) run `compiled`, `sums` compiled for them
-  (a run's program compiles it ahead, in a thread): a checkpoint then neither traces nor loads it
-  (on an H200's host, 0.7 s to trace and lower and 0.5 s to load at a run's first checkpoint)."""
+  """`checksums` of trees like `like` run `compiled`, `sums` compiled ahead for them: a checkpoint
+  then neither traces nor loads it (on an H200's host, 0.7 s to trace, 0.5 s to load, at first)."""
   _compiled[_signature(like)] = compiled
 
 
@@ -77,7 +74,7 @@ def checksums(tree) -> dict[str, str]:
 
 
 class Checkpoints:
-  """A run's checkpoint directory; closed at the end of a `with` block. `read_only` (sampling,
+  """A run's checkpoint directory, closed at the end of a `with` block. `read_only` (sampling,
   fine-tuning from another run): nothing is created, moved or written."""
 
   def __init__(self, directory, keep: int, read_only: bool = False):
@@ -98,8 +95,8 @@ class Checkpoints:
     return self._manager.latest_step() if self.directory.is_dir() else None
 
   def save(self, step: int, state, meta: dict) -> None:
-    """Starts an asynchronous save of `state`, and of `meta` with the state's checksums. Both are
-    copied before this returns: the caller may go on changing `meta`'s lists."""
+    """Starts an asynchronous save of `state`, and of `meta` with the state's checksums; `meta` is
+    copied first: the caller may go on changing its lists."""
     import orbax.checkpoint as ocp
     meta = {**copy.deepcopy(meta), "checksums": checksums(state)}
     self._manager.save(step, args=ocp.args.Composite(

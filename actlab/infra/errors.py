@@ -1,7 +1,5 @@
-"""User-facing errors: one readable line on stderr and a non-zero exit, no traceback wall. Tools
-that run `errors.run(main)` and define their config file flag with `define_config_file` report
-mistakes in the flags (an unknown flag or field, a bad value, a broken config file) the same way.
-"""
+"""User-facing errors: one readable line on stderr and a non-zero exit, no traceback wall; with
+`errors.run(main)` and `define_config_file`, mistakes in the flags and config files too."""
 
 import contextlib
 import difflib
@@ -50,28 +48,24 @@ def reported():
 
 
 def orbax_noise(record: logging.LogRecord) -> bool:
-  """Whether a log record is a warning of Orbax's or asyncio's: what Orbax's abandoned reads log
-  after a failed checkpoint read, as they end or as their tasks are freed."""
+  """Whether a log record is a warning of Orbax's or asyncio's (`run`)."""
   return record.levelno >= logging.WARNING and (
       "/orbax/" in record.pathname or record.name == "asyncio")
 
 
 def run(main) -> None:
-  """`app.run(main)` with `parse_flags`; a UserError in either is `reported`. For the rest of the
-  process, drops what Orbax's abandoned reads leave after a failed checkpoint read, tens of
-  traceback lines each that add nothing to actlab's one line about it, whenever they come: their
-  log warnings (`orbax_noise`), the error each read (a coroutine of Orbax's) raises as it is
-  finalized, and the "Event loop is closed" that tensorstore's threads get from Orbax's loop,
-  which it closes at the first error. Orbax's INFO logs stay available with --verbosity=0."""
+  """`app.run(main)` with `parse_flags`; a UserError in either is `reported`. Drops what Orbax's
+  abandoned reads leave after a failed checkpoint read (tens of traceback lines that add nothing
+  to actlab's one line): their log warnings, the error each read's coroutine raises as it is
+  finalized, and the "Event loop is closed" tensorstore's threads get from Orbax's loop, which it
+  closes at the first error. Orbax's INFO logs stay available with --verbosity=0."""
   for name in ("absl", "asyncio"):
     logging.getLogger(name).addFilter(lambda record: not orbax_noise(record))
 
   def unraisablehook(unraisable, hook=sys.unraisablehook):
-    value = unraisable.exc_value
+    value, read = unraisable.exc_value, unraisable.object
     closed_loop = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
-    read = unraisable.object
-    orbax_read = inspect.iscoroutine(read) and "/orbax/" in read.cr_code.co_filename
-    if not (closed_loop or orbax_read):
+    if not (closed_loop or inspect.iscoroutine(read) and "/orbax/" in read.cr_code.co_filename):
       hook(unraisable)
 
   sys.unraisablehook = unraisablehook
@@ -98,8 +92,8 @@ def _closest(word: str, choices) -> str | None:
 
 def call_file(path: str, function: str, *args, kind: str):
   """`function(*args)` of the Python file at `path` (a `kind` file: "config", "sweep"). A missing
-  file or function, or an exception the file raises, is a UserError naming the file and line; a
-  UserError or ValueError it raises (its own refusal, e.g. of a variant) passes unchanged."""
+  file or function, or an exception the file raises, is a UserError naming the file and line; its
+  own refusals (a UserError or ValueError, e.g. of a variant) pass unchanged."""
   file = pathlib.Path(path)
   if not file.is_file():
     sibling = _closest(file.name, (p.name for p in file.parent.glob("*.py")))
@@ -153,11 +147,10 @@ def _dotted_fields(config: ml_collections.ConfigDict, prefix: str = ""):
 
 def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
   """A UserError for a config file flag's missing or broken `path[:arg]` in `argv`, or an
-  override `--<name>.<key>` that names no field. Why not config_flags' own answer: it raises these
-  from inside absl's parsing as a bare KeyError or AttributeError naming neither the flag nor
-  the section (`'optm'`, then "Did you mean" only where difflib finds a close name: nothing for
-  `optim.learning_rate`, which `_closest` answers with `optim.lr`), and no public hook reaches
-  them there."""
+  override `--<name>.<key>` that names no field. config_flags raises these inside absl's parsing
+  as a bare KeyError or AttributeError naming neither flag nor section, with a weaker "Did you
+  mean" (nothing for `optim.learning_rate`, which `_closest` answers with `optim.lr`), and no
+  public hook reaches them there."""
   mine = [f.name for f in _config_file_flags if f.name in flag_values and flag_values[f.name] is f]
   for name in mine:
     as_string = flags.FlagValues()  # Only the config flag, as a plain string (known_only).
@@ -177,13 +170,12 @@ def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
         raise UserError(f"--{name}.{key}: {problem}")
 
 
-def require(*names: str, flag_values: flags.FlagValues = flags.FLAGS) -> None:
+def require(*names: str) -> None:
   """absl's required flags (`register_validator`), a missing one named with what it is for:
   `mark_flags_as_required` says only "must have a value other than None"."""
   for name in names:
     flags.register_validator(name, lambda value: value is not None,
-                             f"--{name} is required: {flag_values[name].help}",
-                             flag_values=flag_values)
+                             f"--{name} is required: {flags.FLAGS[name].help}")
 
 
 _config_file_flags: list[flags.Flag] = []  # Those `define_config_file` defined.

@@ -1,8 +1,6 @@
 """Device mesh and shardings: one 1-D mesh `"data"` over every device of every process, data
-parallel or FSDP (docs/performance.md, "Several devices" and "Several hosts"). Every process
-builds the whole batch k from `(seed, k)` and feeds only its own rows (`shard_batch`), so results
-do not depend on the number of hosts or devices.
-"""
+parallel or FSDP. Every process builds the whole batch k and feeds only its own rows
+(`shard_batch`), so results do not depend on the number of hosts or devices."""
 
 import dataclasses
 import math
@@ -30,10 +28,9 @@ DETERMINISTIC_OPS = "--xla_gpu_deterministic_ops"
 def initialize(cpu_devices: int = 0, distributed: bool = False, coordinator: str = "",
                num_processes: int = 0, process_id: int = -1,
                deterministic_ops: bool = False) -> None:
-  """Sets up this process's devices (`cpu_devices` XLA devices on the CPU; `distributed`: join
-  the processes of a run, at `coordinator` or as the environment says) and XLA's deterministic GPU
-  ops, before anything asks JAX for a device: a backend, once made, cannot change. Repeated calls
-  are no-ops."""
+  """Sets up this process's devices (`cpu_devices` on the CPU; `distributed`: join the run's
+  processes) and XLA's deterministic GPU ops, before anything asks JAX for a device: a backend,
+  once made, cannot change. Repeated calls are no-ops."""
   if deterministic_ops:
     ask_deterministic_ops()
   if cpu_devices and jax.config.jax_num_cpu_devices != cpu_devices:
@@ -58,16 +55,13 @@ def initialize(cpu_devices: int = 0, distributed: bool = False, coordinator: str
 
 def deterministic_ops() -> bool:
   """Whether this process's XLA_FLAGS ask for deterministic GPU ops (the last setting counts)."""
-  asked = False
-  for flag in os.environ.get("XLA_FLAGS", "").split():
-    name, _, value = flag.partition("=")
-    if name == DETERMINISTIC_OPS:
-      asked = value.lower() in ("", "true", "1")
-  return asked
+  flags = [f.partition("=") for f in os.environ.get("XLA_FLAGS", "").split()]
+  given = [value for name, _, value in flags if name == DETERMINISTIC_OPS]
+  return bool(given) and given[-1].lower() in ("", "true", "1")
 
 
 def ask_deterministic_ops() -> None:
-  """Adds `--xla_gpu_deterministic_ops=true` to XLA_FLAGS, which XLA reads when JAX's backend
+  """Adds `--xla_gpu_deterministic_ops=true` to XLA_FLAGS, which XLA reads as JAX's backend
   starts; refuses where a backend other than the CPU's started without it."""
   if deterministic_ops():
     return
@@ -84,7 +78,7 @@ def ask_deterministic_ops() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """Where every array of a run lives. Build it with `plan`."""
+  """Where every array of a run lives (`plan`)."""
   mesh: Mesh
   mode: str = "dp"
   fsdp_min_size: int = 1 << 14
@@ -104,8 +98,8 @@ class Plan:
     return NamedSharding(self.mesh, P())
 
   def batch_sharding(self, ndim: int = 2, stacked: bool = False) -> NamedSharding:
-    """The batch's first axis across the devices (every array of a batch pytree); with
-    `stacked`, the batches of several runs stacked in front, the second axis."""
+    """The batch axis across the devices: the first, or with `stacked` (several runs' batches
+    stacked in front) the second."""
     lead = (None,) if stacked else ()
     return NamedSharding(self.mesh, P(*lead, AXIS, *([None] * (ndim - 1 - len(lead)))))
 
@@ -130,8 +124,8 @@ class Plan:
           f"multiple of {self.num_devices}")
 
   def shard_batch(self, batch, stacked: bool = False) -> Any:
-    """A host batch (the full global batch on every process) → global jax.Arrays split along the
-    batch axis (the second if `stacked`); each process contributes only its own devices' rows."""
+    """The full global batch (on every process) → global jax.Arrays split along the batch axis
+    (`batch_sharding`); each process contributes only its own devices' rows."""
     axis = int(stacked)
     devices = list(self.mesh.devices.flat)
     mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
@@ -153,8 +147,7 @@ class Plan:
     return self.mesh.devices.flat[0].platform != "cpu"
 
   def batch_like(self, batch, stacked: bool = False) -> Any:
-    """`shard_batch`'s result as abstract arrays, with nothing put on the devices: what a program
-    is compiled for before the run's first batch is there."""
+    """`shard_batch`'s result as abstract arrays, to compile a program before the first batch."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         np.shape(x), jax.dtypes.canonicalize_dtype(np.asarray(x).dtype),
         sharding=self.batch_sharding(np.ndim(x), stacked)), batch)
@@ -162,8 +155,7 @@ class Plan:
 
 def plan(batch_size: int, mode: str = "dp", num_devices: int = 0, fsdp_min_size: int = 1 << 14,
          devices=None) -> Plan:
-  """The plan of a batch of `batch_size` over `devices` (default: the first `num_devices`, 0 =
-  all) in `mode` ("dp" or "fsdp")."""
+  """The plan of a batch of `batch_size` over `devices` (default: the first `num_devices`)."""
   if mode not in MODES:
     raise ParallelError(f"parallel.mode={mode!r}: choose one of {', '.join(map(repr, MODES))}")
   if devices is None:

@@ -1,8 +1,6 @@
-"""The run directory (docs/design.md §3.4–§3.7): one owner at a time (`Lock`), what identifies the
-run (`RunDir.check_config`, `diff_configs`), atomic files, metrics.jsonl (`MetricsLog`), the paths
-a run records (relative to it: a run directory is copied, archived and committed), a full disk in
-one line.
-"""
+"""The run directory (docs/design.md §3.4–§3.7): its owner (`Lock`), what identifies its run
+(`RunDir.check_config`), atomic files, metrics.jsonl (`MetricsLog`), the paths it records
+(relative to it: a run directory is copied, archived and committed), a full disk in one line."""
 
 import contextlib
 import dataclasses
@@ -82,8 +80,7 @@ class RunDir:
     return read_summary(self.logdir)
 
   def check_config(self, config: dict, runtime: tuple[str, ...] = ()) -> None:
-    """Raises unless the directory is unused or holds a run of the same config (a nested dict),
-    the fields starting with `runtime` aside; writes nothing."""
+    """Raises unless the directory is unused or holds a run of this config, `runtime` aside."""
     path = self.logdir / "config.json"
     if not path.exists():
       return
@@ -116,18 +113,16 @@ class RunDir:
 
 
 def diff_configs(old: dict, new: dict) -> list[str]:
-  """The differences between two configs (nested or dotted dicts) as "field: old → new", by
-  dotted field; an `ADDED_FIELDS` field absent from a config with its section has its value of
-  then."""
+  """The differences between two configs (nested or dotted dicts) as "field: old → new"; an
+  `ADDED_FIELDS` field absent from a config with its section has its value of then."""
   old, new = dotted(old), dotted(new)
   for config in (old, new):
     sections = {key.partition(".")[0] for key in config}
     for (section, field), value in ADDED_FIELDS.items():
       if section in sections:
         config.setdefault(f"{section}.{field}", value)
-  return [f"{key}: {old.get(key, '<absent>')!r} → {new.get(key, '<absent>')!r}"
-          for key in sorted(old.keys() | new.keys()) if old.get(key, "<absent>") != new.get(
-              key, "<absent>")]
+  pairs = {k: (old.get(k, "<absent>"), new.get(k, "<absent>")) for k in sorted(old | new)}
+  return [f"{k}: {a!r} → {b!r}" for k, (a, b) in pairs.items() if a != b]
 
 
 def with_added_fields(config: dict) -> dict:
@@ -147,10 +142,10 @@ def dotted(d: dict, prefix: str = "") -> dict:
   return out
 
 
-def first_diffs(diffs: list[str], shown: int = SHOWN_DIFFS) -> str:
-  """Differences as a refusal names them: the first `shown`, and how many more."""
-  more = f"; and {len(diffs) - shown} more" if len(diffs) > shown else ""
-  return "; ".join(diffs[:shown]) + more
+def first_diffs(diffs: list[str]) -> str:
+  """Differences as a refusal names them: the first `SHOWN_DIFFS`, and how many more."""
+  more = f"; and {len(diffs) - SHOWN_DIFFS} more" if len(diffs) > SHOWN_DIFFS else ""
+  return "; ".join(diffs[:SHOWN_DIFFS]) + more
 
 
 def run_config(workdir: pathlib.Path) -> dict | None:
@@ -165,9 +160,8 @@ def run_config(workdir: pathlib.Path) -> dict | None:
 
 
 def check_unused(workdir: pathlib.Path) -> None:
-  """Refuses a `--workdir` that holds no run (`is_run`) but holds what a run does not write
-  (`RUN_FILES`): the user's files, which a run would mix with its own. A directory a run has only
-  locked so far (a sweep's cell) is unused."""
+  """Refuses a `--workdir` that holds no run but files a run does not write (`RUN_FILES`): the
+  user's, which a run would mix with its own. One a run has only locked (a sweep's cell) is fine."""
   if not workdir.is_dir() or is_run(workdir):
     return
   foreign = sorted(p.name for p in workdir.iterdir() if not _FROM_A_RUN.fullmatch(p.name))
@@ -183,13 +177,13 @@ def is_run(path: pathlib.Path) -> bool:
 
 
 def is_sweep(path: pathlib.Path) -> bool:
-  """Whether `path` is a sweep directory (actlab.sweep's --workdir): it holds sweep.json."""
+  """Whether `path` is a sweep directory: it holds sweep.json."""
   return (path / "sweep.json").is_file()
 
 
 def in_run(path: pathlib.Path) -> str | None:
   """How `path` is placed in a run directory, as a refusal says it ("is", "lies inside <run>,
-  which is"), or None where it is neither a run directory nor inside one."""
+  which is"), or None."""
   resolved = path.resolve()
   run = next((p for p in (resolved, *resolved.parents) if is_run(p)), None)
   if run is None:
@@ -251,7 +245,7 @@ _held: dict[pathlib.Path, list] = {}  # lock path -> [open file, depth]: this pr
 
 class Lock:
   """`fcntl.flock` on `<workdir>/.lock` while the `with` block runs, re-entrant within a process;
-  another process gets `Busy` (docs/design.md §3.6)."""
+  another process gets `Busy`."""
 
   class Busy(WorkdirError):
     """Another process holds the workdir; `holder` is what its lock file says ({} if unknown)."""
@@ -273,7 +267,10 @@ class Lock:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       f.close()
-      holder = self._holder()
+      deadline = time.monotonic() + 2.0  # Its file is empty or torn for a moment after it is taken.
+      while not (holder := read_json(self.path)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+      holder = holder or {}
       who = (f"pid {holder.get('pid')} on {holder.get('host')} (since {holder.get('since')})"
              if holder else "another process")
       raise Lock.Busy(f"{self.path.parent} is in use by {who}; wait for that run to end (or stop "
@@ -284,13 +281,6 @@ class Lock:
     f.flush()
     _held[self.path] = [f, 1]
     return self
-
-  def _holder(self, wait_s: float = 2.0) -> dict:
-    """What the lock file says, read again for up to `wait_s` while empty or torn (just taken)."""
-    deadline = time.monotonic() + wait_s
-    while not (holder := read_json(self.path)) and time.monotonic() < deadline:
-      time.sleep(0.01)
-    return holder or {}
 
   def __exit__(self, *exc) -> None:
     entry = _held[self.path]

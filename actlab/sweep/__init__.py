@@ -1,11 +1,10 @@
 """Runs a grid of configs, one workdir per cell: in this process, in N child processes on this
-host (`--workers=N`, workers.py) or as shard i of N independent jobs (`--shard=i/N`). The sweep
-file's format, resuming, sharing a directory, job arrays and vectorized groups: docs/sweeps.md.
-Shards split cells, not compile groups (groups are few and unequal), so each shard compiles every
-group it has cells of."""
+host (`--workers=N`) or as shard i of N independent jobs (`--shard=i/N`); docs/sweeps.md. Shards
+split cells, not compile groups (groups are few and unequal)."""
 
 import concurrent.futures
 import contextlib
+import functools
 import os
 import pathlib
 import sys
@@ -28,8 +27,7 @@ from actlab.sweep.grid import (SEED_KEY, Cell, cells, load, parse_shard, select,
                                write_manifest)
 
 
-def _say(message: str) -> None:
-  print(message, flush=True)
+_say = functools.partial(print, flush=True)
 
 
 def group(cells_: Sequence[Cell]) -> list[list[Cell]]:
@@ -44,11 +42,9 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
               log: Callable[[str], None] = _say,
               progress_: progress.Progress | None = None,
               ahead: "CompileNext | None" = None) -> list[dict | None]:
-  """Trains the unfinished cells of one group (`train.run_group`), one after another or,
-  vectorized (`sweep.vectorize`), as many at a time as one program holds
-  (`vectorized.program_size`: `sweep.max_runs`, the device's memory); their summaries, None for a
-  cell another process is training (each cell's lock decides). `progress_` hears of each end;
-  `ahead` compiles the next group once the first cell trained here has started."""
+  """Trains the unfinished cells of one group, one after another or, vectorized, as many at a time
+  as one program holds (`program_runs`); their summaries, None for a cell another process is
+  training (each cell's lock decides). `ahead` compiles the next group once this one started."""
   summaries, todo = {}, []
   run_dirs = {cell.name: workdir_lib.RunDir.open(workdir / cell.name) for cell in group_}
   for cell in group_:
@@ -58,8 +54,7 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
       summaries[cell.name] = summary
     else:
       todo.append(cell)
-  config = group_[0].config
-  size = program_runs(config, len(todo), log)
+  size = program_runs(group_[0].config, len(todo), log)
   compiled, then = ahead.hooks(group_) if ahead else (None, None)
   while todo:
     with contextlib.ExitStack() as held:
@@ -96,19 +91,17 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
 
 def program_runs(config: ml_collections.ConfigDict, todo: int,
                  log: Callable[[str], None] | None = None) -> int:
-  """The runs one program of a group with `todo` cells to train holds: vectorized
-  (`sweep.vectorize`), as many as `vectorized.program_size` allows; else one."""
+  """The runs one program of a group with `todo` cells holds (`vectorized.program_size`, or 1)."""
   if not (vectorized.vectorizes(config) and todo > 1):
     return 1
   return vectorized.program_size(config, todo, vectorized.device_memory(), log)
 
 
 class CompileNext:
-  """A sweep's next compile group compiled while the one before trains: once that one's first step
-  is dispatched, a thread makes the next group's program and starts compiling it, with what it
-  compiles counted for that group's first cells (their summaries: `timing.compile`). Only where
-  the two groups read the same data (prepared by then: nothing is prepared twice at once). Where
-  it fails, one line says so and the group compiles when it starts, as without it."""
+  """A sweep's next compile group compiled in a thread once the one before has dispatched its first
+  step, what it compiles counted in that group's summaries (`timing.compile`). Only where the two
+  read the same data (prepared by then: nothing is prepared twice at once). Where it fails, one
+  line says so and the group compiles when it starts."""
 
   def __init__(self, workdir: pathlib.Path, order: Sequence[Sequence[Cell]], cache: dict,
                log: Callable[[str], None]):
@@ -161,11 +154,10 @@ def _same_data(a: ml_collections.ConfigDict, b: ml_collections.ConfigDict) -> bo
 def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
          shard: tuple[int, int] = (0, 1), manifest: bool = True, overridden: Sequence[str] = (),
          log: Callable[[str], None] = _say) -> list[Cell]:
-  """The cells of `shard` of the sweep `spec` on top of `base`, the keys of its `--config.<key>=`
-  flags (`overridden`) winning over the sweep's fixed values. With `manifest` (not in a
-  `--workers` child) also writes `sweep.json` and logs each fixed value a flag replaces. A
-  `workdir` that is or lies inside a run directory is refused, as is one whose sweep.json holds
-  another sweep (`grid.check_manifest`; a `--workers` child leaves that to its parent)."""
+  """The cells of `shard` of the sweep `spec` on top of `base`, its `--config.<key>=` flags
+  (`overridden`) winning over the sweep's fixed values. With `manifest` (not in a `--workers`
+  child) also writes and checks `sweep.json` and logs each fixed value a flag replaces. A
+  `workdir` in a run directory is refused."""
   if where := workdir_lib.in_run(workdir):
     raise errors.UserError(f"--workdir {workdir} {where} a run directory; give the sweep a new "
                            "directory, or an earlier sweep's")
@@ -180,8 +172,7 @@ def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
 
 def _at_once(cells_: Sequence[Cell], workers_: int = 1, backend: str | None = None,
              bytes_limit: int | None = None) -> int:
-  """Cells training at once: `workers_` × one program's (vectorized: its largest group's
-  `vectorized.program_size`, on `backend` with `bytes_limit` bytes)."""
+  """Cells training at once: `workers_` × one program's (vectorized: its largest group's)."""
   if not (cells_ and vectorized.vectorizes(cells_[0].config, backend)):
     return workers_
   return workers_ * max(vectorized.program_size(g[0].config, len(g), bytes_limit)
@@ -205,12 +196,11 @@ def _end(cells_: Sequence[Cell], workdir: pathlib.Path, results: dict,
 def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str], None] = _say,
         cache: dict | None = None, shard: tuple[int, int] = (0, 1),
         worker: bool = False, overridden: Sequence[str] = ()) -> dict[str, dict]:
-  """Runs (or continues) the cells of `shard` of the sweep `spec` (`plan`) in `workdir`; {cell
-  name: summary} of those that have ended (not those another process is training). A `worker`
-  of `--workers` leaves sweep.json and the end to its parent. `cache` holds the compiled
-  functions (one compile per group); a caller may keep it across calls. Cells run seed by seed,
-  each group in turn, so that a sweep stopped early pairs every activation and LR on the seeds it
-  finished; vectorized (`sweep.vectorize`), a whole group at once."""
+  """Runs (or continues) the cells of `shard` of the sweep `spec` in `workdir`; {cell name:
+  summary} of those that have ended. A `worker` of `--workers` leaves sweep.json and the end to
+  its parent. `cache` holds the compiled functions; a caller may keep it across calls. Cells run
+  seed by seed, each group in turn, so that a sweep stopped early pairs every activation and LR on
+  the seeds it finished; vectorized, a whole group at once."""
   workdir = pathlib.Path(workdir)
   mine = plan(base, spec, workdir, shard, manifest=not worker, overridden=overridden, log=log)
   groups = group(mine)
@@ -246,10 +236,10 @@ def launch(base: ml_collections.ConfigDict, spec: str, workdir, workers_: int = 
            shard: tuple[int, int] = (0, 1), overridden: Sequence[str] = (),
            argv: Sequence[str] = (), cache: dict | None = None,
            log: Callable[[str], None] = _say) -> dict[str, dict]:
-  """The sweep `spec` on `base` trained here, `actlab.sweep`'s and `actlab.ask`'s one way: in
-  this process (one worker: `run`), or as `workers_` children each running `python -m actlab.sweep
-  *argv` (a command line that makes `base`; later flags win) on its share of the hardware, this
-  process reporting their progress; {cell name: summary} of the cells that have ended."""
+  """The sweep `spec` on `base` trained in this process (`run`), or as `workers_` children each
+  running `python -m actlab.sweep *argv` (a command line that makes `base`; later flags win) on
+  its share of the hardware, this process reporting their progress; {cell name: summary} of the
+  cells ended."""
   workdir = pathlib.Path(workdir)
   if workers_ == 1:
     train.initialize(base)  # Devices and hosts first (a parent leaves them to its children).

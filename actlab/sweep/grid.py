@@ -1,7 +1,6 @@
-"""A sweep file (its format: docs/sweeps.md) and the grid of cells it defines: checked (`load`,
-`parse`), with the command line's `--config.<field>=` flags over its fixed values (`with_flags`),
-each cell named and validated (`cells`), shard i of N (`select`), and `sweep.json`, which a
-sweep directory keeps while the same sweep resumes there (`check_manifest`)."""
+"""A sweep file (docs/sweeps.md) and the grid of cells it defines (`cells`), with the command
+line's flags over its fixed values (`with_flags`), shard i of N (`select`), and `sweep.json`,
+which a sweep directory keeps while the same sweep resumes there (`check_manifest`)."""
 
 import dataclasses
 import itertools
@@ -43,8 +42,7 @@ class Cell:
 
 
 def load(spec: str) -> Sweep:
-  """`path/to/sweep.py[:arg]` → the Sweep its `get_sweep(arg)` returns; `path/to/sweep.json` →
-  the Sweep of the dict it holds (a stage actlab.ask wrote)."""
+  """`sweep.py[:arg]` (its `get_sweep(arg)`) or a `sweep.json` actlab.ask wrote → its Sweep."""
   path, _, arg = spec.partition(":")
   try:
     if path.endswith(".json"):
@@ -59,8 +57,7 @@ KEYS = tuple(field.name for field in dataclasses.fields(Sweep))
 
 def parse(d: dict) -> Sweep:
   """Checks a `get_sweep` result and turns it into a Sweep."""
-  unknown = set(d) - set(KEYS)
-  if unknown:
+  if unknown := set(d) - set(KEYS):
     raise config_lib.ConfigError(f"sweep: unknown keys {sorted(unknown)}; use {', '.join(KEYS)}")
   axes = {k: list(v) for k, v in d.get("axes", {}).items()}
   seeds = [int(s) for s in d.get("seeds", [0])]
@@ -81,8 +78,7 @@ def parse(d: dict) -> Sweep:
 
 
 def _fixed_by(axes: dict[str, list], fixed_by: dict) -> dict:
-  """`fixed_by` ({axis: {value: {field: value}}}: fixed values for the cells of one value of an
-  axis, e.g. each activation's own LR), checked against the axes; no field an axis varies."""
+  """`fixed_by` ({axis: {value: {field: value}}}: e.g. each activation's own LR), checked."""
   for axis, by_value in fixed_by.items():
     if not isinstance(by_value, dict) or any(
         value not in axes.get(axis, []) or not isinstance(o, dict) or set(o) & {*axes, SEED_KEY}
@@ -94,8 +90,7 @@ def _fixed_by(axes: dict[str, list], fixed_by: dict) -> dict:
 
 
 def _exclude(axes: dict[str, list], seeds: list[int], exclude) -> list[dict]:
-  """`exclude` ([{axis: value}]: the cells that have every value of one entry are not in the
-  grid, e.g. two settings one config refuses together, or a seed one arm does not run),
+  """`exclude` ([{axis: value}]: the cells that have every value of one entry are left out),
   checked against the axes and the seeds."""
   for entry in exclude:
     if not isinstance(entry, dict) or not entry or any(
@@ -106,8 +101,7 @@ def _exclude(axes: dict[str, list], seeds: list[int], exclude) -> list[dict]:
 
 
 def _pairs(axes: dict[str, list], pairs) -> list[list]:
-  """The sweep's `pairs` as [A, B] lists: two different values of the activation axis each
-  (`stats.activation_axis`), no pair twice (in either order)."""
+  """The sweep's `pairs` as [A, B] lists, checked."""
   axis = stats.activation_axis({"axes": axes})
   out = []
   for pair in pairs:
@@ -123,9 +117,9 @@ def _pairs(axes: dict[str, list], pairs) -> list[list]:
 
 def with_flags(sweep: Sweep, base: ml_collections.ConfigDict,
                overridden: Sequence[str]) -> tuple[Sweep, list[str]]:
-  """`sweep` with the command line's overrides winning over its fixed values: `overridden` are
-  the keys of the `--config.<key>=` flags, `base` the config they set. Also one line for each
-  fixed value a flag changes. A flag for a key an axis (or `seeds`) varies is refused."""
+  """`sweep` with the `--config.<key>=` flags (`overridden`: their keys; `base`: the config they
+  set) winning over its fixed values, and one line for each fixed value a flag changes. A flag
+  for a key the sweep varies is refused."""
   by_value = {k for values in sweep.fixed_by.values() for o in values.values() for k in o}
   for key in overridden:
     if key in sweep.axes or key == SEED_KEY or key in by_value:
@@ -185,9 +179,9 @@ def select(grid: Sequence[Cell], shard: tuple[int, int]) -> list[Cell]:
 
 
 def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Sequence[Cell]) -> None:
-  """`sweep.json`: the grid as `actlab.report` reads it (also for cells not yet run) and what its
-  cells' configs are (`config`: the fields they share, `cell_configs`: each cell's others; not
-  the RUNTIME_FIELDS; paths as `recorded_paths` records them), after `check_manifest`."""
+  """`sweep.json`: the grid as `actlab.report` reads it and its cells' configs (`config`: the
+  fields they share, `cell_configs`: each cell's others; no RUNTIME_FIELDS), after
+  `check_manifest`."""
   identities = {c.name: _identity(c.config, workdir) for c in cells_}
   first = next(iter(identities.values()), {})
   shared = {k: v for k, v in first.items() if all(i.get(k) == v for i in identities.values())}
@@ -203,8 +197,7 @@ def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Seque
 
 def check_manifest(workdir: pathlib.Path, manifest: dict) -> None:
   """Refuses, in one line naming the first differences, a sweep whose `manifest` differs from the
-  sweep.json in `workdir`: a directory holds one sweep, its grid and cells' configs as first
-  given (adding seeds is a change too). The same sweep, its runtime fields aside, resumes."""
+  sweep.json in `workdir` (adding seeds is a change too); runtime fields may differ."""
   path = workdir / "sweep.json"
   if not path.exists():
     return
@@ -223,7 +216,7 @@ def check_manifest(workdir: pathlib.Path, manifest: dict) -> None:
 def manifest_diffs(old: dict, new: dict) -> list[str]:
   """How the sweep.json `new` differs from `old`, as "key: old → new": the sweep file (by name
   and variant), its fields, each cell's config. A field `old` lacks has its default, or (the
-  configs, absent before they were recorded) is not compared; RUNTIME_FIELDS are not."""
+  configs) is not compared; RUNTIME_FIELDS are not."""
   short = lambda v: (r if len(r := repr(v)) <= 40 else r[:39] + "…")
   at = lambda d, k: short(d[k]) if k in d else "<absent>"
   out = []
@@ -255,7 +248,7 @@ def _spec_name(spec: str) -> str:
 
 
 def _identity(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
-  """The dotted fields of `config` that make its run (not RUNTIME_FIELDS), paths as recorded."""
+  """The dotted fields of `config` that make its run, paths as recorded."""
   recorded = workdir_lib.dotted(workdir_lib.recorded_paths(json.loads(config.to_json()), workdir))
   return {k: v for k, v in recorded.items() if not k.startswith(config_lib.RUNTIME_FIELDS)}
 

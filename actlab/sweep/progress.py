@@ -1,6 +1,5 @@
-"""A sweep's progress as the parent process prints it: one line per finished cell and the time
-left. The ETA is timed from when the first `at_once` cells had finished: they carry the compile
-and the data preparation (docs/tracking.md, "Sweep progress")."""
+"""A sweep's progress: one line per finished cell and the time left, timed from when the first
+`at_once` cells had finished (they carry the compile and the data preparation)."""
 
 import pathlib
 import time
@@ -29,8 +28,8 @@ def cell_line(k: int, n: int, name: str, summary: Mapping, eta: float | None) ->
 
 
 class Progress:
-  """Counts a sweep's cells (`names`, those in `ended` already done) as they end; `done` prints
-  one line per cell that finished in this invocation. `at_once`: how many cells train at once."""
+  """Counts a sweep's cells (`names`; `ended`: done before) as they end, a line for each that
+  finished in this invocation. `at_once`: how many cells train at once."""
 
   def __init__(self, names: Sequence[str], ended: Sequence[str], log: Callable[[str], None],
                clock: Callable[[], float] = time.perf_counter, at_once: int = 1):
@@ -57,8 +56,8 @@ class Progress:
     self.log(cell_line(len(self.seen), len(self.names), name, summary, eta))
 
   def poll(self, workdir: pathlib.Path, every: float = 1.0) -> None:
-    """`done` for the cells whose summary.json has appeared (another process trains them: the
-    `--workers` parent), in grid order; reads at most once every `every` seconds."""
+    """`done` for the cells whose summary.json has appeared (the `--workers` parent), in grid
+    order; reads at most once every `every` seconds."""
     if self.clock() - self._polled < every:
       return
     self._polled = self.clock()

@@ -1,6 +1,5 @@
 """Whether a sweep trains a group's cells as one vectorized program (`sweep.vectorize`), and how
-many of them one program holds: `sweep.max_runs`, and on an accelerator those that fit its memory
-by an estimate of one run's (`run_bytes`). Vectorized runs pay where a run alone leaves the device
+many one program holds (`program_size`). Vectorized runs pay where a run alone leaves the device
 idle: on a GPU six runs of the reference config train at 1.86× one run's tokens/s (BENCHMARKS.md);
 on a CPU the kernels are already compute-bound, so "auto" trains the cells one by one there."""
 
@@ -28,9 +27,8 @@ def vectorizes(config: ml_collections.ConfigDict, backend: str | None = None) ->
 
 
 def switched_on(setting, backend: str | None = None) -> bool:
-  """An "auto"/"true"/"false" sweep setting: "true" or "false" (or a bool, as a config.json from
-  before "auto" holds it) as it says; "auto": where JAX's default backend (or `backend`) is an
-  accelerator."""
+  """An "auto"/"true"/"false" sweep setting (or a bool, from before "auto"); "auto": where JAX's
+  default backend (or `backend`) is an accelerator."""
   setting = str(setting).lower()
   if setting == "auto":
     return (backend or jax.default_backend()) != "cpu"
@@ -38,8 +36,7 @@ def switched_on(setting, backend: str | None = None) -> bool:
 
 
 def device_memory() -> int | None:
-  """The bytes JAX may allocate on this process's first device (`memory_stats()["bytes_limit"]`);
-  None where the device does not say (a CPU)."""
+  """The bytes JAX may allocate on this process's first device; None where it does not say."""
   return (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
 
 
@@ -75,10 +72,9 @@ def run_bytes(config: ml_collections.ConfigDict) -> int:
 
 def program_size(config: ml_collections.ConfigDict, cells: int, bytes_limit: int | None,
                  log: Callable[[str], None] | None = None) -> int:
-  """The cells of a group of `cells` that one vectorized program trains: all of them, at most
-  `sweep.max_runs` (> 0), and where the device's memory is known (`bytes_limit`) at most those
-  whose `run_bytes` fit in `MEMORY_FRACTION` of it (at least 1); `log` hears when the memory
-  splits the group."""
+  """The cells of a group of `cells` that one vectorized program trains: at most `sweep.max_runs`
+  (> 0) and those whose `run_bytes` fit in `MEMORY_FRACTION` of `bytes_limit` (at least 1);
+  `log` hears when the memory splits the group."""
   size = min(cells, config.sweep.max_runs or cells)
   if size == 1 or bytes_limit is None:
     return size

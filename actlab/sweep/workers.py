@@ -37,8 +37,8 @@ class Failed(UserError):
 
 def split_cpus(cpus: Sequence[int], n: int,
                core: Callable[[int], Hashable] = lambda cpu: cpu) -> list[list[int]]:
-  """`cpus` as `n` disjoint, non-empty blocks that cover them, sizes differing by at most one. The
-  CPUs are ordered by `core(cpu)` first, so that the hyperthreads of a core share a block."""
+  """`cpus` as `n` disjoint, non-empty blocks of sizes differing by at most one, ordered by
+  `core(cpu)` first so that the hyperthreads of a core share a block."""
   if not 1 <= n <= len(cpus):
     raise ValueError(f"cannot split {len(cpus)} CPUs into {n} blocks")
   order = sorted(cpus, key=lambda cpu: (core(cpu), cpu))
@@ -98,8 +98,8 @@ def here() -> str:
 
 
 def sibling(holder: Mapping) -> bool:
-  """Whether the holder of a cell's lock (`workdir.Lock.Busy.holder`) is another child of this
-  process's parent, and this process a child of `--workers`: a worker of the same sweep."""
+  """Whether the holder of a cell's lock (`Lock.Busy.holder`) is a worker of this `--workers`
+  child's sweep: another child of its parent."""
   return (ENV in os.environ and holder.get("parent") == os.getppid()
           and holder.get("host") == socket.gethostname())
 
