@@ -15,7 +15,7 @@ from actlab.infra.errors import DataError, short_cause
 GPT2_FILES = ("encoder.json", "vocab.bpe")
 _GPT2_FILES_HELP = ("OpenAI's GPT-2 files encoder.json and vocab.bpe "
                    "(https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/<file>)")
-# A saved copy (tokenizer_store.save): tiktoken's "<base64 token> <rank>" lines.
+# A saved copy (actlab.data.save_tokenizer): tiktoken's "<base64 token> <rank>" lines.
 RANKS_FILE = "gpt2.tiktoken"
 # sha256 pinned by tiktoken for OpenAI's GPT-2 release files.
 GPT2_HASHES = {
@@ -88,7 +88,7 @@ def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -
 
 
 def gpt2_saved(directory: str | os.PathLike) -> TiktokenTokenizer:
-  """The GPT-2 encoding from the copy `TiktokenTokenizer.files` wrote (`tokenizer_store.save`)."""
+  """The GPT-2 encoding from the copy `TiktokenTokenizer.files` wrote (`data.save_tokenizer`)."""
   lines = (Path(directory) / RANKS_FILE).read_bytes().splitlines()
   return _from_ranks({base64.b64decode(t): int(r) for t, r in (x.split() for x in lines)})
 
