@@ -393,7 +393,7 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
   # One process at a time prepares a corpus, trains a BPE or builds a cache (parallel sweep
   # cells share the data dir); the others wait, then open what the first one built. The corpus
   # is opened even when the caches exist: its fingerprint validates them (for TinyStories, the
-  # prepared TFDS data under <data dir>/tfds must therefore stay). The flock goes with the file.
+  # prepared TFDS data under <data dir>/tfds must therefore stay). The lock ends as the file closes.
   (root / "locks").mkdir(parents=True, exist_ok=True)
   with open(root / "locks" / f"{key}.lock", "a") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
