@@ -1,8 +1,6 @@
 """Sequence-classification data for the encoder (`model.task="classify"`), by `data.classify`
-(docs/encoder.md, "Fine-tuning"): `synthetic/hero_gender` (offline; 1 = the story's hero is a
-girl, `hero_gender`) or `glue/sst2` (1 = positive; GLUE's dev set as validation), from
-`<data dir>/manual/glue_sst2/{train,dev}.tsv` when there, else through TFDS. Examples are
-`[CLS] text [SEP]` right-padded with `[PAD]` to `data.seq_len` (`encode`).
+(docs/encoder.md, "Fine-tuning"): `synthetic/hero_gender` (offline, `hero_gender`) or `glue/sst2`
+(1 = positive; GLUE's dev set as validation), from `<data dir>/manual/glue_sst2/` or TFDS.
 """
 
 import csv
