@@ -1,8 +1,7 @@
-"""What is timed, and how on a shared machine. A bench (`JaxBench`: actlab's training step,
-`TorchBench`: the PyTorch reference in a worker process) has a `name`; `setup(warmup)` compiles
-and warms up, `timed(n)` runs n steps each waited for, `queued(n)` n steps back to back with one
-wait at the end, `memory()` says what it knows. `side_by_side` and `back_to_back` time several in
-alternating rounds so that other processes' load, which comes and goes, hits all alike."""
+"""What is timed, and how on a shared machine. A bench (`JaxBench`, `TorchBench`) has a `name`,
+`setup(warmup)`, `timed(n)` (each step waited for), `queued(n)` (one wait at the end) and
+`memory()`; `side_by_side` and `back_to_back` time several in alternating rounds so that other
+processes' load, which comes and goes, hits all alike."""
 
 import json
 import os

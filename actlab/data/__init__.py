@@ -1,11 +1,8 @@
-"""Data (docs/data.md): `load(config)` opens the corpus (`data.source`: the embedded synthetic
-stories or TinyStories), its tokenizer (by spec, trained once where it is a BPE or WordPiece) and
-each split's token cache, and returns a `Dataset` of step-indexed batches (`labelled=True`: the
-classify task's `classify.ClassifyDataset`). Everything lives under the data dir (`data_dir`);
-problems a user can fix raise `DataError`, one line saying what to do.
+"""Data (docs/data.md): `load(config)` opens the corpus, its tokenizer and each split's token
+cache under the data dir (`data_dir`) and returns a `Dataset` of step-indexed batches
+(`labelled=True`: a `classify.ClassifyDataset`). Fixable problems raise `DataError`.
 """
 
-import contextlib
 import dataclasses
 import fcntl
 import functools
@@ -141,7 +138,7 @@ def save_tokenizer(tok: Tokenizer, directory: Path) -> None:
 
 
 def saved_tokenizer(directory: Path) -> Tokenizer | None:
-  """The tokenizer `save_tokenizer` wrote into `directory` (None if none); DataError if a file changed."""
+  """What `save_tokenizer` wrote into `directory`, else None; DataError if a file changed."""
   directory = Path(directory)
   try:
     meta = json.loads((directory / MANIFEST).read_text())
@@ -187,10 +184,8 @@ def tokenizer_of(spec: str, *, directory: str | os.PathLike,
 
 
 # --- The token cache ---------------------------------------------------------------------------
-# Each split tokenized once into a flat `.bin` (uint16 for vocabularies up to 65,536, else uint32;
-# every story's tokens, then `eot_id`) under `tokens/<corpus>/`, memory-mapped. The `.bin` is
-# written under a temporary name and renamed, then its JSON sidecar (counts, fingerprints, SHA-256
-# of the `.bin`); a cache that disagrees is rebuilt with a log line (docs/design.md §3.11).
+# Each split tokenized once into a flat `.bin` under `tokens/<corpus>/`, memory-mapped, and its
+# JSON sidecar written after it; a cache that disagrees is rebuilt (docs/design.md §3.11).
 
 FORMAT_VERSION = 2        # 2: the sidecar holds the .bin's sha256
 CHUNK_CHARS = 8_000_000   # characters handed to one encode_batch call
@@ -297,9 +292,7 @@ def build_cache(path: Path, texts: Iterable[str], tokenizer: Tokenizer, source_i
     tmp.unlink(missing_ok=True)
   meta = dict(_expected_meta(tokenizer, source_id), num_tokens=int(n_tokens),
               num_texts=int(n_texts), sha256=digest.hexdigest())
-  tmp_side = side.with_name(f".{side.name}.tmp-{tag}")
-  tmp_side.write_text(json.dumps(meta, indent=1) + "\n")
-  os.replace(tmp_side, side)
+  write_atomic(side, (json.dumps(meta, indent=1) + "\n").encode())
   build_count += 1
   return meta
 
@@ -386,23 +379,13 @@ def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
         f"{root}; set ACTLAB_DATA_DIR (or data.dir) to the data dir the run trained with") from None
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path):
-  """An exclusive advisory lock (POSIX flock), released when the file closes."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with open(path, "a") as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    yield
-
-
 def load(config, *, progress: bool | None = None, labelled: bool = False):
   """Build (first run) or open (later runs) the token caches and return the Dataset; with
   `labelled`, the `classify.ClassifyDataset` of `config.data.classify` instead."""
   root = data_dir(config.data.dir)
   progress = config.train.progress if progress is None else progress
   corpus = functools.cache(lambda: open_corpus(config, root))  # opened on first use
-  key = corpus_key(config)
-  spec = config.data.tokenizer
+  key, spec = corpus_key(config), config.data.tokenizer
   get_tokenizer = lambda: _get_tokenizer(config, root, train_texts=lambda: corpus().texts("train"))
   # Tokenizers that need no corpus come first, so a missing GPT-2 file is reported before a
   # multi-GB download.
@@ -410,8 +393,10 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
   # One process at a time prepares a corpus, trains a BPE or builds a cache (parallel sweep
   # cells share the data dir); the others wait, then open what the first one built. The corpus
   # is opened even when the caches exist: its fingerprint validates them (for TinyStories, the
-  # prepared TFDS data under <data dir>/tfds must therefore stay).
-  with _file_lock(root / "locks" / f"{key}.lock"):
+  # prepared TFDS data under <data dir>/tfds must therefore stay). The lock ends as the file closes.
+  (root / "locks").mkdir(parents=True, exist_ok=True)
+  with open(root / "locks" / f"{key}.lock", "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
     tok = tok or get_tokenizer()
     if labelled:  # Labelled examples (the classify task), tokenized like the corpus.
       from actlab.data import classify

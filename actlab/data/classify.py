@@ -1,8 +1,6 @@
 """Sequence-classification data for the encoder (`model.task="classify"`), by `data.classify`
-(docs/encoder.md, "Fine-tuning"): `synthetic/hero_gender` (offline; 1 = the story's hero is a
-girl, `hero_gender`) or `glue/sst2` (1 = positive; GLUE's dev set as validation), from
-`<data dir>/manual/glue_sst2/{train,dev}.tsv` when there, else through TFDS. Examples are
-`[CLS] text [SEP]` right-padded with `[PAD]` to `data.seq_len` (`encode`).
+(docs/encoder.md, "Fine-tuning"): `synthetic/hero_gender` (offline, `hero_gender`) or `glue/sst2`
+(1 = positive; GLUE's dev set as validation), from `<data dir>/manual/glue_sst2/` or TFDS.
 """
 
 import csv
@@ -37,10 +35,9 @@ class ClassifyDataset:
 
   def train_batch(self, step: int) -> dict[str, np.ndarray]:
     """{"tokens": int32 [B, seq_len], "labels": int32 [B]}: rows from default_rng([seed, step])."""
-    step = int(step)
     if step < 0:
       raise ValueError(f"step must be non-negative, got {step}")
-    rows = np.random.default_rng([self.seed, step]).integers(
+    rows = np.random.default_rng([self.seed, int(step)]).integers(
         0, len(self.train_labels), self.batch_size)
     return {"tokens": self.train_tokens[rows], "labels": self.train_labels[rows]}
 

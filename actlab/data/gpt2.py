@@ -15,7 +15,7 @@ from actlab.infra.errors import DataError, short_cause
 GPT2_FILES = ("encoder.json", "vocab.bpe")
 _GPT2_FILES_HELP = ("OpenAI's GPT-2 files encoder.json and vocab.bpe "
                    "(https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/<file>)")
-# A saved copy (tokenizer_store.save): tiktoken's "<base64 token> <rank>" lines.
+# A saved copy (actlab.data.save_tokenizer): tiktoken's "<base64 token> <rank>" lines.
 RANKS_FILE = "gpt2.tiktoken"
 # sha256 pinned by tiktoken for OpenAI's GPT-2 release files.
 GPT2_HASHES = {
@@ -46,9 +46,11 @@ class TiktokenTokenizer(Tokenizer):
     if any(EOT_TEXT in t for t in texts):
       return super().encode_docs(texts, dtype)
     # Text segments between allowed special tokens are encoded independently, so this equals
-    # encoding one by one and appending eot_id, with a few large texts per thread.
-    ids = self._enc.encode_batch(_joined_parts(texts, self.threads * 4), num_threads=self.threads,
-                                 allowed_special={EOT_TEXT}, disallowed_special=())
+    # encoding one by one and appending eot_id, with a few large texts (4 per thread).
+    k = max(1, -(-len(texts) // (self.threads * 4)))  # stories per text
+    parts = ["".join(t + EOT_TEXT for t in texts[i:i + k]) for i in range(0, len(texts), k)]
+    ids = self._enc.encode_batch(parts, num_threads=self.threads, allowed_special={EOT_TEXT},
+                                 disallowed_special=())
     return np.concatenate([np.asarray(x, dtype=dtype) for x in ids])
 
   def decode(self, ids: Iterable[int]) -> str:
@@ -61,12 +63,6 @@ class TiktokenTokenizer(Tokenizer):
   def files(self) -> dict[str, bytes]:
     ranks = sorted(self.mergeable_ranks().items(), key=lambda kv: kv[1])
     return {RANKS_FILE: b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks)}
-
-
-def _joined_parts(texts: Sequence[str], n_parts: int) -> list[str]:
-  """texts in n_parts groups, each text followed by "<|endoftext|>"."""
-  k = max(1, -(-len(texts) // max(1, n_parts)))
-  return ["".join(t + EOT_TEXT for t in texts[i:i + k]) for i in range(0, len(texts), k)]
 
 
 def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
@@ -88,7 +84,7 @@ def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -
 
 
 def gpt2_saved(directory: str | os.PathLike) -> TiktokenTokenizer:
-  """The GPT-2 encoding from the copy `TiktokenTokenizer.files` wrote (`tokenizer_store.save`)."""
+  """The GPT-2 encoding from the copy `TiktokenTokenizer.files` wrote (`data.save_tokenizer`)."""
   lines = (Path(directory) / RANKS_FILE).read_bytes().splitlines()
   return _from_ranks({base64.b64decode(t): int(r) for t, r in (x.split() for x in lines)})
 

@@ -1,7 +1,6 @@
-"""actlab's tokenizers as Hugging Face tokenizers giving the same ids: a `tokenizers.Tokenizer`
-(`hf_tokenizer`) and a directory `AutoTokenizer.from_pretrained` reads (`write`, which needs
-`transformers`, the hf extra). A literal special token in a text (`<|endoftext|>`, `[SEP]`) is
-the special id for Hugging Face and plain text for actlab; every other text encodes alike.
+"""actlab's tokenizers as Hugging Face tokenizers giving the same ids (`hf_tokenizer`, and `write`
+for `AutoTokenizer`). A literal special token in a text (`<|endoftext|>`, `[SEP]`) is the special
+id for Hugging Face and plain text for actlab; every other text encodes alike.
 """
 
 import pathlib

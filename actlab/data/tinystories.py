@@ -160,12 +160,11 @@ def unavailable(cfg: TinyStoriesConfig, names: list[str], manual_dir, e: Excepti
       "(synthetic data, byte tokenizer), which needs no downloads")
 
 
-def probe(urls, timeout: float = 15.0) -> None:
-  """Raises if the first URL cannot be reached (a single HEAD request, no retries)."""
+def probe(url: str) -> None:
+  """Raises if `url` cannot be reached (a single HEAD request, no retries)."""
   import requests  # a dependency of tensorflow_datasets
 
-  url = next(iter(urls))
-  r = requests.head(url, timeout=timeout, allow_redirects=True)
+  r = requests.head(url, timeout=15.0, allow_redirects=True)
   if r.status_code >= 400:
     raise ConnectionError(f"HTTP {r.status_code} for {url}")
 
@@ -211,7 +210,7 @@ def prepare(version: str, data_dir: str | os.PathLike,
   local = provenance.manual_sources(manual_dir, files)
   if missing := [name for split, name in files.items() if split not in local]:
     try:
-      probe(URL + name for name in missing)  # fail in seconds, not after minutes of retries
+      probe(URL + missing[0])  # fail in seconds, not after minutes of retries
     except Exception as e:  # no network, 404, proxy ...
       raise unavailable(b.builder_config, missing, manual_dir, e) from e
   else:

@@ -1,7 +1,6 @@
-"""Tokenizers behind one interface, by spec (docs/data.md): `byte`, `bpe:<size>` (Hugging Face
-`tokenizers`, trained on the training split), `gpt2` (tiktoken: gpt2.py) and the encoder's
-`wordpiece:<size>` (`special_ids`, `[SEP]` as end of text). Texts are encoded ordinarily: a
-literal `<|endoftext|>` is text; the token cache puts `eot_id` between stories.
+"""Tokenizers behind one interface, by spec (docs/data.md): `byte`, `bpe:<size>`, `gpt2` (gpt2.py)
+and the encoder's `wordpiece:<size>`. Texts are encoded ordinarily: a literal `<|endoftext|>` is
+text; the token cache puts `eot_id` between stories.
 """
 
 import abc
@@ -127,21 +126,16 @@ class HFBPETokenizer(Tokenizer):
   @classmethod
   def train(cls, texts: Iterable[str], vocab_size: int, name: str) -> "HFBPETokenizer":
     """Trained on at most BPE_TRAIN_MAX_CHARS characters of `texts`."""
-    tok, trainer = cls._untrained(vocab_size)
-    tok.train_from_iterator(_cap_chars(texts, BPE_TRAIN_MAX_CHARS), trainer=trainer)
-    return cls(tok, name)
-
-  @staticmethod
-  def _untrained(vocab_size: int):  # the Hugging Face tokenizer before training, its trainer
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    return tok, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TEXT],
-                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                    show_progress=False)
+    tok.train_from_iterator(_cap_chars(texts, BPE_TRAIN_MAX_CHARS), trainer=trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOT_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    return cls(tok, name)
 
   def files(self) -> dict[str, bytes]:
     return {"tokenizer.json": self._tok.to_str().encode("utf-8")}
@@ -188,10 +182,13 @@ class HFWordPieceTokenizer(HFBPETokenizer):
     vocabulary changed from process to process; given every `##c` the texts need up front, in
     sorted order (as special tokens, made ordinary entries again after training), it does not."""
     from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import trainers
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
     texts = list(_cap_chars(texts, BPE_TRAIN_MAX_CHARS))
-    tok, _ = cls._untrained(vocab_size)
+    tok = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
     words = (w for t in texts
              for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(t)))
     continuations = sorted({"##" + c for w in words for c in w[1:]})
@@ -201,18 +198,6 @@ class HFWordPieceTokenizer(HFBPETokenizer):
     spec = json.loads(tok.to_str())
     spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in WORDPIECE_SPECIALS]
     return cls(HFTokenizer.from_str(json.dumps(spec)), name)
-
-  @staticmethod
-  def _untrained(vocab_size: int):
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
-
-    tok = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    return tok, trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIALS), show_progress=False)
 
 
 def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:

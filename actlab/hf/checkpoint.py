@@ -1,10 +1,6 @@
 """A Hugging Face model directory (`config.json` + weights) against an actlab config, both ways
-(docs/huggingface.md): `write` exports a run's model as the family it is (mapping.FAMILIES:
-GPT-2, BERT, Llama, Arcee, Qwen3; at most one fits a model) for `from_pretrained`, `read` checks
-and loads one for `train.init_from=hf:DIR` as the family its config.json names (`model_type`). A
-family named that the run's model is not, or what cannot map, is refused in one line
-(`UserError`) that says which family the model is, or why it is none (`model_family`). No torch
-needed (except for an old pytorch_model.bin): weights go through `safetensors.numpy`.
+(docs/huggingface.md): `write` exports a run's model as the family it is, `read` checks and loads
+one for `train.init_from=hf:DIR`; what cannot map is refused in one line (`UserError`).
 """
 
 import json
@@ -68,9 +64,8 @@ def families(task: str) -> list[str]:
 
 
 def model_family(config, task: str, named: str | None) -> tuple[str, str | None]:
-  """The family whose model the config's (of `task`) is, and None (at most one is: their models
-  differ); else the family nearest it (`named` first among those of its block) and why the model
-  is not that one's."""
+  """(the family the config's model of `task` is, None), else (the nearest family, `named` first
+  among those of its block, and why the model is not that one's)."""
   fit = [name for name in families(task) if _unlike(config, name, task) is None]
   if fit:
     return fit[0], None
@@ -143,8 +138,8 @@ def width(config) -> int:
 
 
 def hf_config(config, family: str | None, task: str, vocab_size: int, eot_id: int) -> dict:
-  """The `config.json` fields of the run's model (of `task`) as the family it is
-  (`model_family`), which `family`, if given, must be (`vocab_size`: the tokenizer's, unpadded)."""
+  """The `config.json` fields of the run's model as the family it is, which `family`, if given,
+  must be (`vocab_size`: the tokenizer's, unpadded)."""
   fit, why = model_family(config, task, family)
   if why:
     raise UserError(f"export: {why}")
@@ -178,9 +173,8 @@ def hf_config(config, family: str | None, task: str, vocab_size: int, eot_id: in
 
 def write(directory: pathlib.Path, config, family: str | None, task: str, params,
           vocab_size: int, eot_id: int, run: dict) -> str:
-  """`config.json` (with `run` as its `EXPORTED` entry), then `model.safetensors` of the run's
-  model as the family it is (`hf_config`: `family`, if given, must be it) in `directory`: an
-  interrupted export is still recognised as an export's. Returns the transformers class written."""
+  """`config.json` (with `run` as its `EXPORTED` entry: an interrupted export is still recognised),
+  then `model.safetensors` in `directory` (`hf_config`); returns the transformers class written."""
   import transformers
   from safetensors.numpy import save_file
 
@@ -198,10 +192,9 @@ def write(directory: pathlib.Path, config, family: str | None, task: str, params
 
 
 def read(directory, config, task: str, vocab_size: int) -> Weights:
-  """The state dict of the model in `directory` (safetensors, or pytorch_model.bin through
-  torch) once its `config.json` names the family the config's model (of `task`) is and its
-  sizes are the model's (`_check_sizes`). The FFN activation is the config's, whatever the
-  checkpoint's; a tied LLaMA-style head's `lm_head.weight` is the embedding's."""
+  """The state dict of the model in `directory` once its `config.json` names the family the
+  config's model is and its sizes are the model's (`_check_sizes`); a tied LLaMA-style head's
+  `lm_head.weight` is the embedding's."""
   directory = pathlib.Path(directory)
   where = f"train.init_from=hf:{directory}"
   try:
@@ -268,9 +261,7 @@ def say_allowed(where: str, diffs: list[str]) -> None:
 def _check_sizes(cfg: dict, config, family: str, vocab_size: int, where: str) -> list[str]:
   """UserError unless the checkpoint's features and sizes are the model's (more positions are
   cut to `model.max_len`; a field marked `init_from="say"` may differ: the differences returned)
-  and its vocabulary is no larger than `vocab_size`. The LLaMA-style classes' besides: as many
-  key/value heads as heads (no GQA), the head dim d_model/heads, the default RoPE (its base
-  `model.rope_theta`), `intermediate_size` the FFN width actlab computes."""
+  and its vocabulary is no larger than `vocab_size`."""
   m = config.model
   unsupported = [f"{k}={cfg[k]!r}" for k, v in REQUIRED[family].items() if cfg.get(k, v) != v]
   if unsupported:
@@ -333,8 +324,7 @@ def _weights(directory: pathlib.Path, where: str) -> dict[str, np.ndarray]:
   except ImportError:
     raise UserError(f"{where} needs safetensors: {INSTALL}") from None
 
-  index = directory / "model.safetensors.index.json"
-  if index.is_file():
+  if (index := directory / "model.safetensors.index.json").is_file():
     shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     return {k: v for shard in shards for k, v in load_file(str(directory / shard)).items()}
   if (directory / "model.safetensors").is_file():

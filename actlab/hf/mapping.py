@@ -1,8 +1,6 @@
-"""The transformers model families actlab maps, one table each (`FAMILIES`: GPT-2, BERT, Llama,
-Arcee, Qwen3: the classes, the model it is, the parameters' names), and a model's parameters
-copied both ways (`to_hf`, `gather` and `fit`), in the per-layer layout (`scanned_layout`,
-`per_layer_layout` convert). Kernels are transposed (Flax (in, out), torch (out, in)) but for
-GPT-2's Conv1D; parameters of one name are its column blocks (GPT-2's fused `c_attn`).
+"""The transformers model families actlab maps (`FAMILIES`) and a model's parameters copied both
+ways in the per-layer layout (`to_hf`, `gather`). Kernels are transposed (Flax (in, out), torch
+(out, in)) but for GPT-2's Conv1D; parameters of one name are its column blocks (GPT-2's `c_attn`).
 """
 
 from typing import Mapping, NamedTuple
