@@ -228,7 +228,7 @@ def open_writers(config, logdir: pathlib.Path, start: int, segments: list) -> li
   return writers
 
 
-# --- A run's files ---------------------------------------------------------------------------------
+# --- A run's files --------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -276,7 +276,7 @@ class Lane:
     return summary
 
 
-# --- What a row measures ---------------------------------------------------------------------------
+# --- What a row measures --------------------------------------------------------------------------
 
 
 class Measure:
@@ -323,7 +323,7 @@ class Measure:
     return [float(self.program.part(out, r)) for r in range(self.program.runs)]
 
 
-# --- The rows --------------------------------------------------------------------------------------
+# --- The rows -------------------------------------------------------------------------------------
 
 
 class Rows:
