@@ -265,6 +265,26 @@ def test_a_contrast_without_results_counts_as_p_1_in_holm(tmp_path):
   assert r["interval"] == pytest.approx((d.mean - half, d.mean + half), rel=1e-9)
 
 
+def test_a_contrast_short_of_its_planned_seeds_counts_as_p_1_in_holm(tmp_path):
+  """tanh − GELU has 2 of its 4 planned seeds, with a p far below ReLU − GELU's: while it is
+  short, ReLU − GELU's Holm p is as if tanh − GELU's were 1; once in, it counts."""
+  q = page_like()
+  relu, gelu, tanh = [3.9, 3.7, 3.8, 3.6], [4.0, 4.1, 3.7, 3.9], [5.0, 5.01, 4.99, 5.02]
+  for seed, r, g, h in zip(range(100, 104), relu, gelu, tanh):
+    write_run(tmp_path, RELU, 3e-3, seed, test=r)
+    write_run(tmp_path, GELU, 3e-3, seed, test=g)
+    if seed < 102:
+      write_run(tmp_path, {"model.activation": "tanh"}, 3e-3, seed, test=h)
+  d = C.paired_difference(relu, gelu, 0.1)
+  v = answered(q, runs_of(q, [tmp_path]), 4)
+  assert len(v["tanh_gelu"]["seeds"]) == 2
+  assert v["relu_gelu"]["p_holm"] == pytest.approx(min(1.0, 2 * d.p), rel=1e-9)
+  for seed in (102, 103):
+    write_run(tmp_path, {"model.activation": "tanh"}, 3e-3, seed, test=tanh[seed - 100])
+  v = answered(q, runs_of(q, [tmp_path]), 4)
+  assert v["relu_gelu"]["p_holm"] == pytest.approx(d.p, rel=1e-9)  # second in Holm's order
+
+
 def test_verdicts_leave_a_diverged_seed_out_and_say_what_the_spiking_seeds_carry(tmp_path):
   """Unclipped, ReLU − GELU is −0.3 where GELU spikes (seeds 100–104) and −0.02 elsewhere;
   clipped, −0.02 on every seed. Seed 120 diverged in one cell; 121 is past n."""

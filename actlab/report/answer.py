@@ -8,7 +8,7 @@ import dataclasses
 import json
 import math
 import pathlib
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -197,18 +197,20 @@ def spiking_share(q: Question, c: Contrast, runs: Runs, lrs, seeds: Sequence[int
 
 
 def judged(q: Question, tested: Mapping[str, tuple[list[int], list[float]]],
-           sign: Mapping[str, float] | None = None) -> dict:
+           sign: Mapping[str, float] | None = None, interim: Collection[str] = ()) -> dict:
   """The family's statistics from each tested contrast's (seeds, values), None where fewer than
   two: the paired statistics, the simultaneous interval at α/K, the Holm-adjusted p, the exact
   sign-flip p (and Holm; `sign`: those p already computed), and at each margin the TOST p (and
-  Holm) and the `Verdict`. A contrast without results counts as p = 1 in Holm, so an interim
-  adjusted p never falls below the final."""
+  Holm) and the `Verdict`. A contrast without results, or short of its planned seeds (`interim`),
+  counts as p = 1 in Holm, so an interim adjusted p never falls below the final (Holm's adjusted
+  p rise with each p they adjust over)."""
   has = {c.name: len(tested[c.name][1]) >= 2 for c in q.contrasts}
   paired = {c.name: {m: C.paired_difference(tested[c.name][1], np.zeros(len(tested[c.name][1])),
                                             m) for m in q.margins}
             for c in q.contrasts if has[c.name]}
+  counted = lambda name: has[name] and name not in interim
   holm = lambda p: dict(zip((c.name for c in q.contrasts),
-                            C.holm([p(c.name) if has[c.name] else 1.0 for c in q.contrasts])))
+                            C.holm([p(c.name) if counted(c.name) else 1.0 for c in q.contrasts])))
   first = lambda name: paired[name][q.margins[0]]
   p_holm = holm(lambda name: first(name).p)
   sign = sign or {name: C.sign_flip_p(tested[name][1]) if len(tested[name][1]) <= C.SIGN_FLIP_MAX
@@ -230,16 +232,17 @@ def judged(q: Question, tested: Mapping[str, tuple[list[int], list[float]]],
   return out
 
 
-def judged_without(q: Question, tested: Mapping[str, tuple[list[int], list[float]]]) -> dict:
+def judged_without(q: Question, tested: Mapping[str, tuple[list[int], list[float]]],
+                   interim: Collection[str] = ()) -> dict:
   """`judged` as its verdicts read, at the cost of exact sign-flip p only where they matter:
   first with each sign-flip p's upper bound (a side the bounds let the sign-flip test confirm,
   the exact p confirm too: Holm's p only fall with their inputs), then exactly where a side the
   interval shows is left unclaimed."""
   bound = {name: C.sign_flip_bound(v) for name, (_, v) in tested.items() if len(v) >= 2}
-  out = judged(q, tested, bound)
+  out = judged(q, tested, bound, interim)
   if any(r and (r["interval"][0] > 0 or r["interval"][1] < 0) and r["p_sign_holm"] > q.rule.alpha
          for r in out.values()):
-    out = judged(q, tested)
+    out = judged(q, tested, interim=interim)
   return out
 
 
@@ -267,9 +270,12 @@ def verdicts(s: Stages, one_out: bool = True) -> dict:
   pairs = lambda leave=None: {name: ([x for x in f["seeds"] if x != leave],
                                      [v for x, v in zip(f["seeds"], f["values"]) if x != leave])
                               for name, f in found.items()}
-  out = judged(q, pairs())
+  interim = {c.name for c in q.contrasts  # short of their planned seeds: p = 1 in Holm
+             if len(found[c.name]["seeds"]) + len(found[c.name]["left_out"])
+             < found[c.name]["n_planned"]}
+  out = judged(q, pairs(), interim=interim)
   every = sorted({x for c in q.contrasts for x in found[c.name]["seeds"]})
-  without = {x: judged_without(q, pairs(x)) for x in every} if one_out else {}
+  without = {x: judged_without(q, pairs(x), interim) for x in every} if one_out else {}
   for c in q.contrasts:
     f, r = found[c.name], out[c.name]
     if r is None:
