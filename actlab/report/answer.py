@@ -246,6 +246,12 @@ def judged_without(q: Question, tested: Mapping[str, tuple[list[int], list[float
   return out
 
 
+def short_of_seeds(f: Mapping) -> bool:
+  """Whether a contrast of `verdicts` has fewer fresh seeds (tested or left out) than planned: it
+  is not answered yet, and counts as p = 1 in the family's Holm."""
+  return len(f["seeds"]) + len(f["left_out"]) < f["n_planned"]
+
+
 def verdicts(s: Stages, one_out: bool = True) -> dict:
   """The question on its fresh seeds: per contrast (None before two seeds) the seeds it is
   tested on (its first n fresh seeds that every cell it weighs finished with a finite outcome,
@@ -270,9 +276,7 @@ def verdicts(s: Stages, one_out: bool = True) -> dict:
   pairs = lambda leave=None: {name: ([x for x in f["seeds"] if x != leave],
                                      [v for x, v in zip(f["seeds"], f["values"]) if x != leave])
                               for name, f in found.items()}
-  interim = {c.name for c in q.contrasts  # short of their planned seeds: p = 1 in Holm
-             if len(found[c.name]["seeds"]) + len(found[c.name]["left_out"])
-             < found[c.name]["n_planned"]}
+  interim = {c.name for c in q.contrasts if short_of_seeds(found[c.name])}
   out = judged(q, pairs(), interim=interim)
   every = sorted({x for c in q.contrasts for x in found[c.name]["seeds"]})
   without = {x: judged_without(q, pairs(x), interim) for x in every} if one_out else {}

@@ -94,7 +94,7 @@ def sign_flip_p(diffs: Sequence[float]) -> float:
   d = np.asarray(diffs, np.float64)
   if not 1 <= d.size <= SIGN_FLIP_MAX or not np.all(np.isfinite(d)):
     raise ValueError(f"sign_flip_p: 1 to {SIGN_FLIP_MAX} finite values, got {d.size}")
-  observed = abs(d.sum()) - 1e-9 * np.abs(d).sum()
+  observed = _observed_sum(d)
   if observed <= 0:
     return 1.0
   # Each half's sums, built sorted: s − x and s + x are sorted runs, which a stable sort merges.
@@ -105,11 +105,16 @@ def sign_flip_p(diffs: Sequence[float]) -> float:
   return float(2 * above.sum() / 2.0 ** d.size)
 
 
+def _observed_sum(d: np.ndarray) -> float:
+  """|Σd| less the tolerance within which a pattern's sum ties it (1e-9 of Σ|d|)."""
+  return abs(d.sum()) - 1e-9 * np.abs(d).sum()
+
+
 def sign_flip_bound(diffs: Sequence[float]) -> float:
   """An upper bound of `sign_flip_p` (Hoeffding's, for a sum of random signs): 2·exp(−s²/(2Σd²)),
   s the observed |sum| less its tolerance; at most 1."""
   d = np.asarray(diffs, np.float64)
-  observed = abs(d.sum()) - 1e-9 * np.abs(d).sum()
+  observed = _observed_sum(d)
   return 1.0 if observed <= 0 else float(min(1.0, 2 * np.exp(-observed ** 2 / (2 * d @ d))))
 
 

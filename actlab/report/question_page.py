@@ -154,8 +154,7 @@ def table(s: A.Stages, v: dict) -> list[str]:
 
 def unanswered(q: Question, v: dict) -> list[str]:
   """The contrasts with fewer fresh seeds than planned: not answered yet."""
-  return [c.name for c in q.contrasts if (r := v[c.name]) is None
-          or len(r["seeds"]) + len(r["left_out"]) < r["n_planned"]]
+  return [c.name for c in q.contrasts if (r := v[c.name]) is None or A.short_of_seeds(r)]
 
 
 def declaration_lines(s: A.Stages, root: pathlib.Path) -> list[str]:
