@@ -15,12 +15,12 @@ import pathlib
 import platform
 import threading
 import warnings
-import zlib
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.compilation_cache import decompress_executable  # how JAX reads an entry
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -423,16 +423,9 @@ def replace_damaged(module: str) -> None:
 
 
 def _readable(data: bytes) -> bool:
-  """Whether an entry decompresses as JAX wrote it: zlib, or zstd where one is installed."""
-  decompressors = [zlib.decompress]
-  with contextlib.suppress(ImportError):
-    from compression import zstd  # noqa: PLC0415 -- Python 3.14
-    decompressors.append(zstd.decompress)
-  with contextlib.suppress(ImportError):
-    import zstandard  # noqa: PLC0415
-    decompressors.append(zstandard.ZstdDecompressor().decompress)
-  for decompress in decompressors:
-    with contextlib.suppress(Exception):
-      decompress(data)
-      return True
-  return False
+  """Whether an entry decompresses as JAX reads it (zstd or zlib, as JAX has them)."""
+  try:
+    decompress_executable(data)
+  except Exception:  # zlib.error or zstd's: each library raises its own
+    return False
+  return True

@@ -344,9 +344,6 @@ class Rows:
     self.steps, self.t0 = 0, time.perf_counter()
     self.wall0 = self.wall0 or self.t0
 
-  def wall_time(self) -> float:
-    return time.perf_counter() - self.wall0
-
   def add(self, metrics) -> None:
     """A step's metrics, kept on the devices until its row, once the plain row `behind` it is
     written (fetched while this step runs) and the clock restarted."""
@@ -486,7 +483,7 @@ class Rows:
     """Each lane's summary.json (docs/metrics.md §7), written: its verdict, its final numbers,
     `timing` (what the process compiled, the seconds its measurements took) and, for R > 1,
     `vectorized_runs`."""
-    wall_time, out = self.wall_time(), []
+    wall_time, out = time.perf_counter() - self.wall0, []
     timing = {**timing, "measure_share": sum(timing["measure_sec"].values())
               / max(wall_time, 1e-9)}
     for r, lane in enumerate(self.lanes):
