@@ -64,7 +64,8 @@ def make_generate(model, vocab_size: int, max_new: int, temperature: float, top_
 
 def continue_prompt(workdir: pathlib.Path, prompt: str, max_tokens: int | None,
                     temperature: float, top_k: int, seed: int) -> str:
-  """`prompt` continued by the run in `workdir` with up to `max_tokens` tokens (None: its context)."""
+  """`prompt` continued by the run in `workdir`, `max_tokens` new tokens at most (None: up to its
+  context)."""
   config, tokenizer, task, params, _ = load_run(workdir)
   if not tasks.get(config).causal:
     raise errors.UserError(f"sampling needs a causal LM (decoder) run; {workdir} is "

@@ -1,5 +1,6 @@
-"""Writes a trained run as a Hugging Face model directory for `from_pretrained` (docs/huggingface.md):
-`python -m actlab.run.export --workdir=runs/gelu --out=hf/gelu`. Needs the `hf` extra (no torch).
+"""Writes a trained run as a Hugging Face model directory for `from_pretrained`
+(docs/huggingface.md): `python -m actlab.run.export --workdir=runs/gelu --out=hf/gelu`. Needs the
+`hf` extra (no torch).
 """
 
 import importlib.util
