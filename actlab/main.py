@@ -11,8 +11,7 @@ from actlab.infra import errors, workdir
 from actlab.run import train
 
 def define_flags() -> None:
-  """The command's flags, defined when it runs (actlab.sample, imported beside it, has a
-  --workdir of its own)."""
+  """The command's flags, defined when it runs (actlab.sample has a --workdir of its own)."""
   errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
   flags.DEFINE_string("workdir", None, "Run directory (created; reused to resume).")
   errors.require("config", "workdir")
@@ -48,9 +47,8 @@ def train_one(config, where: str) -> None:
 
 
 def timing(t: dict | None) -> str:
-  """The closing line's account of the run's start and its compilation (summary.json's `timing`;
-  none in old runs). Compile work runs in threads, beside the main thread and each other: its
-  seconds, summed over them, may exceed the run's."""
+  """The closing line's account of the run's start and compilation (summary.json's `timing`); the
+  compile seconds, summed over threads, may exceed the run's."""
   if not t:
     return ""
   start = t.get("startup_sec")

@@ -1,5 +1,4 @@
-"""Continues a prompt with a trained decoder, after `<|endoftext|>` as each training story follows
-one, decoding in one jitted `lax.scan` over a key/value cache:
+"""Continues a prompt with a trained decoder in one jitted `lax.scan` over a key/value cache:
 `python -m actlab.sample --workdir=runs/gelu --prompt="Once upon a time" --temperature=0.8`.
 """
 
@@ -65,8 +64,8 @@ def make_generate(model, vocab_size: int, max_new: int, temperature: float, top_
 
 def continue_prompt(workdir: pathlib.Path, prompt: str, max_tokens: int | None,
                     temperature: float, top_k: int, seed: int) -> str:
-  """`prompt` and what the run in `workdir` continues it with: `max_tokens` new tokens (None:
-  up to the model's context), or fewer where it ends the text."""
+  """`prompt` continued by the run in `workdir`, `max_tokens` new tokens at most (None: up to its
+  context)."""
   config, tokenizer, task, params, _ = load_run(workdir)
   if not tasks.get(config).causal:
     raise errors.UserError(f"sampling needs a causal LM (decoder) run; {workdir} is "

@@ -1,7 +1,6 @@
-"""Writes a trained run as a Hugging Face model directory that `transformers` loads with
-`from_pretrained` (docs/huggingface.md), as the family its model is (`--family`, optional, a
-check): `python -m actlab.run.export --workdir=runs/gelu --out=hf/gelu`, or `write(workdir, out)`.
-Needs the `hf` extra (no torch).
+"""Writes a trained run as a Hugging Face model directory for `from_pretrained`
+(docs/huggingface.md): `python -m actlab.run.export --workdir=runs/gelu --out=hf/gelu`. Needs the
+`hf` extra (no torch).
 """
 
 import importlib.util
@@ -21,8 +20,8 @@ from actlab.run import pretrained
 
 
 def check_out(out: pathlib.Path) -> None:
-  """Refuses an `--out` that is a file, is or lies inside a run directory, or holds anything but
-  an earlier export (config.json with the `EXPORTED` entry), before anything is read or written."""
+  """Refuses an `--out` that is a file, is in a run directory, or holds anything but an earlier
+  export."""
   workdir_lib.check_usable(out, "--out")
   if where := workdir_lib.in_run(out):
     raise errors.UserError(f"--out {out} {where} a run directory; export into a new or empty "
@@ -35,8 +34,8 @@ def check_out(out: pathlib.Path) -> None:
 
 
 def write(workdir: pathlib.Path, out: pathlib.Path, family: str | None = None) -> str:
-  """Writes the run in `workdir` into `out` (`check_out`) as the family its model is (`family`,
-  if given, must be it); returns a line saying what it wrote."""
+  """Writes the run in `workdir` into `out` as its model's family (`family`, if given, must be it);
+  returns a line saying what it wrote."""
   missing = [m for m in ("transformers", "safetensors", "tokenizers")
              if importlib.util.find_spec(m) is None]
   if missing:

@@ -1,8 +1,7 @@
-"""The training loop, shaped like nanodo's: the runs of one `Program`, each a `Lane`, trained step
-by step: dispatch step k, then write step k − 1's plain row while it runs, then what step k is
-due for, each a plain `if`: what reads the state (an evaluation, a sharpness estimate, a
-checkpoint) at once, before the next step donates it. Those are the loop's only host syncs.
-SIGINT/SIGTERM: the step under way finishes, is checkpointed, and `Interrupted` says which step.
+"""The training loop, shaped like nanodo's, for the runs of one `Program` (a `Lane` each): dispatch
+step k, write step k − 1's plain row while it runs, then what step k is due for as plain ifs (an
+evaluation, a sharpness estimate, a checkpoint: the loop's only host syncs). SIGINT/SIGTERM: the
+step under way is checkpointed, and `Interrupted` says which.
 """
 
 import concurrent.futures
@@ -25,11 +24,10 @@ from actlab.run.rows import Lane, Rows
 def train_lanes(program: Program, lanes: list[Lane], initial: Callable[[], core.TrainState],
                 start: int, vocab_size: int, compiles: Tally,
                 began: float | None, then: Callable[[], None] | None = None) -> list[dict]:
-  """Trains `lanes` (run r of `program` is `lanes[r]`) from step `start` from the state
-  `initial()` returns (called once the first step's program is compiling), and writes and returns
-  their summaries, with what the process compiled for them (`compiles`) and their fixed cost: the
-  seconds from `began` (None: the process's start) to the first step's dispatch. `then` is called
-  once the first step is dispatched (a sweep starts compiling its next group)."""
+  """Trains `lanes` (run r of `program` is `lanes[r]`) from step `start` and the state `initial()`
+  returns (called once the first step is compiling); writes and returns their summaries, with
+  `compiles` and the seconds from `began` (None: the process's start) to the first dispatch.
+  `then` is called once the first step is dispatched (a sweep compiles its next group)."""
   config = lanes[0].config
   counts = core.count_params(program.run_state_like.params)
   with contextlib.ExitStack() as closing:  # The trackers last: W&B logs the summary.
@@ -79,9 +77,8 @@ def train_lanes(program: Program, lanes: list[Lane], initial: Callable[[], core.
 def run_steps(program: Program, state: core.TrainState, start: int, rows: Rows,
               batches: "Prefetch", stop: "StopRequest",
               dispatched: Callable[[], None]) -> int | None:
-  """The loop, from step `start` to the last: dispatch step k, then write step k − 1's plain row
-  while it runs, then what step k is due for. Returns the step a signal stopped the runs after
-  (checkpointed), or None once they ended or all diverged."""
+  """The loop from step `start`; returns the step a signal stopped the runs after (checkpointed),
+  or None once they ended or all diverged."""
   t, measure = rows.lanes[0].config.train, rows.measure
   for step in range(start, t.steps):
     done = step + 1
@@ -92,19 +89,18 @@ def run_steps(program: Program, state: core.TrainState, start: int, rows: Rows,
       dispatched()
     if program.plan.sync_each_step:  # simulated CPU devices: parallel.Plan.sync_each_step
       jax.block_until_ready(metrics)
-    rows.add(metrics)
-    rows.write_behind()  # Step k − 1's plain row, fetched while step k runs.
-    if rows.all_stopped:
+    rows.add(metrics)  # After step k − 1's plain row, fetched while step k runs.
+    if all(rows.stopped):
       return None
     stopping = stop.signum is not None  # Read once: a signal during the host work below is
     # acted on after the next step, never between deciding to save and stopping.
     if not (due.evaluate or due.sharpness or due.checkpoint or stopping):
       if due.row:
-        rows.defer(done)  # Written once the next step is dispatched.
+        rows.behind = done  # Written once the next step is dispatched.
       continue
     # What reads the state, now: the next step donates it. The loop waits for this step.
     written = rows.fetch(done, log=due.row)
-    healthy = rows.healthy(written)
+    healthy = any(rows.diverged_at[r] is None for r in written)
     evals = measure.evaluation(state.params, due.last) if due.evaluate and healthy else None
     sharpness = measure.sharpness(state.params) if due.sharpness and healthy else None
     rows.write(done, written, evals, sharpness)
@@ -112,7 +108,7 @@ def run_steps(program: Program, state: core.TrainState, start: int, rows: Rows,
       rows.checkpoint(done, program.parts(state))
     if due.row:
       rows.start_clock()  # After the host work: evaluation, sharpness, the checkpoint.
-    if rows.all_stopped:
+    if all(rows.stopped):
       return None
     if stopping:
       return done
@@ -121,8 +117,8 @@ def run_steps(program: Program, state: core.TrainState, start: int, rows: Rows,
 
 @dataclasses.dataclass(frozen=True)
 class Due:
-  """What the step ending at `done` is due for: a row (`log_step`: a log, evaluation or sharpness
-  step, or the last), an evaluation, a sharpness estimate, a checkpoint; `last`: the last step."""
+  """What the step ending at `done` is due for: a row (with `log_step`'s diagnostics), an
+  evaluation, a sharpness estimate, a checkpoint; `last`: it is the last step."""
   row: bool
   evaluate: bool
   sharpness: bool
@@ -140,10 +136,8 @@ class Due:
 
 class Start:
   """A run's start, overlapped: `init`'s and the first step's programs (on a GPU or TPU, the
-  sharpness program's too) start compiling in threads before the run's first arrays go to the
-  devices, which on a GPU first allocates their memory pool without holding Python's lock; the
-  rest once the first step is dispatched (`dispatched`): tracing holds Python's lock, so a
-  program traced beside the first step's would delay it."""
+  sharpness program's too) compile in threads while the first arrays go to the devices; the rest
+  once the first step is dispatched (`dispatched`), as `Program.compile_ahead` says."""
 
   def __init__(self, program: Program, lanes: list[Lane], start: int, batches: "Prefetch",
                began: float | None, then: Callable[[], None] | None):
@@ -160,8 +154,8 @@ class Start:
     self.began, self.then, self.startup_sec = began, then, None
 
   def dispatched(self, measure) -> None:
-    """Once the first step is dispatched: its fixed cost (`startup_sec`, from `began`), the other
-    programs compiling for `measure`'s batches, and the caller's `then`."""
+    """Once the first step is dispatched: `startup_sec`, the other programs compiling for
+    `measure`'s batches, and the caller's `then`."""
     self.startup_sec = seconds_since(self.began)
     self.rest(measure.val_batches[0], measure.sharpness_batch)
     if self.then:
@@ -169,8 +163,7 @@ class Start:
 
 
 class Prefetch:
-  """Batch k + 1, built and sent to the devices (this host's rows only) by a thread while step k
-  runs."""
+  """Batch k + 1 built and sent to the devices (this host's rows) by a thread while step k runs."""
 
   def __init__(self, program: Program, lanes: list[Lane], steps: int):
     self.program, self.lanes, self.steps = program, lanes, steps
@@ -214,7 +207,7 @@ class Interrupted(UserError):
 
 def seconds_since(began: float | None) -> float | None:
   """Seconds since `began` (a `time.perf_counter()`) or, for None, since this process started
-  (Linux's /proc; None elsewhere)."""
+  (None where there is no Linux /proc)."""
   if began is not None:
     return time.perf_counter() - began
   try:

@@ -1,6 +1,5 @@
-"""Where a run's parameters come from besides its own checkpoints: `train.init_from` (another
-run's latest intact checkpoint, or `hf:DIR`: hf/checkpoint.py), checked before anything is
-written (the fields marked `init_from`: config/schema.py); and a trained run read back
+"""Parameters from elsewhere than a run's own checkpoints: `train.init_from` (another run's latest
+checkpoint, or `hf:DIR`), checked before anything is written; and a trained run read back
 (`load_run`)."""
 
 import pathlib
@@ -20,15 +19,13 @@ from actlab.infra.workdir import RunDir, WorkdirError
 from actlab.run import program
 
 
-HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face GPT-2, Llama, Arcee, Qwen3 or BERT directory
-#             (hf/checkpoint.py)
+HF = "hf:"  # train.init_from=hf:DIR: a Hugging Face model directory (hf/checkpoint.py)
 
 
 def init_from_config(config, vocab_size: int = 0):
-  """What `train.init_from` names, checked before the workdir is touched: the config of a
-  workdir's run (the same model and tokenizer, with a checkpoint; a field marked "say" may differ,
-  and the run's first line says so), or for `hf:DIR` that directory's state dict and family
-  (`hf_checkpoint.Weights`), checked against this model (`vocab_size`: the tokenizer's)."""
+  """What `train.init_from` names, checked against this model: a workdir's run's config (the same
+  model and tokenizer, with a checkpoint; fields marked "say" may differ, in a line), or for
+  `hf:DIR` its `hf_checkpoint.Weights` (`vocab_size`: the tokenizer's)."""
   config = config_lib.typed(config)
   if config.train.init_from.startswith(HF):
     return hf_checkpoint.read(config.train.init_from[len(HF):], config, tasks.name(config),
@@ -54,9 +51,8 @@ def init_from_config(config, vocab_size: int = 0):
 
 
 def params_from(config, source, params, vocab_size: int):
-  """One run's `params` with every parameter that `source` (`init_from_config`'s: a workdir's
-  latest intact checkpoint, or a Hugging Face state dict) has under the same path and shape (MLM
-  → classification: the embeddings and blocks; the MLM head is dropped)."""
+  """One run's `params` with every parameter that `source` (`init_from_config`'s) has under the same
+  path and shape (MLM → classification: all but the MLM head)."""
   where = config.train.init_from
   if isinstance(source, config_lib.Config):  # Its arrays in the per-layer layout.
     with Checkpoints(pathlib.Path(where) / "checkpoints", 1, read_only=True) as checkpoints:
@@ -82,8 +78,8 @@ def params_from(config, source, params, vocab_size: int):
 
 
 def load_run(workdir: pathlib.Path):
-  """A trained run's config, tokenizer, `core.Step`, latest parameters (on JAX's default
-  device, whatever the run trained on) and their step (`actlab.sample`, `actlab.run.export`)."""
+  """A trained run's config, tokenizer, `core.Step`, latest parameters (on JAX's first device) and
+  their step."""
   config = workdir_lib.run_config(workdir)
   if config is None and workdir_lib.is_sweep(workdir):
     raise WorkdirError(f"{workdir} is a sweep directory; pick one of its cells, e.g. "
@@ -114,8 +110,7 @@ def load_run(workdir: pathlib.Path):
 
 
 def a_cell(sweep_dir: pathlib.Path) -> str:
-  """The name of a cell of the sweep in `sweep_dir`: the first in its sweep.json with a
-  checkpoint, else its first ("<cell>" when it lists none)."""
+  """A cell of the sweep in `sweep_dir` to name: its first with a checkpoint, else its first."""
   names = [c.get("name") for c in (workdir_lib.read_json(sweep_dir / "sweep.json") or {}).get(
       "cells", []) if isinstance(c, dict) and c.get("name")]
   return next((n for n in names if (sweep_dir / n / "checkpoints").is_dir()),

@@ -1,7 +1,6 @@
-"""The programs a run trains, each compiled once: a config's `core.Step` jitted and sharded for one
-run, or for R runs that differ only in LR and seed, stacked on a leading run axis (`over_runs`);
-each program compiled ahead in a thread (`Ahead`); JAX's persistent compilation cache (`enable`,
-`train.compile_cache`) and the `Tally` of what a run compiled and what it loaded.
+"""The programs a run trains: a config's `core.Step` jitted for one run, or for R runs that differ
+only in LR and seed on a leading run axis (`over_runs`), each compiled ahead in a thread (`Ahead`);
+JAX's persistent compilation cache (`train.compile_cache`) and the `Tally` of what was compiled.
 """
 
 import concurrent.futures
@@ -16,12 +15,12 @@ import pathlib
 import platform
 import threading
 import warnings
-import zlib
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.compilation_cache import decompress_executable  # how JAX reads an entry
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -32,8 +31,8 @@ from actlab.measure import evaluators as evaluators_lib
 
 
 def over_runs(fn: Callable, runs: int, in_axes: tuple | int = 0, name: str | None = None):
-  """One run's `fn` for `runs` runs: itself for one run, else `jax.vmap`ped over the leading run
-  axis (`in_axes`: None for an argument the runs share). `name`: the program's, in JAX's logs."""
+  """One run's `fn` for `runs` runs, `jax.vmap`ped over the leading run axis where runs > 1
+  (`in_axes`: None for an argument the runs share); `name` is the program's in JAX's logs."""
   mapped = jax.vmap(fn, in_axes=in_axes) if runs > 1 else fn
 
   def program(*args):
@@ -54,8 +53,8 @@ def abstract(tree):
 
 
 class Ahead:
-  """A jitted function compiled in a thread (`start`) for the arguments it will be called with;
-  a call waits for it. Before `start` it is the jitted function."""
+  """A jitted function compiled in a thread (`start`) for the arguments it will get; a call waits
+  for it."""
 
   def __init__(self, jitted: Callable):
     self.jitted, self.compiled, self.args = jitted, None, None
@@ -86,8 +85,8 @@ class Ahead:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-  """A config's `core.Step` jitted for R runs. For R > 1, states, batches, metrics and device
-  results have a leading run axis of R, and the validation and sharpness batches are shared."""
+  """A config's `core.Step` jitted for R runs (for R > 1, with a leading run axis but for the
+  shared validation and sharpness batches)."""
   step: core.Step
   plan: parallel.Plan
   runs: int
@@ -147,8 +146,8 @@ class Program:
     return self.init(*init_args(configs, self.runs))
 
   def stack(self, states: Sequence[core.TrainState]) -> core.TrainState:
-    """Single runs' states (restored checkpoints) as this program's state: stacked in host memory
-    where this process holds them whole (no program to compile at a resume), else by XLA."""
+    """Single runs' states as this program's, stacked in host memory where this process holds
+    them whole (no program to compile at a resume), else by XLA."""
     if self.runs == 1:
       return jax.device_put(states[0], self.shardings)
     held = lambda x: getattr(x, "is_fully_addressable", True)  # numpy: always
@@ -180,11 +179,10 @@ class Program:
 
   def compile_ahead(self, pool, batch, init_args: tuple | None, first_logged: bool,
                     sharpness_first=None) -> Callable[[Any, Any], None]:
-    """Starts compiling in `pool`'s threads `init` for `init_args` (None: the runs resume), the
-    first step's program for batches like `batch` (None: no step left) and, given its batch
-    (`sharpness_first`), the sharpness program. Returns the function that starts the others, for
-    the validation and sharpness batches, to call once the first step is dispatched: tracing
-    holds Python's lock, and a program traced beside the first step's would delay it."""
+    """Starts compiling in `pool` `init` for `init_args` (None: a resume), the first step for
+    batches like `batch` (None: no step left) and the sharpness program for `sharpness_first`.
+    Returns what starts the rest, to call once the first step is dispatched: tracing holds
+    Python's lock, and a program traced beside the first step's would delay it."""
     state = self.state_like
     first, then = ((self.log_step, self.train_step) if first_logged
                    else (self.train_step, self.log_step))
@@ -208,8 +206,8 @@ class Program:
     return rest
 
   def compile_all(self, pool, dataset, fresh: Sequence = ()) -> None:
-    """Starts compiling every program for batches of `dataset` (`init` where `fresh` holds a
-    group of fresh runs' configs): a sweep's next group, while another trains."""
+    """Starts compiling every program for `dataset` (`init` for `fresh` runs' configs): a sweep's
+    next group, while another trains."""
     batch = self.put_batches([dataset.train_batch(0)] * self.runs, like=True)
     val_batch = self.plan.batch_like(dataset.val_batches()[0])
     fresh_args = init_args(fresh[:self.runs], self.runs) if len(fresh) >= self.runs else None
@@ -217,8 +215,8 @@ class Program:
                                                        self.sharpness_batch(dataset, like=True))
 
   def sharpness_batch(self, dataset, like: bool = False) -> Any:
-    """The sharpness estimates' batch (None when off): training batch 0 of seed 0, the same for
-    every run of a sweep, on the devices (with `like`, abstract)."""
+    """The sharpness estimates' batch, training batch 0 of seed 0 for every run, on the devices
+    (with `like`, abstract); None when off."""
     if self.sharpness_step is None:
       return None
     batch = dataclasses.replace(dataset, seed=0).train_batch(0)
@@ -244,8 +242,8 @@ class GroupError(UserError, ValueError):
 
 
 def compile_key(config, vocab_size: int) -> str:
-  """The config as the compiled functions see it: every field but the initial state's (the peak
-  LR, the seed, `train.init_from`) and the runtime fields no program reads (`runtime="harness"`)."""
+  """The config as the compiled functions see it: all but the initial state's fields (peak LR,
+  seed, `train.init_from`) and those no program reads (`runtime="harness"`)."""
   ignored = {"optim.lr", "train.seed", "train.init_from",
              *(key for key, how in config_lib.marked("runtime").items() if how == "harness")}
   fields = config.fields if isinstance(config, config_lib.Config) else config.to_dict()
@@ -267,8 +265,7 @@ _getting = threading.Lock()  # a sweep makes its next group's program in a threa
 
 
 def get(config, vocab_size: int, runs: int = 1, cache: dict | None = None) -> Program:
-  """`Program.create`, reused from `cache` (a dict the caller owns, e.g. a sweep's) when one was
-  made for the same `compile_key` and number of runs."""
+  """`Program.create`, reused from `cache` (a sweep's dict) for the same `compile_key` and runs."""
   if cache is None:
     return Program.create(config, vocab_size, runs)
   key = (runs, compile_key(config, vocab_size))
@@ -279,11 +276,10 @@ def get(config, vocab_size: int, runs: int = 1, cache: dict | None = None) -> Pr
 
 
 # --- Each program compiled once ------------------------------------------------------------------
-# The cache lives in one folder per kind of host (`host_kind`), so that a program compiled for one
-# processor is never loaded on another; the CPU count is not part of it (XLA:CPU splits its work
-# when a program runs, not when it compiles: tests/test_compile_cache.py). An entry read while it
-# is written, or truncated, fails JAX's decompression check: it is compiled again and replaced, in
-# one line. JAX's size cap is left off (it rereads every entry's access time at every write).
+# One folder per kind of host (`host_kind`): a program compiled for one processor is never loaded
+# on another (the CPU count does not count: tests/test_compile_cache.py). A damaged entry is
+# compiled again and replaced, in one line. JAX's size cap is off (it rereads every entry's access
+# time at every write).
 
 DEFAULT_CACHE = "~/.cache/actlab/xla"
 _DAMAGED = "Error reading persistent compilation cache entry for '"
@@ -309,8 +305,8 @@ def host_kind() -> str:
 
 
 def enable_cache(setting: str) -> pathlib.Path | None:
-  """Points JAX's persistent cache at `cache_directory(setting)/host_kind()` (every program,
-  however fast it compiles), or turns it off; returns the folder."""
+  """Points JAX's persistent cache, for every program, at `cache_directory(setting)/host_kind()`
+  or turns it off; returns the folder."""
   _listen()
   root = cache_directory(setting)
   if root is None:
@@ -328,9 +324,8 @@ def enable_cache(setting: str) -> pathlib.Path | None:
 
 @dataclasses.dataclass
 class Tally:
-  """What a process compiled while the tally was open: each program's name (JAX's `jit(<name>)`)
-  and seconds, those XLA compiled and those loaded from the cache; `trace_sec`, tracing and
-  lowering."""
+  """What a process compiled while the tally was open, by name and seconds, and what it loaded from
+  the cache; `trace_sec`, tracing and lowering."""
   compiled: list = dataclasses.field(default_factory=list)   # [(name, seconds)]
   cached: list = dataclasses.field(default_factory=list)     # [(name, seconds)]
   trace_sec: float = 0.0
@@ -378,8 +373,8 @@ def carried(fn):
 
 
 def _listen() -> None:
-  """Registers JAX's monitoring listeners behind `tally` (once per process) and the handler of a
-  damaged entry's warning (again where something put back another `warnings.showwarning`)."""
+  """Registers JAX's listeners behind `tally` (once) and the handler of a damaged entry's warning
+  (again where another `warnings.showwarning` was put back)."""
   global _listening
   if not _listening:
     _listening = True
@@ -416,8 +411,8 @@ def _on_duration(event: str, seconds: float, fun_name: str = "?", **_):
 
 
 def replace_damaged(module: str) -> None:
-  """Removes the entries of `module` that fail decompression (JAX then compiles the program and
-  writes it anew) and says so in one line."""
+  """Removes, in one line, the entries of `module` that fail decompression (JAX then compiles the
+  program anew)."""
   folder = pathlib.Path(jax.config.jax_compilation_cache_dir)
   for path in folder.glob(f"{module}-*-cache"):
     with contextlib.suppress(OSError):
@@ -428,17 +423,9 @@ def replace_damaged(module: str) -> None:
 
 
 def _readable(data: bytes) -> bool:
-  """Whether an entry decompresses as JAX wrote it: zlib, or zstd where Python 3.14's
-  `compression.zstd` or the zstandard package is there."""
-  decompressors = [zlib.decompress]
-  with contextlib.suppress(ImportError):
-    from compression import zstd  # noqa: PLC0415 -- Python 3.14
-    decompressors.append(zstd.decompress)
-  with contextlib.suppress(ImportError):
-    import zstandard  # noqa: PLC0415
-    decompressors.append(zstandard.ZstdDecompressor().decompress)
-  for decompress in decompressors:
-    with contextlib.suppress(Exception):
-      decompress(data)
-      return True
-  return False
+  """Whether an entry decompresses as JAX reads it (zstd or zlib, as JAX has them)."""
+  try:
+    decompress_executable(data)
+  except Exception:  # zlib.error or zstd's: each library raises its own
+    return False
+  return True

@@ -1,7 +1,6 @@
-"""What the training loop writes: each run's rows (metrics.jsonl, TensorBoard, W&B), its
-checkpoints and what they carry, provenance.json and summary.json (a `Lane` per run); `Rows`, a
-row's whole state, and the one way a row is written; `Measure`, the evaluation and sharpness
-estimate; and what a person watching sees: a line per evaluation and the progress bar.
+"""What the training loop writes: each run's rows, checkpoints, provenance.json and summary.json
+(a `Lane` per run); `Rows`, a row's whole state and the one way a row is written; `Measure`, the
+evaluation and sharpness estimate; the line per evaluation and the progress bar.
 """
 
 import contextlib
@@ -69,8 +68,7 @@ def code() -> dict:
 
 
 def segment(config, start_step: int, run_dir: "str | os.PathLike" = ".") -> dict:
-  """Where, with what and how this process (re)started the run in `run_dir` at `start_step`, its
-  paths as the run directory records them."""
+  """How this process (re)started the run in `run_dir` at `start_step`: where, with what."""
   config = config_lib.typed(config)
   devices = jax.devices()
   recorded = workdir.dotted(workdir.recorded_config(config.fields, run_dir))
@@ -103,8 +101,8 @@ def append_segment(logdir: pathlib.Path, seg: dict) -> list[dict]:
 
 
 def tensorboardx():
-  """tensorboardX without torch, which its writer imports (about 2 s) only to accept torch
-  tensors; actlab logs none."""
+  """tensorboardX without torch, which its writer imports (about 2 s) for tensors actlab never
+  logs."""
   if "torch" in sys.modules:
     import tensorboardX
     return tensorboardX
@@ -130,8 +128,7 @@ _other_threads_hook = threading.excepthook
 
 
 def _keep_writer_errors(args) -> None:
-  """`threading.excepthook`: an error that ends a writer's thread is kept for the run to raise;
-  any other thread's goes to the hook this one replaced."""
+  """`threading.excepthook`: keeps the error that ends a writer's thread for the run to raise."""
   if args.thread in _WRITERS:
     _WRITERS[args.thread] = args.exc_value
   else:
@@ -140,9 +137,8 @@ def _keep_writer_errors(args) -> None:
 
 class TensorBoard:
   """Every row in `logdir`; `purge_step` (the resumed step) hides the events after it. An error
-  that ends tensorboardX's writer thread (a full disk) is raised at the next row or at `close`,
-  in one line, not printed as the thread's traceback; its queue is unbounded, so that no row waits
-  for a thread that is gone."""
+  that ends the writer's thread (a full disk) is raised at the next row or at `close`; its queue
+  is unbounded, so that no row waits for a thread that is gone."""
 
   def __init__(self, logdir: pathlib.Path, purge_step: int | None = None):
     global _other_threads_hook
@@ -177,8 +173,8 @@ class TensorBoard:
 
 
 def wandb_run_id(logdir: pathlib.Path, first_segment: Mapping) -> str:
-  """The W&B run id of the run in `logdir`, the same at every start: a hash of its path and the
-  host and time of its first start."""
+  """The W&B run id of the run in `logdir`, the same at every start (its path, first host, first
+  start)."""
   key = f"{logdir.resolve()}|{first_segment.get('host')}|{first_segment.get('started')}"
   return "actlab-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -213,21 +209,6 @@ class WandB:
     self._run.finish(exit_code=0 if summary is not None else 1)
 
 
-def open_writers(config, logdir: pathlib.Path, start: int, segments: list) -> list:
-  """The trackers of `config` for the run in `logdir`, resuming at `start` (W&B on process 0)."""
-  writers = []
-  if config.metrics.tensorboard:
-    writers.append(TensorBoard(logdir / "tb", purge_step=start))
-  if config.metrics.wandb_project and jax.process_index() == 0:
-    try:
-      writers.append(WandB(config, logdir, wandb_run_id(logdir, segments[0])))
-    except BaseException:
-      for w in writers:
-        w.close()
-      raise
-  return writers
-
-
 # --- A run's files --------------------------------------------------------------------------------
 
 
@@ -248,12 +229,21 @@ class Lane:
   @classmethod
   def open(cls, config, task: tasks.Task, run_dir: workdir.RunDir, dataset, ckpts: Checkpoints,
            start: int, meta: dict | None) -> "Lane":
-    """The run of `config` in `run_dir`, resuming at `start` with its checkpoint's `meta`."""
+    """The run of `config` in `run_dir`, resuming at `start` with its checkpoint's `meta`, and its
+    trackers (W&B on process 0)."""
     meta, path = meta or {}, run_dir.logdir
     segments = append_segment(path, segment(config, start, run_dir.root))
+    writers = [TensorBoard(path / "tb", purge_step=start)] if config.metrics.tensorboard else []
+    if config.metrics.wandb_project and jax.process_index() == 0:
+      try:
+        writers.append(WandB(config, path, wandb_run_id(path, segments[0])))
+      except BaseException:
+        for w in writers:
+          w.close()
+        raise
     return cls(config, task, run_dir, dataset, ckpts,
                workdir.MetricsLog(path / "metrics.jsonl", meta.get("rows", []), start),
-               open_writers(config, path, start, segments), segments, meta)
+               writers, segments, meta)
 
   def write(self, row: dict) -> None:
     """The row's numbers to metrics.jsonl, the whole row (histograms too) to the trackers."""
@@ -268,21 +258,13 @@ class Lane:
       for writer in self.writers:
         closing.callback(writer.close, self.summary)
 
-  def finish(self, summary: dict) -> dict:
-    """Writes summary.json (`summary` with the run's provenance) and returns it."""
-    summary = {**metrics_lib.jsonable(summary), "provenance": self.segments}
-    workdir.write_json(self.run_dir.logdir / "summary.json", summary)
-    self.summary = summary
-    return summary
-
 
 # --- What a row measures --------------------------------------------------------------------------
 
 
 class Measure:
-  """A row's measurements, each of every lane in one pass on the devices, and their cost (`sec`):
-  the validation evaluators (the test windows' loss too at the last step) and the sharpness
-  estimate."""
+  """A row's evaluation (the test windows' loss too at the last step) and sharpness estimate, of
+  every lane in one pass on the devices, and their cost (`sec`)."""
 
   def __init__(self, program: Program, dataset, doing):
     self.program, self.doing = program, doing
@@ -327,12 +309,10 @@ class Measure:
 
 
 class Rows:
-  """Every lane's rows, and all their state: the step metrics still on the devices (`pending`,
-  fetched at a row or a checkpoint only), a plain row waiting for the next step's dispatch
-  (`behind`), each lane's metrics fetched since its row (`carried`, restored from its checkpoint),
-  rates, training time and divergence; step 0's measurements while they run beside the first
-  steps, with the rows written meanwhile held behind them (`held`); the clock and the bar. `write`
-  is the one way a row is written."""
+  """Every lane's rows and all their state: the step metrics on the devices (`pending`), a plain
+  row waiting for the next dispatch (`behind`), each lane's metrics fetched since its row
+  (`carried`), rates, training time, divergence, step 0's row and the rows held behind it
+  (`held`), the clock and the bar. `write` is the one way a row is written."""
 
   def __init__(self, program: Program, lanes: list[Lane], start: int):
     self.program, self.lanes = program, lanes
@@ -341,7 +321,7 @@ class Rows:
     self.bar = tqdm.tqdm(total=config.train.steps, initial=start, unit="step", dynamic_ncols=True,
                          disable=not config.train.progress or len(lanes) > 1)
     self.measure = Measure(program, lanes[0].dataset, self.doing)
-    self.pending, self.behind = [], None
+    self.pending, self.behind = [], None  # behind: the step of a plain row not yet written
     # The float32 scalars the train step returned: the means that include them are computed as
     # without the interruption.
     self.carried = [[{k: np.float32(v) for k, v in row.items()}
@@ -354,10 +334,6 @@ class Rows:
     self.held = None  # [(step, each lane's row)] behind step 0's row while it is measured
     self.steps, self.t0, self.wall0, self.elapsed = 0, None, None, None
 
-  @property
-  def all_stopped(self) -> bool:
-    return all(self.stopped)
-
   def doing(self, what: str, refresh: bool = True) -> None:
     """What the loop waits for, in the bar's description."""
     self.bar.set_description(what, refresh=refresh)
@@ -368,32 +344,20 @@ class Rows:
     self.steps, self.t0 = 0, time.perf_counter()
     self.wall0 = self.wall0 or self.t0
 
-  def wall_time(self) -> float:
-    return time.perf_counter() - self.wall0
-
   def add(self, metrics) -> None:
-    """A step's metrics, kept on the devices until its row."""
+    """A step's metrics, kept on the devices until its row, once the plain row `behind` it is
+    written (fetched while this step runs) and the clock restarted."""
+    if self.behind is not None:
+      done, self.behind = self.behind, None
+      self.write(done, self.fetch(done))
+      self.start_clock()
     self.pending.append(metrics)
 
-  def defer(self, done: int) -> None:
-    """The steps so far make step `done`'s plain row, written once the next step is dispatched
-    (`write_behind`)."""
-    self.behind, self.pending = (done, self.pending), []
-
-  def write_behind(self) -> None:
-    """The deferred plain row, if any, fetched while the next step runs; the clock restarts."""
-    if self.behind is None:
-      return
-    (done, pending), self.behind = self.behind, None
-    self.write(done, self.fetch(done, pending))
-    self.start_clock()
-
-  def fetch(self, done: int, pending: list | None = None, log: bool = True) -> dict[int, list]:
-    """Fetches `pending` (the steps on the devices since the last fetch) to each running lane's
-    `carried`; returns the steps of the lanes that write a row now: every one where `log`, and
-    one whose metrics turned non-finite, up to its first such step (it then stops)."""
-    if pending is None:
-      pending, self.pending = self.pending, []
+  def fetch(self, done: int, log: bool = True) -> dict[int, list]:
+    """Fetches the steps on the devices to each running lane's `carried`; returns the steps of the
+    lanes that write a row now: every one where `log`, and one whose metrics turned non-finite, up
+    to its first such step (it then stops)."""
+    pending, self.pending = self.pending, []
     if self.zero_params is not None:  # Step 0's measurements, where their programs are ready.
       self.dispatch_step_zero()
     fetched = jax.device_get(pending)
@@ -412,10 +376,6 @@ class Rows:
       elif log:
         due[r] = steps
     return due
-
-  def healthy(self, due: dict[int, list]) -> bool:
-    """Whether a lane writing a row now (`due`, from `fetch`) has not diverged."""
-    return any(self.diverged_at[r] is None for r in due)
 
   def write(self, done: int, due: dict[int, list], evals: list[dict] | None = None,
             sharpness: list[float] | None = None) -> None:
@@ -471,10 +431,10 @@ class Rows:
                                                for row in self.carried[r]],
             "rates": self.rates[r], "train_time": self.train_time[r]})
 
-  # Step 0's row is measured beside the first steps: its evaluation and sharpness estimate run on
-  # a copy of the initial parameters (the first step donates them) at the first row that finds
-  # their programs compiled (in a run of several processes, at the first row: its processes launch
-  # the same programs in the same order), so that the first step never waits for their compiles.
+  # Step 0's row is measured beside the first steps, so that the first step never waits for its
+  # programs' compiles: on a copy of the initial parameters (the first step donates them), at the
+  # first row that finds them compiled (with several processes, at the first row: they launch the
+  # same programs in the same order).
 
   def measure_step_zero(self, params) -> None:
     self.zero_params = jax.device_put(params, self.program.shardings.params, may_alias=False)
@@ -523,7 +483,7 @@ class Rows:
     """Each lane's summary.json (docs/metrics.md §7), written: its verdict, its final numbers,
     `timing` (what the process compiled, the seconds its measurements took) and, for R > 1,
     `vectorized_runs`."""
-    wall_time, out = self.wall_time(), []
+    wall_time, out = time.perf_counter() - self.wall0, []
     timing = {**timing, "measure_share": sum(timing["measure_sec"].values())
               / max(wall_time, 1e-9)}
     for r, lane in enumerate(self.lanes):
@@ -534,7 +494,7 @@ class Rows:
           uniform_loss=lane.task.chance_loss(c, vocab_size), spike_rel=c.metrics.spike_rel,
           final_gap_rel=c.metrics.final_gap_rel, uniform_frac=c.metrics.uniform_frac,
           grad_rel_max=c.metrics.grad_rel_max)
-      out.append(lane.finish({
+      lane.summary = {**metrics_lib.jsonable({
           "status": verdict["status"], "status_reasons": verdict["reasons"],
           "diverged_at": (self.diverged_at[r] if self.diverged_at[r] is not None
                           else verdict["diverged_at"]),
@@ -545,5 +505,7 @@ class Rows:
           "params": counts["total"], "params_non_embedding": counts["non_embedding"],
           "vocab_size": vocab_size, **lane.task.baselines(c, lane.dataset),
           **({"vectorized_runs": len(self.lanes)} if len(self.lanes) > 1 else {}),
-          "timing": timing}))
+          "timing": timing}), "provenance": lane.segments}
+      workdir.write_json(lane.run_dir.logdir / "summary.json", lane.summary)
+      out.append(lane.summary)
     return out

@@ -24,8 +24,8 @@ def hparams_metrics(summary: Mapping) -> dict[str, float]:
 
 
 def write_hparams(sweep_dir: pathlib.Path) -> int:
-  """Adds each ended cell of the sweep in `sweep_dir` not added yet to `tb_hparams/<cell>/`, via a
-  temporary directory: shards and reruns may call this concurrently. Returns how many it added."""
+  """Adds each ended cell of `sweep_dir` not added yet to `tb_hparams/<cell>/` (via a temporary
+  directory: shards may call this concurrently); returns how many it added."""
   manifest = workdir_lib.read_json(sweep_dir / "sweep.json") or {}
   out = sweep_dir / "tb_hparams"
   todo = []

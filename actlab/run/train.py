@@ -1,8 +1,6 @@
-"""Trains runs in their run directories: `run(config, workdir)` one run, `run_group` R runs of one
-config that differ only in `optim.lr` and `train.seed` as one program (a sweep's
-`sweep.vectorize`), each in its own directory. The config is typed once, here (`config.typed`).
-Everything that can refuse a run is checked before anything is written; a finished run returns
-its summary without touching its files; a run resumes from its latest intact checkpoint, exactly.
+"""Trains runs in their run directories: `run(config, workdir)` one run, `run_group` runs that
+differ only in `optim.lr` and `train.seed` as one program. What can refuse a run is checked before
+anything is written; a finished run returns its summary untouched; a run resumes exactly.
 """
 
 import contextlib
@@ -22,8 +20,8 @@ from actlab.run.rows import Lane
 
 
 def initialize(config) -> config_lib.Config:
-  """`config` typed, and this process's devices and XLA flags set up for it before anything asks
-  JAX for a device (every entry point that trains calls this first)."""
+  """`config` typed, and this process's devices and XLA flags set up for it (every entry point that
+  trains calls this before anything asks JAX for a device)."""
   config = config_lib.typed(config)
   p = config.parallel
   parallel.initialize(p.cpu_devices, p.distributed, p.coordinator, p.num_processes, p.process_id,
@@ -32,22 +30,20 @@ def initialize(config) -> config_lib.Config:
 
 
 def run(config, workdir, cache: dict | None = None) -> dict:
-  """Trains (or resumes) the run of `config` in `workdir`; returns its summary. `cache` (a dict
-  the caller owns, e.g. a sweep's) reuses programs across runs (`program.get`)."""
+  """Trains (or resumes) the run of `config` in `workdir`; returns its summary. `cache`: as
+  `program.get`'s."""
   return run_group([config], [workdir], cache)[0]
 
 
-_trained_before = False  # whether this process has started a run_group: the first one's fixed
-# cost counts from the process's start (imports included), a later one's from its own call
+_trained_before = False  # the first run_group's fixed cost counts from the process's start
 
 
 def run_group(configs: Sequence, workdirs: Sequence, cache: dict | None = None,
               log: Callable[[str], None] = print, compiled: program_lib.Tally | None = None,
               then: Callable[[], None] | None = None) -> list[dict]:
-  """Trains (or resumes) the runs `configs[i]` in `workdirs[i]` (paths or `RunDir`s) and returns
-  their summaries, in order. The unfinished runs that resume at the same step train as one
-  program; runs at another step train after them as another. A sweep passes what it compiled
-  for them ahead (`compiled`) and what to do once their first step is dispatched (`then`)."""
+  """Trains (or resumes) the runs `configs[i]` in `workdirs[i]` (paths or `RunDir`s), those that
+  resume at the same step as one program, and returns their summaries. A sweep passes what it
+  compiled ahead (`compiled`) and what to do once the first step is dispatched (`then`)."""
   global _trained_before
   began = time.perf_counter() if _trained_before else None
   _trained_before = True
@@ -68,9 +64,8 @@ def run_group(configs: Sequence, workdirs: Sequence, cache: dict | None = None,
 
 @contextlib.contextmanager
 def fewer_collections(young: int = 10_000):
-  """Python's cyclic garbage collector run a fourteenth as often (`young` new objects between
-  passes rather than 700), restored after: tracing a step makes a few hundred thousand short-lived
-  objects, and the passes over them were about a tenth of a run's tracing and lowering."""
+  """Python's garbage collector run a fourteenth as often (`young` new objects between passes, not
+  700): its passes over tracing's short-lived objects were a tenth of a run's tracing."""
   before = gc.get_threshold()
   gc.set_threshold(young, *before[1:])
   try:
@@ -80,8 +75,7 @@ def fewer_collections(young: int = 10_000):
 
 
 def finished(config, run_dir: RunDir) -> dict | None:
-  """The summary of the run of `config` in `run_dir` if it has ended, else None; raises if the
-  directory holds another run."""
+  """The summary of the run of `config` in `run_dir` if it has ended; raises for another run."""
   run_dir.check_config(config_lib.typed(config).fields, config_lib.RUNTIME_FIELDS)
   return run_dir.summary()
 
@@ -136,9 +130,8 @@ def _run_group(configs, run_dirs, cache, log, compiles, began, then) -> list[dic
 
 def initial_state(program: program_lib.Program, configs: list, restored: list, source,
                   vocab_size: int):
-  """The state a group of runs starts from: their restored checkpoints' (`restored`), or `init`'s
-  for `configs`, with each run's trunk from `source` where the config names one
-  (`train.init_from`: another run, GPT-2 or BERT)."""
+  """The state a group of runs starts from: their `restored` checkpoints', or `init`'s for
+  `configs`, with each run's trunk from `source` (`train.init_from`) if any."""
   if restored[0]:
     return program.stack([r[1] for r in restored])
   state = program.start(configs)
