@@ -11,8 +11,7 @@ import ml_collections
 
 from actlab import core
 from actlab.core import activations
-from actlab.core.model import (MARKS, Rule, boolean, check, choices, non_negative, one_of,
-                               positive, within)
+from actlab.core.model import MARKS, Rule, boolean, check, non_negative, one_of, positive, within
 from actlab.core.model import option as field  # a harness's field, written as the core's
 from actlab.data import classify as classify_data
 from actlab.data.tokenizer import parse_spec
@@ -38,10 +37,6 @@ def at_least(n) -> Rule:
 
 def text(what: str) -> Rule:
   return lambda k, v: check(isinstance(v, str), f"{k} must be {what}")
-
-
-def listed(options) -> Rule:
-  return lambda k, v: check(v in options, f"{k}={v!r}: choose one of {choices(options)}")
 
 
 def parsed(parse) -> Rule:
@@ -243,7 +238,7 @@ class EncoderData:
   mlm_mask_frac: float = field(0.8, help="selected tokens replaced by [MASK]")
   mlm_random_frac: float = field(0.1, help="selected tokens replaced by a random ordinary one "
                                  "(rest unchanged)")
-  classify: str = field("glue/sst2", listed(classify_data.SOURCES), 'task "classify": "glue/sst2" '
+  classify: str = field("glue/sst2", one_of(*classify_data.SOURCES), 'task "classify": "glue/sst2" '
                         '(TFDS) or "synthetic/hero_gender"')
 
 
@@ -292,7 +287,7 @@ RUNTIME_FIELDS = _runtime_fields()
 
 def identity_diffs(old: dict, new: dict) -> list[str]:
   """The differences ("field: old → new") that make `new` another run than `old` (not runtime)."""
-  return [d for d in workdir.diff_configs(old, new) if not d.startswith(RUNTIME_FIELDS)]
+  return workdir.diff_configs(old, new, RUNTIME_FIELDS)
 
 
 # --- A config checked, and typed ----------------------------------------------------------------
