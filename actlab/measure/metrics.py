@@ -131,7 +131,7 @@ DIVERGED_IF_NONFINITE = ("train_loss", "grad_norm", "param_norm", "val_loss")
 def first_nonfinite(rows: Sequence[Mapping]):
   """Index of the first row with a non-finite `DIVERGED_IF_NONFINITE` value, or None."""
   for i, row in enumerate(rows):
-    if any(k in row and not finite(float(row[k])) for k in DIVERGED_IF_NONFINITE):
+    if any(k in row and not finite(row[k]) for k in DIVERGED_IF_NONFINITE):
       return i
   return None
 
@@ -139,16 +139,13 @@ def first_nonfinite(rows: Sequence[Mapping]):
 def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
             spike_rel: float, final_gap_rel: float, uniform_frac: float,
             grad_rel_max: float = math.inf) -> dict:
-  """The stability status of one run from its metrics.jsonl rows (step order), by the rule of
-  docs/metrics.md §6 (`uniform_loss`: ln of the number of outputs). Returns {"status", "reasons"
-  (human-readable list), "spike_steps", "diverged_at" (step or None)}."""
+  """The stability verdict of a run's rows (docs/metrics.md §6; `uniform_loss`: ln of the number
+  of outputs): {"status", "reasons", "spike_steps", "diverged_at" (step or None)}."""
   reasons, spike_steps, diverged_at = [], [], None
-  for row in rows:
-    bad = [k for k in DIVERGED_IF_NONFINITE if k in row and not finite(row[k])]
-    if bad:
-      diverged_at = row["step"]
-      reasons.append(f"non-finite {bad[0]} at step {row['step']}")
-      break
+  if (i := first_nonfinite(rows)) is not None:
+    diverged_at = rows[i]["step"]
+    bad = next(k for k in DIVERGED_IF_NONFINITE if k in rows[i] and not finite(rows[i][k]))
+    reasons.append(f"non-finite {bad} at step {diverged_at}")
   vals = [r["val_loss"] for r in rows if finite(r.get("val_loss"))]
   if diverged_at is None and vals and vals[-1] >= uniform_frac * uniform_loss:
     reasons.append(f"final val loss {vals[-1]:.3f} ≥ {uniform_frac:g}·ln(outputs) = "
