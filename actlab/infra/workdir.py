@@ -111,20 +111,15 @@ class RunDir:
 def diff_configs(old: dict, new: dict, ignore: tuple[str, ...] = ()) -> list[str]:
   """"field: old → new" for each field two configs (nested or dotted) differ in, `ADDED_FIELDS`
   filled in, fields starting with an `ignore` prefix aside."""
-  old, new = dotted(old), dotted(new)
-  for config in (old, new):
-    sections = {key.partition(".")[0] for key in config}
-    for (section, field), value in ADDED_FIELDS.items():
-      if section in sections:
-        config.setdefault(f"{section}.{field}", value)
+  old, new = dotted(with_added_fields(old)), dotted(with_added_fields(new))
   pairs = {k: (old.get(k, "<absent>"), new.get(k, "<absent>")) for k in sorted(old | new)
            if not k.startswith(ignore)}
   return [f"{k}: {a!r} → {b!r}" for k, (a, b) in pairs.items() if a != b]
 
 
 def with_added_fields(config: dict) -> dict:
-  """A copy of a nested config dict with the `ADDED_FIELDS` it lacks."""
-  out = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
+  """A config (nested or dotted) as a new nested dict, with the `ADDED_FIELDS` its sections lack."""
+  out = traverse_util.unflatten_dict(dotted(config), sep=".")
   for (section, field), value in ADDED_FIELDS.items():
     if isinstance(out.get(section), dict):
       out[section].setdefault(field, value)
