@@ -379,15 +379,11 @@ def _validate(c: ml_collections.ConfigDict) -> None:
 
 def _check_names(c: ml_collections.ConfigDict) -> None:
   """A field no section declares would be ignored, and one missing would fail later."""
-  known = {name: {**values, **defaults(ENCODER).get(name, {})}
-           for name, values in defaults().items()}
-  for name, values in c.items():
-    for key in ([f"{name}.{f}" for f in values] if isinstance(values, ml_collections.ConfigDict)
-                else [name]):
-      section_name, _, f = key.partition(".")
-      if section_name not in known or f not in known[section_name]:
-        problem = errors.unknown_field(ml_collections.ConfigDict(known), key)
-        check(problem is None, f"{key}: no such field ({problem})")
+  known = ml_collections.ConfigDict({name: {**values, **defaults(ENCODER).get(name, {})}
+                                     for name, values in defaults().items()})
+  for key in workdir.dotted(c.to_dict()):
+    problem = errors.unknown_field(known, key)
+    check(problem is None, f"{key}: no such field ({problem})")
   for name, values in defaults().items():
     for f in values:
       check(name in c and f in c[name], f"{name}.{f} is missing: a config starts from one of "

@@ -1,6 +1,5 @@
-"""What actlab measures, defined in docs/metrics.md: the activation statistics at evaluation (§4),
-a row's training metrics (§2; the training forward's stability measures are the step's own:
-core/step.py), sharpness (§5), the stability verdict (§6) and the run's summary (§7)."""
+"""What actlab measures (docs/metrics.md): the activation statistics at evaluation (§4), a row's
+training metrics (§2), sharpness (§5), the stability verdict (§6) and the run's summary (§7)."""
 
 import math
 from typing import Any, Callable, Mapping, Sequence
@@ -81,8 +80,7 @@ def _tree_dot(a, b) -> jax.Array:
 
 
 def top_hessian_eigenvalue(loss_fn: Callable, params, key: jax.Array, num_iters: int) -> jax.Array:
-  """The largest-magnitude eigenvalue of ∇²loss_fn(params), signed, by power iteration on
-  Hessian-vector products, forward-over-reverse (docs/metrics.md §5)."""
+  """The largest-magnitude eigenvalue of ∇²loss_fn(params), signed, by power iteration (§5)."""
   hvp = lambda v: jax.jvp(jax.grad(loss_fn), (params,), (v,))[1]
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(key, len(leaves))
@@ -114,8 +112,7 @@ INTERVAL_MEANS = ("train_loss", "z_loss")
 
 
 def interval(steps: Sequence[Mapping]) -> dict[str, float]:
-  """A row's training metrics from the per-step metrics of its steps, in order (docs/metrics.md
-  §2): the last step's, the means of `INTERVAL_MEANS`, and `grad_norm_max` (NaN if one is)."""
+  """A row's training metrics from its steps' (docs/metrics.md §2)."""
   row = {k: float(v) for k, v in steps[-1].items()}
   for key in INTERVAL_MEANS:
     if key in row:
@@ -172,7 +169,8 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
   if vals:
     final, best_val = vals[-1], min(vals)
     if final > (1 + final_gap_rel) * best_val:
-      reasons.append(f"final val loss {final:.3f} > {1 + final_gap_rel:g}× the best {best_val:.3f}")
+      reasons.append(f"final val loss {final:.3f} > {1 + final_gap_rel:g}× the best "
+                     f"{best_val:.3f}")
   return {"status": "unstable" if reasons else "stable", "reasons": reasons,
           "spike_steps": spike_steps, "diverged_at": None}
 
@@ -186,8 +184,7 @@ SUMMARY_LAST_EVAL = ("act_zero_frac", "dead_units", "act_mean", "act_std", "attn
 
 
 def summarize(rows: Sequence[Mapping], steps: int) -> dict:
-  """Final numbers of a run from its metrics rows, as docs/metrics.md §7 defines them (None where
-  never measured or non-finite)."""
+  """A run's final numbers from its metrics rows (docs/metrics.md §7)."""
   vals = [r["val_loss"] for r in rows if finite(r.get("val_loss"))]
   last_step = rows[-1]["step"] if rows else 0
   tail = [r for r in rows if r["step"] > last_step - TAIL_FRACTION * steps and "train_loss" in r]
