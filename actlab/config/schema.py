@@ -11,7 +11,8 @@ import ml_collections
 
 from actlab import core
 from actlab.core import activations
-from actlab.core.model import MARKS, Rule, boolean, check, non_negative, one_of, positive, within
+from actlab.core.model import (MARKS, Rule, activation_name, boolean, check, non_negative, one_of,
+                               positive, within)
 from actlab.core.model import option as field  # a harness's field, written as the core's
 from actlab.data import classify as classify_data
 from actlab.data.tokenizer import parse_spec
@@ -50,7 +51,7 @@ def parsed(parse) -> Rule:
 
 
 def plain_activation(k, v):
-  parsed(activations.get)(k, v)
+  activation_name(k, v)
   check(not activations.get(v).gated,
         f"{k}={v!r} is gated; the pooler takes a plain activation (tanh, gelu, identity, ...)")
 
