@@ -11,8 +11,8 @@ import ml_collections
 
 from actlab import core
 from actlab.core import activations
-from actlab.core.model import (MARKS, Rule, activation_name, boolean, check, non_negative, one_of,
-                               positive, within)
+from actlab.core.model import (MARKS, Rule, activation_name, boolean, check, choices,
+                               non_negative, one_of, positive, within)
 from actlab.core.model import option as field  # a harness's field, written as the core's
 from actlab.data import classify as classify_data
 from actlab.data.tokenizer import parse_spec
@@ -38,6 +38,10 @@ def at_least(n) -> Rule:
 
 def text(what: str) -> Rule:
   return lambda k, v: check(isinstance(v, str), f"{k} must be {what}")
+
+
+def listed(options) -> Rule:
+  return lambda k, v: check(v in options, f"{k}={v!r}: choose one of {choices(options)}")
 
 
 def parsed(parse) -> Rule:
@@ -239,7 +243,7 @@ class EncoderData:
   mlm_mask_frac: float = field(0.8, help="selected tokens replaced by [MASK]")
   mlm_random_frac: float = field(0.1, help="selected tokens replaced by a random ordinary one "
                                  "(rest unchanged)")
-  classify: str = field("glue/sst2", one_of(*classify_data.SOURCES), 'task "classify": "glue/sst2" '
+  classify: str = field("glue/sst2", listed(classify_data.SOURCES), 'task "classify": "glue/sst2" '
                         '(TFDS) or "synthetic/hero_gender"')
 
 
@@ -380,11 +384,15 @@ def _validate(c: ml_collections.ConfigDict) -> None:
 
 def _check_names(c: ml_collections.ConfigDict) -> None:
   """A field no section declares would be ignored, and one missing would fail later."""
-  known = ml_collections.ConfigDict({name: {**values, **defaults(ENCODER).get(name, {})}
-                                     for name, values in defaults().items()})
-  for key in workdir.dotted(c.to_dict()):
-    problem = errors.unknown_field(known, key)
-    check(problem is None, f"{key}: no such field ({problem})")
+  known = {name: {**values, **defaults(ENCODER).get(name, {})}
+           for name, values in defaults().items()}
+  for name, values in c.items():
+    for key in ([f"{name}.{f}" for f in values] if isinstance(values, ml_collections.ConfigDict)
+                else [name]):
+      section_name, _, f = key.partition(".")
+      if section_name not in known or f not in known[section_name]:
+        problem = errors.unknown_field(ml_collections.ConfigDict(known), key)
+        check(problem is None, f"{key}: no such field ({problem})")
   for name, values in defaults().items():
     for f in values:
       check(name in c and f in c[name], f"{name}.{f} is missing: a config starts from one of "
