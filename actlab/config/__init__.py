@@ -40,16 +40,16 @@ def decoder(activation: str = "gelu", size: str | None = None,
             block: str = "gpt2") -> ml_collections.ConfigDict:
   """`configs/decoder.py`: `base` at a decoder size of `SIZES` with a block of `BLOCKS`."""
   size = size or "reference"
-  if size not in DECODER_SIZES:
-    raise ConfigError(f"unknown config variant {size!r}; choose one of: {choices(DECODER_SIZES)}")
+  check(size in DECODER_SIZES,
+        f"unknown config variant {size!r}; choose one of: {choices(DECODER_SIZES)}", ConfigError)
   check(block in BLOCKS, f"unknown block {block!r}; choose one of: {choices(BLOCKS)}", ConfigError)
   return override(override(base(activation), SIZES[size]), BLOCKS[block])
 
 
 def encoder(activation: str = "gelu", size: str | None = None,
             task: str = "mlm") -> ml_collections.ConfigDict:
-  """`configs/encoder.py`: the BERT-style encoder at an encoder size of `SIZES` (default "small")
-  for `task` "mlm" or "classify". A `size` may name the task too: "classify", "smoke_classify"."""
+  """`configs/encoder.py`: the BERT-style encoder at a size of `SIZES` (default "small") for `task`
+  "mlm" or "classify", which a `size` may name too ("classify", "smoke_classify")."""
   if size and (size == "classify" or size.endswith("_classify")):
     size, task = size.removesuffix("classify").removesuffix("_"), "classify"
   size = size or "small"
@@ -84,9 +84,8 @@ _BOOLS = {"true": True, "false": False}
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
-  """`get_config(arg)`'s argument, as big_vision's `parse_arg`: "key=value,..." sets keys of
-  `defaults` as their types; a first item without "=" is the first key's value
-  (`decoder.py:smoke,act=swiglu`)."""
+  """`get_config(arg)`'s "key=value,..." as the types of `defaults`; a first item without "=" is
+  the first key's value (`decoder.py:smoke,act=swiglu`)."""
   values = dict(defaults)
   for i, item in enumerate(filter(None, (x.strip() for x in (arg or "").split(",")))):
     key, eq, text = item.partition("=")
@@ -120,8 +119,8 @@ def parse_overrides(text: str) -> dict[str, Any]:
 
 def override(config: ml_collections.ConfigDict,
              overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """`config` with each dotted `section.field` of `overrides` set (in place). A str field takes
-  True and False as "true" and "false", as a `--config.` flag gives them (`sweep.vectorize`)."""
+  """`config` with each dotted `section.field` of `overrides` set in place (True and False as
+  "true" and "false" in a str field, as a `--config.` flag gives them)."""
   for key, value in overrides.items():
     *sections, field = key.split(".")
     node = config

@@ -1,6 +1,5 @@
-"""python -m actlab.config: every field with its default and meaning (`config.listing`), or with
-FILE[:arg] (or --config=FILE[:arg]) the config it resolves to, as JSON (what a run writes to its
-config.json, which records absolute paths relative to the run directory: docs/running.md)."""
+"""python -m actlab.config: every field with its default and meaning, or with FILE[:arg] (or
+--config=FILE[:arg]) the config it resolves to, as JSON."""
 
 import sys
 
@@ -15,8 +14,7 @@ _CONFIG = errors.define_config_file(
 
 
 def positional(argv: list[str]) -> list[str]:
-  """`argv` with a positional FILE[:arg] given as --config=FILE[:arg] instead; a UserError for
-  two positional arguments, or one beside --config."""
+  """`argv` with a positional FILE[:arg] as --config=FILE[:arg] (one, and not beside --config)."""
   given, rest, args = [], [], iter(argv[1:])
   for arg in args:
     name = arg.lstrip("-").partition("=")[0]

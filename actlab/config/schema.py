@@ -11,8 +11,8 @@ import ml_collections
 
 from actlab import core
 from actlab.core import activations
-from actlab.core.model import (MARKS, Rule, boolean, check, choices, non_negative, one_of,
-                               positive, within)
+from actlab.core.model import (MARKS, Rule, activation_name, boolean, check, choices,
+                               non_negative, one_of, positive, within)
 from actlab.core.model import option as field  # a harness's field, written as the core's
 from actlab.data import classify as classify_data
 from actlab.data.tokenizer import parse_spec
@@ -55,7 +55,7 @@ def parsed(parse) -> Rule:
 
 
 def plain_activation(k, v):
-  parsed(activations.get)(k, v)
+  activation_name(k, v)
   check(not activations.get(v).gated,
         f"{k}={v!r} is gated; the pooler takes a plain activation (tanh, gelu, identity, ...)")
 
@@ -292,7 +292,7 @@ RUNTIME_FIELDS = _runtime_fields()
 
 def identity_diffs(old: dict, new: dict) -> list[str]:
   """The differences ("field: old → new") that make `new` another run than `old` (not runtime)."""
-  return [d for d in workdir.diff_configs(old, new) if not d.startswith(RUNTIME_FIELDS)]
+  return workdir.diff_configs(old, new, RUNTIME_FIELDS)
 
 
 # --- A config checked, and typed ----------------------------------------------------------------

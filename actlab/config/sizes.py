@@ -1,8 +1,6 @@
-"""The sizes configs, experiments, tests and benchmarks use: dotted overrides of `config.base()`
-(the model's shape and, where the size implies them, its vocabulary, data and schedule). The
-`bert_<size>` rows are the encoder's, the others the decoder's. Parameter counts are
-`models.count_params` with the GELU FFN ("without wte": without the token embedding).
-"""
+"""The sizes configs, experiments, tests and benchmarks use: dotted overrides of `config.base()`;
+the `bert_<size>` rows are the encoder's. Parameter counts are with the GELU FFN ("without wte":
+without the token embedding)."""
 
 _SMOKE = {  # the decoder: 454,144 parameters (413,184 without wte)
     "data.source": "synthetic", "data.tokenizer": "byte", "data.seq_len": 128,

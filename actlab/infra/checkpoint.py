@@ -1,8 +1,6 @@
 """Orbax checkpoints that know whether they are intact: each `<dir>/<step>/` holds the train
-`state` and a JSON `meta` (the caller's, plus a checksum per array). docs/design.md §3.9.
-
-Orbax is imported at a directory's first read or write, not with this module: a new run needs
-it only at its first save, not in its start (0.14 s or more on 2 CPU cores)."""
+`state` and a JSON `meta` with a checksum per array (docs/design.md §3.9). Orbax is imported at
+first use, not at a run's start."""
 
 import copy
 import functools
@@ -23,8 +21,7 @@ class CheckpointError(UserError):
 
 
 def _root_cause(e: BaseException) -> str:
-  """The error at the end of `e`'s chain, in short: where Orbax wraps TensorStore's error, the
-  array, the file and what is wrong with it, not Orbax's dump of its spec."""
+  """The error at the end of `e`'s chain (TensorStore's, not Orbax's dump of its spec), short."""
   while e.__cause__ is not None:
     e = e.__cause__
   return short_cause(e, limit=300)
@@ -32,8 +29,7 @@ def _root_cause(e: BaseException) -> str:
 
 @jax.jit
 def sums(tree) -> list[jax.Array]:
-  """Two wrapping uint32 sums per array, of its words and of each word times its position:
-  independent of the sharding; a changed or swapped word changes them."""
+  """Two wrapping uint32 sums per array, of its words and of each word times its position."""
   out = []
   for x in jax.tree.leaves(tree):
     if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -61,8 +57,7 @@ def _signature(tree) -> tuple:
 
 
 def use_compiled(like, compiled) -> None:
-  """`checksums` of trees like `like` run `compiled`, `sums` compiled ahead for them: a checkpoint
-  then neither traces nor loads it (on an H200's host, 0.7 s to trace, 0.5 s to load, at first)."""
+  """`checksums` of trees like `like` run `compiled`, `sums` compiled ahead for them."""
   _compiled[_signature(like)] = compiled
 
 
@@ -74,8 +69,8 @@ def checksums(tree) -> dict[str, str]:
 
 
 class Checkpoints:
-  """A run's checkpoint directory, closed at the end of a `with` block. `read_only` (sampling,
-  fine-tuning from another run): nothing is created, moved or written."""
+  """A run's checkpoint directory, closed at the end of a `with` block; `read_only`: nothing is
+  created, moved or written."""
 
   def __init__(self, directory, keep: int, read_only: bool = False):
     self.directory = pathlib.Path(directory).absolute()
@@ -84,7 +79,7 @@ class Checkpoints:
 
   @functools.cached_property
   def _manager(self):
-    """Orbax's manager of the directory (which it creates unless `read_only`), made on first use."""
+    """Orbax's manager of the directory, made on first use."""
     import orbax.checkpoint as ocp
     options = (ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
                                             save_interval_steps=0) if self.read_only else
@@ -95,16 +90,15 @@ class Checkpoints:
     return self._manager.latest_step() if self.directory.is_dir() else None
 
   def save(self, step: int, state, meta: dict) -> None:
-    """Starts an asynchronous save of `state`, and of `meta` with the state's checksums; `meta` is
-    copied first: the caller may go on changing its lists."""
+    """Starts an asynchronous save of `state`, and of a copy of `meta` with its checksums."""
     import orbax.checkpoint as ocp
     meta = {**copy.deepcopy(meta), "checksums": checksums(state)}
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
 
   def restore(self, step: int, like) -> tuple[Any, dict]:
-    """Checkpoint `step` in the structure, shapes and shardings of `like`, and its meta; raises
-    CheckpointError when it cannot be read or its checksums do not match."""
+    """Checkpoint `step`, shaped and sharded as `like`, and its meta; a CheckpointError if it
+    cannot be read or does not match its checksums."""
     import orbax.checkpoint as ocp
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     try:
@@ -127,8 +121,8 @@ class Checkpoints:
     return restored.state, restored.meta
 
   def restore_latest(self, like) -> tuple[int, Any, dict] | None:
-    """(step, state, meta) of the newest checkpoint that restores intact, or None if there is
-    none. Newer ones that fail are named on stderr and, unless `read_only`, moved aside."""
+    """(step, state, meta) of the newest intact checkpoint, or None; newer broken ones are named
+    on stderr and, unless `read_only`, moved aside."""
     if not self.directory.is_dir():  # A new run: nothing to restore, and no Orbax to import yet.
       return None
     failed = []
@@ -149,7 +143,7 @@ class Checkpoints:
     return None
 
   def _move_aside(self, step: int) -> pathlib.Path:
-    """Moves checkpoint `step` to `<dir>.corrupt/<step>[-n]`; returns where."""
+    """Moves checkpoint `step` to `<dir>.corrupt/<step>[-n]` and returns where."""
     root = self.directory.with_name(self.directory.name + ".corrupt")
     root.mkdir(exist_ok=True)
     dest, n = root / str(step), 1
@@ -169,8 +163,7 @@ class Checkpoints:
       raise
     finally:
       if self._failed:
-        # Frees the failed tasks that can be freed now: "coroutine ... was never awaited" is a
-        # warning, which a command's log filter (`errors.run`) does not drop.
+        # Frees the failed tasks now, without "coroutine ... was never awaited" warnings.
         with warnings.catch_warnings():
           warnings.simplefilter("ignore")
           gc.collect()

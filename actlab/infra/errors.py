@@ -1,5 +1,5 @@
-"""User-facing errors: one readable line on stderr and a non-zero exit, no traceback wall; with
-`errors.run(main)` and `define_config_file`, mistakes in the flags and config files too."""
+"""User-facing errors: one readable line on stderr and a non-zero exit, no traceback; with
+`run(main)` and `define_config_file`, for mistakes in the flags and config files too."""
 
 import contextlib
 import difflib
@@ -13,6 +13,7 @@ import traceback
 
 import ml_collections
 from absl import app, flags
+from flax import traverse_util
 from ml_collections import config_flags
 
 flags.disclaim_key_flags()  # The flag `define_config_file` defines is its caller's (--helpshort).
@@ -35,9 +36,8 @@ def short_cause(e: BaseException, limit: int = 150) -> str:
 
 @contextlib.contextmanager
 def reported():
-  """Turns a UserError into `error: <message>` on stderr and its exit code, ending the process at
-  once (`os._exit`): the exit handlers of libraries whose writes failed (a full disk) would only
-  repeat the error as tracebacks. What actlab writes is complete or atomic by then."""
+  """Turns a UserError into `error: <message>` on stderr and `os._exit` with its code (exit
+  handlers of libraries whose writes failed would repeat it as tracebacks)."""
   try:
     yield
   except UserError as e:
@@ -54,11 +54,8 @@ def orbax_noise(record: logging.LogRecord) -> bool:
 
 
 def run(main) -> None:
-  """`app.run(main)` with `parse_flags`; a UserError in either is `reported`. Drops what Orbax's
-  abandoned reads leave after a failed checkpoint read (tens of traceback lines that add nothing
-  to actlab's one line): their log warnings, the error each read's coroutine raises as it is
-  finalized, and the "Event loop is closed" tensorstore's threads get from Orbax's loop, which it
-  closes at the first error. Orbax's INFO logs stay available with --verbosity=0."""
+  """`app.run(main)` with `parse_flags`, a UserError in either `reported`; drops the warnings and
+  unraisable errors Orbax's abandoned reads leave after a failed checkpoint read."""
   for name in ("absl", "asyncio"):
     logging.getLogger(name).addFilter(lambda record: not orbax_noise(record))
 
@@ -91,9 +88,8 @@ def _closest(word: str, choices) -> str | None:
 
 
 def call_file(path: str, function: str, *args, kind: str):
-  """`function(*args)` of the Python file at `path` (a `kind` file: "config", "sweep"). A missing
-  file or function, or an exception the file raises, is a UserError naming the file and line; its
-  own refusals (a UserError or ValueError, e.g. of a variant) pass unchanged."""
+  """`function(*args)` of the Python file at `path` (a `kind` file: "config", "sweep"); a missing
+  file or function or an exception it raises is a UserError naming the file and line."""
   file = pathlib.Path(path)
   if not file.is_file():
     sibling = _closest(file.name, (p.name for p in file.parent.glob("*.py")))
@@ -126,7 +122,7 @@ def unknown_field(config: ml_collections.ConfigDict, key: str) -> str | None:
       names = list(node.keys())
       if depth < len(parts) - 1:
         problem = f"the config has no section {'.'.join(parts[:depth + 1])!r}"
-        match = _closest(key, _dotted_fields(config))
+        match = _closest(key, traverse_util.flatten_dict(config.to_dict(), sep="."))
       else:
         section = ".".join(parts[:-1])
         problem = f"{section or 'the config'} has no field {part!r}"
@@ -137,20 +133,9 @@ def unknown_field(config: ml_collections.ConfigDict, key: str) -> str | None:
   return None
 
 
-def _dotted_fields(config: ml_collections.ConfigDict, prefix: str = ""):
-  for name, value in config.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      yield from _dotted_fields(value, f"{prefix}{name}.")
-    else:
-      yield prefix + name
-
-
 def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
   """A UserError for a config file flag's missing or broken `path[:arg]` in `argv`, or an
-  override `--<name>.<key>` that names no field. config_flags raises these inside absl's parsing
-  as a bare KeyError or AttributeError naming neither flag nor section, with a weaker "Did you
-  mean" (nothing for `optim.learning_rate`, which `_closest` answers with `optim.lr`), and no
-  public hook reaches them there."""
+  override `--<name>.<key>` that names no field (config_flags raises a bare KeyError)."""
   mine = [f.name for f in _config_file_flags if f.name in flag_values and flag_values[f.name] is f]
   for name in mine:
     as_string = flags.FlagValues()  # Only the config flag, as a plain string (known_only).
@@ -171,8 +156,7 @@ def check_config_files(argv: list[str], flag_values: flags.FlagValues) -> None:
 
 
 def require(*names: str) -> None:
-  """absl's required flags (`register_validator`), a missing one named with what it is for:
-  `mark_flags_as_required` says only "must have a value other than None"."""
+  """absl's required flags, a missing one named with its help."""
   for name in names:
     flags.register_validator(name, lambda value: value is not None,
                              f"--{name} is required: {flags.FLAGS[name].help}")
@@ -183,8 +167,7 @@ _config_file_flags: list[flags.Flag] = []  # Those `define_config_file` defined.
 
 def define_config_file(name: str, help_string: str,
                        flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagHolder:
-  """`config_flags.DEFINE_config_file(name)` (no default), whose mistakes `parse_flags` reports
-  in one line; its help (`--helpfull`) names the listing of every field."""
+  """`config_flags.DEFINE_config_file(name)`, whose mistakes `parse_flags` reports in one line."""
   help_string += (f" Override any field with --{name}.<section>.<field>=<value>; every field, its "
                   "default and meaning: python -m actlab.config.")
   holder = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values)

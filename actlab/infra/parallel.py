@@ -1,6 +1,5 @@
 """Device mesh and shardings: one 1-D mesh `"data"` over every device of every process, data
-parallel or FSDP. Every process builds the whole batch k and feeds only its own rows
-(`shard_batch`), so results do not depend on the number of hosts or devices."""
+parallel or FSDP. Every process builds the whole batch and feeds only its own rows."""
 
 import dataclasses
 import math
@@ -15,7 +14,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from actlab.infra.errors import UserError
 
 AXIS = "data"
-MODES = ("dp", "fsdp")
 
 
 class ParallelError(UserError, ValueError):
@@ -28,9 +26,8 @@ DETERMINISTIC_OPS = "--xla_gpu_deterministic_ops"
 def initialize(cpu_devices: int = 0, distributed: bool = False, coordinator: str = "",
                num_processes: int = 0, process_id: int = -1,
                deterministic_ops: bool = False) -> None:
-  """Sets up this process's devices (`cpu_devices` on the CPU; `distributed`: join the run's
-  processes) and XLA's deterministic GPU ops, before anything asks JAX for a device: a backend,
-  once made, cannot change. Repeated calls are no-ops."""
+  """Sets up this process's devices and XLA's deterministic GPU ops, before JAX makes a backend;
+  repeated calls are no-ops."""
   if deterministic_ops:
     ask_deterministic_ops()
   if cpu_devices and jax.config.jax_num_cpu_devices != cpu_devices:
@@ -61,8 +58,7 @@ def deterministic_ops() -> bool:
 
 
 def ask_deterministic_ops() -> None:
-  """Adds `--xla_gpu_deterministic_ops=true` to XLA_FLAGS, which XLA reads as JAX's backend
-  starts; refuses where a backend other than the CPU's started without it."""
+  """Adds `--xla_gpu_deterministic_ops=true` to XLA_FLAGS unless a backend started already."""
   if deterministic_ops():
     return
   if xla_bridge.backends_are_initialized():
@@ -89,17 +85,16 @@ class Plan:
 
   @property
   def sync_each_step(self) -> bool:
-    """Wait for every step on several simulated CPU devices: in jaxlib 0.10.2 their collectives
-    can deadlock when many steps are queued."""
-    return self.num_devices > 1 and self.mesh.devices.flat[0].platform == "cpu"
+    """Wait for every step on several CPU devices: in jaxlib 0.10.2 their collectives can deadlock
+    when many steps are queued."""
+    return self.num_devices > 1 and not self.accelerated
 
   @property
   def replicated(self) -> NamedSharding:
     return NamedSharding(self.mesh, P())
 
   def batch_sharding(self, ndim: int = 2, stacked: bool = False) -> NamedSharding:
-    """The batch axis across the devices: the first, or with `stacked` (several runs' batches
-    stacked in front) the second."""
+    """The batch axis (the first, or the second when runs are `stacked`) across the devices."""
     lead = (None,) if stacked else ()
     return NamedSharding(self.mesh, P(*lead, AXIS, *([None] * (ndim - 1 - len(lead)))))
 
@@ -124,21 +119,12 @@ class Plan:
           f"multiple of {self.num_devices}")
 
   def shard_batch(self, batch, stacked: bool = False) -> Any:
-    """The full global batch (on every process) → global jax.Arrays split along the batch axis
-    (`batch_sharding`); each process contributes only its own devices' rows."""
-    axis = int(stacked)
-    devices = list(self.mesh.devices.flat)
-    mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+    """The global batch (the same on every process) → jax.Arrays split along the batch axis; each
+    process puts only its own devices' rows."""
     def put(x):
       x = np.asarray(x)
       sharding = self.batch_sharding(x.ndim, stacked)
-      if jax.process_count() == 1:
-        return jax.device_put(x, sharding)
-      if mine != list(range(mine[0], mine[-1] + 1)):
-        raise ParallelError("this process's devices are not contiguous in the mesh")
-      per = x.shape[axis] // len(devices)
-      rows = (slice(None),) * axis + (slice(mine[0] * per, (mine[-1] + 1) * per),)
-      return jax.make_array_from_process_local_data(sharding, x[rows], x.shape)
+      return jax.make_array_from_process_local_data(sharding, x, x.shape)
     return jax.tree.map(put, batch)
 
   @property
@@ -156,8 +142,6 @@ class Plan:
 def plan(batch_size: int, mode: str = "dp", num_devices: int = 0, fsdp_min_size: int = 1 << 14,
          devices=None) -> Plan:
   """The plan of a batch of `batch_size` over `devices` (default: the first `num_devices`)."""
-  if mode not in MODES:
-    raise ParallelError(f"parallel.mode={mode!r}: choose one of {', '.join(map(repr, MODES))}")
   if devices is None:
     devices = jax.devices()
     if num_devices > len(devices):

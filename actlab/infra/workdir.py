@@ -1,6 +1,5 @@
-"""The run directory (docs/design.md §3.4–§3.7): its owner (`Lock`), what identifies its run
-(`RunDir.check_config`), atomic files, metrics.jsonl (`MetricsLog`), the paths it records
-(relative to it: a run directory is copied, archived and committed), a full disk in one line."""
+"""The run directory (docs/design.md §3.4–§3.7): its `Lock`, the config that identifies its run,
+atomic files, metrics.jsonl, and the paths it records (relative to it)."""
 
 import contextlib
 import dataclasses
@@ -17,6 +16,7 @@ import time
 from typing import Any, Iterator
 
 import jax
+from flax import traverse_util
 
 from actlab.infra.errors import UserError
 
@@ -32,7 +32,6 @@ RUN_FILES = (".lock", "config.json", "provenance.json", "metrics.jsonl", "tb", "
 _FROM_A_RUN = re.compile("|".join(map(re.escape, RUN_FILES)) + r"|process_\d+|\..+\.tmp-.+")
 SHOWN_DIFFS = 3  # a config differing in more fields than this is named by its fields alone
 DATA_PATHS = ("data.dir", "data.manual_dir", "data.gpt2_dir")  # recorded relative to the run
-PATH_PREFIXES = ("hf:",)  # train.init_from=hf:<dir>
 PACKAGE = pathlib.Path(__file__).parents[1]  # actlab/: its files run as `-m actlab.…`
 
 # Fields a config gained after runs were written with it: a config.json without one had this value.
@@ -50,8 +49,7 @@ ADDED_FIELDS = {("train", "init_from"): "",  # decoders since 0.1.0 (encoders al
 
 @dataclasses.dataclass(frozen=True)
 class RunDir:
-  """A run directory: `root` holds the checkpoints every process shares; `logdir` is where this
-  process writes its files (`process_<i>/` for process i > 0, so open it after the devices)."""
+  """A run directory: `root` holds the shared checkpoints, `logdir` this process's files."""
   root: pathlib.Path
   logdir: pathlib.Path
 
@@ -91,12 +89,10 @@ class RunDir:
     if not {"model", "train"} <= old.keys():
       raise WorkdirError(f"{path} is not an actlab run's config (it has no model and train "
                          "sections); choose another --workdir")
-    # Compared as recorded (an absolute train.init_from is the relative one config.json holds),
-    # shown as config.json holds them and as given.
-    identity = lambda a, b: [d for d in diff_configs(a, b) if not d.startswith(runtime)]
-    differ = {d.partition(": ")[0] for d in identity(recorded_paths(old, self.root),
-                                                      recorded_paths(config, self.root))}
-    diffs = [d for d in identity(old, config) if d.partition(": ")[0] in differ]
+    # Compared as recorded, shown as config.json holds them and as given.
+    recorded = (recorded_paths(c, self.root) for c in (old, config))
+    differ = {d.partition(": ")[0] for d in diff_configs(*recorded, runtime)}
+    diffs = [d for d in diff_configs(old, config, runtime) if d.partition(": ")[0] in differ]
     if len(diffs) > SHOWN_DIFFS:  # names only: another run altogether
       names = [d.partition(": ")[0] for d in diffs]
       diffs = [f"{len(names)} fields: {', '.join(names[:SHOWN_DIFFS])} and "
@@ -106,40 +102,33 @@ class RunDir:
                          "rerun with the same config to resume, or choose another --workdir")
 
   def write_config(self, config: dict) -> None:
-    """config.json (`recorded_config`), once: a resumed run keeps the one it started with."""
+    """Writes config.json once: a resumed run keeps the one it started with."""
     path = self.logdir / "config.json"
     if not path.exists():
       write_json(path, recorded_config(config, self.root))
 
 
-def diff_configs(old: dict, new: dict) -> list[str]:
-  """The differences between two configs (nested or dotted dicts) as "field: old → new"; an
-  `ADDED_FIELDS` field absent from a config with its section has its value of then."""
-  old, new = dotted(old), dotted(new)
-  for config in (old, new):
-    sections = {key.partition(".")[0] for key in config}
-    for (section, field), value in ADDED_FIELDS.items():
-      if section in sections:
-        config.setdefault(f"{section}.{field}", value)
-  pairs = {k: (old.get(k, "<absent>"), new.get(k, "<absent>")) for k in sorted(old | new)}
+def diff_configs(old: dict, new: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+  """"field: old → new" for each field two configs (nested or dotted) differ in, `ADDED_FIELDS`
+  filled in, fields starting with an `ignore` prefix aside."""
+  old, new = dotted(with_added_fields(old)), dotted(with_added_fields(new))
+  pairs = {k: (old.get(k, "<absent>"), new.get(k, "<absent>")) for k in sorted(old | new)
+           if not k.startswith(ignore)}
   return [f"{k}: {a!r} → {b!r}" for k, (a, b) in pairs.items() if a != b]
 
 
 def with_added_fields(config: dict) -> dict:
-  """A copy of a nested config dict with each ADDED_FIELDS field it lacks at its value of then."""
-  out = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
+  """A config (nested or dotted) as a new nested dict, with the `ADDED_FIELDS` its sections lack."""
+  out = traverse_util.unflatten_dict(dotted(config), sep=".")
   for (section, field), value in ADDED_FIELDS.items():
     if isinstance(out.get(section), dict):
       out[section].setdefault(field, value)
   return out
 
 
-def dotted(d: dict, prefix: str = "") -> dict:
+def dotted(d: dict) -> dict:
   """A nested config dict as {"section.field": value} (a dotted one as it is)."""
-  out = {}
-  for k, v in d.items():
-    out.update(dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-  return out
+  return traverse_util.flatten_dict(d, sep=".")
 
 
 def first_diffs(diffs: list[str]) -> str:
@@ -150,18 +139,16 @@ def first_diffs(diffs: list[str]) -> str:
 
 def run_config(workdir: pathlib.Path) -> dict | None:
   """`workdir`/config.json `with_added_fields`, its DATA_PATHS read against `workdir`, or None
-  unless it is an actlab config (`model` and `train` sections; an exported model's is not)."""
+  unless it is an actlab config (with `model` and `train` sections)."""
   config = read_json(workdir / "config.json")
   if not (config and {"model", "train"} <= config.keys()):
     return None
-  # Recorded relative to the run directory (`recorded_config`).
   return map_data_paths(with_added_fields(config),
                         lambda path: os.path.normpath(os.path.join(os.path.abspath(workdir), path)))
 
 
 def check_unused(workdir: pathlib.Path) -> None:
-  """Refuses a `--workdir` that holds no run but files a run does not write (`RUN_FILES`): the
-  user's, which a run would mix with its own. One a run has only locked (a sweep's cell) is fine."""
+  """Refuses a `--workdir` that holds no run but files a run does not write (`RUN_FILES`)."""
   if not workdir.is_dir() or is_run(workdir):
     return
   foreign = sorted(p.name for p in workdir.iterdir() if not _FROM_A_RUN.fullmatch(p.name))
@@ -182,8 +169,7 @@ def is_sweep(path: pathlib.Path) -> bool:
 
 
 def in_run(path: pathlib.Path) -> str | None:
-  """How `path` is placed in a run directory, as a refusal says it ("is", "lies inside <run>,
-  which is"), or None."""
+  """How `path` is placed in a run directory, as a refusal says it ("is", ...), or None."""
   resolved = path.resolve()
   run = next((p for p in (resolved, *resolved.parents) if is_run(p)), None)
   if run is None:
@@ -200,8 +186,7 @@ def check_usable(workdir: pathlib.Path, flag: str = "--workdir") -> None:
 
 
 def write_text(path: pathlib.Path, text: str) -> None:
-  """Writes `path` whole or not at all. The temp file is named by host and pid: several hosts'
-  sweep shards write the same sweep.json."""
+  """Writes `path` whole or not at all (the temp file named by host and pid)."""
   tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
   try:
     with open(tmp, "w") as f:
@@ -232,7 +217,7 @@ def read_json(path: pathlib.Path) -> dict | None:
 
 
 def read_summary(logdir: pathlib.Path, warn: bool = True) -> dict | None:
-  """The run's summary.json, or None: the run is not finished (an unreadable one says so)."""
+  """The run's summary.json, or None while the run is not finished."""
   path = logdir / "summary.json"
   summary = read_json(path)
   if summary is None and path.exists() and warn:
@@ -244,11 +229,10 @@ _held: dict[pathlib.Path, list] = {}  # lock path -> [open file, depth]: this pr
 
 
 class Lock:
-  """`fcntl.flock` on `<workdir>/.lock` while the `with` block runs, re-entrant within a process;
-  another process gets `Busy`."""
+  """`fcntl.flock` on `<workdir>/.lock` in a `with` block, re-entrant; another process: `Busy`."""
 
   class Busy(WorkdirError):
-    """Another process holds the workdir; `holder` is what its lock file says ({} if unknown)."""
+    """Another process holds the workdir; `holder`: its lock file's record ({} if unknown)."""
 
     def __init__(self, message: str, holder: dict):
       super().__init__(message)
@@ -317,9 +301,8 @@ def read_rows(path: pathlib.Path) -> tuple[list[dict], int]:
 
 
 class MetricsLog:
-  """The log, starting as `rows`: those up to `step` that the restored checkpoint carries (none
-  for a fresh run). A file that differs (rows past them, torn lines) is rewritten, with a line
-  saying what changed."""
+  """metrics.jsonl, starting as the `rows` up to `step` the checkpoint carries; a file that
+  differs is rewritten, with a line saying what changed."""
 
   def __init__(self, path: pathlib.Path, rows: list[dict], step: int):
     self.path = path
@@ -346,10 +329,9 @@ class MetricsLog:
 
 
 def recorded_path(path: str, run_dir: "str | os.PathLike") -> str:
-  """`path` (optionally `hf:<path>`) as a run directory records it: a relative path as it is; an
-  absolute one relative to `run_dir` ("../../manual"; "." for `run_dir` itself) when the two
-  share a directory below /, else its base name (a path relative to / would be the absolute one)."""
-  prefix = next((p for p in PATH_PREFIXES if path.startswith(p)), "")
+  """`path` (or `hf:<path>`) as a run records it: a relative path as it is, an absolute one
+  relative to `run_dir` where they share a directory below /, else its base name."""
+  prefix = "hf:" if path.startswith("hf:") else ""
   body = path[len(prefix):]
   if not os.path.isabs(body):
     return path
@@ -360,7 +342,7 @@ def recorded_path(path: str, run_dir: "str | os.PathLike") -> str:
 
 
 def recorded_paths(obj: Any, run_dir: "str | os.PathLike") -> Any:
-  """A copy of a JSON value with every string in it that is an absolute path `recorded_path`."""
+  """A copy of a JSON value with each string `recorded_path`."""
   if isinstance(obj, dict):
     return {k: recorded_paths(v, run_dir) for k, v in obj.items()}
   if isinstance(obj, list):
@@ -369,15 +351,14 @@ def recorded_paths(obj: Any, run_dir: "str | os.PathLike") -> Any:
 
 
 def recorded_config(config: dict, run_dir: "str | os.PathLike") -> dict:
-  """A config (a nested dict) as config.json and provenance record it: its DATA_PATHS made
-  absolute against the working directory, then every absolute path `recorded_path`."""
+  """A nested config as config.json records it: DATA_PATHS absolute, then `recorded_paths`."""
   out = map_data_paths(json.loads(json.dumps(config)),
                        lambda path: os.path.abspath(os.path.expanduser(path)))
   return recorded_paths(out, run_dir)
 
 
 def map_data_paths(config: dict, fn) -> dict:
-  """`config` (a nested dict, changed in place) with `fn` applied to each DATA_PATHS value set."""
+  """`config` (nested, changed in place) with `fn` applied to each DATA_PATHS value set."""
   for field in DATA_PATHS:
     section, key = field.split(".")
     if isinstance(config.get(section), dict) and config[section].get(key):
@@ -387,9 +368,8 @@ def map_data_paths(config: dict, fn) -> dict:
 
 def recorded_command(argv: list[str], executable: str, run_dir: "str | os.PathLike",
                      package: "str | os.PathLike" = PACKAGE) -> list[str]:
-  """The command line `executable` `argv` as a reader would type it: the interpreter by its base
-  name, a script in `package` as `-m <module>`, every other absolute path (an argument, or the
-  value of `--flag=`) `recorded_path`."""
+  """The command line as a reader would type it: the interpreter by its base name, a script in
+  `package` as `-m <module>`, other paths (arguments, `--flag=` values) `recorded_path`."""
   command, package = [os.path.basename(executable) or executable], pathlib.PurePath(package)
   script = pathlib.PurePath(argv[0]) if argv else None
   if script and script.is_absolute() and script.suffix == ".py" and script.is_relative_to(package):
@@ -408,8 +388,8 @@ _OS_ERROR_FULL = re.compile(r"\[os_error_code='(?:28|122)'\]")  # TensorStore's 
 
 @contextlib.contextmanager
 def full_disk_reported(workdir: pathlib.Path) -> Iterator[None]:
-  """Turns a full disk (ENOSPC or EDQUOT anywhere in an exception's chain of causes: an OSError, or
-  TensorStore's error in an Orbax write) into one line naming the file."""
+  """Turns a full disk (ENOSPC or EDQUOT in an exception's chain: an OSError, or TensorStore's in
+  an Orbax write) into one line naming the file."""
   try:
     yield
   except Exception as e:

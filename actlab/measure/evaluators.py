@@ -1,9 +1,6 @@
-"""What a run measures besides its training metrics, chosen by the config (docs/metrics.md §3–§5):
-`Loss`, `ActivationStats`, `PreactHistogram` (for the trackers only) and `Sharpness`. The
-validation evaluators share one forward pass: each `read`s its output on the device and `pool`s
-every batch's reads on the host, exactly. A new measurement is one class here and one line in
-`Evaluators.create`.
-"""
+"""What a run measures besides its training metrics (docs/metrics.md §3–§5). The validation
+evaluators share one forward pass: each `read`s its output on the device and `pool`s every
+batch's reads on the host. A new measurement is one class here and one line in `create`."""
 
 import dataclasses
 from typing import Any, Mapping, Sequence
@@ -16,8 +13,7 @@ from actlab.measure import histogram, metrics
 
 @dataclasses.dataclass(frozen=True)
 class Loss:
-  """The validation loss pooled over every batch: Σ loss / Σ count (and accuracy likewise; MLM's
-  [MASK] positions apart, as `mask_`)."""
+  """The validation loss (and accuracy) pooled over every batch: Σ loss / Σ count."""
   name = "loss"
   sown = False
 
@@ -50,8 +46,7 @@ class ActivationStats:
 
 @dataclasses.dataclass(frozen=True)
 class PreactHistogram:
-  """Per layer, the histogram of the FFN pre-activation z in `bins` equal bins over
-  [-limit, limit], plus under- and overflow (docs/metrics.md §4)."""
+  """Per layer, the histogram of the FFN pre-activation z over [-limit, limit] (`histogram`)."""
   bins: int
   limit: float
   name = "ffn_hist"
@@ -69,8 +64,7 @@ class PreactHistogram:
 
 @dataclasses.dataclass(frozen=True)
 class Sharpness:
-  """The top Hessian eigenvalue of the training loss on one fixed batch, without dropout, by
-  `iters` steps of power iteration, every `every` steps (docs/metrics.md §5)."""
+  """The top Hessian eigenvalue of the loss on a fixed batch, every `every` steps (§5)."""
   every: int
   iters: int
 

@@ -1,8 +1,6 @@
-"""Histograms with fixed bin edges (docs/metrics.md §4): `count` runs inside the jitted
-evaluation step and returns a few small arrays, never the values; `Histogram.pool` adds every
-batch's counts on the host. The bins are those of `numpy.histogram(x, edges)`, plus an underflow
-and an overflow (NaN included).
-"""
+"""Histograms with fixed bin edges (docs/metrics.md §4): `count` runs in the jitted evaluation
+step, `Histogram.pool` adds every batch's counts on the host. The bins are `numpy.histogram`'s,
+plus an underflow and an overflow (NaN included)."""
 
 import dataclasses
 from typing import Mapping, Sequence
@@ -18,8 +16,7 @@ def edges(bins: int, limit: float) -> np.ndarray:
 
 
 def count(x: jax.Array, edges_E: np.ndarray) -> dict:
-  """Traced: {"counts": [underflow, bin 0 … bin n−1, overflow] (int32), "min", "max", "sum",
-  "sum_squares"} of every entry of `x`, compared with the float32 `edges_E` exactly."""
+  """Traced: {"counts": [underflow, bins…, overflow], "min", "max", "sum", "sum_squares"}."""
   x_N = x.reshape(-1).astype(jnp.float32)
   e = jnp.asarray(edges_E, jnp.float32)
   n = len(edges_E) - 1
@@ -58,8 +55,7 @@ class Histogram:
     return int(self.counts.sum())
 
   def buckets(self) -> tuple[np.ndarray, np.ndarray]:
-    """(edges, counts) with len(edges) = len(counts) + 1 for a tracker: the bins, and the
-    underflow [min, e_0) and the overflow (e_n, max] as one more bucket each where not empty."""
+    """(edges, counts) for a tracker: the bins, and the under- and overflow as a bucket each."""
     lo, hi = float(self.edges[0]), float(self.edges[-1])
     width = (hi - lo) / (len(self.edges) - 1)
     under, counts, over = self.counts[0], self.counts[1:-1], self.counts[-1]

@@ -1,6 +1,5 @@
-"""What actlab measures, defined in docs/metrics.md: the activation statistics at evaluation (§4),
-a row's training metrics (§2; the training forward's stability measures are the step's own:
-core/step.py), sharpness (§5), the stability verdict (§6) and the run's summary (§7)."""
+"""What actlab measures (docs/metrics.md): the activation statistics at evaluation (§4), a row's
+training metrics (§2), sharpness (§5), the stability verdict (§6) and the run's summary (§7)."""
 
 import math
 from typing import Any, Callable, Mapping, Sequence
@@ -81,8 +80,7 @@ def _tree_dot(a, b) -> jax.Array:
 
 
 def top_hessian_eigenvalue(loss_fn: Callable, params, key: jax.Array, num_iters: int) -> jax.Array:
-  """The largest-magnitude eigenvalue of ∇²loss_fn(params), signed, by power iteration on
-  Hessian-vector products, forward-over-reverse (docs/metrics.md §5)."""
+  """The largest-magnitude eigenvalue of ∇²loss_fn(params), signed, by power iteration (§5)."""
   hvp = lambda v: jax.jvp(jax.grad(loss_fn), (params,), (v,))[1]
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(key, len(leaves))
@@ -114,8 +112,7 @@ INTERVAL_MEANS = ("train_loss", "z_loss")
 
 
 def interval(steps: Sequence[Mapping]) -> dict[str, float]:
-  """A row's training metrics from the per-step metrics of its steps, in order (docs/metrics.md
-  §2): the last step's, the means of `INTERVAL_MEANS`, and `grad_norm_max` (NaN if one is)."""
+  """A row's training metrics from its steps' (docs/metrics.md §2)."""
   row = {k: float(v) for k, v in steps[-1].items()}
   for key in INTERVAL_MEANS:
     if key in row:
@@ -131,7 +128,7 @@ DIVERGED_IF_NONFINITE = ("train_loss", "grad_norm", "param_norm", "val_loss")
 def first_nonfinite(rows: Sequence[Mapping]):
   """Index of the first row with a non-finite `DIVERGED_IF_NONFINITE` value, or None."""
   for i, row in enumerate(rows):
-    if any(k in row and not finite(float(row[k])) for k in DIVERGED_IF_NONFINITE):
+    if any(k in row and not finite(row[k]) for k in DIVERGED_IF_NONFINITE):
       return i
   return None
 
@@ -139,16 +136,13 @@ def first_nonfinite(rows: Sequence[Mapping]):
 def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
             spike_rel: float, final_gap_rel: float, uniform_frac: float,
             grad_rel_max: float = math.inf) -> dict:
-  """The stability status of one run from its metrics.jsonl rows (step order), by the rule of
-  docs/metrics.md §6 (`uniform_loss`: ln of the number of outputs). Returns {"status", "reasons"
-  (human-readable list), "spike_steps", "diverged_at" (step or None)}."""
+  """The stability verdict of a run's rows (docs/metrics.md §6; `uniform_loss`: ln of the number
+  of outputs): {"status", "reasons", "spike_steps", "diverged_at" (step or None)}."""
   reasons, spike_steps, diverged_at = [], [], None
-  for row in rows:
-    bad = [k for k in DIVERGED_IF_NONFINITE if k in row and not finite(row[k])]
-    if bad:
-      diverged_at = row["step"]
-      reasons.append(f"non-finite {bad[0]} at step {row['step']}")
-      break
+  if (i := first_nonfinite(rows)) is not None:
+    diverged_at = rows[i]["step"]
+    bad = next(k for k in DIVERGED_IF_NONFINITE if k in rows[i] and not finite(rows[i][k]))
+    reasons.append(f"non-finite {bad} at step {diverged_at}")
   vals = [r["val_loss"] for r in rows if finite(r.get("val_loss"))]
   if diverged_at is None and vals and vals[-1] >= uniform_frac * uniform_loss:
     reasons.append(f"final val loss {vals[-1]:.3f} ≥ {uniform_frac:g}·ln(outputs) = "
@@ -175,7 +169,8 @@ def verdict(rows: Sequence[Mapping], *, warmup_steps: int, uniform_loss: float,
   if vals:
     final, best_val = vals[-1], min(vals)
     if final > (1 + final_gap_rel) * best_val:
-      reasons.append(f"final val loss {final:.3f} > {1 + final_gap_rel:g}× the best {best_val:.3f}")
+      reasons.append(f"final val loss {final:.3f} > {1 + final_gap_rel:g}× the best "
+                     f"{best_val:.3f}")
   return {"status": "unstable" if reasons else "stable", "reasons": reasons,
           "spike_steps": spike_steps, "diverged_at": None}
 
@@ -189,8 +184,7 @@ SUMMARY_LAST_EVAL = ("act_zero_frac", "dead_units", "act_mean", "act_std", "attn
 
 
 def summarize(rows: Sequence[Mapping], steps: int) -> dict:
-  """Final numbers of a run from its metrics rows, as docs/metrics.md §7 defines them (None where
-  never measured or non-finite)."""
+  """A run's final numbers from its metrics rows (docs/metrics.md §7)."""
   vals = [r["val_loss"] for r in rows if finite(r.get("val_loss"))]
   last_step = rows[-1]["step"] if rows else 0
   tail = [r for r in rows if r["step"] > last_step - TAIL_FRACTION * steps and "train_loss" in r]
