@@ -40,8 +40,7 @@ def main(argv):
 
 
 def _drop_tpu_probe_line() -> None:
-  """Drops only the INFO line JAX logs on every CPU or GPU host when its probe for a TPU fails
-  ("Unable to initialize backend 'tpu'"); a present but unusable TPU still gets the warning."""
+  """Drops the INFO line JAX logs on every CPU or GPU host when its probe for a TPU fails."""
   absl_logging.get_absl_handler().addFilter(lambda record: not (
       record.levelno == logging.INFO
       and record.getMessage().startswith("Unable to initialize backend 'tpu'")))

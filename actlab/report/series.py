@@ -85,9 +85,8 @@ def _layers(row: Mapping, key: str) -> dict[int, float]:
 
 
 def layer_stats(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, dict]:
-  """Per combination of the non-LR axes, at its best LR (`best_lrs`): {"lr": the LR, "n": seeds,
-  key: (layers, mean, sd) for each of `LAYER_STATS`}, over the finished stable or unstable runs,
-  each at its last row with per-layer values (its last evaluation); sd NaN for one seed."""
+  """Per group at its best LR: {"lr", "n": seeds, key: (layers, mean, sd) for each of
+  `LAYER_STATS`} at the last evaluation of its finished, non-diverged runs."""
   out = {}
   best = best_lrs(manifest, runs)
   for key, group in groups(manifest, runs).items():
@@ -118,8 +117,7 @@ class Interval:
 
 
 def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:
-  """Every group's final val loss at every LR with its 95% t interval over the seeds with a value;
-  groups by their lowest mean over LRs (best first, those without values last), LRs in order."""
+  """Every group's final val loss at every LR with its 95% t interval, the best group first."""
   out = []
   for key, group in groups(manifest, runs).items():
     for lr in lr_grid(manifest):
@@ -132,8 +130,7 @@ def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:
 
 
 def styles(n: int) -> list[tuple[str, str]]:
-  """n distinct (colour as #rrggbb, line style), as docs/metrics.md §9 says: beyond 20, the line
-  style cycles through four so that neighbours in colour also differ in style."""
+  """n distinct (colour as #rrggbb, line style), as docs/metrics.md §9 says."""
   import matplotlib
   from matplotlib.colors import to_hex
   if n <= 10:

@@ -28,8 +28,7 @@ def cell_line(k: int, n: int, name: str, summary: Mapping, eta: float | None) ->
 
 
 class Progress:
-  """Counts a sweep's cells (`names`; `ended`: done before) as they end, a line for each that
-  finished in this invocation. `at_once`: how many cells train at once."""
+  """Counts a sweep's cells as they end, a line for each finished here (`at_once`: at a time)."""
 
   def __init__(self, names: Sequence[str], ended: Sequence[str], log: Callable[[str], None],
                clock: Callable[[], float] = time.perf_counter, at_once: int = 1):
@@ -56,8 +55,7 @@ class Progress:
     self.log(cell_line(len(self.seen), len(self.names), name, summary, eta))
 
   def poll(self, workdir: pathlib.Path, every: float = 1.0) -> None:
-    """`done` for the cells whose summary.json has appeared (the `--workers` parent), in grid
-    order; reads at most once every `every` seconds."""
+    """`done` for the cells whose summary.json has appeared, at most once every `every` seconds."""
     if self.clock() - self._polled < every:
       return
     self._polled = self.clock()
