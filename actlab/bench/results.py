@@ -10,6 +10,7 @@ import numpy as np
 from actlab import core, tasks
 from actlab.data.tokenizer import nominal_vocab_size
 from actlab.measure import flops as flops_lib
+from actlab.report.tables import markdown_row, markdown_table
 from actlab.run import rows
 
 # Dense peak TFLOP/s per chip by (device kind substring, compute dtype). float32 on NVIDIA is the
@@ -84,8 +85,7 @@ def summarize(name: str, c, res: dict, setup: dict, memory: dict, runs: int,
 
 
 def config_summary(c) -> str:
-  """The config in one line: task, activation, the block where not GPT-2's (or BERT's), shapes,
-  dtype and how it runs."""
+  """The config in one line: task, activation, block, shapes, dtype and how it runs."""
   m = c.model
   block = [name for name, other in (("rms", m.norm_type == "rms"), ("rope", m.position == "rope"),
                                     ("no-bias", not m.bias), ("untied", not m.tie_head),
@@ -115,19 +115,16 @@ def _percent(fraction) -> str:
 
 
 def table(rows: list[dict]) -> str:
-  head = ("| impl | runs | compile s | step ms (p10–p90) | tokens/s | back to back: ms/step, "
-          "tokens/s, MFU | GFLOP/token | TFLOP/s | MFU | mem GB | CPU s/step | others' cores |")
-  lines = [head, "|---" * (head.count("|") - 1) + "|"]
-  for r in rows:
-    mem = r.get("peak_memory_gb", r.get("compiled_memory_gb"))
-    lines.append(
-        f"| {r['impl']}{variant_tag(r)} | {r['runs']} | {_fmt(r.get('compile_s'), '.1f')} | "
-        f"{r['step_ms']:.1f} ({r['step_ms_p10']:.0f}–{r['step_ms_p90']:.0f}) | "
-        f"{r['tokens_per_s']:,.0f} | {r['queued_step_ms']:.1f}, {r['queued_tokens_per_s']:,.0f}, "
-        f"{_percent(r['queued_mfu'])} | {r['flops_per_token'] / 1e9:.4f} | {r['tflops']:.3f} | "
-        f"{_percent(r['mfu'])} | "
-        f"{_fmt(mem, '.2f')} | {r['cpu_s_per_step']:.2f} | {_fmt(r['others_cores'], '.2f')} |")
-  return "\n".join(lines)
+  head = ["impl", "runs", "compile s", "step ms (p10–p90)", "tokens/s",
+          "back to back: ms/step, tokens/s, MFU", "GFLOP/token", "TFLOP/s", "MFU", "mem GB",
+          "CPU s/step", "others' cores"]
+  return markdown_table(head, [[
+      f"{r['impl']}{variant_tag(r)}", str(r["runs"]), _fmt(r.get("compile_s"), ".1f"),
+      f"{r['step_ms']:.1f} ({r['step_ms_p10']:.0f}–{r['step_ms_p90']:.0f})",
+      f"{r['tokens_per_s']:,.0f}", f"{r['queued_step_ms']:.1f}, {r['queued_tokens_per_s']:,.0f}, "
+      f"{_percent(r['queued_mfu'])}", f"{r['flops_per_token'] / 1e9:.4f}", f"{r['tflops']:.3f}",
+      _percent(r["mfu"]), _fmt(r.get("peak_memory_gb", r.get("compiled_memory_gb")), ".2f"),
+      f"{r['cpu_s_per_step']:.2f}", _fmt(r["others_cores"], ".2f")] for r in rows])
 
 
 def markdown_rows(rows: list[dict], label: str = "") -> str:
@@ -142,10 +139,9 @@ def markdown_rows(rows: list[dict], label: str = "") -> str:
     speed = (f" ({r['speedup_vs_torch']:.2f}× torch; back to back {r['queued_step_ms']:.1f} ms, "
              f"{r['queued_speedup_vs_torch']:.2f}×)" if "speedup_vs_torch" in r else "")
     runs = f" ×{r['runs']} runs" if r["runs"] > 1 else ""
-    out.append(
-        f"| {device} | {r['impl']}{runs}{variant_tag(r)} | "
-        f"{r['config']}{' — ' + label if label else ''} | {_fmt(r.get('compile_s'), '.1f')} | "
-        f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f}{speed} | {r['tflops']:.3f} | "
-        f"{_percent(r['mfu'])} | {_fmt(r.get('peak_memory_gb'), '.2f')} | "
-        f"{_fmt(r['others_cores'], '.2f')} | {versions} | `{e['command']}` |")
+    out.append(markdown_row([
+        device, f"{r['impl']}{runs}{variant_tag(r)}", r["config"] + (f" — {label}" if label else ""),
+        _fmt(r.get("compile_s"), ".1f"), f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}{speed}",
+        f"{r['tflops']:.3f}", _percent(r["mfu"]), _fmt(r.get("peak_memory_gb"), ".2f"),
+        _fmt(r["others_cores"], ".2f"), versions, f"`{e['command']}`"]))
   return "\n".join(out)
