@@ -113,8 +113,9 @@ class CompileNext:
     self.seen.add(key(cells_))
     later = self.order[self.order.index(cells_) + 1:] if cells_ in self.order else []
     upcoming = [c for c in later if key(c) not in self.seen]
+    a, b = cells_[0].config, upcoming[0][0].config if upcoming else None
     then = None
-    if upcoming and _same_data(cells_[0].config, upcoming[0][0].config):
+    if b and tasks.name(a) == tasks.name(b) and a.data.to_dict() == b.data.to_dict():
       cells_next = upcoming[0]
       self.seen.add(key(cells_next))
       tally = self.tallies[key(cells_next)] = program_lib.Tally()
@@ -141,10 +142,6 @@ class CompileNext:
 
   def close(self) -> None:
     self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _same_data(a: ml_collections.ConfigDict, b: ml_collections.ConfigDict) -> bool:
-  return tasks.name(a) == tasks.name(b) and a.data.to_dict() == b.data.to_dict()
 
 
 def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,

@@ -173,7 +173,10 @@ def parse_shard(spec: str) -> tuple[int, int]:
 
 def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Sequence[Cell]) -> None:
   """`sweep.json`: the grid and its cells' configs (shared `config`, each cell's other fields)."""
-  identities = {c.name: _identity(c.config, workdir) for c in cells_}
+  recorded = lambda c: workdir_lib.dotted(workdir_lib.recorded_paths(json.loads(c.to_json()),
+                                                                      workdir))
+  identities = {c.name: {k: v for k, v in recorded(c.config).items()
+                         if not k.startswith(config_lib.RUNTIME_FIELDS)} for c in cells_}
   first = next(iter(identities.values()), {})
   shared = {k: v for k, v in first.items() if all(i.get(k) == v for i in identities.values())}
   listed = [{"name": c.name, "overrides": c.overrides} for c in cells_]
@@ -230,12 +233,6 @@ def _spec_name(spec: str) -> str:
   """A sweep's `path/to/sweep.py[:arg]` as `sweep.py[:arg]`: the same file from any directory."""
   path, colon, arg = spec.partition(":")
   return pathlib.PurePath(path).name + colon + arg
-
-
-def _identity(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
-  """The dotted fields of `config` that make its run, paths as recorded."""
-  recorded = workdir_lib.dotted(workdir_lib.recorded_paths(json.loads(config.to_json()), workdir))
-  return {k: v for k, v in recorded.items() if not k.startswith(config_lib.RUNTIME_FIELDS)}
 
 
 def _nested(fields: dict) -> dict:

@@ -18,15 +18,6 @@ def duration(seconds: float) -> str:
   return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
-def cell_line(k: int, n: int, name: str, summary: Mapping, eta: float | None) -> str:
-  """"[3/12] lr=0.001,seed=0: stable, val loss 2.3456, 41 s; ETA 6 min 9 s"."""
-  val, wall = summary.get("final_val_loss"), summary.get("wall_time_sec")
-  return (f"[{k}/{n}] {name}: {summary.get('status')}, val loss "
-          f"{'n/a' if val is None else f'{val:.4f}'}, "
-          f"{'n/a' if wall is None else duration(wall)}"
-          + ("" if eta is None else f"; ETA {duration(eta)}"))
-
-
 class Progress:
   """Counts a sweep's cells as they end, a line for each finished here (`at_once`: at a time)."""
 
@@ -52,7 +43,12 @@ class Progress:
     left = len(self.names) - len(self.seen)
     eta = ((self.clock() - self.steady_since) / steady * left
            if left and steady >= self.at_once else None)
-    self.log(cell_line(len(self.seen), len(self.names), name, summary, eta))
+    val, wall = summary.get("final_val_loss"), summary.get("wall_time_sec")
+    # e.g. "[3/12] lr=0.001,seed=0: stable, val loss 2.3456, 41 s; ETA 6 min 9 s"
+    self.log(f"[{len(self.seen)}/{len(self.names)}] {name}: {summary.get('status')}, val loss "
+             f"{'n/a' if val is None else f'{val:.4f}'}, "
+             f"{'n/a' if wall is None else duration(wall)}"
+             + ("" if eta is None else f"; ETA {duration(eta)}"))
 
   def poll(self, workdir: pathlib.Path, every: float = 1.0) -> None:
     """`done` for the cells whose summary.json has appeared, at most once every `every` seconds."""
