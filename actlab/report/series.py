@@ -1,7 +1,7 @@
 """The numbers the report's plots draw, and the series' colours (docs/metrics.md §9, "Plots"):
 pure functions of a sweep's runs."""
 
-import dataclasses
+import collections
 import math
 import re
 from typing import Mapping, Sequence
@@ -32,13 +32,8 @@ def lr_grid(manifest: Mapping) -> list:
   return sorted(manifest["axes"].get(LR_KEY, [None]), key=lambda x: (x is None, x))
 
 
-@dataclasses.dataclass(frozen=True)
-class Band:
-  """A group's curve: at each step, the mean, the sd (NaN for one seed) over its n seeds."""
-  steps: np.ndarray
-  mean: np.ndarray
-  sd: np.ndarray
-  n: int
+# A group's curve: at each step, the mean, the sd (NaN for one seed) over its n seeds.
+Band = collections.namedtuple("Band", "steps mean sd n")
 
 
 def band(runs: Sequence[Run], key: str) -> Band | None:
@@ -106,14 +101,9 @@ def layer_stats(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, dict]:
   return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Interval:
-  group: tuple
-  lr: object        # None without an LR axis
-  n: int
-  mean: float       # NaN for n = 0
-  low: float        # the 95% t interval; NaN for n < 2
-  high: float
+# A group's final val loss at an LR (None without an LR axis): mean (NaN for n = 0) and its 95%
+# t interval (NaN for n < 2).
+Interval = collections.namedtuple("Interval", "group lr n mean low high")
 
 
 def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:

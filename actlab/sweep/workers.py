@@ -2,7 +2,7 @@
 (docs/sweeps.md, "Using all the hardware"): child k is pinned to block k of the parent's CPUs
 (which also sizes its XLA:CPU thread pools) and sees only GPU k where there are GPUs."""
 
-import dataclasses
+import collections
 import itertools
 import os
 import pathlib
@@ -13,16 +13,15 @@ import sys
 import time
 from typing import Callable, Hashable, Mapping, Sequence
 
+import numpy as np
+
 from actlab.infra.errors import UserError
 
 ENV = "ACTLAB_SWEEP_WORKER"  # "k/N" in the environment of child k of N
 
 
-@dataclasses.dataclass(frozen=True)
-class Worker:
-  index: int
-  cpus: tuple[int, ...]
-  gpu: str | None                   # its CUDA_VISIBLE_DEVICES entry; None without GPUs
+# cpus: a tuple; gpu: its CUDA_VISIBLE_DEVICES entry, None without GPUs.
+Worker = collections.namedtuple("Worker", "index cpus gpu")
 
 
 class Failed(UserError):
@@ -39,9 +38,7 @@ def split_cpus(cpus: Sequence[int], n: int,
   if not 1 <= n <= len(cpus):
     raise ValueError(f"cannot split {len(cpus)} CPUs into {n} blocks")
   order = sorted(cpus, key=lambda cpu: (core(cpu), cpu))
-  size, extra = divmod(len(order), n)
-  bounds = [k * size + min(k, extra) for k in range(n + 1)]
-  return [order[a:b] for a, b in zip(bounds, bounds[1:])]
+  return [block.tolist() for block in np.array_split(order, n)]
 
 
 def _core(cpu: int) -> tuple[int, ...]:
