@@ -48,7 +48,7 @@ def loss_excess(directory: pathlib.Path) -> dict:
 
 
 def first_below(loss: dict, bar: float) -> float | None:
-  """The step, linearly interpolated, at which `loss` ({step: value}) first falls below `bar`."""
+  """The step (interpolated) at which `loss` ({step: value}) first falls below `bar`, or None."""
   points = sorted(loss.items())
   for (s0, l0), (s1, l1) in zip(points, points[1:]):
     if l0 >= bar > l1:
