@@ -226,17 +226,17 @@ CONFIG_FILE = str(REPO / "tests" / "tiny_config.py")
 
 def test_shards_partition_the_cells_and_each_trains_only_its_own(tmp_path, monkeypatch):
   axes = {"model.activation": ["relu", "gelu"], "optim.lr": [1e-3, 3e-3, 1e-2]}
-  cells = grid.cells(tiny(), grid.parse({"axes": axes, "seeds": [0, 1]}))
-  names = [c.name for c in cells]
-  assert len(names) == 12
-  for n in (1, 2, 5, 12, 13):
-    shards = [[c.name for c in grid.select(cells, (i, n))] for i in range(n)]
-    assert collections.Counter(sum(shards, [])) == collections.Counter(names)  # each cell once
-    assert [s[:1] for s in shards] == [names[i:i + 1] for i in range(n)]  # cells i, i + n, …
-  # A sweep run as shard i of 3 trains cells i, i + 3, … and writes the whole grid's sweep.json.
   spec = tmp_path / "grid.py"
   spec.write_text(f"def get_sweep(arg=None):\n  return {{'axes': {axes!r}, 'seeds': [0, 1], "
                   "'baseline': 'gelu'}\n")
+  names = [c.name for c in sweep.plan(tiny(), str(spec), tmp_path / "plan", manifest=False)]
+  assert len(names) == 12
+  for n in (1, 2, 5, 12, 13):
+    shards = [[c.name for c in sweep.plan(tiny(), str(spec), tmp_path / "plan", (i, n),
+                                          manifest=False)] for i in range(n)]
+    assert collections.Counter(sum(shards, [])) == collections.Counter(names)  # each cell once
+    assert [s[:1] for s in shards] == [names[i:i + 1] for i in range(n)]  # cells i, i + n, …
+  # A sweep run as shard i of 3 trains cells i, i + 3, … and writes the whole grid's sweep.json.
   trained = []
 
   def fake_run_group(configs, workdirs, cache=None, log=print, **hooks):

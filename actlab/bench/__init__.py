@@ -21,9 +21,8 @@ __all__ = ["JaxBench", "PEAK_TFLOPS", "TORCH_MODES", "TorchBench", "environment"
 def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
         rounds: int = 0, torch: bool = False, torch_mode: str = "auto", runs: int = 1,
         peak: float | None = None, variants: list[str] = (), quiet_s: float = 0) -> list[dict]:
-  """Benchmarks `config`, each of `variants` (override strings, `config.parse_overrides`) and,
-  with `torch`, the PyTorch reference (`torch_mode` "auto": `torch.compile` on a GPU, eager on a
-  CPU) in alternating rounds, step by step and back to back; returns one row per bench."""
+  """Times `config`, each of `variants` (override strings) and, with `torch`, the PyTorch
+  reference in alternating rounds, step by step and back to back; one row per bench."""
   configs = [config] + [config_lib.override(config.copy_and_resolve_references(),
                                             config_lib.parse_overrides(v)) for v in variants]
   labels = [""] + list(variants)
@@ -78,10 +77,8 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 20, warmup: int = 3,
 
 
 def run_seconds(config: ml_collections.ConfigDict, runs: int = 1, together: int = 1) -> float:
-  """One of `runs` runs of `config` timed from a few steps of a program of `together` of them
-  (its step shared among them): its training steps, an evaluation or test window as a third of
-  a step, a sharpness estimate as three steps per power iteration, and the program's compile
-  shared among the `runs`."""
+  """The seconds one of `runs` runs of `config` takes, timed from a few steps of a program of
+  `together` of them (an evaluation window as a third of a step, a Hessian-vector product as 3)."""
   b = JaxBench(config, together)
   compile_s = b.setup(1)["compile_s"]
   step = float(np.median(b.timed(5)["times"])) / together

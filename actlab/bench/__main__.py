@@ -39,16 +39,11 @@ def main(argv):
         f.write(json.dumps({**r, "label": F.label}) + "\n")
 
 
-def _drop_tpu_probe_line() -> None:
-  """Drops only the INFO line JAX logs on every CPU or GPU host when its probe for a TPU fails
-  ("Unable to initialize backend 'tpu'"); a present but unusable TPU still gets the warning."""
+if __name__ == "__main__":
+  # Drops the INFO line JAX logs on every CPU or GPU host when its probe for a TPU fails.
   absl_logging.get_absl_handler().addFilter(lambda record: not (
       record.levelno == logging.INFO
       and record.getMessage().startswith("Unable to initialize backend 'tpu'")))
-
-
-if __name__ == "__main__":
-  _drop_tpu_probe_line()
   _CONFIG = errors.define_config_file("config", "Config file, e.g. configs/x.py:smoke.")
   errors.require("config")
   flags.DEFINE_integer("steps", 20, "timed steps (after warm-up)")

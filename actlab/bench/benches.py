@@ -47,8 +47,7 @@ class Window:
 
 
 def wait_quiet(max_wait_s: float, threshold: float = 0.2, window_s: float = 5.0) -> None:
-  """Waits (up to `max_wait_s`) until other processes keep fewer than `threshold` CPU cores busy
-  over a `window_s` window (one window only where their load cannot be measured)."""
+  """Waits (up to `max_wait_s`) until other processes keep fewer than `threshold` cores busy."""
   deadline = time.time() + max_wait_s
   while True:
     with Window() as w:  # This process sleeps: the machine's busy time is everyone else's.
@@ -58,8 +57,7 @@ def wait_quiet(max_wait_s: float, threshold: float = 0.2, window_s: float = 5.0)
 
 
 def _alternating(count: int, steps: int, rounds: int):
-  """(bench index, steps per round) in `rounds` alternating rounds over `count` benches, ABBA
-  order: every other round runs them backwards, so neither goes first every time."""
+  """(bench index, steps per round) in `rounds` alternating rounds over `count` benches, ABBA."""
   per_round = max(1, -(-steps // rounds))
   for r in range(rounds):
     order = range(count)
@@ -67,8 +65,8 @@ def _alternating(count: int, steps: int, rounds: int):
 
 
 def side_by_side(benches, steps: int, rounds: int) -> list[dict]:
-  """Times `steps` steps of every bench, each waited for, in `rounds` alternating rounds (ABBA;
-  rounds = steps alternates step by step): its times, CPU, wall and others' busy seconds."""
+  """Times `steps` steps of every bench, each waited for, in `rounds` alternating rounds: its
+  times, CPU, wall and others' busy seconds."""
   out = [{"times": [], "cpu": 0.0, "wall": 0.0, "busy": 0.0, "busy_known": True}
          for _ in benches]
   for i, per_round in _alternating(len(benches), steps, rounds):
@@ -87,8 +85,7 @@ def side_by_side(benches, steps: int, rounds: int) -> list[dict]:
 
 
 def back_to_back(benches, steps: int, rounds: int) -> list[dict]:
-  """Times `steps` steps of every bench queued back to back, one wait per round, in `rounds`
-  alternating rounds (ABBA): each bench's median `queued_s` per step (throughput)."""
+  """Each bench's median `queued_s` per step, its steps queued back to back in alternating rounds."""
   walls = [[] for _ in benches]
   for i, per_round in _alternating(len(benches), steps, rounds):
     walls[i].append(benches[i].queued(per_round)["wall"] / per_round)
@@ -156,10 +153,8 @@ TORCH_MODES = ("eager", "compile")
 
 
 class TorchBench:
-  """The PyTorch reference in a worker process (benchmarks/torch_ref.py --worker): eager, or
-  `torch.compile`d with fused AdamW (the GPU comparator), on `device` ("cpu" or "cuda"), in
-  bfloat16 autocast where the config computes in bfloat16; the config's block
-  (`config.BLOCK_FIELDS`: GPT-2's, the LLaMA-style one, any combination but post-LN)."""
+  """The PyTorch reference of the config's model in a worker process (benchmarks/torch_ref.py
+  --worker): eager, or `torch.compile`d with fused AdamW, on `device` ("cpu" or "cuda")."""
 
   def __init__(self, config: ml_collections.ConfigDict, mode: str = "eager",
                device: str = "cpu"):

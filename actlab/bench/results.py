@@ -10,40 +10,35 @@ import numpy as np
 from actlab import core, tasks
 from actlab.data.tokenizer import nominal_vocab_size
 from actlab.measure import flops as flops_lib
+from actlab.report.tables import markdown_row, markdown_table
 from actlab.run import rows
 
 # Dense peak TFLOP/s per chip by (device kind substring, compute dtype). float32 on NVIDIA is the
 # TF32 tensor-core peak (XLA's default precision for float32 matmuls); TPUs run float32 matmuls
 # as bfloat16 passes at default precision. First match wins, so specific names come first.
-PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    ("H100 PCIe", {"bfloat16": 756.0, "float32": 378.0}),
-    ("H100", {"bfloat16": 989.0, "float32": 494.0}),
-    ("GH200", {"bfloat16": 989.0, "float32": 494.0}),
-    ("H200", {"bfloat16": 989.0, "float32": 494.0}),
-    ("H800", {"bfloat16": 989.0, "float32": 494.0}),
-    ("B200", {"bfloat16": 2250.0, "float32": 1100.0}),
-    ("A100", {"bfloat16": 312.0, "float32": 156.0}),
-    ("A800", {"bfloat16": 312.0, "float32": 156.0}),
-    ("L40S", {"bfloat16": 362.0, "float32": 183.0}),
-    ("L4", {"bfloat16": 121.0, "float32": 60.0}),
-    ("A10G", {"bfloat16": 70.0, "float32": 35.0}),
-    ("V100", {"float16": 125.0, "float32": 15.7}),
-    ("TPU v4", {"bfloat16": 275.0, "float32": 275.0}),
-    ("TPU v5 lite", {"bfloat16": 197.0, "float32": 197.0}),
-    ("TPU v5e", {"bfloat16": 197.0, "float32": 197.0}),
-    ("TPU v5p", {"bfloat16": 459.0, "float32": 459.0}),
-    ("TPU v5", {"bfloat16": 459.0, "float32": 459.0}),
-    ("TPU v6 lite", {"bfloat16": 918.0, "float32": 918.0}),
-    ("TPU v6e", {"bfloat16": 918.0, "float32": 918.0}),
-    ("TPU7x", {"bfloat16": 2307.0, "float32": 2307.0}),
+PEAK_TFLOPS: list[tuple[tuple[str, ...], dict[str, float]]] = [
+    (("H100 PCIe",), {"bfloat16": 756.0, "float32": 378.0}),
+    (("H100", "GH200", "H200", "H800"), {"bfloat16": 989.0, "float32": 494.0}),
+    (("B200",), {"bfloat16": 2250.0, "float32": 1100.0}),
+    (("A100", "A800"), {"bfloat16": 312.0, "float32": 156.0}),
+    (("L40S",), {"bfloat16": 362.0, "float32": 183.0}),
+    (("L4",), {"bfloat16": 121.0, "float32": 60.0}),
+    (("A10G",), {"bfloat16": 70.0, "float32": 35.0}),
+    (("V100",), {"float16": 125.0, "float32": 15.7}),
+    (("TPU v4",), {"bfloat16": 275.0, "float32": 275.0}),
+    (("TPU v5 lite", "TPU v5e"), {"bfloat16": 197.0, "float32": 197.0}),
+    (("TPU v5p", "TPU v5"), {"bfloat16": 459.0, "float32": 459.0}),
+    (("TPU v6 lite", "TPU v6e"), {"bfloat16": 918.0, "float32": 918.0}),
+    (("TPU7x",), {"bfloat16": 2307.0, "float32": 2307.0}),
 ]
 
 
 def peak_tflops(device_kind: str, dtype: str) -> tuple[float | None, str]:
   """(peak TFLOP/s per chip, where it came from) for a device kind and compute dtype."""
-  for name, peaks in PEAK_TFLOPS:
-    if name.lower() in device_kind.lower() and dtype in peaks:
-      return peaks[dtype], f"{name} {dtype} dense peak"
+  for names, peaks in PEAK_TFLOPS:
+    for name in names:
+      if name.lower() in device_kind.lower() and dtype in peaks:
+        return peaks[dtype], f"{name} {dtype} dense peak"
   return None, "unknown peak"
 
 
@@ -84,8 +79,7 @@ def summarize(name: str, c, res: dict, setup: dict, memory: dict, runs: int,
 
 
 def config_summary(c) -> str:
-  """The config in one line: task, activation, the block where not GPT-2's (or BERT's), shapes,
-  dtype and how it runs."""
+  """The config in one line: task, activation, block, shapes, dtype and how it runs."""
   m = c.model
   block = [name for name, other in (("rms", m.norm_type == "rms"), ("rope", m.position == "rope"),
                                     ("no-bias", not m.bias), ("untied", not m.tie_head),
@@ -115,19 +109,16 @@ def _percent(fraction) -> str:
 
 
 def table(rows: list[dict]) -> str:
-  head = ("| impl | runs | compile s | step ms (p10–p90) | tokens/s | back to back: ms/step, "
-          "tokens/s, MFU | GFLOP/token | TFLOP/s | MFU | mem GB | CPU s/step | others' cores |")
-  lines = [head, "|---" * (head.count("|") - 1) + "|"]
-  for r in rows:
-    mem = r.get("peak_memory_gb", r.get("compiled_memory_gb"))
-    lines.append(
-        f"| {r['impl']}{variant_tag(r)} | {r['runs']} | {_fmt(r.get('compile_s'), '.1f')} | "
-        f"{r['step_ms']:.1f} ({r['step_ms_p10']:.0f}–{r['step_ms_p90']:.0f}) | "
-        f"{r['tokens_per_s']:,.0f} | {r['queued_step_ms']:.1f}, {r['queued_tokens_per_s']:,.0f}, "
-        f"{_percent(r['queued_mfu'])} | {r['flops_per_token'] / 1e9:.4f} | {r['tflops']:.3f} | "
-        f"{_percent(r['mfu'])} | "
-        f"{_fmt(mem, '.2f')} | {r['cpu_s_per_step']:.2f} | {_fmt(r['others_cores'], '.2f')} |")
-  return "\n".join(lines)
+  head = ["impl", "runs", "compile s", "step ms (p10–p90)", "tokens/s",
+          "back to back: ms/step, tokens/s, MFU", "GFLOP/token", "TFLOP/s", "MFU", "mem GB",
+          "CPU s/step", "others' cores"]
+  return markdown_table(head, [[
+      f"{r['impl']}{variant_tag(r)}", str(r["runs"]), _fmt(r.get("compile_s"), ".1f"),
+      f"{r['step_ms']:.1f} ({r['step_ms_p10']:.0f}–{r['step_ms_p90']:.0f})",
+      f"{r['tokens_per_s']:,.0f}", f"{r['queued_step_ms']:.1f}, {r['queued_tokens_per_s']:,.0f}, "
+      f"{_percent(r['queued_mfu'])}", f"{r['flops_per_token'] / 1e9:.4f}", f"{r['tflops']:.3f}",
+      _percent(r["mfu"]), _fmt(r.get("peak_memory_gb", r.get("compiled_memory_gb")), ".2f"),
+      f"{r['cpu_s_per_step']:.2f}", _fmt(r["others_cores"], ".2f")] for r in rows])
 
 
 def markdown_rows(rows: list[dict], label: str = "") -> str:
@@ -142,10 +133,9 @@ def markdown_rows(rows: list[dict], label: str = "") -> str:
     speed = (f" ({r['speedup_vs_torch']:.2f}× torch; back to back {r['queued_step_ms']:.1f} ms, "
              f"{r['queued_speedup_vs_torch']:.2f}×)" if "speedup_vs_torch" in r else "")
     runs = f" ×{r['runs']} runs" if r["runs"] > 1 else ""
-    out.append(
-        f"| {device} | {r['impl']}{runs}{variant_tag(r)} | "
-        f"{r['config']}{' — ' + label if label else ''} | {_fmt(r.get('compile_s'), '.1f')} | "
-        f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f}{speed} | {r['tflops']:.3f} | "
-        f"{_percent(r['mfu'])} | {_fmt(r.get('peak_memory_gb'), '.2f')} | "
-        f"{_fmt(r['others_cores'], '.2f')} | {versions} | `{e['command']}` |")
+    out.append(markdown_row([
+        device, f"{r['impl']}{runs}{variant_tag(r)}", r["config"] + (f" — {label}" if label else ""),
+        _fmt(r.get("compile_s"), ".1f"), f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}{speed}",
+        f"{r['tflops']:.3f}", _percent(r["mfu"]), _fmt(r.get("peak_memory_gb"), ".2f"),
+        _fmt(r["others_cores"], ".2f"), versions, f"`{e['command']}`"]))
   return "\n".join(out)

@@ -16,8 +16,7 @@ from actlab.report import to_csv as report_csv
 
 
 def pick_baseline(manifest, given: str | None = None) -> str | None:
-  """The activation the others are compared against: `given` (`--baseline`), else the
-  manifest's `baseline`, else the grid's first activation; None when no activation is swept."""
+  """The activation the others are compared against: `given`, the manifest's, or the first."""
   axis = stats.activation_axis(manifest)
   values = manifest["axes"][axis] if axis else []
   base = given or manifest.get("baseline") or next(iter(values), None)
@@ -28,8 +27,7 @@ def pick_baseline(manifest, given: str | None = None) -> str | None:
 
 
 def relative(path) -> str:
-  """`path` from the working directory where it lies below it (a report's command names the
-  checkout's own paths, not the absolute path of whichever checkout wrote it)."""
+  """`path` from the working directory where it lies below it (as a report's command names it)."""
   path, cwd = pathlib.Path(path).absolute(), pathlib.Path.cwd()
   return str(path.relative_to(cwd) if path.is_relative_to(cwd) else path)
 
@@ -50,9 +48,8 @@ NO_PLOTS = ("*Not drawn (`--no-plots`: a report committed beside its runs, whose
 
 def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = (),
           plots: bool = True) -> pathlib.Path:
-  """Writes `<out>/report.md`, `<out>/runs.csv` and, with `plots`, `<out>/plots/*.png` for the
-  sweep directory `roots` or several merged (`axes`: fields they fix at different values,
-  compared as axes); returns the report's path."""
+  """Writes the report of the sweep directory `roots` (or several merged, `axes` the fields they
+  fix apart) into `out`; returns the path of its report.md."""
   # Here, not at the top: matplotlib and scipy take about a second to import, and the sweep
   # imports this package for `stats` alone (its grid checks), in every worker it starts.
   from actlab.report import plots as report_plots, tables
@@ -95,8 +92,7 @@ def write(roots, baseline: str | None = None, out=None, axes: Sequence[str] = ()
 
 
 def write_run(run) -> str:
-  """Draws the curves of the run directory `run` into `<run>/curves.png`; returns a line saying
-  what it drew."""
+  """Draws the curves of the run directory `run` into `<run>/curves.png`; says what it drew."""
   from actlab.report import plots as report_plots  # matplotlib: see `write`
   run = pathlib.Path(run)
   rows, torn = workdir.read_rows(run / "metrics.jsonl")
@@ -115,8 +111,7 @@ ARCHIVED = ("config.json", "summary.json", "metrics.jsonl")  # what a report rea
 
 
 def archive(root, out) -> pathlib.Path:
-  """Copies what a report reads of the sweep in `root` (sweep.json, each cell's `ARCHIVED` files)
-  into `out`, an archive small enough to commit that `write(out)` reports the same."""
+  """Copies what a report reads of the sweep in `root` into `out`, small enough to commit."""
   root, out = pathlib.Path(root), pathlib.Path(out)
   manifest = workdir.read_json(root / "sweep.json")
   if manifest is None:

@@ -20,8 +20,7 @@ def runs(directory: pathlib.Path) -> dict[tuple, pathlib.Path]:
 
 
 def curve(metrics_jsonl: pathlib.Path, key: str) -> dict:
-  """step -> `key` at the logged steps that have it, from a run's metrics.jsonl
-  (`workdir.read_rows`); ValueError for a log with torn lines, whose curve would have gaps."""
+  """step -> `key` from a run's metrics.jsonl; ValueError for a log with torn lines."""
   rows, torn = workdir.read_rows(metrics_jsonl)
   if torn:
     raise ValueError(f"{metrics_jsonl}: {torn} unreadable line(s); its curve is not whole")
@@ -29,9 +28,8 @@ def curve(metrics_jsonl: pathlib.Path, key: str) -> dict:
 
 
 def loss_excess(directory: pathlib.Path) -> dict:
-  """(activation, lr) -> each seed's validation loss above that of the same activation and seed
-  at its best LR (lowest mean final val loss), integrated over training by the trapezoid rule
-  over the evaluations and divided by the steps: the mean excess in nats over the run."""
+  """(activation, lr) -> each seed's mean excess (nats, trapezoid over the evaluations) of its val
+  loss over the same activation's and seed's at its best LR (lowest mean final val loss)."""
   curves, finals = {}, {}
   for key, run in runs(directory).items():
     curves[key] = curve(run / "metrics.jsonl", "val_loss")
@@ -50,8 +48,7 @@ def loss_excess(directory: pathlib.Path) -> dict:
 
 
 def first_below(loss: dict, bar: float) -> float | None:
-  """The step at which `loss` ({step: value}) first falls below `bar`, interpolated linearly
-  between the two evaluations around it; None if it never does."""
+  """The step (interpolated) at which `loss` ({step: value}) first falls below `bar`, or None."""
   points = sorted(loss.items())
   for (s0, l0), (s1, l1) in zip(points, points[1:]):
     if l0 >= bar > l1:
@@ -60,17 +57,15 @@ def first_below(loss: dict, bar: float) -> float | None:
 
 
 def late_descent(loss: dict, steps: int) -> float | None:
-  """How far `loss` ({step: value}) falls over the last `steps` steps (positive: still
-  descending); None where the evaluation `steps` before the last is not logged."""
+  """How far `loss` ({step: value}) falls over the last `steps` steps; None if not logged."""
   last = max(loss)
   start = loss.get(last - steps)
   return None if start is None else start - loss[last]
 
 
 def seed_correlation(exits: dict) -> tuple[float, int]:
-  """Pearson r of the exit step and the final loss between seeds ({(activation, seed): (step,
-  loss, …)}): each run's two values less its activation's means (runs that never exit, and
-  activations with one run, left out); and n."""
+  """(Pearson r, n) of the exit step and final loss between seeds ({(activation, seed): (step,
+  loss, …)}), each less its activation's means."""
   by_act = {}
   for (act, _), (step, loss, *_) in exits.items():
     if step is not None:

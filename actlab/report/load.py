@@ -30,8 +30,7 @@ GPT2_BLOCK = {f"model.{k}": getattr(core.Spec, k) for k in config_lib.BLOCK_FIEL
 
 
 def block(roots: Sequence) -> dict:
-  """The block fields that every run of the sweep directories `roots` sets alike, and not as
-  GPT-2's block does: what a report says of the model beside its axes."""
+  """The block fields every run of the sweep directories `roots` sets alike, not as GPT-2's."""
   seen: dict[str, set] = {}
   for root in roots:
     for config in _configs(pathlib.Path(root)).values():
@@ -72,22 +71,9 @@ def load(root) -> tuple[dict, list[Run]]:
   return manifest, runs
 
 
-def _blank(config: dict, keys: Sequence[str]) -> dict:
-  """A copy of a nested config with the dotted `keys` set to None (they may differ) and the
-  fields it predates (`workdir.ADDED_FIELDS`) at their value of then."""
-  out = json.loads(json.dumps(workdir.with_added_fields(config)))
-  for key in keys:
-    *path, last = key.split(".")
-    node = out
-    for part in path:
-      node = node.setdefault(part, {})
-    node[last] = None
-  return out
-
-
 def _check_mergeable(roots, configs: list[dict[str, dict]], axes: Sequence[str]) -> None:
   """Refuses directories whose runs differ in a field that is neither an axis nor runtime."""
-  reps = [(root, _blank(next(iter(c.values())), [*axes, SEED_KEY]))
+  reps = [(root, {**workdir.dotted(next(iter(c.values()))), **dict.fromkeys([*axes, SEED_KEY])})
           for root, c in zip(roots, configs) if c]
   first, first_rep = reps[0]
   for root, rep in reps[1:]:
@@ -100,8 +86,8 @@ def _check_mergeable(roots, configs: list[dict[str, dict]], axes: Sequence[str])
 
 
 def load_many(roots: Sequence, also: Sequence[str] = ()) -> tuple[dict, list[Run], list[str]]:
-  """The merged manifest, runs and names of the runs held twice (a run counts once: the first
-  directory's most complete copy); `also`: fields the directories fix at different values."""
+  """The merged manifest, runs, and names of the runs held twice (counted once); `also`: fields
+  the directories fix at different values."""
   roots = [pathlib.Path(r) for r in roots]
   loaded = [load(r) for r in roots]
   if len(roots) == 1:

@@ -1,6 +1,5 @@
-"""The sweep report's plots (`write`; docs/metrics.md §9), drawing what `series` computes, one
-colour (and line style) per combination of the axes but the LR and the seed; and one run's curves
-(`plot_run`)."""
+"""The sweep report's plots (`write`; docs/metrics.md §9), drawing what `series` computes; and
+one run's curves (`plot_run`)."""
 
 import math
 import pathlib
@@ -71,8 +70,7 @@ def plot_val_vs_lr(manifest, runs, path: pathlib.Path) -> bool:
 
 def plot_curves(manifest, runs, key: str, ylabel: str, path: pathlib.Path,
                 log_y: bool = False) -> bool:
-  """One panel per LR (or a single panel), one line per other-axes value: the mean over its
-  seeds with a ± 1 sd band (`series.band`). Log y if `log_y` or the means span decades."""
+  """One panel per LR, one line per group: the mean over its seeds with a ± 1 sd band."""
   lrs = series.lr_grid(manifest)
   bands = {(lr, key_): b for lr in lrs for key_, group in series.groups(manifest, runs).items()
            if (b := series.band([r for r in group if lr is None
@@ -168,8 +166,7 @@ def plot_forest(manifest, runs, path: pathlib.Path) -> bool:
 
 
 def plot_run(rows: list[dict], title: str, path: pathlib.Path) -> bool:
-  """One run's curves from its metrics.jsonl `rows`: train and val loss, and the gradient norm
-  (log y); False where it logged no loss or gradient norm."""
+  """One run's loss and gradient norm from its metrics.jsonl `rows`; False where it has none."""
   def points(key):
     pairs = [(r["step"], r[key]) for r in rows
              if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]

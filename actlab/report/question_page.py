@@ -51,8 +51,7 @@ def design_lines(q: Question) -> list[str]:
 
 
 def stage_lines(s: A.Stages, mine: list[str], cost) -> list[str]:
-  """Each stage's runs, done of planned, and the wall time the rest take here (`cost(runs)`: a
-  duration, or None where not estimated)."""
+  """Each stage's runs, done of planned, and the time the rest take here (`cost(runs)`, or None)."""
   q, lines = s.q, []
   about = lambda n: f", about {cost(n)} here" if cost(n) else ""
   grid = {c: {(lr, x) for lr in q.pilot_of(c).lrs for x in q.pilot_of(c).seeds} for c in q.cells}
@@ -158,8 +157,7 @@ def unanswered(q: Question, v: dict) -> list[str]:
 
 
 def declaration_lines(s: A.Stages, root: pathlib.Path) -> list[str]:
-  """When the question in `root` was declared, whether its analysis and its words are still
-  those frozen, and when its first fresh run started."""
+  """When the question in `root` was declared, what changed since, and its first fresh run."""
   starts = sorted(p[0]["started"] for cells in (s.fresh or {}).values() for r in cells.values()
                   if (p := r.get("provenance")) and p[0].get("started"))
   first = f"first fresh run started {starts[0] if starts else 'none yet'}"
@@ -193,8 +191,8 @@ def report_lines(s: A.Stages, v: dict, head: list[str]) -> list[str]:
 
 
 def draw_intervals(ax, rows, margins, sides=None) -> None:
-  """Rows of (label, mean, low, high) on `ax`, top down, with 0 in grey and ±each margin in red;
-  `sides`, per row (what a value below 0 means, above 0), written at each end of its row."""
+  """Rows of (label, mean, low, high) on `ax`, top down, with 0 and ±each margin; `sides`: each
+  row's (what a value below 0 means, above 0), written at its ends."""
   for y, (_, mean, low, high) in enumerate(rows):
     ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="k", capsize=4)
   ax.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)

@@ -1,7 +1,7 @@
 """The numbers the report's plots draw, and the series' colours (docs/metrics.md §9, "Plots"):
 pure functions of a sweep's runs."""
 
-import dataclasses
+import collections
 import math
 import re
 from typing import Mapping, Sequence
@@ -32,13 +32,8 @@ def lr_grid(manifest: Mapping) -> list:
   return sorted(manifest["axes"].get(LR_KEY, [None]), key=lambda x: (x is None, x))
 
 
-@dataclasses.dataclass(frozen=True)
-class Band:
-  """A group's curve: at each step, the mean, the sd (NaN for one seed) over its n seeds."""
-  steps: np.ndarray
-  mean: np.ndarray
-  sd: np.ndarray
-  n: int
+# A group's curve: at each step, the mean, the sd (NaN for one seed) over its n seeds.
+Band = collections.namedtuple("Band", "steps mean sd n")
 
 
 def band(runs: Sequence[Run], key: str) -> Band | None:
@@ -85,9 +80,8 @@ def _layers(row: Mapping, key: str) -> dict[int, float]:
 
 
 def layer_stats(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, dict]:
-  """Per combination of the non-LR axes, at its best LR (`best_lrs`): {"lr": the LR, "n": seeds,
-  key: (layers, mean, sd) for each of `LAYER_STATS`}, over the finished stable or unstable runs,
-  each at its last row with per-layer values (its last evaluation); sd NaN for one seed."""
+  """Per group at its best LR: {"lr", "n": seeds, key: (layers, mean, sd) for each of
+  `LAYER_STATS`} at the last evaluation of its finished, non-diverged runs."""
   out = {}
   best = best_lrs(manifest, runs)
   for key, group in groups(manifest, runs).items():
@@ -107,19 +101,13 @@ def layer_stats(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, dict]:
   return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Interval:
-  group: tuple
-  lr: object        # None without an LR axis
-  n: int
-  mean: float       # NaN for n = 0
-  low: float        # the 95% t interval; NaN for n < 2
-  high: float
+# A group's final val loss at an LR (None without an LR axis): mean (NaN for n = 0) and its 95%
+# t interval (NaN for n < 2).
+Interval = collections.namedtuple("Interval", "group lr n mean low high")
 
 
 def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:
-  """Every group's final val loss at every LR with its 95% t interval over the seeds with a value;
-  groups by their lowest mean over LRs (best first, those without values last), LRs in order."""
+  """Every group's final val loss at every LR with its 95% t interval, the best group first."""
   out = []
   for key, group in groups(manifest, runs).items():
     for lr in lr_grid(manifest):
@@ -132,8 +120,7 @@ def forest(manifest: Mapping, runs: Sequence[Run]) -> list[Interval]:
 
 
 def styles(n: int) -> list[tuple[str, str]]:
-  """n distinct (colour as #rrggbb, line style), as docs/metrics.md §9 says: beyond 20, the line
-  style cycles through four so that neighbours in colour also differ in style."""
+  """n distinct (colour as #rrggbb, line style), as docs/metrics.md §9 says."""
   import matplotlib
   from matplotlib.colors import to_hex
   if n <= 10:

@@ -1,6 +1,5 @@
-"""A sweep's runs as `actlab.report` reads them (`Run`), its grid (axes, groups, `pivot`), and the
-rules over them (docs/metrics.md §8, §9): "not learned", the largest stable LR, the LR sensitivity.
-Numbers in, numbers out: no IO."""
+"""A sweep's runs (`Run`), its grid (axes, groups, `pivot`), and the rules over them
+(docs/metrics.md §8, §9): "not learned", the largest stable LR, the LR sensitivity. No IO."""
 
 import dataclasses
 from typing import Any, Mapping, Sequence
@@ -31,8 +30,7 @@ def capped_losses(final: Sequence[float | None], initial: float) -> np.ndarray:
 
 
 def sensitivity(capped: Sequence[float]) -> float:
-  """One seed's LR sensitivity (Wortsman et al. 2023): the mean over the swept LRs of the capped
-  loss minus the lowest one (`capped_losses`)."""
+  """One seed's LR sensitivity (Wortsman et al. 2023) from its `capped_losses`."""
   c = np.asarray(capped, np.float64)
   return float(np.mean(c - c.min()))
 
@@ -52,8 +50,8 @@ class Run:
     return self.summary.get("status", self.state) if self.state == "done" else self.state
 
   def value(self, key: str) -> float | None:
-    """A finite summary value of a finished, non-diverged run, else None (`initial_val_loss`: of
-    any finished run); `max:<row key>`: the largest finite value of that key over the rows."""
+    """A finite summary value of a finished, non-diverged run, else None; `max:<row key>`: the
+    largest over the rows."""
     finished = self.status in ("stable", "unstable")
     ok = finished or (key == "initial_val_loss" and self.state == "done")
     if key.startswith("max:"):
@@ -122,8 +120,8 @@ def largest_stable_lr(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, Any
 
 
 def lr_sensitivity(manifest: Mapping, runs: Sequence[Run]) -> dict[tuple, dict]:
-  """Per combination of the non-LR axes, if two LRs or more are swept: {"per_seed": `sensitivity`
-  of each seed finished at every LR, "best_lr": the LR of lowest mean capped loss, or None}."""
+  """Per combination of the non-LR axes: {"per_seed": `sensitivity` of each seed finished at
+  every LR, "best_lr": the LR of lowest mean capped loss, or None}."""
   lrs = manifest["axes"].get(LR_KEY, [])
   if len(lrs) < 2:
     return {}

@@ -16,9 +16,12 @@ def _header(key: str) -> str:
   return HEADERS.get(key, key.rsplit(".", 1)[-1])
 
 
+def markdown_row(cells: Sequence[str]) -> str:
+  return "| " + " | ".join(cells) + " |"
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+  return "\n".join([markdown_row(header), "|" + "---|" * len(header), *map(markdown_row, rows)])
 
 
 def _cell(runs: Sequence[Run], key: str, n_seeds: int, scale: float, digits: int,
@@ -169,8 +172,7 @@ def _failure(run: Run | None) -> tuple[str, list[str]]:
 
 def failures(runs: Sequence[Run | None]) -> str:
   """How many of `runs` (one per seed; None: not run) failed, how and why, e.g. "3 of 3 unstable
-  (gradient norm above 10× its initial value)"; a reason that only some of the seeds that failed
-  alike share says in how many ("… in 1")."""
+  (gradient norm above 10× its initial value)"."""
   kinds: dict[str, list[list[str]]] = {}
   for run in runs:
     what, reasons = _failure(run)
@@ -221,8 +223,7 @@ def sensitivity_table(manifest, runs) -> str:
 
 
 def runs_table(runs) -> str:
-  """One row per run; incomplete ones (in progress, interrupted) say how far they got, and
-  anything unreadable is said, never silently dropped."""
+  """One row per run: how far an incomplete one got, and anything unreadable."""
   rows = []
   for r in runs:
     if r.state != "done":

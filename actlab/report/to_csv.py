@@ -44,8 +44,7 @@ def _number(x) -> str:
 
 
 def columns(runs: Sequence[Run]) -> list[str]:
-  """The summary columns of these runs: `COLUMNS` (some only where a run has them), then by name
-  any other key whose values are numbers in every summary that has it."""
+  """`COLUMNS` (some only where a run has them), then any other key whose values are numbers."""
   summaries = [r.summary for r in runs]
   has = lambda key: any(s.get(key) is not None for s in summaries)
   known = {key for key, _ in COLUMNS} | set(LEADING) | set(NOT_COLUMNS)

@@ -23,7 +23,7 @@ from actlab.run import program as program_lib, tracking, train
 from actlab.sweep import progress
 from actlab.sweep import vectorized
 from actlab.sweep import workers
-from actlab.sweep.grid import (SEED_KEY, Cell, cells, load, parse_shard, select, with_flags,
+from actlab.sweep.grid import (SEED_KEY, Cell, cells, load, parse_shard, with_flags,
                                write_manifest)
 
 
@@ -42,9 +42,8 @@ def run_group(group_: Sequence[Cell], workdir: pathlib.Path, cache: dict,
               log: Callable[[str], None] = _say,
               progress_: progress.Progress | None = None,
               ahead: "CompileNext | None" = None) -> list[dict | None]:
-  """Trains the unfinished cells of one group, one after another or, vectorized, as many at a time
-  as one program holds (`program_runs`); their summaries, None for a cell another process is
-  training (each cell's lock decides). `ahead` compiles the next group once this one started."""
+  """Trains the unfinished cells of one group (vectorized: `program_runs` at a time); their
+  summaries, None for a cell another process is training. `ahead` compiles the next group."""
   summaries, todo = {}, []
   run_dirs = {cell.name: workdir_lib.RunDir.open(workdir / cell.name) for cell in group_}
   for cell in group_:
@@ -98,10 +97,8 @@ def program_runs(config: ml_collections.ConfigDict, todo: int,
 
 
 class CompileNext:
-  """A sweep's next compile group compiled in a thread once the one before has dispatched its first
-  step, what it compiles counted in that group's summaries (`timing.compile`). Only where the two
-  read the same data (prepared by then: nothing is prepared twice at once). Where it fails, one
-  line says so and the group compiles when it starts."""
+  """Compiles a sweep's next compile group in a thread once the one before has dispatched its
+  first step, where the two read the same data; where it fails, one line says so."""
 
   def __init__(self, workdir: pathlib.Path, order: Sequence[Sequence[Cell]], cache: dict,
                log: Callable[[str], None]):
@@ -111,14 +108,14 @@ class CompileNext:
     self.seen: set[str] = set()
 
   def hooks(self, cells_: Sequence[Cell]):
-    """For the group `cells_` about to train: the tally of what was compiled for it ahead (None:
-    nothing), and the function that starts compiling the group after it (None: none to)."""
+    """(the tally of what was compiled ahead for `cells_`, the function that starts the next)."""
     key = lambda cells: program_lib.compile_key(cells[0].config, 0)
     self.seen.add(key(cells_))
     later = self.order[self.order.index(cells_) + 1:] if cells_ in self.order else []
     upcoming = [c for c in later if key(c) not in self.seen]
+    a, b = cells_[0].config, upcoming[0][0].config if upcoming else None
     then = None
-    if upcoming and _same_data(cells_[0].config, upcoming[0][0].config):
+    if b and tasks.name(a) == tasks.name(b) and a.data.to_dict() == b.data.to_dict():
       cells_next = upcoming[0]
       self.seen.add(key(cells_next))
       tally = self.tallies[key(cells_next)] = program_lib.Tally()
@@ -147,17 +144,11 @@ class CompileNext:
     self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _same_data(a: ml_collections.ConfigDict, b: ml_collections.ConfigDict) -> bool:
-  return tasks.name(a) == tasks.name(b) and a.data.to_dict() == b.data.to_dict()
-
-
 def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
          shard: tuple[int, int] = (0, 1), manifest: bool = True, overridden: Sequence[str] = (),
          log: Callable[[str], None] = _say) -> list[Cell]:
-  """The cells of `shard` of the sweep `spec` on top of `base`, its `--config.<key>=` flags
-  (`overridden`) winning over the sweep's fixed values. With `manifest` (not in a `--workers`
-  child) also writes and checks `sweep.json` and logs each fixed value a flag replaces. A
-  `workdir` in a run directory is refused."""
+  """The cells of `shard` of the sweep `spec` on `base`, the `overridden` flags winning; with
+  `manifest` (not in a `--workers` child) also writes and checks `sweep.json`."""
   if where := workdir_lib.in_run(workdir):
     raise errors.UserError(f"--workdir {workdir} {where} a run directory; give the sweep a new "
                            "directory, or an earlier sweep's")
@@ -167,7 +158,7 @@ def plan(base: ml_collections.ConfigDict, spec: str, workdir: pathlib.Path,
     write_manifest(workdir, spec, sweep, grid)
     for line in replaced:
       log(line)
-  return select(grid, shard)
+  return grid[shard[0]::shard[1]]
 
 
 def _at_once(cells_: Sequence[Cell], workers_: int = 1, backend: str | None = None,
@@ -196,11 +187,8 @@ def _end(cells_: Sequence[Cell], workdir: pathlib.Path, results: dict,
 def run(base: ml_collections.ConfigDict, spec: str, workdir, log: Callable[[str], None] = _say,
         cache: dict | None = None, shard: tuple[int, int] = (0, 1),
         worker: bool = False, overridden: Sequence[str] = ()) -> dict[str, dict]:
-  """Runs (or continues) the cells of `shard` of the sweep `spec` in `workdir`; {cell name:
-  summary} of those that have ended. A `worker` of `--workers` leaves sweep.json and the end to
-  its parent. `cache` holds the compiled functions; a caller may keep it across calls. Cells run
-  seed by seed, each group in turn, so that a sweep stopped early pairs every activation and LR on
-  the seeds it finished; vectorized, a whole group at once."""
+  """Runs (or continues) the cells of `shard` of the sweep `spec` in `workdir`, seed by seed (a
+  sweep stopped early pairs every cell on the seeds it finished); {cell name: summary}."""
   workdir = pathlib.Path(workdir)
   mine = plan(base, spec, workdir, shard, manifest=not worker, overridden=overridden, log=log)
   groups = group(mine)
@@ -236,10 +224,8 @@ def launch(base: ml_collections.ConfigDict, spec: str, workdir, workers_: int = 
            shard: tuple[int, int] = (0, 1), overridden: Sequence[str] = (),
            argv: Sequence[str] = (), cache: dict | None = None,
            log: Callable[[str], None] = _say) -> dict[str, dict]:
-  """The sweep `spec` on `base` trained in this process (`run`), or as `workers_` children each
-  running `python -m actlab.sweep *argv` (a command line that makes `base`; later flags win) on
-  its share of the hardware, this process reporting their progress; {cell name: summary} of the
-  cells ended."""
+  """The sweep `spec` trained in this process (`run`), or by `workers_` children running
+  `python -m actlab.sweep *argv`, this process reporting their progress; {cell name: summary}."""
   workdir = pathlib.Path(workdir)
   if workers_ == 1:
     train.initialize(base)  # Devices and hosts first (a parent leaves them to its children).

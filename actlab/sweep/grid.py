@@ -90,8 +90,7 @@ def _fixed_by(axes: dict[str, list], fixed_by: dict) -> dict:
 
 
 def _exclude(axes: dict[str, list], seeds: list[int], exclude) -> list[dict]:
-  """`exclude` ([{axis: value}]: the cells that have every value of one entry are left out),
-  checked against the axes and the seeds."""
+  """`exclude` ([{axis: value}]: cells with every value of one entry are left out), checked."""
   for entry in exclude:
     if not isinstance(entry, dict) or not entry or any(
         value not in {**axes, SEED_KEY: seeds}.get(axis, []) for axis, value in entry.items()):
@@ -117,9 +116,8 @@ def _pairs(axes: dict[str, list], pairs) -> list[list]:
 
 def with_flags(sweep: Sweep, base: ml_collections.ConfigDict,
                overridden: Sequence[str]) -> tuple[Sweep, list[str]]:
-  """`sweep` with the `--config.<key>=` flags (`overridden`: their keys; `base`: the config they
-  set) winning over its fixed values, and one line for each fixed value a flag changes. A flag
-  for a key the sweep varies is refused."""
+  """`sweep` with the `--config.<key>=` flags (`overridden`) winning over its fixed values, and a
+  line for each value they change; a flag for a key the sweep varies is refused."""
   by_value = {k for values in sweep.fixed_by.values() for o in values.values() for k in o}
   for key in overridden:
     if key in sweep.axes or key == SEED_KEY or key in by_value:
@@ -173,16 +171,12 @@ def parse_shard(spec: str) -> tuple[int, int]:
   return i, n
 
 
-def select(grid: Sequence[Cell], shard: tuple[int, int]) -> list[Cell]:
-  i, n = shard
-  return list(grid[i::n])
-
-
 def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Sequence[Cell]) -> None:
-  """`sweep.json`: the grid as `actlab.report` reads it and its cells' configs (`config`: the
-  fields they share, `cell_configs`: each cell's others; no RUNTIME_FIELDS), after
-  `check_manifest`."""
-  identities = {c.name: _identity(c.config, workdir) for c in cells_}
+  """`sweep.json`: the grid and its cells' configs (shared `config`, each cell's other fields)."""
+  recorded = lambda c: workdir_lib.dotted(workdir_lib.recorded_paths(json.loads(c.to_json()),
+                                                                      workdir))
+  identities = {c.name: {k: v for k, v in recorded(c.config).items()
+                         if not k.startswith(config_lib.RUNTIME_FIELDS)} for c in cells_}
   first = next(iter(identities.values()), {})
   shared = {k: v for k, v in first.items() if all(i.get(k) == v for i in identities.values())}
   listed = [{"name": c.name, "overrides": c.overrides} for c in cells_]
@@ -196,8 +190,7 @@ def write_manifest(workdir: pathlib.Path, spec: str, sweep: Sweep, cells_: Seque
 
 
 def check_manifest(workdir: pathlib.Path, manifest: dict) -> None:
-  """Refuses, in one line naming the first differences, a sweep whose `manifest` differs from the
-  sweep.json in `workdir` (adding seeds is a change too); runtime fields may differ."""
+  """Refuses a sweep whose `manifest` differs from the sweep.json in `workdir` but at runtime."""
   path = workdir / "sweep.json"
   if not path.exists():
     return
@@ -214,9 +207,7 @@ def check_manifest(workdir: pathlib.Path, manifest: dict) -> None:
 
 
 def manifest_diffs(old: dict, new: dict) -> list[str]:
-  """How the sweep.json `new` differs from `old`, as "key: old → new": the sweep file (by name
-  and variant), its fields, each cell's config. A field `old` lacks has its default, or (the
-  configs) is not compared; RUNTIME_FIELDS are not."""
+  """How the sweep.json `new` differs from `old`, as "key: old → new" (not at runtime)."""
   short = lambda v: (r if len(r := repr(v)) <= 40 else r[:39] + "…")
   at = lambda d, k: short(d[k]) if k in d else "<absent>"
   out = []
@@ -225,17 +216,14 @@ def manifest_diffs(old: dict, new: dict) -> list[str]:
   defaults, absent = dataclasses.asdict(parse({})), object()
   for key in KEYS:
     a, b = old.get(key, defaults[key]), new[key]
-    if key == "axes":
-      out += [f"axes.{k}: {at(a, k)} → {at(b, k)}" for k in {**a, **b}
-              if a.get(k, absent) != b.get(k, absent)]
-    elif key == "fixed":  # Named as the cells' configs name their fields.
-      out += [f"{k}: {at(a, k)} → {at(b, k)}" for k in {**a, **b}
+    if key in ("axes", "fixed"):  # The fixed fields named as the cells' configs name them.
+      out += [f"{'axes.' * (key == 'axes')}{k}: {at(a, k)} → {at(b, k)}" for k in {**a, **b}
               if a.get(k, absent) != b.get(k, absent)
-              and not k.startswith(config_lib.RUNTIME_FIELDS)]
+              and not (key == "fixed" and k.startswith(config_lib.RUNTIME_FIELDS))]
     elif a != b:
       out.append(f"{key}: {short(a)} → {short(b)}")
   if "config" in old:
-    config = lambda m, cell: _nested({**workdir_lib.dotted(m["config"]), **m["cell_configs"][cell]})
+    config = lambda m, cell: {**workdir_lib.dotted(m["config"]), **m["cell_configs"][cell]}
     out += [d for cell in new["cell_configs"] if cell in old.get("cell_configs", {})
             for d in config_lib.identity_diffs(config(old, cell), config(new, cell))]
   return out
@@ -245,12 +233,6 @@ def _spec_name(spec: str) -> str:
   """A sweep's `path/to/sweep.py[:arg]` as `sweep.py[:arg]`: the same file from any directory."""
   path, colon, arg = spec.partition(":")
   return pathlib.PurePath(path).name + colon + arg
-
-
-def _identity(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
-  """The dotted fields of `config` that make its run, paths as recorded."""
-  recorded = workdir_lib.dotted(workdir_lib.recorded_paths(json.loads(config.to_json()), workdir))
-  return {k: v for k, v in recorded.items() if not k.startswith(config_lib.RUNTIME_FIELDS)}
 
 
 def _nested(fields: dict) -> dict:

@@ -18,18 +18,8 @@ def duration(seconds: float) -> str:
   return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
-def cell_line(k: int, n: int, name: str, summary: Mapping, eta: float | None) -> str:
-  """"[3/12] lr=0.001,seed=0: stable, val loss 2.3456, 41 s; ETA 6 min 9 s"."""
-  val, wall = summary.get("final_val_loss"), summary.get("wall_time_sec")
-  return (f"[{k}/{n}] {name}: {summary.get('status')}, val loss "
-          f"{'n/a' if val is None else f'{val:.4f}'}, "
-          f"{'n/a' if wall is None else duration(wall)}"
-          + ("" if eta is None else f"; ETA {duration(eta)}"))
-
-
 class Progress:
-  """Counts a sweep's cells (`names`; `ended`: done before) as they end, a line for each that
-  finished in this invocation. `at_once`: how many cells train at once."""
+  """Counts a sweep's cells as they end, a line for each finished here (`at_once`: at a time)."""
 
   def __init__(self, names: Sequence[str], ended: Sequence[str], log: Callable[[str], None],
                clock: Callable[[], float] = time.perf_counter, at_once: int = 1):
@@ -53,11 +43,15 @@ class Progress:
     left = len(self.names) - len(self.seen)
     eta = ((self.clock() - self.steady_since) / steady * left
            if left and steady >= self.at_once else None)
-    self.log(cell_line(len(self.seen), len(self.names), name, summary, eta))
+    val, wall = summary.get("final_val_loss"), summary.get("wall_time_sec")
+    # e.g. "[3/12] lr=0.001,seed=0: stable, val loss 2.3456, 41 s; ETA 6 min 9 s"
+    self.log(f"[{len(self.seen)}/{len(self.names)}] {name}: {summary.get('status')}, val loss "
+             f"{'n/a' if val is None else f'{val:.4f}'}, "
+             f"{'n/a' if wall is None else duration(wall)}"
+             + ("" if eta is None else f"; ETA {duration(eta)}"))
 
   def poll(self, workdir: pathlib.Path, every: float = 1.0) -> None:
-    """`done` for the cells whose summary.json has appeared (the `--workers` parent), in grid
-    order; reads at most once every `every` seconds."""
+    """`done` for the cells whose summary.json has appeared, at most once every `every` seconds."""
     if self.clock() - self._polled < every:
       return
     self._polled = self.clock()

@@ -1,7 +1,5 @@
 """Whether a sweep trains a group's cells as one vectorized program (`sweep.vectorize`), and how
-many one program holds (`program_size`). Vectorized runs pay where a run alone leaves the device
-idle: on a GPU six runs of the reference config train at 1.86× one run's tokens/s (BENCHMARKS.md);
-on a CPU the kernels are already compute-bound, so "auto" trains the cells one by one there."""
+many one program holds (`program_size`); docs/sweeps.md says when it pays."""
 
 from typing import Callable
 
@@ -15,8 +13,7 @@ from actlab.measure import evaluators
 from actlab.run import program
 
 # The share of the device's memory (JAX's `bytes_limit`) the runs of one program may take by
-# `run_bytes`; the rest is headroom for what the estimate leaves out (the batches, the libraries'
-# workspace, fragmentation) and for R runs taking more than R × one (six vmapped runs: 6.0-6.4×).
+# `run_bytes`; the rest is headroom for what the estimate leaves out.
 MEMORY_FRACTION = 0.8
 GIB = 1 << 30
 
@@ -41,21 +38,11 @@ def device_memory() -> int | None:
 
 
 def run_bytes(config: ml_collections.ConfigDict) -> int:
-  """An estimate of one run's device memory, as one device holds it; nothing compiles. The state
-  is exact (`jax.eval_shape` of the step's init: the parameters, AdamW's two moments); the rest
-  is an upper estimate of a step's workspace without remat (remat keeps less):
-    gradients and updates in flight    2 × the parameters' bytes
-    activations kept for the backward  layers · B·L · (16·D + 6·F + 3·H·L) · 4 bytes
-    output logits, softmax, gradient   3 · rows · V · 4 bytes; rows = B·L, or one chunk's for
-                                       the fused loss (kernels.chunk_length)
-  and with sharpness estimates on (`metrics.sharpness_every`), 3× the last two: the power
-  iteration's Hessian-vector products (forward over reverse) keep more than a training step.
-  B = train.batch_size, L = data.seq_len, D = d_model, F = the FFN's hidden width, H = heads, V =
-  the padded vocabulary (`model.vocab_size`, else the most ids the tokenizer can have). The
-  coefficients are fitted to XLA's plans for the smoke and reference decoders' programs on a CPU
-  and rounded up (the estimate was 1.07-1.7× the larger of the training and sharpness programs'
-  plans there); activations count float32, which a bfloat16 run keeps in part (norms, softmax;
-  there bfloat16 saved 10-20%)."""
+  """An upper estimate of one run's device memory, nothing compiled: the state exactly, a gradient
+  and an update, and a workspace of activations and logits (docs/sweeps.md, "How many runs one
+  program holds"; the coefficients are fitted to XLA's plans on a CPU and rounded up)."""
+  # The workspace: activations kept for the backward, then the logits, softmax and gradient of
+  # `rows` rows; 3× with sharpness estimates (the Hessian-vector products keep more than a step).
   step = program.create_step(config, tokenizer.nominal_vocab_size(config))
   state = jax.eval_shape(step.init, 0, 1.0)
   nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))

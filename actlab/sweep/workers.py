@@ -1,10 +1,8 @@
 """`actlab.sweep --workers=N`: N child sweeps on this host, each on its own share of the hardware
-(docs/sweeps.md, "Using all the hardware"). Each child runs the parent's command with
-`--workers=1`, and each cell's lock gives it to the first child to reach it. Child k is pinned
-(`sched_setaffinity`) to block k of the parent's CPUs, which also sizes its XLA:CPU thread pools
-(`intra_op_parallelism_threads=` is silently ignored), and sees only GPU k where there are GPUs."""
+(docs/sweeps.md, "Using all the hardware"): child k is pinned to block k of the parent's CPUs
+(which also sizes its XLA:CPU thread pools) and sees only GPU k where there are GPUs."""
 
-import dataclasses
+import collections
 import itertools
 import os
 import pathlib
@@ -15,16 +13,15 @@ import sys
 import time
 from typing import Callable, Hashable, Mapping, Sequence
 
+import numpy as np
+
 from actlab.infra.errors import UserError
 
 ENV = "ACTLAB_SWEEP_WORKER"  # "k/N" in the environment of child k of N
 
 
-@dataclasses.dataclass(frozen=True)
-class Worker:
-  index: int
-  cpus: tuple[int, ...]
-  gpu: str | None                   # its CUDA_VISIBLE_DEVICES entry; None without GPUs
+# cpus: a tuple; gpu: its CUDA_VISIBLE_DEVICES entry, None without GPUs.
+Worker = collections.namedtuple("Worker", "index cpus gpu")
 
 
 class Failed(UserError):
@@ -37,14 +34,11 @@ class Failed(UserError):
 
 def split_cpus(cpus: Sequence[int], n: int,
                core: Callable[[int], Hashable] = lambda cpu: cpu) -> list[list[int]]:
-  """`cpus` as `n` disjoint, non-empty blocks of sizes differing by at most one, ordered by
-  `core(cpu)` first so that the hyperthreads of a core share a block."""
+  """`cpus` as `n` blocks of sizes differing by at most one, a core's hyperthreads in one block."""
   if not 1 <= n <= len(cpus):
     raise ValueError(f"cannot split {len(cpus)} CPUs into {n} blocks")
   order = sorted(cpus, key=lambda cpu: (core(cpu), cpu))
-  size, extra = divmod(len(order), n)
-  bounds = [k * size + min(k, extra) for k in range(n + 1)]
-  return [order[a:b] for a, b in zip(bounds, bounds[1:])]
+  return [block.tolist() for block in np.array_split(order, n)]
 
 
 def _core(cpu: int) -> tuple[int, ...]:
@@ -57,8 +51,7 @@ def _core(cpu: int) -> tuple[int, ...]:
 
 
 def visible_gpus() -> list[str]:
-  """The GPUs to hand out: CUDA_VISIBLE_DEVICES' entries where it is set, else one per
-  /dev/nvidia<i> (read without starting CUDA: the parent must not take GPU memory)."""
+  """CUDA_VISIBLE_DEVICES' entries, else one per /dev/nvidia<i> (the parent starts no CUDA)."""
   visible = os.environ.get("CUDA_VISIBLE_DEVICES")
   if visible is not None:
     return [d.strip() for d in visible.split(",") if d.strip()]
@@ -98,15 +91,13 @@ def here() -> str:
 
 
 def sibling(holder: Mapping) -> bool:
-  """Whether the holder of a cell's lock (`Lock.Busy.holder`) is a worker of this `--workers`
-  child's sweep: another child of its parent."""
+  """Whether the holder of a cell's lock (`Lock.Busy.holder`) is another child of our parent."""
   return (ENV in os.environ and holder.get("parent") == os.getppid()
           and holder.get("host") == socket.gethostname())
 
 
 def whole_lines() -> None:
-  """Makes this process write stdout and stderr a line at a time: the parent and children share
-  them, and under `python -u` `print` writes a message and its newline in two calls."""
+  """Makes stdout and stderr, which the parent and children share, write a line at a time."""
   for stream in (sys.stdout, sys.stderr):
     stream.reconfigure(write_through=False, line_buffering=True)
 
@@ -139,10 +130,8 @@ def _start(w: Worker, n: int, argv: Sequence[str]) -> subprocess.Popen:
 
 def run(workers: Sequence[Worker], argv: Sequence[str], log: Callable[[str], None],
         poll: Callable[[], None] = lambda: None) -> None:
-  """Runs `python -m actlab.sweep *argv` as each worker and waits for all of them, passing
-  SIGINT/SIGTERM on (a child in its training loop checkpoints and stops, elsewhere it stops at
-  once: `_CHILD`); one line per child as it ends, `poll()` (the sweep's progress) while they run.
-  Raises `Failed` if a child failed or was stopped."""
+  """Runs `python -m actlab.sweep *argv` as each worker, passing SIGINT/SIGTERM on, and waits,
+  calling `poll()` meanwhile; `Failed` if a child failed or was stopped."""
   stop: list[int] = []
   previous = {s: signal.signal(s, lambda signum, _: stop.append(signum))
               for s in (signal.SIGINT, signal.SIGTERM)}
