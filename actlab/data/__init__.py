@@ -58,8 +58,6 @@ class Dataset:
 
   def train_batch(self, step: int) -> np.ndarray:
     """int32 [batch_size, seq_len + 1]: window starts drawn from default_rng([seed, step])."""
-    if step < 0:
-      raise ValueError(f"step must be non-negative, got {step}")
     rng = np.random.default_rng([self.seed, int(step)])
     high = self.train_tokens.shape[0] - self.window  # last valid start, inclusive
     starts = rng.integers(0, high + 1, size=self.batch_size, dtype=np.int64)

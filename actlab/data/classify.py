@@ -35,8 +35,6 @@ class ClassifyDataset:
 
   def train_batch(self, step: int) -> dict[str, np.ndarray]:
     """{"tokens": int32 [B, seq_len], "labels": int32 [B]}: rows from default_rng([seed, step])."""
-    if step < 0:
-      raise ValueError(f"step must be non-negative, got {step}")
     rows = np.random.default_rng([self.seed, int(step)]).integers(
         0, len(self.train_labels), self.batch_size)
     return {"tokens": self.train_tokens[rows], "labels": self.train_labels[rows]}
