@@ -62,8 +62,7 @@ CAUSAL_LM = Task("causal_lm", lm_objective, data.load, windows, vocab_loss,
                  lm_head_params, causal=True)
 
 
-# --- MLM (the encoder): `[CLS] window [SEP]` sequences cut from the decoder's windows, masked on
-# the device from the step's key; cross-entropy at the masked positions only -----------------------
+# --- MLM (the encoder): windows masked on the device; cross-entropy at the masked positions ------
 
 
 def specials(config) -> core.Specials:
@@ -126,8 +125,7 @@ MLM = Task("mlm", mlm_objective, data.load,
            vocab_loss, mlm_baselines, mlm_head_params, causal=False)
 
 
-# --- Classification (the encoder, e.g. fine-tuned from an MLM run): the pooler over [CLS], a dense
-# classifier, cross-entropy of the class; batches `{"tokens": [B, L], "labels": [B]}` --------------
+# --- Classification (the encoder): the pooler over [CLS], a classifier; cross-entropy of the class
 
 
 def classify_objective(config, vocab_size: int) -> core.Classifier:

@@ -297,9 +297,7 @@ def build_or_open(path: Path, texts: Callable[[], Iterable[str]], tokenizer: Tok
   return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["num_tokens"],))
 
 
-# --- The corpora ---------------------------------------------------------------------------------
-# Each gives its splits' `texts(split)`, `num_texts(split)` and a `source_id(split)` that changes
-# with the texts and keys the token caches.
+# --- The corpora: `texts(split)`, `num_texts(split)` and a `source_id(split)` keying the caches --
 
 
 def corpus_key(config) -> str:

@@ -139,9 +139,8 @@ def _split(split: str) -> tuple[str, ...]:
 
 @functools.cache
 def fingerprint() -> str:
-  """What the stories are made from, hashed: this module's code, the grammar, and the NumPy and
-  Python versions whose random stream and string methods it uses. A token cache is checked
-  against it without generating the stories (0.2 s on 2 CPU cores, 0.6 s on an H200's host)."""
+  """What the stories are made from, hashed (this code, the grammar, the NumPy and Python
+  versions): a token cache is checked against it without generating the stories."""
   h = hashlib.sha256(pathlib.Path(__file__).read_bytes())
   h.update(_GRAMMAR_FILE.read_bytes())
   h.update(f"numpy {np.__version__}, python {sys.version_info[0]}.{sys.version_info[1]}".encode())
