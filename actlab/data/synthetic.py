@@ -43,13 +43,6 @@ _HELPERS = _HELPERS_PEOPLE + _GRAMMAR["helpers_animals"]
 _PLOTS = tuple((plot["stages"], _HELPERS_PEOPLE if plot["helpers"] == "people" else _HELPERS)
                for plot in _GRAMMAR["plots"].values())
 
-# A friend's name is never the hero's: (friend's kind, hero's name) -> the other names.
-_FRIENDS = {
-    (kind, hero): tuple(n for n in names if n != hero)
-    for kind, names in (("girl", GIRL_NAMES), ("boy", BOY_NAMES))
-    for hero in GIRL_NAMES + BOY_NAMES
-}
-
 
 def _cap(s: str) -> str:
   return s[:1].upper() + s[1:]
@@ -84,7 +77,7 @@ def _story(u: list[float]) -> str:
   kid = p.pick(("girl", "boy"))
   name = p.pick(GIRL_NAMES if kid == "girl" else BOY_NAMES)
   fkid = p.pick(("girl", "boy"))
-  friend = p.pick(_FRIENDS[fkid, name])
+  friend = p.pick([n for n in (GIRL_NAMES if fkid == "girl" else BOY_NAMES) if n != name])
   pron = _PRONOUNS[kid]
   place, prep = p.pick(g["places"])
   obj, use = p.pick(g["objects"])
