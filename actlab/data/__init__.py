@@ -354,8 +354,9 @@ def load(config, *, progress: bool | None = None, labelled: bool = False):
   get_tokenizer = lambda: _get_tokenizer(config, root, train_texts=lambda: corpus().texts("train"))
   # A tokenizer that needs no corpus first: a missing GPT-2 file is said before a download.
   tok = None if tokenizer.parse_spec(spec)[0] in ("bpe", "wordpiece") else get_tokenizer()
-  # One process at a time prepares a corpus, trains a tokenizer or builds a cache; the others
-  # wait, then open it. The corpus is opened even then: its source_id validates the caches.
+  # One process at a time prepares a corpus, trains a tokenizer or builds a cache (sweep cells
+  # share the data dir); the others wait, then open it. The corpus is opened even then: its
+  # source_id validates the caches (TinyStories' prepared data under <data dir>/tfds must stay).
   (root / "locks").mkdir(parents=True, exist_ok=True)
   with open(root / "locks" / f"{key}.lock", "a") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)

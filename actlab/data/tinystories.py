@@ -49,19 +49,15 @@ CONFIGS = {
 }
 
 
-class FormatError(DataError):
-  """A TinyStories file that is not TinyStories text."""
-
-
-def _not_tinystories(path, why: str) -> FormatError:
-  return FormatError(
+def _not_tinystories(path, why: str) -> DataError:
+  return DataError(
       f"{path} is not a TinyStories text file: {why}. The file is wrong or truncated; delete it "
       f"and download it again from {URL}{Path(path).name} (or use a ':smoke' config, which needs "
       "no downloads).")
 
 
 def parse_stories(path: str | os.PathLike) -> Iterator[str]:
-  """Stories of a TinyStories text file; FormatError for one that is not (or is cut short)."""
+  """Stories of a TinyStories text file; DataError for one that is not (or is cut short)."""
   n_sep = n_stories = n_chars = n_bad = size = 0
   lines: list[str] = []
   with open(path, "rb") as f:
