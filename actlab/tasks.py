@@ -62,8 +62,7 @@ CAUSAL_LM = Task("causal_lm", lm_objective, data.load, windows, vocab_loss,
                  lm_head_params, causal=True)
 
 
-# --- MLM (the encoder): `[CLS] window [SEP]` sequences cut from the decoder's windows, masked on
-# the device from the step's key; cross-entropy at the masked positions only -----------------------
+# --- MLM (the encoder): windows masked on the device; cross-entropy at the masked positions ------
 
 
 def specials(config) -> core.Specials:
@@ -81,8 +80,7 @@ def mlm_objective(config, vocab_size: int) -> core.MaskedLM:
 
 
 def mlm_head_params(config, vocab_size: int) -> float:
-  """The MLM head (dense D·D, then the tied V·D projection) at the P masked positions of each
-  sequence of L tokens: P/L of it per token."""
+  """The MLM head (dense D·D, tied V·D) at the P masked positions of L: P/L of it per token."""
   m, L = config.model, config.data.seq_len
   V = core.pad_vocab(m.vocab_size or vocab_size)
   P = encoder.max_predictions(L, config.data.mlm_prob)
@@ -90,8 +88,7 @@ def mlm_head_params(config, vocab_size: int) -> float:
 
 
 def mlm_selections(config, dataset, ids: core.Specials):
-  """(inputs, targets) at every selected position of the evaluation's fixed mask: the visible
-  token and the one to predict, as `val_loss` sees them."""
+  """(visible token, target) at every selected position of the evaluation's fixed mask."""
   d, inputs, targets = config.data, [], []
   for batch_BL1 in dataset.val_batches():
     (inputs_BL, positions_BP, targets_BP, weights_BP), _ = encoder.masked_batch(
@@ -105,10 +102,8 @@ def mlm_selections(config, dataset, ids: core.Specials):
 
 
 def mlm_baselines(config, dataset) -> dict[str, float]:
-  """The val losses of two context-free predictors on `val_loss`'s targets, from u, the training
-  tokens' unigram frequencies over the maskable tokens: `unigram_loss` (u for every target) and
-  `copy_loss` (the best predictor that sees only the token at the selected position: u at
-  [MASK], else p(t | x) of docs/metrics.md §3); `mask_unigram_loss`, u at [MASK] inputs alone."""
+  """Context-free predictors' val losses from the training unigram u (docs/metrics.md):
+  `unigram_loss`, `copy_loss` (sees the selected token) and `mask_unigram_loss` (at [MASK])."""
   d, ids = config.data, specials(config)
   log_u = dataset.unigram_log_probs(exclude=ids.unmaskable)
   inputs, targets = mlm_selections(config, dataset, ids)
@@ -130,8 +125,7 @@ MLM = Task("mlm", mlm_objective, data.load,
            vocab_loss, mlm_baselines, mlm_head_params, causal=False)
 
 
-# --- Classification (the encoder, e.g. fine-tuned from an MLM run): the pooler over [CLS], a dense
-# classifier, cross-entropy of the class; batches `{"tokens": [B, L], "labels": [B]}` --------------
+# --- Classification (the encoder): the pooler over [CLS], a classifier; cross-entropy of the class
 
 
 def classify_objective(config, vocab_size: int) -> core.Classifier:

@@ -58,16 +58,13 @@ class Dataset:
 
   def train_batch(self, step: int) -> np.ndarray:
     """int32 [batch_size, seq_len + 1]: window starts drawn from default_rng([seed, step])."""
-    if step < 0:
-      raise ValueError(f"step must be non-negative, got {step}")
     rng = np.random.default_rng([self.seed, int(step)])
     high = self.train_tokens.shape[0] - self.window  # last valid start, inclusive
     starts = rng.integers(0, high + 1, size=self.batch_size, dtype=np.int64)
     return self._gather(self.train_tokens, starts)
 
   def val_starts(self, test: bool = False) -> np.ndarray:
-    """The fixed validation window starts, evenly spaced over the validation split (with test
-    batches: over its first half, and the test windows' (`test`) over its second half)."""
+    """Fixed window starts, evenly spaced (with test batches: validation's in the first half)."""
     tokens = self.val_tokens.shape[0]
     half = tokens // 2 if self.num_test_batches else tokens  # where the validation windows end
     lo, hi = (half, tokens) if test else (0, half)
@@ -75,15 +72,12 @@ class Dataset:
     return np.linspace(lo, hi - self.window, n).round().astype(np.int64)
 
   def val_batches(self, test: bool = False) -> list[np.ndarray]:
-    """num_val_batches (`test`: num_test_batches) arrays of int32 [batch_size, seq_len + 1];
-    identical at every call."""
+    """The fixed int32 [batch_size, seq_len + 1] validation (`test`: test) batches."""
     starts = self.val_starts(test).reshape(-1, self.batch_size)
     return [self._gather(self.val_tokens, s) for s in starts]
 
   def unigram_log_probs(self, exclude: Sequence[int] = ()) -> np.ndarray:
-    """log p(v) of the training tokens' unigram distribution, add-one smoothed over the
-    tokenizer's vocabulary less the ids in `exclude` (which get −inf):
-    p(v) = (n_v + 1) / (N + V)."""
+    """log p(v) of the training tokens, add-one smoothed; the ids in `exclude` get −inf."""
     vocab = self.tokenizer.vocab_size
     counts = np.zeros(vocab, dtype=np.int64)
     for lo in range(0, self.train_tokens.shape[0], _COUNT_CHUNK):
@@ -94,8 +88,7 @@ class Dataset:
       return np.log(counts) - np.log(counts.sum())
 
   def unigram_loss(self) -> float:
-    """Cross-entropy (nats/token) under `unigram_log_probs()` of `val_loss`'s targets: positions
-    1..seq_len of every `val_batches()` window."""
+    """Cross-entropy (nats/token) of the unigram model on `val_batches()`' targets."""
     targets = np.concatenate([b[:, 1:].ravel() for b in self.val_batches()])
     return float(-self.unigram_log_probs()[targets].mean())
 
@@ -127,8 +120,7 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def save_tokenizer(tok: Tokenizer, directory: Path) -> None:
-  """Writes `tok`'s defining files (`Tokenizer.files`) into `directory`, then `MANIFEST` (last: a
-  directory without it holds no tokenizer). `saved_tokenizer` gives back the same ids."""
+  """Writes `tok`'s defining files into `directory`, then `MANIFEST` (last: it marks it whole)."""
   files = tok.files()
   for name, data in files.items():
     write_atomic(Path(directory) / name, data)
@@ -165,9 +157,7 @@ def saved_tokenizer(directory: Path) -> Tokenizer | None:
 def tokenizer_of(spec: str, *, directory: str | os.PathLike,
         train_texts: Callable[[], Iterable[str]] | None = None,
         gpt2_dir: str | os.PathLike | None = None) -> Tokenizer:
-  """The tokenizer named by `spec`. A trained BPE or WordPiece is `<directory>/<kind>-<size>.json`,
-  trained on `train_texts()` the first time; `gpt2_dir` holds encoder.json + vocab.bpe for an
-  offline GPT-2."""
+  """The tokenizer named by `spec`; a BPE or WordPiece is trained on `train_texts()` once."""
   kind, size = parse_spec(spec)
   if kind == "byte":
     return ByteTokenizer()
@@ -229,12 +219,9 @@ def check_cache(path: Path, tokenizer: Tokenizer, source_id: str) -> tuple[dict 
       return None, f"stale: {k} is {meta.get(k)!r}, now {v!r}"
   if not path.is_file():
     return None, "token file missing"
-  n = meta.get("num_tokens")
-  if not isinstance(n, int) or n <= 0:
-    return None, "malformed sidecar (num_tokens)"
-  size = path.stat().st_size
-  if size != n * np.dtype(meta["dtype"]).itemsize:
-    return None, f"size mismatch: {size} bytes on disk, sidecar says {n} tokens"
+  n, size = meta.get("num_tokens"), path.stat().st_size
+  if not isinstance(n, int) or n <= 0 or size != n * np.dtype(meta["dtype"]).itemsize:
+    return None, f"size mismatch: {size} bytes on disk, sidecar says {n!r} tokens"
   digest = hashlib.sha256()
   with open(path, "rb") as f:
     while block := f.read(1 << 24):
@@ -300,8 +287,7 @@ def build_cache(path: Path, texts: Iterable[str], tokenizer: Tokenizer, source_i
 def build_or_open(path: Path, texts: Callable[[], Iterable[str]], tokenizer: Tokenizer,
                   source_id: str, *, num_texts: int | None = None, desc: str = "",
                   progress: bool = True) -> np.memmap:
-  """The cached tokens at ``path``, built from ``texts()`` if absent or not current (built from
-  another tokenizer or `source_id`, which changes whenever the source texts do)."""
+  """The cached tokens at ``path``, built from ``texts()`` unless current (`check_cache`)."""
   meta, why = check_cache(path, tokenizer, source_id)
   if meta is None:
     if why != "no cache":
@@ -311,26 +297,7 @@ def build_or_open(path: Path, texts: Callable[[], Iterable[str]], tokenizer: Tok
   return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["num_tokens"],))
 
 
-# --- The corpora ---------------------------------------------------------------------------------
-# Each gives its splits' `texts(split)`, `num_texts(split)` and a `source_id(split)` that changes
-# with the texts and keys the token caches.
-
-
-class Synthetic:
-  """The embedded stories (synthetic.py), fingerprinted by what they are made from
-  (`synthetic.fingerprint`): a run whose token cache is built generates none."""
-
-  def texts(self, split: str) -> list[str]:
-    from actlab.data import synthetic
-    return synthetic.texts(split)
-
-  def num_texts(self, split: str) -> int:
-    from actlab.data import synthetic
-    return synthetic.SIZES[split]
-
-  def source_id(self, split: str) -> str:
-    from actlab.data import synthetic
-    return f"synthetic/{split}:made_from={synthetic.fingerprint()}"
+# --- The corpora: `texts(split)`, `num_texts(split)` and a `source_id(split)` keying the caches --
 
 
 def corpus_key(config) -> str:
@@ -341,11 +308,11 @@ def corpus_key(config) -> str:
 
 
 def open_corpus(config, root: Path):
-  """The corpus of `config.data.source` (synthetic, or TinyStories: tinystories.py), its files
-  under the data dir `root`."""
+  """The corpus of `config.data.source` (synthetic.py or tinystories.py), under `root`."""
   source = config.data.source
   if source == "synthetic":
-    return Synthetic()
+    from actlab.data import synthetic
+    return synthetic
   if source == "tinystories":
     from actlab.data import tinystories
     manual = config.data.manual_dir or str(root / "manual" / "tiny_stories")
@@ -366,8 +333,7 @@ def _get_tokenizer(config, root: Path, train_texts=None) -> Tokenizer:
 
 
 def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
-  """The config's tokenizer without its corpus: the copy in `saved` (a run directory's) if there
-  is one, else the data dir's (a trained BPE or WordPiece must be there already)."""
+  """The config's tokenizer without its corpus: the run directory `saved`'s, else the data dir's."""
   if saved and (tok := saved_tokenizer(saved)) is not None:
     return tok
   root = data_dir(config.data.dir)
@@ -380,20 +346,17 @@ def load_tokenizer(config, saved: Path | None = None) -> Tokenizer:
 
 
 def load(config, *, progress: bool | None = None, labelled: bool = False):
-  """Build (first run) or open (later runs) the token caches and return the Dataset; with
-  `labelled`, the `classify.ClassifyDataset` of `config.data.classify` instead."""
+  """The Dataset, its token caches built on first use (`labelled`: a `ClassifyDataset`)."""
   root = data_dir(config.data.dir)
   progress = config.train.progress if progress is None else progress
   corpus = functools.cache(lambda: open_corpus(config, root))  # opened on first use
   key, spec = corpus_key(config), config.data.tokenizer
   get_tokenizer = lambda: _get_tokenizer(config, root, train_texts=lambda: corpus().texts("train"))
-  # Tokenizers that need no corpus come first, so a missing GPT-2 file is reported before a
-  # multi-GB download.
+  # A tokenizer that needs no corpus first: a missing GPT-2 file is said before a download.
   tok = None if tokenizer.parse_spec(spec)[0] in ("bpe", "wordpiece") else get_tokenizer()
-  # One process at a time prepares a corpus, trains a BPE or builds a cache (parallel sweep
-  # cells share the data dir); the others wait, then open what the first one built. The corpus
-  # is opened even when the caches exist: its fingerprint validates them (for TinyStories, the
-  # prepared TFDS data under <data dir>/tfds must therefore stay). The lock ends as the file closes.
+  # One process at a time prepares a corpus, trains a tokenizer or builds a cache (sweep cells
+  # share the data dir); the others wait, then open it. The corpus is opened even then: its
+  # source_id validates the caches (TinyStories' prepared data under <data dir>/tfds must stay).
   (root / "locks").mkdir(parents=True, exist_ok=True)
   with open(root / "locks" / f"{key}.lock", "a") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)

@@ -35,15 +35,12 @@ class ClassifyDataset:
 
   def train_batch(self, step: int) -> dict[str, np.ndarray]:
     """{"tokens": int32 [B, seq_len], "labels": int32 [B]}: rows from default_rng([seed, step])."""
-    if step < 0:
-      raise ValueError(f"step must be non-negative, got {step}")
     rows = np.random.default_rng([self.seed, int(step)]).integers(
         0, len(self.train_labels), self.batch_size)
     return {"tokens": self.train_tokens[rows], "labels": self.train_labels[rows]}
 
   def val_batches(self, test: bool = False) -> list[dict[str, np.ndarray]]:
-    """The whole validation split in order, the last batch padded with label −1 rows; no test
-    split (`config.validate` refuses data.test_batches here)."""
+    """The validation split in order, the last batch padded with label −1 rows; no test split."""
     if test:
       return []
     n, B = len(self.val_labels), self.batch_size
@@ -63,8 +60,7 @@ def encode(tokenizer, texts: list[str], seq_len: int, cls_id: int, sep_id: int,
 
 
 def hero_gender(text: str) -> int:
-  """1 if the first generator name in `text` is a girl's, 0 if a boy's; ValueError if none.
-  Every story names its hero before any friend, so this is the hero's gender."""
+  """1 if the first name in `text` (the hero's) is a girl's, 0 if a boy's; ValueError if none."""
   from actlab.data import synthetic
   girls, boys = set(synthetic.GIRL_NAMES), set(synthetic.BOY_NAMES)
   for word in re.findall(r"[A-Za-z]+", text):

@@ -22,10 +22,8 @@ GPT2_HASHES = {
   "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
   "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
 }
-# tiktoken's (faster, equivalent) form of the GPT-2 pre-tokenisation pattern.
-_GPT2_PAT_FALLBACK = (
-  r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-)
+# tiktoken's (faster, equivalent) form of the GPT-2 pre-tokenisation pattern (r50k_pat_str).
+GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
 
 class TiktokenTokenizer(Tokenizer):
@@ -65,24 +63,6 @@ class TiktokenTokenizer(Tokenizer):
     return {RANKS_FILE: b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks)}
 
 
-def gpt2_offline(directory: str | os.PathLike, threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
-  """The GPT-2 encoding from a directory holding encoder.json and vocab.bpe (no network)."""
-  from tiktoken.load import data_gym_to_mergeable_bpe_ranks
-
-  d = Path(directory).expanduser()
-  if missing := [f for f in GPT2_FILES if not (d / f).is_file()]:
-    raise DataError(f"GPT-2 tokenizer directory {d} lacks {' and '.join(missing)}. It must hold "
-                    f"{_GPT2_FILES_HELP}.")
-  try:
-    ranks = data_gym_to_mergeable_bpe_ranks(
-        vocab_bpe_file=str(d / "vocab.bpe"), encoder_json_file=str(d / "encoder.json"),
-        vocab_bpe_hash=GPT2_HASHES["vocab.bpe"], encoder_json_hash=GPT2_HASHES["encoder.json"])
-  except Exception as e:
-    raise DataError(f"GPT-2 files in {d} are not OpenAI's encoder.json / vocab.bpe "
-                    f"({short_cause(e)}). Replace them with the originals.") from e
-  return _from_ranks(ranks, threads)
-
-
 def gpt2_saved(directory: str | os.PathLike) -> TiktokenTokenizer:
   """The GPT-2 encoding from the copy `TiktokenTokenizer.files` wrote (`data.save_tokenizer`)."""
   lines = (Path(directory) / RANKS_FILE).read_bytes().splitlines()
@@ -92,21 +72,30 @@ def gpt2_saved(directory: str | os.PathLike) -> TiktokenTokenizer:
 def _from_ranks(ranks: dict[bytes, int], threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
   import tiktoken
 
-  try:
-    from tiktoken_ext.openai_public import r50k_pat_str as pat
-  except Exception:  # pragma: no cover - depends on the tiktoken version
-    pat = _GPT2_PAT_FALLBACK
-  enc = tiktoken.Encoding(name="gpt2", pat_str=pat, mergeable_ranks=ranks,
+  enc = tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks,
                           special_tokens={EOT_TEXT: 50256}, explicit_n_vocab=50257)
   return TiktokenTokenizer(enc, "gpt2", threads)
 
 
 def gpt2(gpt2_dir: str | os.PathLike | None = None,
          threads: int = DEFAULT_THREADS) -> TiktokenTokenizer:
-  """GPT-2: offline from ``gpt2_dir`` when given, else ``tiktoken.get_encoding('gpt2')``."""
-  if gpt2_dir:
-    return gpt2_offline(gpt2_dir, threads)
+  """GPT-2: offline from ``gpt2_dir``'s encoder.json and vocab.bpe when given, else tiktoken's."""
   import tiktoken
+  from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+  if gpt2_dir:
+    d = Path(gpt2_dir).expanduser()
+    if missing := [f for f in GPT2_FILES if not (d / f).is_file()]:
+      raise DataError(f"GPT-2 tokenizer directory {d} lacks {' and '.join(missing)}. It must hold "
+                      f"{_GPT2_FILES_HELP}.")
+    try:
+      ranks = data_gym_to_mergeable_bpe_ranks(
+          vocab_bpe_file=str(d / "vocab.bpe"), encoder_json_file=str(d / "encoder.json"),
+          vocab_bpe_hash=GPT2_HASHES["vocab.bpe"], encoder_json_hash=GPT2_HASHES["encoder.json"])
+    except Exception as e:
+      raise DataError(f"GPT-2 files in {d} are not OpenAI's encoder.json / vocab.bpe "
+                      f"({short_cause(e)}). Replace them with the originals.") from e
+    return _from_ranks(ranks, threads)
 
   try:
     enc = tiktoken.get_encoding("gpt2")

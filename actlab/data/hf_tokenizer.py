@@ -35,8 +35,7 @@ def merges_of(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
 
 def hf_tokenizer(tok):
   """`tok` as a Hugging Face `tokenizers.Tokenizer` giving the same ids: a byte-level BPE for
-  `byte` (the 256 bytes at their own ids, no merges) and `gpt2` (from tiktoken's ranks), the
-  saved JSON for `bpe:N` and `wordpiece:N` (with BERT's `[CLS] … [SEP]` added to encodings)."""
+  `byte` and `gpt2`, the saved JSON for `bpe:N` and `wordpiece:N` (adding `[CLS] … [SEP]`)."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
   if "tokenizer.json" in tok.files():

@@ -49,20 +49,15 @@ CONFIGS = {
 }
 
 
-class FormatError(DataError):
-  """A TinyStories file that is not TinyStories text."""
-
-
-def _not_tinystories(path, why: str) -> FormatError:
-  return FormatError(
+def _not_tinystories(path, why: str) -> DataError:
+  return DataError(
       f"{path} is not a TinyStories text file: {why}. The file is wrong or truncated; delete it "
       f"and download it again from {URL}{Path(path).name} (or use a ':smoke' config, which needs "
       "no downloads).")
 
 
 def parse_stories(path: str | os.PathLike) -> Iterator[str]:
-  """Stories of a TinyStories text file; FormatError for a file that is not TinyStories text,
-  raised at the end for one that ends inside a story (cut short)."""
+  """Stories of a TinyStories text file; DataError for one that is not (or is cut short)."""
   n_sep = n_stories = n_chars = n_bad = size = 0
   lines: list[str] = []
   with open(path, "rb") as f:
@@ -107,12 +102,9 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
   DEFAULT_CONFIG_NAME = "v2"
   manual_dir_hint: Path | None = None  # `prepare`'s manual directory, for messages
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      f"Download the TinyStories text files from {URL}<file> and put them in "
-      "<data dir>/manual/tiny_stories:\n"
-      + "".join(f"  version {v} (config.data.tinystories_version='{v}'): {c.train_file}, "
-                f"{c.valid_file}\n" for v, c in CONFIGS.items())
-      + "The directory is config.data.manual_dir, by default <data dir>/manual/tiny_stories, "
-      "where <data dir> is config.data.dir, $ACTLAB_DATA_DIR or ~/.cache/actlab.")
+      f"Put the text files from {URL}<file> in config.data.manual_dir (by default <data dir>/"
+      "manual/tiny_stories): " + "; ".join(f"data.tinystories_version='{v}': {c.train_file}, "
+                                           f"{c.valid_file}" for v, c in CONFIGS.items()))
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
@@ -150,8 +142,7 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
 
 
 def unavailable(cfg: TinyStoriesConfig, names: list[str], manual_dir, e: Exception) -> DataError:
-  """The one line for the release files `names`, absent from `manual_dir`, that could not be
-  downloaded either (`e`)."""
+  """The one line for release files `names`, not in `manual_dir` and not downloaded (`e`)."""
   them = " and ".join(names)
   return DataError(
       f"TinyStories {cfg.name}: {them} {'is' if len(names) == 1 else 'are'} not in {manual_dir} "
@@ -171,8 +162,7 @@ def probe(url: str) -> None:
 
 @contextlib.contextmanager
 def quiet():
-  """TFDS with nothing on the console: the "Downloading and preparing" line it prints even for
-  local files, its progress bars and its absl warnings (a variant directory it made itself)."""
+  """TFDS with nothing on the console: no "Downloading and preparing" line, bars or warnings."""
   absl_log = logging.getLogger("absl")
   level = absl_log.level
   absl_log.setLevel(logging.ERROR)
@@ -193,8 +183,7 @@ def builder(version: str, data_dir: str | os.PathLike) -> TinyStories:
 
 def prepare(version: str, data_dir: str | os.PathLike,
             manual_dir: str | os.PathLike) -> TinyStories:
-  """The builder, prepared if needed (again if its manual files changed); DataError if fixable.
-  TFDS says nothing unless it downloads (`quiet`); preparing from local files is one line."""
+  """The builder, prepared if needed (again if its manual files changed); DataError if fixable."""
   b = builder(version, data_dir)
   manual_dir = Path(manual_dir)
   mode = tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS

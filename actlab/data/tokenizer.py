@@ -54,7 +54,7 @@ class Tokenizer(abc.ABC):
     return {}
 
   def encode_docs(self, texts: Sequence[str], dtype=np.uint32) -> np.ndarray:
-    """Every text's ordinary encoding followed by ``eot_id``, as one flat array (cache chunks)."""
+    """Every text's ordinary encoding followed by ``eot_id``, as one flat array."""
     ids = self.encode_batch(texts)
     lens = [len(x) for x in ids]
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=sum(lens))
@@ -176,11 +176,8 @@ class HFWordPieceTokenizer(HFBPETokenizer):
 
   @classmethod
   def train(cls, texts: Iterable[str], vocab_size: int, name: str) -> "HFWordPieceTokenizer":
-    """Trained on at most BPE_TRAIN_MAX_CHARS characters of `texts` (held in memory: two passes),
-    the same in every process. Hugging Face's trainer numbers the `##` continuation tokens in
-    hash-map order as it meets them, and that order breaks ties between merges, so its
-    vocabulary changed from process to process; given every `##c` the texts need up front, in
-    sorted order (as special tokens, made ordinary entries again after training), it does not."""
+    """Trained on at most BPE_TRAIN_MAX_CHARS characters of `texts`, alike in every process: the
+    trainer's `##c` tokens, in hash-map order, broke ties; given up front, sorted, they do not."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -210,17 +207,14 @@ def _cap_chars(texts: Iterable[str], max_chars: int) -> Iterable[str]:
 
 
 def nominal_vocab_size(config) -> int:
-  """The model's vocabulary before padding as far as `config` says it, from names alone (no
-  files): `model.vocab_size`, else the ids its tokenizer spec has (at most that many for a trained
-  BPE or WordPiece, which may end with fewer)."""
+  """The unpadded vocabulary `config` names without files (a trained one may have fewer ids)."""
   kind, size = parse_spec(config.data.tokenizer)
   return (config.model.vocab_size or size
           or {"byte": ByteTokenizer.vocab_size, "gpt2": 50257}[kind])
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
-  """``"bpe:8192"`` -> ("bpe", 8192), ``"gpt2"`` -> ("gpt2", None): the one parser of the spec
-  (``config.validate`` reports its ValueError as ``data.tokenizer: <message>``)."""
+  """``"bpe:8192"`` -> ("bpe", 8192), ``"gpt2"`` -> ("gpt2", None); ValueError if unknown."""
   if spec in ("byte", "gpt2"):
     return spec, None
   if m := re.match(r"^(bpe|wordpiece):(\d+)$", spec or ""):

@@ -69,20 +69,14 @@ def model_family(config, task: str, named: str | None) -> tuple[str, str | None]
   fit = [name for name in families(task) if _unlike(config, name, task) is None]
   if fit:
     return fit[0], None
-  nearest = _nearest(config, task, named)
+  m = config.model
+  has_block = lambda name: all(getattr(m, k) == v for k, v in BLOCKS[FAMILIES[name].block].items())
+  nearest = min(families(task), key=lambda name: (not has_block(name), name != named))
   return nearest, _unlike(config, nearest, task)
 
 
-def _nearest(config, task: str, named: str | None) -> str:
-  """Of the task's families, one whose block the config's model has, `named` first."""
-  m = config.model
-  has_block = lambda name: all(getattr(m, k) == v for k, v in BLOCKS[FAMILIES[name].block].items())
-  return min(families(task), key=lambda name: (not has_block(name), name != named))
-
-
 def _unlike(config, family: str, task: str) -> str | None:
-  """Why the config's model is not the family's (the end of a line), or None if it is: its
-  block, its norm placement, a gated or plain FFN, qk-norm (`task`: one the family has)."""
+  """Why the config's model is not the family's (the end of a line), or None if it is."""
   m, f = config.model, FAMILIES[family]
   cls, ffn = f.classes[task], "gated" if gated(m.activation, m.ffn) else "plain"
 
@@ -138,8 +132,7 @@ def width(config) -> int:
 
 
 def hf_config(config, family: str | None, task: str, vocab_size: int, eot_id: int) -> dict:
-  """The `config.json` fields of the run's model as the family it is, which `family`, if given,
-  must be (`vocab_size`: the tokenizer's, unpadded)."""
+  """The `config.json` fields of the run's model as the family it is (`family`, if given)."""
   fit, why = model_family(config, task, family)
   if why:
     raise UserError(f"export: {why}")
@@ -173,8 +166,7 @@ def hf_config(config, family: str | None, task: str, vocab_size: int, eot_id: in
 
 def write(directory: pathlib.Path, config, family: str | None, task: str, params,
           vocab_size: int, eot_id: int, run: dict) -> str:
-  """`config.json` (with `run` as its `EXPORTED` entry: an interrupted export is still recognised),
-  then `model.safetensors` in `directory` (`hf_config`); returns the transformers class written."""
+  """`config.json` (`run` its `EXPORTED` entry), then `model.safetensors`; returns the class."""
   import transformers
   from safetensors.numpy import save_file
 
@@ -192,9 +184,8 @@ def write(directory: pathlib.Path, config, family: str | None, task: str, params
 
 
 def read(directory, config, task: str, vocab_size: int) -> Weights:
-  """The state dict of the model in `directory` once its `config.json` names the family the
-  config's model is and its sizes are the model's (`_check_sizes`); a tied LLaMA-style head's
-  `lm_head.weight` is the embedding's."""
+  """The state dict in `directory` once its `config.json` names the config's model's family and
+  its sizes (`_check_sizes`); a tied LLaMA-style head's `lm_head.weight` is the embedding's."""
   directory = pathlib.Path(directory)
   where = f"train.init_from=hf:{directory}"
   try:
@@ -228,8 +219,7 @@ def read(directory, config, task: str, vocab_size: int) -> Weights:
 
 
 def _hint(theirs, ours: str, task: str) -> str:
-  """What makes the run's model (`ours`, or near it) the checkpoint's family's, if that has
-  `task`."""
+  """What makes the run's model (`ours`) the checkpoint's family's, if that has `task`."""
   if theirs not in families(task):
     return ""
   t = FAMILIES[theirs]
@@ -239,8 +229,7 @@ def _hint(theirs, ours: str, task: str) -> str:
 
 
 def _transformers_config(directory: pathlib.Path, where: str) -> dict:
-  """`config.json` as transformers' config class reads it: its defaults filled in (Qwen3's
-  `head_dim`), transformers 4's rope fields as 5's."""
+  """`config.json` as transformers reads it: defaults filled in, version 4's rope fields as 5's."""
   try:
     import transformers
     return transformers.AutoConfig.from_pretrained(directory).to_dict()
@@ -252,16 +241,14 @@ def _transformers_config(directory: pathlib.Path, where: str) -> dict:
 
 
 def say_allowed(where: str, diffs: list[str]) -> None:
-  """The run's first line for what `train.init_from` allows to differ (`init_from="say"`; from
-  hf:DIR, the FFN activation too)."""
+  """The run's first line for what `train.init_from` allows to differ (`init_from="say"`)."""
   if diffs:
     print(f"actlab: {where}: {'; '.join(diffs)} (allowed: the parameters carry over)", flush=True)
 
 
 def _check_sizes(cfg: dict, config, family: str, vocab_size: int, where: str) -> list[str]:
-  """UserError unless the checkpoint's features and sizes are the model's (more positions are
-  cut to `model.max_len`; a field marked `init_from="say"` may differ: the differences returned)
-  and its vocabulary is no larger than `vocab_size`."""
+  """UserError unless the checkpoint's features, sizes (but `init_from="say"` fields: returned)
+  and vocabulary (at most `vocab_size`) fit the model."""
   m = config.model
   unsupported = [f"{k}={cfg[k]!r}" for k, v in REQUIRED[family].items() if cfg.get(k, v) != v]
   if unsupported:

@@ -105,8 +105,7 @@ def _transposed(family: str, leaf: str, value: np.ndarray) -> np.ndarray:
 
 
 def to_hf(family: str, params: Mapping, vocab_size: int) -> dict[str, np.ndarray]:
-  """The family's state dict (float32 numpy, PyTorch layout) of the parameters, per-layer or
-  scanned, without the vocabulary's rows past `vocab_size` (the padding)."""
+  """The family's float32 state dict (PyTorch layout) of `params`, rows past `vocab_size` cut."""
   columns = {}
   for path, value in flatten_dict(per_layer_layout(params)).items():
     which, n = _columns(family, path)
@@ -146,9 +145,8 @@ def _new_name(name: str) -> str:
 
 
 def fit(path: tuple[str, ...], name: str, value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-  """`value` shaped as the model's parameter at `path`: a smaller vocabulary padded with the
-  mean of the real rows (so the loss grows by at most ln(1 + padding/V)), a longer position
-  table cut to `max_len`; ValueError for any other difference."""
+  """`value` shaped as the parameter at `path`: a smaller vocabulary padded with the mean row, a
+  longer position table cut; ValueError for any other difference."""
   shape = tuple(shape)
   if value.ndim == len(shape) and value.shape[1:] == shape[1:]:
     extra = shape[0] - value.shape[0]  # rows the model has beyond the checkpoint's
@@ -162,8 +160,7 @@ def fit(path: tuple[str, ...], name: str, value: np.ndarray, shape: tuple[int, .
 
 
 def scanned_layout(params) -> dict:
-  """Per-layer `block_0` … `block_{n-1}` parameters (or any tree of that layout, e.g. gradients)
-  → the scanned model's `blocks` (`model.scan_layers`), stacked on a leading layer axis."""
+  """Per-layer `block_i` trees → the scanned model's `blocks`, stacked on a leading layer axis."""
   n = sum(k.startswith("block_") for k in params)
   out = {k: v for k, v in params.items() if not k.startswith("block_")}
   out["blocks"] = jax.tree.map(lambda *xs: jnp.stack(xs), *[params[f"block_{i}"] for i in range(n)])
