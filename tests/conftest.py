@@ -43,6 +43,9 @@ session_dir("ACTLAB_DATA_DIR", "actlab-test-data-")
 # (every `loop.Program` is a new jit), and subprocesses (resume after SIGKILL, simulated
 # devices) compile what an earlier process already did. Set before anything imports JAX.
 session_dir("JAX_COMPILATION_CACHE_DIR", "actlab-test-xla-")
+# tiktoken keeps a copy of each GPT-2 file it reads, by its path, in its cache (by default
+# /tmp/data-gym-cache): the tests' copies lie in temporary directories, a new path each session.
+session_dir("TIKTOKEN_CACHE_DIR", "actlab-test-tiktoken-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # Compiling, not running, is most of the suite's time: its programs are tiny and run a few steps.
 # So the tests compile at XLA's backend optimisation level 0 (the same HLO, unoptimised machine

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import re
 import socket
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -99,6 +100,9 @@ def test_classification_batches():
 
 
 def test_sst2_offline(tmp_path, monkeypatch):
+  # TFDS's glue builder, asked for a dataset not yet prepared, leaves an empty directory in the
+  # system's temporary directory: here, the test's own.
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
   manual = tmp_path / "manual" / "glue_sst2"
   manual.mkdir(parents=True)
   (manual / "train.tsv").write_text("sentence\tlabel\na gorgeous film \t1\ndull and tired \t0\n")

@@ -33,7 +33,8 @@ def test_workers_are_two_per_gpu_and_one_per_core_without_one(monkeypatch):
   assert conftest.pytest_xdist_auto_num_workers(None) is None
 
 
-SESSION_DIRS = ("ACTLAB_DATA_DIR", "JAX_COMPILATION_CACHE_DIR")  # conftest.session_dir's
+# conftest.session_dir's
+SESSION_DIRS = ("ACTLAB_DATA_DIR", "JAX_COMPILATION_CACHE_DIR", "TIKTOKEN_CACHE_DIR")
 
 
 def worker_env(tmp_path, starts_session: bool = False, **variables: str) -> dict:

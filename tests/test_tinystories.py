@@ -3,6 +3,7 @@
 import collections
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -111,15 +112,19 @@ def test_manual_instructions_name_every_file():
 # ----------------------------------------------------------------------------- the builder
 
 
-def test_builder_prepares_from_manual_dir_offline(tmp_path, offline, capfd, caplog):
+def test_builder_prepares_from_manual_dir_offline(tmp_path, offline, capfd, caplog, monkeypatch):
   manual = tmp_path / "manual" / "tiny_stories"
   manual.mkdir(parents=True)
   write_tinystories(manual / "TinyStoriesV2-GPT4-train.txt", STORIES_TRAIN)
   write_tinystories(manual / "TinyStoriesV2-GPT4-valid.txt", STORIES_VALID)
+  scratch = tmp_path / "scratch"
+  scratch.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the system's temporary directory
   capfd.readouterr()
   with caplog.at_level(logging.INFO, logger="absl"):
     corpus = ts.Corpus("v2", tmp_path / "tfds", manual)
   assert offline == []  # the manual files were used, nothing was fetched
+  assert list(scratch.iterdir()) == []  # nothing left in /tmp (TFDS's bucket lookup would)
   # Nothing downloaded: one line, none of TFDS's "Downloading and preparing", bars or warnings.
   assert capfd.readouterr() == ("", f"actlab: preparing TinyStories v2 from {manual} into "
                                     f"{tmp_path / 'tfds'} (once: later runs read it from there)\n")

@@ -107,7 +107,7 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
                                            f"{c.valid_file}" for v, c in CONFIGS.items()))
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
+    info = self.dataset_info_from_configs(
         features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
         homepage="https://huggingface.co/datasets/roneneldan/TinyStories",
         citation=(
@@ -116,6 +116,10 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
             "journal={arXiv preprint arXiv:2305.07759}, year={2023}}"),
         license="CDLA-Sharing-1.0",
     )
+    # Built here from its text files, never read from TFDS's bucket, whose lookup (before the
+    # dataset is prepared) leaves an empty temporary directory in /tmp each time.
+    info.initialize_from_bucket = lambda: None
+    return info
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     files = self.builder_config.files
