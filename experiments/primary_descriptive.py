@@ -23,7 +23,8 @@ prints those).
   (`pilot_rerun.csv`): how far apart their test losses end, per LR, and their spikes; the fresh
   runs finished per rung, where, and their wall time (a vectorized program's shared among its
   runs; on a CPU one core a run, so their sum is core-hours; a resumed run's wall is its last
-  start's).
+  start's), and their training time alone (`train_time_sec`: summed across resumes, evaluation
+  and checkpoints left out).
 - `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
 - `readme`: README's answer table, each verdict and interval as `actlab.ask ... report` prints it.
 - `figure`: docs/img/activation_x_recipe.png (ReLU − GELU per recipe and block with its
@@ -252,10 +253,12 @@ def ladder() -> None:
       here = [s for s in runs if where(s) == device]
       walls = np.array([A.run_wall(s) for s in here])
       resumed = sum(len(s["provenance"]) > 1 for s in here)
+      trained = sum(s["train_time_sec"] for s in here) / 3600
       print(f"  on {device}: {len(walls)}, {walls.mean():.0f} s a run"
             + (f" (sd {walls.std(ddof=1):.0f})" if len(walls) > 1 else "")
             + f", {walls.sum() / 3600:.1f} h summed"
-            + (f"; {resumed} resumed, whose wall is their last start's" if resumed else ""))
+            + (f"; {resumed} resumed, whose wall is their last start's" if resumed else "")
+            + f"; training alone, across resumes: {trained:.1f} h summed")
 
 
 def where(summary: dict) -> str:
