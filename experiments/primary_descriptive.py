@@ -253,7 +253,8 @@ def ladder() -> None:
       here = [s for s in runs if where(s) == device]
       walls = np.array([A.run_wall(s) for s in here])
       resumed = sum(len(s["provenance"]) > 1 for s in here)
-      trained = sum(s["train_time_sec"] for s in here) / 3600
+      # A vectorized program's training time shared among its runs, as `run_wall` shares its wall
+      trained = sum(s["train_time_sec"] / s.get("vectorized_runs", 1) for s in here) / 3600
       print(f"  on {device}: {len(walls)}, {walls.mean():.0f} s a run"
             + (f" (sd {walls.std(ddof=1):.0f})" if len(walls) > 1 else "")
             + f", {walls.sum() / 3600:.1f} h summed"
