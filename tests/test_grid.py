@@ -238,3 +238,14 @@ def test_a_sweep_json_from_before_the_configs_compares_the_grid(tmp_path):
       overridden=["train.steps"])
   sweep.plan(config_lib.base(), SMOKE, tmp_path, log=lambda _: None)  # resumes, recording them
   assert "config" in json.loads((tmp_path / "sweep.json").read_text())
+
+
+def test_a_fixed_field_the_config_gained_since_resumes_at_the_value_runs_had_without_it(tmp_path):
+  """A sweep.json written before `train.deterministic_ops` existed (the ladder's) resumes when
+  the sweep now fixes it at the value its runs had (off), and refuses another value."""
+  sweep.plan(config_lib.base(), SMOKE, tmp_path, log=lambda _: None)
+  old = json.loads((tmp_path / "sweep.json").read_text())
+  assert "train.deterministic_ops" not in old["fixed"]
+  for value, diffs in [(False, []), (True, ["train.deterministic_ops: <absent> → True"])]:
+    new = {**old, "fixed": {**old["fixed"], "train.deterministic_ops": value}}
+    assert grid.manifest_diffs(old, new) == diffs

@@ -214,11 +214,14 @@ def manifest_diffs(old: dict, new: dict) -> list[str]:
   if _spec_name(old.get("sweep", "")) != _spec_name(new["sweep"]):
     out.append(f"sweep: {old.get('sweep')} → {new['sweep']}")
   defaults, absent = dataclasses.asdict(parse({})), object()
+  # A fixed field the config gained after `old` was written had its added value there.
+  added = {f"{section}.{field}": v for (section, field), v in workdir_lib.ADDED_FIELDS.items()}
   for key in KEYS:
     a, b = old.get(key, defaults[key]), new[key]
     if key in ("axes", "fixed"):  # The fixed fields named as the cells' configs name them.
+      was = {**added, **a} if key == "fixed" else a
       out += [f"{'axes.' * (key == 'axes')}{k}: {at(a, k)} → {at(b, k)}" for k in {**a, **b}
-              if a.get(k, absent) != b.get(k, absent)
+              if was.get(k, absent) != b.get(k, absent)
               and not (key == "fixed" and k.startswith(config_lib.RUNTIME_FIELDS))]
     elif a != b:
       out.append(f"{key}: {short(a)} → {short(b)}")
