@@ -20,7 +20,7 @@ import types
 import numpy as np
 import pytest
 
-from actlab import ask
+from actlab import ask, sweep
 from actlab.infra.errors import UserError
 from actlab.report import answer as A
 from actlab.report import comparisons as C
@@ -218,6 +218,25 @@ def test_a_question_asks_for_deterministic_gpu_ops_unless_it_says_otherwise(tmp_
   ladder = asked("ladder")
   frozen = json.loads((ladder.root / "question.json").read_text())
   assert Q.changes(frozen["declaration"], Q.declaration(ladder.q)) == []
+
+
+@pytest.mark.parametrize("rung", ["2x128", "4x256", "6x384"])
+def test_the_ladders_committed_stages_resume_under_this_code(rung, tmp_path):
+  """`ask run --cells='*_RUNG'` writes each stage's sweep file from the question as it reads now
+  and checks it against the stage's committed sweep.json: nothing added since may refuse them
+  (a field the committed questions fixed at its old value once did)."""
+  a, s, _ = judged("ladder")
+  a = dataclasses.replace(a, cells=f"*_{rung}")
+  stages = {"pilot": dict.fromkeys(a.mine),
+            "fresh": {c: (s.lrs[c], s.sizing["cell_n"][c]) for c in a.mine}}
+  for stage, lrs in stages.items():
+    where = tmp_path / a.stage_dir(stage).name
+    where.mkdir()
+    shutil.copy(a.stage_dir(stage) / "sweep.json", where)
+    spec = where.with_name(f"{where.name}.sweep.json")
+    spec.write_text(json.dumps(ask.stage_sweep(a.q, stage, lrs)))
+    assert len(sweep.plan(Q.base_config(a.q), str(spec), where, log=lambda _: None)) == {
+        "pilot": 60, "fresh": 88}[stage]
 
 
 def test_the_retest_keeps_every_lr_family_1_chose():
