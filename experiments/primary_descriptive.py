@@ -24,7 +24,8 @@ prints those).
   runs finished per rung, where, and their wall time (a vectorized program's shared among its
   runs; on a CPU one core a run, so their sum is core-hours; a resumed run's wall is its last
   start's), and their training time alone (`train_time_sec`: summed across resumes, evaluation
-  and checkpoints left out).
+  and checkpoints left out); per answered contrast the Shapiro p of its per-seed values and its
+  three lowest and highest seeds; per fresh cell the seeds past 10x and its largest ratio.
 - `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
 - `readme`: README's answer table, each verdict and interval as `actlab.ask ... report` prints it.
 - `figure`: docs/img/activation_x_recipe.png (ReLU − GELU per recipe and block with its
@@ -260,6 +261,18 @@ def ladder() -> None:
             + f", {walls.sum() / 3600:.1f} h summed"
             + (f"; {resumed} resumed, whose wall is their last start's" if resumed else "")
             + f"; training alone, across resumes: {trained:.1f} h summed")
+  v = A.verdicts(stages, one_out=False)
+  for c in q.contrasts:
+    if c.name not in page.unanswered(q, v):
+      by_value = sorted(zip(v[c.name]["values"], v[c.name]["seeds"]))
+      seeds = lambda part: ", ".join(f"{seed} {x:+.3f}" for x, seed in part)
+      print(f"{c.name}: Shapiro p {stats.shapiro([x for x, _ in by_value]).pvalue:.2g}; lowest "
+            f"{seeds(by_value[:3])}; highest {seeds(by_value[:-4:-1])}")
+  for cell, runs in fresh.items():
+    rel = {seed: run["grad_norm_max_rel"] for (_, seed), run in sorted(runs.items())}
+    past = [f"{seed} {r:.1f}x" for seed, r in rel.items() if r > q.spike]
+    print(f"fresh {cell}: past {q.spike:g}x in {len(past)} of {len(rel)}"
+          + (f" ({', '.join(past)})" if past else "") + f"; largest {max(rel.values()):.2f}x")
 
 
 def where(summary: dict) -> str:
