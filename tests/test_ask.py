@@ -393,3 +393,33 @@ def test_a_one_contrast_figure_has_room_for_its_side_labels(tmp_path):
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # matplotlib's "Tight layout not applied" among them
     assert page.figure(q, v, tmp_path / "q.png").exists()
+
+
+def test_an_equivalence_whose_interval_reaches_past_the_margin_shows_the_tosts_interval():
+  """The TOST at Holm's level for its p and the simultaneous interval at 1 − α/K read the same
+  data at different levels: where the TOST finds equivalence within ±δ and the simultaneous
+  interval reaches past δ, the cell gives the interval the TOST corresponds to, within ±δ."""
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+  z = np.array([-1.5, -1.0, -0.5, -0.2, 0.0, 0.1, 0.2, 0.5, 1.0, 1.5])
+  values = 0.01 + 0.02 * math.sqrt(10) * (z - z.mean()) / z.std(ddof=1)  # mean 0.01, se 0.02
+  d = C.paired_difference(values, np.zeros(10), 0.05)
+  interval = C.simultaneous_interval(d, 1)
+  contrast = types.SimpleNamespace(negative="A lower", positive="B lower")
+  se = d.sd / math.sqrt(d.n)
+  for multiplier in (1.0, 1.25):  # the TOST's p as Holm adjusts it: at α·p/p̃ one-sided
+    at = {"p_equiv": d.p_equiv, "p_equiv_holm": multiplier * d.p_equiv}
+    at["verdict"] = C.judge(interval, 0.05, at["p_equiv_holm"])
+    assert at["verdict"].kind == C.EQUIVALENT and interval[1] > 0.05 > at["p_equiv_holm"]
+    words = page.verdict_words(contrast, at, {"paired": d, "interval": interval})
+    found = re.search(r"the TOST's interval \[(\S+), (\S+)\] lies within ±0.05, the simultaneous "
+                      r"one reaches past it", words)
+    assert words.startswith("**equivalent within ±0.05** (TOST Holm p ") and found, words
+    low, high = (float(x.replace("−", "-")) for x in found.groups())
+    half = stats.t.ppf(1 - 0.05 / multiplier, 9) * se
+    assert (low, high) == pytest.approx((d.mean - half, d.mean + half), abs=6e-4)
+    assert -0.05 <= low and high <= 0.05
+  wide = C.paired_difference(values, np.zeros(10), 0.1)  # the interval within ±0.1: no note
+  at = {"p_equiv": wide.p_equiv, "p_equiv_holm": wide.p_equiv,
+        "verdict": C.judge(interval, 0.1, wide.p_equiv)}
+  assert page.verdict_words(contrast, at, {"paired": wide, "interval": interval}) == (
+      f"**equivalent within ±0.1** (TOST Holm p {wide.p_equiv:.2g})")

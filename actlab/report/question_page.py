@@ -99,10 +99,29 @@ def lr_of(c: Contrast, lrs: dict) -> str:
       f"{lr:g}: {', '.join(cells)}" for lr, cells in by.items())
 
 
-def verdict_words(c: Contrast, at: dict) -> str:
+def tost_interval(d: C.Paired, at: dict, alpha: float) -> tuple[float, float] | None:
+  """The interval an equivalence verdict's TOST corresponds to: its two one-sided tests reject at
+  the level Holm gives its p (α·p/p̃, p̃ the adjusted p) exactly where the two-sided interval at
+  1 − 2·α·p/p̃ lies within ±δ. None where p or p̃ is not a positive number."""
+  p, adjusted = at["p_equiv"], at["p_equiv_holm"]
+  if not (math.isfinite(p) and math.isfinite(adjusted) and p > 0 and adjusted > 0):
+    return None
+  return C.simultaneous_interval(d, 1, 2 * alpha * p / adjusted)
+
+
+def verdict_words(c: Contrast, at: dict, r: dict | None = None, alpha: float = C.ALPHA) -> str:
+  """A margin's verdict in bold; an equivalence with its TOST's Holm p, and where the
+  simultaneous interval of `r` (the contrast's results) reaches past ±δ, the TOST's interval,
+  which lies within it (docs/asking.md, "The verdicts")."""
   v = at["verdict"]
-  tost = f" (TOST Holm p {at['p_equiv_holm']:.2g})" if v.kind == C.EQUIVALENT else ""
-  return f"**{v.words(c.negative, c.positive)}**{tost}"
+  if v.kind != C.EQUIVALENT:
+    return f"**{v.words(c.negative, c.positive)}**"
+  tost = f"TOST Holm p {at['p_equiv_holm']:.2g}"
+  low, high = r["interval"] if r else (0.0, 0.0)
+  if (low < -v.margin or high > v.margin) and (within := tost_interval(r["paired"], at, alpha)):
+    tost += (f"; the TOST's interval [{signed(within[0])}, {signed(within[1])}] lies within "
+             f"±{v.margin:g}, the simultaneous one reaches past it")
+  return f"**{v.words(c.negative, c.positive)}** ({tost})"
 
 
 def one_seed_out(c: Contrast, r: dict) -> str:
@@ -147,7 +166,8 @@ def table(s: A.Stages, v: dict) -> list[str]:
         f"{signed(d.ci_high)}]", f"[{signed(low)}, {signed(high)}]",
         f"{d.p:.2g} ({r['p_holm']:.2g})",
         sign, f"{sum(x < 0 for x in r['values'])} of {len(r['seeds'])}",
-        *(verdict_words(c, r["margins"][m]) for m in q.margins), one_seed_out(c, r), carry])
+        *(verdict_words(c, r["margins"][m], r, q.rule.alpha) for m in q.margins),
+        one_seed_out(c, r), carry])
   return markdown_table(head, rows).split("\n")
 
 
