@@ -149,12 +149,23 @@ def report(a: Asked, log=print) -> None:
     raise errors.UserError(f"question {a.q.name}: its pilot is not complete in {a.root}; run it "
                            f"first: python -m actlab.ask {a.spec} run --workdir={a.root}")
   v = A.verdicts(s)
-  lines = page.report_lines(s, v, page.declaration_lines(s, a.root))
-  out = a.root / f"{a.q.name.replace(':', '_')}.md"
-  workdir_lib.write_text(out, "\n".join(lines) + "\n")
+  out, text = report_path(a), report_text(a, s, v)
+  workdir_lib.write_text(out, text)
   figure = page.figure(a.q, v, out.with_suffix(".png"))
-  log("\n".join(lines))
+  log(text.removesuffix("\n"))
   log(f"wrote {out}" + (f" and {figure}" if figure else ""))
+
+
+def report_path(a: Asked) -> pathlib.Path:
+  """Where `report` writes the page: `<question>.md` in the question's directory (the project's
+  committed questions commit it beside their runs)."""
+  return a.root / f"{a.q.name.replace(':', '_')}.md"
+
+
+def report_text(a: Asked, s: A.Stages, v: dict) -> str:
+  """The page `report` prints and writes: the design, the declaration, the verdict table, the
+  runs not in the answer."""
+  return "\n".join(page.report_lines(s, v, page.declaration_lines(s, a.root))) + "\n"
 
 
 def plan(a: Asked, estimate: bool = True, log=print) -> None:

@@ -423,3 +423,20 @@ def test_an_equivalence_whose_interval_reaches_past_the_margin_shows_the_tosts_i
         "verdict": C.judge(interval, 0.1, wide.p_equiv)}
   assert page.verdict_words(contrast, at, {"paired": wide, "interval": interval}) == (
       f"**equivalent within ±0.1** (TOST Holm p {wide.p_equiv:.2g})")
+
+
+@pytest.mark.parametrize("family", COMMITTED)
+def test_each_committed_questions_report_is_committed_as_report_writes_it(family):
+  """`ask … report`'s page (design, declaration, analysis line, verdict table, runs not in) is
+  committed beside the runs, equal to what `report` writes now, with no machine's paths in it.
+  Without the git history the analysis line cannot name its commits: that line is left aside."""
+  a, s, v = judged(family, one_out=True)
+  path = ask.report_path(a)
+  committed, now = path.read_text(), ask.report_text(a, s, v)
+  assert "| verdict at ±0.1 |" in committed and not re.search(r"/(work|root|tmp|home)/", committed)
+  if "git cannot list the commits" in now:
+    analysis = lambda text: [x for x in text.splitlines() if not x.startswith("analysis:")]
+    committed, now = analysis(committed), analysis(now)
+  assert committed == now, f"rewrite it: python -m actlab.ask {a.spec} report --workdir={a.root}"
+  if Q.git(REPO, "rev-parse", "--git-dir") is not None:  # a checkout: tracked, not ignored
+    assert Q.git(REPO, "ls-files", "--error-unmatch", str(path)) is not None
