@@ -440,3 +440,166 @@ def test_each_committed_questions_report_is_committed_as_report_writes_it(family
   assert committed == now, f"rewrite it: python -m actlab.ask {a.spec} report --workdir={a.root}"
   if Q.git(REPO, "rev-parse", "--git-dir") is not None:  # a checkout: tracked, not ignored
     assert Q.git(REPO, "ls-files", "--error-unmatch", str(path)) is not None
+
+
+def prose(name: str) -> str:
+  """A page's prose above "## Reproducing" (RESULTS.md's tested families and the ladder; all of
+  README), tables left out, its whitespace one space."""
+  text = (REPO / name).read_text().split("\n## Reproducing")[0]
+  return re.sub(r"\s+", " ", " ".join(x for x in text.splitlines() if not x.startswith("|")))
+
+
+VERDICT_WORDS = re.compile(r"by at least|by less than|equivalent|not resolved|not placed")
+NOT_VERDICTS = (  # the prose's verdict words that retell no contrast's verdict
+    "Held against ±δ it gives one of five verdicts, each read from the interval alone: **A lower "
+    "by at least δ** (it lies beyond −δ), **A lower by less than δ** (it lies between −δ and 0), "
+    "**A lower; its size not resolved against δ** (it excludes 0 and spans −δ), **equivalent "
+    "within ±δ** (it holds 0 and the two one-sided tests against ±δ reject, Holm-adjusted over "
+    "the family), or **not resolved**; the same for B.",
+    "the template then in use printed \"A lower, by less than δ or by an amount not resolved\"",
+    "an interval inside (−δ, 0) read \"equivalent (A lower by less than δ)\" and now reads \"A "
+    "lower by less than δ\"",
+    "Under the rule the claim rule replaced, tests 1–7 read: ReLU better; equivalent; not "
+    "resolved (below the seed sd); ReLU better; GELU better; not resolved; not resolved.",
+)
+SPIKE_ONLY = ("it moves the gap toward GELU by +0.042 ([+0.010, +0.073]): by less than 0.1, and "
+              "by an amount not resolved against 0.05")
+# (family, contrast, margin, the phrase, the seed left out or None): each verdict the prose
+# retells for a named contrast, as the prose words it; a phrase that retells two margins' is
+# (the phrase, the words of this margin's verdict within it).
+RETOLD = [
+    ("recipe", "recipe_clip", 0.1, "ReLU − GELU is **equivalent within ±δ** (−0.016", None),
+    ("factorial", "relu_gelu", 0.1, "ReLU is lower than GELU by at least 0.1 again", None),
+    ("factorial", "clip_change", 0.1, "clipping at 1.0 moves ReLU − GELU toward GELU by at least "
+     "0.1 (+0.305", None),
+    ("factorial", "spike_change", 0.1, "tested) moves ReLU − GELU toward GELU by less than 0.1 "
+     "(+0.042", None),
+    ("factorial", "block_change", 0.1, "the LLaMA-style block moves it toward GELU by at least "
+     "0.1 (+0.289", None),
+    ("page", "relu_gelu", 0.1, "**ReLU gives the lower loss, by at least δ.**", None),
+    ("page", "geglu_gelu", 0.1, "test 3's GELU advantage, which the old rule left unclaimed "
+     "because the mean (0.102) was below the sd of single differences (0.177), is claimed in "
+     "direction; its size is not resolved against δ", None),
+    ("page", "swiglu_silu", 0.1, "**2, SwiGLU − SiLU: equivalent within ±0.1 nats.**", None),
+    ("page", "geglu_gelu", 0.1, "**3, GEGLU − GELU: GELU lower; its size not resolved against "
+     "δ.**", None),
+    ("page", "reglu_relu", 0.1, "**4, ReGLU − ReLU: ReLU lower by at least δ.**", None),
+    ("page", "swiglu_silu", 0.1, "gating's change to the loss is equivalent to none within ±0.1",
+     None),
+    ("page", "bert_relu_gelu", 0.1, "**5, ReLU − GELU: GELU gives the lower `[MASK]` loss, by at "
+     "least δ.**", None),
+    ("page", "bert_tanh_gelu", 0.1, "**6, tanh − GELU: not resolved.**", None),
+    ("page", "bert_tanh_gelu", 0.1, "not equivalent either (TOST against ±0.1", None),
+    ("page", "bert_swiglu_gelu", 0.1, "**7, SwiGLU − GELU: not resolved.**", None),
+    ("recipe", "recipe_clip", 0.1, "**`recipe_clip`: equivalent within ±δ.**", None),
+    ("recipe", "recipe_warmup", 0.1, "**`recipe_warmup`: ReLU lower; by how much is not resolved "
+     "against δ.**", None),
+    ("recipe", "recipe_warmup", 0.1, "so the direction is claimed (Holm p 0.020) and the size is "
+     "not placed against δ. ReLU is lower", None),
+    ("recipe", "recipe_wide", 0.1, "**`recipe_wide`: not resolved.**", None),
+    ("recipe", "recipe_clip_warmup", 0.1, "**`recipe_clip_warmup`: equivalent within ±δ.**", None),
+    ("recipe", "recipe_clip_warmup", 0.1, "simultaneous [−0.045, +0.026]: equivalent within ±0.1",
+     None),
+    ("recipe", "modern_relu_gelu", 0.1, "**`modern_relu_gelu`: equivalent within ±δ.**", None),
+    ("recipe", "modern_relu2_gelu", 0.1, "**`modern_relu2_gelu`: ReLU² lower by less than δ.**",
+     None),
+    ("recipe", "modern_relu2_gelu", 0.1, "so ReLU² is lower by less than δ", None),
+    ("factorial", "relu_gelu", 0.1, "ReLU lower by at least 0.1 and at least 0.05", None),
+    ("factorial", "relu_gelu", 0.05, "ReLU lower by at least 0.1 and at least 0.05", None),
+    ("factorial", "clip_change", 0.1, "**Clipping at 1.0 moves ReLU − GELU toward GELU by at "
+     "least 0.1**", None),
+    ("factorial", "spike_change", 0.1, (SPIKE_ONLY, "by less than 0.1"), None),
+    ("factorial", "spike_change", 0.05, (SPIKE_ONLY, "by an amount not resolved against 0.05"),
+     None),
+    ("factorial", "spike_vs_clip", 0.1, "it moves ReLU − GELU toward ReLU by at least 0.1", None),
+    ("factorial", "block_change", 0.1, "**The LLaMA-style block moves it toward GELU by at least "
+     "0.1**", None),
+    ("ladder", "gap_none_2x128", 0.1, "ReLU's test loss is lower than GELU's in all 22 seeds, by "
+     "0.289 [−0.311, −0.267]: lower by at least 0.1", None),
+    ("ladder", "gap_clip_2x128", 0.05, "ReLU is lower by less than 0.05: −0.027", None),
+    ("ladder", "clip_change_2x128", 0.1, "it moves ReLU − GELU toward GELU by +0.262 [+0.235, "
+     "+0.289], by at least 0.1", None),
+    ("ladder", "gap_none_4x256", 0.1, "ReLU's test loss is lower than GELU's in all 22 seeds, by "
+     "0.078 on average. The interval excludes 0 and spans both −0.1 and −0.05, so the gap's size "
+     "is not resolved", None),
+    ("ladder", "gap_none_4x256", 0.05, "ReLU's test loss is lower than GELU's in all 22 seeds, by "
+     "0.078 on average. The interval excludes 0 and spans both −0.1 and −0.05, so the gap's size "
+     "is not resolved", None),
+    ("ladder", "gap_none_4x256", 0.1, "ReLU lower by less than 0.1 (the row's \"one seed out\")",
+     1006),
+    ("ladder", "gap_clip_4x256", 0.05, "the two are equivalent within ±0.05", None),
+    ("ladder", "clip_change_4x256", 0.1, "it moves ReLU − GELU toward GELU by +0.089 [+0.028, "
+     "+0.149], in all 22 seeds, by an amount not resolved against either margin", None),
+    ("ladder", "clip_change_4x256", 0.05, "it moves ReLU − GELU toward GELU by +0.089 [+0.028, "
+     "+0.149], in all 22 seeds, by an amount not resolved against either margin", None),
+    ("ladder", "gap_none_6x384", 0.1, "ReLU's test loss is lower than GELU's by 0.057 on average, "
+     "in 20 of 22 seeds: [−0.102, −0.012], ReLU lower, its size not resolved against 0.1", None),
+    ("ladder", "gap_none_6x384", 0.05, "ReLU lower, its size not resolved against 0.1 (the "
+     "interval's end passes −0.1 by 0.002) or 0.05", None),
+    ("ladder", "gap_clip_6x384", 0.05, "ReLU is lower by less than 0.05: −0.031", None),
+    ("ladder", "clip_change_6x384", 0.1, "+0.027 [−0.018, +0.072], equivalent to none within "
+     "±0.1", None),
+    ("ladder", "clip_change_6x384", 0.05, "not resolved against ±0.05", None),
+    ("ladder", "scale_change_none", 0.1, "ReLU − GELU moves toward GELU by at least 0.1: +0.232",
+     None),
+    ("ladder", "scale_change_clip", 0.05, "the gap's change is equivalent to none within ±0.05",
+     None),
+]
+SAYS = {C.BEYOND: "at least", C.WITHIN: "less than", C.UNSIZED: "not resolved|not placed",
+        C.EQUIVALENT: "equivalent", C.NOT_RESOLVED: "not resolved|not equivalent"}
+
+
+def says(phrase: str, claim: str, v, c) -> str | None:
+  """Why `phrase` does not retell the Verdict `v` of contrast `c`, or None where it does: in
+  `claim` (the phrase, or its words for this margin) the verdict's words and no other's and its
+  margin; in the phrase, for a side, the arm or direction it names."""
+  kind = "unsized" if v.kind == C.UNSIZED else v.kind
+  if not re.search(SAYS[kind], claim):
+    return f"says no {v.kind}"
+  others = {C.BEYOND: "at least", C.WITHIN: "less than", C.EQUIVALENT: "equivalent within|"
+            "equivalent to none"}
+  if wrong := [k for k, w in others.items() if k != v.kind and re.search(w, claim)]:
+    return f"says {wrong}"
+  if v.kind != C.NOT_RESOLVED and not any(m in claim for m in (
+      f"{v.margin:g}", "δ" if v.margin == 0.1 else "±0.1", "either margin")):
+    return f"names no margin {v.margin:g}"
+  if v.side:
+    side = c.negative if v.side < 0 else c.positive
+    named = side[side.index("toward"):] if "toward" in side else side.split()[0]
+    pattern = (re.escape(named) if "toward" in side else
+               rf"{re.escape(named)}(?:'s test loss)?(?: is| gives the)? lower")
+    if not re.search(pattern, phrase) and not (named in phrase and "advantage" in phrase):
+      return f"names not {named!r}"
+  return None
+
+
+def test_every_verdict_the_prose_retells_is_its_contrasts_verdict():
+  """Each verdict RESULTS.md's prose (the tested families and the ladder) and README's retell
+  for a named contrast reads as that contrast's verdict in `ask … report` at its margin (with a
+  seed left out, that row's "one seed out"); and every verdict word in that prose is one of
+  them or of the page's description of the rule, so a new sentence retelling a verdict must be
+  listed here, and checked, to pass."""
+  text = {name: prose(name) for name in ("RESULTS.md", "README.md")}
+  wrong, covered = [], {name: [] for name in text}
+  for phrase in NOT_VERDICTS:
+    assert phrase in text["RESULTS.md"], phrase
+    start = text["RESULTS.md"].index(phrase)
+    covered["RESULTS.md"].append((start, start + len(phrase)))
+  for family, name, margin, phrase, without in RETOLD:
+    phrase, claim = phrase if isinstance(phrase, tuple) else (phrase, phrase)
+    assert claim in phrase
+    where = [n for n, t in text.items() if phrase in t]
+    assert where, f"not on the page: {phrase}"
+    for n in where:
+      covered[n] += [(m.start(), m.end()) for m in re.finditer(re.escape(phrase), text[n])]
+    a, _, v = judged(family, one_out=True)
+    c = next(c for c in a.q.contrasts if c.name == name)
+    at = v[name]["margins"][margin]
+    verdict = at["verdict"] if without is None else at["moved_by"][without]
+    if why := says(phrase, claim, verdict, c):
+      wrong.append((name, margin, phrase, why))
+  assert not wrong, wrong
+  loose = [(n, t[max(0, m.start() - 80):m.end() + 20]) for n, t in text.items()
+           for m in VERDICT_WORDS.finditer(t)
+           if not any(lo <= m.start() < hi for lo, hi in covered[n])]
+  assert not loose, loose
