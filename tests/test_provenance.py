@@ -101,6 +101,12 @@ def test_no_file_of_a_run_names_a_directory_of_the_machine(tmp_path, monkeypatch
     text = path.read_text()
     assert not [m for m in machine if m in text], (path, [m for m in machine if m in text])
   (segment,) = summary["provenance"]
+  # What it trained on, in the row the report reads (summary.json): the CPU model and the
+  # device (a GPU's name, "cpu" on a CPU), as this machine names them.
+  import jax  # pylint: disable=import-outside-toplevel
+  on_disk = json.loads((workdir / "summary.json").read_text())["provenance"][-1]
+  assert segment["host_cpu"] == on_disk["host_cpu"] == lane.host_cpu() != ""
+  assert segment["device_kind"] == on_disk["device_kind"] == jax.devices()[0].device_kind
   command = segment["command"]
   assert command[:3] == [os.path.basename(sys.executable), "-m", "actlab.main"]
   assert command[3].startswith("--config=") and command[3].endswith("tiny_config.py")
