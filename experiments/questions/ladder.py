@@ -15,11 +15,13 @@ Everything else as `cpu_epoch`: the sample's `bpe:4096` tokenizer, 450 steps of 
   fresh runs at most.
 
 Where each stage trains: every pilot on one H100 (TF32 matmuls); every fresh seed on CPU
-(float32). The fresh seeds of 2 × 128 and 6 × 384 were first to train on one GPU, so that the
-scale contrasts compare runs of one device; no GPU was lent, so on 2026-11-28, before the first
-of them, they moved to CPU (`results/ladder/DEVICE.md`): the scale contrasts still compare runs
-of one device. A 4 × 256 run of one epoch is about 7 minutes of one core of a 2-core Xeon, a
-6 × 384 one about 16. Each rung resumes across sessions (`ladder_gpu.sh` trained the pilot):
+(float32). As declared (4a4523b), the two larger rungs were for a GPU and 2 × 128 for the CPU;
+after the pilot every rung was for one GPU, so that the scale contrasts compare runs of one
+device (fe6c422); 4 × 256 moved to CPU before its fresh seeds (eb295e5), and with no GPU
+lent, on 2026-11-28 before the first of theirs, 2 × 128 and 6 × 384 did too
+(`results/ladder/DEVICE.md`): the scale contrasts compare runs of one kind of device. A 4 × 256
+run of one epoch is about 7 minutes of one core of a 2-core Xeon, a 6 × 384 one about 16. Each
+rung resumes across sessions (`ladder_gpu.sh` trained the pilot):
 
     SET=data.manual_dir=manual,train.keep_checkpoints=1,train.progress=false
     SET+=,metrics.tensorboard=false,metrics.ffn_hist_bins=0  # as ladder_gpu.sh's
