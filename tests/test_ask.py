@@ -1,8 +1,10 @@
 """actlab.ask: a question file from declaration to verdict. A tiny two-arm question trained end to
 end (its pilot split across two shards, the second resuming the stage; the step past an edge; n
 from the pilot; the fresh seeds; the verdict recomputed from the runs here), a declaration changed
-after its pilot began refused, bad question files one line and exit 2, and RESULTS.md's tables
-reproduced from the committed runs (`results/`). The model's statistics: tests/test_question.py."""
+after its pilot began refused, bad question files one line and exit 2, RESULTS.md's tables
+reproduced from the committed runs (`results/`), each committed question's report page as
+`report` writes it, and every verdict RESULTS.md's prose retells read as its contrast's. The
+model's statistics: tests/test_question.py."""
 
 import dataclasses
 import functools
