@@ -239,6 +239,7 @@ def test_the_torch_reference_builds_muon_on_the_blocks_matrices_and_adamw_on_the
   torch_ref = load_torch_ref()
   c = tiny(**MODERN, **{"optim.name": "muon", "optim.lr": 0.02, "optim.muon_scale": scale,
                         "optim.muon_adam_lr_ratio": 0.1})
+  assert " muon " in bench.config_summary(c)  # a bench row says so
   trainer = torch_ref.Trainer({**bench.TorchBench(c).spec, "threads": 1})
   muon, adamw = trainer.opts
   assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
