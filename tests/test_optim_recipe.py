@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from actlab import config as config_lib, core
+from actlab.report import question as Q
 from actlab.run import program as program_lib, train
 from actlab.sweep import grid
-from conftest import tiny, tiny_encoder
+from conftest import REPO, tiny, tiny_encoder
 from test_user_errors import run_cli
 
 NS_COEFFS, NS_STEPS = (3.4445, -4.7750, 2.0315), 5
@@ -296,3 +297,22 @@ def test_a_sweep_varies_the_optimizer_and_the_schedule_each_cell_its_own_program
     config_lib.validate(cell.config)
   with pytest.raises(program_lib.GroupError, match="optim.name: 'adamw' → 'muon'"):
     program_lib.check_group([cells[0].config, cells[2].config])
+
+
+def test_a_question_compares_the_optimizers_each_cell_piloting_its_own_lr():
+  """A question's cells may differ in `optim.name` (and `optim.schedule`): each cell's config
+  validates, and its pilot chooses its peak LR, under Muon the matrices' LR with the AdamW part at
+  the stated ratio; a cell with an optimizer that does not exist is one line naming it."""
+  base = {"config": str(REPO / "tests" / "tiny_config.py"),
+          "contrasts": {"d": {"muon": 1, "adamw": -1}},
+          "pilot": {"lrs": [1e-3, 3e-3], "seeds": [0, 1]}, "fresh": {"first_seed": 100}}
+  q = Q.parse({**base, "cells": {"adamw": {"optim.name": "adamw"},
+                                 "muon": {"optim.name": "muon", "optim.schedule": "wsd",
+                                          "optim.muon_adam_lr_ratio": 0.5}}}, "optimizers")
+  configs = Q.cell_configs(q)
+  assert (configs["muon"]["optim.name"], configs["muon"]["optim.schedule"]) == ("muon", "wsd")
+  assert configs["adamw"]["optim.name"] == "adamw" and configs["muon"]["optim.lr"] == 1e-3
+  bad = Q.parse({**base, "cells": {"adamw": {}, "muon": {"optim.name": "sgdm"}}}, "optimizers")
+  with pytest.raises(Q.QuestionError, match=re.escape(
+      "question optimizers: cells.muon: optim.name='sgdm': choose 'adamw' or 'muon'")):
+    Q.cell_configs(bad)
