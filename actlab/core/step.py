@@ -59,7 +59,8 @@ class OptimSpec:
   muon_momentum: float = option(0.95, within(0, 1), help="muon: the matrices' (Nesterov) "
                                 "momentum")
   muon_adam_lr_ratio: float = option(1.0, positive, help="muon: the AdamW part's peak LR is "
-                                     "muon_adam_lr_ratio · lr (1 with muon_scale \"rms\")")
+                                     "muon_adam_lr_ratio · lr (1: under muon_scale \"rms\" both "
+                                     "parts' updates have AdamW's scale)")
   muon_scale: str = choice("rms", "width", help="muon: the orthogonalized update's factor, "
                            '"rms": 0.2 · √max(fan_in, fan_out), AdamW\'s update RMS (Moonlight), '
                            'or "width": √max(1, fan_out / fan_in) (Keller Jordan\'s; optax\'s '
@@ -158,8 +159,8 @@ def muon_split(params):
   every other leaf (the embeddings, the LM head tied or `lm_head`, the encoder's heads, every
   bias and norm scale), as Keller Jordan's Muon splits them."""
   def rule(path, _):
-    keys = [getattr(k, "key", None) for k in path]
-    return "muon" if BLOCKS.fullmatch(str(keys[0])) and keys[-1] == "kernel" else "adamw"
+    keys = [getattr(k, "key", "") for k in path]
+    return "muon" if BLOCKS.fullmatch(keys[0]) and keys[-1] == "kernel" else "adamw"
   return jax.tree_util.tree_map_with_path(rule, params)
 
 
@@ -205,23 +206,25 @@ def adamw(optim: OptimSpec, lr: optax.Schedule) -> optax.GradientTransformation:
                      weight_decay=optim.weight_decay, mask=decay_mask)
 
 
+def update_rule(optim: OptimSpec, lr: optax.Schedule) -> optax.GradientTransformation:
+  """The optimizer proper at `lr`: AdamW, or (`name` "muon") Muon on the leaves `muon_split`
+  gives it and AdamW on the rest at `muon_adam_lr_ratio` · `lr`."""
+  if optim.name == "adamw":
+    return adamw(optim, lr)
+  adamw_lr = lambda step: optim.muon_adam_lr_ratio * lr(step)
+  return optax.partition({"muon": muon(optim, lr), "adamw": adamw(optim, adamw_lr)}, muon_split)
+
+
 def optimizer(optim: OptimSpec) -> optax.GradientTransformation:
-  """`clipping` → the optimizer proper at `peak_lr · schedule`: AdamW, or Muon on the leaves
-  `muon_split` gives it and AdamW on the rest at `muon_adam_lr_ratio` times that. The peak LR
-  lives in the optimizer state (`optax.inject_hyperparams`), not in the compiled program."""
+  """`clipping` → the optimizer proper (`update_rule`) at `peak_lr · schedule`; the peak LR lives
+  in the optimizer state (`optax.inject_hyperparams`), not in the compiled program."""
   unit = schedule(optim)
 
   @optax.inject_hyperparams
-  def clipped(peak_lr):
-    lr = lambda step: peak_lr * unit(step)
-    if optim.name == "adamw":
-      proper = adamw(optim, lr)
-    else:
-      proper = optax.partition({"muon": muon(optim, lr), "adamw": adamw(
-          optim, lambda step: optim.muon_adam_lr_ratio * lr(step))}, muon_split)
-    return optax.chain(clipping(optim), proper)
+  def at_peak_lr(peak_lr):
+    return optax.chain(clipping(optim), update_rule(optim, lambda step: peak_lr * unit(step)))
 
-  return clipped(peak_lr=optim.lr)
+  return at_peak_lr(peak_lr=optim.lr)
 
 
 @flax.struct.dataclass
