@@ -1,7 +1,8 @@
 """The optimizer's and schedule's options (issue 100): Muon (`optim.name="muon"`) against a numpy
 Newton–Schulz iteration and a whole step built by hand, which leaves take which rule, an LR sweep
 under it compiling once, a run under it training; warm-up–stable–decay (`optim.schedule="wsd"`)
-against its closed form; their fields' rules, and sweeps over them."""
+against its closed form; their fields' rules, a checkpoint of Muon's state, and sweeps and
+questions over them."""
 
 import json
 import re
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from actlab import config as config_lib, core
+from actlab.infra import checkpoint
 from actlab.report import question as Q
 from actlab.run import program as program_lib, train
 from actlab.sweep import grid
@@ -316,3 +318,25 @@ def test_a_question_compares_the_optimizers_each_cell_piloting_its_own_lr():
   with pytest.raises(Q.QuestionError, match=re.escape(
       "question optimizers: cells.muon: optim.name='sgdm': choose 'adamw' or 'muon'")):
     Q.cell_configs(bad)
+
+
+def test_a_muon_state_checkpoints_and_resumes_bit_for_bit(tmp_path):
+  """Muon's state (its momentum on the matrices, AdamW's moments on the rest, empty where a rule
+  does not apply) saved after two steps and restored, the next steps are the uninterrupted ones
+  to the bit, under a scanned stack too."""
+  c = tiny(**{"optim.name": "muon", "optim.schedule": "wsd", "model.scan_layers": True,
+              "model.num_layers": 2})
+  step = program_lib.create_step(c, 257)
+  batches = [jnp.asarray(np.random.default_rng(k).integers(0, 257, (8, 33)), jnp.int32)
+             for k in range(4)]
+  train_step = jax.jit(lambda s, b: step.train_step(s, b, diagnostics=False)[0])
+  states = [jax.jit(step.init)(0)]
+  for batch in batches:
+    states.append(train_step(states[-1], batch))
+  with checkpoint.Checkpoints(tmp_path, 3) as ck:
+    ck.save(2, states[2], {})
+  with checkpoint.Checkpoints(tmp_path, 3, read_only=True) as ck:
+    resumed, _ = ck.restore(2, states[0])
+  for batch in batches[2:]:
+    resumed = train_step(resumed, batch)
+  jax.tree.map(np.testing.assert_array_equal, resumed, states[-1])
