@@ -4,6 +4,7 @@ under it compiling once, a run under it training; warm-up–stable–decay (`opt
 against its closed form; their fields' rules, a checkpoint of Muon's state, and sweeps and
 questions over them."""
 
+import dataclasses
 import json
 import re
 
@@ -218,29 +219,32 @@ def test_a_run_under_muon_trains_and_says_its_split(tmp_path, capsys):
   assert json.loads((tmp_path / "run" / "config.json").read_text())["optim"]["name"] == "muon"
 
 
-def wsd(step, warmup=10, total=110, decay=22, end=0.1):
-  """Warm-up–stable–decay in closed form: 0 → 1 linearly, 1, then linearly 1 → end, reached at
-  step `total`."""
+def wsd(step, shape="linear", warmup=10, total=110, decay=22, end=0.1):
+  """Warm-up–stable–decay in closed form: 0 → 1 linearly, 1, then 1 → end over the decay's share
+  x gone, as 1 − (1 − end)·x or 1 − (1 − end)·√x, reaching `end` at step `total`."""
   if step < warmup:
     return step / warmup
   start = total - decay
-  return 1.0 if step < start else 1.0 - (1.0 - end) * min(step - start, decay) / decay
+  x = min(max(step - start, 0), decay) / decay
+  return 1.0 - (1.0 - end) * (x if shape == "linear" else np.sqrt(x))
 
 
-def test_wsd_warms_up_holds_then_decays_linearly_over_the_last_fraction():
+@pytest.mark.parametrize("shape", ["linear", "sqrt"])
+def test_wsd_warms_up_holds_then_decays_over_the_last_fraction(shape):
   """110 steps, warm-up 10, decay_fraction 0.2 (22 steps from step 88), min_lr_ratio 0.1: the
   multiplier at each phase's start, middle and end is the closed form's."""
   optim = core.OptimSpec(total_steps=110, warmup_steps=10, schedule="wsd", decay_fraction=0.2,
-                         min_lr_ratio=0.1)
+                         decay_shape=shape, min_lr_ratio=0.1)
   assert optim.decay_steps == 22
   s = core.step.schedule(optim)
-  for step in (0, 5, 9, 10, 50, 87, 88, 99, 109, 110):
-    np.testing.assert_allclose(float(s(step)), wsd(step), rtol=1e-6, atol=1e-7, err_msg=step)
+  for step in (0, 5, 9, 10, 50, 87, 88, 99, 109, 110, 120):
+    np.testing.assert_allclose(float(s(step)), wsd(step, shape), rtol=1e-6, atol=1e-7,
+                               err_msg=step)
   assert float(s(0)) == 0.0 and float(s(10)) == float(s(88)) == 1.0
-  np.testing.assert_allclose(float(s(99)), 0.55, rtol=1e-6)
+  np.testing.assert_allclose(float(s(99)), 0.55 if shape == "linear" else 1 - 0.9 * 0.5 ** 0.5,
+                             rtol=1e-6)
   np.testing.assert_allclose(float(s(110)), 0.1, rtol=1e-6)
-  no_warmup = core.step.schedule(core.OptimSpec(total_steps=110, warmup_steps=0, schedule="wsd",
-                                                decay_fraction=0.2, min_lr_ratio=0.1))
+  no_warmup = core.step.schedule(dataclasses.replace(optim, warmup_steps=0))
   assert float(no_warmup(0)) == 1.0 and float(no_warmup(88)) == 1.0
 
 
@@ -259,6 +263,7 @@ def test_the_default_schedule_is_the_cosine_before_it():
     ("optim.muon_momentum", 1.0, "optim.muon_momentum=1.0 must be in [0, 1)"),
     ("optim.muon_adam_lr_ratio", 0.0, "optim.muon_adam_lr_ratio=0.0 must be positive"),
     ("optim.muon_scale", "spectral", "optim.muon_scale='spectral': choose 'rms' or 'width'"),
+    ("optim.decay_shape", "cosine", "optim.decay_shape='cosine': choose 'linear' or 'sqrt'"),
 ])
 def test_each_new_field_is_checked_by_its_rule(field, value, message):
   with pytest.raises(config_lib.ConfigError, match="^" + re.escape(message) + "$"):

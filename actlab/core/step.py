@@ -38,12 +38,16 @@ class OptimSpec:
                      "blocks' matrices')")
   schedule: str = choice("cosine", "wsd", help='after the warm-up: "cosine" to min_lr_ratio · lr '
                          'at the last step, or "wsd" (warm-up–stable–decay): lr until the last '
-                         "decay_fraction of the steps, then linear to min_lr_ratio · lr")
+                         "decay_fraction of the steps, then down to min_lr_ratio · lr "
+                         "(decay_shape)")
   min_lr_ratio: float = option(0.1, within(0, 1, "[]"), help="the schedule decays to "
                                "min_lr_ratio · lr at the last step")
   decay_fraction: float = option(0.2, within(0, 1, "()"), help='schedule "wsd": the last '
-                                 "round(decay_fraction · train.steps) steps decay linearly; the "
-                                 "warm-up ends before them")
+                                 "round(decay_fraction · train.steps) steps decay (decay_shape); "
+                                 "the warm-up ends before them")
+  decay_shape: str = choice("linear", "sqrt", help='schedule "wsd": the decay\'s shape over its '
+                            'share x (0 → 1) of the decay steps, 1 − (1 − min_lr_ratio) · x '
+                            '("linear") or · √x ("sqrt", Hägele et al. 2024\'s 1 − sqrt)')
   warmup_steps: int = option(100, help="linear warm-up from 0")
   b1: float = option(0.9, within(0, 1))
   b2: float = option(0.95, within(0, 1))
@@ -89,7 +93,7 @@ class OptimSpec:
 
 def schedule(optim: OptimSpec) -> optax.Schedule:
   """The learning-rate multiplier: 0 → 1 linearly over the warm-up, then "cosine" to min_lr_ratio
-  at step `total_steps`, or "wsd": 1 until the last `decay_steps`, then linearly to min_lr_ratio
+  at step `total_steps`, or "wsd": 1 until the last `decay_steps`, then `decay` to min_lr_ratio
   at step `total_steps`."""
   if optim.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(
@@ -98,8 +102,16 @@ def schedule(optim: OptimSpec) -> optax.Schedule:
   decay_start = optim.total_steps - optim.decay_steps
   return optax.join_schedules(
       [optax.linear_schedule(0.0, 1.0, optim.warmup_steps), optax.constant_schedule(1.0),
-       optax.linear_schedule(1.0, optim.min_lr_ratio, optim.decay_steps)],
-      boundaries=[optim.warmup_steps, decay_start])
+       decay(optim)], boundaries=[optim.warmup_steps, decay_start])
+
+
+def decay(optim: OptimSpec) -> optax.Schedule:
+  """WSD's decay, from its first step: 1 − (1 − min_lr_ratio) · x, or · √x (`decay_shape`
+  "sqrt"), x the share of `decay_steps` gone (1 from the last on)."""
+  if optim.decay_shape == "linear":
+    return optax.linear_schedule(1.0, optim.min_lr_ratio, optim.decay_steps)
+  return lambda step: 1.0 - (1.0 - optim.min_lr_ratio) * jnp.sqrt(
+      jnp.clip(step / optim.decay_steps, 0.0, 1.0))
 
 
 # The leaves weight decay applies to, by name: every matrix (a dense layer's kernel, the untied
