@@ -115,6 +115,7 @@ def hand_built_steps(optim: core.OptimSpec, params: dict, grads: list[dict]) -> 
   return updates
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [
     {"optim.muon_scale": "rms"},
     {"optim.muon_scale": "width", "model.scan_layers": True, "optim.muon_adam_lr_ratio": 0.1}],
@@ -182,6 +183,7 @@ def test_in_the_encoder_muon_takes_the_blocks_matrices_only(task):
   assert rules[head] == rules["wtt/embedding"] == "adamw"
 
 
+@pytest.mark.slow
 def test_an_lr_sweep_under_muon_compiles_once_and_each_lr_reaches_its_update():
   """The peak LR stays in the optimizer state under Muon: one traced init and one traced step
   serve two LRs, alone and vectorized (the state mapped over runs), and the first step's change
@@ -206,6 +208,7 @@ def test_an_lr_sweep_under_muon_compiles_once_and_each_lr_reaches_its_update():
                  vmapped, states[r].params, changes[r])
 
 
+@pytest.mark.slow
 def test_a_run_under_muon_trains_and_says_its_split(tmp_path, capsys):
   """The tiny decoder under Muon for 40 steps: the validation loss falls well below its start, and
   the run says once which leaves Muon takes."""
@@ -325,6 +328,7 @@ def test_a_question_compares_the_optimizers_each_cell_piloting_its_own_lr():
     Q.cell_configs(bad)
 
 
+@pytest.mark.slow
 def test_a_muon_state_checkpoints_and_resumes_bit_for_bit(tmp_path):
   """Muon's state (its momentum on the matrices, AdamW's moments on the rest, empty where a rule
   does not apply) saved after two steps and restored, the next steps are the uninterrupted ones
