@@ -5,8 +5,10 @@ bfloat16 autocast, on the CPU or a CUDA device: token + position embeddings, pre
 (fused `c_attn` q/k/v projection, `F.scaled_dot_product_attention` with `is_causal=True`, MLP
 `c_fc` → activation → `c_proj`), a final LayerNorm and an LM head tied to the token embedding;
 `F.cross_entropy` over the materialised logits; `torch.optim.AdamW` (default implementation,
-decay on matrices and embeddings) after `clip_grad_norm_` or, with `spike_clip`, spike-only
-clipping (`clip_spikes`, as actlab's). The same shapes, initialisation
+decay on matrices and embeddings) or, with `optim` "muon", `torch.optim.Muon` on the blocks'
+matrices and AdamW on the rest (`optimizers`), after `clip_grad_norm_` or, with `spike_clip`,
+spike-only clipping (`clip_spikes`, as actlab's); a constant LR (a schedule, cosine or
+warm-up–stable–decay, costs nothing to time). The same shapes, initialisation
 scales and hyperparameters as the actlab config it is built from, so both do the same FLOPs per
 step; not actlab's RNGs, but from the same weights the same loss (tests/test_bench.py). The
 block's options are actlab's (`GPT2_BLOCK`'s keys; docs/running.md, "The block, field by
@@ -205,10 +207,36 @@ def clip_spikes(parameters, multiple: float, initial_norm):
   return initial_norm
 
 
+# actlab's `optim.muon_scale` as torch's Muon names it (its `adjust_lr_fn`).
+MUON_SCALES = {"rms": "match_rms_adamw", "width": "original"}
+
+
+def optimizers(model: GPT, spec: dict, fused: bool) -> list[torch.optim.Optimizer]:
+  """AdamW, decaying matrices and embeddings; or with `optim` "muon", torch's Muon (Nesterov, the
+  quintic Newton–Schulz, `muon_scale`'s factor) on the blocks' matrices and AdamW on the rest at
+  `muon_adam_lr_ratio` · lr. The fused q/k/v projection `c_attn` is one matrix here where actlab
+  orthogonalizes three: the same cost, another update."""
+  lr, wd = spec.get("lr", 1e-3), spec.get("weight_decay", 0.1)
+  muon = spec.get("optim", "adamw") == "muon"
+  matrices = [p for name, p in model.named_parameters()
+              if muon and name.startswith("h.") and p.dim() == 2]
+  rest = [p for p in model.parameters() if all(p is not m for m in matrices)]
+  adamw = torch.optim.AdamW(
+      [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": wd},
+       {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
+      lr=lr * (spec.get("muon_adam_lr_ratio", 1.0) if muon else 1.0),
+      betas=(spec.get("b1", 0.9), spec.get("b2", 0.95)), eps=spec.get("eps", 1e-8), fused=fused)
+  if not muon:
+    return [adamw]
+  return [torch.optim.Muon(matrices, lr=lr, weight_decay=wd,
+                           momentum=spec.get("muon_momentum", 0.95), nesterov=True,
+                           adjust_lr_fn=MUON_SCALES[spec.get("muon_scale", "rms")]), adamw]
+
+
 class Trainer:
-  """Model, AdamW and one pre-made batch: `step()` is one full training step. With `compile`,
-  the model is `torch.compile`d and, on CUDA, AdamW is the fused implementation; with dtype
-  bfloat16 the forward pass runs under bfloat16 autocast (nanoGPT's mixed precision)."""
+  """Model, its optimizers and one pre-made batch: `step()` is one full training step. With
+  `compile`, the model is `torch.compile`d and, on CUDA, AdamW is the fused implementation; with
+  dtype bfloat16 the forward pass runs under bfloat16 autocast (nanoGPT's mixed precision)."""
 
   def __init__(self, spec: dict):
     torch.manual_seed(spec.get("seed", 0))
@@ -220,13 +248,7 @@ class Trainer:
                       block["ffn"])
     model = GPT(spec["vocab"], spec["max_len"], spec["layers"], spec["d_model"],
                 spec["heads"], width, spec["activation"], block).to(self.device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    self.opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": spec.get("weight_decay", 0.1)},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=spec.get("lr", 1e-3), betas=(spec.get("b1", 0.9), spec.get("b2", 0.95)),
-        eps=spec.get("eps", 1e-8), fused=self.device.type == "cuda" and spec.get("compile"))
+    self.opts = optimizers(model, spec, self.device.type == "cuda" and bool(spec.get("compile")))
     self.parameters = list(model.parameters())
     self.model = torch.compile(model) if spec.get("compile") else model
     self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
@@ -242,13 +264,15 @@ class Trainer:
   def _step(self) -> torch.Tensor:
     with self.autocast:
       loss = self.model(self.x, self.y)
-    self.opt.zero_grad(set_to_none=True)
+    for opt in self.opts:
+      opt.zero_grad(set_to_none=True)
     loss.backward()
     if self.clip:
       torch.nn.utils.clip_grad_norm_(self.parameters, self.clip)
     elif self.spike_clip:
       self.initial_norm = clip_spikes(self.parameters, self.spike_clip, self.initial_norm)
-    self.opt.step()
+    for opt in self.opts:
+      opt.step()
     return loss
 
   def step(self) -> float:

@@ -230,6 +230,30 @@ def test_torch_reference_clips_spikes_as_actlab(first):
       np.testing.assert_allclose(p.grad.numpy(), np.asarray(e), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("scale", ["rms", "width"])
+def test_the_torch_reference_builds_muon_on_the_blocks_matrices_and_adamw_on_the_rest(scale):
+  """With `optim.name` "muon" torch_ref steps torch's Muon (its factor `muon_scale`'s) on the
+  blocks' matrices (the LLaMA-style block's gate too) and AdamW on the rest (embeddings, the
+  untied head, norm scales) at `muon_adam_lr_ratio` · lr; the default builds AdamW alone."""
+  torch = pytest.importorskip("torch")
+  torch_ref = load_torch_ref()
+  c = tiny(**MODERN, **{"optim.name": "muon", "optim.lr": 0.02, "optim.muon_scale": scale,
+                        "optim.muon_adam_lr_ratio": 0.1})
+  assert " muon " in bench.config_summary(c)  # a bench row says so
+  trainer = torch_ref.Trainer({**bench.TorchBench(c).spec, "threads": 1})
+  muon, adamw = trainer.opts
+  assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+  matrices = {id(p) for group in muon.param_groups for p in group["params"]}
+  names = {n for n, p in trainer.model.named_parameters() if id(p) in matrices}
+  assert names == {f"h.0.{m}.weight" for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc",
+                                               "mlp.c_gate", "mlp.c_proj")}
+  assert muon.param_groups[0]["adjust_lr_fn"] == torch_ref.MUON_SCALES[scale]
+  assert muon.param_groups[0]["lr"] == 0.02 and adamw.param_groups[0]["lr"] == pytest.approx(2e-3)
+  assert math.isfinite(trainer.step())
+  (alone,) = torch_ref.Trainer({**bench.TorchBench(tiny()).spec, "threads": 1}).opts
+  assert isinstance(alone, torch.optim.AdamW)
+
+
 def test_the_torch_worker_says_in_one_line_what_it_cannot_build():
   """A config torch_ref cannot build (here an activation its table lacks) is one line from
   `actlab.bench --torch`, not a worker's traceback and a guess that torch is missing."""

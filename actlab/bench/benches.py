@@ -153,8 +153,9 @@ TORCH_MODES = ("eager", "compile")
 
 
 class TorchBench:
-  """The PyTorch reference of the config's model in a worker process (benchmarks/torch_ref.py
-  --worker): eager, or `torch.compile`d with fused AdamW, on `device` ("cpu" or "cuda")."""
+  """The PyTorch reference of the config's model and optimizer (AdamW, or Muon and AdamW) in a
+  worker process (benchmarks/torch_ref.py --worker): eager, or `torch.compile`d with fused AdamW,
+  on `device` ("cpu" or "cuda")."""
 
   def __init__(self, config: ml_collections.ConfigDict, mode: str = "eager",
                device: str = "cpu"):
@@ -175,7 +176,9 @@ class TorchBench:
         **{k: getattr(c.model, k) for k in config_lib.BLOCK_FIELDS},
         "batch": c.train.batch_size, "lr": c.optim.lr, "b1": c.optim.b1, "b2": c.optim.b2,
         "eps": c.optim.eps, "weight_decay": c.optim.weight_decay, "clip_norm": c.optim.clip_norm,
-        "spike_clip": c.optim.spike_clip,
+        "spike_clip": c.optim.spike_clip, "optim": c.optim.name,
+        "muon_momentum": c.optim.muon_momentum, "muon_adam_lr_ratio": c.optim.muon_adam_lr_ratio,
+        "muon_scale": c.optim.muon_scale,
         "compile": mode == "compile", "device": device, "dtype": c.model.dtype,
     }
 

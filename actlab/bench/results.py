@@ -79,7 +79,8 @@ def summarize(name: str, c, res: dict, setup: dict, memory: dict, runs: int,
 
 
 def config_summary(c) -> str:
-  """The config in one line: task, activation, block, shapes, dtype and how it runs."""
+  """The config in one line: task, activation, block, shapes, dtype, the optimizer where not
+  AdamW, and how it runs."""
   m = c.model
   block = [name for name, other in (("rms", m.norm_type == "rms"), ("rope", m.position == "rope"),
                                     ("no-bias", not m.bias), ("untied", not m.tie_head),
@@ -89,6 +90,7 @@ def config_summary(c) -> str:
           f"L{m.num_layers} d{m.d_model} h{m.num_heads} ff{m.d_ff} "
           f"ctx{c.data.seq_len} V{core.pad_vocab(nominal_vocab_size(c))} B{c.train.batch_size} "
           f"{m.dtype} attn={m.attention_impl} loss={m.loss_impl}"
+          + (f" {c.optim.name}" if c.optim.name != "adamw" else "")
           + (" scan" if m.scan_layers else "")
           + (f" remat={m.remat}" if m.remat != "none" else "")
           + f" {c.parallel.mode}"

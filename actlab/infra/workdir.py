@@ -44,7 +44,12 @@ ADDED_FIELDS = {("train", "init_from"): "",  # decoders since 0.1.0 (encoders al
                 ("model", "rope_theta"): 10000.0, ("model", "bias"): True,
                 ("model", "tie_head"): True, ("model", "ffn"): "auto",
                 ("train", "compile_cache"): "auto", ("sweep", "compile_next"): "auto",
-                ("train", "deterministic_ops"): False}
+                ("train", "deterministic_ops"): False,
+                # The optimizer's and schedule's options: every run before them was AdamW, cosine.
+                ("optim", "name"): "adamw", ("optim", "schedule"): "cosine",
+                ("optim", "decay_fraction"): 0.2, ("optim", "decay_shape"): "linear",
+                ("optim", "muon_momentum"): 0.95,
+                ("optim", "muon_adam_lr_ratio"): 1.0, ("optim", "muon_scale"): "rms"}
 
 
 @dataclasses.dataclass(frozen=True)

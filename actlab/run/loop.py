@@ -34,6 +34,8 @@ def train_lanes(program: Program, lanes: list[Lane], initial: Callable[[], core.
     for lane in lanes:
       closing.callback(lane.close_writers)
     print(start_line(lanes, counts, start), flush=True)
+    if config.optim.name == "muon":
+      print(f"actlab: {core.step.muon_split_line(program.run_state_like.params)}", flush=True)
     if config.train.deterministic_ops and not program.plan.accelerated:
       print("actlab: train.deterministic_ops changes nothing here: a CPU's programs are "
             "deterministic already", flush=True)
