@@ -151,8 +151,9 @@ LONGEST_FIRST = [
     "test_model_execution.py", "test_hf_llama.py", "test_export.py", "test_distributed.py",
     "test_parallel.py", "test_classify.py", "test_bench.py", "test_vectorized.py", "test_model.py",
     "test_encoder.py", "test_hf_import.py", "test_sample.py", "test_kernels.py",
-    "test_modern_block_runs.py", "test_config.py", "test_optim_recipe.py", "test_metrics.py",
-    "test_mlm.py", "test_modern_block.py", "test_core.py", "test_report.py", "test_tracking.py",
+    "test_modern_block_runs.py", "test_mup.py", "test_config.py", "test_optim_recipe.py",
+    "test_metrics.py", "test_mlm.py", "test_modern_block.py", "test_core.py", "test_report.py",
+    "test_tracking.py",
     "test_user_errors.py", "test_suite_setup.py", "test_tokenizer.py", "test_entry_points.py",
     "test_evaluators.py"]
 

@@ -374,6 +374,14 @@ def _validate(c: ml_collections.ConfigDict) -> None:
   check(m.ffn != "plain" or not activations.get(m.activation).gated,
         f"model.ffn='plain' with model.activation={m.activation!r}, a gated (GLU) name: use its "
         f"plain activation ({activations.GATE_BASE.get(m.activation)!r}) or model.ffn='gated'")
+  check(m.parametrization == "sp" or m.mup_base_width > 0,
+        "model.parametrization='mup' needs model.mup_base_width, the d_model at which μP is SP "
+        f"(e.g. --config.model.mup_base_width={m.d_model} for this width)")
+  check(m.parametrization == "sp" or m.kind == "decoder",
+        "model.parametrization='mup' covers the decoder only; the encoder trains under 'sp'")
+  check(m.parametrization == "sp" or o.name != "muon" or o.muon_scale == "width",
+        "model.parametrization='mup' with optim.name='muon' takes Muon's own shape factor for the "
+        "blocks' matrices: set optim.muon_scale='width' (√max(1, fan_out/fan_in))")
   _core(core.OptimSpec, o, total_steps=t.steps)  # warm-up within the steps, one clipping
   check(d.seq_len <= m.max_len,
         f"data.seq_len={d.seq_len} is longer than model.max_len={m.max_len}")

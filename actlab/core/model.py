@@ -133,6 +133,15 @@ class Spec:
   qk_norm: bool = option(False, boolean, help="qk-norm: the block's norm of queries and keys over "
                          "the head dim before q·k (Wortsman et al. 2023); Hugging Face export in "
                          "the LLaMA-style block only (Qwen3)", block="option", init_from="refuse")
+  parametrization: str = choice("sp", "mup", help='"sp" (the standard parametrization) or "mup" '
+                                "(μP for Adam, Yang et al. 2022: hidden matrices' init std × "
+                                "√(base/width) and AdamW LR × base/width, logits × base/width, "
+                                "attention logits ∝ 1/head dim; the decoder only; docs/recipe.md)",
+                                init_from="refuse")
+  mup_base_width: int = option(0, non_negative(" (0 = unset)"), help="μP's base width: the "
+                               "d_model at which a μP run is the SP run, bitwise (its head dim: "
+                               "mup_base_width / num_heads); required by parametrization='mup'",
+                               init_from="refuse")
 
   @property
   def head_dim(self) -> int:
@@ -246,6 +255,44 @@ def residual_std(spec: Spec) -> float:
   return 0.02 / math.sqrt(2 * spec.num_layers)
 
 
+# --- μP: what the width changes -----------------------------------------------------------------
+# `parametrization="mup"`: μP for Adam-type optimizers (Yang et al. 2022, Tensor Programs V), in
+# its multiplier form, with the width multiplier m = d_model / mup_base_width. Hidden matrices
+# (every `kernel`: attention's and the FFN's) start at their SP std / √m and take AdamW's LR / m
+# (`lr_factor`); the logits are the head's × 1/m, for a tied head and an untied one alike;
+# attention's logits are q·k · √K_base / K (∝ 1/K, K the head dim, K_base = mup_base_width /
+# num_heads); embeddings, biases and norm scales keep SP's init and LR. Every factor is exactly 1
+# at the base width and is then not applied: there a μP run is the SP run, bitwise.
+
+
+def width_multiplier(spec: Spec) -> float:
+  """m = d_model / mup_base_width under μP; 1 under SP."""
+  return spec.d_model / spec.mup_base_width if spec.parametrization == "mup" else 1.0
+
+
+def hidden_std(spec: Spec, std: float = 0.02) -> float:
+  """A hidden matrix's initial std: SP's `std`, under μP / √m."""
+  m = width_multiplier(spec)
+  return std if m == 1.0 else std / math.sqrt(m)
+
+
+def attention_multiplier(spec: Spec) -> float:
+  """What scales the queries beyond SP's 1/√K: √(K_base / K) under μP (so that the logits are
+  q·k · √K_base / K), else 1."""
+  return math.sqrt(1.0 / width_multiplier(spec))
+
+
+def output_multiplier(spec: Spec) -> float:
+  """What scales the head's input: 1/m under μP, else 1."""
+  return 1.0 / width_multiplier(spec)
+
+
+def lr_factor(spec: Spec, path: tuple[str, ...]) -> float:
+  """AdamW's LR multiplier of the parameter at `path` (its names): 1/m for a hidden matrix
+  (`kernel`) under μP, else 1."""
+  return 1.0 / width_multiplier(spec) if path[-1] == "kernel" else 1.0
+
+
 # --- Attention ----------------------------------------------------------------------------------
 
 
@@ -276,7 +323,7 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x_BLD, mask_BL=None):
     s, ex = self.spec, self.execution
-    q_BHLK, k_BHLK, v_BHLK = (HeadsDense(s, ex, split=True, name=name)(x_BLD)
+    q_BHLK, k_BHLK, v_BHLK = (HeadsDense(s, ex, split=True, std=hidden_std(s), name=name)(x_BLD)
                               for name in ("query", "key", "value"))
     if s.qk_norm:
       q_BHLK = norm(s, ex, "query_norm")(q_BHLK)
@@ -286,6 +333,8 @@ class Attention(nn.Module):
     if s.position == "rope":
       positions_L = (0 if index is None else index.value) + jnp.arange(q_BHLK.shape[2])
       q_BHLK, k_BHLK = (rope(x, positions_L, s.rope_theta) for x in (q_BHLK, k_BHLK))
+    if (scale := attention_multiplier(s)) != 1.0:  # μP away from its base
+      q_BHLK = q_BHLK * scale
     mask = None if mask_BL is None else mask_BL[:, None, None, :]
     causal = self.causal
     if self.decode:
@@ -294,7 +343,8 @@ class Attention(nn.Module):
     out_BHLK, stats = ex.attend(q_BHLK, k_BHLK, v_BHLK, mask, causal=causal, train=self.train)
     if stats is not None:  # sow: a no-op unless "stats" is mutable (unused, jit drops it)
       self.sow("stats", "attention", AttentionStats(*stats, self.layer))
-    out_BLD = HeadsDense(s, ex, split=False, std=residual_std(s), name="out")(out_BHLK)
+    out_BLD = HeadsDense(s, ex, split=False, std=hidden_std(s, residual_std(s)), name="out")(
+        out_BHLK)
     return nn.Dropout(s.dropout)(out_BLD, deterministic=not self.train)
 
   def extend_cache(self, k_BHLK, v_BHLK, index):
@@ -390,15 +440,16 @@ class FeedForward(nn.Module):
   def __call__(self, x_BLD):
     s, ex = self.spec, self.execution
     act = activations.get(s.activation).fn
-    up_BLF = dense(s.ffn_width, ex, name="up", bias=s.bias)(x_BLD)
+    up_BLF = dense(s.ffn_width, ex, hidden_std(s), name="up", bias=s.bias)(x_BLD)
     if s.gated:
-      z_BLF = dense(s.ffn_width, ex, name="gate", bias=s.bias)(x_BLD)
+      z_BLF = dense(s.ffn_width, ex, hidden_std(s), name="gate", bias=s.bias)(x_BLD)
       h_BLF = act(z_BLF) * up_BLF
     else:
       z_BLF = up_BLF
       h_BLF = act(z_BLF)
     self.sow("stats", "ffn", FFNStats(z_BLF, h_BLF, self.layer))  # no-op unless mutable
-    out_BLD = dense(x_BLD.shape[-1], ex, residual_std(s), name="down", bias=s.bias)(h_BLF)
+    out_BLD = dense(x_BLD.shape[-1], ex, hidden_std(s, residual_std(s)), name="down",
+                    bias=s.bias)(h_BLF)
     return nn.Dropout(s.dropout)(out_BLD, deterministic=not self.train)
 
 
@@ -483,7 +534,8 @@ class Decoder(nn.Module):
 
   @nn.compact
   def hidden(self, tokens_BL, *, train: bool = False, decode: bool = False):
-    """The final norm's output [B, L, D], the head's input. With `decode`, keys and values
+    """The head's input [B, L, D]: the final norm's output (under μP × `output_multiplier`, so
+    that the logits are the head's × 1/m). With `decode`, keys and values
     persist in the "cache" collection and `tokens_BL` continues the sequence cached so far
     (prompt first, then one token per call)."""
     s, ex = self.spec, self.execution
@@ -496,7 +548,8 @@ class Decoder(nn.Module):
       x_BLD = x_BLD + self.wpe(start + jnp.arange(L))[None]
     x_BLD = nn.Dropout(s.dropout)(x_BLD, deterministic=not train)
     x_BLD = stack(s, ex, x_BLD, causal=True, train=train, decode=decode)
-    return self.ln_f(x_BLD)
+    h_BLD = self.ln_f(x_BLD)
+    return h_BLD if (scale := output_multiplier(s)) == 1.0 else h_BLD * scale
 
   def head_weights(self) -> jax.Array:
     """The LM head's [V, D] weights: the token embedding's when tied, else `lm_head`."""

@@ -8,15 +8,15 @@ import dataclasses
 import functools
 import math
 import re
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import flax
 import jax
 import jax.numpy as jnp
 import optax
 
-from actlab.core.model import (AttentionStats, Objective, Sums, check, choice, non_negative,
-                               option, per_layer, positive, within)
+from actlab.core.model import (AttentionStats, Objective, Sums, check, choice, lr_factor,
+                               non_negative, option, per_layer, positive, within)
 
 # The key of every evaluation (no dropout): every evaluation of every run, and MLM's baselines
 # (`tasks/mlm.baselines`), score the same masked positions.
@@ -227,14 +227,30 @@ def update_rule(optim: OptimSpec, lr: optax.Schedule) -> optax.GradientTransform
   return optax.partition({"muon": muon(optim, lr), "adamw": adamw(optim, adamw_lr)}, muon_split)
 
 
-def optimizer(optim: OptimSpec) -> optax.GradientTransformation:
-  """`clipping` → the optimizer proper (`update_rule`) at `peak_lr · schedule`; the peak LR lives
-  in the optimizer state (`optax.inject_hyperparams`), not in the compiled program."""
+def scale_by_parameter(multiplier: Callable[[tuple[str, ...]], float]
+                       ) -> optax.GradientTransformation:
+  """Each parameter's update × `multiplier(its names)`, a static number: μP's LR per parameter
+  (`model.lr_factor`); a factor of 1 leaves the update as it is."""
+  def scale(updates, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(
+        lambda path, u: u if (f := multiplier(tuple(k.key for k in path))) == 1.0 else u * f,
+        updates)
+  return optax.stateless(scale)
+
+
+def optimizer(optim: OptimSpec, per_parameter_lr: Callable[[tuple[str, ...]], float] | None = None
+              ) -> optax.GradientTransformation:
+  """`clipping` → the optimizer proper (`update_rule`) at `peak_lr · schedule`, each parameter's
+  step × `per_parameter_lr(its names)` where one is given (μP); the peak LR lives in the optimizer
+  state (`optax.inject_hyperparams`), not in the compiled program."""
   unit = schedule(optim)
+  per_parameter = () if per_parameter_lr is None else (scale_by_parameter(per_parameter_lr),)
 
   @optax.inject_hyperparams
   def at_peak_lr(peak_lr):
-    return optax.chain(clipping(optim), update_rule(optim, lambda step: peak_lr * unit(step)))
+    return optax.chain(clipping(optim), update_rule(optim, lambda step: peak_lr * unit(step)),
+                       *per_parameter)
 
   return at_peak_lr(peak_lr=optim.lr)
 
@@ -257,7 +273,10 @@ class Step:
 
   @functools.cached_property
   def tx(self) -> optax.GradientTransformation:
-    return optimizer(self.optim)
+    spec = self.objective.model.spec
+    # Under Muon the blocks' matrices take Muon's shape factor, not μP's LR / m (docs/recipe.md).
+    mup_adamw = spec.parametrization == "mup" and self.optim.name == "adamw"
+    return optimizer(self.optim, functools.partial(lr_factor, spec) if mup_adamw else None)
 
   @functools.cached_property
   def lr_multiplier(self) -> optax.Schedule:

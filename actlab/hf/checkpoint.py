@@ -8,10 +8,13 @@ import pathlib
 from typing import NamedTuple
 
 import numpy as np
+from flax.core import unfreeze
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 from actlab.config import INIT_FROM
 from actlab.core import activations
-from actlab.core.model import ffn_width, gated
+from actlab.core.model import (attention_multiplier, ffn_width, gated, output_multiplier,
+                               width_multiplier)
 from actlab.hf import mapping
 from actlab.hf.mapping import BLOCKS, FAMILIES
 from actlab.infra.errors import UserError
@@ -117,6 +120,10 @@ def _unlike(config, family: str, task: str) -> str | None:
             "with model.qk_norm=False" + elsewhere(lambda g: g.qk_norm))
   if f.qk_norm and not m.qk_norm:
     return f"{cls} normalises queries and keys (qk-norm); train with model.qk_norm=True"
+  if width_multiplier(m) != 1.0 and (m.tie_head or m.qk_norm):
+    return (f"μP away from its base width scales the logits and attention's queries, which {cls} "
+            "holds only in an untied head and unnormalised query weights; export a run with "
+            "model.tie_head=False and model.qk_norm=False")
   return None
 
 
@@ -178,9 +185,22 @@ def write(directory: pathlib.Path, config, family: str | None, task: str, params
     raise UserError(f"export: this transformers ({transformers.__version__}) lacks {cls} "
                     f"({e.__class__.__name__}); pip install -U transformers") from None
   hf_model_config.save_pretrained(directory)
-  save_file(mapping.to_hf(family, params, vocab_size), str(directory / "model.safetensors"),
-            metadata={"format": "pt"})
+  save_file(mapping.to_hf(family, mup_folded(config, params), vocab_size),
+            str(directory / "model.safetensors"), metadata={"format": "pt"})
   return cls
+
+
+def mup_folded(config, params):
+  """`params` with μP's multipliers folded in, as transformers computes without them: the logits'
+  into the untied head `lm_head`, attention's into the query weights (rotary positions commute
+  with a scale); SP's and μP's at its base as they are (`_unlike` refuses what cannot fold)."""
+  if width_multiplier(config.model) == 1.0:
+    return params
+  out, query = output_multiplier(config.model), attention_multiplier(config.model)
+  flat = flatten_dict(unfreeze(params))
+  return unflatten_dict({path: value * (out if path[-1] == "lm_head" else
+                                        query if "query" in path else 1.0)
+                         for path, value in flat.items()})
 
 
 def read(directory, config, task: str, vocab_size: int) -> Weights:
@@ -202,6 +222,10 @@ def read(directory, config, task: str, vocab_size: int) -> Weights:
                     f"({FAMILIES[ours].classes[task]}){_hint(theirs, ours, task)}")
   if why:
     raise UserError(f"{where}: {why}")
+  if width_multiplier(config.model) != 1.0:
+    raise UserError(f"{where}: its weights are SP's, and μP away from its base width would "
+                    "compute another function with them; start from it under "
+                    "model.parametrization='sp'")
   llama_style = theirs in LLAMA_STYLE
   if llama_style:
     cfg = _transformers_config(directory, where)

@@ -49,7 +49,9 @@ ADDED_FIELDS = {("train", "init_from"): "",  # decoders since 0.1.0 (encoders al
                 ("optim", "name"): "adamw", ("optim", "schedule"): "cosine",
                 ("optim", "decay_fraction"): 0.2, ("optim", "decay_shape"): "linear",
                 ("optim", "muon_momentum"): 0.95,
-                ("optim", "muon_adam_lr_ratio"): 1.0, ("optim", "muon_scale"): "rms"}
+                ("optim", "muon_adam_lr_ratio"): 1.0, ("optim", "muon_scale"): "rms",
+                # μP: every run before it was SP.
+                ("model", "parametrization"): "sp", ("model", "mup_base_width"): 0}
 
 
 @dataclasses.dataclass(frozen=True)
