@@ -261,6 +261,12 @@ def defaults(sections: dict = SECTIONS) -> dict[str, dict]:
           for name, cls in sections.items()}
 
 
+# A config.json from before a field reads as the field's default (`workdir.with_added_fields`):
+# a new field's default is what runs from before it did, so adding one touches only its section.
+workdir.ADDED_FIELDS.update({(name, f): value for name, values in defaults().items()
+                             for f, value in values.items()})
+
+
 def marked(mark: str) -> dict[str, Any]:
   """{"section.field": its value of `mark`} of every field that carries it (the encoder's too)."""
   assert mark in MARKS, mark

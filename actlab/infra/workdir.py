@@ -34,24 +34,10 @@ SHOWN_DIFFS = 3  # a config differing in more fields than this is named by its f
 DATA_PATHS = ("data.dir", "data.manual_dir", "data.gpt2_dir")  # recorded relative to the run
 PACKAGE = pathlib.Path(__file__).parents[1]  # actlab/: its files run as `-m actlab.…`
 
-# Fields a config gained after runs were written with it: a config.json without one had this value.
-ADDED_FIELDS = {("train", "init_from"): "",  # decoders since 0.1.0 (encoders always had it)
-                ("data", "test_batches"): 0, ("model", "qk_norm"): False, ("optim", "z_loss"): 0.0,
-                ("optim", "spike_clip"): 0.0,
-                ("metrics", "grad_rel_max"): 10.0,  # runs from before have no grad_norm_init
-                # The block options: every run before them built GPT-2's or BERT's block.
-                ("model", "norm_type"): "layer", ("model", "position"): "learned",
-                ("model", "rope_theta"): 10000.0, ("model", "bias"): True,
-                ("model", "tie_head"): True, ("model", "ffn"): "auto",
-                ("train", "compile_cache"): "auto", ("sweep", "compile_next"): "auto",
-                ("train", "deterministic_ops"): False,
-                # The optimizer's and schedule's options: every run before them was AdamW, cosine.
-                ("optim", "name"): "adamw", ("optim", "schedule"): "cosine",
-                ("optim", "decay_fraction"): 0.2, ("optim", "decay_shape"): "linear",
-                ("optim", "muon_momentum"): 0.95,
-                ("optim", "muon_adam_lr_ratio"): 1.0, ("optim", "muon_scale"): "rms",
-                # μP: every run before it was SP.
-                ("model", "parametrization"): "sp", ("model", "mup_base_width"): 0}
+# Fields a config gained after runs were written with it, at the value a config.json without one
+# had: every field at its default, since a new field's default is what runs from before it did.
+# Filled in where the fields are declared (actlab/config/schema.py), as actlab.config is imported.
+ADDED_FIELDS: dict[tuple[str, str], Any] = {}
 
 
 @dataclasses.dataclass(frozen=True)
