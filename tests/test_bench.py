@@ -327,6 +327,13 @@ def test_unknown_torch_mode_is_refused(tiny_config):
     bench.TorchBench(tiny_config, "jit")
 
 
+def test_the_torch_reference_refuses_mup_in_one_line():
+  c = tiny(**{"model.parametrization": "mup", "model.mup_base_width": 16})
+  with pytest.raises(UserError, match="standard parametrization only") as e:
+    bench.TorchBench(c)
+  assert "\n" not in str(e.value)
+
+
 def test_a_variant_cannot_change_the_process_devices(tiny_config):
   """Devices are set up once per process: a variant with other CPU devices would silently time
   the base config's devices, so it is refused."""

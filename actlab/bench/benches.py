@@ -162,6 +162,9 @@ class TorchBench:
     c = config
     if not tasks.get(c).causal or c.model.norm != "pre":
       raise ValueError("--torch compares the pre-LN decoder (causal LM) only")
+    if c.model.parametrization != "sp":
+      raise UserError("actlab.bench --torch: the PyTorch reference builds the standard "
+                      "parametrization only; time model.parametrization='mup' without --torch")
     if mode not in TORCH_MODES:
       raise ValueError(f"--torch_mode={mode!r}: choose one of {', '.join(TORCH_MODES)}")
     self.name = f"PyTorch {mode} (nanoGPT)"
