@@ -48,7 +48,8 @@ SWEEP_FILES = [*(p for p in sorted((REPO / "experiments").glob("*.py"))
                  if "def get_sweep(" in p.read_text()), REPO / "benchmarks/six_run_study.py"]
 # The variants of each sweep file in the snapshot (default: none and `:smoke`), and the config
 # each runs on (default: the reference).
-SWEEP_VARIANTS = {"relu_vs_gelu_lr": ["", "smoke", "smoke_llama"]}
+SWEEP_VARIANTS = {"relu_vs_gelu_lr": ["", "smoke", "smoke_llama"],
+                  "mup_transfer": ["cpu_epoch", "smoke"]}
 SWEEP_BASES = {"bert_ffn_activation": ["configs/bert_gelu.py", "configs/bert_gelu.py"],
                "bert_pooler": ["configs/bert_gelu.py:classify",
                                "configs/bert_gelu.py:smoke_classify"]}

@@ -1,0 +1,38 @@
+"""Does the best LR transfer across width under μP, and not under SP? (Descriptive: no test.)
+
+`:cpu_epoch`: GELU in GPT-2's block at the ladder's CPU schedule (`sizes.SIZES["cpu_epoch"]`: the
+TinyStories sample, 450 steps, 45 warm-up, cosine to 10%, no clipping), 2 layers of width 64, 128
+and 256 with 4 heads each (the head dimension grows with the width, as μP's 1/K attention
+assumes) and d_ff 4 × the width, under SP and under μP with its base at 128 (the ladder's 2 ×
+128: there μP is SP, bitwise), × peak LR {1e-3, 3e-3, 1e-2, 3e-2} × seeds {0, 1, 2}.
+
+Stated before running: the result is each width's best LR (lowest mean final validation loss
+over the seeds) under each parametrization, with its loss and the grid's neighbours, read as
+description (no interval, no test). μP "transfers" here if its best LR is the same grid point at
+all three widths; SP's is expected to move down as the width grows (the ladder's 3e-3 at 2 × 128
+against 1e-3 at 4 × 256). The 128 cells of both parametrizations differ in the field alone and are
+both trained: their numbers must agree to the bit, a check of μP's base in the sweep itself.
+
+`:smoke`: the same grid on the embedded corpus's tiny decoder, 60 steps, 1 seed (a minute).
+"""
+
+from actlab.config import sizes
+
+WIDTHS = {"w64": 64, "w128": 128, "w256": 256}
+BASE = 128
+
+
+def get_sweep(arg=None):
+  if arg not in ("cpu_epoch", "smoke"):
+    raise ValueError(f"mup_transfer: unknown variant {arg!r}; use ':cpu_epoch' or ':smoke'")
+  smoke = arg == "smoke"
+  widths = {name: {"model.d_model": d, "model.d_ff": 4 * d, "model.num_heads": 4}
+            for name, d in WIDTHS.items()}
+  return {"description": "the best LR against the width under SP and μP (base 128): descriptive",
+          "axes": {"model.parametrization": ["sp", "mup"], "arm": list(WIDTHS),
+                   "optim.lr": [1e-3, 3e-3, 1e-2, 3e-2]},
+          "seeds": [0] if smoke else [0, 1, 2],
+          "fixed": {**(sizes.SIZES["mini"] if smoke else sizes.SIZES["cpu_epoch"]),
+                    "model.activation": "gelu", "model.mup_base_width": BASE,
+                    **({"train.steps": 60, "optim.warmup_steps": 6} if smoke else {})},
+          "fixed_by": {"arm": widths}}
