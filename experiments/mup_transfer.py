@@ -29,7 +29,8 @@ def get_sweep(arg=None):
   widths = {name: {"model.d_model": d, "model.d_ff": 4 * d, "model.num_heads": 4}
             for name, d in WIDTHS.items()}
   return {"description": "the best LR against the width under SP and μP (base 128): descriptive",
-          "axes": {"model.parametrization": ["sp", "mup"], "arm": list(WIDTHS),
+          # Width first: the sweep trains in grid order, so the narrower widths finish first.
+          "axes": {"arm": list(WIDTHS), "model.parametrization": ["sp", "mup"],
                    "optim.lr": [1e-3, 3e-3, 1e-2, 3e-2]},
           "seeds": [0] if smoke else [0, 1, 2],
           "fixed": {**(sizes.SIZES["mini"] if smoke else sizes.SIZES["cpu_epoch"]),
