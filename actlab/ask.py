@@ -81,13 +81,14 @@ def freeze(a: Asked, log=print) -> dict:
 
 def stage_sweep(q: Q.Question, stage: str, lrs: dict) -> dict:
   """A stage as a sweep file's dict, its cells an axis `arm`; `lrs`: cell -> None (the pilot's
-  LRs × seeds), -> LR (the edge, on the pilot's seeds), -> (LR, n) (its first n fresh seeds)."""
+  LRs × seeds), -> LR (the edge, or the LR a cell takes from another's pilot, on the pilot's
+  seeds), -> (LR, n) (its first n fresh seeds)."""
   arm = lambda extra: {grid.ARM_KEY: {c: {**q.cells[c], **extra(c)} for c in lrs}}
   base = {"axes": {grid.ARM_KEY: list(lrs)}, "seeds": list(q.pilot.seeds), "fixed": dict(q.fixed)}
   if stage == "pilot":
     return {**base, "axes": {**base["axes"], Q.LR: list(q.pilot.lrs)},
             "fixed_by": arm(lambda c: {})}
-  if stage == "edge":
+  if stage in ("edge", "transfer"):
     return {**base, "fixed_by": arm(lambda c: {Q.LR: lrs[c]})}
   seeds = A.fresh_seeds(q, max(n for _, n in lrs.values()))
   return {**base, "seeds": seeds, "fixed_by": arm(lambda c: {Q.LR: lrs[c][0]}),
@@ -113,7 +114,8 @@ def train(a: Asked, stage: str, lrs: dict, log=print) -> None:
 
 def run(a: Asked, log=print) -> None:
   """Every stage for this command's cells, each resumed where it stopped: the pilot, the step past
-  an edge, the fresh seeds once every cell's LR is chosen; then the report."""
+  an edge, the pilot's seeds of the cells that take another cell's LR (`transfer`), the fresh
+  seeds once every cell's LR is chosen; then the report."""
   if a.q.runs or any("pilot" in own for own in a.q.by_cell.values()):
     raise errors.UserError(f"question {a.q.name}: its runs were made before actlab.ask (`runs`) "
                            "or its cells have pilots of their own: `report` reads it, `run` "
@@ -121,7 +123,8 @@ def run(a: Asked, log=print) -> None:
   if not a.mine:
     raise errors.UserError(f"--cells={a.cells}: no cell matches; the cells: {', '.join(a.q.cells)}")
   freeze(a, log)
-  train(a, "pilot", dict.fromkeys(a.mine), log)
+  if own := [c for c in a.mine if not a.q.lr_from(c)]:
+    train(a, "pilot", dict.fromkeys(own), log)
   s = a.read()
   if s.waiting("missing", a.mine):
     log("ask: pilot: another shard is still training it: rerun once it is done")
@@ -131,9 +134,16 @@ def run(a: Asked, log=print) -> None:
     if (s := a.read()).waiting("edge", a.mine):
       log("ask: edge: another shard is still training it: rerun once it is done")
       return
+  if transfer := s.waiting("transfer", a.mine):
+    train(a, "transfer", transfer, log)
+    if (s := a.read()).waiting("transfer", a.mine):
+      log("ask: transfer: another shard is still training it: rerun once it is done")
+      return
   if s.lrs is None:
-    log(f"ask: cells {', '.join({**s.waiting('missing'), **s.waiting('edge')})} wait for their "
-        "pilot or the step past an edge: train them (--cells) and rerun")
+    waiting = {kind: s.waiting(kind) for kind in ("missing", "edge", "waits", "transfer")}
+    log(f"ask: cells {', '.join(c for cells in waiting.values() for c in cells)} wait for their "
+        "pilot, the step past an edge, or the LR another cell's pilot chooses: train them "
+        "(--cells) and rerun")
     return
   log(f"ask: LRs chosen {page.fmt_lrs(s.lrs)}; n = {max(s.sizing['cell_n'].values())} "
       f"(asked {s.sizing['needed']})")

@@ -94,6 +94,44 @@ def test_a_question_goes_from_its_file_to_a_verdict_computed_from_its_runs(answe
   assert "analysis: unchanged since the declaration" in report
 
 
+TRANSFER = """
+def get_question(arg=None):
+  return {{
+      "config": "{config}",
+      "fixed": {{"data.test_batches": 2, "train.steps": 20, "train.eval_every": 10,
+                "train.checkpoint_every": 10, "optim.warmup_steps": 2}},
+      "cells": {{"relu": {{"model.activation": "relu"}}, "gelu": {{"model.activation": "gelu"}},
+                "wide": {{"model.activation": "relu", "model.d_model": 64, "model.d_ff": 128}}}},
+      "contrasts": {{"relu_gelu": {{"relu": 1, "gelu": -1}}, "width": {{"wide": 1, "relu": -1}}}},
+      "pilot": {{"lrs": [1e-4, 3e-3], "seeds": [0, 1]}},
+      "fresh": {{"first_seed": 100, "cap": 3}},
+      "rule": {{"min_seeds": 3}},
+      "by_cell": {{"wide": {{"lr_from": "relu"}}}},
+  }}
+"""
+
+
+@pytest.mark.slow
+def test_a_cell_that_takes_another_cells_lr_trains_it_after_the_pilot_then_fresh(tmp_path):
+  """`by_cell.<cell>.lr_from`: `plan` says it, `run` trains the wide cell at the LR the narrow
+  cell's pilot chose (stage transfer/, on the pilot's seeds) and then its fresh seeds; the wide
+  cell never trains the pilot's grid."""
+  path = tmp_path / "q.py"
+  path.write_text(TRANSFER.format(config=REPO / "tests" / "tiny_config.py"))
+  a, lines = ask.Asked(str(path), Q.load(str(path)), tmp_path / "q"), []
+  ask.plan(a, estimate=False, log=lines.append)
+  assert any("wide: no pilot grid; the LR relu's pilot chooses" in line for line in lines)
+  assert any("stage transfer: 2 runs of wide" in line for line in lines)
+  ask.run(a, log=lines.append)
+  s = a.read()
+  assert s.lrs["wide"] == s.lrs["relu"]
+  assert sorted(s.pilot["wide"]) == [(s.lrs["relu"], 0), (s.lrs["relu"], 1)]
+  assert (tmp_path / "q" / "transfer").is_dir()
+  assert sorted(x for _, x in s.fresh["wide"]) == [100, 101, 102]
+  ask.plan(a, estimate=False, log=lines.append)
+  assert any("taken from another cell's pilot: wide from relu" in line for line in lines)
+
+
 @pytest.mark.slow
 def test_a_declaration_changed_after_its_pilot_began_is_refused(answered, tmp_path):
   a, _, _ = answered

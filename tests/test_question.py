@@ -65,7 +65,7 @@ def runs_of(q, where):
 
 def stages(q, pilot_runs):
   """Where the question stands with these pilot runs (no fresh runs read)."""
-  return A.Stages(q, pilot_runs, {c: A.choice(q, c, pilot_runs.get(c, {})) for c in q.cells}, [])
+  return A.Stages(q, pilot_runs, A.choices(q, pilot_runs), [])
 
 
 def answered(q, fresh, n, lr=3e-3):
@@ -164,6 +164,30 @@ def test_a_cell_best_at_an_edge_runs_the_step_past_it_then_chooses_among_all(tmp
       write_run(edge, GELU, 3e-4, s, step_val)
     s = stages(q, runs_of(q, [tmp_path / "pilot", edge]))
     assert s.lrs == {"relu": 3e-3, "gelu": lr} and s.again_at_edge == again
+
+
+def test_a_cell_takes_the_lr_another_cells_pilot_chose_then_sizes_n_at_it(tmp_path):
+  """`by_cell.<cell>.lr_from`: the wide ReLU cell runs no LR grid; it waits for the narrow ReLU
+  cell's choice, then trains that LR on the pilot's seeds (`transfer`), whose values size n with
+  the others'; its own best LR elsewhere in the grid never enters."""
+  wide = {"model.activation": "relu", "model.d_model": 256}
+  q = question(cells={"relu": RELU, "gelu": GELU, "relu_wide": wide},
+               contrasts={"d": {"relu": 1, "gelu": -1}, "w": {"relu_wide": 1, "relu": -1}},
+               by_cell={"relu_wide": {"lr_from": "relu"}})
+  val = {"relu": {1e-3: 3.2, 3e-3: 3.0, 1e-2: 3.1}, "gelu": {1e-3: 3.0, 3e-3: 3.1, 1e-2: 3.2}}
+  assert stages(q, pilot(tmp_path / "pilot", q, {"relu": {1e-3: 3.2}, "gelu": val["gelu"]})
+                ).waiting("waits") == {"relu_wide": "relu"}
+  runs = pilot(tmp_path / "pilot", q, {"relu": {3e-3: 3.0, 1e-2: 3.1}})
+  s = stages(q, runs_of(q, [tmp_path / "pilot"]))
+  assert s.lrs is None and s.waiting("transfer") == {"relu_wide": 3e-3}
+  for lr, v in ((1e-2, 2.0), (3e-3, 2.9)):  # a run at another LR is no transfer run
+    for seed in (0, 1, 2):
+      write_run(tmp_path / "transfer", wide, lr, seed, v, test=3.9 + seed / 10)
+  s = stages(q, runs_of(q, [tmp_path / "pilot", tmp_path / "transfer"]))
+  assert s.lrs == {"relu": 3e-3, "gelu": 1e-3, "relu_wide": 3e-3}
+  sized = A.size(q, s.pilot, s.lrs)["contrasts"]["w"]
+  np.testing.assert_allclose(sized["values"], [3.9 - 4.0, 4.0 - 4.0, 4.1 - 4.0], atol=1e-12)
+  assert A.dirs(q, tmp_path, "pilot") == [tmp_path / "pilot", tmp_path / "transfer"]
 
 
 def test_a_diverged_run_rules_its_lr_out(tmp_path):
@@ -392,7 +416,8 @@ def test_a_run_is_the_most_specific_cell_it_matches_and_a_tie_is_refused(tmp_pat
   # A run from before optim.spike_clip existed: at its value of then, 0.
   write_run(tmp_path / "c", {**GELU, "model.d_model": 128}, 3e-3, 0)
   assert list(runs_of(q, [tmp_path / "c"])) == ["spike"]
-  write_run(tmp_path / "d", {**RELU, "model.d_model": 128}, 3e-3, 0)
+  # (A config.json holds every field of its day: here each the test needs, clip_norm with them.)
+  write_run(tmp_path / "d", {**RELU, "model.d_model": 128, "optim.clip_norm": 0.0}, 3e-3, 0)
   with pytest.raises(Q.QuestionError, match="is a run of cells spike and relu alike"):
     runs_of(q, [tmp_path / "d"])
 
@@ -413,6 +438,10 @@ GOOD = {"config": "c.py", "cells": {"relu": RELU, "gelu": GELU},
     ({"pilot": {"lrs": LRS, "seeds": [0, 1], "edge": {3e-3: 1e-3}}}, "pilot.edge: "),
     ({"by_cell": {"tanh": {"pilot": {"lr": 1e-3, "seeds": [0, 1]}}}}, "by_cell.tanh: "),
     ({"spike": 1}, "spike: "),
+    ({"by_cell": {"relu": {"lr_from": "tanh"}}}, "by_cell.relu.lr_from: another cell"),
+    ({"by_cell": {"relu": {"lr_from": "relu"}}}, "by_cell.relu.lr_from: another cell"),
+    ({"by_cell": {"relu": {"lr_from": "gelu"}, "gelu": {"lr_from": "relu"}}},
+     "by_cell.relu.lr_from: another cell"),
     ({"contrasts": {"x": {"relu": 1, "gelu": -1, "tanh": 1}}, "cells": {**GOOD["cells"], "tanh": {
         "model.activation": "tanh"}}}, "contrasts.x: a contrast of more than two cells says "),
 ])

@@ -22,12 +22,13 @@ Runs = dict[str, dict[tuple, dict]]  # cell -> (LR, seed) -> a finished run's su
 
 
 def dirs(q: Question, root: pathlib.Path, stage: str) -> list[pathlib.Path]:
-  """Where the runs of `stage` ("pilot", with the step past an edge, or "fresh") lie: every
+  """Where the runs of `stage` ("pilot", with the step past an edge and the cells that take
+  another's LR, or "fresh") lie: every
   directory of that stage under `root`, whichever cells trained into it (`<stage>-<cells>/`), or
   for runs made before actlab.ask, the directories `runs` names."""
   if q.runs:
     return [root / d for d in q.runs.get(stage, ())]
-  stages = ("pilot", "edge") if stage == "pilot" else (stage,)
+  stages = ("pilot", "edge", "transfer") if stage == "pilot" else (stage,)
   return sorted(d for s in stages for d in (root / s, *root.glob(f"{s}-*")) if d.is_dir())
 
 
@@ -95,6 +96,26 @@ def choice(q: Question, cell: str, runs: Mapping[tuple, dict]) -> tuple[str, Any
   return ("again at the edge" if best == past else "lr"), best
 
 
+def transferred(q: Question, cell: str, runs: Mapping[tuple, dict],
+                source: tuple[str, Any]) -> tuple[str, Any]:
+  """The choice of a cell that takes the LR its `lr_from` cell's pilot chose (`source`, that
+  cell's `choice`): ("lr", LR) once its runs at that LR on the pilot's seeds are in (they size
+  n, as any cell's pilot runs do); ("transfer", LR) while they are not; ("waits", the source
+  cell) while the source's LR is not chosen."""
+  kind, lr = source
+  if kind not in ("lr", "again at the edge"):
+    return "waits", q.lr_from(cell)
+  done = all((lr, s) in runs for s in q.pilot_of(cell).seeds)
+  return ("lr" if done else "transfer"), lr
+
+
+def choices(q: Question, pilot: Runs) -> dict[str, tuple[str, Any]]:
+  """Each cell's `choice` from its pilot runs; a cell with `lr_from`, its source's (`transferred`)."""
+  own = {c: choice(q, c, pilot.get(c, {})) for c in q.cells if not q.lr_from(c)}
+  return {c: own[c] if c in own else transferred(q, c, pilot.get(c, {}), own[q.lr_from(c)])
+          for c in q.cells}
+
+
 def values(c: Contrast, runs: Runs, lrs: Mapping[str, float], seeds: Sequence[int],
            outcome) -> list[float]:
   """The contrast at each seed: Σ weight · the cell's outcome (tested on) at its LR."""
@@ -153,14 +174,15 @@ class Stages:
   fresh: Runs | None = None
 
   def waiting(self, kind: str, cells: Sequence[str] | None = None) -> dict[str, Any]:
-    """The cells (of `cells`) whose choice is still `kind` ("missing" or "edge")."""
+    """The cells (of `cells`) whose choice is still `kind` ("missing", "edge", "waits" or
+    "transfer")."""
     return {c: v for c, (k, v) in self.choices.items()
             if k == kind and c in (cells or self.q.cells)}
 
   @property
   def lrs(self) -> dict[str, float] | None:
     """Each cell's chosen LR, None while a cell waits for its pilot or its step past an edge."""
-    if self.waiting("missing") or self.waiting("edge"):
+    if any(self.waiting(kind) for kind in ("missing", "edge", "waits", "transfer")):
       return None
     return {c: v for c, (_, v) in self.choices.items()}
 
@@ -171,7 +193,7 @@ class Stages:
 
 def read(q: Question, root: pathlib.Path) -> Stages:
   pilot, unread = cell_runs(q, dirs(q, root, "pilot"))
-  s = Stages(q, pilot, {c: choice(q, c, pilot.get(c, {})) for c in q.cells}, unread)
+  s = Stages(q, pilot, choices(q, pilot), unread)
   if s.lrs is not None:
     s.sizing = size(q, pilot, s.lrs)
     s.fresh, more = cell_runs(q, dirs(q, root, "fresh"))

@@ -96,6 +96,10 @@ class Question:
   def outcome_of(self, cell: str) -> tuple[str, str]:
     return self.by_cell.get(cell, {}).get("outcome", self.outcome)
 
+  def lr_from(self, cell: str) -> str | None:
+    """The cell whose pilot chooses this cell's LR (`by_cell.<cell>.lr_from`), or None: its own."""
+    return self.by_cell.get(cell, {}).get("lr_from")
+
 
 class QuestionError(config_lib.ConfigError):
   """A mistake in a question file: one line naming the field."""
@@ -214,13 +218,18 @@ def parse(d: Any, name: str) -> Question:
   outcome = tuple(d.get("outcome", Question.outcome))
   need(len(outcome) == 2 and all(isinstance(o, str) for o in outcome), "outcome",
        "[the summary key chosen on, the summary key tested on]")
-  by_cell = {}
-  for cell, own in d.get("by_cell", {}).items():
-    need(cell in cells and isinstance(own, dict) and set(own) <= {"pilot", "outcome"},
-         f"by_cell.{cell}", "a cell's own {pilot, outcome}")
+  by_cell, own_cells = {}, d.get("by_cell", {})
+  for cell, own in own_cells.items():
+    need(cell in cells and isinstance(own, dict) and set(own) <= {"pilot", "outcome", "lr_from"},
+         f"by_cell.{cell}", "a cell's own {pilot, outcome, lr_from}")
+    source = own.get("lr_from")
+    need(source is None or source in cells and source != cell and "pilot" not in own
+         and "lr_from" not in own_cells.get(source, {}), f"by_cell.{cell}.lr_from",
+         "another cell, one whose pilot chooses its own LR (this cell then has no pilot of its own)")
     by_cell[cell] = {**({"pilot": pilot(f"by_cell.{cell}.pilot", own["pilot"])}
                         if "pilot" in own else {}),
-                     **({"outcome": tuple(own["outcome"])} if "outcome" in own else {})}
+                     **({"outcome": tuple(own["outcome"])} if "outcome" in own else {}),
+                     **({"lr_from": source} if source else {})}
   runs = d.get("runs", {})
   need(isinstance(runs, dict) and set(runs) <= {"pilot", "fresh"}, "runs",
        "{pilot: [directories], fresh: [directories]}")

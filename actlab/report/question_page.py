@@ -46,6 +46,8 @@ def design_lines(q: Question) -> list[str]:
           f"; at least {r.min_seeds}" + (f", at most {q.cap}" if q.cap else "")
           + ("; every cell on the same seeds" if r.shared else "")
           + f"; fresh seeds from {q.first_seed}"] + [
+              f"  {cell}: no pilot grid; the LR {q.lr_from(cell)}'s pilot chooses, unchanged "
+              f"(its pilot seeds at that LR size n)" for cell in q.cells if q.lr_from(cell)] + [
               f"  - {c.name}: {weights(c)}" + (f"  ({c.question})" if c.question else "")
               for c in q.contrasts]
 
@@ -54,10 +56,15 @@ def stage_lines(s: A.Stages, mine: list[str], cost) -> list[str]:
   """Each stage's runs, done of planned, and the time the rest take here (`cost(runs)`, or None)."""
   q, lines = s.q, []
   about = lambda n: f", about {cost(n)} here" if cost(n) else ""
-  grid = {c: {(lr, x) for lr in q.pilot_of(c).lrs for x in q.pilot_of(c).seeds} for c in q.cells}
+  grid = {c: {(lr, x) for lr in q.pilot_of(c).lrs for x in q.pilot_of(c).seeds} for c in q.cells
+          if not q.lr_from(c)}
   total = sum(map(len, grid.values()))
-  done = sum(len(grid[c] & set(s.pilot.get(c, {}))) for c in q.cells)
+  done = sum(len(grid[c] & set(s.pilot.get(c, {}))) for c in grid)
   lines.append(f"  stage pilot: {done} of {total} runs done{about(total - done)}")
+  if transfer := s.waiting("waits") or s.waiting("transfer"):
+    n = len(transfer) * len(q.pilot.seeds)
+    lines.append(f"  stage transfer: {n} runs of {', '.join(transfer)} at the LR their source's "
+                 f"pilot chooses{about(n)}")
   if s.waiting("missing"):
     cells, lo, hi = len(q.cells), q.rule.min_seeds, q.cap or q.rule.min_seeds
     if q.pilot.edge:
@@ -68,8 +75,12 @@ def stage_lines(s: A.Stages, mine: list[str], cost) -> list[str]:
   if edge := s.waiting("edge"):
     n = len(edge) * len(q.pilot.seeds)
     return lines + [f"  stage edge: {n} runs ({fmt_lrs(edge)}){about(n)}"]
+  if s.lrs is None:  # the cells that take another's LR: their runs at it
+    return lines
+  taken = [f"{c} from {q.lr_from(c)}" for c in q.cells if q.lr_from(c)]
   lines.append(f"  LRs chosen: {fmt_lrs(s.lrs)}" + (
-      f"; again at an edge: {', '.join(s.again_at_edge)}" if s.again_at_edge else ""))
+      f"; again at an edge: {', '.join(s.again_at_edge)}" if s.again_at_edge else "")
+      + (f"; taken from another cell's pilot: {', '.join(taken)}" if taken else ""))
   for c in q.contrasts:
     z = s.sizing["contrasts"][c.name]
     lines.append(f"  - {c.name}: pilot {', '.join(signed(v) for v in z['values'])}; sd "
