@@ -61,22 +61,24 @@ def stage_lines(s: A.Stages, mine: list[str], cost) -> list[str]:
   total = sum(map(len, grid.values()))
   done = sum(len(grid[c] & set(s.pilot.get(c, {}))) for c in grid)
   lines.append(f"  stage pilot: {done} of {total} runs done{about(total - done)}")
-  if transfer := s.waiting("waits") or s.waiting("transfer"):
-    n = len(transfer) * len(q.pilot.seeds)
-    lines.append(f"  stage transfer: {n} runs of {', '.join(transfer)} at the LR their source's "
-                 f"pilot chooses{about(n)}")
+  transfer = []  # the cells that take another's LR: their runs at it, once it is chosen
+  if taking := s.waiting("waits") or s.waiting("transfer"):
+    n = len(taking) * len(q.pilot.seeds)
+    transfer = [f"  stage transfer: {n} runs of {', '.join(taking)} at the LR their source's "
+                f"pilot chooses{about(n)}"]
   if s.waiting("missing"):
     cells, lo, hi = len(q.cells), q.rule.min_seeds, q.cap or q.rule.min_seeds
     if q.pilot.edge:
-      lines.append(f"  stage edge: up to {cells * len(q.pilot.seeds)} runs, where a cell's best "
-                   f"LR sits at an edge{about(cells * len(q.pilot.seeds))}")
-    return lines + [f"  stage fresh: {lo * cells} to {hi * cells} runs, n from the pilot"
-                    f"{about(lo * cells)}" + (f" to {cost(hi * cells)}" if cost(1) else "")]
+      lines.append(f"  stage edge: up to {len(grid) * len(q.pilot.seeds)} runs, where a cell's "
+                   f"best LR sits at an edge{about(len(grid) * len(q.pilot.seeds))}")
+    return lines + transfer + [
+        f"  stage fresh: {lo * cells} to {hi * cells} runs, n from the pilot{about(lo * cells)}"
+        + (f" to {cost(hi * cells)}" if cost(1) else "")]
   if edge := s.waiting("edge"):
     n = len(edge) * len(q.pilot.seeds)
-    return lines + [f"  stage edge: {n} runs ({fmt_lrs(edge)}){about(n)}"]
-  if s.lrs is None:  # the cells that take another's LR: their runs at it
-    return lines
+    return lines + [f"  stage edge: {n} runs ({fmt_lrs(edge)}){about(n)}"] + transfer
+  if s.lrs is None:
+    return lines + transfer
   taken = [f"{c} from {q.lr_from(c)}" for c in q.cells if q.lr_from(c)]
   lines.append(f"  LRs chosen: {fmt_lrs(s.lrs)}" + (
       f"; again at an edge: {', '.join(s.again_at_edge)}" if s.again_at_edge else "")
