@@ -7,7 +7,6 @@ warm-up–stable–decay), the `TrainState`, and `Step`: `init(seed, peak_lr)`,
 import dataclasses
 import functools
 import math
-import re
 from typing import Any, Callable, NamedTuple
 
 import flax
@@ -161,9 +160,10 @@ def clipping(optim: OptimSpec) -> optax.GradientTransformation:
   return clip_spikes(optim.spike_clip) if optim.spike_clip else optax.identity()
 
 
-# The leaves Muon takes: each block's matrices (`kernel`s of attention and FFN), under
-# `block_<i>` or, with `model.scan_layers`, `blocks` (a leading layer axis).
-BLOCKS = re.compile(r"block_\d+|blocks")
+def in_a_block(name: str) -> bool:
+  """Whether a top-level parameter name is a block's: `block_<i>` or, with `model.scan_layers`,
+  `blocks` (a leading layer axis)."""
+  return name == "blocks" or (name.startswith("block_") and name[len("block_"):].isdigit())
 
 
 def muon_split(params):
@@ -172,7 +172,7 @@ def muon_split(params):
   bias and norm scale), as Keller Jordan's Muon splits them."""
   def rule(path, _):
     keys = [getattr(k, "key", "") for k in path]
-    return "muon" if BLOCKS.fullmatch(keys[0]) and keys[-1] == "kernel" else "adamw"
+    return "muon" if in_a_block(keys[0]) and keys[-1] == "kernel" else "adamw"
   return jax.tree_util.tree_map_with_path(rule, params)
 
 
