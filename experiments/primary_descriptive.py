@@ -5,7 +5,7 @@ fresh runs in results/primary_<test>): none is a pre-registered test or changes 
 prints those).
 
     python experiments/primary_descriptive.py \
-        {plateau,stability,review,rerun,ladder,excess,readme,figure [DIR]}
+        {plateau,stability,review,rerun,ladder,code_check,excess,readme,figure [DIR]}
 
 - `plateau`: when each encoder run of family 1 (tests 5–7) leaves the MLM plateau, beside where it
   ends and how far it still falls at its end; the correlation of the two between seeds.
@@ -26,6 +26,10 @@ prints those).
   start's), and their training time alone (`train_time_sec`: summed across resumes, evaluation
   and checkpoints left out); per answered contrast the Shapiro p of its per-seed values and its
   three lowest and highest seeds; per fresh cell the seeds past 10x and its largest ratio.
+- `code_check`: 6 × 384's seeds 1020 and 1021, unclipped ReLU and GELU, trained again on one
+  host at a1243bb and at 227de5a (results/ladder/code_check): the two commits against each other
+  (the code's effect) and each against the committed run (the host's), on the test loss and every
+  metrics row; one core a run as the committed runs trained, and one pair on two cores a run.
 - `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
 - `readme`: README's answer table, each verdict and interval as `actlab.ask ... report` prints it.
 - `figure`: docs/img/activation_x_recipe.png (ReLU − GELU per recipe and block with its
@@ -219,6 +223,40 @@ def rerun() -> None:
   print(f"rerun - committed, per seed's gap: mean {change.mean():+.4f}, sd "
         f"{change.std(ddof=1):.4f}, largest {np.abs(change).max():.4f}; {equal} of "
         f"{2 * len(seeds)} runs' test loss equal to the bit")
+
+
+CODE_CHECK = RESULTS / "ladder" / "code_check"  # 6 × 384's seeds 1020, 1021 trained again
+TIMING = ("wall", "time", "sec", "tokens_per")  # a metrics row's keys of time, not of training
+
+
+def code_check() -> None:
+  """The ladder's 6 × 384 code check (descriptive): seeds 1020 and 1021's unclipped ReLU and GELU
+  runs trained again on one host at a1243bb (where 2 × 128 and most of 6 × 384 trained) and at
+  227de5a (where 21 run segments of 6 × 384 trained), against each other (the code's effect) and
+  each against the committed fresh run (the host's), on `final_test_loss` and every metrics row
+  (time measures aside); one core a run, as the committed runs trained (`cpus` 1), and one pair
+  on two cores a run (`two_cores/`)."""
+  def run(where: pathlib.Path) -> tuple[dict, list[dict]]:
+    rows = [json.loads(line) for line in (where / "metrics.jsonl").read_text().splitlines()]
+    return (json.loads((where / "summary.json").read_text()),
+            [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in rows])
+
+  def same(a, b) -> str:
+    (summary_a, rows_a), (summary_b, rows_b) = a, b
+    change = summary_b["final_test_loss"] - summary_a["final_test_loss"]
+    equal = sum(x == y for x, y in zip(rows_a, rows_b))
+    said = "equal to the bit" if change == 0 else f"{change:+.4f} (the second less the first)"
+    return f"test loss {said}, {equal} of {max(len(rows_a), len(rows_b))} metrics rows equal"
+
+  for where, said in ((CODE_CHECK, "one core a run, as the committed runs"),
+                      (CODE_CHECK / "two_cores", "two cores a run")):
+    for name in sorted(p.name for p in (where / "a1243bb").glob("arm=*")):
+      old, new = (run(where / commit / name) for commit in ("a1243bb", "227de5a"))
+      committed = run(RESULTS / "ladder" / "fresh-_6x384" / name)
+      print(f"{name} ({said}): final_test_loss {old[0]['final_test_loss']:.6f} at a1243bb, "
+            f"{new[0]['final_test_loss']:.6f} at 227de5a, {committed[0]['final_test_loss']:.6f} "
+            f"committed; a1243bb vs 227de5a: {same(old, new)}; committed vs a1243bb: "
+            f"{same(committed, old)}; committed vs 227de5a: {same(committed, new)}")
 
 
 def ladder() -> None:
@@ -430,11 +468,12 @@ def save(fig, path: pathlib.Path) -> None:
 
 
 COMMANDS = {"plateau": plateau, "stability": stability, "review": review, "rerun": rerun,
-            "ladder": ladder, "excess": excess, "figure": figure, "readme": readme}
+            "ladder": ladder, "code_check": code_check, "excess": excess, "figure": figure,
+            "readme": readme}
 
 if __name__ == "__main__":
   if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS or len(sys.argv) > 2 + (
       sys.argv[1] == "figure"):
     sys.exit("usage: python experiments/primary_descriptive.py "
-             "{plateau,stability,review,rerun,ladder,excess,readme,figure [DIR]}")
+             "{plateau,stability,review,rerun,ladder,code_check,excess,readme,figure [DIR]}")
   COMMANDS[sys.argv[1]](*sys.argv[2:])
