@@ -4,7 +4,9 @@
 TinyStories sample, 450 steps, 45 warm-up, cosine to 10%, no clipping), 2 layers of width 64, 128
 and 256 with 4 heads each (the head dimension grows with the width, as μP's 1/K attention
 assumes) and d_ff 4 × the width, under SP and under μP with its base at 128 (the ladder's 2 ×
-128: there μP is SP, bitwise), × peak LR {1e-3, 3e-3, 1e-2, 3e-2} × seeds {0, 1, 2}.
+128: there μP is SP, bitwise), × peak LR {1e-3, 3e-3, 1e-2, 3e-2} × seeds {0, 1}: 48 runs, about
+3.5 core-hours on a 2-core AMD EPYC host (declared with seeds {0, 1, 2}; cut to two before any
+run, so that the sweep finishes within one working session).
 
 Stated before running: the result is each width's best LR (lowest mean final validation loss
 over the seeds) under each parametrization, with its loss and the grid's neighbours, read as
@@ -32,7 +34,7 @@ def get_sweep(arg=None):
           # Width first: the sweep trains in grid order, so the narrower widths finish first.
           "axes": {"arm": list(WIDTHS), "model.parametrization": ["sp", "mup"],
                    "optim.lr": [1e-3, 3e-3, 1e-2, 3e-2]},
-          "seeds": [0] if smoke else [0, 1, 2],
+          "seeds": [0] if smoke else [0, 1],
           "fixed": {**(sizes.SIZES["mini"] if smoke else sizes.SIZES["cpu_epoch"]),
                     "model.activation": "gelu", "model.mup_base_width": BASE,
                     **({"train.steps": 60, "optim.warmup_steps": 6} if smoke else {})},
