@@ -4,6 +4,7 @@ stages; `run` trains them as sweeps, resuming when rerun; `report` prints and wr
 
 import dataclasses
 import fnmatch
+import json
 import pathlib
 import re
 
@@ -26,7 +27,8 @@ from actlab.sweep.progress import duration
 @dataclasses.dataclass(frozen=True)
 class Asked:
   """A question, its directory (`question.json` and a sweep directory per stage) and how this
-  command trains: --workers, --shard, --set (runtime fields) and --cells (globs)."""
+  command trains: --workers, --shard, --set (runtime fields), --cells (globs) and
+  --stop_before_new_stage (`stop_new`)."""
   spec: str
   q: Q.Question
   root: pathlib.Path
@@ -34,6 +36,7 @@ class Asked:
   shard: tuple[int, int] = (0, 1)
   settings: dict = dataclasses.field(default_factory=dict)
   cells: str = ""
+  stop_new: bool = False
 
   @property
   def mine(self) -> list[str]:
@@ -99,17 +102,24 @@ def stage_sweep(q: Q.Question, stage: str, lrs: dict) -> dict:
 COMPILED: dict = {}  # the stages' compiled programs, shared within this process
 
 
-def train(a: Asked, stage: str, lrs: dict, log=print) -> None:
-  """Trains `stage` of `lrs`' cells as a sweep (its file beside its directory)."""
+def train(a: Asked, stage: str, lrs: dict, log=print) -> bool:
+  """Trains `stage` of `lrs`' cells as a sweep (its file beside its directory); under
+  `a.stop_new`, a stage whose file is new or changed is written, not trained: False."""
   where = a.stage_dir(stage)
   spec = where.with_name(f"{where.name}.sweep.json")
   a.root.mkdir(parents=True, exist_ok=True)
-  workdir_lib.write_json(spec, stage_sweep(a.q, stage, lrs))
+  stated = stage_sweep(a.q, stage, lrs)
+  new = workdir_lib.read_json(spec) != json.loads(json.dumps(stated))
+  workdir_lib.write_json(spec, stated)
+  if a.stop_new and new:
+    log(f"ask: {stage}: wrote {spec}, not trained (--stop_before_new_stage): commit it, rerun")
+    return False
   log(f"ask: {stage} → {where}")
   flag = lambda v: str(v).lower() if isinstance(v, bool) else v
   argv = [f"--config={a.q.config}", *(f"--config.{k}={flag(v)}" for k, v in a.settings.items())]
   sweep.launch(config_lib.override(Q.base_config(a.q), a.settings), str(spec), where, a.workers,
                a.shard, list(a.settings), argv, COMPILED, log)
+  return True
 
 
 def run(a: Asked, log=print) -> None:
@@ -123,19 +133,22 @@ def run(a: Asked, log=print) -> None:
   if not a.mine:
     raise errors.UserError(f"--cells={a.cells}: no cell matches; the cells: {', '.join(a.q.cells)}")
   freeze(a, log)
-  if own := [c for c in a.mine if not a.q.lr_from(c)]:
-    train(a, "pilot", dict.fromkeys(own), log)
+  if (own := [c for c in a.mine if not a.q.lr_from(c)]) and not train(
+      a, "pilot", dict.fromkeys(own), log):
+    return
   s = a.read()
   if s.waiting("missing", a.mine):
     log("ask: pilot: another shard is still training it: rerun once it is done")
     return
   if edge := s.waiting("edge", a.mine):
-    train(a, "edge", edge, log)
+    if not train(a, "edge", edge, log):
+      return
     if (s := a.read()).waiting("edge", a.mine):
       log("ask: edge: another shard is still training it: rerun once it is done")
       return
   if transfer := s.waiting("transfer", a.mine):
-    train(a, "transfer", transfer, log)
+    if not train(a, "transfer", transfer, log):
+      return
     if (s := a.read()).waiting("transfer", a.mine):
       log("ask: transfer: another shard is still training it: rerun once it is done")
       return
@@ -147,9 +160,9 @@ def run(a: Asked, log=print) -> None:
     return
   log(f"ask: LRs chosen {page.fmt_lrs(s.lrs)}; n = {max(s.sizing['cell_n'].values())} "
       f"(asked {s.sizing['needed']})")
-  train(a, "fresh", {c: (s.lrs[c], s.sizing["cell_n"][c]) for c in a.mine
-                     if c in s.sizing["cell_n"]}, log)
-  report(a, log)
+  if train(a, "fresh", {c: (s.lrs[c], s.sizing["cell_n"][c]) for c in a.mine
+                        if c in s.sizing["cell_n"]}, log):
+    report(a, log)
 
 
 def report(a: Asked, log=print) -> None:
@@ -235,6 +248,9 @@ def define_flags() -> None:
                       "(data.manual_dir, sweep.vectorize, ...); not part of the declaration.")
   flags.DEFINE_string("cells", "", "A glob of cell names: train only those here (the others on "
                       "another machine, into their own stage directories).")
+  flags.DEFINE_bool("stop_before_new_stage", False, "run: write a stage's sweep file and stop "
+                    "before its first run when the file is new or changed (to commit it first); "
+                    "rerun to train it.")
   flags.DEFINE_bool("estimate", True, "plan: time a few steps of each cell to estimate wall time.")
 
 
@@ -246,7 +262,8 @@ def main(argv: list[str]) -> None:
     raise errors.UserError(f"usage: {USAGE}")
   q = Q.load(argv[1])
   root = pathlib.Path(f.workdir or pathlib.Path("runs") / q.name.replace(":", "_"))
-  a = Asked(argv[1], q, root, f.workers, grid.parse_shard(f.shard), settings(f.set), f.cells)
+  a = Asked(argv[1], q, root, f.workers, grid.parse_shard(f.shard), settings(f.set), f.cells,
+            f.stop_before_new_stage)
   {"plan": lambda: plan(a, f.estimate), "run": lambda: run(a), "report": lambda: report(a)}[
       argv[2]]()
 

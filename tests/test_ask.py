@@ -122,7 +122,16 @@ def test_a_cell_that_takes_another_cells_lr_trains_it_after_the_pilot_then_fresh
   ask.plan(a, estimate=False, log=lines.append)
   assert any("wide: no pilot grid; the LR relu's pilot chooses" in line for line in lines)
   assert any("stage transfer: 2 runs of wide" in line for line in lines)
-  ask.run(a, log=lines.append)
+  # --stop_before_new_stage: each run writes the next stage's sweep file and stops before it
+  # trains it (to be committed first); the next run trains it.
+  stopped = dataclasses.replace(a, stop_new=True)
+  for stage, trained, runs in (("pilot", None, 0), ("transfer", "pilot", 8),
+                               ("fresh", "transfer", 2)):
+    ask.run(stopped, log=lines.append)
+    assert (a.root / f"{stage}.sweep.json").is_file() and not (a.root / stage).exists(), stage
+    assert lines[-1].startswith(f"ask: {stage}: wrote ")
+    assert trained is None or len(list((a.root / trained).glob("arm=*/summary.json"))) == runs
+  ask.run(stopped, log=lines.append)
   s = a.read()
   assert s.lrs["wide"] == s.lrs["relu"]
   assert sorted(s.pilot["wide"]) == [(s.lrs["relu"], 0), (s.lrs["relu"], 1)]
