@@ -171,3 +171,21 @@ def test_the_coordinate_check_fails_on_a_planted_mistake(monkeypatch, planted):
   monkeypatch.setattr(target, planted, lambda *args: 1.0)
   rows = coordinate_rows(parametrizations=("mup",))
   assert not stays_put(rows), coord.table(rows)
+
+
+def test_results_md_prints_the_lr_transfer_table_its_committed_runs_give(capsys):
+  """RESULTS.md's exploratory study 5: every mean loss, best LR and the base check as
+  `python experiments/mup_transfer.py` computes them from results/mup_transfer_cpu_epoch."""
+  import re
+  import runpy
+  from conftest import REPO
+  runpy.run_path(str(REPO / "experiments" / "mup_transfer.py"))["table"](
+      str(REPO / "results" / "mup_transfer_cpu_epoch"))
+  printed = capsys.readouterr().out
+  rows = lambda text: [re.sub(r"\*\*", "", line).lower().replace("μp", "mup") for line in
+                       text.splitlines() if re.match(r"\| (64|128|256) \|", line)]
+  section = (REPO / "RESULTS.md").read_text().split("## Exploratory study 5")[1].split("\n## ")[0]
+  expected = [re.sub(r"\| (0\.00?[13]) \|$", lambda m: f"| {float(m[1]):.0e} |".replace(
+      "e-0", "e-"), row) for row in rows(printed)]
+  assert len(rows(section)) == 6 and rows(section) == expected
+  assert "8 of 8 finished pairs" in printed and "(8 of 8 pairs)" in section
