@@ -108,12 +108,12 @@ def train(a: Asked, stage: str, lrs: dict, log=print) -> bool:
   where = a.stage_dir(stage)
   spec = where.with_name(f"{where.name}.sweep.json")
   a.root.mkdir(parents=True, exist_ok=True)
-  stated = stage_sweep(a.q, stage, lrs)
-  new = workdir_lib.read_json(spec) != json.loads(json.dumps(stated))
-  workdir_lib.write_json(spec, stated)
-  if a.stop_new and new:
-    log(f"ask: {stage}: wrote {spec}, not trained (--stop_before_new_stage): commit it, rerun")
-    return False
+  stated = json.loads(json.dumps(stage_sweep(a.q, stage, lrs)))  # as the file holds it
+  if workdir_lib.read_json(spec) != stated:
+    workdir_lib.write_json(spec, stated)
+    if a.stop_new:
+      log(f"ask: {stage}: wrote {spec}, not trained (--stop_before_new_stage): commit it, rerun")
+      return False
   log(f"ask: {stage} → {where}")
   flag = lambda v: str(v).lower() if isinstance(v, bool) else v
   argv = [f"--config={a.q.config}", *(f"--config.{k}={flag(v)}" for k, v in a.settings.items())]

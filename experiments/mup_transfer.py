@@ -41,13 +41,13 @@ def get_sweep(arg=None):
           "fixed_by": {"arm": widths}}
 
 
-
 def table(root: str = "results/mup_transfer_cpu_epoch") -> None:
   """Prints the stated result from the sweep's committed runs: each width's mean final
   validation loss per LR under SP and μP, its best LR, and the check of μP's base (each 128 run
   under SP and under μP equal to the bit in every metrics row, time measures aside)."""
   import numpy as np
   from actlab.report import load, stats, tables
+  from actlab.run.rows import untimed
   manifest, runs = load.load(root)
   lrs, seeds = manifest["axes"]["optim.lr"], manifest["seeds"]
   cells = stats.pivot(manifest, runs, "optim.lr")  # {(arm, parametrization): {(lr, seed): Run}}
@@ -62,12 +62,10 @@ def table(root: str = "results/mup_transfer_cpu_epoch") -> None:
   print(f"Mean final validation loss over seeds {seeds} (—: not every seed finished).\n")
   print(tables.markdown_table(["width", "parametrization", *(f"LR {lr:g}" for lr in lrs),
                                "best LR"], rows))
-  timing = ("wall", "time", "sec", "tokens_per")  # a metrics row's keys of time, not training
-  untimed = lambda r: [{k: v for k, v in row.items() if not any(t in k for t in timing)}
-                       for row in r.rows]
-  pairs = [(sp, cells["w128", "mup"].get(k)) for k, sp in cells.get(("w128", "sp"), {}).items()]
+  pairs = [(sp, cells["w128", "mup"].get(k)) for k, sp in cells["w128", "sp"].items()]
   done = [(a, b) for a, b in pairs if b is not None and a.state == b.state == "done"]
-  print(f"\nμP's base: {sum(untimed(a) == untimed(b) for a, b in done)} of {len(done)} finished "
+  same = [list(map(untimed, a.rows)) == list(map(untimed, b.rows)) for a, b in done]
+  print(f"\nμP's base: {sum(same)} of {len(done)} finished "
         "pairs of 128 runs (SP, μP) equal to the bit in every metrics row")
 
 

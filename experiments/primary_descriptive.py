@@ -52,6 +52,7 @@ from actlab.report import comparisons, curves
 from actlab.report import question as Q
 from actlab.report import question_page as page
 from actlab.report.tables import markdown_table
+from actlab.run import rows as rows_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -226,7 +227,6 @@ def rerun() -> None:
 
 
 CODE_CHECK = RESULTS / "ladder" / "code_check"  # 6 × 384's seeds 1020, 1021 trained again
-TIMING = ("wall", "time", "sec", "tokens_per")  # a metrics row's keys of time, not of training
 
 
 def code_check() -> None:
@@ -239,7 +239,7 @@ def code_check() -> None:
   def run(where: pathlib.Path) -> tuple[dict, list[dict]]:
     rows = [json.loads(line) for line in (where / "metrics.jsonl").read_text().splitlines()]
     return (json.loads((where / "summary.json").read_text()),
-            [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in rows])
+            [rows_lib.untimed(r) for r in rows])
 
   def same(a, b) -> str:
     (summary_a, rows_a), (summary_b, rows_b) = a, b

@@ -307,6 +307,14 @@ class Measure:
 
 # --- The rows -------------------------------------------------------------------------------------
 
+TIMED = ("tokens_per_sec",)  # a row's measures of time: the one part two equal trainings differ in
+
+
+def untimed(row: dict) -> dict:
+  """A metrics row without its measures of time (`TIMED`): what a training repeated with the
+  same numerics writes again bit for bit."""
+  return {k: v for k, v in row.items() if k not in TIMED}
+
 
 class Rows:
   """Every lane's rows and all their state: the step metrics on the devices (`pending`), a plain
