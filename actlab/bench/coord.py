@@ -12,6 +12,8 @@ updates' own size. docs/recipe.md shows the figure.
 """
 
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,21 +36,21 @@ def width_config(config, width: int, parametrization: str, base: int, steps: int
       "optim.min_lr_ratio": 1.0})
 
 
-def sizes(step: core.Step, params, tokens_BL) -> dict[str, float]:
-  """Each site's RMS per coordinate on `tokens_BL`."""
-  model = step.objective.model
+def sizes(model, params, tokens_BL) -> dict[str, jax.Array]:
+  """Each site's RMS per coordinate on `tokens_BL` (jitted once per model by `measure`)."""
   logits_BLV, state = model.apply({"params": params}, tokens_BL, capture_intermediates=True,
                                   mutable=["stats", "intermediates"])
   seen = state["intermediates"]
-  rms = lambda x: float(jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32)))))
+  rms = lambda x: jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32))))
+  mean_rms = lambda xs: jnp.mean(jnp.stack([rms(x) for x in xs]))
   embedded = seen["wte"]["__call__"][0]
   if "wpe" in seen:
     embedded = embedded + seen["wpe"]["__call__"][0]
   ffn = core.model.per_layer(state["stats"], core.FFNStats)
   attention = [v["attn"]["__call__"][0] for k, v in seen.items() if k.startswith("block_")]
-  return {"embedding": rms(embedded), "attention": float(np.mean([rms(a) for a in attention])),
-          "ffn_pre": float(np.mean([rms(f.z) for f in ffn])),
-          "ffn_post": float(np.mean([rms(f.h) for f in ffn])), "logits": rms(logits_BLV)}
+  return {"embedding": rms(embedded), "attention": mean_rms(attention),
+          "ffn_pre": mean_rms([f.z for f in ffn]), "ffn_post": mean_rms([f.h for f in ffn]),
+          "logits": rms(logits_BLV)}
 
 
 def measure(config, widths=(64, 128, 256, 512, 1024), steps: int = 4, base: int = 128,
@@ -68,11 +70,12 @@ def measure(config, widths=(64, 128, 256, 512, 1024), steps: int = 4, base: int 
     for width in widths:
       c = width_config(config, width, parametrization, base, steps)
       step = program.create_step(c, dataset.tokenizer.vocab_size)
-      state = step.init(c.train.seed)
+      state = jax.jit(step.init)(c.train.seed)
       train_step = jax.jit(lambda s, b, step=step: step.train_step(s, b, diagnostics=False))
+      measured = jax.jit(functools.partial(sizes, step.objective.model))
       for i in range(steps + 1):
         rows.append({"parametrization": parametrization, "width": width, "step": i,
-                     **sizes(step, state.params, probe_BL)})
+                     **{site: float(v) for site, v in measured(state.params, probe_BL).items()}})
         if i < steps:
           state, _ = train_step(state, jnp.asarray(batches[i]))
   return rows
