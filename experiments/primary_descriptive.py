@@ -5,7 +5,8 @@ fresh runs in results/primary_<test>): none is a pre-registered test or changes 
 prints those).
 
     python experiments/primary_descriptive.py \
-        {plateau,stability,review,rerun,ladder,code_check,excess,readme,figure [DIR]}
+        {plateau,stability,review,rerun,ladder,code_check,question NAME,excess,readme,
+         figure [DIR]}
 
 - `plateau`: when each encoder run of family 1 (tests 5–7) leaves the MLM plateau, beside where it
   ends and how far it still falls at its end; the correlation of the two between seeds.
@@ -30,6 +31,9 @@ prints those).
   host at a1243bb and at 227de5a (results/ladder/code_check): the two commits against each other
   (the code's effect) and each against the committed run (the host's), on the test loss and every
   metrics row; one core a run as the committed runs trained, and one pair on two cores a run.
+- `question NAME`: a question file's runs (results/NAME; `optimizer`, `mup_ladder`): each
+  cell's pilot per LR (its mean validation loss, its runs past 10x); per stage and in all, how
+  many runs finished, from when to when, their wall time and training time as `ladder` counts.
 - `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
 - `readme`: README's answer table, each verdict and interval as `actlab.ask ... report` prints it.
 - `figure`: docs/img/activation_x_recipe.png (ReLU − GELU per recipe and block with its
@@ -38,6 +42,7 @@ prints those).
 """
 
 import csv
+import datetime
 import json
 import pathlib
 import runpy
@@ -70,12 +75,16 @@ STABILITY = {"grad_norm_max_rel": "largest gradient norm / its initial value",  
 SEEDS_WHERE = {"stable": "both arms stable:", "unstable": "either arm unstable:"}
 
 
+OWN_FILES = ("ladder", "optimizer")  # questions in a file of their own, their runs in results/<it>
+
+
 def answered(family: str) -> tuple[ask.Asked, dict, dict, dict]:
-  """A family as asked of results/ (or the ladder): the question, its verdicts, its pilot's
-  sizing, its LRs."""
-  spec = str(ROOT / "experiments" / "questions" / "ladder.py") if family == "ladder" else (
+  """A family as asked of results/ (or a question of its own file, of results/<it>): the
+  question, its verdicts, its pilot's sizing, its LRs."""
+  own = family in OWN_FILES
+  spec = str(ROOT / "experiments" / "questions" / f"{family}.py") if own else (
       f"{QUESTIONS}:{family}")
-  a = ask.Asked(spec, Q.load(spec), RESULTS / ("ladder" if family == "ladder" else ""))
+  a = ask.Asked(spec, Q.load(spec), RESULTS / (family if own else ""))
   s = a.read()
   return a, A.verdicts(s, one_out=False), s.sizing, s.lrs
 
@@ -288,17 +297,7 @@ def ladder() -> None:
     runs = [s for cell in q.cells if cell.endswith(rung) for s in fresh.get(cell, {}).values()
             if "wall_time_sec" in s]
     print(f"fresh {rung}: {len(runs)} runs finished")
-    for device in sorted({where(s) for s in runs}):
-      here = [s for s in runs if where(s) == device]
-      walls = np.array([A.run_wall(s) for s in here])
-      resumed = sum(len(s["provenance"]) > 1 for s in here)
-      # A vectorized program's training time shared among its runs, as `run_wall` shares its wall
-      trained = sum(s["train_time_sec"] / s.get("vectorized_runs", 1) for s in here) / 3600
-      print(f"  on {device}: {len(walls)}, {walls.mean():.0f} s a run"
-            + (f" (sd {walls.std(ddof=1):.0f})" if len(walls) > 1 else "")
-            + f", {walls.sum() / 3600:.1f} h summed"
-            + (f"; {resumed} resumed, whose wall is their last start's" if resumed else "")
-            + f"; training alone, across resumes: {trained:.1f} h summed")
+    print("\n".join(spent(runs)))
   v = A.verdicts(stages, one_out=False)
   for c in q.contrasts:
     if c.name not in page.unanswered(q, v):
@@ -311,6 +310,61 @@ def ladder() -> None:
     past = [f"{seed} {r:.1f}x" for seed, r in rel.items() if r > q.spike]
     print(f"fresh {cell}: past {q.spike:g}x in {len(past)} of {len(rel)}"
           + (f" ({', '.join(past)})" if past else "") + f"; largest {max(rel.values()):.2f}x")
+
+
+def spent(runs: list[dict]) -> list[str]:
+  """What finished runs cost, a line per device: the wall a run (a vectorized program's shared
+  among its runs; on a CPU one core a run, so their sum is core-hours; a resumed run's wall is its
+  last start's) and the training time alone (`train_time_sec`: summed across resumes)."""
+  lines = []
+  for device in sorted({where(s) for s in runs}):
+    here = [s for s in runs if where(s) == device]
+    walls = np.array([A.run_wall(s) for s in here])
+    resumed = sum(len(s["provenance"]) > 1 for s in here)
+    # A vectorized program's training time shared among its runs, as `run_wall` shares its wall
+    trained = sum(s["train_time_sec"] / s.get("vectorized_runs", 1) for s in here) / 3600
+    lines.append(f"  on {device}: {len(walls)}, {walls.mean():.0f} s a run"
+                 + (f" (sd {walls.std(ddof=1):.0f})" if len(walls) > 1 else "")
+                 + f", {walls.sum() / 3600:.1f} h summed"
+                 + (f"; {resumed} resumed, whose wall is their last start's" if resumed else "")
+                 + f"; training alone, across resumes: {trained:.1f} h summed")
+  return lines
+
+
+def question(name: str) -> None:
+  """A question file's runs (results/<name>/, experiments/questions/<name>.py): each cell's pilot
+  per LR (the mean of the outcome it is chosen on, the runs past the spike threshold), then per
+  stage how many runs finished, what they cost (`spent`), and the span from the first run's
+  start to the last one's end (pauses and the host's other work inside it)."""
+  if not (RESULTS / name / "question.json").is_file():
+    sys.exit(f"error: results/{name} holds no question's runs; name one of results/'s question "
+             "directories (optimizer, mup_ladder)")
+  spec = str(ROOT / "experiments" / "questions" / f"{name}.py")
+  q = Q.load(spec)
+  stages = ask.Asked(spec, q, RESULTS / name).read()
+  for cell in q.cells:
+    runs, chosen, outcome = stages.pilot[cell], stages.choices[cell], q.outcome_of(cell)[0]
+    per_lr = {lr: [run for (at, _), run in runs.items() if at == lr]
+              for lr in sorted({lr for lr, _ in runs})}
+    print(f"pilot {cell}, mean {outcome} (runs past {q.spike:g}x): " + ", ".join(
+        f"{lr:g} {np.mean([r[outcome] for r in at]):.3f} "
+        f"({sum(r['grad_norm_max_rel'] > q.spike for r in at)} of {len(at)})"
+        for lr, at in per_lr.items()) + f"; {chosen[0]} {chosen[1]}")
+  stage_runs = {stage.name: [json.loads(f.read_text())
+                             for f in sorted(stage.glob("arm=*/summary.json"))]
+                for stage in (RESULTS / name).iterdir() if stage.is_dir()}
+  started = lambda s: datetime.datetime.fromisoformat(s["provenance"][0]["started"])
+  ended = lambda s: (datetime.datetime.fromisoformat(s["provenance"][-1]["started"])
+                     + datetime.timedelta(seconds=s["wall_time_sec"]))
+  total = []
+  for stage, runs in sorted(((k, v) for k, v in stage_runs.items() if v),
+                            key=lambda kv: min(map(started, kv[1]))):
+    total += runs
+    print(f"{stage}: {len(runs)} runs finished, {min(map(started, runs)):%Y-%m-%d %H:%M} to "
+          f"{max(map(ended, runs)):%Y-%m-%d %H:%M} UTC")
+    print("\n".join(spent(runs)))
+  print(f"all stages: {len(total)} runs")
+  print("\n".join(spent(total)))
 
 
 def where(summary: dict) -> str:
@@ -402,7 +456,13 @@ ANSWERS = {  # README's table and figure: (family, contrast) -> (A − B, its se
     ("ladder", "gap_clip_6x384"): ("ReLU − GELU", "6 × 384, clipping at 1.0"),
     ("ladder", "clip_change_6x384"): ("its change from unclipped to clipped at 1.0", "6 × 384"),
     ("ladder", "scale_change_none"): ("its change from 2 × 128 to 6 × 384", "no clipping"),
-    ("ladder", "scale_change_clip"): ("its change from 2 × 128 to 6 × 384", "clipping at 1.0")}
+    ("ladder", "scale_change_clip"): ("its change from 2 × 128 to 6 × 384", "clipping at 1.0"),
+    ("optimizer", "relu_gelu_adamw"): ("ReLU − GELU", "AdamW, 2 × 128, no clipping"),
+    ("optimizer", "relu_gelu_muon"): ("ReLU − GELU", "Muon, 2 × 128"),
+    ("optimizer", "relu_gelu_change"): ("its change from AdamW to Muon", "2 × 128"),
+    ("optimizer", "relu2_gelu_adamw"): ("ReLU² − GELU", "AdamW, 2 × 128"),
+    ("optimizer", "relu2_gelu_muon"): ("ReLU² − GELU", "Muon, 2 × 128"),
+    ("optimizer", "relu2_gelu_change"): ("its change from AdamW to Muon", "2 × 128")}
 
 
 def shown(found: dict | None = None) -> list[tuple]:
@@ -468,12 +528,13 @@ def save(fig, path: pathlib.Path) -> None:
 
 
 COMMANDS = {"plateau": plateau, "stability": stability, "review": review, "rerun": rerun,
-            "ladder": ladder, "code_check": code_check, "excess": excess, "figure": figure,
-            "readme": readme}
+            "ladder": ladder, "code_check": code_check, "question": question, "excess": excess,
+            "figure": figure, "readme": readme}
 
 if __name__ == "__main__":
-  if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS or len(sys.argv) > 2 + (
-      sys.argv[1] == "figure"):
-    sys.exit("usage: python experiments/primary_descriptive.py "
-             "{plateau,stability,review,rerun,ladder,code_check,excess,readme,figure [DIR]}")
-  COMMANDS[sys.argv[1]](*sys.argv[2:])
+  command = sys.argv[1] if len(sys.argv) > 1 else ""
+  least, most = {"question": (1, 1), "figure": (0, 1)}.get(command, (0, 0))
+  if command not in COMMANDS or not least <= len(sys.argv) - 2 <= most:
+    sys.exit("usage: python experiments/primary_descriptive.py {plateau,stability,review,rerun,"
+             "ladder,code_check,question NAME,excess,readme,figure [DIR]}")
+  COMMANDS[command](*sys.argv[2:])

@@ -198,11 +198,15 @@ def judged(family: str, one_out: bool = False) -> tuple[ask.Asked, A.Stages, dic
   return a, s, A.verdicts(s, one_out)
 
 
+OWN_FILES = ("ladder", "optimizer")  # questions in a file of their own, their runs in results/<it>
+
+
 def asked(family: str) -> ask.Asked:
-  """A family of experiments/questions/primary.py over the committed runs, or the ladder."""
-  if family == "ladder":
-    spec = str(REPO / "experiments" / "questions" / "ladder.py")
-    return ask.Asked(spec, Q.load(spec), REPO / "results" / "ladder")
+  """A family of experiments/questions/primary.py over the committed runs, or a question of its
+  own file (`OWN_FILES`)."""
+  if family in OWN_FILES:
+    spec = str(REPO / "experiments" / "questions" / f"{family}.py")
+    return ask.Asked(spec, Q.load(spec), REPO / "results" / family)
   spec = str(REPO / "experiments" / "questions" / f"primary.py:{family}")
   return ask.Asked(spec, Q.load(spec), REPO / "results")
 
@@ -218,7 +222,8 @@ def test_every_committed_verdict_reads_its_interval(family):
   a, _, v = judged(family)
   found = [(c, r["interval"], at["verdict"]) for c in a.q.contrasts if (r := v[c.name])
            for at in r["margins"].values()]
-  assert len(found) >= {"page": 7, "recipe": 6, "factorial": 10, "ladder": 6}[family]
+  assert len(found) >= {"page": 7, "recipe": 6, "factorial": 10, "ladder": 6,
+                        "optimizer": 6}[family]
   assert not [(c.name, i, x) for c, i, x in found if not reads_its_interval(x, i)]
   assert not [c.name for c, _, x in found if " or " in x.words(c.negative, c.positive)]
 
@@ -238,13 +243,14 @@ def test_results_md_prints_the_verdict_tables_ask_computes_from_results(family):
   assert not missing, missing
 
 
-def test_results_md_prints_the_ladders_answered_rows_and_no_other():
-  """A ladder contrast with all its fresh seeds has its row on RESULTS.md as `ask` prints it; one
-  still short of them (a rung still training) has no row there."""
-  a, _, v = judged("ladder", one_out=True)
+@pytest.mark.parametrize("family", OWN_FILES)
+def test_results_md_prints_each_questions_answered_rows_and_no_other(family):
+  """A contrast of a question file with all its fresh seeds has its row on RESULTS.md as `ask`
+  prints it; one still short of them (its cells still training) has no row there."""
+  a, _, v = judged(family, one_out=True)
   text, waiting = (REPO / "RESULTS.md").read_text(), set(page.unanswered(a.q, v))
-  found = rows("ladder")
-  assert len(found) == 11
+  found = rows(family)
+  assert len(found) == {"ladder": 11, "optimizer": 6}[family]
   assert not [row for c, row in found.items() if c not in waiting and row not in text]
   assert not [c for c in waiting if f"| `{c}` |" in text]
 
@@ -256,6 +262,24 @@ def test_the_readmes_answer_table_is_the_reports(capsys):
   runpy.run_path(str(REPO / "experiments" / "primary_descriptive.py"))["readme"](found)
   table = capsys.readouterr().out.strip()
   assert table.count("\n") > 15 and table in (REPO / "README.md").read_text()
+
+
+def test_a_question_files_pilot_and_cost_are_its_committed_runs(capsys):
+  """`primary_descriptive.py question optimizer`, whose cost RESULTS.md cites: every committed run
+  counted, per stage and in all, its wall times summed; each cell's pilot line ends with the LR
+  the report chose."""
+  runpy.run_path(str(REPO / "experiments" / "primary_descriptive.py"))["question"]("optimizer")
+  out = capsys.readouterr().out
+  root = REPO / "results" / "optimizer"
+  for stage in ("pilot", "edge", "fresh"):
+    assert f"\n{stage}: {len(list((root / stage).glob('arm=*/summary.json')))} runs" in out
+  walls = [json.loads(f.read_text())["wall_time_sec"] for f in root.glob("*/arm=*/summary.json")]
+  everything = out.split("all stages: ")[1]
+  assert everything.startswith(f"{len(walls)} runs") and f", {sum(walls) / 3600:.1f} h summed" in (
+      everything)
+  _, s, _ = judged("optimizer")
+  chosen = dict(re.findall(r"^pilot (\w+), .*; lr (\S+)$", out, re.MULTILINE))
+  assert chosen == {cell: f"{lr:g}" for cell, lr in s.lrs.items()}
 
 
 def test_a_question_asks_for_deterministic_gpu_ops_unless_it_says_otherwise(tmp_path):
