@@ -32,7 +32,8 @@ prints those).
   (the code's effect) and each against the committed run (the host's), on the test loss and every
   metrics row; one core a run as the committed runs trained, and one pair on two cores a run.
 - `question NAME`: a question file's runs (results/NAME; `optimizer`, `mup_ladder`): each
-  cell's pilot per LR (its mean validation loss, its runs past 10x); per stage and in all, how
+  cell's pilot per LR (its mean validation loss, its runs past 10x) and its fresh runs (their
+  mean test loss and sd, their runs past 10x, the largest ratio); per stage and in all, how
   many runs finished, from when to when, their wall time and training time as `ladder` counts.
 - `excess`: the ReLU and GELU pilot's loss excess over each one's best LR, over training.
 - `readme`: README's answer table, each verdict and interval as `actlab.ask ... report` prints it.
@@ -333,7 +334,8 @@ def spent(runs: list[dict]) -> list[str]:
 
 def question(name: str) -> None:
   """A question file's runs (results/<name>/, experiments/questions/<name>.py): each cell's pilot
-  per LR (the mean of the outcome it is chosen on, the runs past the spike threshold), then per
+  per LR (the mean of the outcome it is chosen on, the runs past the spike threshold) and its
+  fresh runs (the mean of the outcome tested, the runs past it, the largest ratio), then per
   stage how many runs finished, what they cost (`spent`), and the span from the first run's
   start to the last one's end (pauses and the host's other work inside it)."""
   if not (RESULTS / name / "question.json").is_file():
@@ -350,6 +352,13 @@ def question(name: str) -> None:
         f"{lr:g} {np.mean([r[outcome] for r in at]):.3f} "
         f"({sum(r['grad_norm_max_rel'] > q.spike for r in at)} of {len(at)})"
         for lr, at in per_lr.items()) + f"; {chosen[0]} {chosen[1]}")
+  for cell in [cell for cell in q.cells if cell in (stages.fresh or {})]:
+    runs, outcome = stages.fresh[cell], q.outcome_of(cell)[1]
+    values = [run[outcome] for run in runs.values()]
+    print(f"fresh {cell} at {stages.lrs[cell]:g}: mean {outcome} {np.mean(values):.3f} (sd "
+          f"{np.std(values, ddof=1):.3f}, {len(values)} runs), past {q.spike:g}x in "
+          f"{sum(run['grad_norm_max_rel'] > q.spike for run in runs.values())} (largest "
+          f"{max(run['grad_norm_max_rel'] for run in runs.values()):.2f}x)")
   stage_runs = {stage.name: [json.loads(f.read_text())
                              for f in sorted(stage.glob("arm=*/summary.json"))]
                 for stage in (RESULTS / name).iterdir() if stage.is_dir()}
