@@ -211,7 +211,7 @@ def asked(family: str) -> ask.Asked:
   return ask.Asked(spec, Q.load(spec), REPO / "results")
 
 
-COMMITTED = ("page", "recipe", "factorial", "ladder")
+COMMITTED = ("page", "recipe", "factorial", *OWN_FILES)
 
 
 @pytest.mark.parametrize("family", COMMITTED)
@@ -283,11 +283,13 @@ def test_a_question_files_pilot_and_cost_are_its_committed_runs(capsys):
 
 
 def test_a_question_asks_for_deterministic_gpu_ops_unless_it_says_otherwise(tmp_path):
-  """On by default, in every cell's declaration; the committed questions, whose runs predate the
-  field, state it off, and the ladder's frozen declaration reads the same."""
+  """On by default, in every cell's declaration; the committed questions whose runs predate the
+  field state it off (the optimizer, declared after it, asks it), and the ladder's frozen
+  declaration reads the same."""
   decl = Q.declaration(Q.load(question_file(tmp_path)))
   assert [c["train.deterministic_ops"] for c in decl["cells"].values()] == [True, True]
-  assert not any(asked(f).q.fixed[Q.DETERMINISTIC] for f in COMMITTED)
+  assert {f: asked(f).q.fixed[Q.DETERMINISTIC] for f in COMMITTED} == {
+      "page": False, "recipe": False, "factorial": False, "ladder": False, "optimizer": True}
   ladder = asked("ladder")
   frozen = json.loads((ladder.root / "question.json").read_text())
   assert Q.changes(frozen["declaration"], Q.declaration(ladder.q)) == []
@@ -516,8 +518,8 @@ def test_each_committed_questions_report_is_committed_as_report_writes_it(family
 
 
 def prose(name: str) -> str:
-  """A page's prose above "## Reproducing" (RESULTS.md's tested families and the ladder; all of
-  README), tables left out, its whitespace one space."""
+  """A page's prose above "## Reproducing" (RESULTS.md's tested families, the ladder and the
+  optimizer; all of README), tables left out, its whitespace one space."""
   text = (REPO / name).read_text().split("\n## Reproducing")[0]
   return re.sub(r"\s+", " ", " ".join(x for x in text.splitlines() if not x.startswith("|")))
 
@@ -537,6 +539,7 @@ NOT_VERDICTS = (  # the prose's verdict words that retell no contrast's verdict
 )
 SPIKE_ONLY = ("it moves the gap toward GELU by +0.042 ([+0.010, +0.073]): by less than 0.1, and "
               "by an amount not resolved against 0.05")
+MUON_RELU2 = "GELU's test loss is lower than ReLU²'s by less than 0.1 and by at least 0.05"
 # (family, contrast, margin, the phrase, the seed left out or None): each verdict the prose
 # retells for a named contrast, as the prose words it; a phrase that retells two margins' is
 # (the phrase, the words of this margin's verdict within it).
@@ -617,6 +620,18 @@ RETOLD = [
      None),
     ("ladder", "scale_change_clip", 0.05, "the gap's change is equivalent to none within ±0.05",
      None),
+    ("optimizer", "relu_gelu_adamw", 0.1, "ReLU's test loss is lower than GELU's by at least 0.1: "
+     "−0.285 [−0.298, −0.272]", None),
+    ("optimizer", "relu2_gelu_adamw", 0.1, "ReLU²'s test loss is lower than GELU's by at least 0.1 "
+     "too: −0.164", None),
+    ("optimizer", "relu_gelu_muon", 0.05, "GELU's test loss is lower than ReLU's by less than 0.05: "
+     "+0.021", None),
+    ("optimizer", "relu2_gelu_muon", 0.1, (MUON_RELU2, "by less than 0.1"), None),
+    ("optimizer", "relu2_gelu_muon", 0.05, (MUON_RELU2, "by at least 0.05"), None),
+    ("optimizer", "relu_gelu_change", 0.1, "Moving to Muon moves ReLU − GELU toward GELU by at "
+     "least 0.1: +0.306", None),
+    ("optimizer", "relu2_gelu_change", 0.1, "moves ReLU² − GELU toward GELU by at least 0.1: "
+     "+0.221", None),
 ]
 SAYS = {C.BEYOND: "at least", C.WITHIN: "less than", C.UNSIZED: "not resolved|not placed",
         C.EQUIVALENT: "equivalent", C.NOT_RESOLVED: "not resolved|not equivalent"}
@@ -647,8 +662,8 @@ def says(phrase: str, claim: str, v, c) -> str | None:
 
 
 def test_every_verdict_the_prose_retells_is_its_contrasts_verdict():
-  """Each verdict RESULTS.md's prose (the tested families and the ladder) and README's retell
-  for a named contrast reads as that contrast's verdict in `ask … report` at its margin (with a
+  """Each verdict RESULTS.md's prose (the tested families, the ladder, the optimizer) and README's
+  retell for a named contrast reads as that contrast's verdict in `ask … report` at its margin (with a
   seed left out, that row's "one seed out"); and every verdict word in that prose is one of
   them or of the page's description of the rule, so a new sentence retelling a verdict must be
   listed here, and checked, to pass."""
